@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what kvstream needs on Debian 12 (build tools, libraries, a Python venv for the
+# reference and the tokenizer cross-checks) and fetches the test model. Safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+PKGS=(build-essential cmake ninja-build pkg-config libgtest-dev libcli11-dev nlohmann-json3-dev
+      libpcre2-dev python3 python3-venv unzip)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}" >&2
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# Python for tools/reference.py and the tokenizer cross-check.
+if [ ! -x .venv/bin/python3 ]; then
+  python3 -m venv .venv
+fi
+if ! .venv/bin/python3 -c "import gguf, numpy, tokenizers" 2>/dev/null; then
+  echo "setup: installing gguf numpy tokenizers into .venv" >&2
+  .venv/bin/pip install -q --disable-pip-version-check gguf numpy tokenizers
+fi
+
+scripts/fetch-model.sh

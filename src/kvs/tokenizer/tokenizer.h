@@ -1,0 +1,86 @@
+// Tokenizers from GGUF vocabularies: byte-level BPE (gpt2 model, pre-tokenizer regexes of
+// llama3, qwen2, smollm and gpt2 through PCRE2) and SentencePiece-style BPE (llama model),
+// special tokens, streaming detokenization and chat templates.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kvs {
+namespace gguf {
+class File;
+}
+
+struct ChatMessage {
+  std::string role;  // "system", "user", "assistant"
+  std::string content;
+};
+
+class Tokenizer {
+ public:
+  // Reads tokenizer.ggml.* from the file; fails on an unknown tokenizer model or pre-tokenizer.
+  static std::unique_ptr<Tokenizer> from_gguf(const gguf::File& f);
+  virtual ~Tokenizer() = default;
+
+  // Text -> ids. With parse_special, control/user-defined tokens written in the text
+  // ("<|im_start|>") become their ids; add_bos prepends BOS when the vocab asks for it
+  // (tokenizer.ggml.add_bos_token) or, when that key is absent, per model type.
+  virtual std::vector<int32_t> encode(std::string_view text, bool add_bos,
+                                      bool parse_special) const = 0;
+  // The bytes a token stands for (byte tokens decoded, SentencePiece "▁" as space).
+  // Control tokens give their text only with `special`.
+  virtual std::string token_to_piece(int32_t id, bool special) const = 0;
+  std::string decode(const std::vector<int32_t>& ids, bool special = false) const;
+
+  int32_t n_vocab() const { return static_cast<int32_t>(tokens_.size()); }
+  const std::string& token_text(int32_t id) const { return tokens_.at(static_cast<size_t>(id)); }
+  int32_t bos() const { return bos_; }
+  int32_t eos() const { return eos_; }
+  bool add_bos() const { return add_bos_; }
+  // End of generation: eos, eot, eom, or a control token such as <|im_end|>.
+  bool is_eog(int32_t id) const;
+  // Id of a token by its exact text, or -1.
+  int32_t find(std::string_view text) const;
+
+  // Chat template family detected from tokenizer.chat_template ("chatml", "llama3", "llama2",
+  // "none"), and the prompt text for a conversation ending with the assistant's turn open.
+  const std::string& chat_family() const { return chat_family_; }
+  std::string apply_chat(const std::vector<ChatMessage>& msgs) const;
+
+ protected:
+  std::vector<std::string> tokens_;
+  std::vector<int32_t> types_;  // tokenizer.ggml.token_type (1 normal, 3 control, 4 user, 6 byte)
+  int32_t bos_ = -1, eos_ = -1;
+  std::vector<int32_t> eog_;
+  bool add_bos_ = false;
+  std::string chat_family_ = "none";
+};
+
+// Accumulates token pieces and releases only complete UTF-8 characters, so a multi-byte
+// character split over two tokens is never printed half.
+class StreamDecoder {
+ public:
+  explicit StreamDecoder(const Tokenizer& tok) : tok_(tok) {}
+  std::string push(int32_t id);  // the complete text that this token finishes
+  std::string flush();           // whatever is left (invalid bytes as U+FFFD)
+
+ private:
+  const Tokenizer& tok_;
+  std::string pending_;
+};
+
+// A byte-level BPE vocabulary for synthetic models: the 256 byte tokens, merges learned from
+// a built-in text, and ChatML special tokens, written as tokenizer.ggml.* metadata so that
+// kvstream and llama.cpp can both load the file.
+struct SyntheticVocab {
+  std::vector<std::string> tokens;
+  std::vector<int32_t> types;
+  std::vector<std::string> merges;
+  int32_t bos = 0, eos = 0;
+};
+SyntheticVocab make_synthetic_vocab(int32_t n_vocab);
+
+}  // namespace kvs

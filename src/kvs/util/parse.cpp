@@ -1,0 +1,113 @@
+#include "kvs/util/parse.h"
+
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+#include "kvs/util/error.h"
+
+namespace kvs {
+namespace {
+
+std::string lower(std::string_view s) {
+  std::string r(s);
+  for (char& c : r) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return r;
+}
+
+// Splits "2.5G" into 2.5 and "g"; fails when there is no number.
+double leading_number(std::string_view text, std::string_view flag, std::string* suffix) {
+  std::string s(text);
+  char* end = nullptr;
+  double v = std::strtod(s.c_str(), &end);
+  if (end == s.c_str() || !std::isfinite(v) || v < 0)
+    fail(flag, ": '", text, "' is not a non-negative number");
+  *suffix = lower(std::string_view(end));
+  return v;
+}
+
+}  // namespace
+
+uint64_t parse_size(std::string_view text, std::string_view flag) {
+  std::string suf;
+  double v = leading_number(text, flag, &suf);
+  double mul = 1;
+  if (!suf.empty()) {
+    char c = suf[0];
+    std::string rest = suf.substr(1);
+    if (c == 'k') mul = 1024.0;
+    else if (c == 'm') mul = 1024.0 * 1024;
+    else if (c == 'g') mul = 1024.0 * 1024 * 1024;
+    else if (c == 't') mul = 1024.0 * 1024 * 1024 * 1024;
+    else if (c == 'b' && rest.empty()) mul = 1;
+    else fail(flag, ": unknown size suffix in '", text, "' (use K, M, G or T, powers of 1024)");
+    if (c != 'b' && !(rest.empty() || rest == "b" || rest == "ib"))
+      fail(flag, ": unknown size suffix in '", text, "' (use K, M, G or T, powers of 1024)");
+  }
+  double bytes = v * mul;
+  if (bytes > 1.8e19) fail(flag, ": '", text, "' is too large");
+  return static_cast<uint64_t>(std::llround(bytes));
+}
+
+int64_t parse_count(std::string_view text, std::string_view flag) {
+  std::string suf;
+  double v = leading_number(text, flag, &suf);
+  double mul = 1;
+  if (suf == "k") mul = 1024;
+  else if (suf == "m") mul = 1024.0 * 1024;
+  else if (!suf.empty()) fail(flag, ": '", text, "' is not a count (examples: 512, 4k, 128k)");
+  double n = v * mul;
+  if (n != std::floor(n) || n > 9e15) fail(flag, ": '", text, "' is not a whole count");
+  return static_cast<int64_t>(n);
+}
+
+std::vector<int64_t> parse_count_list(std::string_view text, std::string_view flag) {
+  std::vector<int64_t> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t comma = text.find(',', start);
+    if (comma == std::string_view::npos) comma = text.size();
+    std::string_view item = text.substr(start, comma - start);
+    if (item.empty()) fail(flag, ": empty item in list '", text, "'");
+    out.push_back(parse_count(item, flag));
+    start = comma + 1;
+  }
+  return out;
+}
+
+std::vector<int32_t> parse_int_list(std::string_view text, std::string_view flag) {
+  std::vector<int32_t> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t comma = text.find(',', start);
+    if (comma == std::string_view::npos) comma = text.size();
+    std::string item(text.substr(start, comma - start));
+    while (!item.empty() && std::isspace(static_cast<unsigned char>(item.back()))) item.pop_back();
+    size_t lead = 0;
+    while (lead < item.size() && std::isspace(static_cast<unsigned char>(item[lead]))) ++lead;
+    item = item.substr(lead);
+    char* end = nullptr;
+    long long v = std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || v < INT32_MIN || v > INT32_MAX)
+      fail(flag, ": '", item, "' is not an integer (in '", text, "')");
+    out.push_back(static_cast<int32_t>(v));
+    start = comma + 1;
+  }
+  return out;
+}
+
+std::string format_bytes(uint64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", v, units[u]);
+  return buf;
+}
+
+}  // namespace kvs

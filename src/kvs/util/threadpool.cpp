@@ -1,0 +1,130 @@
+#include "kvs/util/threadpool.h"
+
+#include <immintrin.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <memory>
+
+namespace kvs {
+namespace {
+
+thread_local bool t_in_region = false;
+
+}  // namespace
+
+ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads < 1 ? 1 : n_threads) {
+  for (int t = 1; t < n_threads_; ++t) threads_.emplace_back([this, t] { worker(t); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    generation_.fetch_add(1, std::memory_order_release);
+  }
+  cv_.notify_all();
+  for (auto& th : threads_) th.join();
+}
+
+void ThreadPool::worker(int tid) {
+  uint64_t seen = 0;
+  for (;;) {
+    // Spin a little: parallel regions in a decode step come microseconds apart.
+    auto start = std::chrono::steady_clock::now();
+    int spins = 0;
+    while (generation_.load(std::memory_order_acquire) == seen) {
+      _mm_pause();
+      if (++spins % 1024 == 0 &&
+          std::chrono::steady_clock::now() - start > std::chrono::microseconds(200)) {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != seen; });
+        break;
+      }
+    }
+    seen = generation_.load(std::memory_order_acquire);
+    const std::function<void(int, int)>* job;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_) return;
+      job = job_;
+    }
+    t_in_region = true;
+    (*job)(tid, n_threads_);
+    t_in_region = false;
+    pending_.fetch_sub(1, std::memory_order_acq_rel);
+  }
+}
+
+void ThreadPool::run(const std::function<void(int, int)>& fn) {
+  if (n_threads_ == 1 || t_in_region) {
+    fn(0, 1);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    job_ = &fn;
+    pending_.store(n_threads_ - 1, std::memory_order_release);
+    generation_.fetch_add(1, std::memory_order_release);
+  }
+  cv_.notify_all();
+  t_in_region = true;
+  fn(0, n_threads_);
+  t_in_region = false;
+  while (pending_.load(std::memory_order_acquire) != 0) _mm_pause();
+}
+
+void ThreadPool::parallel_for(int64_t n, int64_t grain,
+                              const std::function<void(int64_t, int64_t)>& fn) {
+  if (n <= 0) return;
+  if (grain < 1) grain = 1;
+  if (n <= grain || n_threads_ == 1 || t_in_region) {
+    fn(0, n);
+    return;
+  }
+  std::atomic<int64_t> next{0};
+  run([&](int, int) {
+    for (;;) {
+      int64_t b = next.fetch_add(grain, std::memory_order_relaxed);
+      if (b >= n) break;
+      fn(b, b + grain < n ? b + grain : n);
+    }
+  });
+}
+
+namespace {
+std::unique_ptr<ThreadPool>& pool_slot() {
+  static std::unique_ptr<ThreadPool> p;
+  return p;
+}
+std::mutex& pool_mu() {
+  static std::mutex m;
+  return m;
+}
+}  // namespace
+
+int default_thread_count() {
+  if (const char* e = std::getenv("KVS_THREADS")) {
+    int n = std::atoi(e);
+    if (n > 0) return n;
+  }
+  unsigned hc = std::thread::hardware_concurrency();
+  return hc == 0 ? 1 : static_cast<int>(hc);
+}
+
+ThreadPool& thread_pool() {
+  std::lock_guard<std::mutex> lock(pool_mu());
+  auto& p = pool_slot();
+  if (!p) p = std::make_unique<ThreadPool>(default_thread_count());
+  return *p;
+}
+
+void set_thread_count(int n) {
+  std::lock_guard<std::mutex> lock(pool_mu());
+  auto& p = pool_slot();
+  if (n <= 0) n = default_thread_count();
+  if (p && p->size() == n) return;
+  p = std::make_unique<ThreadPool>(n);
+}
+
+}  // namespace kvs

@@ -1,0 +1,50 @@
+// A small fork-join pool for the CPU kernels: the calling thread takes part, workers spin
+// briefly before sleeping so the many short parallel regions of a decode step stay cheap.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace kvs {
+
+class ThreadPool {
+ public:
+  explicit ThreadPool(int n_threads);  // total threads, the caller included
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const { return n_threads_; }
+
+  // fn(tid, n_threads) on every thread; returns when all are done. Called from inside a
+  // parallel region it runs fn(0, 1) inline.
+  void run(const std::function<void(int, int)>& fn);
+
+  // fn(begin, end) over [0, n) in chunks of about `grain` items, handed out dynamically.
+  void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+
+ private:
+  void worker(int tid);
+
+  int n_threads_;
+  std::vector<std::thread> threads_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  const std::function<void(int, int)>* job_ = nullptr;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};
+  bool stop_ = false;
+};
+
+// The process-wide pool used by the CPU backend. Sized by set_thread_count (the -t flag) or,
+// by default, the KVS_THREADS environment variable or the number of hardware threads.
+ThreadPool& thread_pool();
+void set_thread_count(int n);
+int default_thread_count();
+
+}  // namespace kvs

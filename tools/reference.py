@@ -1,0 +1,550 @@
+#!/usr/bin/env python3
+"""Independent NumPy reference forward pass for GGUF decoder models.
+
+Supported architectures (``general.architecture``): ``llama`` (Llama 2/3,
+Mistral, SmolLM2, ...), ``qwen2`` and ``qwen3``.  The file is read with
+``gguf.GGUFReader``; every tensor is dequantized ONCE at load time with
+``gguf.quants.dequantize`` and cached as a float32 matrix.  This script is
+meant as an oracle for the C++ engine's tests: it shares no code with it.
+
+Usage
+-----
+  reference.py MODEL.gguf (--tokens 1,2,3 | --tokens-file F | --prompt TEXT)
+               [-n N] [--logits-out FILE.npy] [--all-logits-out FILE.npy]
+               [--gen-logits-out FILE.npy] [--kv-type f16|f32|bf16|q8_0]
+               [--stop-at-eos] [--dump-json FILE.json]
+
+* The whole prompt is processed in ONE batched forward pass (causal mask,
+  KV cache filled for all prompt positions; attention per layer uses score
+  matrices of shape [n_tok, n_ctx], query rows chunked to bound memory).
+* ``--logits-out``: float32 logits of the LAST prompt position, shape [n_vocab].
+* ``--all-logits-out``: float32 logits of every prompt position, [n_prompt, n_vocab].
+* ``--gen-logits-out``: float32 [N, n_vocab]; row i is the distribution that
+  produced generated token i (row 0 == --logits-out).
+* Then N tokens are generated greedily (argmax, lowest id on ties) by
+  incremental single-token decode steps that reuse the KV cache.  By default
+  exactly N tokens are generated (EOS does not stop; pass --stop-at-eos).
+* stdout: exactly one line, the generated ids comma-separated (empty line if
+  N == 0).  Everything else (progress, timings, decoded text) goes to stderr.
+
+Numerics
+--------
+Everything is float32 (weights dequantized to f32, activations f32, matmuls
+f32 BLAS; RMSNorm mean-square accumulated in f64; RoPE angles computed in
+f64 then cos/sin cast to f32; softmax in f32 after max subtraction), EXCEPT
+the KV cache emulation selected by ``--kv-type`` (default f16): K (after
+RoPE) and V (after projection/bias) are rounded to that storage type before
+being written to the cache and used in attention -- this also applies to the
+current batch's own keys/values, like an engine that writes the cache first
+and then attends over it.  ``q8_0`` quantizes each row (per token, per
+kv head, blocks of 32 along head_dim) with gguf.quants.quantize and
+dequantizes it back; ``bf16`` rounds to nearest-even bf16; ``f32`` is exact.
+
+Model facts implemented (checked against llama.cpp llama-model.cpp /
+convert_hf_to_gguf.py):
+* A GGUF tensor with dims [n_in, n_out] (dims[0] contiguous) is a numpy
+  matrix (n_out, n_in) and y = W @ x.
+* RoPE: ``llama`` -> NORM mode (GPT-J style, adjacent pairs (x[2i], x[2i+1]);
+  convert_hf_to_gguf permutes HF q/k weights for this), ``qwen2``/``qwen3`` ->
+  NEOX mode (pairs (x[i], x[i + n_rot/2])).
+  theta_i = pos * freq_scale * base^(-2i/n_rot) / freq_factor_i,
+  n_rot = ``{arch}.rope.dimension_count`` (default head_dim); dims >= n_rot pass
+  through.  freq_scale = 1/``{arch}.rope.scaling.factor`` for linear scaling;
+  freq_factor from the ``rope_freqs.weight`` tensor (llama3-style) if present.
+  YaRN / longrope scaling raise NotImplementedError.
+* head_dim = ``{arch}.attention.key_length`` if present else n_embd / n_head
+  (V head dim: ``attention.value_length``, same default).  GQA: q head h uses
+  kv head h // (n_head / n_head_kv).  Scale 1/sqrt(head_dim_k).
+* Optional biases (attn_q/k/v/output.bias; always present for qwen2) are
+  added when present.  ``attn_q_norm`` / ``attn_k_norm`` (qwen3) are RMSNorm
+  over head_dim per head, applied BEFORE RoPE.
+* RMSNorm eps from ``{arch}.attention.layer_norm_rms_epsilon``; FFN is SwiGLU:
+  down(silu(gate(x)) * up(x)).  Output head is ``output.weight``, or the
+  token embedding (tied) when it is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+import time
+
+import numpy as np
+
+try:
+    import gguf
+    from gguf import GGMLQuantizationType as QT
+    from gguf import quants as gquants
+except ImportError as e:  # pragma: no cover
+    sys.stderr.write("reference.py: the 'gguf' package is required (%s)\n" % e)
+    sys.exit(2)
+
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")
+ROPE_MODE = {"llama": "norm", "qwen2": "neox", "qwen3": "neox"}
+
+
+def log(msg: str) -> None:
+    sys.stderr.write(msg + "\n")
+    sys.stderr.flush()
+
+
+# --------------------------------------------------------------------------
+# GGUF reading helpers
+# --------------------------------------------------------------------------
+
+def field_value(reader: "gguf.GGUFReader", key: str, default=None):
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    try:
+        return f.contents()
+    except Exception:  # older gguf versions
+        if not f.data:
+            return default
+        part = f.parts[f.data[0]]
+        if f.types and f.types[0] == gguf.GGUFValueType.STRING:
+            return bytes(part).decode("utf-8")
+        return part.tolist()[0]
+
+
+def dequant_tensor(t) -> np.ndarray:
+    """Return the tensor as float32 numpy array with shape reversed(gguf dims)."""
+    shape = tuple(int(d) for d in reversed(list(t.shape)))
+    qtype = QT(int(t.tensor_type))
+    if qtype == QT.F32:
+        arr = np.asarray(t.data, dtype=np.float32)
+    elif qtype == QT.F16:
+        arr = np.asarray(t.data).view(np.float16).astype(np.float32)
+    else:
+        arr = gquants.dequantize(np.asarray(t.data), qtype).astype(np.float32, copy=False)
+    arr = np.ascontiguousarray(arr.reshape(shape), dtype=np.float32)
+    return arr
+
+
+class Config:
+    pass
+
+
+class Model:
+    def __init__(self, path: str):
+        t0 = time.time()
+        self.reader = r = gguf.GGUFReader(path)
+        arch = field_value(r, "general.architecture")
+        if arch not in SUPPORTED_ARCHS:
+            raise NotImplementedError("architecture %r not supported (only %s)" % (arch, ", ".join(SUPPORTED_ARCHS)))
+        c = self.cfg = Config()
+        c.arch = arch
+
+        def req(k):
+            v = field_value(r, "%s.%s" % (arch, k))
+            if v is None:
+                raise ValueError("missing metadata key %s.%s" % (arch, k))
+            return v
+
+        def opt(k, d=None):
+            return field_value(r, "%s.%s" % (arch, k), d)
+
+        c.n_embd = int(req("embedding_length"))
+        c.n_layer = int(req("block_count"))
+        c.n_ff = int(req("feed_forward_length"))
+        c.n_head = int(req("attention.head_count"))
+        c.n_head_kv = int(opt("attention.head_count_kv", c.n_head))
+        c.eps = float(opt("attention.layer_norm_rms_epsilon", 1e-5))
+        c.head_dim = int(opt("attention.key_length", c.n_embd // c.n_head))
+        c.head_dim_v = int(opt("attention.value_length", c.n_embd // c.n_head))
+        c.n_rot = int(opt("rope.dimension_count", c.head_dim))
+        c.rope_base = float(opt("rope.freq_base", 10000.0))
+        c.n_ctx_train = int(opt("context_length", 0) or 0)
+        c.rope_mode = ROPE_MODE[arch]
+        if c.n_head % c.n_head_kv != 0:
+            raise ValueError("n_head %d not a multiple of n_head_kv %d" % (c.n_head, c.n_head_kv))
+        if c.n_rot > c.head_dim or c.n_rot % 2:
+            raise ValueError("bad rope dimension count %d (head_dim %d)" % (c.n_rot, c.head_dim))
+
+        # rope scaling
+        stype = opt("rope.scaling.type", None)
+        factor = opt("rope.scaling.factor", None)
+        if factor is None:
+            factor = opt("rope.scale_linear", None)
+        factor = float(factor) if factor else 0.0
+        stype = (stype or "linear").lower()
+        c.rope_scaling = stype
+        if stype in ("none",):
+            c.freq_scale = 1.0
+        elif stype == "linear":
+            c.freq_scale = 1.0 / factor if factor not in (0.0, 1.0) else 1.0
+        elif stype in ("yarn", "longrope"):
+            if factor in (0.0, 1.0):
+                c.freq_scale = 1.0  # degenerate: no scaling actually applied
+            else:
+                raise NotImplementedError("rope scaling type %r (factor %g) is not implemented in reference.py" % (stype, factor))
+        else:
+            raise NotImplementedError("unknown rope scaling type %r" % stype)
+
+        # tensors
+        self.tensor_info = {t.name: t for t in r.tensors}
+        self.w = {}
+        for name, t in self.tensor_info.items():
+            self.w[name] = dequant_tensor(t)
+        tok = self.w["token_embd.weight"]
+        c.n_vocab = tok.shape[0]
+        if tok.shape[1] != c.n_embd:
+            raise ValueError("token_embd shape %s does not match n_embd %d" % (tok.shape, c.n_embd))
+        self.tied = "output.weight" not in self.w
+        self.out_w = self.w["token_embd.weight"] if self.tied else self.w["output.weight"]
+        self.rope_freqs = self.w.get("rope_freqs.weight")
+        if self.rope_freqs is not None:
+            self.rope_freqs = self.rope_freqs.reshape(-1).astype(np.float64)
+            if self.rope_freqs.shape[0] < c.n_rot // 2:
+                raise ValueError("rope_freqs.weight too short")
+
+        # per-layer views + shape checks
+        self.layers = []
+        q_dim, kv_dim, v_dim = c.n_head * c.head_dim, c.n_head_kv * c.head_dim, c.n_head_kv * c.head_dim_v
+        for il in range(c.n_layer):
+            p = "blk.%d." % il
+            L = {}
+            for k in ("attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight",
+                      "attn_output.weight", "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight",
+                      "ffn_down.weight"):
+                if p + k not in self.w:
+                    raise ValueError("missing tensor %s%s" % (p, k))
+                L[k.split(".")[0]] = self.w[p + k]
+            for k in ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias",
+                      "attn_q_norm.weight", "attn_k_norm.weight"):
+                v = self.w.get(p + k)
+                L[k.replace(".weight", "").replace(".", "_")] = v
+            exp = {"attn_q": (q_dim, c.n_embd), "attn_k": (kv_dim, c.n_embd), "attn_v": (v_dim, c.n_embd),
+                   "attn_output": (c.n_embd, c.n_head * c.head_dim_v), "ffn_gate": (c.n_ff, c.n_embd),
+                   "ffn_up": (c.n_ff, c.n_embd), "ffn_down": (c.n_embd, c.n_ff)}
+            for k, s in exp.items():
+                if L[k].shape != s:
+                    raise ValueError("%s%s.weight has shape %s, expected %s" % (p, k, L[k].shape, s))
+            self.layers.append(L)
+        if arch == "qwen3" and self.layers and self.layers[0]["attn_q_norm"] is None:
+            log("warning: qwen3 model without attn_q_norm")
+        self.load_s = time.time() - t0
+
+    def describe(self) -> dict:
+        c = self.cfg
+        d = dict(vars(c))
+        d["tied_output"] = self.tied
+        d["rope_freqs"] = self.rope_freqs is not None
+        return d
+
+
+# --------------------------------------------------------------------------
+# numerics
+# --------------------------------------------------------------------------
+
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    x64 = x.astype(np.float64)
+    ms = np.mean(x64 * x64, axis=-1, keepdims=True)
+    return (x * (1.0 / np.sqrt(ms + eps)).astype(np.float32)) * w
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+def round_kv(x: np.ndarray, kv_type: str) -> np.ndarray:
+    """x: (..., head_dim) float32; emulate storage type of the KV cache."""
+    if kv_type == "f32":
+        return x
+    if kv_type == "f16":
+        return x.astype(np.float16).astype(np.float32)
+    if kv_type == "bf16":
+        u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+        rounded = ((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000))
+        return rounded.view(np.float32)
+    if kv_type == "q8_0":
+        hd = x.shape[-1]
+        if hd % 32:
+            raise ValueError("q8_0 KV emulation needs head_dim multiple of 32")
+        flat = np.ascontiguousarray(x.reshape(-1, hd), dtype=np.float32)
+        q = gquants.quantize(flat, QT.Q8_0)
+        return gquants.dequantize(q, QT.Q8_0).astype(np.float32).reshape(x.shape)
+    raise ValueError("unknown kv type %r" % kv_type)
+
+
+class Runner:
+    def __init__(self, model: Model, kv_type: str = "f16", max_ctx: int = 0, q_chunk: int = 512):
+        self.m = model
+        self.kv_type = kv_type
+        self.q_chunk = q_chunk
+        c = model.cfg
+        self.n_past = 0
+        self.cap = max(16, max_ctx)
+        self.k = [np.zeros((c.n_head_kv, self.cap, c.head_dim), np.float32) for _ in range(c.n_layer)]
+        self.v = [np.zeros((c.n_head_kv, self.cap, c.head_dim_v), np.float32) for _ in range(c.n_layer)]
+        half = c.n_rot // 2
+        inv = c.rope_base ** (-2.0 * np.arange(half, dtype=np.float64) / c.n_rot)
+        if model.rope_freqs is not None:
+            inv = inv / model.rope_freqs[:half]
+        self.inv_freq = inv * c.freq_scale
+
+    def _ensure(self, n: int) -> None:
+        if n <= self.cap:
+            return
+        new = max(n, self.cap * 2)
+        for i in range(len(self.k)):
+            k = np.zeros((self.k[i].shape[0], new, self.k[i].shape[2]), np.float32)
+            v = np.zeros((self.v[i].shape[0], new, self.v[i].shape[2]), np.float32)
+            k[:, :self.cap] = self.k[i][:, :self.cap]
+            v[:, :self.cap] = self.v[i][:, :self.cap]
+            self.k[i], self.v[i] = k, v
+        self.cap = new
+
+    def _rope(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+        """x: (n_heads, T, head_dim); cos/sin: (T, n_rot/2)."""
+        c = self.m.cfg
+        nr = c.n_rot
+        out = x.copy()
+        if c.rope_mode == "norm":
+            x0 = x[..., 0:nr:2]
+            x1 = x[..., 1:nr:2]
+            out[..., 0:nr:2] = x0 * cos - x1 * sin
+            out[..., 1:nr:2] = x0 * sin + x1 * cos
+        else:
+            h = nr // 2
+            x0 = x[..., :h]
+            x1 = x[..., h:nr]
+            out[..., :h] = x0 * cos - x1 * sin
+            out[..., h:nr] = x0 * sin + x1 * cos
+        return out
+
+    def forward(self, tokens, want: str = "last") -> np.ndarray:
+        """Process tokens at positions n_past.. ; returns logits.
+
+        want: 'last' -> (n_vocab,), 'all' -> (T, n_vocab)."""
+        m, c = self.m, self.m.cfg
+        T = len(tokens)
+        if T == 0:
+            raise ValueError("empty batch")
+        toks = np.asarray(tokens, dtype=np.int64)
+        if toks.min() < 0 or toks.max() >= c.n_vocab:
+            raise ValueError("token id out of range [0, %d)" % c.n_vocab)
+        p0 = self.n_past
+        n_ctx = p0 + T
+        self._ensure(n_ctx)
+        pos = np.arange(p0, n_ctx, dtype=np.float64)
+        ang = pos[:, None] * self.inv_freq[None, :]
+        cos = np.cos(ang).astype(np.float32)
+        sin = np.sin(ang).astype(np.float32)
+        nh, nkv, hd, hdv = c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v
+        g = nh // nkv
+        scale = np.float32(1.0 / math.sqrt(hd))
+
+        x = m.w["token_embd.weight"][toks]  # (T, n_embd), f32 copy
+        for il, L in enumerate(m.layers):
+            h = rms_norm(x, L["attn_norm"], c.eps)
+            q = h @ L["attn_q"].T
+            k = h @ L["attn_k"].T
+            v = h @ L["attn_v"].T
+            if L["attn_q_bias"] is not None:
+                q += L["attn_q_bias"]
+            if L["attn_k_bias"] is not None:
+                k += L["attn_k_bias"]
+            if L["attn_v_bias"] is not None:
+                v += L["attn_v_bias"]
+            q = q.reshape(T, nh, hd).transpose(1, 0, 2)     # (nh, T, hd)
+            k = k.reshape(T, nkv, hd).transpose(1, 0, 2)    # (nkv, T, hd)
+            v = v.reshape(T, nkv, hdv).transpose(1, 0, 2)   # (nkv, T, hdv)
+            if L["attn_q_norm"] is not None:
+                q = rms_norm(q, L["attn_q_norm"], c.eps)
+            if L["attn_k_norm"] is not None:
+                k = rms_norm(k, L["attn_k_norm"], c.eps)
+            q = self._rope(q, cos, sin)
+            k = self._rope(k, cos, sin)
+            self.k[il][:, p0:n_ctx] = round_kv(k, self.kv_type)
+            self.v[il][:, p0:n_ctx] = round_kv(v, self.kv_type)
+            K = self.k[il][:, :n_ctx]   # (nkv, n_ctx, hd)
+            V = self.v[il][:, :n_ctx]   # (nkv, n_ctx, hdv)
+            qg = q.reshape(nkv, g, T, hd)
+            attn = np.empty((nkv, g, T, hdv), np.float32)
+            for t0 in range(0, T, self.q_chunk):
+                t1 = min(T, t0 + self.q_chunk)
+                tc = t1 - t0
+                s = np.matmul(qg[:, :, t0:t1].reshape(nkv, g * tc, hd), K.transpose(0, 2, 1))
+                s = s.reshape(nkv, g, tc, n_ctx) * scale
+                # causal mask: query at position p0+t may see keys j <= p0+t
+                qpos = np.arange(p0 + t0, p0 + t1)[:, None]
+                kpos = np.arange(n_ctx)[None, :]
+                s = np.where(kpos <= qpos, s, np.float32(-np.inf))
+                s -= s.max(axis=-1, keepdims=True)
+                np.exp(s, out=s)
+                s /= s.sum(axis=-1, keepdims=True)
+                attn[:, :, t0:t1] = np.matmul(s.reshape(nkv, g * tc, n_ctx), V).reshape(nkv, g, tc, hdv)
+            o = attn.reshape(nh, T, hdv).transpose(1, 0, 2).reshape(T, nh * hdv)
+            o = o @ L["attn_output"].T
+            if L["attn_output_bias"] is not None:
+                o += L["attn_output_bias"]
+            x = x + o
+            h = rms_norm(x, L["ffn_norm"], c.eps)
+            a = silu(h @ L["ffn_gate"].T) * (h @ L["ffn_up"].T)
+            x = x + a @ L["ffn_down"].T
+        self.n_past = n_ctx
+        if want == "last":
+            x = x[-1:]
+        x = rms_norm(x, m.w["output_norm.weight"], c.eps)
+        logits = (x @ m.out_w.T).astype(np.float32)
+        return logits[0] if want == "last" else logits
+
+
+# --------------------------------------------------------------------------
+# optional tokenizer (convenience only)
+# --------------------------------------------------------------------------
+
+_PRE_REGEX = {
+    "llama-bpe": r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    "qwen2": r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+}
+
+
+def build_tokenizer(reader):
+    from tokenizers import Tokenizer, AddedToken, Regex, decoders, models, pre_tokenizers
+
+    tmodel = field_value(reader, "tokenizer.ggml.model")
+    if tmodel != "gpt2":
+        raise NotImplementedError("only BPE (gpt2) GGUF tokenizers are supported here, got %r" % tmodel)
+    tokens = field_value(reader, "tokenizer.ggml.tokens")
+    merges = field_value(reader, "tokenizer.ggml.merges")
+    ttypes = field_value(reader, "tokenizer.ggml.token_type") or []
+    pre = field_value(reader, "tokenizer.ggml.pre", "default")
+    vocab = {t: i for i, t in enumerate(tokens)}
+    merge_pairs = [tuple(mm.split(" ", 1)) for mm in merges]
+    tk = Tokenizer(models.BPE(vocab=vocab, merges=merge_pairs, fuse_unk=False, byte_fallback=False))
+    bl = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if pre in _PRE_REGEX:
+        tk.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(_PRE_REGEX[pre]), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    elif pre in ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone"):
+        tk.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), bl])
+    else:
+        tk.pre_tokenizer = bl
+    tk.decoder = decoders.ByteLevel()
+    special = [AddedToken(tokens[i], special=True, normalized=False)
+               for i, tt in enumerate(ttypes) if int(tt) in (3, 4)]
+    if special:
+        tk.add_special_tokens(special)
+    return tk
+
+
+def read_token_list(s: str):
+    parts = [p for p in re.split(r"[,\s]+", s.strip()) if p]
+    return [int(p) for p in parts]
+
+
+# --------------------------------------------------------------------------
+# main
+# --------------------------------------------------------------------------
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="NumPy reference forward pass for GGUF llama/qwen2/qwen3 models")
+    ap.add_argument("model")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--tokens", help="comma/space separated token ids")
+    src.add_argument("--tokens-file", help="file with comma/space/newline separated token ids")
+    src.add_argument("--prompt", help="text, tokenized with a BPE built from the GGUF vocab (convenience)")
+    ap.add_argument("-n", "--n-predict", type=int, default=0, help="number of tokens to generate greedily")
+    ap.add_argument("--logits-out", help=".npy: float32 logits of last prompt position [n_vocab]")
+    ap.add_argument("--all-logits-out", help=".npy: float32 logits of all prompt positions [n_prompt, n_vocab]")
+    ap.add_argument("--gen-logits-out", help=".npy: float32 [N, n_vocab], row i selected generated token i")
+    ap.add_argument("--kv-type", default="f16", choices=["f16", "f32", "bf16", "q8_0"],
+                    help="KV cache storage emulation (default f16)")
+    ap.add_argument("--stop-at-eos", action="store_true", help="stop generation at tokenizer.ggml.eos_token_id")
+    ap.add_argument("--add-bos", action="store_true", help="with --prompt: prepend BOS (default: GGUF add_bos_token)")
+    ap.add_argument("--dump-json", help="write config / tokens / top logits as JSON to this file")
+    ap.add_argument("--q-chunk", type=int, default=512, help="query rows per attention chunk (memory bound)")
+    args = ap.parse_args(argv)
+
+    t_start = time.time()
+    model = Model(args.model)
+    c = model.cfg
+    log("[reference] loaded %s: arch=%s layers=%d d=%d ff=%d heads=%d/%d hd=%d rot=%d(%s) base=%g "
+        "freq_scale=%g eps=%g vocab=%d tied=%s rope_freqs=%s (%.2fs)" % (
+            args.model, c.arch, c.n_layer, c.n_embd, c.n_ff, c.n_head, c.n_head_kv, c.head_dim,
+            c.n_rot, c.rope_mode, c.rope_base, c.freq_scale, c.eps, c.n_vocab, model.tied,
+            model.rope_freqs is not None, model.load_s))
+
+    tokenizer = None
+    if args.prompt is not None:
+        tokenizer = build_tokenizer(model.reader)
+        tokens = tokenizer.encode(args.prompt, add_special_tokens=False).ids
+        add_bos = args.add_bos or bool(field_value(model.reader, "tokenizer.ggml.add_bos_token", False))
+        bos = field_value(model.reader, "tokenizer.ggml.bos_token_id")
+        if add_bos and bos is not None:
+            tokens = [int(bos)] + tokens
+        log("[reference] prompt tokens: %s" % ",".join(map(str, tokens)))
+    elif args.tokens is not None:
+        tokens = read_token_list(args.tokens)
+    else:
+        with open(args.tokens_file) as f:
+            tokens = read_token_list(f.read())
+    if not tokens:
+        raise SystemExit("reference.py: empty prompt")
+
+    N = max(0, args.n_predict)
+    runner = Runner(model, kv_type=args.kv_type, max_ctx=len(tokens) + N, q_chunk=max(1, args.q_chunk))
+    t0 = time.time()
+    if args.all_logits_out:
+        all_logits = runner.forward(tokens, want="all")
+        np.save(args.all_logits_out, all_logits.astype(np.float32))
+        last = all_logits[-1].copy()
+    else:
+        last = runner.forward(tokens, want="last")
+    t_prompt = time.time() - t0
+    log("[reference] prompt: %d tokens in %.2fs (kv=%s)" % (len(tokens), t_prompt, args.kv_type))
+    if args.logits_out:
+        np.save(args.logits_out, last.astype(np.float32))
+
+    eos = field_value(model.reader, "tokenizer.ggml.eos_token_id")
+    gen, gen_logits = [], []
+    logits = last
+    t1 = time.time()
+    for i in range(N):
+        gen_logits.append(logits)
+        nxt = int(np.argmax(logits))
+        gen.append(nxt)
+        if args.stop_at_eos and eos is not None and nxt == int(eos):
+            break
+        if i + 1 < N:
+            logits = runner.forward([nxt], want="last")
+    t_gen = time.time() - t1
+    if N:
+        log("[reference] generated %d tokens in %.2fs" % (len(gen), t_gen))
+    if args.gen_logits_out:
+        arr = np.stack(gen_logits).astype(np.float32) if gen_logits else np.zeros((0, c.n_vocab), np.float32)
+        np.save(args.gen_logits_out, arr)
+
+    if gen:
+        try:
+            if tokenizer is None:
+                tokenizer = build_tokenizer(model.reader)
+            log("[reference] text: %r" % tokenizer.decode(gen, skip_special_tokens=False))
+        except Exception as e:  # convenience only
+            log("[reference] (no detokenization: %s)" % e)
+
+    if args.dump_json:
+        top = np.argsort(-last, kind="stable")[:10]
+        info = {
+            "model": args.model, "config": model.describe(), "kv_type": args.kv_type,
+            "prompt_tokens": [int(t) for t in tokens], "generated": gen,
+            "last_logits_top10": [[int(i), float(last[i])] for i in top],
+            "timing_s": {"load": model.load_s, "prompt": t_prompt, "generate": t_gen,
+                         "total": time.time() - t_start},
+        }
+        with open(args.dump_json, "w") as f:
+            json.dump(info, f, indent=1)
+
+    print(",".join(str(t) for t in gen))
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

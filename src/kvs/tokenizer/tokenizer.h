@@ -7,11 +7,15 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 namespace kvs {
 namespace gguf {
 class File;
+}
+namespace tok {
+struct VocabData;
 }
 
 struct ChatMessage {
@@ -51,12 +55,17 @@ class Tokenizer {
   std::string apply_chat(const std::vector<ChatMessage>& msgs) const;
 
  protected:
+  // Copies tokens, types, special ids, add_bos and the chat family from the vocab.
+  void init_common(const tok::VocabData& v);
+
   std::vector<std::string> tokens_;
   std::vector<int32_t> types_;  // tokenizer.ggml.token_type (1 normal, 3 control, 4 user, 6 byte)
   int32_t bos_ = -1, eos_ = -1;
   std::vector<int32_t> eog_;
   bool add_bos_ = false;
   std::string chat_family_ = "none";
+  std::unordered_map<std::string, int32_t> index_;  // token text -> id
+  bool strip_first_space_ = false;  // SentencePiece: decode drops the prefix space encode added
 };
 
 // Accumulates token pieces and releases only complete UTF-8 characters, so a multi-byte
@@ -80,6 +89,8 @@ struct SyntheticVocab {
   std::vector<int32_t> types;
   std::vector<std::string> merges;
   int32_t bos = 0, eos = 0;
+  std::string model = "gpt2", pre = "gpt2";  // tokenizer.ggml.model / .pre to write
+  std::string chat_template;                 // a ChatML template
 };
 SyntheticVocab make_synthetic_vocab(int32_t n_vocab);
 

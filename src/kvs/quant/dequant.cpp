@@ -1,6 +1,6 @@
-// dequantize_row: the matmul's hot path (weight tiles to f32). AVX2: each block is unpacked into
-// 32 int8 lanes, widened to floats and scaled. Results are bit identical to dequantize_row_ref:
-// the same float operations in the same order (mul, then add; never fused).
+// dequantize_row: the matmul's hot path (weight tiles to f32). AVX2, 8 elements per vector.
+// Results are bit identical to dequantize_row_ref: the same float operations in the same order
+// (mul, then add; never fused), the integer levels being exact in float.
 #include <immintrin.h>
 
 #include "kvs/quant/blocks.h"
@@ -11,33 +11,15 @@ namespace {
 
 using namespace quant;
 
-// y[0..32) = d * v.
-inline void store_scaled(float* y, __m256i v, __m256 d) {
-  _mm256_storeu_ps(y + 0, _mm256_mul_ps(d, lanes_ps<0>(v)));
-  _mm256_storeu_ps(y + 8, _mm256_mul_ps(d, lanes_ps<1>(v)));
-  _mm256_storeu_ps(y + 16, _mm256_mul_ps(d, lanes_ps<2>(v)));
-  _mm256_storeu_ps(y + 24, _mm256_mul_ps(d, lanes_ps<3>(v)));
+// y[0..8) = d * q, d * q + m, d * q - m.
+inline void put(float* y, __m256i q, __m256 d) {
+  _mm256_storeu_ps(y, _mm256_mul_ps(d, to_ps(q)));
 }
-// y[0..16) = d0 * v, y[16..32) = d1 * v (q6_k's sub-blocks of 16).
-inline void store_scaled2(float* y, __m256i v, __m256 d0, __m256 d1) {
-  _mm256_storeu_ps(y + 0, _mm256_mul_ps(d0, lanes_ps<0>(v)));
-  _mm256_storeu_ps(y + 8, _mm256_mul_ps(d0, lanes_ps<1>(v)));
-  _mm256_storeu_ps(y + 16, _mm256_mul_ps(d1, lanes_ps<2>(v)));
-  _mm256_storeu_ps(y + 24, _mm256_mul_ps(d1, lanes_ps<3>(v)));
+inline void put_add(float* y, __m256i q, __m256 d, __m256 m) {
+  _mm256_storeu_ps(y, _mm256_add_ps(_mm256_mul_ps(d, to_ps(q)), m));
 }
-// y[0..32) = d * v + m.
-inline void store_affine(float* y, __m256i v, __m256 d, __m256 m) {
-  _mm256_storeu_ps(y + 0, _mm256_add_ps(_mm256_mul_ps(d, lanes_ps<0>(v)), m));
-  _mm256_storeu_ps(y + 8, _mm256_add_ps(_mm256_mul_ps(d, lanes_ps<1>(v)), m));
-  _mm256_storeu_ps(y + 16, _mm256_add_ps(_mm256_mul_ps(d, lanes_ps<2>(v)), m));
-  _mm256_storeu_ps(y + 24, _mm256_add_ps(_mm256_mul_ps(d, lanes_ps<3>(v)), m));
-}
-// y[0..32) = d * v - m (k-quants subtract the scaled min).
-inline void store_affine_sub(float* y, __m256i v, __m256 d, __m256 m) {
-  _mm256_storeu_ps(y + 0, _mm256_sub_ps(_mm256_mul_ps(d, lanes_ps<0>(v)), m));
-  _mm256_storeu_ps(y + 8, _mm256_sub_ps(_mm256_mul_ps(d, lanes_ps<1>(v)), m));
-  _mm256_storeu_ps(y + 16, _mm256_sub_ps(_mm256_mul_ps(d, lanes_ps<2>(v)), m));
-  _mm256_storeu_ps(y + 24, _mm256_sub_ps(_mm256_mul_ps(d, lanes_ps<3>(v)), m));
+inline void put_sub(float* y, __m256i q, __m256 d, __m256 m) {
+  _mm256_storeu_ps(y, _mm256_sub_ps(_mm256_mul_ps(d, to_ps(q)), m));
 }
 
 __m256 bcast_f16(const uint8_t* p) {
@@ -63,72 +45,103 @@ void deq_bf16(const uint8_t* x, float* y, int64_t n) {
   }
 }
 
+// 32-blocks: bytes 8g .. 8g+7 of qs hold elements 8g.. (low nibbles) and 16 + 8g.. (high).
 void deq_q4_0(const BlockQ4_0* b, float* y, int64_t nb) {
-  const __m256i eight = _mm256_set1_epi8(8);
+  const __m256i eight = _mm256_set1_epi32(8);
   for (int64_t i = 0; i < nb; ++i, y += QK) {
-    store_scaled(y, _mm256_sub_epi8(nibbles16(b[i].qs), eight), bcast_f16(b[i].d));
+    const __m256 d = bcast_f16(b[i].d);
+    for (int g = 0; g < 2; ++g) {
+      const __m256i v = u8_lanes(b[i].qs + 8 * g);
+      put(y + 8 * g, _mm256_sub_epi32(low4(v), eight), d);
+      put(y + 16 + 8 * g, _mm256_sub_epi32(high4(v), eight), d);
+    }
   }
 }
 
 void deq_q4_1(const BlockQ4_1* b, float* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, y += QK) {
-    store_affine(y, nibbles16(b[i].qs), bcast_f16(b[i].d), bcast_f16(b[i].m));
+    const __m256 d = bcast_f16(b[i].d), m = bcast_f16(b[i].m);
+    for (int g = 0; g < 2; ++g) {
+      const __m256i v = u8_lanes(b[i].qs + 8 * g);
+      put_add(y + 8 * g, low4(v), d, m);
+      put_add(y + 16 + 8 * g, high4(v), d, m);
+    }
   }
 }
 
+// The 32 five-bit levels of a q5 block as 4 vectors of 8, in element order.
+inline void q5_levels(const uint8_t* qs, const uint8_t* qhp, __m256i q[4]) {
+  const __m256i qh = _mm256_set1_epi32(static_cast<int>(load_u32(qhp)));
+  const __m256i v0 = u8_lanes(qs), v1 = u8_lanes(qs + 8);
+  q[0] = _mm256_or_si256(low4(v0), q5_bit4<0>(qh));
+  q[1] = _mm256_or_si256(low4(v1), q5_bit4<8>(qh));
+  q[2] = _mm256_or_si256(high4(v0), q5_bit4<16>(qh));
+  q[3] = _mm256_or_si256(high4(v1), q5_bit4<24>(qh));
+}
+
 void deq_q5_0(const BlockQ5_0* b, float* y, int64_t nb) {
-  const __m256i sixteen = _mm256_set1_epi8(16);
+  const __m256i sixteen = _mm256_set1_epi32(16);
   for (int64_t i = 0; i < nb; ++i, y += QK) {
-    const __m256i q = _mm256_or_si256(nibbles16(b[i].qs), bit4_from_bits(load_u32(b[i].qh)));
-    store_scaled(y, _mm256_sub_epi8(q, sixteen), bcast_f16(b[i].d));
+    const __m256 d = bcast_f16(b[i].d);
+    __m256i q[4];
+    q5_levels(b[i].qs, b[i].qh, q);
+    for (int k = 0; k < 4; ++k) put(y + 8 * k, _mm256_sub_epi32(q[k], sixteen), d);
   }
 }
 
 void deq_q5_1(const BlockQ5_1* b, float* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, y += QK) {
-    const __m256i q = _mm256_or_si256(nibbles16(b[i].qs), bit4_from_bits(load_u32(b[i].qh)));
-    store_affine(y, q, bcast_f16(b[i].d), bcast_f16(b[i].m));
+    const __m256 d = bcast_f16(b[i].d), m = bcast_f16(b[i].m);
+    __m256i q[4];
+    q5_levels(b[i].qs, b[i].qh, q);
+    for (int k = 0; k < 4; ++k) put_add(y + 8 * k, q[k], d, m);
   }
 }
 
 void deq_q8_0(const BlockQ8_0* b, float* y, int64_t nb) {
-  for (int64_t i = 0; i < nb; ++i, y += QK) store_scaled(y, load32(b[i].qs), bcast_f16(b[i].d));
+  for (int64_t i = 0; i < nb; ++i, y += QK) {
+    const __m256 d = bcast_f16(b[i].d);
+    for (int g = 0; g < 4; ++g) put(y + 8 * g, i8_lanes(b[i].qs + 8 * g), d);
+  }
 }
 
+// k-quants: 32 bytes of qs per pair of sub-blocks (s: low nibbles, s + 1: high nibbles).
 void deq_q4_k(const BlockQ4_K* b, float* y, int64_t nb) {
-  const __m256i low = _mm256_set1_epi8(0x0F);
   for (int64_t i = 0; i < nb; ++i) {
     float ds[8], dm[8];
     k_scales(b[i].d, b[i].dmin, b[i].scales, ds, dm);
     for (int s = 0; s < 8; s += 2, y += 64) {
-      const __m256i q = load32(b[i].qs + 16 * s);
-      const __m256i lo = _mm256_and_si256(q, low);
-      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
-      store_affine_sub(y, lo, _mm256_set1_ps(ds[s]), _mm256_set1_ps(dm[s]));
-      store_affine_sub(y + 32, hi, _mm256_set1_ps(ds[s + 1]), _mm256_set1_ps(dm[s + 1]));
+      const __m256 d0 = _mm256_set1_ps(ds[s]), m0 = _mm256_set1_ps(dm[s]);
+      const __m256 d1 = _mm256_set1_ps(ds[s + 1]), m1 = _mm256_set1_ps(dm[s + 1]);
+      for (int g = 0; g < 4; ++g) {
+        const __m256i v = u8_lanes(b[i].qs + 16 * s + 8 * g);
+        put_sub(y + 8 * g, low4(v), d0, m0);
+        put_sub(y + 32 + 8 * g, high4(v), d1, m1);
+      }
     }
   }
 }
 
 void deq_q5_k(const BlockQ5_K* b, float* y, int64_t nb) {
-  const __m256i low = _mm256_set1_epi8(0x0F), sixteen = _mm256_set1_epi8(0x10);
+  const __m256i bit4 = _mm256_set1_epi32(0x10);
   for (int64_t i = 0; i < nb; ++i) {
     float ds[8], dm[8];
     k_scales(b[i].d, b[i].dmin, b[i].scales, ds, dm);
-    const __m256i qh = load32(b[i].qh);
-    // Fifth bit of sub-block s: bit s of each qh byte, moved to 0x10.
-    auto bit4 = [&](int s) {
-      const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << s));
-      const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
-      return _mm256_and_si256(set, sixteen);
-    };
+    // Bit s of qh[l] is the fifth bit of element l of sub-block s; pre-shifted so that
+    // (qh4 >> s) & 0x10 extracts it.
+    __m256i qh4[4];
+    for (int g = 0; g < 4; ++g) qh4[g] = _mm256_slli_epi32(u8_lanes(b[i].qh + 8 * g), 4);
     for (int s = 0; s < 8; s += 2, y += 64) {
-      const __m256i q = load32(b[i].qs + 16 * s);
-      const __m256i lo = _mm256_or_si256(_mm256_and_si256(q, low), bit4(s));
-      const __m256i hi =
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), low), bit4(s + 1));
-      store_affine_sub(y, lo, _mm256_set1_ps(ds[s]), _mm256_set1_ps(dm[s]));
-      store_affine_sub(y + 32, hi, _mm256_set1_ps(ds[s + 1]), _mm256_set1_ps(dm[s + 1]));
+      const __m256 d0 = _mm256_set1_ps(ds[s]), m0 = _mm256_set1_ps(dm[s]);
+      const __m256 d1 = _mm256_set1_ps(ds[s + 1]), m1 = _mm256_set1_ps(dm[s + 1]);
+      const __m128i c0 = _mm_cvtsi32_si128(s), c1 = _mm_cvtsi32_si128(s + 1);
+      for (int g = 0; g < 4; ++g) {
+        const __m256i v = u8_lanes(b[i].qs + 16 * s + 8 * g);
+        const __m256i h0 = _mm256_and_si256(_mm256_srl_epi32(qh4[g], c0), bit4);
+        const __m256i h1 = _mm256_and_si256(_mm256_srl_epi32(qh4[g], c1), bit4);
+        put_sub(y + 8 * g, _mm256_or_si256(low4(v), h0), d0, m0);
+        put_sub(y + 32 + 8 * g, _mm256_or_si256(high4(v), h1), d1, m1);
+      }
     }
   }
 }
@@ -136,13 +149,14 @@ void deq_q5_k(const BlockQ5_K* b, float* y, int64_t nb) {
 void deq_q6_k(const BlockQ6_K* b, float* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i) {
     const float d = load_f16(b[i].d);
-    for (int h = 0; h < 2; ++h) {
-      __m256i q[4];
-      q6_half(b[i].ql + 64 * h, b[i].qh + 32 * h, q);
+    for (int h = 0; h < 2; ++h, y += 128) {
       const int8_t* sc = b[i].scales + 8 * h;
-      for (int k = 0; k < 4; ++k, y += 32) {
-        store_scaled2(y, q[k], _mm256_set1_ps(d * static_cast<float>(sc[2 * k])),
-                      _mm256_set1_ps(d * static_cast<float>(sc[2 * k + 1])));
+      __m256 dk[8];  // sub-blocks of 16: element 32k + l has scale sc[2k + l / 16]
+      for (int j = 0; j < 8; ++j) dk[j] = _mm256_set1_ps(d * static_cast<float>(sc[j]));
+      for (int g = 0; g < 4; ++g) {
+        __m256i q[4];
+        q6_lanes(b[i].ql + 64 * h, b[i].qh + 32 * h, g, q);
+        for (int k = 0; k < 4; ++k) put(y + 32 * k + 8 * g, q[k], dk[2 * k + g / 2]);
       }
     }
   }

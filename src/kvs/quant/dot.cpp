@@ -11,22 +11,15 @@ namespace {
 
 using namespace quant;
 
-// 8-lane partial sums of v[i] * x[i] over 32 lanes; dot16 over lanes 16h .. 16h+15.
-inline __m256 dot32(__m256i v, const float* x) {
-  __m256 s = _mm256_mul_ps(lanes_ps<0>(v), _mm256_loadu_ps(x));
-  s = _mm256_fmadd_ps(lanes_ps<1>(v), _mm256_loadu_ps(x + 8), s);
-  s = _mm256_fmadd_ps(lanes_ps<2>(v), _mm256_loadu_ps(x + 16), s);
-  return _mm256_fmadd_ps(lanes_ps<3>(v), _mm256_loadu_ps(x + 24), s);
+inline __m256 ld(const float* x) {
+  return _mm256_loadu_ps(x);
 }
-template <int h>
-inline __m256 dot16(__m256i v, const float* x) {
-  const __m256 s = _mm256_mul_ps(lanes_ps<2 * h>(v), _mm256_loadu_ps(x));
-  return _mm256_fmadd_ps(lanes_ps<2 * h + 1>(v), _mm256_loadu_ps(x + 8), s);
+// s + q * x[0..8)
+inline __m256 fma_q(__m256i q, const float* x, __m256 s) {
+  return _mm256_fmadd_ps(to_ps(q), ld(x), s);
 }
 inline __m256 sum32(const float* x) {
-  const __m256 a = _mm256_add_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8));
-  const __m256 b = _mm256_add_ps(_mm256_loadu_ps(x + 16), _mm256_loadu_ps(x + 24));
-  return _mm256_add_ps(a, b);
+  return _mm256_add_ps(_mm256_add_ps(ld(x), ld(x + 8)), _mm256_add_ps(ld(x + 16), ld(x + 24)));
 }
 
 __m256 bcast_f16(const uint8_t* p) {
@@ -37,13 +30,12 @@ float dot_f32(const float* w, const float* x, int64_t n) {
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   int64_t i = 0;
   for (; i + 32 <= n; i += 32) {
-    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a0);
-    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
-    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 16), _mm256_loadu_ps(x + i + 16), a2);
-    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 24), _mm256_loadu_ps(x + i + 24), a3);
+    a0 = _mm256_fmadd_ps(ld(w + i), ld(x + i), a0);
+    a1 = _mm256_fmadd_ps(ld(w + i + 8), ld(x + i + 8), a1);
+    a2 = _mm256_fmadd_ps(ld(w + i + 16), ld(x + i + 16), a2);
+    a3 = _mm256_fmadd_ps(ld(w + i + 24), ld(x + i + 24), a3);
   }
-  for (; i + 8 <= n; i += 8)
-    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a0);
+  for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(ld(w + i), ld(x + i), a0);
   float s = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
   for (; i < n; ++i) s += w[i] * x[i];
   return s;
@@ -62,10 +54,10 @@ float dot_half(const uint8_t* w, const float* x, int64_t n) {
   __m256 a0 = _mm256_setzero_ps(), a1 = a0;
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    a0 = _mm256_fmadd_ps(widen(w + 2 * i), _mm256_loadu_ps(x + i), a0);
-    a1 = _mm256_fmadd_ps(widen(w + 2 * i + 16), _mm256_loadu_ps(x + i + 8), a1);
+    a0 = _mm256_fmadd_ps(widen(w + 2 * i), ld(x + i), a0);
+    a1 = _mm256_fmadd_ps(widen(w + 2 * i + 16), ld(x + i + 8), a1);
   }
-  for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(widen(w + 2 * i), _mm256_loadu_ps(x + i), a0);
+  for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(widen(w + 2 * i), ld(x + i), a0);
   float s = hsum(_mm256_add_ps(a0, a1));
   for (; i < n; ++i) {
     uint16_t h;
@@ -75,43 +67,71 @@ float dot_half(const uint8_t* w, const float* x, int64_t n) {
   return s;
 }
 
+// sum q x over a 4-bit 32-block (off subtracted from the levels).
+inline __m256 dot_q4(const uint8_t* qs, const float* x, __m256i off) {
+  const __m256i v0 = u8_lanes(qs), v1 = u8_lanes(qs + 8);
+  __m256 s = _mm256_mul_ps(to_ps(_mm256_sub_epi32(low4(v0), off)), ld(x));
+  s = fma_q(_mm256_sub_epi32(low4(v1), off), x + 8, s);
+  s = fma_q(_mm256_sub_epi32(high4(v0), off), x + 16, s);
+  return fma_q(_mm256_sub_epi32(high4(v1), off), x + 24, s);
+}
+
 float dot_q4_0(const BlockQ4_0* b, const float* x, int64_t nb) {
-  const __m256i eight = _mm256_set1_epi8(8);
+  const __m256i eight = _mm256_set1_epi32(8);
   __m256 acc = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; ++i, x += QK) {
-    const __m256 s = dot32(_mm256_sub_epi8(nibbles16(b[i].qs), eight), x);
-    acc = _mm256_fmadd_ps(bcast_f16(b[i].d), s, acc);
+    acc = _mm256_fmadd_ps(bcast_f16(b[i].d), dot_q4(b[i].qs, x, eight), acc);
   }
   return hsum(acc);
 }
 
 float dot_q4_1(const BlockQ4_1* b, const float* x, int64_t nb) {
+  const __m256i zero = _mm256_setzero_si256();
   __m256 acc = _mm256_setzero_ps(), accm = acc;
   for (int64_t i = 0; i < nb; ++i, x += QK) {
-    acc = _mm256_fmadd_ps(bcast_f16(b[i].d), dot32(nibbles16(b[i].qs), x), acc);
+    acc = _mm256_fmadd_ps(bcast_f16(b[i].d), dot_q4(b[i].qs, x, zero), acc);
     accm = _mm256_fmadd_ps(bcast_f16(b[i].m), sum32(x), accm);
   }
   return hsum(_mm256_add_ps(acc, accm));
 }
 
+inline __m256 dot_q5(const uint8_t* qs, const uint8_t* qhp, const float* x, __m256i off) {
+  const __m256i qh = _mm256_set1_epi32(static_cast<int>(load_u32(qhp)));
+  const __m256i v0 = u8_lanes(qs), v1 = u8_lanes(qs + 8);
+  const __m256i q0 = _mm256_or_si256(low4(v0), q5_bit4<0>(qh));
+  const __m256i q1 = _mm256_or_si256(low4(v1), q5_bit4<8>(qh));
+  const __m256i q2 = _mm256_or_si256(high4(v0), q5_bit4<16>(qh));
+  const __m256i q3 = _mm256_or_si256(high4(v1), q5_bit4<24>(qh));
+  __m256 s = _mm256_mul_ps(to_ps(_mm256_sub_epi32(q0, off)), ld(x));
+  s = fma_q(_mm256_sub_epi32(q1, off), x + 8, s);
+  s = fma_q(_mm256_sub_epi32(q2, off), x + 16, s);
+  return fma_q(_mm256_sub_epi32(q3, off), x + 24, s);
+}
+
 float dot_q5_0(const BlockQ5_0* b, const float* x, int64_t nb) {
-  const __m256i sixteen = _mm256_set1_epi8(16);
+  const __m256i sixteen = _mm256_set1_epi32(16);
   __m256 acc = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; ++i, x += QK) {
-    const __m256i q = _mm256_or_si256(nibbles16(b[i].qs), bit4_from_bits(load_u32(b[i].qh)));
-    acc = _mm256_fmadd_ps(bcast_f16(b[i].d), dot32(_mm256_sub_epi8(q, sixteen), x), acc);
+    acc = _mm256_fmadd_ps(bcast_f16(b[i].d), dot_q5(b[i].qs, b[i].qh, x, sixteen), acc);
   }
   return hsum(acc);
 }
 
 float dot_q5_1(const BlockQ5_1* b, const float* x, int64_t nb) {
+  const __m256i zero = _mm256_setzero_si256();
   __m256 acc = _mm256_setzero_ps(), accm = acc;
   for (int64_t i = 0; i < nb; ++i, x += QK) {
-    const __m256i q = _mm256_or_si256(nibbles16(b[i].qs), bit4_from_bits(load_u32(b[i].qh)));
-    acc = _mm256_fmadd_ps(bcast_f16(b[i].d), dot32(q, x), acc);
+    acc = _mm256_fmadd_ps(bcast_f16(b[i].d), dot_q5(b[i].qs, b[i].qh, x, zero), acc);
     accm = _mm256_fmadd_ps(bcast_f16(b[i].m), sum32(x), accm);
   }
   return hsum(_mm256_add_ps(acc, accm));
+}
+
+inline __m256 dot_q8(const int8_t* qs, const float* x) {
+  __m256 s = _mm256_mul_ps(to_ps(i8_lanes(qs)), ld(x));
+  s = fma_q(i8_lanes(qs + 8), x + 8, s);
+  s = fma_q(i8_lanes(qs + 16), x + 16, s);
+  return fma_q(i8_lanes(qs + 24), x + 24, s);
 }
 
 float dot_q8_0(const BlockQ8_0* b, const float* x, int64_t nb) {
@@ -119,25 +139,28 @@ float dot_q8_0(const BlockQ8_0* b, const float* x, int64_t nb) {
   int64_t i = 0;
   // Two blocks per step: two independent accumulators hide the FMA latency.
   for (; i + 2 <= nb; i += 2, x += 2 * QK) {
-    acc0 = _mm256_fmadd_ps(bcast_f16(b[i].d), dot32(load32(b[i].qs), x), acc0);
-    acc1 = _mm256_fmadd_ps(bcast_f16(b[i + 1].d), dot32(load32(b[i + 1].qs), x + QK), acc1);
+    acc0 = _mm256_fmadd_ps(bcast_f16(b[i].d), dot_q8(b[i].qs, x), acc0);
+    acc1 = _mm256_fmadd_ps(bcast_f16(b[i + 1].d), dot_q8(b[i + 1].qs, x + QK), acc1);
   }
-  if (i < nb) acc0 = _mm256_fmadd_ps(bcast_f16(b[i].d), dot32(load32(b[i].qs), x), acc0);
+  if (i < nb) acc0 = _mm256_fmadd_ps(bcast_f16(b[i].d), dot_q8(b[i].qs, x), acc0);
   return hsum(_mm256_add_ps(acc0, acc1));
 }
 
+// k-quants: per sub-block, ds * sum q x - dm * sum x.
 float dot_q4_k(const BlockQ4_K* b, const float* x, int64_t nb) {
-  const __m256i low = _mm256_set1_epi8(0x0F);
   __m256 acc = _mm256_setzero_ps(), accm = acc;
   for (int64_t i = 0; i < nb; ++i) {
     float ds[8], dm[8];
     k_scales(b[i].d, b[i].dmin, b[i].scales, ds, dm);
     for (int s = 0; s < 8; s += 2, x += 64) {
-      const __m256i q = load32(b[i].qs + 16 * s);
-      const __m256i lo = _mm256_and_si256(q, low);
-      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
-      acc = _mm256_fmadd_ps(_mm256_set1_ps(ds[s]), dot32(lo, x), acc);
-      acc = _mm256_fmadd_ps(_mm256_set1_ps(ds[s + 1]), dot32(hi, x + 32), acc);
+      __m256 s0 = _mm256_setzero_ps(), s1 = s0;
+      for (int g = 0; g < 4; ++g) {
+        const __m256i v = u8_lanes(b[i].qs + 16 * s + 8 * g);
+        s0 = fma_q(low4(v), x + 8 * g, s0);
+        s1 = fma_q(high4(v), x + 32 + 8 * g, s1);
+      }
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(ds[s]), s0, acc);
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(ds[s + 1]), s1, acc);
       accm = _mm256_fmadd_ps(_mm256_set1_ps(dm[s]), sum32(x), accm);
       accm = _mm256_fmadd_ps(_mm256_set1_ps(dm[s + 1]), sum32(x + 32), accm);
     }
@@ -146,23 +169,25 @@ float dot_q4_k(const BlockQ4_K* b, const float* x, int64_t nb) {
 }
 
 float dot_q5_k(const BlockQ5_K* b, const float* x, int64_t nb) {
-  const __m256i low = _mm256_set1_epi8(0x0F), sixteen = _mm256_set1_epi8(0x10);
+  const __m256i bit4 = _mm256_set1_epi32(0x10);
   __m256 acc = _mm256_setzero_ps(), accm = acc;
   for (int64_t i = 0; i < nb; ++i) {
     float ds[8], dm[8];
     k_scales(b[i].d, b[i].dmin, b[i].scales, ds, dm);
-    const __m256i qh = load32(b[i].qh);
-    auto bit4 = [&](int s) {
-      const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << s));
-      return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit), sixteen);
-    };
+    __m256i qh4[4];  // as in deq_q5_k: (qh4 >> s) & 0x10 is the fifth bit for sub-block s
+    for (int g = 0; g < 4; ++g) qh4[g] = _mm256_slli_epi32(u8_lanes(b[i].qh + 8 * g), 4);
     for (int s = 0; s < 8; s += 2, x += 64) {
-      const __m256i q = load32(b[i].qs + 16 * s);
-      const __m256i lo = _mm256_or_si256(_mm256_and_si256(q, low), bit4(s));
-      const __m256i hi =
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), low), bit4(s + 1));
-      acc = _mm256_fmadd_ps(_mm256_set1_ps(ds[s]), dot32(lo, x), acc);
-      acc = _mm256_fmadd_ps(_mm256_set1_ps(ds[s + 1]), dot32(hi, x + 32), acc);
+      const __m128i c0 = _mm_cvtsi32_si128(s), c1 = _mm_cvtsi32_si128(s + 1);
+      __m256 s0 = _mm256_setzero_ps(), s1 = s0;
+      for (int g = 0; g < 4; ++g) {
+        const __m256i v = u8_lanes(b[i].qs + 16 * s + 8 * g);
+        const __m256i h0 = _mm256_and_si256(_mm256_srl_epi32(qh4[g], c0), bit4);
+        const __m256i h1 = _mm256_and_si256(_mm256_srl_epi32(qh4[g], c1), bit4);
+        s0 = fma_q(_mm256_or_si256(low4(v), h0), x + 8 * g, s0);
+        s1 = fma_q(_mm256_or_si256(high4(v), h1), x + 32 + 8 * g, s1);
+      }
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(ds[s]), s0, acc);
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(ds[s + 1]), s1, acc);
       accm = _mm256_fmadd_ps(_mm256_set1_ps(dm[s]), sum32(x), accm);
       accm = _mm256_fmadd_ps(_mm256_set1_ps(dm[s + 1]), sum32(x + 32), accm);
     }
@@ -171,22 +196,26 @@ float dot_q5_k(const BlockQ5_K* b, const float* x, int64_t nb) {
 }
 
 float dot_q6_k(const BlockQ6_K* b, const float* x, int64_t nb) {
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+  __m256 acc = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
     const float d = load_f16(b[i].d);
-    for (int h = 0; h < 2; ++h) {
-      __m256i q[4];
-      q6_half(b[i].ql + 64 * h, b[i].qh + 32 * h, q);
+    for (int h = 0; h < 2; ++h, x += 128) {
+      // s[j]: sum q x over sub-block j (16 elements) of this half: element 32k + l is in 2k + l/16.
+      __m256 s[8];
+      for (int j = 0; j < 8; ++j) s[j] = _mm256_setzero_ps();
+      for (int g = 0; g < 4; ++g) {
+        __m256i q[4];
+        q6_lanes(b[i].ql + 64 * h, b[i].qh + 32 * h, g, q);
+        for (int k = 0; k < 4; ++k)
+          s[2 * k + g / 2] = fma_q(q[k], x + 32 * k + 8 * g, s[2 * k + g / 2]);
+      }
       const int8_t* sc = b[i].scales + 8 * h;
-      for (int k = 0; k < 4; ++k, x += 32) {
-        const __m256 d0 = _mm256_set1_ps(d * static_cast<float>(sc[2 * k]));
-        const __m256 d1 = _mm256_set1_ps(d * static_cast<float>(sc[2 * k + 1]));
-        acc0 = _mm256_fmadd_ps(d0, dot16<0>(q[k], x), acc0);
-        acc1 = _mm256_fmadd_ps(d1, dot16<1>(q[k], x + 16), acc1);
+      for (int j = 0; j < 8; ++j) {
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * static_cast<float>(sc[j])), s[j], acc);
       }
     }
   }
-  return hsum(_mm256_add_ps(acc0, acc1));
+  return hsum(acc);
 }
 
 }  // namespace

@@ -33,6 +33,8 @@ struct Value {
   static Value u32(uint32_t x) { return {ValueType::U32, uint64_t{x}, {}}; }
   static Value i32(int32_t x) { return {ValueType::I32, int64_t{x}, {}}; }
   static Value u64(uint64_t x) { return {ValueType::U64, x, {}}; }
+  static Value i64(int64_t x) { return {ValueType::I64, x, {}}; }
+  static Value f64(double x) { return {ValueType::F64, x, {}}; }
   static Value f32(float x) { return {ValueType::F32, double{x}, {}}; }
   static Value boolean(bool x) { return {ValueType::BOOL, x, {}}; }
   static Value str(std::string x) { return {ValueType::STRING, std::move(x), {}}; }
@@ -77,6 +79,7 @@ class File {
   uint32_t version() const { return version_; }
   uint64_t alignment() const { return alignment_; }
   uint64_t size() const { return size_; }
+  uint64_t data_offset() const { return data_offset_; }  // start of the data section in the file
   // Metadata in file order.
   const std::vector<std::pair<std::string, Value>>& metadata() const { return kv_; }
   const Value* find(std::string_view key) const;
@@ -102,6 +105,7 @@ class File {
   std::vector<uint8_t> owned_;  // buffer, if built in memory
   uint32_t version_ = 0;
   uint64_t alignment_ = 32;
+  uint64_t data_offset_ = 0;
   std::vector<std::pair<std::string, Value>> kv_;
   std::map<std::string, size_t, std::less<>> kv_index_;
   std::vector<TensorInfo> tensors_;

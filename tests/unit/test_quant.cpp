@@ -125,7 +125,8 @@ std::vector<float> random_input(int64_t n, uint32_t seed) {
 // ---- Python reference ----
 
 const char* python() {
-  return std::getenv("KVS_PYTHON");
+  const char* p = std::getenv("KVS_PYTHON");
+  return p != nullptr ? p : KVS_TEST_PYTHON;
 }
 
 std::string source_dir() {

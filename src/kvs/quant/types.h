@@ -10,24 +10,53 @@
 namespace kvs {
 
 enum class DType : uint32_t {
-  F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q8_1 = 9,
-  Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q8_K = 15,
-  IQ2_XXS = 16, IQ2_XS = 17, IQ3_XXS = 18, IQ1_S = 19, IQ4_NL = 20, IQ3_S = 21, IQ2_S = 22,
-  IQ4_XS = 23, I8 = 24, I16 = 25, I32 = 26, I64 = 27, F64 = 28, IQ1_M = 29, BF16 = 30,
-  TQ1_0 = 34, TQ2_0 = 35, MXFP4 = 39,
+  F32 = 0,
+  F16 = 1,
+  Q4_0 = 2,
+  Q4_1 = 3,
+  Q5_0 = 6,
+  Q5_1 = 7,
+  Q8_0 = 8,
+  Q8_1 = 9,
+  Q2_K = 10,
+  Q3_K = 11,
+  Q4_K = 12,
+  Q5_K = 13,
+  Q6_K = 14,
+  Q8_K = 15,
+  IQ2_XXS = 16,
+  IQ2_XS = 17,
+  IQ3_XXS = 18,
+  IQ1_S = 19,
+  IQ4_NL = 20,
+  IQ3_S = 21,
+  IQ2_S = 22,
+  IQ4_XS = 23,
+  I8 = 24,
+  I16 = 25,
+  I32 = 26,
+  I64 = 27,
+  F64 = 28,
+  IQ1_M = 29,
+  BF16 = 30,
+  TQ1_0 = 34,
+  TQ2_0 = 35,
+  MXFP4 = 39,
 };
 
 struct DTypeTraits {
-  const char* name;    // lower case, as llama.cpp prints it ("q4_k", "f16")
-  uint32_t block;      // elements per block
+  const char* name;  // lower case, as llama.cpp prints it ("q4_k", "f16")
+  uint32_t block;    // elements per block
   uint32_t block_bytes;
-  bool supported;      // kvstream can compute with it (dequantize and dot)
+  bool supported;  // kvstream can compute with it (dequantize and dot)
 };
 
 // Traits of a type id read from a file; nullptr for an id that GGML does not define.
 const DTypeTraits* dtype_traits(uint32_t id);
 const DTypeTraits& traits(DType t);  // t must be a defined id
-inline const char* dtype_name(DType t) { return traits(t).name; }
+inline const char* dtype_name(DType t) {
+  return traits(t).name;
+}
 // Bytes of a row of n elements; fails (kvs::Error) when n is not a multiple of the block.
 size_t row_bytes(DType t, int64_t n);
 // "q4_0", "Q4_0", "f16", ... -> DType; fails naming `what` and listing the accepted names.

@@ -1,0 +1,49 @@
+// The shape of a model, read from GGUF metadata: everything the forward pass needs to know
+// besides the weights themselves.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace kvs {
+namespace gguf {
+class File;
+}
+
+enum class Arch { Llama, Qwen2, Qwen3 };
+// NORM rotates interleaved pairs (x[2i], x[2i+1]) (llama's permuted Q/K); NEOX rotates
+// (x[i], x[i + d/2]) (qwen).
+enum class RopeMode { Norm, Neox };
+
+struct ModelConfig {
+  Arch arch = Arch::Llama;
+  std::string arch_name;  // general.architecture
+  std::string name;       // general.name, for display
+  int32_t n_layer = 0;
+  int32_t n_embd = 0;
+  int32_t n_ff = 0;
+  int32_t n_head = 0;
+  int32_t n_head_kv = 0;
+  int32_t head_dim = 0;
+  int32_t n_vocab = 0;
+  int32_t n_ctx_train = 0;
+  float norm_eps = 1e-5f;
+  RopeMode rope_mode = RopeMode::Norm;
+  int32_t rope_dim = 0;           // leading dims of each head that are rotated
+  float rope_base = 10000.0f;
+  float rope_linear_scale = 1.0f;  // positions are divided by this ("linear" scaling)
+  bool has_rope_freqs = false;     // rope_freqs.weight divides the frequencies (llama 3.1)
+  bool qkv_bias = false;           // qwen2
+  bool qk_norm = false;            // qwen3: RMSNorm of each q/k head before rope
+  bool tied_embeddings = false;    // no output.weight: the token embedding is the output
+
+  int32_t q_dim() const { return n_head * head_dim; }
+  int32_t kv_dim() const { return n_head_kv * head_dim; }
+
+  // Reads and checks the metadata; fails naming the key or the unsupported architecture.
+  static ModelConfig from_gguf(const gguf::File& f);
+};
+
+const char* arch_name(Arch a);
+
+}  // namespace kvs

@@ -1,0 +1,309 @@
+// Synthetic models: the shapes of real models, deterministic random weights, a synthetic
+// byte-level BPE vocabulary, all written through gguf::Writer.
+#include "kvs/model/synthetic.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kvs/gguf/gguf.h"
+#include "kvs/model/config.h"
+#include "kvs/quant/types.h"
+#include "kvs/tokenizer/tokenizer.h"
+#include "kvs/util/error.h"
+#include "kvs/util/threadpool.h"
+
+namespace kvs {
+namespace {
+
+struct Preset {
+  const char* name;
+  Arch arch;
+  const char* display;  // general.name
+  int32_t n_layer, n_embd, n_ff, n_head, n_head_kv;
+  int32_t head_dim;  // 0: n_embd / n_head (no key_length written)
+  int32_t n_vocab, n_ctx;
+  float eps, rope_base;
+  bool bias, qk_norm, tied;
+};
+
+// Shapes as in the real models' config.json / GGUF conversions.
+const Preset kPresets[] = {
+    {"tiny", Arch::Llama, "Synthetic Tiny Llama", 2, 128, 384, 4, 2, 0, 512, 4096, 1e-5f, 10000.0f,
+     false, false, false},
+    {"tiny-qwen2", Arch::Qwen2, "Synthetic Tiny Qwen2", 2, 128, 384, 4, 2, 0, 512, 4096, 1e-6f,
+     1000000.0f, true, false, true},
+    {"tiny-qwen3", Arch::Qwen3, "Synthetic Tiny Qwen3", 2, 128, 384, 4, 2, 64, 512, 4096, 1e-6f,
+     1000000.0f, false, true, false},
+    {"smollm2-135m", Arch::Llama, "SmolLM2 135M (synthetic)", 30, 576, 1536, 9, 3, 0, 49152, 8192,
+     1e-5f, 100000.0f, false, false, true},
+    {"llama3-8b", Arch::Llama, "Llama 3 8B (synthetic)", 32, 4096, 14336, 32, 8, 0, 128256, 8192,
+     1e-5f, 500000.0f, false, false, false},
+    {"qwen3-8b", Arch::Qwen3, "Qwen3 8B (synthetic)", 36, 4096, 12288, 32, 8, 128, 151936, 40960,
+     1e-6f, 1000000.0f, false, true, false},
+    {"qwen2-0.5b", Arch::Qwen2, "Qwen2 0.5B (synthetic)", 24, 896, 4864, 14, 2, 0, 151936, 32768,
+     1e-6f, 1000000.0f, true, false, true},
+};
+
+std::string preset_list() {
+  std::string s;
+  for (const Preset& p : kPresets) s += (s.empty() ? "" : ", ") + std::string(p.name);
+  return s;
+}
+
+struct Spec {
+  const Preset* preset;
+  DType type;
+};
+
+Spec parse_spec(std::string_view spec) {
+  std::string_view name = spec, type = "q8_0";
+  if (size_t c = spec.find(':'); c != std::string_view::npos) {
+    name = spec.substr(0, c);
+    type = spec.substr(c + 1);
+  }
+  for (const Preset& p : kPresets) {
+    if (name == p.name) {
+      return {&p, parse_dtype(type, cat("synthetic model '", spec, "'"))};
+    }
+  }
+  fail("synthetic model '", spec, "': unknown preset '", name, "' (presets: ", preset_list(),
+       "; spec is PRESET[:TYPE])");
+}
+
+int32_t head_dim(const Preset& p) {
+  return p.head_dim > 0 ? p.head_dim : p.n_embd / p.n_head;
+}
+
+// llama.cpp's LLAMA_FTYPE for a model whose matrices are all `t`.
+uint32_t file_type(DType t) {
+  switch (t) {
+    case DType::F32:
+      return 0;
+    case DType::F16:
+      return 1;
+    case DType::Q4_0:
+      return 2;
+    case DType::Q4_1:
+      return 3;
+    case DType::Q8_0:
+      return 7;
+    case DType::Q5_0:
+      return 8;
+    case DType::Q5_1:
+      return 9;
+    case DType::Q4_K:
+      return 14;  // Q4_K_S
+    case DType::Q5_K:
+      return 16;  // Q5_K_S
+    case DType::Q6_K:
+      return 18;
+    case DType::BF16:
+      return 32;
+    default:
+      return 0;
+  }
+}
+
+// A row length the type's blocks do not divide gets a fallback, as llama.cpp's quantizer does.
+DType fit_type(DType t, int64_t n_in) {
+  if (n_in % traits(t).block == 0) return t;
+  DType f = DType::Q8_0;
+  if (t == DType::Q4_K)
+    f = DType::Q5_0;
+  else if (t == DType::Q5_K)
+    f = DType::Q5_1;
+  if (n_in % traits(f).block == 0) return f;
+  return DType::F16;
+}
+
+uint64_t fnv1a(std::string_view a, std::string_view b) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](std::string_view s) {
+    for (char c : s) {
+      h ^= static_cast<uint8_t>(c);
+      h *= 1099511628211ull;
+    }
+  };
+  mix(a);
+  mix("/");
+  mix(b);
+  return h;
+}
+
+struct SplitMix {
+  uint64_t s;
+  uint64_t next() {
+    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  // Uniform in [lo, hi).
+  float uniform(float lo, float hi) {
+    const float u = static_cast<float>(next() >> 40) * (1.0f / 16777216.0f);
+    return lo + (hi - lo) * u;
+  }
+};
+
+class Builder {
+ public:
+  Builder(const Preset& p, DType type) : p_(p), type_(type) {}
+  gguf::Writer& writer() { return w_; }
+
+  // n_out rows of n_in values uniform in [lo, hi), row-seeded, quantized to `type` in parallel.
+  void tensor(const std::string& name, DType type, int64_t n_in, int64_t n_out, float lo,
+              float hi) {
+    const uint64_t seed = fnv1a(p_.name, name);
+    const size_t rb = row_bytes(type, n_in);
+    std::vector<uint8_t> buf(rb * static_cast<size_t>(n_out));
+    const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / n_in);
+    thread_pool().parallel_for(n_out, grain, [&](int64_t begin, int64_t end) {
+      std::vector<float> row(static_cast<size_t>(n_in));
+      for (int64_t r = begin; r < end; ++r) {
+        SplitMix g{seed ^ (static_cast<uint64_t>(r) * 0xd1b54a32d192ed03ull)};
+        g.next();
+        for (float& x : row) x = g.uniform(lo, hi);
+        quantize_row(type, row.data(), buf.data() + static_cast<size_t>(r) * rb, n_in);
+      }
+    });
+    std::vector<int64_t> dims{n_in};
+    if (n_out > 1) dims.push_back(n_out);
+    w_.add_tensor(name, type, std::move(dims), buf.data(), buf.size());
+  }
+  void matrix(const std::string& name, int64_t n_in, int64_t n_out) {
+    const float a = std::sqrt(3.0f) / std::sqrt(static_cast<float>(n_in));
+    tensor(name, fit_type(type_, n_in), n_in, n_out, -a, a);
+  }
+  void norm(const std::string& name, int64_t n) { tensor(name, DType::F32, n, 1, 0.8f, 1.2f); }
+  void bias(const std::string& name, int64_t n) { tensor(name, DType::F32, n, 1, -0.1f, 0.1f); }
+
+ private:
+  const Preset& p_;
+  DType type_;
+  gguf::Writer w_;
+};
+
+void set_metadata(gguf::Writer& w, const Preset& p, DType type, bool with_vocab) {
+  using gguf::Value;
+  const std::string a = arch_name(p.arch);
+  w.set("general.architecture", Value::str(a));
+  w.set("general.name", Value::str(p.display));
+  w.set("general.alignment", Value::u32(32));
+  w.set("general.file_type", Value::u32(file_type(type)));
+  w.set(a + ".block_count", Value::u32(static_cast<uint32_t>(p.n_layer)));
+  w.set(a + ".context_length", Value::u32(static_cast<uint32_t>(p.n_ctx)));
+  w.set(a + ".embedding_length", Value::u32(static_cast<uint32_t>(p.n_embd)));
+  w.set(a + ".feed_forward_length", Value::u32(static_cast<uint32_t>(p.n_ff)));
+  w.set(a + ".attention.head_count", Value::u32(static_cast<uint32_t>(p.n_head)));
+  w.set(a + ".attention.head_count_kv", Value::u32(static_cast<uint32_t>(p.n_head_kv)));
+  if (p.head_dim > 0) {
+    w.set(a + ".attention.key_length", Value::u32(static_cast<uint32_t>(p.head_dim)));
+    w.set(a + ".attention.value_length", Value::u32(static_cast<uint32_t>(p.head_dim)));
+  }
+  w.set(a + ".attention.layer_norm_rms_epsilon", Value::f32(p.eps));
+  w.set(a + ".rope.freq_base", Value::f32(p.rope_base));
+  if (p.arch == Arch::Llama) {
+    w.set(a + ".rope.dimension_count", Value::u32(static_cast<uint32_t>(head_dim(p))));
+    w.set(a + ".vocab_size", Value::u32(static_cast<uint32_t>(p.n_vocab)));
+  }
+  if (!with_vocab) return;
+  SyntheticVocab v = make_synthetic_vocab(p.n_vocab);
+  KVS_CHECK(static_cast<int32_t>(v.tokens.size()) == p.n_vocab, "synthetic vocab of ",
+            v.tokens.size(), " tokens, expected ", p.n_vocab);
+  w.set("tokenizer.ggml.model", Value::str(v.model));
+  w.set("tokenizer.ggml.pre", Value::str(v.pre));
+  gguf::Array tokens;
+  tokens.reserve(v.tokens.size());
+  for (std::string& t : v.tokens) tokens.push_back(Value::str(std::move(t)));
+  w.set("tokenizer.ggml.tokens", Value::array(gguf::ValueType::STRING, std::move(tokens)));
+  gguf::Array types;
+  types.reserve(v.types.size());
+  for (int32_t t : v.types) types.push_back(Value::i32(t));
+  w.set("tokenizer.ggml.token_type", Value::array(gguf::ValueType::I32, std::move(types)));
+  gguf::Array merges;
+  merges.reserve(v.merges.size());
+  for (std::string& m : v.merges) merges.push_back(Value::str(std::move(m)));
+  w.set("tokenizer.ggml.merges", Value::array(gguf::ValueType::STRING, std::move(merges)));
+  w.set("tokenizer.ggml.bos_token_id", Value::u32(static_cast<uint32_t>(v.bos)));
+  w.set("tokenizer.ggml.eos_token_id", Value::u32(static_cast<uint32_t>(v.eos)));
+  w.set("tokenizer.ggml.add_bos_token", Value::boolean(false));
+  if (!v.chat_template.empty()) w.set("tokenizer.chat_template", Value::str(v.chat_template));
+}
+
+}  // namespace
+
+gguf::Writer synthetic_writer(std::string_view spec) {
+  const Spec s = parse_spec(spec);
+  const Preset& p = *s.preset;
+  Builder b(p, s.type);
+  set_metadata(b.writer(), p, s.type, true);
+  const int64_t d = p.n_embd, q_dim = int64_t{p.n_head} * head_dim(p),
+                kv_dim = int64_t{p.n_head_kv} * head_dim(p);
+  b.tensor("token_embd.weight", fit_type(s.type, d), d, p.n_vocab, -1.0f, 1.0f);
+  for (int il = 0; il < p.n_layer; ++il) {
+    auto n = [&](const char* what) { return cat("blk.", il, ".", what); };
+    b.norm(n("attn_norm.weight"), d);
+    b.matrix(n("attn_q.weight"), d, q_dim);
+    b.matrix(n("attn_k.weight"), d, kv_dim);
+    b.matrix(n("attn_v.weight"), d, kv_dim);
+    if (p.bias) {
+      b.bias(n("attn_q.bias"), q_dim);
+      b.bias(n("attn_k.bias"), kv_dim);
+      b.bias(n("attn_v.bias"), kv_dim);
+    }
+    if (p.qk_norm) {
+      b.norm(n("attn_q_norm.weight"), head_dim(p));
+      b.norm(n("attn_k_norm.weight"), head_dim(p));
+    }
+    b.matrix(n("attn_output.weight"), q_dim, d);
+    b.norm(n("ffn_norm.weight"), d);
+    b.matrix(n("ffn_gate.weight"), d, p.n_ff);
+    b.matrix(n("ffn_up.weight"), d, p.n_ff);
+    b.matrix(n("ffn_down.weight"), p.n_ff, d);
+  }
+  b.norm("output_norm.weight", d);
+  if (!p.tied) b.matrix("output.weight", d, p.n_vocab);
+  return std::move(b.writer());
+}
+
+std::unique_ptr<gguf::File> make_synthetic(std::string_view spec) {
+  std::vector<uint8_t> bytes;
+  {
+    gguf::Writer w = synthetic_writer(spec);
+    bytes = w.to_bytes();
+  }
+  return gguf::File::from_buffer(std::move(bytes), "synthetic:" + std::string(spec));
+}
+
+std::vector<std::string> synthetic_presets() {
+  std::vector<std::string> v;
+  for (const Preset& p : kPresets) v.emplace_back(p.name);
+  return v;
+}
+
+ModelConfig synthetic_config(std::string_view spec) {
+  const Spec s = parse_spec(spec);
+  const Preset& p = *s.preset;
+  ModelConfig c;
+  c.arch = p.arch;
+  c.arch_name = arch_name(p.arch);
+  c.name = p.display;
+  c.n_layer = p.n_layer;
+  c.n_embd = p.n_embd;
+  c.n_ff = p.n_ff;
+  c.n_head = p.n_head;
+  c.n_head_kv = p.n_head_kv;
+  c.head_dim = head_dim(p);
+  c.n_vocab = p.n_vocab;
+  c.n_ctx_train = p.n_ctx;
+  c.norm_eps = p.eps;
+  c.rope_mode = p.arch == Arch::Llama ? RopeMode::Norm : RopeMode::Neox;
+  c.rope_dim = c.head_dim;
+  c.rope_base = p.rope_base;
+  c.qkv_bias = p.bias;
+  c.qk_norm = p.qk_norm;
+  c.tied_embeddings = p.tied;
+  return c;
+}
+
+}  // namespace kvs

@@ -1,0 +1,25 @@
+// Synthetic models: random weights (deterministic seed) with the exact shape of a real model,
+// built in memory as a GGUF image, so benchmarks and tests run without downloading weights.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kvs {
+namespace gguf {
+class File;
+class Writer;
+}  // namespace gguf
+struct ModelConfig;
+
+// spec = "PRESET[:WEIGHT_TYPE]", e.g. "llama3-8b:q4_0". Fails listing the presets and types.
+gguf::Writer synthetic_writer(std::string_view spec);
+std::unique_ptr<gguf::File> make_synthetic(std::string_view spec);
+std::vector<std::string> synthetic_presets();
+// The config a synthetic model of `spec` has, without building its weights (for tests and
+// sizing); equal to ModelConfig::from_gguf(*make_synthetic(spec)).
+ModelConfig synthetic_config(std::string_view spec);
+
+}  // namespace kvs

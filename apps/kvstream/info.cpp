@@ -1,0 +1,97 @@
+// kvstream info: a model's metadata, shape, tensor types and memory needs.
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "commands.h"
+#include "kvs/gguf/gguf.h"
+#include "kvs/model/model.h"
+#include "kvs/quant/types.h"
+#include "kvs/util/error.h"
+
+namespace kvs::cli {
+namespace {
+
+double mib(uint64_t b) {
+  return static_cast<double>(b) / (1024.0 * 1024.0);
+}
+
+size_t kv_bytes_per_token(const ModelConfig& c, DType tk, DType tv) {
+  return static_cast<size_t>(c.n_layer) * (row_bytes(tk, c.kv_dim()) + row_bytes(tv, c.kv_dim()));
+}
+
+void print_info(const std::string& spec, const std::string& ctk, const std::string& ctv) {
+  const DType tk = parse_dtype(ctk, "-ctk"), tv = parse_dtype(ctv, "-ctv");
+  std::unique_ptr<Model> m = Model::load(spec);
+  const gguf::File& f = *m->file;
+  const ModelConfig& c = m->config;
+
+  std::printf("file: %s (GGUF v%u, %.1f MiB, alignment %llu)\n", f.name().c_str(), f.version(),
+              mib(f.size()), static_cast<unsigned long long>(f.alignment()));
+  std::printf("\nmetadata (%zu keys):\n", f.metadata().size());
+  for (const auto& [k, v] : f.metadata())
+    std::printf("  %s = %s\n", k.c_str(), v.to_string().c_str());
+
+  std::printf("\nconfig:\n");
+  std::printf("  arch            %s (%s)\n", arch_name(c.arch), c.name.c_str());
+  std::printf("  layers          %d\n", c.n_layer);
+  std::printf("  embd            %d\n", c.n_embd);
+  std::printf("  ff              %d\n", c.n_ff);
+  std::printf("  heads           %d\n", c.n_head);
+  std::printf("  kv heads        %d\n", c.n_head_kv);
+  std::printf("  head dim        %d (q dim %d, kv dim %d)\n", c.head_dim, c.q_dim(), c.kv_dim());
+  std::printf("  vocab           %d\n", c.n_vocab);
+  std::printf("  context (train) %d\n", c.n_ctx_train);
+  std::printf("  norm eps        %g\n", static_cast<double>(c.norm_eps));
+  std::printf("  rope            %s, base %g, dim %d, linear scale %g%s\n",
+              c.rope_mode == RopeMode::Norm ? "norm" : "neox", static_cast<double>(c.rope_base),
+              c.rope_dim, static_cast<double>(c.rope_linear_scale),
+              c.has_rope_freqs ? ", rope_freqs" : "");
+  std::printf("  qkv bias        %s\n", c.qkv_bias ? "yes" : "no");
+  std::printf("  qk norm         %s\n", c.qk_norm ? "yes" : "no");
+  std::printf("  tied embeddings %s\n", c.tied_embeddings ? "yes" : "no");
+
+  std::map<std::string, std::pair<size_t, uint64_t>> by_type;
+  uint64_t total = 0;
+  for (const gguf::TensorInfo& t : f.tensors()) {
+    auto& e = by_type[dtype_name(t.type)];
+    e.first += 1;
+    e.second += t.nbytes;
+    total += t.nbytes;
+  }
+  std::printf("\ntensors (%zu, %.1f MiB):\n", f.tensors().size(), mib(total));
+  for (const auto& [name, e] : by_type)
+    std::printf("  %-6s %5zu tensors  %12llu bytes  (%.1f MiB)\n", name.c_str(), e.first,
+                static_cast<unsigned long long>(e.second), mib(e.second));
+  const size_t wb = m->weights.matrix_bytes();
+  std::printf("  weight matrices read per token: %zu bytes (%.1f MiB)\n", wb, mib(wb));
+
+  std::printf("\nKV cache per token (K + V, %d layers x %d elements each):\n", c.n_layer,
+              c.kv_dim());
+  for (DType t : {DType::F16, DType::Q8_0, DType::Q4_0}) {
+    const size_t b = kv_bytes_per_token(c, t, t);
+    std::printf("  %-6s %8zu bytes  (%.1f MiB per 1k tokens)\n", dtype_name(t), b,
+                static_cast<double>(b) * 1024.0 / (1024.0 * 1024.0));
+  }
+  const size_t b = kv_bytes_per_token(c, tk, tv);
+  std::printf("  -ctk %s -ctv %s: %zu bytes  (%.1f MiB per 1k tokens)\n", dtype_name(tk),
+              dtype_name(tv), b, static_cast<double>(b) * 1024.0 / (1024.0 * 1024.0));
+}
+
+}  // namespace
+
+void register_info(CLI::App& app) {
+  struct Opts {
+    std::string model, ctk = "f16", ctv = "f16";
+  };
+  auto o = std::make_shared<Opts>();
+  CLI::App* sub = app.add_subcommand("info", "Print a model's metadata, shape and memory needs");
+  sub->add_option("-m,--model", o->model, "model: a .gguf path or synthetic:PRESET[:TYPE]")
+      ->required();
+  sub->add_option("--ctk,--cache-type-k", o->ctk, "K cache type (default f16)");
+  sub->add_option("--ctv,--cache-type-v", o->ctv, "V cache type (default f16)");
+  sub->callback([o] { print_info(o->model, o->ctk, o->ctv); });
+}
+
+}  // namespace kvs::cli

@@ -1,0 +1,261 @@
+// Synthetic models: preset shapes, determinism, loading, and a read back by the Python gguf
+// package.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "common.h"
+#include "kvs/gguf/gguf.h"
+#include "kvs/model/config.h"
+#include "kvs/model/synthetic.h"
+#include "kvs/model/weights.h"
+#include "kvs/quant/types.h"
+#include "kvs/tokenizer/tokenizer.h"
+#include "kvs/util/error.h"
+
+namespace kvs {
+namespace {
+
+struct Expected {
+  const char* preset;
+  Arch arch;
+  int32_t n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim, n_vocab;
+  float rope_base, eps;
+  RopeMode rope;
+  bool bias, qk_norm, tied;
+};
+
+const Expected kExpected[] = {
+    {"tiny", Arch::Llama, 2, 128, 384, 4, 2, 32, 512, 10000.0f, 1e-5f, RopeMode::Norm, false, false,
+     false},
+    {"tiny-qwen2", Arch::Qwen2, 2, 128, 384, 4, 2, 32, 512, 1e6f, 1e-6f, RopeMode::Neox, true,
+     false, true},
+    {"tiny-qwen3", Arch::Qwen3, 2, 128, 384, 4, 2, 64, 512, 1e6f, 1e-6f, RopeMode::Neox, false,
+     true, false},
+    {"smollm2-135m", Arch::Llama, 30, 576, 1536, 9, 3, 64, 49152, 100000.0f, 1e-5f, RopeMode::Norm,
+     false, false, true},
+    {"llama3-8b", Arch::Llama, 32, 4096, 14336, 32, 8, 128, 128256, 500000.0f, 1e-5f,
+     RopeMode::Norm, false, false, false},
+    {"qwen3-8b", Arch::Qwen3, 36, 4096, 12288, 32, 8, 128, 151936, 1e6f, 1e-6f, RopeMode::Neox,
+     false, true, false},
+    {"qwen2-0.5b", Arch::Qwen2, 24, 896, 4864, 14, 2, 64, 151936, 1e6f, 1e-6f, RopeMode::Neox, true,
+     false, true},
+};
+
+void expect_shape(const ModelConfig& c, const Expected& e) {
+  SCOPED_TRACE(e.preset);
+  EXPECT_EQ(c.arch, e.arch);
+  EXPECT_EQ(c.arch_name, arch_name(e.arch));
+  EXPECT_EQ(c.n_layer, e.n_layer);
+  EXPECT_EQ(c.n_embd, e.n_embd);
+  EXPECT_EQ(c.n_ff, e.n_ff);
+  EXPECT_EQ(c.n_head, e.n_head);
+  EXPECT_EQ(c.n_head_kv, e.n_head_kv);
+  EXPECT_EQ(c.head_dim, e.head_dim);
+  EXPECT_EQ(c.rope_dim, e.head_dim);
+  EXPECT_EQ(c.n_vocab, e.n_vocab);
+  EXPECT_FLOAT_EQ(c.rope_base, e.rope_base);
+  EXPECT_FLOAT_EQ(c.norm_eps, e.eps);
+  EXPECT_EQ(c.rope_mode, e.rope);
+  EXPECT_EQ(c.qkv_bias, e.bias);
+  EXPECT_EQ(c.qk_norm, e.qk_norm);
+  EXPECT_EQ(c.tied_embeddings, e.tied);
+  EXPECT_FALSE(c.has_rope_freqs);
+  EXPECT_FLOAT_EQ(c.rope_linear_scale, 1.0f);
+}
+
+const Expected& expected(std::string_view preset) {
+  for (const Expected& e : kExpected)
+    if (preset == e.preset) return e;
+  throw Error("no expectation for " + std::string(preset));
+}
+
+TEST(Synthetic, PresetList) {
+  std::vector<std::string> names;
+  for (const Expected& e : kExpected) names.emplace_back(e.preset);
+  EXPECT_EQ(synthetic_presets(), names);
+}
+
+TEST(Synthetic, EveryPresetConfig) {
+  for (const Expected& e : kExpected) expect_shape(synthetic_config(e.preset), e);
+  EXPECT_EQ(synthetic_config("qwen3-8b").q_dim(), 4096);
+  EXPECT_EQ(synthetic_config("tiny-qwen3").q_dim(), 256);
+  EXPECT_EQ(synthetic_config("llama3-8b:q4_0").kv_dim(), 1024);
+}
+
+// Builds the model, then checks the config read back, the weights, the tokenizer.
+void check_built(const std::string& spec, DType want_type) {
+  SCOPED_TRACE(spec);
+  std::unique_ptr<gguf::File> f = make_synthetic(spec);
+  EXPECT_EQ(f->name(), "synthetic:" + spec);
+  EXPECT_EQ(f->alignment(), 32u);
+  const ModelConfig c = ModelConfig::from_gguf(*f);
+  const std::string preset = spec.substr(0, spec.find(':'));
+  expect_shape(c, expected(preset));
+  const ModelConfig s = synthetic_config(spec);
+  EXPECT_EQ(c.name, s.name);
+  EXPECT_EQ(c.n_ctx_train, s.n_ctx_train);
+  expect_shape(s, expected(preset));
+
+  const Weights w = Weights::from_gguf(*f, c);
+  ASSERT_EQ(w.layers.size(), static_cast<size_t>(c.n_layer));
+  EXPECT_EQ(w.layers[0].wq.type, want_type);
+  EXPECT_EQ(w.layers[0].down.type, want_type);
+  EXPECT_EQ(f->tensor("output_norm.weight").type, DType::F32);
+  EXPECT_EQ(f->tensor("blk.0.attn_norm.weight").type, DType::F32);
+  size_t expect_tensors =
+      2 + (c.tied_embeddings ? 0 : 1) +
+      static_cast<size_t>(c.n_layer) * (9 + (c.qkv_bias ? 3 : 0) + (c.qk_norm ? 2 : 0));
+  EXPECT_EQ(f->tensors().size(), expect_tensors);
+  for (float x : w.layers[0].attn_norm) {
+    EXPECT_GE(x, 0.8f);
+    EXPECT_LE(x, 1.2f);
+  }
+  for (float x : w.layers[1].bq) EXPECT_LE(std::fabs(x), 0.1f);
+  // Matrix values stay within their uniform bound (plus quantization error).
+  std::vector<float> row(static_cast<size_t>(c.n_embd));
+  dequantize_row(w.layers[0].wq.type, w.layers[0].wq.row(1), row.data(), c.n_embd);
+  const float bound = std::sqrt(3.0f / static_cast<float>(c.n_embd)) * 1.2f;
+  float amax = 0;
+  for (float x : row) {
+    ASSERT_TRUE(std::isfinite(x));
+    amax = std::max(amax, std::fabs(x));
+  }
+  EXPECT_LE(amax, bound);
+  EXPECT_GT(amax, bound * 0.3f);
+
+  std::unique_ptr<Tokenizer> t = Tokenizer::from_gguf(*f);
+  EXPECT_EQ(t->n_vocab(), c.n_vocab);
+  const std::string text = "Hello world, the quick brown fox.";
+  EXPECT_EQ(t->decode(t->encode(text, false, false)), text);
+  EXPECT_FALSE(t->add_bos());
+}
+
+TEST(Synthetic, TinyPresetsBuildAndLoad) {
+  check_built("tiny", DType::Q8_0);
+  check_built("tiny-qwen2", DType::Q8_0);
+  check_built("tiny-qwen3:f16", DType::F16);
+}
+
+TEST(Synthetic, SmolLM2Q4_0BuildsAndLoads) {
+  check_built("smollm2-135m:q4_0", DType::Q4_0);
+}
+
+TEST(Synthetic, EveryWeightType) {
+  for (const char* t :
+       {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k"}) {
+    SCOPED_TRACE(t);
+    std::unique_ptr<gguf::File> f = make_synthetic(std::string("tiny:") + t);
+    const ModelConfig c = ModelConfig::from_gguf(*f);
+    const Weights w = Weights::from_gguf(*f, c);
+    const DType want = parse_dtype(t, "test");
+    // n_embd 128 is not a multiple of the K-quants' 256: those rows fall back, as in llama.cpp;
+    // ffn_down (n_in 384) neither. The general.file_type still says what was asked for.
+    if (traits(want).block == 256) {
+      EXPECT_NE(w.layers[0].wq.type, want);
+    } else {
+      EXPECT_EQ(w.layers[0].wq.type, want);
+      EXPECT_EQ(w.layers[1].down.type, want);
+      EXPECT_EQ(w.tok_embd.type, want);
+    }
+  }
+  // A shape the K blocks divide keeps the K type.
+  std::unique_ptr<gguf::File> f = make_synthetic("tiny-qwen3:q4_k");
+  EXPECT_EQ(f->tensor("blk.0.attn_output.weight").type, DType::Q4_K);  // n_in = q_dim 256
+}
+
+TEST(Synthetic, Deterministic) {
+  const std::vector<uint8_t> a = synthetic_writer("tiny").to_bytes();
+  const std::vector<uint8_t> b = synthetic_writer("tiny:q8_0").to_bytes();
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, synthetic_writer("tiny:q4_0").to_bytes());
+  const std::vector<uint8_t> q = synthetic_writer("tiny-qwen2:q4_0").to_bytes();
+  EXPECT_EQ(q, synthetic_writer("tiny-qwen2:Q4_0").to_bytes());
+  // Different tensors get different values.
+  std::unique_ptr<gguf::File> f = make_synthetic("tiny:f32");
+  const gguf::TensorInfo& k = f->tensor("blk.0.attn_k.weight");
+  const gguf::TensorInfo& v = f->tensor("blk.0.attn_v.weight");
+  ASSERT_EQ(k.nbytes, v.nbytes);
+  EXPECT_NE(std::memcmp(k.data, v.data, k.nbytes), 0);
+  // And different rows of one tensor.
+  EXPECT_NE(std::memcmp(k.data, k.data + 128 * 4, 128 * 4), 0);
+}
+
+TEST(Synthetic, Metadata) {
+  std::unique_ptr<gguf::File> f = make_synthetic("tiny-qwen3");
+  EXPECT_EQ(f->get_string("general.architecture"), "qwen3");
+  EXPECT_EQ(f->get_int("qwen3.attention.key_length"), 64);
+  EXPECT_EQ(f->get_int("qwen3.attention.value_length"), 64);
+  EXPECT_EQ(f->get_int("general.file_type"), 7);  // MOSTLY_Q8_0
+  EXPECT_EQ(f->get_int("general.alignment"), 32);
+  EXPECT_FALSE(f->get_bool("tokenizer.ggml.add_bos_token"));
+  EXPECT_EQ(f->get("tokenizer.ggml.tokens").as_array("t").size(), 512u);
+  EXPECT_EQ(f->get("tokenizer.ggml.token_type").elem, gguf::ValueType::I32);
+  EXPECT_EQ(f->get("tokenizer.ggml.bos_token_id").type, gguf::ValueType::U32);
+}
+
+TEST(Synthetic, PythonGgufReadsIt) {
+  const auto dir = test::temp_dir("synthetic");
+  const std::string path = (dir / "tiny-qwen2.gguf").string();
+  synthetic_writer("tiny-qwen2:q4_0").write(path);
+  const size_t n_tensors = make_synthetic("tiny-qwen2:q4_0")->tensors().size();
+  const std::string script =
+      "import sys, gguf\n"
+      "r = gguf.GGUFReader(sys.argv[1])\n"
+      "f = r.fields['general.architecture']\n"
+      "arch = bytes(f.parts[f.data[0]]).decode()\n"
+      "f = r.fields['qwen2.block_count']\n"
+      "layers = int(f.parts[f.data[0]][0])\n"
+      "n = len(r.tensors)\n"
+      "t = {x.name: x for x in r.tensors}\n"
+      "ok = arch == 'qwen2' and layers == 2 and n == int(sys.argv[2]) and "
+      "'blk.1.attn_q.bias' in t and 'output.weight' not in t and "
+      "t['blk.0.attn_q.weight'].tensor_type == gguf.GGMLQuantizationType.Q4_0 and "
+      "list(t['blk.0.attn_k.weight'].shape) == [128, 64]\n"
+      "print(arch, layers, n)\n"
+      "sys.exit(0 if ok else 1)\n";
+  const std::string py = (dir / "check.py").string();
+  {
+    std::FILE* fp = std::fopen(py.c_str(), "w");
+    ASSERT_NE(fp, nullptr);
+    std::fputs(script.c_str(), fp);
+    std::fclose(fp);
+  }
+  const std::string cmd =
+      "'" + test::python() + "' '" + py + "' '" + path + "' " + std::to_string(n_tensors);
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Synthetic, BadSpecErrors) {
+  try {
+    make_synthetic("nope:q4_0");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("nope"), std::string::npos) << m;
+    EXPECT_NE(m.find("llama3-8b"), std::string::npos) << m;
+    EXPECT_NE(m.find("tiny-qwen3"), std::string::npos) << m;
+  }
+  try {
+    make_synthetic("tiny:q9_9");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("q9_9"), std::string::npos) << m;
+    EXPECT_NE(m.find("q4_k"), std::string::npos) << m;
+  }
+  EXPECT_THROW(synthetic_config("llama4"), Error);
+  EXPECT_THROW(synthetic_writer("tiny:iq2_xxs"), Error);
+  EXPECT_THROW(synthetic_writer(""), Error);
+}
+
+}  // namespace
+}  // namespace kvs

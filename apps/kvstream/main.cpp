@@ -1,18 +1,37 @@
-// kvstream: command-line entry point. Subcommands are registered in this file.
+// kvstream: command-line entry point.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <vector>
 
+#include "commands.h"
 #include "kvs/util/error.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"kvstream: LLM inference with KV cache streaming"};
   app.set_version_flag("--version", KVS_VERSION);
   app.require_subcommand(1);
+  kvs::cli::register_run(app);
+  kvs::cli::register_info(app);
+  kvs::cli::register_synth(app);
+  // llama.cpp's multi-letter short flags, which CLI11 cannot declare, become their long names.
+  std::vector<std::string> args;
+  for (int i = argc - 1; i >= 1; --i) {
+    std::string s = argv[i];
+    if (s == "-ctk")
+      s = "--cache-type-k";
+    else if (s == "-ctv")
+      s = "--cache-type-v";
+    args.push_back(s);
+  }
   try {
-    app.parse(argc, argv);
+    app.parse(args);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
-  } catch (const kvs::Error& e) {
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
     std::fprintf(stderr, "kvstream: error: %s\n", e.what());
     return 1;
   }

@@ -7,9 +7,12 @@ namespace kvs {
 
 const char* arch_name(Arch a) {
   switch (a) {
-    case Arch::Llama: return "llama";
-    case Arch::Qwen2: return "qwen2";
-    case Arch::Qwen3: return "qwen3";
+    case Arch::Llama:
+      return "llama";
+    case Arch::Qwen2:
+      return "qwen2";
+    case Arch::Qwen3:
+      return "qwen3";
   }
   return "?";
 }
@@ -17,9 +20,12 @@ const char* arch_name(Arch a) {
 ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
   ModelConfig c;
   c.arch_name = f.get_string("general.architecture");
-  if (c.arch_name == "llama") c.arch = Arch::Llama;
-  else if (c.arch_name == "qwen2") c.arch = Arch::Qwen2;
-  else if (c.arch_name == "qwen3") c.arch = Arch::Qwen3;
+  if (c.arch_name == "llama")
+    c.arch = Arch::Llama;
+  else if (c.arch_name == "qwen2")
+    c.arch = Arch::Qwen2;
+  else if (c.arch_name == "qwen3")
+    c.arch = Arch::Qwen3;
   else
     fail(f.name(), ": architecture '", c.arch_name,
          "' is not supported (supported: llama, qwen2, qwen3)");
@@ -37,16 +43,17 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
   c.n_head_kv = get("attention.head_count_kv", c.n_head);
   c.n_ctx_train = get("context_length", 4096);
   KVS_CHECK(c.n_layer > 0 && c.n_embd > 0 && c.n_ff > 0 && c.n_head > 0 && c.n_head_kv > 0,
-            f.name(), ": block_count, embedding_length, feed_forward_length and head counts must "
+            f.name(),
+            ": block_count, embedding_length, feed_forward_length and head counts must "
             "be positive");
   KVS_CHECK(c.n_head % c.n_head_kv == 0, f.name(), ": head_count ", c.n_head,
             " is not a multiple of head_count_kv ", c.n_head_kv);
   c.head_dim = get("attention.key_length", c.n_embd / c.n_head);
   int32_t v_len = get("attention.value_length", c.head_dim);
-  KVS_CHECK(v_len == c.head_dim, f.name(), ": value_length ", v_len, " != key_length ",
-            c.head_dim, " is not supported");
-  KVS_CHECK(c.head_dim > 0 && c.head_dim % 32 == 0 && c.head_dim <= 512, f.name(),
-            ": head size ", c.head_dim, " is not supported (a multiple of 32, at most 512)");
+  KVS_CHECK(v_len == c.head_dim, f.name(), ": value_length ", v_len, " != key_length ", c.head_dim,
+            " is not supported");
+  KVS_CHECK(c.head_dim > 0 && c.head_dim % 32 == 0 && c.head_dim <= 512, f.name(), ": head size ",
+            c.head_dim, " is not supported (a multiple of 32, at most 512)");
   c.norm_eps = static_cast<float>(f.get_float(a + "attention.layer_norm_rms_epsilon", 1e-5));
   c.rope_base = static_cast<float>(f.get_float(a + "rope.freq_base", 10000.0));
   c.rope_dim = get("rope.dimension_count", c.head_dim);

@@ -29,7 +29,7 @@ struct ModelConfig {
   int32_t n_ctx_train = 0;
   float norm_eps = 1e-5f;
   RopeMode rope_mode = RopeMode::Norm;
-  int32_t rope_dim = 0;           // leading dims of each head that are rotated
+  int32_t rope_dim = 0;  // leading dims of each head that are rotated
   float rope_base = 10000.0f;
   float rope_linear_scale = 1.0f;  // positions are divided by this ("linear" scaling)
   bool has_rope_freqs = false;     // rope_freqs.weight divides the frequencies (llama 3.1)

@@ -6,7 +6,9 @@
 namespace kvs {
 namespace {
 
-std::string layer_name(int il, const char* what) { return cat("blk.", il, ".", what, ".weight"); }
+std::string layer_name(int il, const char* what) {
+  return cat("blk.", il, ".", what, ".weight");
+}
 
 Matrix matrix(const gguf::File& f, const std::string& name, int64_t n_in, int64_t n_out) {
   const gguf::TensorInfo& t = f.tensor(name);
@@ -76,8 +78,8 @@ Weights Weights::from_gguf(const gguf::File& f, const ModelConfig& c) {
 size_t Weights::matrix_bytes() const {
   size_t n = output.bytes();
   for (const LayerWeights& l : layers)
-    n += l.wq.bytes() + l.wk.bytes() + l.wv.bytes() + l.wo.bytes() + l.gate.bytes() +
-         l.up.bytes() + l.down.bytes();
+    n += l.wq.bytes() + l.wk.bytes() + l.wv.bytes() + l.wo.bytes() + l.gate.bytes() + l.up.bytes() +
+         l.down.bytes();
   return n;
 }
 

@@ -27,12 +27,12 @@ struct Matrix {
 using Vec = std::vector<float>;  // empty when the model does not have it
 
 struct LayerWeights {
-  Vec attn_norm;                 // [n_embd]
-  Matrix wq, wk, wv, wo;         // [q_dim x n_embd], [kv_dim x n_embd] x2, [n_embd x q_dim]
-  Vec bq, bk, bv;                // qwen2 biases [q_dim], [kv_dim], [kv_dim]
-  Vec q_norm, k_norm;            // qwen3 [head_dim]
-  Vec ffn_norm;                  // [n_embd]
-  Matrix gate, up, down;         // [n_ff x n_embd] x2, [n_embd x n_ff]
+  Vec attn_norm;          // [n_embd]
+  Matrix wq, wk, wv, wo;  // [q_dim x n_embd], [kv_dim x n_embd] x2, [n_embd x q_dim]
+  Vec bq, bk, bv;         // qwen2 biases [q_dim], [kv_dim], [kv_dim]
+  Vec q_norm, k_norm;     // qwen3 [head_dim]
+  Vec ffn_norm;           // [n_embd]
+  Matrix gate, up, down;  // [n_ff x n_embd] x2, [n_embd x n_ff]
 };
 
 struct Weights {

@@ -1,0 +1,13 @@
+// Subcommands of the kvstream binary: one file each, registered by main.cpp.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace kvs::cli {
+
+// Each adds its subcommand to `app` with a callback that runs it (errors as kvs::Error).
+void register_run(CLI::App& app);
+void register_info(CLI::App& app);
+void register_synth(CLI::App& app);
+
+}  // namespace kvs::cli

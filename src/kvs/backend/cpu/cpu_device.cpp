@@ -1,0 +1,84 @@
+// The CPU backend: a simulated device whose memory is a separately accounted region with an
+// enforced capacity; kernels in kernels.cpp.
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+
+#include "kvs/backend/cpu/kernels.h"
+#include "kvs/backend/device.h"
+#include "kvs/util/error.h"
+#include "kvs/util/parse.h"
+
+namespace kvs {
+namespace {
+
+class CpuDevice final : public Device {
+ public:
+  explicit CpuDevice(size_t capacity) : capacity_(capacity) {}
+
+  std::string name() const override { return "cpu"; }
+
+  DeviceBuffer alloc(size_t bytes, const char* what) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (capacity_ != 0 && used_ + bytes > capacity_)
+      fail("device memory: cannot allocate ", format_bytes(bytes), " for ", what, " (",
+           format_bytes(used_), " of ", format_bytes(capacity_), " in use)");
+    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+    KVS_CHECK(p != nullptr, "out of host memory allocating ", format_bytes(bytes), " for ", what);
+    used_ += bytes;
+    sizes_[p] = bytes;
+    return DeviceBuffer(this, p, bytes);
+  }
+  void free(void* p) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = sizes_.find(p);
+    if (it == sizes_.end()) return;
+    used_ -= it->second;
+    sizes_.erase(it);
+    std::free(p);
+  }
+  size_t capacity() const override { return capacity_; }
+  size_t used() const override { return used_; }
+  void upload(void* dst, const void* src, size_t n) override { std::memcpy(dst, src, n); }
+  void download(void* dst, const void* src, size_t n) override { std::memcpy(dst, src, n); }
+  Weights place_weights(const Weights& host) override { return host; }
+
+  void embed(const Matrix& emb, const int32_t* ids, int32_t n, float* x) override {
+    cpu::embed(emb, ids, n, x);
+  }
+  void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n,
+               float eps) override {
+    cpu::rmsnorm(x, w, y, rows, n, eps);
+  }
+  void matmul(const Matrix& w, const float* x, float* y, int64_t n_tok,
+              const float* bias) override {
+    cpu::matmul(w, x, y, n_tok, bias);
+  }
+  void rope(float* x, const int32_t* pos, int32_t n_tok, int32_t n_head,
+            const RopeParams& p) override {
+    cpu::rope(x, pos, n_tok, n_head, p);
+  }
+  void swiglu(float* gate, const float* up, int64_t n) override { cpu::swiglu(gate, up, n); }
+  void add(float* x, const float* y, int64_t n) override { cpu::add(x, y, n); }
+  void kv_write(const KvLayout& l, const float* k, const float* v, int32_t n_tok,
+                uint8_t* const* pages, const int32_t* slots) override {
+    cpu::kv_write(l, k, v, n_tok, pages, slots);
+  }
+  void attention(const AttentionArgs& a) override { cpu::attention(a); }
+  void sync() override {}
+
+ private:
+  size_t capacity_;
+  size_t used_ = 0;
+  std::mutex mu_;
+  std::unordered_map<void*, size_t> sizes_;
+};
+
+}  // namespace
+
+std::unique_ptr<Device> make_cpu_device(size_t capacity) {
+  return std::make_unique<CpuDevice>(capacity);
+}
+
+}  // namespace kvs

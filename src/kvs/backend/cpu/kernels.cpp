@@ -1,0 +1,337 @@
+#include "kvs/backend/cpu/kernels.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "kvs/util/error.h"
+#include "kvs/util/threadpool.h"
+
+namespace kvs::cpu {
+namespace {
+
+inline float hsum(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+  return _mm_cvtss_f32(lo);
+}
+
+// One dot product: lanes accumulate k in steps of 8, then a fixed horizontal sum, then the
+// scalar tail. Every blocked kernel below performs exactly this sequence per output.
+inline float dot(const float* a, const float* b, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 8 <= n; k += 8)
+    acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k), acc);
+  float s = hsum(acc);
+  for (; k < n; ++k) s = std::fma(a[k], b[k], s);
+  return s;
+}
+
+// 4 rows x 2 tokens, same per-output arithmetic as dot().
+inline void dot4x2(const float* w, int64_t ld, const float* x0, const float* x1, int64_t n,
+                   float out[4][2]) {
+  __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00,
+         a30 = a00, a31 = a00;
+  const float *w0 = w, *w1 = w + ld, *w2 = w + 2 * ld, *w3 = w + 3 * ld;
+  int64_t k = 0;
+  for (; k + 8 <= n; k += 8) {
+    __m256 u = _mm256_loadu_ps(x0 + k), v = _mm256_loadu_ps(x1 + k);
+    __m256 r = _mm256_loadu_ps(w0 + k);
+    a00 = _mm256_fmadd_ps(r, u, a00);
+    a01 = _mm256_fmadd_ps(r, v, a01);
+    r = _mm256_loadu_ps(w1 + k);
+    a10 = _mm256_fmadd_ps(r, u, a10);
+    a11 = _mm256_fmadd_ps(r, v, a11);
+    r = _mm256_loadu_ps(w2 + k);
+    a20 = _mm256_fmadd_ps(r, u, a20);
+    a21 = _mm256_fmadd_ps(r, v, a21);
+    r = _mm256_loadu_ps(w3 + k);
+    a30 = _mm256_fmadd_ps(r, u, a30);
+    a31 = _mm256_fmadd_ps(r, v, a31);
+  }
+  float s[4][2] = {{hsum(a00), hsum(a01)},
+                   {hsum(a10), hsum(a11)},
+                   {hsum(a20), hsum(a21)},
+                   {hsum(a30), hsum(a31)}};
+  const float* ws[4] = {w0, w1, w2, w3};
+  for (int r = 0; r < 4; ++r)
+    for (int64_t kk = k; kk < n; ++kk) {
+      s[r][0] = std::fma(ws[r][kk], x0[kk], s[r][0]);
+      s[r][1] = std::fma(ws[r][kk], x1[kk], s[r][1]);
+    }
+  for (int r = 0; r < 4; ++r) out[r][0] = s[r][0], out[r][1] = s[r][1];
+}
+
+std::vector<float>& scratch(size_t n) {
+  thread_local std::vector<float> buf;
+  if (buf.size() < n) buf.resize(n);
+  return buf;
+}
+
+}  // namespace
+
+void embed(const Matrix& emb, const int32_t* ids, int32_t n, float* x) {
+  for (int32_t t = 0; t < n; ++t) {
+    KVS_CHECK(ids[t] >= 0 && ids[t] < emb.n_out, "token id ", ids[t], " is out of range (vocab ",
+              emb.n_out, ")");
+    dequantize_row(emb.type, emb.row(ids[t]), x + t * emb.n_in, emb.n_in);
+  }
+}
+
+void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) {
+  thread_pool().parallel_for(rows, 8, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const float* xr = x + r * n;
+      float* yr = y + r * n;
+      float ss = dot(xr, xr, n);
+      float s = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
+      for (int64_t i = 0; i < n; ++i) yr[i] = xr[i] * s * w[i];
+    }
+  });
+}
+
+void matmul(const Matrix& w, const float* x, float* y, int64_t n_tok, const float* bias) {
+  constexpr int64_t kTile = 16;  // weight rows dequantized at once (f32 tile stays in L1/L2)
+  const int64_t n = w.n_in, n_out = w.n_out;
+  const int64_t tiles = (n_out + kTile - 1) / kTile;
+  thread_pool().parallel_for(tiles, 1, [&](int64_t tb, int64_t te) {
+    std::vector<float>& buf = scratch(static_cast<size_t>(kTile * n));
+    for (int64_t tile = tb; tile < te; ++tile) {
+      const int64_t r0 = tile * kTile, nr = std::min(kTile, n_out - r0);
+      for (int64_t r = 0; r < nr; ++r) dequantize_row(w.type, w.row(r0 + r), buf.data() + r * n, n);
+      int64_t t = 0;
+      for (; t + 2 <= n_tok; t += 2) {
+        const float *x0 = x + t * n, *x1 = x0 + n;
+        int64_t r = 0;
+        for (; r + 4 <= nr; r += 4) {
+          float o[4][2];
+          dot4x2(buf.data() + r * n, n, x0, x1, n, o);
+          for (int i = 0; i < 4; ++i) {
+            y[t * n_out + r0 + r + i] = o[i][0];
+            y[(t + 1) * n_out + r0 + r + i] = o[i][1];
+          }
+        }
+        for (; r < nr; ++r) {
+          y[t * n_out + r0 + r] = dot(buf.data() + r * n, x0, n);
+          y[(t + 1) * n_out + r0 + r] = dot(buf.data() + r * n, x1, n);
+        }
+      }
+      for (; t < n_tok; ++t)
+        for (int64_t r = 0; r < nr; ++r)
+          y[t * n_out + r0 + r] = dot(buf.data() + r * n, x + t * n, n);
+      if (bias)
+        for (int64_t tt = 0; tt < n_tok; ++tt)
+          for (int64_t r = 0; r < nr; ++r) y[tt * n_out + r0 + r] += bias[r0 + r];
+    }
+  });
+}
+
+void rope(float* x, const int32_t* pos, int32_t n_tok, int32_t n_head, const RopeParams& p) {
+  const int32_t half = p.rope_dim / 2;
+  thread_pool().parallel_for(n_tok, 4, [&](int64_t b, int64_t e) {
+    std::vector<float>& cs = scratch(static_cast<size_t>(2 * half));
+    for (int64_t t = b; t < e; ++t) {
+      // Angles in double: theta_i = pos / scale * base^(-2i/d) / factor_i.
+      const double ppos = static_cast<double>(pos[t]) / static_cast<double>(p.linear_scale);
+      for (int32_t i = 0; i < half; ++i) {
+        double th = ppos * std::pow(static_cast<double>(p.base), -2.0 * i / p.rope_dim);
+        if (p.freq_factors) th /= static_cast<double>(p.freq_factors[i]);
+        cs[2 * i] = static_cast<float>(std::cos(th));
+        cs[2 * i + 1] = static_cast<float>(std::sin(th));
+      }
+      for (int32_t h = 0; h < n_head; ++h) {
+        float* v = x + (t * n_head + h) * p.head_dim;
+        for (int32_t i = 0; i < half; ++i) {
+          const int32_t a = p.mode == RopeMode::Norm ? 2 * i : i;
+          const int32_t c = p.mode == RopeMode::Norm ? 2 * i + 1 : i + half;
+          const float x0 = v[a], x1 = v[c], co = cs[2 * i], si = cs[2 * i + 1];
+          v[a] = x0 * co - x1 * si;
+          v[c] = x0 * si + x1 * co;
+        }
+      }
+    }
+  });
+}
+
+void swiglu(float* gate, const float* up, int64_t n) {
+  thread_pool().parallel_for(n, 4096, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const float g = gate[i];
+      gate[i] = g / (1.0f + std::exp(-g)) * up[i];
+    }
+  });
+}
+
+void add(float* x, const float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+}
+
+void kv_write(const KvLayout& l, const float* k, const float* v, int32_t n_tok,
+              uint8_t* const* pages, const int32_t* slots) {
+  const int64_t dim = static_cast<int64_t>(l.n_head_kv) * l.head_dim;
+  thread_pool().parallel_for(n_tok, 16, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      uint8_t* page = pages[t];
+      const size_t s = static_cast<size_t>(slots[t]);
+      quantize_row(l.k_type, k + t * dim, page + s * l.k_row, dim);
+      quantize_row(l.v_type, v + t * dim, page + l.v_offset() + s * l.v_row, dim);
+    }
+  });
+}
+
+namespace {
+
+// Running softmax state of one query head: max, sum of exp, unnormalised output.
+struct Acc {
+  float m;
+  float l;
+  float* o;
+};
+
+// Folds a span's partial (m, l, o) into the accumulator; the fold always runs in logical span
+// order, which makes the result independent of where each span's page lives.
+inline void merge(Acc& acc, float m, float l, const float* o, int32_t d) {
+  if (acc.l == 0.0f) {
+    acc.m = m;
+    acc.l = l;
+    std::copy(o, o + d, acc.o);
+    return;
+  }
+  const float mm = std::max(acc.m, m);
+  const float a = std::exp(acc.m - mm), b = std::exp(m - mm);
+  acc.l = acc.l * a + l * b;
+  for (int32_t i = 0; i < d; ++i) acc.o[i] = acc.o[i] * a + o[i] * b;
+  acc.m = mm;
+}
+
+// Partial of one query head over the first `n` rows of a dequantized span (K, V [n][d]).
+// Returns false when the span has no key at or before the query.
+inline bool span_partial(const float* q, const float* k, const float* v, int32_t n, int32_t d,
+                         float scale, float* s, float* m_out, float* l_out, float* o) {
+  if (n <= 0) return false;
+  float m = -INFINITY;
+  for (int32_t j = 0; j < n; ++j) {
+    s[j] = dot(q, k + static_cast<int64_t>(j) * d, d) * scale;
+    m = std::max(m, s[j]);
+  }
+  float l = 0.0f;
+  std::fill(o, o + d, 0.0f);
+  for (int32_t j = 0; j < n; ++j) {
+    const float p = std::exp(s[j] - m);
+    l += p;
+    const float* vj = v + static_cast<int64_t>(j) * d;
+    for (int32_t i = 0; i < d; ++i) o[i] = std::fma(p, vj[i], o[i]);
+  }
+  *m_out = m;
+  *l_out = l;
+  return true;
+}
+
+// Dequantizes rows [0, n) of head h of a span's K and V into k, v ([n][d] f32).
+void load_span(const KvLayout& l, const Span& sp, int32_t h, int32_t n, float* k, float* v) {
+  const int32_t d = l.head_dim;
+  for (int32_t j = 0; j < n; ++j) {
+    dequantize_row(l.k_type, sp.page + j * l.k_row + h * l.k_head, k + j * d, d);
+    dequantize_row(l.v_type, sp.page + l.v_offset() + j * l.v_row + h * l.v_head, v + j * d, d);
+  }
+}
+
+}  // namespace
+
+void attention(const AttentionArgs& a) {
+  const KvLayout& l = a.kv;
+  const int32_t d = l.head_dim, group = a.n_head / l.n_head_kv, P = l.page_size;
+  const int64_t qstride = static_cast<int64_t>(a.n_head) * d;
+  if (a.n_tok == 1) {
+    // Decode: one task per (kv head, span) stores its partials; then a fold per head in
+    // logical order. Same arithmetic as the prefill path below.
+    const int32_t pos = a.pos[0];
+    const int32_t ns = a.n_spans;
+    std::vector<float> part(static_cast<size_t>(ns) * a.n_head * (d + 3));
+    auto at = [&](int32_t s, int32_t h) {
+      return part.data() + (static_cast<size_t>(s) * a.n_head + h) * (d + 3);
+    };
+    thread_pool().parallel_for(
+        static_cast<int64_t>(ns) * l.n_head_kv, 1, [&](int64_t b, int64_t e) {
+          std::vector<float>& buf = scratch(static_cast<size_t>(2 * P * d + P));
+          for (int64_t task = b; task < e; ++task) {
+            const int32_t s = static_cast<int32_t>(task / l.n_head_kv),
+                          hk = static_cast<int32_t>(task % l.n_head_kv);
+            const Span& sp = a.spans[s];
+            const int32_t n = std::min(sp.n, pos - sp.start + 1);
+            float *k = buf.data(), *v = k + P * d, *sc = v + P * d;
+            if (n > 0) load_span(l, sp, hk, n, k, v);
+            for (int32_t g = 0; g < group; ++g) {
+              const int32_t h = hk * group + g;
+              float* p = at(s, h);
+              p[2] = span_partial(a.q + h * d, k, v, n, d, a.scale, sc, &p[0], &p[1], p + 3) ? 1.0f
+                                                                                             : 0.0f;
+            }
+          }
+        });
+    for (int32_t h = 0; h < a.n_head; ++h) {
+      Acc acc{0.0f, 0.0f, a.out + h * d};
+      for (int32_t s = 0; s < ns; ++s) {
+        const float* p = at(s, h);
+        if (p[2] != 0.0f) merge(acc, p[0], p[1], p + 3, d);
+      }
+      const float inv = 1.0f / acc.l;
+      for (int32_t i = 0; i < d; ++i) acc.o[i] *= inv;
+    }
+    return;
+  }
+  // Prefill: one task per (kv head, tile of queries), spans folded in order as they are read.
+  constexpr int32_t kQTile = 8;
+  const int32_t n_tiles = (a.n_tok + kQTile - 1) / kQTile;
+  thread_pool().parallel_for(
+      static_cast<int64_t>(n_tiles) * l.n_head_kv, 1, [&](int64_t b, int64_t e) {
+        std::vector<float>& buf =
+            scratch(static_cast<size_t>(2 * P * d + P + d + 2 * kQTile * group));
+        for (int64_t task = b; task < e; ++task) {
+          const int32_t tile = static_cast<int32_t>(task / l.n_head_kv),
+                        hk = static_cast<int32_t>(task % l.n_head_kv);
+          const int32_t t0 = tile * kQTile, t1 = std::min(a.n_tok, t0 + kQTile);
+          float *k = buf.data(), *v = k + P * d, *sc = v + P * d, *po = sc + P, *ms = po + d;
+          int32_t max_pos = 0;
+          for (int32_t t = t0; t < t1; ++t) {
+            max_pos = std::max(max_pos, a.pos[t]);
+            for (int32_t g = 0; g < group; ++g) ms[2 * ((t - t0) * group + g) + 1] = 0.0f;
+          }
+          for (int32_t s = 0; s < a.n_spans; ++s) {
+            const Span& sp = a.spans[s];
+            if (sp.start > max_pos) break;
+            const int32_t nload = std::min(sp.n, max_pos - sp.start + 1);
+            load_span(l, sp, hk, nload, k, v);
+            for (int32_t t = t0; t < t1; ++t) {
+              const int32_t n = std::min(sp.n, a.pos[t] - sp.start + 1);
+              for (int32_t g = 0; g < group; ++g) {
+                const int32_t h = hk * group + g;
+                float m, lsum;
+                if (!span_partial(a.q + t * qstride + h * d, k, v, n, d, a.scale, sc, &m, &lsum,
+                                  po))
+                  continue;
+                float* st = ms + 2 * ((t - t0) * group + g);
+                Acc acc{st[0], st[1], a.out + t * qstride + h * d};
+                merge(acc, m, lsum, po, d);
+                st[0] = acc.m;
+                st[1] = acc.l;
+              }
+            }
+          }
+          for (int32_t t = t0; t < t1; ++t)
+            for (int32_t g = 0; g < group; ++g) {
+              const int32_t h = hk * group + g;
+              const float inv = 1.0f / ms[2 * ((t - t0) * group + g) + 1];
+              float* o = a.out + t * qstride + h * d;
+              for (int32_t i = 0; i < d; ++i) o[i] *= inv;
+            }
+        }
+      });
+}
+
+}  // namespace kvs::cpu

@@ -1,0 +1,20 @@
+// CPU kernels of the forward pass, vectorised with AVX2/FMA and run on all cores through the
+// thread pool. Every result is a fixed sequence of float operations per output element,
+// independent of how the work is split, so batch sizes and residency never change the numbers.
+#pragma once
+
+#include "kvs/backend/device.h"
+
+namespace kvs::cpu {
+
+void embed(const Matrix& emb, const int32_t* ids, int32_t n, float* x);
+void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps);
+void matmul(const Matrix& w, const float* x, float* y, int64_t n_tok, const float* bias);
+void rope(float* x, const int32_t* pos, int32_t n_tok, int32_t n_head, const RopeParams& p);
+void swiglu(float* gate, const float* up, int64_t n);
+void add(float* x, const float* y, int64_t n);
+void kv_write(const KvLayout& l, const float* k, const float* v, int32_t n_tok,
+              uint8_t* const* pages, const int32_t* slots);
+void attention(const AttentionArgs& a);
+
+}  // namespace kvs::cpu

@@ -1,0 +1,100 @@
+// The Device: memory and kernels of one backend. The engine allocates everything it computes
+// with through it and calls its kernels; the CPU implementation is a simulated device with a
+// bounded memory region, the CUDA one (backend/cuda/) the real thing.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "kvs/kv/page.h"
+#include "kvs/model/config.h"
+#include "kvs/model/weights.h"
+
+namespace kvs {
+
+class Device;
+
+// Owning handle to device memory; freed by the device that made it.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(Device* dev, void* p, size_t n) : dev_(dev), p_(p), n_(n) {}
+  ~DeviceBuffer() { reset(); }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : dev_(o.dev_), p_(o.p_), n_(o.n_) { o.p_ = nullptr; }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void reset();
+  template <class T = uint8_t>
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
+  size_t size() const { return n_; }
+
+ private:
+  Device* dev_ = nullptr;
+  void* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+struct RopeParams {
+  RopeMode mode = RopeMode::Norm;
+  int32_t head_dim = 0, rope_dim = 0;
+  float base = 10000.0f, linear_scale = 1.0f;
+  const float* freq_factors = nullptr;  // [rope_dim / 2] or nullptr
+};
+
+// Attention of n_tok queries of one sequence over its cached spans (causal by position).
+struct AttentionArgs {
+  const float* q = nullptr;      // [n_tok][n_head * head_dim]
+  float* out = nullptr;          // [n_tok][n_head * head_dim]
+  const int32_t* pos = nullptr;  // [n_tok] logical position of each query
+  int32_t n_tok = 0;
+  const Span* spans = nullptr;  // ordered by logical start, covering [0, max pos]
+  int32_t n_spans = 0;
+  KvLayout kv;
+  int32_t n_head = 0;
+  float scale = 1.0f;
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual std::string name() const = 0;
+
+  // Device memory, bounded by capacity(); fails naming `what` and the sizes when full.
+  virtual DeviceBuffer alloc(size_t bytes, const char* what) = 0;
+  virtual void free(void* p) = 0;  // called by DeviceBuffer
+  virtual size_t capacity() const = 0;
+  virtual size_t used() const = 0;
+  virtual void upload(void* dst, const void* src, size_t n) = 0;    // host -> device
+  virtual void download(void* dst, const void* src, size_t n) = 0;  // device -> host
+  // Weights as the kernels read them (the CPU reads the mapped file in place).
+  virtual Weights place_weights(const Weights& host) = 0;
+
+  // Kernels. Activations are f32 rows in device memory.
+  virtual void embed(const Matrix& emb, const int32_t* ids, int32_t n, float* x) = 0;
+  // y[r] = x[r] / rms(x[r]) * w, rows of n.
+  virtual void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n,
+                       float eps) = 0;
+  // y[t][n_out] = W x[t][n_in] (+ bias), t < n_tok.
+  virtual void matmul(const Matrix& w, const float* x, float* y, int64_t n_tok,
+                      const float* bias) = 0;
+  virtual void rope(float* x, const int32_t* pos, int32_t n_tok, int32_t n_head,
+                    const RopeParams& p) = 0;
+  virtual void swiglu(float* gate, const float* up, int64_t n) = 0;  // gate = silu(gate) * up
+  virtual void add(float* x, const float* y, int64_t n) = 0;         // x += y
+  // Writes K and V rows of n_tok tokens into their page frames at the given slots.
+  virtual void kv_write(const KvLayout& l, const float* k, const float* v, int32_t n_tok,
+                        uint8_t* const* pages, const int32_t* slots) = 0;
+  virtual void attention(const AttentionArgs& a) = 0;
+  virtual void sync() = 0;  // waits for all queued work
+};
+
+// The CPU backend; capacity 0 means unbounded.
+std::unique_ptr<Device> make_cpu_device(size_t capacity);
+
+}  // namespace kvs

@@ -1,0 +1,230 @@
+#include "kvs/engine/sampler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+
+#include "kvs/util/error.h"
+
+namespace kvs {
+
+namespace {
+
+// Total order: higher logit first, lower id first on ties (so results never depend on how the
+// standard library orders equal elements).
+inline bool better(float la, int32_t ia, float lb, int32_t ib) {
+  return la > lb || (la == lb && ia < ib);
+}
+
+uint64_t random_seed() {
+  std::random_device rd;
+  uint64_t s = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  s ^= static_cast<uint64_t>(std::chrono::high_resolution_clock::now().time_since_epoch().count());
+  if (s == Sampler::kSeedRandom) s ^= 1;
+  return s;
+}
+
+}  // namespace
+
+Sampler::Sampler(SamplerParams p) : p_(p) {
+  KVS_CHECK(std::isfinite(p_.temp), "--temp: must be a finite number, got ", p_.temp);
+  KVS_CHECK(p_.top_p > 0.0f && p_.top_p <= 1.0f, "--top-p: must be in (0, 1], got ", p_.top_p);
+  KVS_CHECK(p_.min_p >= 0.0f && p_.min_p <= 1.0f, "--min-p: must be in [0, 1], got ", p_.min_p);
+  KVS_CHECK(std::isfinite(p_.repeat_penalty) && p_.repeat_penalty > 0.0f,
+            "--repeat-penalty: must be a finite number > 0, got ", p_.repeat_penalty);
+  KVS_CHECK(p_.repeat_last_n >= -1, "--repeat-last-n: must be >= -1 (-1: all, 0: off), got ",
+            p_.repeat_last_n);
+  seed_ = p_.seed == kSeedRandom ? random_seed() : p_.seed;
+  rng_.seed(seed_);
+}
+
+void Sampler::reset() {
+  history_.clear();
+  rng_.seed(seed_);
+  last_candidates_ = 0;
+}
+
+void Sampler::accept(int32_t token) {
+  history_.push_back(token);
+  // Keep only what the penalty can look at (amortised: trim in batches).
+  const auto n = static_cast<size_t>(p_.repeat_last_n);
+  if (p_.repeat_last_n >= 0 && history_.size() > 2 * n + 256) {
+    history_.erase(history_.begin(), history_.end() - static_cast<std::ptrdiff_t>(n));
+  }
+}
+
+double Sampler::uniform() {
+  return static_cast<double>(rng_() >> 11) * 0x1.0p-53;
+}
+
+void Sampler::apply_penalty(int32_t n_vocab) {
+  if (p_.repeat_penalty == 1.0f || p_.repeat_last_n == 0 || history_.empty()) return;
+  size_t n = history_.size();
+  if (p_.repeat_last_n > 0) n = std::min(n, static_cast<size_t>(p_.repeat_last_n));
+  window_.assign(history_.end() - static_cast<std::ptrdiff_t>(n), history_.end());
+  std::sort(window_.begin(), window_.end());
+  window_.erase(std::unique(window_.begin(), window_.end()), window_.end());
+  // Each distinct token is penalised once, however often it occurs (as llama.cpp).
+  for (int32_t t : window_) {
+    if (t < 0 || t >= n_vocab) continue;
+    float& l = work_[static_cast<size_t>(t)];
+    l = l <= 0.0f ? l * p_.repeat_penalty : l / p_.repeat_penalty;
+  }
+}
+
+int32_t Sampler::sample(const float* logits, int32_t n_vocab) {
+  KVS_CHECK(n_vocab > 0, "sampler: n_vocab must be > 0, got ", n_vocab);
+  KVS_CHECK(logits != nullptr, "sampler: no logits");
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  constexpr float kMax = std::numeric_limits<float>::max();
+  const auto n = static_cast<size_t>(n_vocab);
+
+  // NaN -> -inf, +inf -> the largest float (keeps the softmax finite).
+  work_.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    float l = logits[i];
+    l = l != l ? -kInf : l;
+    work_[i] = l > kMax ? kMax : l;
+  }
+  apply_penalty(n_vocab);
+
+  // Argmax, lowest id among equal maxima: the maximum in 8 independent lanes (vectorises),
+  // then the first token that has it.
+  float lane[8];
+  for (float& m : lane) m = -kInf;
+  for (size_t i = 0; i + 8 <= n; i += 8) {
+    for (size_t j = 0; j < 8; ++j) lane[j] = work_[i + j] > lane[j] ? work_[i + j] : lane[j];
+  }
+  float mx = -kInf;
+  for (float m : lane) mx = m > mx ? m : mx;
+  for (size_t i = n - n % 8; i < n; ++i) mx = work_[i] > mx ? work_[i] : mx;
+  size_t best = 0;
+  while (best < n && work_[best] != mx) ++best;
+  if (best == n) best = 0;  // all -inf: caught below
+  const float max_l = work_[best];
+  KVS_CHECK(max_l > -kInf, "sampler: no finite logit");
+
+  int32_t token = static_cast<int32_t>(best);
+  if (p_.temp <= 0.0f) {
+    last_candidates_ = 1;
+    accept(token);
+    return token;
+  }
+
+  auto cmp = [](const Cand& a, const Cand& b) { return better(a.logit, a.id, b.logit, b.id); };
+  cand_.clear();        // keeps its capacity: no allocation once it has grown
+  bool sorted = false;  // cand_ in cmp order; otherwise in id order
+  const size_t k = p_.top_k > 0 ? std::min(n, static_cast<size_t>(p_.top_k)) : n;
+  if (k < n) {
+    if (k <= n / 16) {
+      // One pass with a heap of the k best (front: the worst of them); almost every token is
+      // rejected by one float compare. Ids come in increasing order, so a tie never displaces.
+      for (size_t i = 0; i < k; ++i) cand_.push_back({work_[i], static_cast<int32_t>(i)});
+      std::make_heap(cand_.begin(), cand_.end(), cmp);
+      float worst = cand_.front().logit;
+      for (size_t i = k; i < n; ++i) {
+        const float l = work_[i];
+        if (l > worst) {
+          std::pop_heap(cand_.begin(), cand_.end(), cmp);
+          cand_.back() = {l, static_cast<int32_t>(i)};
+          std::push_heap(cand_.begin(), cand_.end(), cmp);
+          worst = cand_.front().logit;
+        }
+      }
+    } else {
+      for (size_t i = 0; i < n; ++i) cand_.push_back({work_[i], static_cast<int32_t>(i)});
+      std::nth_element(cand_.begin(), cand_.begin() + static_cast<std::ptrdiff_t>(k) - 1,
+                       cand_.end(), cmp);
+      cand_.resize(k);
+    }
+    std::sort(cand_.begin(), cand_.end(), cmp);
+    sorted = true;
+  }
+
+  // top-p and min-p both keep a prefix of the top-k survivors in cmp order, measured on their
+  // temperature-1 softmax; so the result is the shorter prefix, whatever the order of the two.
+  // Normaliser of that softmax, over all top-k survivors (before min-p removes any); float exp
+  // (twice as fast), double sums.
+  double z = 0.0;
+  if (p_.top_p < 1.0f) {
+    if (sorted) {
+      for (const Cand& c : cand_) z += static_cast<double>(std::exp(c.logit - max_l));
+    } else {
+      for (size_t i = 0; i < n; ++i) z += static_cast<double>(std::exp(work_[i] - max_l));
+    }
+  }
+
+  // min-p first: one pass (or a prefix scan when sorted), and it shrinks what top-p sorts.
+  // Tokens at -inf (masked) never count as candidates.
+  const double thresh = p_.min_p > 0.0f
+                            ? static_cast<double>(max_l) + std::log(static_cast<double>(p_.min_p))
+                            : static_cast<double>(-kMax);
+  if (sorted) {
+    size_t j = 0;
+    while (j < cand_.size() && static_cast<double>(cand_[j].logit) >= thresh) ++j;
+    cand_.resize(j);
+  } else {
+    for (size_t i = 0; i < n; ++i) {
+      if (static_cast<double>(work_[i]) >= thresh) {
+        cand_.push_back({work_[i], static_cast<int32_t>(i)});
+      }
+    }
+  }
+  size_t size = cand_.size();
+  const auto first = cand_.begin();
+  // top-p: smallest prefix with cumulative probability >= top_p (at least one token). Sorted
+  // in growing chunks (nth_element + sort of the chunk), so a cut that comes early never pays
+  // for a full sort.
+  if (p_.top_p < 1.0f && size > 1) {
+    const double target = static_cast<double>(p_.top_p);
+    double cum = 0.0;
+    size_t done = 0, keep = size;
+    size_t chunk = sorted ? size : std::min<size_t>(size, 256);
+    while (done < size) {
+      const auto lo = first + static_cast<std::ptrdiff_t>(done);
+      const auto hi = first + static_cast<std::ptrdiff_t>(chunk);
+      if (!sorted) {
+        if (chunk < size)
+          std::nth_element(lo, hi - 1, first + static_cast<std::ptrdiff_t>(size), cmp);
+        std::sort(lo, hi, cmp);
+      }
+      for (size_t i = done; i < chunk; ++i) {
+        cum += static_cast<double>(std::exp(cand_[i].logit - max_l)) / z;
+        if (cum >= target) {
+          keep = i + 1;
+          break;
+        }
+      }
+      if (keep < size) break;
+      done = chunk;
+      chunk = std::min(size, chunk * 4);
+    }
+    size = keep;
+  }
+
+  // Temperature on the survivors, softmax, draw. The walk follows the candidates' order
+  // (cmp order or id order), both independent of the standard library.
+  const double inv_t = 1.0 / static_cast<double>(p_.temp);
+  double total = 0.0;
+  for (size_t i = 0; i < size; ++i) {
+    const double w = std::exp(static_cast<double>(cand_[i].logit - max_l) * inv_t);
+    cand_[i].logit = static_cast<float>(w);
+    total += static_cast<double>(cand_[i].logit);
+  }
+  last_candidates_ = static_cast<int32_t>(size);
+  const double r = uniform() * total;
+  double acc = 0.0;
+  token = cand_[size - 1].id;
+  for (size_t i = 0; i < size; ++i) {
+    acc += static_cast<double>(cand_[i].logit);
+    if (r < acc) {
+      token = cand_[i].id;
+      break;
+    }
+  }
+  accept(token);
+  return token;
+}
+
+}  // namespace kvs

@@ -1,0 +1,71 @@
+// Token sampling from logits, in llama.cpp's default chain order:
+//   repetition penalty -> (temp <= 0: greedy argmax) -> top-k -> top-p -> min-p -> temperature
+//   -> draw from the renormalised distribution.
+//
+// As in llama.cpp, top-p and min-p look at the temperature-1 distribution (softmax over the
+// top-k survivors); the temperature is applied to the logits of the tokens that survive the
+// filters, just before the final softmax. So the temperature changes how the kept tokens are
+// weighted, never which tokens are kept.
+//
+// The draw uses std::mt19937_64 and a hand-written uniform (53 random bits), so a given seed
+// gives the same tokens with any standard library.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+namespace kvs {
+
+struct SamplerParams {
+  float temp = 0.8f;            // <= 0: greedy (argmax after the penalty, lowest id on ties)
+  int32_t top_k = 40;           // <= 0: off
+  float top_p = 0.95f;          // in (0, 1]; 1: off
+  float min_p = 0.05f;          // in [0, 1]; 0: off
+  float repeat_penalty = 1.0f;  // > 0; 1: off. Positive logits are divided, others multiplied
+  int32_t repeat_last_n = 64;   // tokens of history the penalty looks at (0: off, -1: all)
+  uint64_t seed = 0xFFFFFFFF;   // kSeedRandom: pick one from std::random_device and the clock
+};
+
+class Sampler {
+ public:
+  static constexpr uint64_t kSeedRandom = 0xFFFFFFFF;
+
+  // Throws kvs::Error naming the flag (--temp, --top-k, --top-p, --min-p, --repeat-penalty,
+  // --repeat-last-n) of a parameter out of range.
+  explicit Sampler(SamplerParams p);
+
+  // Picks a token from n_vocab logits, accepts it into the history and returns it. NaN logits
+  // count as -inf; throws kvs::Error when no logit is finite.
+  int32_t sample(const float* logits, int32_t n_vocab);
+  // Adds a token to the history the repetition penalty looks at (prompt tokens too).
+  void accept(int32_t token);
+  // The seed actually used (print it so a run can be repeated).
+  uint64_t seed() const { return seed_; }
+  // Clears the history and restarts the random sequence from seed().
+  void reset();
+
+  const SamplerParams& params() const { return p_; }
+  // How many tokens survived the filters in the last sample() call (1 for greedy).
+  int32_t last_candidates() const { return last_candidates_; }
+
+ private:
+  struct Cand {
+    float logit;
+    int32_t id;
+  };
+
+  void apply_penalty(int32_t n_vocab);
+  double uniform();  // [0, 1)
+
+  SamplerParams p_;
+  uint64_t seed_;
+  std::mt19937_64 rng_;
+  std::vector<int32_t> history_;
+  std::vector<int32_t> window_;  // scratch: distinct tokens of the penalty window
+  std::vector<float> work_;      // scratch: sanitised, penalised logits by id
+  std::vector<Cand> cand_;       // scratch: candidates, reused between calls
+  int32_t last_candidates_ = 0;
+};
+
+}  // namespace kvs

@@ -114,8 +114,7 @@ void run(const RunArgs& a) {
   std::string text;
   const double t1 = now();
   for (int32_t i = 0; i < a.n_predict; ++i) {
-    int32_t id = sampler.sample(logits, model->config.n_vocab);
-    sampler.accept(id);
+    int32_t id = sampler.sample(logits, model->config.n_vocab);  // also adds it to the history
     out.push_back(id);
     if (!a.ignore_eos && tok.is_eog(id)) break;
     std::string piece = sd.push(id);

@@ -44,11 +44,17 @@ void ThreadPool::worker(int tid) {
     }
     seen = generation_.load(std::memory_order_acquire);
     const std::function<void(int, int)>* job;
+    bool claimed;
     {
+      // A worker that wakes after the caller has finished an optional job (parallel_for hands
+      // out work dynamically) skips it instead of being waited for.
       std::lock_guard<std::mutex> lock(mu_);
       if (stop_) return;
       job = job_;
+      claimed = claims_ > 0;
+      if (claimed) --claims_;
     }
+    if (!claimed) continue;
     t_in_region = true;
     (*job)(tid, n_threads_);
     t_in_region = false;
@@ -57,6 +63,10 @@ void ThreadPool::worker(int tid) {
 }
 
 void ThreadPool::run(const std::function<void(int, int)>& fn) {
+  run_impl(fn, false);
+}
+
+void ThreadPool::run_impl(const std::function<void(int, int)>& fn, bool optional) {
   if (n_threads_ == 1 || t_in_region) {
     fn(0, 1);
     return;
@@ -65,13 +75,26 @@ void ThreadPool::run(const std::function<void(int, int)>& fn) {
     std::lock_guard<std::mutex> lock(mu_);
     job_ = &fn;
     pending_.store(n_threads_ - 1, std::memory_order_release);
+    claims_ = n_threads_ - 1;
     generation_.fetch_add(1, std::memory_order_release);
   }
   cv_.notify_all();
   t_in_region = true;
   fn(0, n_threads_);
   t_in_region = false;
-  while (pending_.load(std::memory_order_acquire) != 0) _mm_pause();
+  if (optional) {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_.fetch_sub(claims_, std::memory_order_acq_rel);
+    claims_ = 0;
+  }
+  // Wait for the workers that took part; yield now and then so a descheduled worker on a busy
+  // machine gets the core back.
+  for (int spins = 0; pending_.load(std::memory_order_acquire) != 0; ++spins) {
+    if (spins < 4096)
+      _mm_pause();
+    else
+      std::this_thread::yield();
+  }
 }
 
 void ThreadPool::parallel_for(int64_t n, int64_t grain,
@@ -83,13 +106,15 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
     return;
   }
   std::atomic<int64_t> next{0};
-  run([&](int, int) {
-    for (;;) {
-      int64_t b = next.fetch_add(grain, std::memory_order_relaxed);
-      if (b >= n) break;
-      fn(b, b + grain < n ? b + grain : n);
-    }
-  });
+  run_impl(
+      [&](int, int) {
+        for (;;) {
+          int64_t b = next.fetch_add(grain, std::memory_order_relaxed);
+          if (b >= n) break;
+          fn(b, b + grain < n ? b + grain : n);
+        }
+      },
+      true);
 }
 
 namespace {

@@ -30,6 +30,7 @@ class ThreadPool {
 
  private:
   void worker(int tid);
+  void run_impl(const std::function<void(int, int)>& fn, bool optional);
 
   int n_threads_;
   std::vector<std::thread> threads_;
@@ -38,6 +39,7 @@ class ThreadPool {
   const std::function<void(int, int)>* job_ = nullptr;
   std::atomic<uint64_t> generation_{0};
   std::atomic<int> pending_{0};
+  int claims_ = 0;  // workers that may still join the current job (guarded by mu_)
   bool stop_ = false;
 };
 

@@ -60,6 +60,14 @@ struct AttentionArgs {
   float scale = 1.0f;
 };
 
+// Streams: the compute stream runs the kernels; two copy streams move pages host-to-device
+// (the ring) and device-to-host (write-back) concurrently with it.
+enum class Stream : int { Compute = 0, CopyIn = 1, CopyOut = 2 };
+constexpr int kStreams = 3;
+
+// A fence is made once and re-armed by every record(); waits refer to its latest record.
+using FenceId = int32_t;
+
 class Device {
  public:
   virtual ~Device() = default;
@@ -91,7 +99,14 @@ class Device {
   virtual void kv_write(const KvLayout& l, const float* k, const float* v, int32_t n_tok,
                         uint8_t* const* pages, const int32_t* slots) = 0;
   virtual void attention(const AttentionArgs& a) = 0;
-  virtual void sync() = 0;  // waits for all queued work
+
+  // Asynchronous work. copy() on a stream is ordered with everything else on that stream.
+  virtual void copy(Stream s, void* dst, const void* src, size_t n) = 0;
+  virtual FenceId make_fence() = 0;
+  virtual void record(Stream s, FenceId f) = 0;  // f opens when s reaches this point
+  virtual void wait(Stream s, FenceId f) = 0;    // later work on s waits for f's last record
+  virtual void wait_host(FenceId f) = 0;         // the calling thread waits for it
+  virtual void sync() = 0;                       // waits for all queued work on all streams
 };
 
 // The CPU backend; capacity 0 means unbounded.

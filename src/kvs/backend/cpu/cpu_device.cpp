@@ -5,6 +5,9 @@
 #include <mutex>
 #include <unordered_map>
 
+#include <deque>
+
+#include "kvs/backend/cpu/copy_engine.h"
 #include "kvs/backend/cpu/kernels.h"
 #include "kvs/backend/device.h"
 #include "kvs/util/error.h"
@@ -66,13 +69,57 @@ class CpuDevice final : public Device {
     cpu::kv_write(l, k, v, n_tok, pages, slots);
   }
   void attention(const AttentionArgs& a) override { cpu::attention(a); }
-  void sync() override {}
+
+  // The compute stream is the calling thread: its work is done when the call returns.
+  void copy(Stream s, void* dst, const void* src, size_t n) override {
+    if (s == Stream::Compute)
+      std::memcpy(dst, src, n);
+    else
+      engine(s).copy(dst, src, n);
+  }
+  // Fences are made while setting up, before the streams use them.
+  FenceId make_fence() override {
+    fences_.emplace_back();
+    return static_cast<FenceId>(fences_.size() - 1);
+  }
+  void record(Stream s, FenceId id) override {
+    cpu::Fence& f = fence(id);
+    const uint64_t seq = f.recorded.fetch_add(1, std::memory_order_acq_rel) + 1;
+    if (s == Stream::Compute)
+      f.open(seq);
+    else
+      engine(s).signal(&f, seq);
+  }
+  void wait(Stream s, FenceId id) override {
+    cpu::Fence& f = fence(id);
+    const uint64_t seq = f.recorded.load(std::memory_order_acquire);
+    if (s == Stream::Compute)
+      f.block_until(seq);
+    else
+      engine(s).wait(&f, seq);
+  }
+  void wait_host(FenceId id) override {
+    cpu::Fence& f = fence(id);
+    f.block_until(f.recorded.load(std::memory_order_acquire));
+  }
+  void sync() override {
+    copy_in_.drain();
+    copy_out_.drain();
+  }
 
  private:
+  cpu::CopyEngine& engine(Stream s) { return s == Stream::CopyIn ? copy_in_ : copy_out_; }
+  cpu::Fence& fence(FenceId id) {
+    KVS_CHECK(id >= 0 && static_cast<size_t>(id) < fences_.size(), "unknown fence ", id);
+    return fences_[static_cast<size_t>(id)];
+  }
+
   size_t capacity_;
   size_t used_ = 0;
   std::mutex mu_;
   std::unordered_map<void*, size_t> sizes_;
+  std::deque<cpu::Fence> fences_;
+  cpu::CopyEngine copy_in_, copy_out_;
 };
 
 }  // namespace

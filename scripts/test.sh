@@ -10,5 +10,7 @@ ctest --test-dir build/cpu --output-on-failure -j "$(nproc)" "$@"
 
 # The streams, fences and thread pool again under ThreadSanitizer (build/tsan).
 cmake --preset tsan -G Ninja >/dev/null
-cmake --build build/tsan -j "$(nproc)" --target kvs_unit_test_device
-TSAN_OPTIONS="halt_on_error=1" build/tsan/tests/kvs_unit_test_device
+cmake --build build/tsan -j "$(nproc)" --target kvs_unit_test_device kvs_unit_test_threadpool
+export TSAN_OPTIONS="halt_on_error=1"
+build/tsan/tests/kvs_unit_test_device
+build/tsan/tests/kvs_unit_test_threadpool

@@ -1,5 +1,8 @@
 // kvstream run: generate text from a prompt, streaming it to stdout.
 #include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
 
 #include <chrono>
 #include <cstdio>
@@ -104,7 +107,16 @@ void run(const RunArgs& a) {
 
   Sequence seq = eng.open_sequence();
   const double t0 = now();
-  const float* logits = eng.eval(seq, prompt.data(), static_cast<int32_t>(prompt.size()));
+  // Chunks of -b tokens, with progress on a terminal for long prompts.
+  const float* logits = nullptr;
+  const int32_t n_prompt = static_cast<int32_t>(prompt.size());
+  const bool progress = n_prompt > 2 * a.n_batch && isatty(STDERR_FILENO);
+  for (int32_t i = 0; i < n_prompt; i += a.n_batch) {
+    const int32_t m = std::min(a.n_batch, n_prompt - i);
+    logits = eng.eval(seq, prompt.data() + i, m);
+    if (progress) std::fprintf(stderr, "\rkvstream: prefill %d/%d", i + m, n_prompt);
+  }
+  if (progress) std::fputc('\n', stderr);
   const double t_prefill = now() - t0;
   if (!a.logits_out.empty())
     write_npy(a.logits_out, logits, {static_cast<int64_t>(model->config.n_vocab)});

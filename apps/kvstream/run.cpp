@@ -27,9 +27,11 @@ struct RunArgs {
   std::string model, prompt, file, tokens, logits_out, json_out, system;
   bool has_prompt = false;
   int32_t n_predict = 128;
-  bool chat = false, ignore_eos = false;
-  int32_t n_ctx = 4096, n_batch = 512, page_size = 256, threads = 0;
-  std::string ctk = "f16", ctv = "f16", backend = "cpu";
+  bool chat = false, ignore_eos = false, verbose = false;
+  int32_t n_ctx = 4096, n_batch = 512, page_size = 256, threads = 0, parallel = 1;
+  std::string ctk = "f16", ctv = "f16", backend = "cpu", kv_mode = "auto";
+  std::string kv_arena, vram_limit, ring_chunk = "4M";
+  double h2d_gbps = 0;
   SamplerParams sp;
   int64_t seed = -1;
 };
@@ -53,6 +55,109 @@ size_t peak_rss() {
   return static_cast<size_t>(u.ru_maxrss) * 1024;
 }
 
+// The prompts: one, or with --parallel N one per line of -f (or the same -p/--tokens N times).
+std::vector<std::vector<int32_t>> prompts_of(const RunArgs& a, const Model& model) {
+  const Tokenizer& tok = *model.tokenizer;
+  auto encode = [&](std::string text) {
+    if (a.chat) {
+      std::vector<ChatMessage> msgs;
+      if (!a.system.empty()) msgs.push_back({"system", a.system});
+      msgs.push_back({"user", text});
+      text = tok.apply_chat(msgs);
+    }
+    return tok.encode(text, true, a.chat);
+  };
+  std::vector<std::vector<int32_t>> out;
+  if (!a.tokens.empty()) {
+    std::vector<int32_t> ids = parse_int_list(a.tokens, "--tokens");
+    for (int32_t id : ids)
+      KVS_CHECK(id >= 0 && id < model.config.n_vocab, "--tokens: id ", id,
+                " is out of range (vocab ", model.config.n_vocab, ")");
+    out.assign(static_cast<size_t>(a.parallel), ids);
+  } else if (!a.file.empty()) {
+    const std::string text = read_file(a.file);
+    if (a.parallel == 1) {
+      out.push_back(encode(text));
+    } else {
+      std::istringstream in(text);
+      std::string line;
+      while (std::getline(in, line))
+        if (!line.empty()) out.push_back(encode(line));
+      KVS_CHECK(static_cast<int32_t>(out.size()) == a.parallel, "--parallel ", a.parallel,
+                ": -f '", a.file, "' has ", out.size(), " non-empty lines, one prompt per sequence");
+    }
+  } else {
+    out.assign(static_cast<size_t>(a.parallel), encode(a.prompt));
+  }
+  for (size_t i = 0; i < out.size(); ++i) {
+    KVS_CHECK(!out[i].empty(), "prompt ", i + 1, " is empty");
+    KVS_CHECK(static_cast<int64_t>(out[i].size()) + a.n_predict <= a.n_ctx, "prompt ", i + 1, " (",
+              out[i].size(), " tokens) plus -n ", a.n_predict, " exceeds the context size -c ",
+              a.n_ctx);
+  }
+  return out;
+}
+
+// Totals of the steps of one phase (prefill or decode).
+struct Phase {
+  int64_t steps = 0, tokens = 0, chunks = 0;
+  double seconds = 0, ready_wait_s = 0, copy_busy_s = 0, occupancy_sum = 0;
+  size_t bytes_in = 0, bytes_out = 0;
+  int64_t repartitions = 0;
+  void add(const StepStats& s) {
+    ++steps;
+    tokens += s.n_tokens;
+    chunks += s.chunks;
+    seconds += s.seconds;
+    ready_wait_s += s.ready_wait_s;
+    copy_busy_s += s.copy_busy_s;
+    occupancy_sum += s.occupancy;
+    bytes_in += s.bytes_in;
+    bytes_out += s.bytes_out;
+    repartitions += s.repartitioned;
+  }
+  nlohmann::json json() const {
+    nlohmann::json j;
+    j["steps"] = steps;
+    j["tokens"] = tokens;
+    j["seconds"] = seconds;
+    j["tokens_per_s"] = seconds > 0 ? tokens / seconds : 0.0;
+    j["bytes_streamed"] = bytes_in;
+    j["bytes_streamed_per_token"] = tokens > 0 ? static_cast<double>(bytes_in) / tokens : 0.0;
+    j["bytes_written_back"] = bytes_out;
+    j["chunks"] = chunks;
+    j["ready_wait_s"] = ready_wait_s;
+    j["ready_wait_s_per_token"] = tokens > 0 ? ready_wait_s / tokens : 0.0;
+    j["copy_busy_fraction"] = seconds > 0 ? copy_busy_s / seconds : 0.0;
+    j["ring_occupancy"] = steps > 0 ? occupancy_sum / steps : 0.0;
+    j["repartitions"] = repartitions;
+    return j;
+  }
+};
+
+std::string plan_text(const Engine& e) {
+  const Plan& p = e.plan();
+  if (e.options().kv_mode == KvMode::Host) return "host store only, attention on the host";
+  if (!p.streams()) return "everything resident, no ring";
+  int32_t lo = kUnlimited, hi = 0;
+  for (int32_t r : p.resident) lo = std::min(lo, r), hi = std::max(hi, r);
+  std::string caps = lo == kUnlimited ? "all" : lo == hi ? std::to_string(lo)
+                                                         : cat(lo, "-", hi == kUnlimited ? 0 : hi);
+  return cat("resident ", caps, " pages/layer/sequence, ring ", p.n_slots, " x ", p.slot_pages,
+             " pages, ", format_bytes(p.streamed_bytes), " streamed per step");
+}
+
+void print_step(const char* phase, int64_t i, const StepStats& s, const Engine& e) {
+  std::fprintf(stderr,
+               "kvstream: %s %lld: %d tok, %.2f ms, streamed %s in %lld chunks, ready wait %.3f "
+               "ms, copy busy %.0f%%, ring %.0f%% full%s\n",
+               phase, static_cast<long long>(i), s.n_tokens, s.seconds * 1e3,
+               format_bytes(s.bytes_in).c_str(), static_cast<long long>(s.chunks),
+               s.ready_wait_s * 1e3, s.seconds > 0 ? 100 * s.copy_busy_s / s.seconds : 0.0,
+               100 * s.occupancy,
+               s.repartitioned ? cat(" | repartition: ", plan_text(e)).c_str() : "");
+}
+
 void run(const RunArgs& a) {
   if (a.threads > 0) set_thread_count(a.threads);
   KVS_CHECK(a.backend == "cpu", "--backend ", a.backend, ": this build has only the cpu backend");
@@ -60,112 +165,211 @@ void run(const RunArgs& a) {
       int(!a.prompt.empty() || a.has_prompt) + int(!a.file.empty()) + int(!a.tokens.empty());
   KVS_CHECK(given == 1, "give exactly one of -p/--prompt, -f/--file and --tokens");
   KVS_CHECK(a.n_predict >= 0, "-n/--n-predict must be 0 or more");
-  const double t_load = now();
-  auto model = Model::load(a.model);
-  const Tokenizer& tok = *model->tokenizer;
-
-  std::vector<int32_t> prompt;
-  if (!a.tokens.empty()) {
-    prompt = parse_int_list(a.tokens, "--tokens");
-    for (int32_t id : prompt)
-      KVS_CHECK(id >= 0 && id < model->config.n_vocab, "--tokens: id ", id,
-                " is out of range (vocab ", model->config.n_vocab, ")");
-  } else {
-    std::string text = a.file.empty() ? a.prompt : read_file(a.file);
-    if (a.chat) {
-      std::vector<ChatMessage> msgs;
-      if (!a.system.empty()) msgs.push_back({"system", a.system});
-      msgs.push_back({"user", text});
-      text = tok.apply_chat(msgs);
-    }
-    prompt = tok.encode(text, true, a.chat);
-  }
-  KVS_CHECK(!prompt.empty(), "the prompt is empty");
-
+  KVS_CHECK(a.parallel >= 1, "--parallel must be at least 1");
   EngineOptions eo;
   eo.n_ctx = a.n_ctx;
   eo.n_batch = a.n_batch;
   eo.page_size = a.page_size;
   eo.k_type = parse_kv_type(a.ctk.c_str(), "-ctk/--cache-type-k");
   eo.v_type = parse_kv_type(a.ctv.c_str(), "-ctv/--cache-type-v");
-  KVS_CHECK(static_cast<int64_t>(prompt.size()) + a.n_predict <= a.n_ctx, "the prompt (",
-            prompt.size(), " tokens) plus -n ", a.n_predict, " exceeds the context size -c ",
-            a.n_ctx);
-  auto dev = make_cpu_device(0);
+  eo.n_seq = a.parallel;
+  eo.kv_mode = parse_kv_mode(a.kv_mode.c_str());
+  if (!a.kv_arena.empty()) eo.kv_arena = parse_size(a.kv_arena, "--kv-arena");
+  KVS_CHECK(a.kv_arena.empty() || eo.kv_arena > 0, "--kv-arena must be more than 0");
+  eo.ring_chunk_bytes = parse_size(a.ring_chunk, "--ring-chunk");
+  KVS_CHECK(a.h2d_gbps >= 0, "--h2d-gbps must be 0 or more");
+  eo.h2d_bytes_per_s = a.h2d_gbps * 1e9;
+  const size_t vram = a.vram_limit.empty() ? 0 : parse_size(a.vram_limit, "--vram-limit");
+  KVS_CHECK(a.vram_limit.empty() || vram > 0, "--vram-limit must be more than 0");
+
+  const double t_load = now();
+  auto model = Model::load(a.model);
+  const Tokenizer& tok = *model->tokenizer;
+  const int32_t n_vocab = model->config.n_vocab;
+  const auto prompts = prompts_of(a, *model);
+  const int32_t N = a.parallel;
+
+  auto dev = make_cpu_device(vram);
   Engine eng(*model, *dev, eo);
-  SamplerParams sp = a.sp;
-  if (a.seed >= 0) sp.seed = static_cast<uint64_t>(a.seed);
-  Sampler sampler(sp);
-  for (int32_t id : prompt) sampler.accept(id);
+  std::vector<Sampler> samplers;
+  for (int32_t i = 0; i < N; ++i) {
+    SamplerParams sp = a.sp;
+    if (a.seed >= 0) sp.seed = static_cast<uint64_t>(a.seed) + static_cast<uint64_t>(i);
+    samplers.emplace_back(sp);
+    if (i > 0 && a.seed < 0) {  // one random seed for the run, printed; sequence i uses seed + i
+      sp.seed = samplers[0].seed() + static_cast<uint64_t>(i);
+      samplers.back() = Sampler(sp);
+    }
+    for (int32_t id : prompts[static_cast<size_t>(i)]) samplers.back().accept(id);
+  }
+  size_t prompt_tokens = 0;
+  for (const auto& p : prompts) prompt_tokens += p.size();
   std::fprintf(stderr,
-               "kvstream: %s (%s, %d layers), %zu prompt tokens, %d threads, KV %s/%s %s per "
+               "kvstream: %s (%s, %d layers), %zu prompt tokens%s, %d threads, KV %s/%s %s per "
                "token, seed %llu\n",
                a.model.c_str(), model->config.arch_name.c_str(), model->config.n_layer,
-               prompt.size(), thread_pool().size(), a.ctk.c_str(), a.ctv.c_str(),
+               prompt_tokens, N > 1 ? cat(" in ", N, " sequences").c_str() : "",
+               thread_pool().size(), a.ctk.c_str(), a.ctv.c_str(),
                format_bytes(eng.kv_bytes_per_token()).c_str(),
-               static_cast<unsigned long long>(sampler.seed()));
+               static_cast<unsigned long long>(samplers[0].seed()));
+  std::fprintf(stderr, "kvstream: kv-mode %s, arena %s (%s pages), KV at -c %d: %s per sequence\n",
+               kv_mode_name(eo.kv_mode), format_bytes(eng.arena_bytes()).c_str(),
+               format_bytes(eng.kv_layout().page_bytes()).c_str(), a.n_ctx,
+               format_bytes(eng.kv_bytes_per_token() * static_cast<size_t>(a.n_ctx)).c_str());
 
-  Sequence seq = eng.open_sequence();
+  // Prefill, one sequence after another, in chunks of -b tokens (progress on a terminal).
+  std::vector<Sequence> seqs;
+  std::vector<std::vector<float>> first_logits;
+  Phase prefill, decode;
   const double t0 = now();
-  // Chunks of -b tokens, with progress on a terminal for long prompts.
-  const float* logits = nullptr;
-  const int32_t n_prompt = static_cast<int32_t>(prompt.size());
-  const bool progress = n_prompt > 2 * a.n_batch && isatty(STDERR_FILENO);
-  for (int32_t i = 0; i < n_prompt; i += a.n_batch) {
-    const int32_t m = std::min(a.n_batch, n_prompt - i);
-    logits = eng.eval(seq, prompt.data() + i, m);
-    if (progress) std::fprintf(stderr, "\rkvstream: prefill %d/%d", i + m, n_prompt);
+  for (int32_t i = 0; i < N; ++i) {
+    const auto& prompt = prompts[static_cast<size_t>(i)];
+    seqs.push_back(eng.open_sequence());
+    const int32_t n_prompt = static_cast<int32_t>(prompt.size());
+    const bool progress = n_prompt > 2 * a.n_batch && isatty(STDERR_FILENO);
+    const float* logits = nullptr;
+    for (int32_t j = 0; j < n_prompt; j += a.n_batch) {
+      const int32_t m = std::min(a.n_batch, n_prompt - j);
+      logits = eng.eval(seqs.back(), prompt.data() + j, m);
+      prefill.add(eng.last_step());
+      if (a.verbose) print_step("prefill", prefill.steps, eng.last_step(), eng);
+      if (progress) std::fprintf(stderr, "\rkvstream: prefill %d/%d", j + m, n_prompt);
+    }
+    if (progress) std::fputc('\n', stderr);
+    first_logits.emplace_back(logits, logits + n_vocab);
   }
-  if (progress) std::fputc('\n', stderr);
   const double t_prefill = now() - t0;
-  if (!a.logits_out.empty())
-    write_npy(a.logits_out, logits, {static_cast<int64_t>(model->config.n_vocab)});
-
-  std::vector<int32_t> out;
-  StreamDecoder sd(tok);
-  std::string text;
-  const double t1 = now();
-  for (int32_t i = 0; i < a.n_predict; ++i) {
-    int32_t id = sampler.sample(logits, model->config.n_vocab);  // also adds it to the history
-    out.push_back(id);
-    if (!a.ignore_eos && tok.is_eog(id)) break;
-    std::string piece = sd.push(id);
-    text += piece;
-    std::fwrite(piece.data(), 1, piece.size(), stdout);
-    std::fflush(stdout);
-    if (i + 1 < a.n_predict) logits = eng.eval(seq, &id, 1);
+  if (!a.logits_out.empty()) {
+    std::vector<float> all;
+    for (const auto& l : first_logits) all.insert(all.end(), l.begin(), l.end());
+    if (N == 1)
+      write_npy(a.logits_out, all.data(), {static_cast<int64_t>(n_vocab)});
+    else
+      write_npy(a.logits_out, all.data(), {static_cast<int64_t>(N), static_cast<int64_t>(n_vocab)});
   }
-  std::string rest = sd.flush();
-  text += rest;
-  std::fwrite(rest.data(), 1, rest.size(), stdout);
-  if (a.n_predict > 0) std::fputc('\n', stdout);
+  if (a.verbose) std::fprintf(stderr, "kvstream: plan: %s\n", plan_text(eng).c_str());
+
+  // Decode: every unfinished sequence in one batch per step; a finished one gives its pages
+  // back at once.
+  std::vector<std::vector<int32_t>> out(static_cast<size_t>(N));
+  std::vector<std::string> texts(static_cast<size_t>(N));
+  std::vector<StreamDecoder> decoders;
+  for (int32_t i = 0; i < N; ++i) decoders.emplace_back(tok);
+  std::vector<int32_t> next(static_cast<size_t>(N));
+  std::vector<bool> live(static_cast<size_t>(N), a.n_predict > 0);
+  std::vector<const float*> cur(static_cast<size_t>(N));
+  for (int32_t i = 0; i < N; ++i) cur[static_cast<size_t>(i)] = first_logits[static_cast<size_t>(i)].data();
+  const bool stream_text = N == 1;
+  const double t1 = now();
+  int64_t n_dec = 0;
+  for (int32_t step = 0; step < a.n_predict; ++step) {
+    std::vector<BatchEntry> batch;
+    std::vector<int32_t> who;
+    for (int32_t i = 0; i < N; ++i) {
+      const size_t u = static_cast<size_t>(i);
+      if (!live[u]) continue;
+      const int32_t id = samplers[u].sample(cur[u], n_vocab);  // also adds it to the history
+      out[u].push_back(id);
+      bool done = (!a.ignore_eos && tok.is_eog(id)) || step + 1 == a.n_predict;
+      if (!(!a.ignore_eos && tok.is_eog(id))) {
+        std::string piece = decoders[u].push(id);
+        texts[u] += piece;
+        if (stream_text) {
+          std::fwrite(piece.data(), 1, piece.size(), stdout);
+          std::fflush(stdout);
+        }
+      }
+      if (done) {
+        live[u] = false;
+        eng.close_sequence(seqs[u]);
+        continue;
+      }
+      next[u] = id;
+      batch.push_back({&seqs[u], &next[u], 1});
+      who.push_back(i);
+    }
+    if (batch.empty()) break;
+    eng.step(batch);
+    decode.add(eng.last_step());
+    n_dec += static_cast<int64_t>(batch.size());
+    if (a.verbose) print_step("decode", decode.steps, eng.last_step(), eng);
+    for (size_t j = 0; j < who.size(); ++j)
+      cur[static_cast<size_t>(who[j])] = eng.logits(static_cast<int32_t>(j));
+  }
+  for (int32_t i = 0; i < N; ++i) {
+    const size_t u = static_cast<size_t>(i);
+    std::string rest = decoders[u].flush();
+    texts[u] += rest;
+    if (stream_text) {
+      std::fwrite(rest.data(), 1, rest.size(), stdout);
+      if (a.n_predict > 0) std::fputc('\n', stdout);
+    } else if (a.n_predict > 0) {
+      std::printf("[%d] %s\n", i + 1, texts[u].c_str());
+    }
+    if (seqs[u].id >= 0) eng.close_sequence(seqs[u]);
+  }
   std::fflush(stdout);
   const double t_decode = now() - t1;
-  const int32_t n_dec = out.empty() ? 0 : static_cast<int32_t>(out.size()) - 1;
-  const double pp = static_cast<double>(prompt.size()) / t_prefill;
-  const double tg = n_dec > 0 ? n_dec / t_decode : 0.0;
+  const double pp = static_cast<double>(prompt_tokens) / t_prefill;
+  const double tg = n_dec > 0 ? static_cast<double>(n_dec) / t_decode : 0.0;
   std::fprintf(stderr,
-               "kvstream: load %.2f s | prefill %zu tokens %.2f s, %.1f tok/s | decode %d tokens "
-               "%.2f s, %.1f tok/s | peak memory %s\n",
-               t0 - t_load, prompt.size(), t_prefill, pp, n_dec, t_decode, tg,
-               format_bytes(peak_rss()).c_str());
+               "kvstream: load %.2f s | prefill %zu tokens %.2f s, %.1f tok/s | decode %lld "
+               "tokens %.2f s, %.1f tok/s | peak memory %s\n",
+               t0 - t_load, prompt_tokens, t_prefill, pp, static_cast<long long>(n_dec), t_decode,
+               tg, format_bytes(peak_rss()).c_str());
+  const EngineStats& tot = eng.totals();
+  if (a.verbose || tot.bytes_in > 0)
+    std::fprintf(stderr,
+                 "kvstream: streamed %s (%s per decode token), written back %s, ready wait %.1f "
+                 "ms, %lld repartitions\n",
+                 format_bytes(tot.bytes_in).c_str(),
+                 format_bytes(decode.tokens ? decode.bytes_in / static_cast<size_t>(decode.tokens)
+                                            : 0)
+                     .c_str(),
+                 format_bytes(tot.bytes_out).c_str(), tot.ready_wait_s * 1e3,
+                 static_cast<long long>(tot.repartitions));
   if (!a.json_out.empty()) {
     nlohmann::json j;
     j["model"] = a.model;
-    j["prompt_tokens"] = prompt;
-    j["tokens"] = out;
-    j["text"] = text;
+    j["parallel"] = N;
+    if (N == 1) {
+      j["prompt_tokens"] = prompts[0];
+      j["tokens"] = out[0];
+      j["text"] = texts[0];
+    }
+    nlohmann::json js = nlohmann::json::array();
+    for (int32_t i = 0; i < N; ++i)
+      js.push_back({{"prompt_tokens", prompts[static_cast<size_t>(i)]},
+                    {"tokens", out[static_cast<size_t>(i)]},
+                    {"text", texts[static_cast<size_t>(i)]}});
+    j["sequences"] = js;
     j["prefill_tokens_per_s"] = pp;
     j["decode_tokens_per_s"] = tg;
     j["prefill_s"] = t_prefill;
     j["decode_s"] = t_decode;
     j["peak_rss_bytes"] = peak_rss();
     j["kv_bytes_per_token"] = eng.kv_bytes_per_token();
+    nlohmann::json kv;
+    kv["mode"] = kv_mode_name(eo.kv_mode);
+    kv["page_size"] = a.page_size;
+    kv["page_bytes"] = eng.kv_layout().page_bytes();
+    kv["arena_bytes"] = eng.arena_bytes();
+    kv["fixed_frames"] = eng.fixed_frames();
+    kv["host_store_bytes"] = eng.host_bytes();
+    const Plan& p = eng.plan();
+    kv["plan"] = {{"resident_pages", p.resident},   {"slot_pages", p.slot_pages},
+                  {"n_slots", p.n_slots},           {"streamed_bytes_per_step", p.streamed_bytes},
+                  {"predicted_step_s", p.predicted_step_s}};
+    kv["prefill"] = prefill.json();
+    kv["decode"] = decode.json();
+    kv["repartitions"] = tot.repartitions;
+    kv["prefetch_chunks_kept"] = tot.prefetch_kept;
+    kv["prefetch_chunks_dropped"] = tot.prefetch_dropped;
+    j["kv"] = kv;
     std::ofstream f(a.json_out);
     KVS_CHECK(f.good(), "--json: cannot write '", a.json_out, "'");
     f << j.dump(2) << "\n";
   }
-  eng.close_sequence(seq);
 }
 
 }  // namespace
@@ -202,6 +406,18 @@ void register_run(CLI::App& app) {
   c->add_option("--repeat-last-n", a->sp.repeat_last_n, "Tokens the penalty looks back (-1: all)")
       ->capture_default_str();
   c->add_option("-s,--seed", a->seed, "Random seed (default: random, printed)");
+  c->add_option("--parallel", a->parallel,
+                "Sequences decoded together (prompts: one per line of -f)")
+      ->capture_default_str();
+  c->add_option("--kv-mode", a->kv_mode, "KV placement: auto, resident, stream, host")
+      ->capture_default_str();
+  c->add_option("--kv-arena", a->kv_arena, "Device memory for the KV cache, e.g. 512M, 2.2G");
+  c->add_option("--vram-limit", a->vram_limit,
+                "Behave as if the device had only this much memory (weights, buffers, arena)");
+  c->add_option("--ring-chunk", a->ring_chunk, "Smallest ring slot (copy size)")
+      ->capture_default_str();
+  c->add_option("--h2d-gbps", a->h2d_gbps, "Host-to-device GB/s the planner assumes until measured");
+  c->add_flag("-v,--verbose", a->verbose, "Print every step's streaming statistics");
   c->callback([a, c] {
     a->has_prompt = c->count("--prompt") > 0;
     run(*a);

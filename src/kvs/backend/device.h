@@ -47,17 +47,23 @@ struct RopeParams {
   const float* freq_factors = nullptr;  // [rope_dim / 2] or nullptr
 };
 
-// Attention of n_tok queries of one sequence over its cached spans (causal by position).
+// Attention of n_tok queries of one sequence over its cached spans (causal by position), in
+// one or several calls: each call folds its spans, which continue the previous call's in
+// logical order, into a running state (`acc` and the unnormalised `out`). `first` starts it,
+// `last` normalises `out`. Streaming calls once per ring chunk as it lands; a resident run calls
+// once. The fold is the same sequence of operations either way, so the logits are identical.
 struct AttentionArgs {
   const float* q = nullptr;      // [n_tok][n_head * head_dim]
   float* out = nullptr;          // [n_tok][n_head * head_dim]
+  float* acc = nullptr;          // [n_tok][n_head][2]: running max and sum
   const int32_t* pos = nullptr;  // [n_tok] logical position of each query
   int32_t n_tok = 0;
-  const Span* spans = nullptr;  // ordered by logical start, covering [0, max pos]
+  const Span* spans = nullptr;  // ordered by logical start
   int32_t n_spans = 0;
   KvLayout kv;
   int32_t n_head = 0;
   float scale = 1.0f;
+  bool first = true, last = true;
 };
 
 // Streams: the compute stream runs the kernels; two copy streams move pages host-to-device
@@ -78,6 +84,8 @@ class Device {
   virtual void free(void* p) = 0;  // called by DeviceBuffer
   virtual size_t capacity() const = 0;
   virtual size_t used() const = 0;
+  // Pinned host memory (the host store), not counted against capacity(); freed by free().
+  virtual DeviceBuffer alloc_host(size_t bytes, const char* what) = 0;
   virtual void upload(void* dst, const void* src, size_t n) = 0;    // host -> device
   virtual void download(void* dst, const void* src, size_t n) = 0;  // device -> host
   // Weights as the kernels read them (the CPU reads the mapped file in place).
@@ -106,6 +114,8 @@ class Device {
   virtual void record(Stream s, FenceId f) = 0;  // f opens when s reaches this point
   virtual void wait(Stream s, FenceId f) = 0;    // later work on s waits for f's last record
   virtual void wait_host(FenceId f) = 0;         // the calling thread waits for it
+  virtual bool done(FenceId f) = 0;              // whether its last record has been reached
+  virtual double busy_seconds(Stream s) = 0;     // time a copy stream has spent copying
   virtual void sync() = 0;                       // waits for all queued work on all streams
 };
 

@@ -1,18 +1,53 @@
 #include "kvs/engine/engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <string_view>
 
+#include "kvs/backend/cpu/kernels.h"
 #include "kvs/util/error.h"
 #include "kvs/util/parse.h"
 
 namespace kvs {
+namespace {
+
+double now() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+double ema(double old, double x) { return old == 0 ? x : 0.7 * old + 0.3 * x; }
+
+}  // namespace
+
+KvMode parse_kv_mode(const char* text) {
+  std::string_view s(text);
+  if (s == "auto") return KvMode::Auto;
+  if (s == "resident") return KvMode::Resident;
+  if (s == "stream") return KvMode::Stream;
+  if (s == "host") return KvMode::Host;
+  if (s == "unified") fail("--kv-mode unified needs the cuda backend");
+  fail("--kv-mode: '", s, "' is not a mode (auto, resident, stream, host)");
+}
+
+const char* kv_mode_name(KvMode m) {
+  switch (m) {
+    case KvMode::Auto: return "auto";
+    case KvMode::Resident: return "resident";
+    case KvMode::Stream: return "stream";
+    case KvMode::Host: return "host";
+  }
+  return "?";
+}
 
 Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt)
     : cfg_(model.config), dev_(dev), opt_(opt) {
   KVS_CHECK(opt.n_ctx >= 1, "-c/--ctx-size must be at least 1");
   KVS_CHECK(opt.n_batch >= 1, "-b/--batch-size must be at least 1");
-  KVS_CHECK(opt.n_seq >= 1, "--parallel must be at least 1");
+  KVS_CHECK(opt.n_seq >= 1 && opt.n_seq <= 4096, "--parallel must be 1 to 4096");
+  KVS_CHECK(opt.n_seq <= opt.n_batch, "--parallel ", opt.n_seq, " is more than -b/--batch-size ",
+            opt.n_batch, ": a decode step of every sequence must fit one batch");
   w_ = dev.place_weights(model.weights);
   kv_ = KvLayout::make(opt.k_type, opt.v_type, opt.page_size, cfg_.n_head_kv, cfg_.head_dim);
   rope_.mode = cfg_.rope_mode;
@@ -21,15 +56,12 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt)
   rope_.base = cfg_.rope_base;
   rope_.linear_scale = cfg_.rope_linear_scale;
   rope_.freq_factors = w_.rope_freqs.empty() ? nullptr : w_.rope_freqs.data();
+  scale_ = 1.0f / std::sqrt(static_cast<float>(cfg_.head_dim));
 
-  max_pages_ = (opt.n_ctx + opt.page_size - 1) / opt.page_size;
-  const int64_t n_frames = int64_t{max_pages_} * cfg_.n_layer * opt.n_seq;
-  KVS_CHECK(n_frames < (int64_t{1} << 31), "the KV cache has too many pages; raise --page-size");
-  frames_ = dev.alloc(static_cast<size_t>(n_frames) * kv_.page_bytes(), "the KV cache");
-  free_frames_.resize(static_cast<size_t>(n_frames));
-  for (int64_t i = 0; i < n_frames; ++i)
-    free_frames_[static_cast<size_t>(i)] = static_cast<int32_t>(n_frames - 1 - i);
-  for (int32_t i = opt.n_seq - 1; i >= 0; --i) free_ids_.push_back(i);
+  const int32_t P = opt.page_size, L = cfg_.n_layer;
+  max_pages_ = (opt.n_ctx + P - 1) / P;
+  slots_.resize(static_cast<size_t>(opt.n_seq));
+  for (Slot& s : slots_) s.frames.resize(static_cast<size_t>(L));
 
   const size_t b = static_cast<size_t>(opt.n_batch), f = sizeof(float);
   x_ = dev.alloc(b * cfg_.n_embd * f, "activations");
@@ -38,33 +70,103 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt)
   k_ = dev.alloc(b * cfg_.kv_dim() * f, "activations");
   v_ = dev.alloc(b * cfg_.kv_dim() * f, "activations");
   att_ = dev.alloc(b * cfg_.q_dim() * f, "activations");
+  acc_ = dev.alloc(b * cfg_.n_head * 2 * f, "activations");
   gate_ = dev.alloc(b * cfg_.n_ff * f, "activations");
   up_ = dev.alloc(b * cfg_.n_ff * f, "activations");
-  logits_ = dev.alloc(static_cast<size_t>(cfg_.n_vocab) * f, "logits");
+  logits_ = dev.alloc(static_cast<size_t>(opt.n_seq) * cfg_.n_vocab * f, "logits");
+  ids_.resize(b);
   pos_.resize(b);
-  slots_.resize(b);
+  page_slot_.resize(b);
   dst_.resize(b);
   spans_.reserve(static_cast<size_t>(max_pages_));
+
+  const size_t page = kv_.page_bytes();
+  const int64_t all_frames = int64_t{max_pages_} * L * opt.n_seq;
+  KVS_CHECK(all_frames < (int64_t{1} << 31), "the KV cache has too many pages; raise --page-size");
+  const size_t all_bytes = static_cast<size_t>(all_frames) * page;
+  const size_t free_bytes = dev.capacity() == 0 ? SIZE_MAX : dev.capacity() - dev.used();
+  if (opt.kv_mode == KvMode::Host) {
+    host_ = std::make_unique<HostStore>(dev, page, L, opt.n_seq, max_pages_);
+    const size_t hb = b * static_cast<size_t>(std::max(cfg_.q_dim(), cfg_.kv_dim()));
+    hq_.resize(hb);
+    hk_.resize(hb);
+    hv_.resize(hb);
+    hatt_.resize(hb);
+    hacc_.resize(b * cfg_.n_head * 2);
+    plan_.resident.assign(slots_.size(), 0);
+    return;
+  }
+  if (opt.kv_mode == KvMode::Resident) {
+    const size_t arena = opt.kv_arena ? opt.kv_arena : std::min(all_bytes, free_bytes);
+    if (arena < all_bytes)
+      fail("--kv-mode resident: the KV cache of -c ", opt.n_ctx, " x --parallel ", opt.n_seq,
+           " needs ", format_bytes(all_bytes), " but the arena holds ", format_bytes(arena),
+           " (", opt.kv_arena ? "--kv-arena" : "what the device has left",
+           "); use --kv-mode auto or stream, or lower -c/--ctx-size");
+    pool_ = std::make_unique<DevicePool>(dev, all_bytes, page);
+    plan_.resident.assign(slots_.size(), kUnlimited);
+    return;
+  }
+  // Auto and stream: the host store holds everything; the arena what it can.
+  fixed_frames_ = opt.n_seq * L + 2 * ((opt.n_batch + P - 1) / P + opt.n_seq);
+  const size_t min_arena = min_arena_bytes(page, fixed_frames_);
+  const int32_t chunk_pages =
+      static_cast<int32_t>(std::max<size_t>(1, (opt.ring_chunk_bytes + page - 1) / page));
+  size_t arena = opt.kv_arena;
+  if (arena == 0) {
+    const size_t want = opt.kv_mode == KvMode::Stream
+                            ? min_arena + 2 * static_cast<size_t>(chunk_pages) * page
+                            : all_bytes + static_cast<size_t>(fixed_frames_) * page;
+    arena = std::min(want, free_bytes);
+  }
+  if (arena < min_arena)
+    fail("the KV arena of ", format_bytes(arena), " (",
+         opt.kv_arena ? "--kv-arena" : "what --vram-limit leaves after weights and buffers",
+         ") is below the minimum of ", format_bytes(min_arena), ": ", fixed_frames_,
+         " frames for the pages being written plus one ring slot, ", format_bytes(page),
+         " each; raise --kv-arena or --vram-limit, or lower --page-size, -b or --parallel");
+  host_ = std::make_unique<HostStore>(dev, page, L, opt.n_seq, max_pages_);
+  pool_ = std::make_unique<DevicePool>(dev, arena, page);
+  ring_ = std::make_unique<Ring>(dev, *host_, *pool_, page);
+  wb_ = dev.make_fence();
+  computed_ = dev.make_fence();
+  h2d_ = opt.h2d_bytes_per_s;
+  plan_.resident.assign(slots_.size(), kUnlimited);
 }
+
+Engine::~Engine() { dev_.sync(); }
 
 size_t Engine::kv_bytes_per_token() const {
   return static_cast<size_t>(cfg_.n_layer) * (kv_.k_row + kv_.v_row);
 }
 
+int32_t Engine::cap(int32_t seq) const { return plan_.resident[static_cast<size_t>(seq)]; }
+
 Sequence Engine::open_sequence() {
-  KVS_CHECK(!free_ids_.empty(), "all ", opt_.n_seq, " sequences are in use (--parallel)");
-  Sequence s;
-  s.id = free_ids_.back();
-  free_ids_.pop_back();
-  s.pages.resize(static_cast<size_t>(cfg_.n_layer));
-  return s;
+  for (size_t i = 0; i < slots_.size(); ++i)
+    if (!slots_[i].live) {
+      slots_[i].live = true;
+      slots_[i].n_past = 0;
+      plan_dirty_ = true;
+      return Sequence{static_cast<int32_t>(i), 0};
+    }
+  fail("all ", opt_.n_seq, " sequences are in use (--parallel)");
 }
 
 void Engine::close_sequence(Sequence& s) {
-  for (auto& layer : s.pages)
-    for (int32_t f : layer) free_frames_.push_back(f);
-  s.pages.clear();
-  if (s.id >= 0) free_ids_.push_back(s.id);
+  if (s.id < 0 || s.id >= opt_.n_seq || !slots_[static_cast<size_t>(s.id)].live) return;
+  // Prefetches may still read this slot's host pages, which a new sequence would overwrite.
+  dev_.sync();
+  reclaim(false);
+  Slot& sl = slots_[static_cast<size_t>(s.id)];
+  for (auto& layer : sl.frames) {
+    for (int32_t f : layer)
+      if (f >= 0 && pool_) pool_->give(f);
+    layer.clear();
+  }
+  sl.live = false;
+  sl.n_past = 0;
+  plan_dirty_ = true;
   s.id = -1;
   s.n_past = 0;
 }
@@ -75,81 +177,396 @@ const float* Engine::eval(Sequence& s, const int32_t* tokens, int32_t n) {
             " tokens, more than the context size ", opt_.n_ctx, " (raise -c/--ctx-size)");
   for (int32_t i = 0; i < n; i += opt_.n_batch) {
     const int32_t m = std::min(opt_.n_batch, n - i);
-    forward(s, tokens + i, m, i + m == n);
+    step({BatchEntry{&s, tokens + i, m}});
   }
-  return logits_.as<float>();
+  return logits(0);
 }
 
-void Engine::forward(Sequence& s, const int32_t* tokens, int32_t n, bool want_logits) {
+const float* Engine::logits(int32_t i) const {
+  return logits_.as<float>() + static_cast<size_t>(i) * cfg_.n_vocab;
+}
+
+// ---- the pool: frames, plans and repartitions ----
+
+void Engine::reclaim(bool wait) {
+  if (pending_.empty()) return;
+  if (!dev_.done(wb_)) {
+    if (!wait) return;
+    dev_.wait_host(wb_);
+  }
+  for (int32_t f : pending_) pool_->give(f);
+  pending_.clear();
+}
+
+int32_t Engine::take_frame() {
+  reclaim(false);
+  int32_t f = pool_->take();
+  if (f < 0) {
+    reclaim(true);
+    f = pool_->take();
+  }
+  KVS_CHECK(f >= 0, "the KV arena has no free frame (", pool_->n_frames(), " frames, ",
+            plan_.ring_frames(), " in the ring); this is a bug in the plan");
+  return f;
+}
+
+void Engine::replan(const std::vector<BatchEntry>& batch) {
+  const int32_t P = opt_.page_size;
+  bool grows = plan_dirty_;
+  std::vector<int32_t> pages(slots_.size(), 0);
+  for (size_t i = 0; i < slots_.size(); ++i)
+    if (slots_[i].live) pages[i] = (slots_[i].n_past + P - 1) / P;
+  for (const BatchEntry& e : batch) {
+    const int32_t after = (e.seq->n_past + e.n + P - 1) / P;
+    grows |= after > pages[static_cast<size_t>(e.seq->id)];
+    pages[static_cast<size_t>(e.seq->id)] = after;
+  }
+  if (!grows) return;  // repartition only at page boundaries
+  plan_dirty_ = false;
+  PlanInput in;
+  in.arena_bytes = pool_->bytes();
+  in.page_bytes = kv_.page_bytes();
+  in.n_layer = cfg_.n_layer;
+  in.fixed_frames = fixed_frames_;
+  in.seq_pages = pages;
+  in.h2d_bytes_per_s = h2d_;
+  in.layer_s = layer_s_;
+  in.stall_s = stall_s_;
+  in.min_chunk_bytes = opt_.ring_chunk_bytes;
+  in.force_ring = opt_.kv_mode == KvMode::Stream;
+  Plan p = kvs::plan(in, &plan_);
+  if (p.resident != plan_.resident || p.slot_pages != plan_.slot_pages ||
+      p.n_slots != plan_.n_slots) {
+    apply(p);
+    last_.repartitioned = true;
+  }
+  plan_ = p;
+}
+
+// Moves the pool to plan p: pages past the new caps leave the device (the host store has
+// them), frames the ring takes are relocated, pages under raised caps are fetched back.
+void Engine::apply(const Plan& p) {
+  dev_.sync();
+  reclaim(true);
+  const int32_t L = cfg_.n_layer, P = opt_.page_size;
+  const int32_t boundary = pool_->n_frames() - p.ring_frames();
+  for (size_t s = 0; s < slots_.size(); ++s) {
+    Slot& sl = slots_[s];
+    if (!sl.live) continue;
+    const int32_t done = sl.n_past / P;  // complete pages; the tail keeps its frame
+    for (int32_t l = 0; l < L; ++l) {
+      auto& fr = sl.frames[static_cast<size_t>(l)];
+      for (int32_t q = 0; q < done; ++q)
+        if (fr[static_cast<size_t>(q)] >= 0 && q >= p.resident[s]) {
+          pool_->give(fr[static_cast<size_t>(q)]);
+          fr[static_cast<size_t>(q)] = -1;
+        }
+    }
+  }
+  for (size_t s = 0; s < slots_.size(); ++s) {
+    Slot& sl = slots_[s];
+    if (!sl.live) continue;
+    for (auto& fr : sl.frames)
+      for (int32_t& f : fr)
+        if (f >= boundary) {
+          const int32_t g = pool_->take();
+          KVS_CHECK(g >= 0 && g < boundary, "repartition: no frame below the ring for a page");
+          dev_.copy(Stream::Compute, pool_->frame(g), pool_->frame(f), kv_.page_bytes());
+          pool_->give(f);
+          f = g;
+        }
+  }
+  pool_->set_ring(p.slot_pages, p.n_slots);
+  for (size_t s = 0; s < slots_.size(); ++s) {
+    Slot& sl = slots_[s];
+    if (!sl.live) continue;
+    const int32_t done = sl.n_past / P;
+    for (int32_t l = 0; l < L; ++l) {
+      auto& fr = sl.frames[static_cast<size_t>(l)];
+      for (int32_t q = 0; q < std::min(done, p.resident[s]); ++q)
+        if (fr[static_cast<size_t>(q)] < 0) {
+          const int32_t g = pool_->take();
+          KVS_CHECK(g >= 0, "repartition: no frame for a page the plan makes resident");
+          dev_.copy(Stream::Compute, pool_->frame(g),
+                    host_->page(static_cast<int32_t>(s), l, q), kv_.page_bytes());
+          fr[static_cast<size_t>(q)] = g;
+        }
+    }
+  }
+  ring_->configure(p.slot_pages, p.n_slots);
+  ++totals_.repartitions;
+}
+
+// Frames for the pages this pass writes into at one layer: resident ones under the cap,
+// transient ones above it (given back after their write-back). Allocated layer by layer, so a
+// prompt chunk needs transient frames for one layer at a time.
+void Engine::add_pages(int32_t il, const std::vector<BatchEntry>& batch) {
+  const int32_t P = opt_.page_size;
+  for (const BatchEntry& e : batch) {
+    auto& fr = slots_[static_cast<size_t>(e.seq->id)].frames[static_cast<size_t>(il)];
+    const int32_t last = (e.seq->n_past + e.n - 1) / P;
+    while (static_cast<int32_t>(fr.size()) <= last) fr.push_back(take_frame());
+  }
+}
+
+// The non-resident pages of a pass in visiting order: layer, then sequence, then page. With
+// `next`, those of the pass after it, if every sequence goes on.
+std::vector<RingItem> Engine::ring_items(const std::vector<BatchEntry>& batch, bool next) const {
+  std::vector<RingItem> items;
+  const int32_t P = opt_.page_size;
+  for (int32_t l = 0; l < cfg_.n_layer; ++l)
+    for (const BatchEntry& e : batch) {
+      const int32_t s = e.seq->id;
+      const int32_t done = (e.seq->n_past + (next ? e.n : 0)) / P;
+      for (int32_t q = std::min(done, cap(s)); q < done; ++q) items.push_back({l, s, q});
+    }
+  return items;
+}
+
+// ---- the forward pass ----
+
+void Engine::step(const std::vector<BatchEntry>& batch) {
+  KVS_CHECK(!batch.empty(), "nothing to evaluate");
+  KVS_CHECK(static_cast<int32_t>(batch.size()) <= opt_.n_seq, "more entries than --parallel");
+  int32_t n_tok = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const BatchEntry& e = batch[i];
+    KVS_CHECK(e.seq && e.seq->id >= 0 && e.seq->id < opt_.n_seq &&
+                  slots_[static_cast<size_t>(e.seq->id)].live,
+              "step: a sequence that is not open");
+    KVS_CHECK(e.n >= 1, "nothing to evaluate: the prompt is empty");
+    KVS_CHECK(int64_t{e.seq->n_past} + e.n <= opt_.n_ctx, "the sequence would hold ",
+              int64_t{e.seq->n_past} + e.n, " tokens, more than the context size ", opt_.n_ctx,
+              " (raise -c/--ctx-size)");
+    for (size_t j = 0; j < i; ++j)
+      KVS_CHECK(batch[j].seq->id != e.seq->id, "step: a sequence appears twice in one batch");
+    n_tok += e.n;
+  }
+  KVS_CHECK(n_tok <= opt_.n_batch, "step: ", n_tok, " tokens are more than -b ", opt_.n_batch);
+
+  const double t0 = now();
+  const double busy0 = dev_.busy_seconds(Stream::CopyIn);
+  const RingStats r0 = ring_ ? ring_->stats() : RingStats{};
+  last_ = StepStats{};
+  last_.n_tokens = n_tok;
+  last_.n_seqs = static_cast<int32_t>(batch.size());
+
   const ModelConfig& c = cfg_;
   const int64_t d = c.n_embd, P = opt_.page_size;
+  std::vector<int32_t> offs(batch.size());
+  for (size_t i = 0, t = 0; i < batch.size(); ++i) {
+    const BatchEntry& e = batch[i];
+    offs[i] = static_cast<int32_t>(t);
+    for (int32_t j = 0; j < e.n; ++j, ++t) {
+      ids_[t] = e.tokens[j];
+      pos_[t] = e.seq->n_past + j;
+      page_slot_[t] = static_cast<int32_t>((e.seq->n_past + j) % P);
+    }
+  }
+  if (ring_) replan(batch);
+  if (ring_) ring_->begin_step(ring_items(batch, false), ring_items(batch, true));
+
   float *x = x_.as<float>(), *h = h_.as<float>(), *q = q_.as<float>(), *k = k_.as<float>(),
         *v = v_.as<float>(), *att = att_.as<float>(), *gate = gate_.as<float>(),
         *up = up_.as<float>();
-  for (int32_t t = 0; t < n; ++t) {
-    pos_[static_cast<size_t>(t)] = s.n_past + t;
-    slots_[static_cast<size_t>(t)] = static_cast<int32_t>((s.n_past + t) % P);
-  }
-  // New pages for every layer before any work, so a full pool fails cleanly.
-  const int32_t pages_needed = static_cast<int32_t>((s.n_past + n + P - 1) / P);
-  for (auto& layer : s.pages)
-    while (static_cast<int32_t>(layer.size()) < pages_needed) {
-      KVS_CHECK(!free_frames_.empty(), "the KV cache is full");
-      layer.push_back(free_frames_.back());
-      free_frames_.pop_back();
-    }
-
-  dev_.embed(w_.tok_embd, tokens, n, x);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  dev_.embed(w_.tok_embd, ids_.data(), n_tok, x);
+  int32_t cursor = 0;  // next ring item
   for (int32_t il = 0; il < c.n_layer; ++il) {
     const LayerWeights& L = w_.layers[static_cast<size_t>(il)];
-    const std::vector<int32_t>& pages = s.pages[static_cast<size_t>(il)];
-    dev_.rmsnorm(x, L.attn_norm.data(), h, n, d, c.norm_eps);
-    dev_.matmul(L.wq, h, q, n, L.bq.empty() ? nullptr : L.bq.data());
-    dev_.matmul(L.wk, h, k, n, L.bk.empty() ? nullptr : L.bk.data());
-    dev_.matmul(L.wv, h, v, n, L.bv.empty() ? nullptr : L.bv.data());
+    dev_.rmsnorm(x, L.attn_norm.data(), h, n_tok, d, c.norm_eps);
+    dev_.matmul(L.wq, h, q, n_tok, L.bq.empty() ? nullptr : L.bq.data());
+    dev_.matmul(L.wk, h, k, n_tok, L.bk.empty() ? nullptr : L.bk.data());
+    dev_.matmul(L.wv, h, v, n_tok, L.bv.empty() ? nullptr : L.bv.data());
     if (c.qk_norm) {
-      dev_.rmsnorm(q, L.q_norm.data(), q, int64_t{n} * c.n_head, c.head_dim, c.norm_eps);
-      dev_.rmsnorm(k, L.k_norm.data(), k, int64_t{n} * c.n_head_kv, c.head_dim, c.norm_eps);
+      dev_.rmsnorm(q, L.q_norm.data(), q, int64_t{n_tok} * c.n_head, c.head_dim, c.norm_eps);
+      dev_.rmsnorm(k, L.k_norm.data(), k, int64_t{n_tok} * c.n_head_kv, c.head_dim, c.norm_eps);
     }
-    dev_.rope(q, pos_.data(), n, c.n_head, rope_);
-    dev_.rope(k, pos_.data(), n, c.n_head_kv, rope_);
-    for (int32_t t = 0; t < n; ++t)
-      dst_[static_cast<size_t>(t)] = frame(pages[static_cast<size_t>((s.n_past + t) / P)]);
-    dev_.kv_write(kv_, k, v, n, dst_.data(), slots_.data());
+    dev_.rope(q, pos_.data(), n_tok, c.n_head, rope_);
+    dev_.rope(k, pos_.data(), n_tok, c.n_head_kv, rope_);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      if (opt_.kv_mode == KvMode::Host) {
+        attend_host(il, batch[i], offs[i]);
+      } else {
+        if (i == 0) add_pages(il, batch);
+        write_kv(il, batch[i], offs[i]);
+        attend(il, batch[i], offs[i], cursor);
+      }
+    }
+    if (ring_) {
+      write_back(il, batch);
+      ring_->layers_done(il + 1);
+    }
+    dev_.matmul(L.wo, att, h, n_tok, nullptr);
+    dev_.add(x, h, int64_t{n_tok} * d);
 
-    spans_.clear();
-    const int32_t total = s.n_past + n;
-    for (int32_t p = 0; p * P < total; ++p)
-      spans_.push_back({frame(pages[static_cast<size_t>(p)]), static_cast<int32_t>(p * P),
-                        static_cast<int32_t>(std::min<int64_t>(P, total - p * P))});
-    AttentionArgs a;
-    a.q = q;
-    a.out = att;
-    a.pos = pos_.data();
-    a.n_tok = n;
+    dev_.rmsnorm(x, L.ffn_norm.data(), h, n_tok, d, c.norm_eps);
+    dev_.matmul(L.gate, h, gate, n_tok, nullptr);
+    dev_.matmul(L.up, h, up, n_tok, nullptr);
+    dev_.swiglu(gate, up, int64_t{n_tok} * c.n_ff);
+    dev_.matmul(L.down, gate, h, n_tok, nullptr);
+    dev_.add(x, h, int64_t{n_tok} * d);
+  }
+  KVS_CHECK(!ring_ || cursor == ring_->n_items(), "ring: ", ring_->n_items() - cursor,
+            " streamed pages were not read");
+  // Logits of each entry's last token.
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const float* last = x + (offs[i] + batch[i].n - 1) * d;
+    dev_.rmsnorm(last, w_.output_norm.data(), h + i * d, 1, d, c.norm_eps);
+  }
+  dev_.matmul(w_.output, h, logits_.as<float>(), static_cast<int64_t>(batch.size()), nullptr);
+  for (const BatchEntry& e : batch) {
+    e.seq->n_past += e.n;
+    slots_[static_cast<size_t>(e.seq->id)].n_past = e.seq->n_past;
+  }
+
+  last_.seconds = now() - t0;
+  if (ring_) {
+    const RingStats& r = ring_->stats();
+    last_.bytes_in = r.bytes_in - r0.bytes_in;
+    last_.chunks = r.chunks - r0.chunks;
+    last_.ready_wait_s = r.ready_wait_s - r0.ready_wait_s;
+    const int64_t on = r.occupancy_n - r0.occupancy_n;
+    last_.occupancy = on > 0 ? (r.occupancy_sum - r0.occupancy_sum) / static_cast<double>(on) : 0;
+    last_.copy_busy_s = dev_.busy_seconds(Stream::CopyIn) - busy0;
+    totals_.prefetch_kept = r.prefetch_kept;
+    totals_.prefetch_dropped = r.prefetch_dropped;
+  }
+  measure(last_);
+  ++totals_.steps;
+  totals_.tokens += n_tok;
+  totals_.seconds += last_.seconds;
+  totals_.bytes_in += last_.bytes_in;
+  totals_.bytes_out += last_.bytes_out;
+  totals_.chunks += last_.chunks;
+  totals_.ready_wait_s += last_.ready_wait_s;
+  totals_.copy_busy_s += last_.copy_busy_s;
+}
+
+void Engine::measure(const StepStats& st) {
+  if (st.copy_busy_s > 0 && st.bytes_in > 0)
+    h2d_ = ema(h2d_, static_cast<double>(st.bytes_in) / st.copy_busy_s);
+  if (st.n_tokens == st.n_seqs) {  // decode steps: the figures the plan is for
+    layer_s_ = ema(layer_s_, std::max(0.0, st.seconds - st.ready_wait_s) / cfg_.n_layer);
+    stall_s_ = ema(stall_s_, st.ready_wait_s);
+  }
+}
+
+void Engine::write_kv(int32_t il, const BatchEntry& e, int32_t off) {
+  const int32_t P = opt_.page_size;
+  const auto& fr = slots_[static_cast<size_t>(e.seq->id)].frames[static_cast<size_t>(il)];
+  for (int32_t j = 0; j < e.n; ++j)
+    dst_[static_cast<size_t>(j)] =
+        pool_->frame(fr[static_cast<size_t>((e.seq->n_past + j) / P)]);
+  const int64_t kvd = cfg_.kv_dim();
+  dev_.kv_write(kv_, k_.as<float>() + off * kvd, v_.as<float>() + off * kvd, e.n, dst_.data(),
+                page_slot_.data() + off);
+}
+
+// Attention of one sequence at one layer: its pages in logical order, resident ones straight
+// from their frames, streamed ones from the ring as each chunk lands. A call to the kernel ends
+// at every chunk boundary so the chunk can be released before the next one is needed.
+void Engine::attend(int32_t il, const BatchEntry& e, int32_t off, int32_t& cursor) {
+  const int32_t P = opt_.page_size, s = e.seq->id;
+  const int32_t total = e.seq->n_past + e.n;
+  const auto& fr = slots_[static_cast<size_t>(s)].frames[static_cast<size_t>(il)];
+  AttentionArgs a;
+  a.q = q_.as<float>() + int64_t{off} * cfg_.q_dim();
+  a.out = att_.as<float>() + int64_t{off} * cfg_.q_dim();
+  a.acc = acc_.as<float>() + int64_t{off} * cfg_.n_head * 2;
+  a.pos = pos_.data() + off;
+  a.n_tok = e.n;
+  a.kv = kv_;
+  a.n_head = cfg_.n_head;
+  a.scale = scale_;
+  a.first = true;
+  spans_.clear();
+  int32_t chunk = -1;  // the ring chunk whose pages are in spans_
+  auto flush = [&](bool last) {
     a.spans = spans_.data();
     a.n_spans = static_cast<int32_t>(spans_.size());
-    a.kv = kv_;
-    a.n_head = c.n_head;
-    a.scale = scale;
+    a.last = last;
     dev_.attention(a);
-    dev_.matmul(L.wo, att, h, n, nullptr);
-    dev_.add(x, h, int64_t{n} * d);
-
-    dev_.rmsnorm(x, L.ffn_norm.data(), h, n, d, c.norm_eps);
-    dev_.matmul(L.gate, h, gate, n, nullptr);
-    dev_.matmul(L.up, h, up, n, nullptr);
-    dev_.swiglu(gate, up, int64_t{n} * c.n_ff);
-    dev_.matmul(L.down, gate, h, n, nullptr);
-    dev_.add(x, h, int64_t{n} * d);
+    a.first = false;
+    spans_.clear();
+    if (chunk >= 0) ring_->release(cursor);
+    chunk = -1;
+  };
+  for (int32_t p = 0; p * P < total; ++p) {
+    const Span sp{nullptr, p * P, std::min(P, total - p * P)};
+    const int32_t f = fr[static_cast<size_t>(p)];
+    if (f >= 0) {
+      spans_.push_back({pool_->frame(f), sp.start, sp.n});
+      continue;
+    }
+    KVS_CHECK(ring_ && cursor < ring_->n_items() &&
+                  ring_->item(cursor) == (RingItem{il, s, p}),
+              "ring: the schedule does not match the pages of layer ", il);
+    if (chunk >= 0 && ring_->chunk_of(cursor) != chunk) flush(false);
+    chunk = ring_->chunk_of(cursor);
+    spans_.push_back({ring_->acquire(cursor), sp.start, sp.n});
+    ++cursor;
   }
-  s.n_past += n;
-  if (!want_logits) return;
-  const float* last = x + (n - 1) * d;
-  dev_.rmsnorm(last, w_.output_norm.data(), h, 1, d, c.norm_eps);
-  dev_.matmul(w_.output, h, logits_.as<float>(), 1, nullptr);
+  flush(true);
+}
+
+// Pages this pass completed at layer il go to the host store on the CopyOut stream, after the
+// compute that wrote them; transient ones give their frame back once the copy is done.
+void Engine::write_back(int32_t il, const std::vector<BatchEntry>& batch) {
+  const int32_t P = opt_.page_size;
+  bool any = false;
+  for (const BatchEntry& e : batch) {
+    const int32_t s = e.seq->id;
+    auto& fr = slots_[static_cast<size_t>(s)].frames[static_cast<size_t>(il)];
+    const int32_t done = (e.seq->n_past + e.n) / P;
+    for (int32_t p = e.seq->n_past / P; p < done; ++p) {
+      if (!any) {
+        dev_.record(Stream::Compute, computed_);
+        dev_.wait(Stream::CopyOut, computed_);
+        any = true;
+      }
+      const int32_t f = fr[static_cast<size_t>(p)];
+      dev_.copy(Stream::CopyOut, host_->page(s, il, p), pool_->frame(f), kv_.page_bytes());
+      last_.bytes_out += kv_.page_bytes();
+      if (!resident(s, p)) {
+        pending_.push_back(f);
+        fr[static_cast<size_t>(p)] = -1;
+      }
+    }
+  }
+  if (!any) return;
+  dev_.record(Stream::CopyOut, wb_);
+  ring_->after_writeback(wb_);
+}
+
+// Host mode: K/V rows and attention on the host over the host store, with the CPU kernels.
+void Engine::attend_host(int32_t il, const BatchEntry& e, int32_t off) {
+  const int32_t P = opt_.page_size, s = e.seq->id;
+  const int64_t qd = cfg_.q_dim(), kvd = cfg_.kv_dim();
+  const size_t f = sizeof(float);
   dev_.sync();
+  dev_.download(hq_.data(), q_.as<float>() + off * qd, static_cast<size_t>(e.n * qd) * f);
+  dev_.download(hk_.data(), k_.as<float>() + off * kvd, static_cast<size_t>(e.n * kvd) * f);
+  dev_.download(hv_.data(), v_.as<float>() + off * kvd, static_cast<size_t>(e.n * kvd) * f);
+  for (int32_t j = 0; j < e.n; ++j)
+    dst_[static_cast<size_t>(j)] = host_->page(s, il, (e.seq->n_past + j) / P);
+  cpu::kv_write(kv_, hk_.data(), hv_.data(), e.n, dst_.data(), page_slot_.data() + off);
+  spans_.clear();
+  const int32_t total = e.seq->n_past + e.n;
+  for (int32_t p = 0; p * P < total; ++p)
+    spans_.push_back({host_->page(s, il, p), p * P, std::min(P, total - p * P)});
+  AttentionArgs a;
+  a.q = hq_.data();
+  a.out = hatt_.data();
+  a.acc = hacc_.data();
+  a.pos = pos_.data() + off;
+  a.n_tok = e.n;
+  a.spans = spans_.data();
+  a.n_spans = static_cast<int32_t>(spans_.size());
+  a.kv = kv_;
+  a.n_head = cfg_.n_head;
+  a.scale = scale_;
+  cpu::attention(a);
+  dev_.upload(att_.as<float>() + off * qd, hatt_.data(), static_cast<size_t>(e.n * qd) * f);
 }
 
 }  // namespace kvs

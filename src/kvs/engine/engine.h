@@ -1,49 +1,119 @@
-// The engine: runs the forward pass of a model on a Device over paged KV caches of sequences.
+// The engine: runs the forward pass of a model on a Device over paged KV caches of several
+// sequences, with the KV history resident in the device pool, streamed through the ring from
+// the host store, or (host mode) kept and attended on the host.
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <vector>
 
 #include "kvs/backend/device.h"
+#include "kvs/kv/device_pool.h"
+#include "kvs/kv/host_store.h"
 #include "kvs/kv/page.h"
+#include "kvs/kv/planner.h"
+#include "kvs/kv/ring.h"
 #include "kvs/model/model.h"
 
 namespace kvs {
 
+// --kv-mode: auto (resident while everything fits, streaming after), resident (everything on
+// the device or a clear error), stream (the ring always on), host (KV and attention on the host).
+enum class KvMode { Auto, Resident, Stream, Host };
+KvMode parse_kv_mode(const char* text);
+const char* kv_mode_name(KvMode m);
+
 struct EngineOptions {
   int32_t n_ctx = 4096;                            // -c: positions per sequence
-  int32_t n_batch = 512;                           // -b: prompt tokens per forward pass
+  int32_t n_batch = 512;                           // -b: tokens per forward pass
   int32_t page_size = 256;                         // --page-size
   DType k_type = DType::F16, v_type = DType::F16;  // -ctk, -ctv
-  int32_t n_seq = 1;                               // sequences that can be live at once
+  int32_t n_seq = 1;                               // --parallel: sequences live at once
+  KvMode kv_mode = KvMode::Auto;
+  size_t kv_arena = 0;          // --kv-arena; 0: what the device has left (all the KV if unbounded)
+  double h2d_bytes_per_s = 0;   // assumed until measured (--h2d-gbps)
+  size_t ring_chunk_bytes = size_t{4} << 20;  // --ring-chunk: the smallest efficient copy
 };
 
-// One sequence's cache: its length and, per layer, the frames of its pages in logical order.
+// A handle to one sequence: its slot in the engine and its length.
 struct Sequence {
   int32_t id = -1;
   int32_t n_past = 0;
-  std::vector<std::vector<int32_t>> pages;  // [layer][logical page] -> frame
+};
+
+// One sequence's part of a forward pass.
+struct BatchEntry {
+  Sequence* seq = nullptr;
+  const int32_t* tokens = nullptr;
+  int32_t n = 0;
+};
+
+struct StepStats {
+  int32_t n_tokens = 0, n_seqs = 0;
+  double seconds = 0;
+  size_t bytes_in = 0;   // streamed host-to-device
+  size_t bytes_out = 0;  // written back device-to-host
+  int64_t chunks = 0;    // ring chunks consumed
+  double ready_wait_s = 0;
+  double copy_busy_s = 0;  // time the host-to-device copy stream was busy
+  double occupancy = 0;    // mean fraction of ring slots in flight when a chunk was needed
+  bool repartitioned = false;
+};
+
+struct EngineStats {
+  int64_t steps = 0, tokens = 0, chunks = 0, repartitions = 0;
+  int64_t prefetch_kept = 0, prefetch_dropped = 0;
+  double seconds = 0, ready_wait_s = 0, copy_busy_s = 0;
+  size_t bytes_in = 0, bytes_out = 0;
 };
 
 class Engine {
  public:
   Engine(const Model& model, Device& dev, const EngineOptions& opt);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
 
   Sequence open_sequence();
-  void close_sequence(Sequence& s);  // returns its frames to the pool
-  // Appends n tokens to the sequence (in chunks of n_batch) and returns the logits of the last
+  void close_sequence(Sequence& s);  // returns its pages to the pool
+  // Appends n tokens to one sequence (in chunks of n_batch) and returns the logits of the last
   // one [n_vocab], valid until the next call. Fails when the sequence would pass n_ctx.
   const float* eval(Sequence& s, const int32_t* tokens, int32_t n);
+  // One forward pass over several sequences (at most n_batch tokens in all); logits(i) are
+  // those of entry i's last token.
+  void step(const std::vector<BatchEntry>& batch);
+  const float* logits(int32_t i) const;
 
   const KvLayout& kv_layout() const { return kv_; }
   size_t kv_bytes_per_token() const;
   const EngineOptions& options() const { return opt_; }
+  const Plan& plan() const { return plan_; }
+  size_t arena_bytes() const { return pool_ ? pool_->bytes() : 0; }
+  int32_t fixed_frames() const { return fixed_frames_; }
+  size_t host_bytes() const { return host_ ? host_->bytes() : 0; }
+  const StepStats& last_step() const { return last_; }
+  const EngineStats& totals() const { return totals_; }
 
  private:
-  void forward(Sequence& s, const int32_t* tokens, int32_t n, bool logits);
-  uint8_t* frame(int32_t f) const {
-    return frames_.as() + static_cast<size_t>(f) * kv_.page_bytes();
-  }
+  struct Slot {
+    bool live = false;
+    int32_t n_past = 0;
+    std::vector<std::vector<int32_t>> frames;  // [layer][page] -> pool frame, -1: host only
+  };
+  int32_t cap(int32_t seq) const;
+  bool resident(int32_t seq, int32_t page) const { return page < cap(seq); }
+  void replan(const std::vector<BatchEntry>& batch);
+  void apply(const Plan& p);
+  int32_t take_frame();
+  void reclaim(bool wait);
+  void add_pages(int32_t il, const std::vector<BatchEntry>& batch);
+  std::vector<RingItem> ring_items(const std::vector<BatchEntry>& batch, bool next) const;
+  void write_kv(int32_t il, const BatchEntry& e, int32_t off);
+  void attend(int32_t il, const BatchEntry& e, int32_t off, int32_t& cursor);
+  void write_back(int32_t il, const std::vector<BatchEntry>& batch);
+  void attend_host(int32_t il, const BatchEntry& e, int32_t off);
+  void measure(const StepStats& st);
 
   const ModelConfig& cfg_;
   Device& dev_;
@@ -51,15 +121,31 @@ class Engine {
   Weights w_;
   KvLayout kv_;
   RopeParams rope_;
+  float scale_ = 1.0f;
   int32_t max_pages_ = 0;  // per layer and sequence
-  DeviceBuffer frames_;    // every page frame of every layer and sequence (resident cache)
-  std::vector<int32_t> free_frames_;
-  std::vector<int32_t> free_ids_;
+  int32_t fixed_frames_ = 0;
+  std::vector<Slot> slots_;
+
+  std::unique_ptr<HostStore> host_;
+  std::unique_ptr<DevicePool> pool_;
+  std::unique_ptr<Ring> ring_;
+  Plan plan_;
+  bool plan_dirty_ = true;
+  std::vector<int32_t> pending_;  // frames of written-back pages, free once wb_ is reached
+  FenceId wb_ = -1, computed_ = -1;
+  // Measured figures for the planner (exponential averages).
+  double h2d_ = 0, layer_s_ = 0, stall_s_ = 0;
+
   // Activations for one batch of n_batch tokens.
-  DeviceBuffer x_, h_, q_, k_, v_, att_, gate_, up_, logits_;
-  std::vector<int32_t> pos_, slots_;
+  DeviceBuffer x_, h_, q_, k_, v_, att_, acc_, gate_, up_, logits_;
+  std::vector<int32_t> ids_, pos_, page_slot_;
   std::vector<uint8_t*> dst_;
   std::vector<Span> spans_;
+  // Host mode: activations on the host.
+  std::vector<float> hq_, hk_, hv_, hatt_, hacc_;
+
+  StepStats last_;
+  EngineStats totals_;
 };
 
 }  // namespace kvs

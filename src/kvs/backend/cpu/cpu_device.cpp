@@ -4,6 +4,7 @@
 #include <cstring>
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 
 #include <deque>
 
@@ -33,8 +34,19 @@ class CpuDevice final : public Device {
     sizes_[p] = bytes;
     return DeviceBuffer(this, p, bytes);
   }
+  DeviceBuffer alloc_host(size_t bytes, const char* what) override {
+    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+    KVS_CHECK(p != nullptr, "out of host memory allocating ", format_bytes(bytes), " for ", what);
+    std::lock_guard<std::mutex> lock(mu_);
+    host_.insert(p);
+    return DeviceBuffer(this, p, bytes);
+  }
   void free(void* p) override {
     std::lock_guard<std::mutex> lock(mu_);
+    if (host_.erase(p)) {
+      std::free(p);
+      return;
+    }
     auto it = sizes_.find(p);
     if (it == sizes_.end()) return;
     used_ -= it->second;
@@ -45,7 +57,18 @@ class CpuDevice final : public Device {
   size_t used() const override { return used_; }
   void upload(void* dst, const void* src, size_t n) override { std::memcpy(dst, src, n); }
   void download(void* dst, const void* src, size_t n) override { std::memcpy(dst, src, n); }
-  Weights place_weights(const Weights& host) override { return host; }
+  // The CPU reads the weights in place, but they count against the capacity as they would on a
+  // GPU, so --vram-limit means the same on both backends.
+  Weights place_weights(const Weights& host) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    const size_t bytes =
+        host.matrix_bytes() + (host.tok_embd.data != host.output.data ? host.tok_embd.bytes() : 0);
+    if (capacity_ != 0 && used_ + bytes > capacity_)
+      fail("device memory: the weights need ", format_bytes(bytes), " but only ",
+           format_bytes(capacity_ - used_), " of ", format_bytes(capacity_), " are free");
+    used_ += bytes;
+    return host;
+  }
 
   void embed(const Matrix& emb, const int32_t* ids, int32_t n, float* x) override {
     cpu::embed(emb, ids, n, x);
@@ -102,6 +125,13 @@ class CpuDevice final : public Device {
     cpu::Fence& f = fence(id);
     f.block_until(f.recorded.load(std::memory_order_acquire));
   }
+  bool done(FenceId id) override {
+    cpu::Fence& f = fence(id);
+    return f.reached.load(std::memory_order_acquire) >= f.recorded.load(std::memory_order_acquire);
+  }
+  double busy_seconds(Stream s) override {
+    return s == Stream::Compute ? 0.0 : engine(s).busy_seconds();
+  }
   void sync() override {
     copy_in_.drain();
     copy_out_.drain();
@@ -118,6 +148,7 @@ class CpuDevice final : public Device {
   size_t used_ = 0;
   std::mutex mu_;
   std::unordered_map<void*, size_t> sizes_;
+  std::unordered_set<void*> host_;
   std::deque<cpu::Fence> fences_;
   cpu::CopyEngine copy_in_, copy_out_;
 };

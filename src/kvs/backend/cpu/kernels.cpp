@@ -247,7 +247,10 @@ void attention(const AttentionArgs& a) {
   const KvLayout& l = a.kv;
   const int32_t d = l.head_dim, group = a.n_head / l.n_head_kv, P = l.page_size;
   const int64_t qstride = static_cast<int64_t>(a.n_head) * d;
-  if (a.n_tok == 1) {
+  // acc[(t * n_head + h) * 2 + {0, 1}]: running max and sum; a sum of 0 means "nothing yet".
+  if (a.first)
+    for (int64_t i = 0; i < int64_t{a.n_tok} * a.n_head; ++i) a.acc[2 * i + 1] = 0.0f;
+  if (a.n_tok == 1 && a.n_spans > 0) {
     // Decode: one task per (kv head, span) stores its partials; then a fold per head in
     // logical order. Same arithmetic as the prefill path below.
     const int32_t pos = a.pos[0];
@@ -275,63 +278,58 @@ void attention(const AttentionArgs& a) {
           }
         });
     for (int32_t h = 0; h < a.n_head; ++h) {
-      Acc acc{0.0f, 0.0f, a.out + h * d};
+      Acc acc{a.acc[2 * h], a.acc[2 * h + 1], a.out + h * d};
       for (int32_t s = 0; s < ns; ++s) {
         const float* p = at(s, h);
         if (p[2] != 0.0f) merge(acc, p[0], p[1], p + 3, d);
       }
-      const float inv = 1.0f / acc.l;
-      for (int32_t i = 0; i < d; ++i) acc.o[i] *= inv;
+      a.acc[2 * h] = acc.m;
+      a.acc[2 * h + 1] = acc.l;
     }
-    return;
-  }
-  // Prefill: one task per (kv head, tile of queries), spans folded in order as they are read.
-  constexpr int32_t kQTile = 8;
-  const int32_t n_tiles = (a.n_tok + kQTile - 1) / kQTile;
-  thread_pool().parallel_for(
-      static_cast<int64_t>(n_tiles) * l.n_head_kv, 1, [&](int64_t b, int64_t e) {
-        std::vector<float>& buf =
-            scratch(static_cast<size_t>(2 * P * d + P + d + 2 * kQTile * group));
-        for (int64_t task = b; task < e; ++task) {
-          const int32_t tile = static_cast<int32_t>(task / l.n_head_kv),
-                        hk = static_cast<int32_t>(task % l.n_head_kv);
-          const int32_t t0 = tile * kQTile, t1 = std::min(a.n_tok, t0 + kQTile);
-          float *k = buf.data(), *v = k + P * d, *sc = v + P * d, *po = sc + P, *ms = po + d;
-          int32_t max_pos = 0;
-          for (int32_t t = t0; t < t1; ++t) {
-            max_pos = std::max(max_pos, a.pos[t]);
-            for (int32_t g = 0; g < group; ++g) ms[2 * ((t - t0) * group + g) + 1] = 0.0f;
-          }
-          for (int32_t s = 0; s < a.n_spans; ++s) {
-            const Span& sp = a.spans[s];
-            if (sp.start > max_pos) break;
-            const int32_t nload = std::min(sp.n, max_pos - sp.start + 1);
-            load_span(l, sp, hk, nload, k, v);
-            for (int32_t t = t0; t < t1; ++t) {
-              const int32_t n = std::min(sp.n, a.pos[t] - sp.start + 1);
-              for (int32_t g = 0; g < group; ++g) {
-                const int32_t h = hk * group + g;
-                float m, lsum;
-                if (!span_partial(a.q + t * qstride + h * d, k, v, n, d, a.scale, sc, &m, &lsum,
-                                  po))
-                  continue;
-                float* st = ms + 2 * ((t - t0) * group + g);
-                Acc acc{st[0], st[1], a.out + t * qstride + h * d};
-                merge(acc, m, lsum, po, d);
-                st[0] = acc.m;
-                st[1] = acc.l;
+  } else if (a.n_spans > 0) {
+    // Prefill: one task per (kv head, tile of queries), spans folded in order as they are read.
+    constexpr int32_t kQTile = 8;
+    const int32_t n_tiles = (a.n_tok + kQTile - 1) / kQTile;
+    thread_pool().parallel_for(
+        static_cast<int64_t>(n_tiles) * l.n_head_kv, 1, [&](int64_t b, int64_t e) {
+          std::vector<float>& buf = scratch(static_cast<size_t>(2 * P * d + P + d));
+          for (int64_t task = b; task < e; ++task) {
+            const int32_t tile = static_cast<int32_t>(task / l.n_head_kv),
+                          hk = static_cast<int32_t>(task % l.n_head_kv);
+            const int32_t t0 = tile * kQTile, t1 = std::min(a.n_tok, t0 + kQTile);
+            float *k = buf.data(), *v = k + P * d, *sc = v + P * d, *po = sc + P;
+            int32_t max_pos = 0;
+            for (int32_t t = t0; t < t1; ++t) max_pos = std::max(max_pos, a.pos[t]);
+            for (int32_t s = 0; s < a.n_spans; ++s) {
+              const Span& sp = a.spans[s];
+              if (sp.start > max_pos) break;
+              const int32_t nload = std::min(sp.n, max_pos - sp.start + 1);
+              load_span(l, sp, hk, nload, k, v);
+              for (int32_t t = t0; t < t1; ++t) {
+                const int32_t n = std::min(sp.n, a.pos[t] - sp.start + 1);
+                for (int32_t g = 0; g < group; ++g) {
+                  const int32_t h = hk * group + g;
+                  float m, lsum;
+                  if (!span_partial(a.q + t * qstride + h * d, k, v, n, d, a.scale, sc, &m, &lsum,
+                                    po))
+                    continue;
+                  float* st = a.acc + 2 * (int64_t{t} * a.n_head + h);
+                  Acc acc{st[0], st[1], a.out + t * qstride + h * d};
+                  merge(acc, m, lsum, po, d);
+                  st[0] = acc.m;
+                  st[1] = acc.l;
+                }
               }
             }
           }
-          for (int32_t t = t0; t < t1; ++t)
-            for (int32_t g = 0; g < group; ++g) {
-              const int32_t h = hk * group + g;
-              const float inv = 1.0f / ms[2 * ((t - t0) * group + g) + 1];
-              float* o = a.out + t * qstride + h * d;
-              for (int32_t i = 0; i < d; ++i) o[i] *= inv;
-            }
-        }
-      });
+        });
+  }
+  if (!a.last) return;
+  for (int64_t i = 0; i < int64_t{a.n_tok} * a.n_head; ++i) {
+    const float inv = 1.0f / a.acc[2 * i + 1];
+    float* o = a.out + i * d;
+    for (int32_t j = 0; j < d; ++j) o[j] *= inv;
+  }
 }
 
 }  // namespace kvs::cpu

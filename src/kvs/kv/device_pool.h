@@ -1,0 +1,40 @@
+// The device pool: one arena of page-sized frames. Frames [0, ring_begin) hold pages (resident
+// ones and the pages being written); the last ring_frames() frames are the ring's slots.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <set>
+
+#include "kvs/backend/device.h"
+
+namespace kvs {
+
+class DevicePool {
+ public:
+  DevicePool(Device& dev, size_t arena_bytes, size_t page_bytes);
+
+  int32_t n_frames() const { return n_frames_; }
+  uint8_t* frame(int32_t f) const { return arena_.as() + static_cast<size_t>(f) * page_bytes_; }
+  size_t bytes() const { return arena_.size(); }
+
+  // The lowest free page frame (keeping the top of the arena free for the ring), -1 if none.
+  int32_t take();
+  void give(int32_t f);
+  int32_t free_frames() const { return static_cast<int32_t>(free_.size()); }
+
+  // Moves the ring boundary; the frames it takes must be free (the engine relocates first).
+  void set_ring(int32_t slot_pages, int32_t n_slots);
+  int32_t ring_begin() const { return n_frames_ - slot_pages_ * n_slots_; }
+  int32_t ring_frames() const { return slot_pages_ * n_slots_; }
+  uint8_t* slot(int32_t i) const { return frame(ring_begin() + i * slot_pages_); }
+  bool is_free(int32_t f) const { return free_.count(f) != 0; }
+
+ private:
+  size_t page_bytes_;
+  int32_t n_frames_ = 0, slot_pages_ = 0, n_slots_ = 0;
+  DeviceBuffer arena_;
+  std::set<int32_t> free_;  // below the ring
+};
+
+}  // namespace kvs

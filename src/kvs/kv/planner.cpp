@@ -1,0 +1,127 @@
+#include "kvs/kv/planner.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kvs/util/error.h"
+#include "kvs/util/parse.h"
+
+namespace kvs {
+namespace {
+
+// Resident pages of all layers when every sequence keeps at most cap[s] pages resident.
+int64_t resident_frames(const std::vector<int32_t>& pages, const std::vector<int32_t>& cap,
+                        int32_t n_layer) {
+  int64_t n = 0;
+  for (size_t s = 0; s < pages.size(); ++s) n += std::min(pages[s], cap[s]);
+  return n * n_layer;
+}
+
+// Water-filling: one cap for every sequence, the largest whose resident pages fit in `frames`;
+// whole layers' worth of frames left over raise the caps of the first sequences by one.
+std::vector<int32_t> fill(const std::vector<int32_t>& pages, int64_t frames, int32_t n_layer) {
+  std::vector<int32_t> cap(pages.size(), kUnlimited);
+  if (resident_frames(pages, cap, n_layer) <= frames) return cap;
+  int32_t lo = 0, hi = *std::max_element(pages.begin(), pages.end());
+  while (lo < hi) {  // the largest r with resident(r) <= frames
+    const int32_t r = lo + (hi - lo + 1) / 2;
+    std::fill(cap.begin(), cap.end(), r);
+    if (resident_frames(pages, cap, n_layer) <= frames)
+      lo = r;
+    else
+      hi = r - 1;
+  }
+  std::fill(cap.begin(), cap.end(), lo);
+  int64_t left = frames - resident_frames(pages, cap, n_layer);
+  for (size_t s = 0; s < pages.size() && left >= n_layer; ++s)
+    if (pages[s] > lo) {
+      cap[s] = lo + 1;
+      left -= n_layer;
+    }
+  return cap;
+}
+
+}  // namespace
+
+size_t min_arena_bytes(size_t page_bytes, int32_t fixed_frames) {
+  return (static_cast<size_t>(fixed_frames) + 1) * page_bytes;
+}
+
+Plan plan(const PlanInput& in, const Plan* previous) {
+  KVS_CHECK(in.page_bytes > 0 && in.n_layer > 0, "planner: empty page geometry");
+  const size_t need = min_arena_bytes(in.page_bytes, in.fixed_frames);
+  KVS_CHECK(in.arena_bytes >= need, "the KV arena of ", format_bytes(in.arena_bytes),
+            " is below the minimum of ", format_bytes(need), " (", in.fixed_frames,
+            " frames for the pages being written plus one ring slot, of ",
+            format_bytes(in.page_bytes), " each); raise --kv-arena or --vram-limit, or lower "
+            "--page-size");
+  const int64_t frames = static_cast<int64_t>(in.arena_bytes / in.page_bytes) - in.fixed_frames;
+  const int32_t L = in.n_layer;
+  const std::vector<int32_t>& pages = in.seq_pages;
+  const Plan* prev = previous && previous->resident.size() == pages.size() ? previous : nullptr;
+
+  Plan p;
+  p.resident.assign(pages.size(), kUnlimited);
+  int64_t demand = 0;
+  for (int32_t n : pages) demand += int64_t{n} * L;
+  // Back to all-resident only with a ring's worth of frames to spare, so a plan does not flip
+  // between the two at one page.
+  const int64_t spare = prev && prev->streams() ? prev->ring_frames() : 0;
+  if (!in.force_ring && demand + spare <= frames) {
+    p.gpu_s = in.layer_s * L;
+    p.predicted_step_s = p.gpu_s;
+    return p;
+  }
+
+  // The ring covers the copy engine's bandwidth-delay product: what lands while the compute
+  // works through one layer (with a margin for jitter, and more when steps stalled), in slots
+  // large enough for full-bandwidth copies, at least two so one fills while one is read.
+  int32_t slot_pages = static_cast<int32_t>(
+      std::max<size_t>(1, (in.min_chunk_bytes + in.page_bytes - 1) / in.page_bytes));
+  const double slot_bytes = static_cast<double>(slot_pages) * static_cast<double>(in.page_bytes);
+  const double bdp =
+      in.h2d_bytes_per_s * (1.5 * in.layer_s + (in.stall_s > 0 ? in.stall_s / L : 0.0));
+  int32_t n_slots = std::max(2, static_cast<int32_t>(std::ceil(bdp / slot_bytes)));
+  if (prev && prev->streams() && prev->slot_pages == slot_pages &&
+      std::abs(prev->n_slots - n_slots) <= std::max(1, prev->n_slots / 4))
+    n_slots = prev->n_slots;
+  // No more ring than one step streams.
+  {
+    const std::vector<int32_t> cap = fill(pages, std::max<int64_t>(0, frames - slot_pages), L);
+    const int64_t streamed = demand - resident_frames(pages, cap, L);
+    n_slots = std::min<int64_t>(
+        n_slots, std::max<int64_t>(2, (streamed + slot_pages - 1) / std::max(1, slot_pages)));
+  }
+  // Small arenas: the ring takes at most half of the frames (the rest stay resident and save
+  // their bytes every step), in two slots while they can hold a page each.
+  const int64_t ring_max = std::max<int64_t>(1, frames / 2);
+  if (int64_t{slot_pages} * n_slots > ring_max) {
+    n_slots = ring_max >= 2 ? std::min(n_slots, 2) : 1;
+    slot_pages = static_cast<int32_t>(std::max<int64_t>(1, ring_max / n_slots));
+  }
+  p.slot_pages = slot_pages;
+  p.n_slots = n_slots;
+
+  const int64_t res_frames = frames - p.ring_frames();
+  p.resident = fill(pages, res_frames, L);
+  // Keep the previous caps while they fit and the new ones would grow by no more than a page.
+  if (prev && prev->ring_frames() == p.ring_frames() &&
+      resident_frames(pages, prev->resident, L) <= res_frames) {
+    bool close = true;
+    for (size_t s = 0; s < pages.size(); ++s)
+      if (p.resident[s] != kUnlimited && prev->resident[s] != kUnlimited &&
+          p.resident[s] > prev->resident[s] + 1)
+        close = false;
+    if (close) p.resident = prev->resident;
+  }
+  p.streamed_pages = demand - resident_frames(pages, p.resident, L);
+  p.streamed_bytes = static_cast<size_t>(p.streamed_pages) * in.page_bytes;
+  p.gpu_s = in.layer_s * L;
+  p.copy_s = in.h2d_bytes_per_s > 0
+                 ? static_cast<double>(p.streamed_bytes) / in.h2d_bytes_per_s
+                 : 0.0;
+  p.predicted_step_s = std::max(p.gpu_s, p.copy_s);
+  return p;
+}
+
+}  // namespace kvs

@@ -1,0 +1,52 @@
+// The planner: a pure, deterministic function from the arena, the page geometry, the live
+// sequences and measured speeds to a partition of the arena into resident frames and ring slots.
+//
+// The arena is counted in frames of one page. `fixed_frames` are always reserved for pages being
+// written (each sequence's tail page in every layer, plus the pages a prompt chunk fills); the
+// rest hold resident pages or form the ring. Resident pages are a prefix of each sequence's
+// history in every layer (equal share across layers); pages past a sequence's cap stream.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace kvs {
+
+struct PlanInput {
+  size_t arena_bytes = 0;
+  size_t page_bytes = 0;
+  int32_t n_layer = 0;
+  int32_t fixed_frames = 0;
+  std::vector<int32_t> seq_pages;  // per live sequence: completed pages per layer
+  double h2d_bytes_per_s = 0;      // measured host-to-device bandwidth
+  double layer_s = 0;              // compute time of one layer of a step with all data present
+  double stall_s = 0;              // time a step waited on ready fences (feedback)
+  size_t min_chunk_bytes = size_t{4} << 20;  // the smallest copy that reaches full bandwidth
+  bool force_ring = false;                   // --kv-mode stream: a ring even when all fits
+};
+
+constexpr int32_t kUnlimited = INT32_MAX;
+
+struct Plan {
+  std::vector<int32_t> resident;  // per sequence: resident pages per layer (kUnlimited: all)
+  int32_t slot_pages = 0;         // pages per ring slot
+  int32_t n_slots = 0;            // 0: no ring, everything resident
+  int64_t streamed_pages = 0;     // pages copied per decode step, all layers and sequences
+  size_t streamed_bytes = 0;      // the same in bytes: S
+  double gpu_s = 0;               // T_gpu: a step's compute with all data present
+  double copy_s = 0;              // S / B
+  double predicted_step_s = 0;    // max(T_gpu, S / B)
+  int32_t ring_frames() const { return slot_pages * n_slots; }
+  bool streams() const { return n_slots > 0; }
+  bool operator==(const Plan&) const = default;
+};
+
+// The smallest arena that can run: the fixed frames plus one ring slot of one page.
+size_t min_arena_bytes(size_t page_bytes, int32_t fixed_frames);
+
+// The partition for `in`. With `previous`, keeps its ring while the new ideal is close to it and
+// its resident caps while they still fit (hysteresis), so the layout changes rarely.
+Plan plan(const PlanInput& in, const Plan* previous = nullptr);
+
+}  // namespace kvs

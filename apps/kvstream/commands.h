@@ -9,5 +9,6 @@ namespace kvs::cli {
 void register_run(CLI::App& app);
 void register_info(CLI::App& app);
 void register_synth(CLI::App& app);
+void register_plan(CLI::App& app);
 
 }  // namespace kvs::cli

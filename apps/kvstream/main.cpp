@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   kvs::cli::register_run(app);
   kvs::cli::register_info(app);
   kvs::cli::register_synth(app);
+  kvs::cli::register_plan(app);
   // llama.cpp's multi-letter short flags, which CLI11 cannot declare, become their long names.
   std::vector<std::string> args;
   for (int i = argc - 1; i >= 1; --i) {

@@ -94,6 +94,7 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt)
     hatt_.resize(hb);
     hacc_.resize(b * cfg_.n_head * 2);
     plan_.resident.assign(slots_.size(), 0);
+    plan_.extra.assign(slots_.size(), 0);
     return;
   }
   if (opt.kv_mode == KvMode::Resident) {
@@ -105,10 +106,11 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt)
            "); use --kv-mode auto or stream, or lower -c/--ctx-size");
     pool_ = std::make_unique<DevicePool>(dev, all_bytes, page);
     plan_.resident.assign(slots_.size(), kUnlimited);
+    plan_.extra.assign(slots_.size(), 0);
     return;
   }
   // Auto and stream: the host store holds everything; the arena what it can.
-  fixed_frames_ = opt.n_seq * L + 2 * ((opt.n_batch + P - 1) / P + opt.n_seq);
+  fixed_frames_ = fixed_frames(cfg_, opt);
   const size_t min_arena = min_arena_bytes(page, fixed_frames_);
   const int32_t chunk_pages =
       static_cast<int32_t>(std::max<size_t>(1, (opt.ring_chunk_bytes + page - 1) / page));
@@ -132,15 +134,30 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt)
   computed_ = dev.make_fence();
   h2d_ = opt.h2d_bytes_per_s;
   plan_.resident.assign(slots_.size(), kUnlimited);
+  plan_.extra.assign(slots_.size(), 0);
 }
 
 Engine::~Engine() { dev_.sync(); }
 
+size_t Engine::activation_bytes(const ModelConfig& c, const EngineOptions& o) {
+  const size_t per_token = static_cast<size_t>(c.n_embd + std::max(c.n_embd, c.q_dim()) +
+                                               2 * c.q_dim() + 2 * c.kv_dim() + 2 * c.n_head +
+                                               2 * c.n_ff);
+  return (static_cast<size_t>(o.n_batch) * per_token +
+          static_cast<size_t>(o.n_seq) * static_cast<size_t>(c.n_vocab)) *
+         sizeof(float);
+}
+
+// Each sequence's tail page in every layer, plus twice the pages one prompt chunk can fill in a
+// layer (one layer's write-backs may still run while the next layer fills its pages).
+int32_t Engine::fixed_frames(const ModelConfig& c, const EngineOptions& o) {
+  const int32_t P = o.page_size;
+  return o.n_seq * c.n_layer + 2 * ((o.n_batch + P - 1) / P + o.n_seq);
+}
+
 size_t Engine::kv_bytes_per_token() const {
   return static_cast<size_t>(cfg_.n_layer) * (kv_.k_row + kv_.v_row);
 }
-
-int32_t Engine::cap(int32_t seq) const { return plan_.resident[static_cast<size_t>(seq)]; }
 
 Sequence Engine::open_sequence() {
   for (size_t i = 0; i < slots_.size(); ++i)
@@ -235,7 +252,7 @@ void Engine::replan(const std::vector<BatchEntry>& batch) {
   in.min_chunk_bytes = opt_.ring_chunk_bytes;
   in.force_ring = opt_.kv_mode == KvMode::Stream;
   Plan p = kvs::plan(in, &plan_);
-  if (p.resident != plan_.resident || p.slot_pages != plan_.slot_pages ||
+  if (p.resident != plan_.resident || p.extra != plan_.extra || p.slot_pages != plan_.slot_pages ||
       p.n_slots != plan_.n_slots) {
     apply(p);
     last_.repartitioned = true;
@@ -257,7 +274,7 @@ void Engine::apply(const Plan& p) {
     for (int32_t l = 0; l < L; ++l) {
       auto& fr = sl.frames[static_cast<size_t>(l)];
       for (int32_t q = 0; q < done; ++q)
-        if (fr[static_cast<size_t>(q)] >= 0 && q >= p.resident[s]) {
+        if (fr[static_cast<size_t>(q)] >= 0 && q >= resident_cap(p, s, l)) {
           pool_->give(fr[static_cast<size_t>(q)]);
           fr[static_cast<size_t>(q)] = -1;
         }
@@ -283,7 +300,7 @@ void Engine::apply(const Plan& p) {
     const int32_t done = sl.n_past / P;
     for (int32_t l = 0; l < L; ++l) {
       auto& fr = sl.frames[static_cast<size_t>(l)];
-      for (int32_t q = 0; q < std::min(done, p.resident[s]); ++q)
+      for (int32_t q = 0; q < std::min(done, resident_cap(p, s, l)); ++q)
         if (fr[static_cast<size_t>(q)] < 0) {
           const int32_t g = pool_->take();
           KVS_CHECK(g >= 0, "repartition: no frame for a page the plan makes resident");
@@ -318,7 +335,7 @@ std::vector<RingItem> Engine::ring_items(const std::vector<BatchEntry>& batch, b
     for (const BatchEntry& e : batch) {
       const int32_t s = e.seq->id;
       const int32_t done = (e.seq->n_past + (next ? e.n : 0)) / P;
-      for (int32_t q = std::min(done, cap(s)); q < done; ++q) items.push_back({l, s, q});
+      for (int32_t q = std::min(done, cap(s, l)); q < done; ++q) items.push_back({l, s, q});
     }
   return items;
 }
@@ -527,7 +544,7 @@ void Engine::write_back(int32_t il, const std::vector<BatchEntry>& batch) {
       const int32_t f = fr[static_cast<size_t>(p)];
       dev_.copy(Stream::CopyOut, host_->page(s, il, p), pool_->frame(f), kv_.page_bytes());
       last_.bytes_out += kv_.page_bytes();
-      if (!resident(s, p)) {
+      if (p >= cap(s, il)) {
         pending_.push_back(f);
         fr[static_cast<size_t>(p)] = -1;
       }

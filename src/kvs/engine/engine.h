@@ -75,6 +75,10 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
+  // Sizes the engine will use, for planning without building it.
+  static size_t activation_bytes(const ModelConfig& c, const EngineOptions& o);
+  static int32_t fixed_frames(const ModelConfig& c, const EngineOptions& o);
+
   Sequence open_sequence();
   void close_sequence(Sequence& s);  // returns its pages to the pool
   // Appends n tokens to one sequence (in chunks of n_batch) and returns the logits of the last
@@ -101,8 +105,9 @@ class Engine {
     int32_t n_past = 0;
     std::vector<std::vector<int32_t>> frames;  // [layer][page] -> pool frame, -1: host only
   };
-  int32_t cap(int32_t seq) const;
-  bool resident(int32_t seq, int32_t page) const { return page < cap(seq); }
+  int32_t cap(int32_t seq, int32_t layer) const {
+    return resident_cap(plan_, static_cast<size_t>(seq), layer);
+  }
   void replan(const std::vector<BatchEntry>& batch);
   void apply(const Plan& p);
   int32_t take_frame();

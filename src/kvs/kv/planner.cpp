@@ -9,36 +9,41 @@
 namespace kvs {
 namespace {
 
-// Resident pages of all layers when every sequence keeps at most cap[s] pages resident.
+// Resident frames of all layers when sequence s keeps cap[s] pages per layer, plus one in
+// its first extra[s] layers.
 int64_t resident_frames(const std::vector<int32_t>& pages, const std::vector<int32_t>& cap,
-                        int32_t n_layer) {
+                        const std::vector<int32_t>& extra, int32_t n_layer) {
   int64_t n = 0;
-  for (size_t s = 0; s < pages.size(); ++s) n += std::min(pages[s], cap[s]);
-  return n * n_layer;
+  for (size_t s = 0; s < pages.size(); ++s) {
+    n += int64_t{std::min(pages[s], cap[s])} * n_layer;
+    if (cap[s] != kUnlimited && pages[s] > cap[s]) n += extra[s];
+  }
+  return n;
 }
 
 // Water-filling: one cap for every sequence, the largest whose resident pages fit in `frames`;
-// whole layers' worth of frames left over raise the caps of the first sequences by one.
-std::vector<int32_t> fill(const std::vector<int32_t>& pages, int64_t frames, int32_t n_layer) {
-  std::vector<int32_t> cap(pages.size(), kUnlimited);
-  if (resident_frames(pages, cap, n_layer) <= frames) return cap;
+// the frames left over give one more page to the first layers of the first sequences.
+void fill(const std::vector<int32_t>& pages, int64_t frames, int32_t n_layer,
+          std::vector<int32_t>& cap, std::vector<int32_t>& extra) {
+  cap.assign(pages.size(), kUnlimited);
+  extra.assign(pages.size(), 0);
+  if (resident_frames(pages, cap, extra, n_layer) <= frames) return;
   int32_t lo = 0, hi = *std::max_element(pages.begin(), pages.end());
   while (lo < hi) {  // the largest r with resident(r) <= frames
     const int32_t r = lo + (hi - lo + 1) / 2;
     std::fill(cap.begin(), cap.end(), r);
-    if (resident_frames(pages, cap, n_layer) <= frames)
+    if (resident_frames(pages, cap, extra, n_layer) <= frames)
       lo = r;
     else
       hi = r - 1;
   }
   std::fill(cap.begin(), cap.end(), lo);
-  int64_t left = frames - resident_frames(pages, cap, n_layer);
-  for (size_t s = 0; s < pages.size() && left >= n_layer; ++s)
+  int64_t left = frames - resident_frames(pages, cap, extra, n_layer);
+  for (size_t s = 0; s < pages.size() && left > 0; ++s)
     if (pages[s] > lo) {
-      cap[s] = lo + 1;
-      left -= n_layer;
+      extra[s] = static_cast<int32_t>(std::min<int64_t>(n_layer, left));
+      left -= extra[s];
     }
-  return cap;
 }
 
 }  // namespace
@@ -62,6 +67,7 @@ Plan plan(const PlanInput& in, const Plan* previous) {
 
   Plan p;
   p.resident.assign(pages.size(), kUnlimited);
+  p.extra.assign(pages.size(), 0);
   int64_t demand = 0;
   for (int32_t n : pages) demand += int64_t{n} * L;
   // Back to all-resident only with a ring's worth of frames to spare, so a plan does not flip
@@ -87,8 +93,9 @@ Plan plan(const PlanInput& in, const Plan* previous) {
     n_slots = prev->n_slots;
   // No more ring than one step streams.
   {
-    const std::vector<int32_t> cap = fill(pages, std::max<int64_t>(0, frames - slot_pages), L);
-    const int64_t streamed = demand - resident_frames(pages, cap, L);
+    std::vector<int32_t> cap, extra;
+    fill(pages, std::max<int64_t>(0, frames - slot_pages), L, cap, extra);
+    const int64_t streamed = demand - resident_frames(pages, cap, extra, L);
     n_slots = std::min<int64_t>(
         n_slots, std::max<int64_t>(2, (streamed + slot_pages - 1) / std::max(1, slot_pages)));
   }
@@ -103,18 +110,21 @@ Plan plan(const PlanInput& in, const Plan* previous) {
   p.n_slots = n_slots;
 
   const int64_t res_frames = frames - p.ring_frames();
-  p.resident = fill(pages, res_frames, L);
+  fill(pages, res_frames, L, p.resident, p.extra);
   // Keep the previous caps while they fit and the new ones would grow by no more than a page.
   if (prev && prev->ring_frames() == p.ring_frames() &&
-      resident_frames(pages, prev->resident, L) <= res_frames) {
+      resident_frames(pages, prev->resident, prev->extra, L) <= res_frames) {
     bool close = true;
     for (size_t s = 0; s < pages.size(); ++s)
       if (p.resident[s] != kUnlimited && prev->resident[s] != kUnlimited &&
           p.resident[s] > prev->resident[s] + 1)
         close = false;
-    if (close) p.resident = prev->resident;
+    if (close) {
+      p.resident = prev->resident;
+      p.extra = prev->extra;
+    }
   }
-  p.streamed_pages = demand - resident_frames(pages, p.resident, L);
+  p.streamed_pages = demand - resident_frames(pages, p.resident, p.extra, L);
   p.streamed_bytes = static_cast<size_t>(p.streamed_pages) * in.page_bytes;
   p.gpu_s = in.layer_s * L;
   p.copy_s = in.h2d_bytes_per_s > 0

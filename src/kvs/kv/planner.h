@@ -4,7 +4,8 @@
 // The arena is counted in frames of one page. `fixed_frames` are always reserved for pages being
 // written (each sequence's tail page in every layer, plus the pages a prompt chunk fills); the
 // rest hold resident pages or form the ring. Resident pages are a prefix of each sequence's
-// history in every layer (equal share across layers); pages past a sequence's cap stream.
+// history in every layer: an equal share across layers, and frames left over from the equal
+// share give one more page to the first layers. Pages past a layer's cap stream.
 #pragma once
 
 #include <cstddef>
@@ -30,6 +31,7 @@ constexpr int32_t kUnlimited = INT32_MAX;
 
 struct Plan {
   std::vector<int32_t> resident;  // per sequence: resident pages per layer (kUnlimited: all)
+  std::vector<int32_t> extra;     // per sequence: layers [0, extra) keep one page more
   int32_t slot_pages = 0;         // pages per ring slot
   int32_t n_slots = 0;            // 0: no ring, everything resident
   int64_t streamed_pages = 0;     // pages copied per decode step, all layers and sequences
@@ -41,6 +43,12 @@ struct Plan {
   bool streams() const { return n_slots > 0; }
   bool operator==(const Plan&) const = default;
 };
+
+// Resident pages of layer l of sequence s under plan p.
+inline int32_t resident_cap(const Plan& p, size_t s, int32_t l) {
+  const int32_t r = p.resident[s];
+  return r == kUnlimited ? r : r + (l < p.extra[s] ? 1 : 0);
+}
 
 // The smallest arena that can run: the fixed frames plus one ring slot of one page.
 size_t min_arena_bytes(size_t page_bytes, int32_t fixed_frames);

@@ -306,4 +306,17 @@ ModelConfig synthetic_config(std::string_view spec) {
   return c;
 }
 
+size_t synthetic_matrix_bytes(std::string_view spec) {
+  const Spec s = parse_spec(spec);
+  const ModelConfig c = synthetic_config(spec);
+  auto m = [&](int64_t n_in, int64_t n_out) {
+    return row_bytes(fit_type(s.type, n_in), n_in) * static_cast<size_t>(n_out);
+  };
+  const int64_t d = c.n_embd;
+  size_t n = m(d, c.n_vocab);  // the output matrix, or the tied embedding
+  n += static_cast<size_t>(c.n_layer) * (m(d, c.q_dim()) + 2 * m(d, c.kv_dim()) +
+                                         m(c.q_dim(), d) + 2 * m(d, c.n_ff) + m(c.n_ff, d));
+  return n;
+}
+
 }  // namespace kvs

@@ -2,6 +2,7 @@
 // built in memory as a GGUF image, so benchmarks and tests run without downloading weights.
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -21,5 +22,7 @@ std::vector<std::string> synthetic_presets();
 // The config a synthetic model of `spec` has, without building its weights (for tests and
 // sizing); equal to ModelConfig::from_gguf(*make_synthetic(spec)).
 ModelConfig synthetic_config(std::string_view spec);
+// Bytes of its matrices (what a decode step reads), equal to Weights::matrix_bytes().
+size_t synthetic_matrix_bytes(std::string_view spec);
 
 }  // namespace kvs

@@ -1,0 +1,169 @@
+// The planner is a pure function: these tests pin its policy (fits entirely -> no ring; caps
+// shrink monotonically as contexts grow; hysteresis; the ring sized by the bandwidth-delay
+// product; the predicted bound) with hand-computed figures.
+#include <gtest/gtest.h>
+
+#include "kvs/kv/planner.h"
+#include "kvs/util/error.h"
+
+namespace kvs {
+namespace {
+
+constexpr size_t kPage = 1 << 20;  // 1 MiB pages keep the arithmetic readable
+
+PlanInput input(int64_t arena_pages, std::vector<int32_t> seq_pages) {
+  PlanInput in;
+  in.arena_bytes = static_cast<size_t>(arena_pages) * kPage;
+  in.page_bytes = kPage;
+  in.n_layer = 4;
+  in.fixed_frames = 6;
+  in.seq_pages = std::move(seq_pages);
+  in.h2d_bytes_per_s = 50e9;
+  in.layer_s = 100e-6;
+  in.min_chunk_bytes = 4 * kPage;
+  return in;
+}
+
+int64_t resident_total(const Plan& p, const std::vector<int32_t>& pages, int32_t L) {
+  int64_t n = 0;
+  for (size_t s = 0; s < pages.size(); ++s)
+    for (int32_t l = 0; l < L; ++l) n += std::min(pages[s], resident_cap(p, s, l));
+  return n;
+}
+
+TEST(Planner, EverythingThatFitsIsResidentWithAnEmptyRing) {
+  // 2 sequences x 10 pages x 4 layers = 80 frames; 6 fixed + 80 = 86 frames fit exactly.
+  const Plan p = plan(input(86, {10, 10}));
+  EXPECT_FALSE(p.streams());
+  EXPECT_EQ(p.ring_frames(), 0);
+  EXPECT_EQ(p.streamed_bytes, 0u);
+  EXPECT_EQ(p.resident, (std::vector<int32_t>{kUnlimited, kUnlimited}));
+  // One page more no longer fits: the ring appears and pages stream.
+  const Plan q = plan(input(86, {11, 10}));
+  EXPECT_TRUE(q.streams());
+  EXPECT_GT(q.streamed_bytes, 0u);
+}
+
+TEST(Planner, StreamModeAlwaysHasARing) {
+  PlanInput in = input(1000, {10});
+  in.force_ring = true;
+  const Plan p = plan(in);
+  EXPECT_TRUE(p.streams());
+  EXPECT_EQ(p.streamed_pages, 0);  // the rest of the arena still holds every page
+}
+
+TEST(Planner, PartitionIsMonotoneAsTheContextGrows) {
+  const int32_t L = 4;
+  Plan prev;
+  bool have = false;
+  int32_t last_cap = kUnlimited;
+  size_t last_streamed = 0;
+  int changes = 0;
+  for (int32_t pages = 1; pages <= 400; ++pages) {
+    const PlanInput in = input(206, {pages});
+    const Plan p = plan(in, have ? &prev : nullptr);
+    // Every frame not in the ring or the fixed reserve holds a page, once pages stream.
+    if (p.streams()) {
+      EXPECT_EQ(resident_total(p, in.seq_pages, L), 206 - 6 - p.ring_frames());
+    }
+    const int32_t cap = p.resident[0];
+    EXPECT_LE(cap, last_cap) << pages;
+    EXPECT_GE(p.streamed_bytes, last_streamed) << pages;
+    if (have && (p.resident != prev.resident || p.extra != prev.extra ||
+                 p.n_slots != prev.n_slots || p.slot_pages != prev.slot_pages))
+      ++changes;
+    last_cap = cap;
+    last_streamed = p.streamed_bytes;
+    prev = p;
+    have = true;
+  }
+  // 200 frames over 4 layers: resident until 50 pages, then one change to streaming (the
+  // ring's frames leave the resident share) and no more: longer contexts only stream more.
+  EXPECT_LE(changes, 3);
+  EXPECT_TRUE(prev.streams());
+}
+
+TEST(Planner, HysteresisKeepsTheRingAndTheCaps) {
+  PlanInput in = input(206, {100});
+  const Plan p = plan(in);
+  ASSERT_TRUE(p.streams());
+  // Measured figures wobble by 10 %: the layout stays.
+  for (double f : {0.9, 1.1, 0.95, 1.05}) {
+    PlanInput j = in;
+    j.h2d_bytes_per_s *= f;
+    j.layer_s *= f;
+    const Plan q = plan(j, &p);
+    EXPECT_EQ(q.n_slots, p.n_slots) << f;
+    EXPECT_EQ(q.resident, p.resident) << f;
+  }
+  // The context shrinks (a sequence ended) until it would just fit without the ring: the
+  // plan keeps streaming instead of flipping at the page; well below, it goes resident.
+  const int32_t just_fits = (206 - 6) / 4;
+  const Plan q = plan(input(206, {just_fits}), &p);
+  EXPECT_TRUE(q.streams());
+  const Plan r = plan(input(206, {just_fits - p.ring_frames() / 4 - 1}), &p);
+  EXPECT_FALSE(r.streams());
+}
+
+TEST(Planner, RingCoversTheBandwidthDelayProductNotALayer) {
+  // B = 50 GB/s, 100 us per layer: 1.5 x 5 MB = 7.5 MB in flight, slots of 4 MiB -> 2 slots.
+  PlanInput in = input(100000, {30000});
+  const Plan p = plan(in);
+  EXPECT_EQ(p.slot_pages, 4);
+  EXPECT_EQ(p.n_slots, 2);
+  // A layer of 30000 pages does not make the ring larger; ten times the compute time does.
+  in.layer_s = 1e-3;  // 75 MB in flight -> ceil(75e6 / 4 MiB) = 18 slots
+  const Plan q = plan(in);
+  EXPECT_EQ(q.n_slots, 18);
+  // Stalls reported by the engine add their per-layer share.
+  in.layer_s = 100e-6;
+  in.stall_s = 4 * 400e-6;  // 400 us per layer -> 50e9 * 550e-6 = 27.5 MB -> 7 slots
+  EXPECT_EQ(plan(in).n_slots, 7);
+}
+
+TEST(Planner, PredictedBoundMatchesAHandComputation) {
+  // 1 sequence x 100 pages x 4 layers; arena 206 frames: 200 for pages, the ring 2 x 4 = 8.
+  // 192 resident frames = 48 per layer; 52 pages per layer stream: S = 208 MiB.
+  const Plan p = plan(input(206, {100}));
+  EXPECT_EQ(p.ring_frames(), 8);
+  EXPECT_EQ(p.resident[0], 48);
+  EXPECT_EQ(p.extra[0], 0);
+  EXPECT_EQ(p.streamed_pages, 4 * 52);
+  EXPECT_EQ(p.streamed_bytes, 208 * kPage);
+  const double s_over_b = 208.0 * kPage / 50e9;  // 4.36 ms
+  EXPECT_DOUBLE_EQ(p.copy_s, s_over_b);
+  EXPECT_DOUBLE_EQ(p.gpu_s, 4 * 100e-6);
+  EXPECT_DOUBLE_EQ(p.predicted_step_s, s_over_b);
+  // Compute-bound when the copy is short: T_gpu wins.
+  PlanInput in = input(206, {100});
+  in.layer_s = 10e-3;
+  EXPECT_DOUBLE_EQ(plan(in).predicted_step_s, 40e-3);
+}
+
+TEST(Planner, LeftoverFramesGoToTheFirstLayers) {
+  // 200 frames - 8 ring = 192 = 4 layers x 47 + 4: one more page in every layer... of 47 pages,
+  // with 3 sequences of 30, 30 and 100 pages: caps water-fill.
+  const Plan p = plan(input(206, {30, 30, 100}));
+  const std::vector<int32_t> pages{30, 30, 100};
+  EXPECT_EQ(resident_total(p, pages, 4), 192);
+  EXPECT_EQ(p.resident[0], p.resident[2]);
+}
+
+TEST(Planner, BelowTheMinimumArenaIsRefused) {
+  EXPECT_EQ(min_arena_bytes(kPage, 6), 7 * kPage);
+  EXPECT_NO_THROW(plan(input(7, {100})));
+  try {
+    plan(input(6, {100}));
+    FAIL() << "an arena of only the fixed frames was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("minimum of 7.00 MiB"), std::string::npos) << e.what();
+  }
+  // The minimum arena: a single slot of a single page.
+  const Plan p = plan(input(7, {100}));
+  EXPECT_EQ(p.n_slots, 1);
+  EXPECT_EQ(p.slot_pages, 1);
+  EXPECT_EQ(p.resident[0], 0);
+}
+
+}  // namespace
+}  // namespace kvs

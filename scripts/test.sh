@@ -8,9 +8,12 @@ cmake --preset cpu -G Ninja >/dev/null
 cmake --build --preset cpu -j "$(nproc)"
 ctest --test-dir build/cpu --output-on-failure -j "$(nproc)" "$@"
 
-# The streams, fences and thread pool again under ThreadSanitizer (build/tsan).
+# The streams, fences, thread pool and the streaming engine (ring, write-back, smallest rings)
+# again under ThreadSanitizer (build/tsan).
 cmake --preset tsan -G Ninja >/dev/null
-cmake --build build/tsan -j "$(nproc)" --target kvs_unit_test_device kvs_unit_test_threadpool
+cmake --build build/tsan -j "$(nproc)" \
+  --target kvs_unit_test_device kvs_unit_test_threadpool kvs_unit_test_stream
 export TSAN_OPTIONS="halt_on_error=1"
 build/tsan/tests/kvs_unit_test_device
 build/tsan/tests/kvs_unit_test_threadpool
+build/tsan/tests/kvs_unit_test_stream

@@ -99,11 +99,12 @@ Plan plan(const PlanInput& in, const Plan* previous) {
     n_slots = std::min<int64_t>(
         n_slots, std::max<int64_t>(2, (streamed + slot_pages - 1) / std::max(1, slot_pages)));
   }
-  // Small arenas: the ring takes at most half of the frames (the rest stay resident and save
-  // their bytes every step), in two slots while they can hold a page each.
-  const int64_t ring_max = std::max<int64_t>(1, frames / 2);
+  // The ring takes at most an eighth of the frames (every other frame holds a resident page and
+  // saves its bytes each step), but two slots while there are two frames.
+  const int64_t ring_max = std::max<int64_t>(std::min<int64_t>(frames, 2), frames / 8);
   if (int64_t{slot_pages} * n_slots > ring_max) {
-    n_slots = ring_max >= 2 ? std::min(n_slots, 2) : 1;
+    n_slots = static_cast<int32_t>(std::clamp<int64_t>(ring_max / slot_pages, 2, n_slots));
+    if (n_slots > ring_max) n_slots = static_cast<int32_t>(ring_max);
     slot_pages = static_cast<int32_t>(std::max<int64_t>(1, ring_max / n_slots));
   }
   p.slot_pages = slot_pages;

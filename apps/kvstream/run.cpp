@@ -160,7 +160,12 @@ void print_step(const char* phase, int64_t i, const StepStats& s, const Engine& 
 
 void run(const RunArgs& a) {
   if (a.threads > 0) set_thread_count(a.threads);
-  KVS_CHECK(a.backend == "cpu", "--backend ", a.backend, ": this build has only the cpu backend");
+  KVS_CHECK(a.backend == "cpu" || a.backend == "cuda", "--backend ", a.backend,
+            ": not a backend (cpu, cuda)");
+#ifndef KVS_HAVE_CUDA
+  KVS_CHECK(a.backend == "cpu", "--backend cuda: this build has no CUDA backend (build with "
+                                "cmake --preset cuda)");
+#endif
   int given =
       int(!a.prompt.empty() || a.has_prompt) + int(!a.file.empty()) + int(!a.tokens.empty());
   KVS_CHECK(given == 1, "give exactly one of -p/--prompt, -f/--file and --tokens");
@@ -189,7 +194,7 @@ void run(const RunArgs& a) {
   const auto prompts = prompts_of(a, *model);
   const int32_t N = a.parallel;
 
-  auto dev = make_cpu_device(vram);
+  auto dev = a.backend == "cuda" ? make_cuda_device(vram) : make_cpu_device(vram);
   Engine eng(*model, *dev, eo);
   std::vector<Sampler> samplers;
   for (int32_t i = 0; i < N; ++i) {
@@ -396,7 +401,7 @@ void register_run(CLI::App& app) {
                 "Save the logits at the last prompt token (.npy, float32)");
   c->add_option("--json", a->json_out, "Write tokens, text and timings as JSON to this file");
   c->add_option("-t,--threads", a->threads, "CPU threads (default: all cores, or KVS_THREADS)");
-  c->add_option("--backend", a->backend, "Backend: cpu")->capture_default_str();
+  c->add_option("--backend", a->backend, "Backend: cpu or cuda")->capture_default_str();
   c->add_option("--temp", a->sp.temp, "Temperature (0: greedy)")->capture_default_str();
   c->add_option("--top-k", a->sp.top_k, "Top-k (0: off)")->capture_default_str();
   c->add_option("--top-p", a->sp.top_p, "Top-p (1: off)")->capture_default_str();

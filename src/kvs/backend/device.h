@@ -121,5 +121,7 @@ class Device {
 
 // The CPU backend; capacity 0 means unbounded.
 std::unique_ptr<Device> make_cpu_device(size_t capacity);
+// The CUDA backend (builds with KVS_HAVE_CUDA); capacity 0 means the GPU's free memory.
+std::unique_ptr<Device> make_cuda_device(size_t capacity);
 
 }  // namespace kvs

@@ -200,7 +200,7 @@ const float* Engine::eval(Sequence& s, const int32_t* tokens, int32_t n) {
 }
 
 const float* Engine::logits(int32_t i) const {
-  return logits_.as<float>() + static_cast<size_t>(i) * cfg_.n_vocab;
+  return hlogits_.data() + static_cast<size_t>(i) * cfg_.n_vocab;
 }
 
 // ---- the pool: frames, plans and repartitions ----
@@ -431,6 +431,8 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
     dev_.rmsnorm(last, w_.output_norm.data(), h + i * d, 1, d, c.norm_eps);
   }
   dev_.matmul(w_.output, h, logits_.as<float>(), static_cast<int64_t>(batch.size()), nullptr);
+  hlogits_.resize(batch.size() * static_cast<size_t>(c.n_vocab));
+  dev_.download(hlogits_.data(), logits_.as<float>(), hlogits_.size() * sizeof(float));
   for (const BatchEntry& e : batch) {
     e.seq->n_past += e.n;
     slots_[static_cast<size_t>(e.seq->id)].n_past = e.seq->n_past;

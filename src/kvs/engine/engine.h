@@ -148,6 +148,7 @@ class Engine {
   std::vector<Span> spans_;
   // Host mode: activations on the host.
   std::vector<float> hq_, hk_, hv_, hatt_, hacc_;
+  std::vector<float> hlogits_;  // the logits, on the host
 
   StepStats last_;
   EngineStats totals_;

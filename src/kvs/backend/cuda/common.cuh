@@ -1,0 +1,190 @@
+// Shared pieces of the CUDA kernels: error checks, and the decoding of 32-element sub-blocks of
+// every weight and KV format (a k-quant super-block is 8 sub-blocks), used by the matrix-vector
+// products, the dequantize-for-GEMM kernel, the embedding and attention alike.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kvs/quant/types.h"
+#include "kvs/util/error.h"
+
+#define KVS_CUDA_CHECK(call)                                                             \
+  do {                                                                                   \
+    const cudaError_t e_ = (call);                                                       \
+    if (e_ != cudaSuccess)                                                               \
+      ::kvs::fail("CUDA: ", #call, " failed: ", cudaGetErrorString(e_), " (", __FILE__, \
+                  ":", __LINE__, ")");                                                   \
+  } while (0)
+
+namespace kvs::cuda {
+
+__device__ __forceinline__ float h2f(const uint8_t* p) {
+  const uint16_t u = static_cast<uint16_t>(p[0] | (p[1] << 8));
+  return __half2float(__ushort_as_half(u));
+}
+
+// Scale and min of sub-block j of a q4_k/q5_k super-block.
+__device__ __forceinline__ void scale_min(int j, const uint8_t* q, int& sc, int& m) {
+  if (j < 4) {
+    sc = q[j] & 63;
+    m = q[j + 4] & 63;
+  } else {
+    sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+// Elements [32 sb, 32 sb + 32) of a row in format T, as f32.
+template <DType T>
+__device__ __forceinline__ void load_sub(const uint8_t* row, int sb, float* v) {
+  if constexpr (T == DType::F32) {
+    const float4* p = reinterpret_cast<const float4*>(row) + sb * 8;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const float4 f = p[k];
+      v[4 * k] = f.x, v[4 * k + 1] = f.y, v[4 * k + 2] = f.z, v[4 * k + 3] = f.w;
+    }
+  } else if constexpr (T == DType::F16) {
+    const uint4* p = reinterpret_cast<const uint4*>(row + sb * 64);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint4 u = p[k];
+      const __half2* h = reinterpret_cast<const __half2*>(&u);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float2 f = __half22float2(h[i]);
+        v[8 * k + 2 * i] = f.x, v[8 * k + 2 * i + 1] = f.y;
+      }
+    }
+  } else if constexpr (T == DType::BF16) {
+    const uint4* p = reinterpret_cast<const uint4*>(row + sb * 64);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint4 u = p[k];
+      const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        v[8 * k + 2 * i] = __uint_as_float(w[i] << 16);
+        v[8 * k + 2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
+      }
+    }
+  } else if constexpr (T == DType::Q8_0) {
+    const uint8_t* b = row + sb * 34;
+    const float d = h2f(b);
+#pragma unroll
+    for (int j = 0; j < 32; ++j) v[j] = d * static_cast<float>(static_cast<int8_t>(b[2 + j]));
+  } else if constexpr (T == DType::Q4_0) {
+    const uint8_t* b = row + sb * 18;
+    const float d = h2f(b);
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const uint8_t q = b[2 + j];
+      v[j] = d * static_cast<float>((q & 0xF) - 8);
+      v[j + 16] = d * static_cast<float>((q >> 4) - 8);
+    }
+  } else if constexpr (T == DType::Q4_1) {
+    const uint8_t* b = row + sb * 20;
+    const float d = h2f(b), m = h2f(b + 2);
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const uint8_t q = b[4 + j];
+      v[j] = d * static_cast<float>(q & 0xF) + m;
+      v[j + 16] = d * static_cast<float>(q >> 4) + m;
+    }
+  } else if constexpr (T == DType::Q5_0 || T == DType::Q5_1) {
+    constexpr int kHas = T == DType::Q5_1 ? 2 : 0;
+    const uint8_t* b = row + sb * (22 + kHas);
+    const float d = h2f(b), m = kHas ? h2f(b + 2) : 0.0f;
+    const uint8_t* qhp = b + 2 + kHas;
+    const uint32_t qh = qhp[0] | (qhp[1] << 8) | (qhp[2] << 16) | (static_cast<uint32_t>(qhp[3]) << 24);
+    const uint8_t* qs = qhp + 4;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const int h0 = ((qh >> j) << 4) & 0x10, h1 = (qh >> (j + 12)) & 0x10;
+      const int q0 = (qs[j] & 0xF) | h0, q1 = (qs[j] >> 4) | h1;
+      if constexpr (kHas) {
+        v[j] = d * static_cast<float>(q0) + m;
+        v[j + 16] = d * static_cast<float>(q1) + m;
+      } else {
+        v[j] = d * static_cast<float>(q0 - 16);
+        v[j + 16] = d * static_cast<float>(q1 - 16);
+      }
+    }
+  } else if constexpr (T == DType::Q4_K || T == DType::Q5_K) {
+    constexpr bool k5 = T == DType::Q5_K;
+    const uint8_t* b = row + (sb / 8) * (k5 ? 176 : 144);
+    const int s = sb % 8;
+    const float d = h2f(b), dmin = h2f(b + 2);
+    int sc, m;
+    scale_min(s, b + 4, sc, m);
+    const float ds = d * static_cast<float>(sc), dm = dmin * static_cast<float>(m);
+    const uint8_t* qh = b + 16;
+    const uint8_t* q = b + (k5 ? 48 : 16) + 32 * (s / 2);
+#pragma unroll
+    for (int l = 0; l < 32; ++l) {
+      int x = (s & 1) ? (q[l] >> 4) : (q[l] & 0xF);
+      if constexpr (k5) x |= ((qh[l] >> s) & 1) << 4;
+      v[l] = ds * static_cast<float>(x) - dm;
+    }
+  } else if constexpr (T == DType::Q6_K) {
+    const uint8_t* b = row + (sb / 8) * 210;
+    const int s = sb % 8, h = s / 4, k = s % 4;
+    const uint8_t* ql = b + 64 * h + (k & 1) * 32;
+    const uint8_t* qh = b + 128 + 32 * h;
+    const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192) + 8 * h;
+    const float d = h2f(b + 208);
+#pragma unroll
+    for (int l = 0; l < 32; ++l) {
+      const int lo = (k < 2) ? (ql[l] & 0xF) : (ql[l] >> 4);
+      const int q = (lo | (((qh[l] >> (2 * k)) & 3) << 4)) - 32;
+      v[l] = d * static_cast<float>(sc[l / 16 + 2 * k]) * static_cast<float>(q);
+    }
+  }
+}
+
+// Calls f.template operator()<T>() for the runtime type t (the formats the kernels support).
+template <class F>
+void dispatch(DType t, F&& f) {
+  switch (t) {
+    case DType::F32: return f.template operator()<DType::F32>();
+    case DType::F16: return f.template operator()<DType::F16>();
+    case DType::BF16: return f.template operator()<DType::BF16>();
+    case DType::Q8_0: return f.template operator()<DType::Q8_0>();
+    case DType::Q4_0: return f.template operator()<DType::Q4_0>();
+    case DType::Q4_1: return f.template operator()<DType::Q4_1>();
+    case DType::Q5_0: return f.template operator()<DType::Q5_0>();
+    case DType::Q5_1: return f.template operator()<DType::Q5_1>();
+    case DType::Q4_K: return f.template operator()<DType::Q4_K>();
+    case DType::Q5_K: return f.template operator()<DType::Q5_K>();
+    case DType::Q6_K: return f.template operator()<DType::Q6_K>();
+    default: fail("cuda: no kernels for type ", dtype_name(t));
+  }
+}
+
+// The KV cache types.
+template <class F>
+void dispatch_kv(DType t, F&& f) {
+  switch (t) {
+    case DType::F16: return f.template operator()<DType::F16>();
+    case DType::Q8_0: return f.template operator()<DType::Q8_0>();
+    case DType::Q4_0: return f.template operator()<DType::Q4_0>();
+    default: fail("cuda: no KV kernels for type ", dtype_name(t));
+  }
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+}  // namespace kvs::cuda

@@ -1,0 +1,268 @@
+// The CUDA backend's Device: cudaMalloc memory bounded by a capacity (the GPU's free memory or
+// --vram-limit), pinned host memory, one compute and two copy streams, events as fences. The
+// small host arrays the engine passes to kernels (token ids, positions, spans, page pointers)
+// go through a pinned staging ring onto the compute stream.
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "kvs/backend/cuda/common.cuh"
+#include "kvs/backend/cuda/kernels.h"
+#include "kvs/backend/device.h"
+#include "kvs/util/parse.h"
+
+namespace kvs {
+namespace cuda {
+
+DeviceBuffer& Ctx::grow(DeviceBuffer& b, size_t bytes, const char* what) {
+  if (b.size() < bytes) {
+    KVS_CUDA_CHECK(cudaStreamSynchronize(stream));  // the old buffer may still be read
+    b.reset();
+    b = dev->alloc(bytes + bytes / 4, what);
+  }
+  return b;
+}
+
+}  // namespace cuda
+
+namespace {
+
+using cuda::Ctx;
+
+class CudaDevice final : public Device {
+ public:
+  explicit CudaDevice(size_t limit) {
+    int n = 0;
+    KVS_CHECK(cudaGetDeviceCount(&n) == cudaSuccess && n > 0,
+              "--backend cuda: no CUDA device is visible");
+    KVS_CUDA_CHECK(cudaSetDevice(0));
+    cudaDeviceProp prop{};
+    KVS_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    name_ = cat("cuda: ", prop.name, " (sm_", prop.major, prop.minor, ", ",
+                format_bytes(prop.totalGlobalMem), ")");
+    size_t free_b = 0, total = 0;
+    KVS_CUDA_CHECK(cudaMemGetInfo(&free_b, &total));
+    // Leave room for the CUDA context's own needs and cuBLAS.
+    const size_t usable = free_b > (size_t{1} << 30) ? free_b - (size_t{1} << 29) : free_b / 2;
+    KVS_CHECK(limit <= usable || limit == 0, "--vram-limit ", format_bytes(limit), " is more than the ",
+              format_bytes(usable), " the GPU has free");
+    capacity_ = limit ? limit : usable;
+    for (cudaStream_t& s : streams_) KVS_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    ctx_.dev = this;
+    ctx_.stream = streams_[0];
+    KVS_CHECK(cublasCreate(&ctx_.cublas) == CUBLAS_STATUS_SUCCESS, "cuBLAS: cublasCreate failed");
+    KVS_CHECK(cublasSetStream(ctx_.cublas, ctx_.stream) == CUBLAS_STATUS_SUCCESS,
+              "cuBLAS: cublasSetStream failed");
+    KVS_CUDA_CHECK(cudaHostAlloc(&stage_h_, kStage, cudaHostAllocDefault));
+    KVS_CUDA_CHECK(cudaMalloc(&stage_d_, kStage));
+  }
+  ~CudaDevice() override {
+    cudaDeviceSynchronize();
+    ctx_.w16.reset();
+    ctx_.x16.reset();
+    ctx_.part.reset();
+    weights_.reset();
+    vectors_.reset();
+    for (cudaEvent_t e : fences_) cudaEventDestroy(e);
+    cublasDestroy(ctx_.cublas);
+    cudaFreeHost(stage_h_);
+    cudaFree(stage_d_);
+    for (cudaStream_t s : streams_) cudaStreamDestroy(s);
+  }
+
+  std::string name() const override { return name_; }
+
+  DeviceBuffer alloc(size_t bytes, const char* what) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (used_ + bytes > capacity_)
+      fail("device memory: cannot allocate ", format_bytes(bytes), " for ", what, " (",
+           format_bytes(used_), " of ", format_bytes(capacity_), " in use)");
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, std::max<size_t>(bytes, 1));
+    if (e != cudaSuccess)
+      fail("CUDA: cudaMalloc of ", format_bytes(bytes), " for ", what, " failed: ",
+           cudaGetErrorString(e));
+    used_ += bytes;
+    sizes_[p] = bytes;
+    return DeviceBuffer(this, p, bytes);
+  }
+  DeviceBuffer alloc_host(size_t bytes, const char* what) override {
+    void* p = nullptr;
+    const cudaError_t e = cudaHostAlloc(&p, std::max<size_t>(bytes, 1), cudaHostAllocDefault);
+    if (e != cudaSuccess)
+      fail("CUDA: cudaHostAlloc of ", format_bytes(bytes), " for ", what, " failed: ",
+           cudaGetErrorString(e));
+    std::lock_guard<std::mutex> lock(mu_);
+    host_.insert(p);
+    return DeviceBuffer(this, p, bytes);
+  }
+  void free(void* p) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (host_.erase(p)) {
+      cudaFreeHost(p);
+      return;
+    }
+    auto it = sizes_.find(p);
+    if (it == sizes_.end()) return;
+    used_ -= it->second;
+    sizes_.erase(it);
+    cudaFree(p);
+  }
+  size_t capacity() const override { return capacity_; }
+  size_t used() const override { return used_; }
+  void upload(void* dst, const void* src, size_t n) override {
+    KVS_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, streams_[0]));
+    KVS_CUDA_CHECK(cudaStreamSynchronize(streams_[0]));
+  }
+  void download(void* dst, const void* src, size_t n) override {
+    KVS_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, streams_[0]));
+    KVS_CUDA_CHECK(cudaStreamSynchronize(streams_[0]));
+  }
+
+  // Matrices in one allocation (256-byte aligned each), the small vectors in another; the
+  // vectors keep their host addresses in Weights, mapped here to their device copies.
+  Weights place_weights(const Weights& host) override {
+    Weights out = host;
+    std::vector<Matrix*> mats{&out.tok_embd};
+    if (host.output.data != host.tok_embd.data) mats.push_back(&out.output);
+    for (LayerWeights& l : out.layers)
+      for (Matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down}) mats.push_back(m);
+    size_t total = 0;
+    for (Matrix* m : mats) total += (m->bytes() + 255) / 256 * 256;
+    weights_ = alloc(total, "the weights");
+    size_t off = 0;
+    for (Matrix* m : mats) {
+      KVS_CUDA_CHECK(cudaMemcpy(weights_.as() + off, m->data, m->bytes(), cudaMemcpyHostToDevice));
+      m->data = weights_.as() + off;
+      off += (m->bytes() + 255) / 256 * 256;
+    }
+    if (host.output.data == host.tok_embd.data) out.output.data = out.tok_embd.data;
+    std::vector<Vec*> vecs{&out.output_norm, &out.rope_freqs};
+    for (LayerWeights& l : out.layers)
+      for (Vec* v : {&l.attn_norm, &l.bq, &l.bk, &l.bv, &l.q_norm, &l.k_norm, &l.ffn_norm})
+        vecs.push_back(v);
+    size_t nv = 0;
+    for (Vec* v : vecs) nv += (v->size() + 63) / 64 * 64;
+    vectors_ = alloc(std::max<size_t>(nv, 1) * sizeof(float), "the weights' vectors");
+    size_t vo = 0;
+    for (Vec* v : vecs) {
+      if (v->empty()) continue;
+      float* d = vectors_.as<float>() + vo;
+      KVS_CUDA_CHECK(cudaMemcpy(d, v->data(), v->size() * sizeof(float), cudaMemcpyHostToDevice));
+      vec_map_[v->data()] = d;
+      vo += (v->size() + 63) / 64 * 64;
+    }
+    return out;
+  }
+
+  void embed(const Matrix& emb, const int32_t* ids, int32_t n, float* x) override {
+    for (int32_t t = 0; t < n; ++t)
+      KVS_CHECK(ids[t] >= 0 && ids[t] < emb.n_out, "token id ", ids[t], " is out of range (vocab ",
+                emb.n_out, ")");
+    cuda::embed(ctx_, emb, stage(ids, n), n, x);
+  }
+  void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n,
+               float eps) override {
+    cuda::rmsnorm(ctx_, x, dv(w), y, rows, n, eps);
+  }
+  void matmul(const Matrix& w, const float* x, float* y, int64_t n_tok,
+              const float* bias) override {
+    cuda::matmul(ctx_, w, x, y, n_tok, bias ? dv(bias) : nullptr);
+  }
+  void rope(float* x, const int32_t* pos, int32_t n_tok, int32_t n_head,
+            const RopeParams& p) override {
+    RopeParams q = p;
+    if (q.freq_factors) q.freq_factors = dv(q.freq_factors);
+    cuda::rope(ctx_, x, stage(pos, n_tok), n_tok, n_head, q);
+  }
+  void swiglu(float* gate, const float* up, int64_t n) override { cuda::swiglu(ctx_, gate, up, n); }
+  void add(float* x, const float* y, int64_t n) override { cuda::add(ctx_, x, y, n); }
+  void kv_write(const KvLayout& l, const float* k, const float* v, int32_t n_tok,
+                uint8_t* const* pages, const int32_t* slots) override {
+    cuda::kv_write(ctx_, l, k, v, n_tok, stage(pages, n_tok), stage(slots, n_tok));
+  }
+  void attention(const AttentionArgs& a) override {
+    AttentionArgs b = a;
+    b.spans = a.n_spans > 0 ? stage(a.spans, a.n_spans) : nullptr;
+    b.pos = stage(a.pos, a.n_tok);
+    cuda::attention(ctx_, b);
+  }
+
+  void copy(Stream s, void* dst, const void* src, size_t n) override {
+    KVS_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, stream(s)));
+  }
+  FenceId make_fence() override {
+    cudaEvent_t e;
+    KVS_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    fences_.push_back(e);
+    return static_cast<FenceId>(fences_.size() - 1);
+  }
+  void record(Stream s, FenceId f) override { KVS_CUDA_CHECK(cudaEventRecord(fence(f), stream(s))); }
+  void wait(Stream s, FenceId f) override {
+    KVS_CUDA_CHECK(cudaStreamWaitEvent(stream(s), fence(f), 0));
+  }
+  void wait_host(FenceId f) override { KVS_CUDA_CHECK(cudaEventSynchronize(fence(f))); }
+  bool done(FenceId f) override {
+    const cudaError_t e = cudaEventQuery(fence(f));
+    if (e == cudaErrorNotReady) return false;
+    KVS_CUDA_CHECK(e);
+    return true;
+  }
+  double busy_seconds(Stream) override { return 0.0; }  // not measured on CUDA yet
+  void sync() override {
+    for (cudaStream_t s : streams_) KVS_CUDA_CHECK(cudaStreamSynchronize(s));
+  }
+
+ private:
+  static constexpr size_t kStage = size_t{8} << 20;
+
+  cudaStream_t stream(Stream s) const { return streams_[static_cast<int>(s)]; }
+  cudaEvent_t fence(FenceId f) const {
+    KVS_CHECK(f >= 0 && static_cast<size_t>(f) < fences_.size(), "unknown fence ", f);
+    return fences_[static_cast<size_t>(f)];
+  }
+  const float* dv(const float* host) const {
+    auto it = vec_map_.find(host);
+    return it == vec_map_.end() ? host : it->second;
+  }
+  // A device copy of n elements of a host array, ordered on the compute stream.
+  template <class T>
+  const T* stage(const T* src, int64_t n) {
+    const size_t bytes = static_cast<size_t>(n) * sizeof(T);
+    KVS_CHECK(bytes <= kStage, "cuda: staging ", format_bytes(bytes), " at once");
+    if (stage_off_ + bytes > kStage) {
+      KVS_CUDA_CHECK(cudaStreamSynchronize(streams_[0]));  // every earlier copy has been read
+      stage_off_ = 0;
+    }
+    uint8_t* h = static_cast<uint8_t*>(stage_h_) + stage_off_;
+    uint8_t* d = static_cast<uint8_t*>(stage_d_) + stage_off_;
+    std::memcpy(h, src, bytes);
+    KVS_CUDA_CHECK(cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, streams_[0]));
+    stage_off_ += (bytes + 255) / 256 * 256;
+    return reinterpret_cast<const T*>(d);
+  }
+
+  std::string name_;
+  size_t capacity_ = 0, used_ = 0;
+  std::mutex mu_;
+  std::unordered_map<void*, size_t> sizes_;
+  std::unordered_set<void*> host_;
+  cudaStream_t streams_[kStreams] = {};
+  std::vector<cudaEvent_t> fences_;
+  Ctx ctx_;
+  DeviceBuffer weights_, vectors_;
+  std::unordered_map<const float*, const float*> vec_map_;
+  void* stage_h_ = nullptr;
+  void* stage_d_ = nullptr;
+  size_t stage_off_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Device> make_cuda_device(size_t capacity) {
+  return std::make_unique<CudaDevice>(capacity);
+}
+
+}  // namespace kvs

@@ -1,0 +1,38 @@
+// Host-side launchers of the CUDA kernels, grouped by operation (matmul.cu, ops.cu,
+// attention.cu). All run on the context's compute stream; pointers are device memory.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "kvs/backend/device.h"
+
+namespace kvs::cuda {
+
+constexpr int kMaxVecTok = 8;  // tokens up to which matmul is a matrix-vector product
+
+// What the kernels share: the stream, cuBLAS, and scratch buffers that grow on demand.
+struct Ctx {
+  Device* dev = nullptr;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t cublas = nullptr;
+  DeviceBuffer w16, x16, part;
+  __half* scratch_w(size_t n) { return grow(w16, n * sizeof(__half), "f16 weight tiles").as<__half>(); }
+  __half* scratch_x(size_t n) { return grow(x16, n * sizeof(__half), "f16 activations").as<__half>(); }
+  float* scratch_part(size_t n) { return grow(part, n * sizeof(float), "attention partials").as<float>(); }
+  DeviceBuffer& grow(DeviceBuffer& b, size_t bytes, const char* what);
+};
+
+void matmul(Ctx& c, const Matrix& w, const float* x, float* y, int64_t n_tok, const float* bias);
+void embed(Ctx& c, const Matrix& emb, const int32_t* ids, int32_t n, float* x);
+void rmsnorm(Ctx& c, const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps);
+void rope(Ctx& c, float* x, const int32_t* pos, int32_t n_tok, int32_t n_head, const RopeParams& p);
+void swiglu(Ctx& c, float* gate, const float* up, int64_t n);
+void add(Ctx& c, float* x, const float* y, int64_t n);
+void kv_write(Ctx& c, const KvLayout& l, const float* k, const float* v, int32_t n_tok,
+              uint8_t* const* pages, const int32_t* slots);
+// a.spans and a.pos point to device copies.
+void attention(Ctx& c, const AttentionArgs& a);
+
+}  // namespace kvs::cuda

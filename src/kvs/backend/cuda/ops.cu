@@ -1,0 +1,177 @@
+// Element-wise and row operations of the forward pass: embedding, RMSNorm, rope, SwiGLU,
+// residual add, and the KV write that quantizes new rows into their pages (the same rounding
+// as the CPU quantizers).
+#include <cmath>
+
+#include "kvs/backend/cuda/common.cuh"
+#include "kvs/backend/cuda/kernels.h"
+
+namespace kvs::cuda {
+namespace {
+
+inline unsigned blocks(size_t n, unsigned t) { return static_cast<unsigned>((n + t - 1) / t); }
+
+template <DType T>
+__global__ void embed_k(const uint8_t* __restrict__ emb, size_t row_bytes, const int32_t* ids,
+                        int n_in, float* __restrict__ x) {
+  const int t = blockIdx.y, n_sub = n_in / 32;
+  const int sb = blockIdx.x * blockDim.x + threadIdx.x;
+  if (sb >= n_sub) return;
+  float v[32];
+  load_sub<T>(emb + static_cast<size_t>(ids[t]) * row_bytes, sb, v);
+  float* o = x + static_cast<size_t>(t) * n_in + sb * 32;
+#pragma unroll
+  for (int j = 0; j < 32; ++j) o[j] = v[j];
+}
+
+__global__ void rmsnorm_k(const float* __restrict__ x, const float* __restrict__ w,
+                          float* __restrict__ y, int n, float eps) {
+  const float* xr = x + static_cast<size_t>(blockIdx.x) * n;
+  float* yr = y + static_cast<size_t>(blockIdx.x) * n;
+  float ss = 0.0f;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) ss = fmaf(xr[i], xr[i], ss);
+  __shared__ float part[32];
+  ss = warp_sum(ss);
+  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    float s = threadIdx.x < blockDim.x / 32 ? part[threadIdx.x] : 0.0f;
+    s = warp_sum(s);
+    if (threadIdx.x == 0) part[0] = s;
+  }
+  __syncthreads();
+  const float scale = rsqrtf(part[0] / static_cast<float>(n) + eps);
+  // x and y may be the same rows (q/k norms): each element is read and written by one thread.
+  for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * scale * w[i];
+}
+
+__global__ void rope_k(float* __restrict__ x, const int32_t* __restrict__ pos, int n_head,
+                       int head_dim, int half, bool neox, float base, float inv_scale, int rope_dim,
+                       const float* __restrict__ factors) {
+  const int t = blockIdx.y;
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;  // over n_head * half
+  if (i >= n_head * half) return;
+  const int h = i / half, k = i % half;
+  double th = static_cast<double>(pos[t]) * inv_scale * pow(static_cast<double>(base), -2.0 * k / rope_dim);
+  if (factors) th /= static_cast<double>(factors[k]);
+  const float co = static_cast<float>(cos(th)), si = static_cast<float>(sin(th));
+  float* v = x + (static_cast<size_t>(t) * n_head + h) * head_dim;
+  const int a = neox ? k : 2 * k, b = neox ? k + half : 2 * k + 1;
+  const float x0 = v[a], x1 = v[b];
+  v[a] = x0 * co - x1 * si;
+  v[b] = x0 * si + x1 * co;
+}
+
+__global__ void swiglu_k(float* __restrict__ g, const float* __restrict__ u, size_t n) {
+  const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) {
+    const float a = g[i];
+    g[i] = a / (1.0f + expf(-a)) * u[i];
+  }
+}
+
+__global__ void add_k(float* __restrict__ x, const float* __restrict__ y, size_t n) {
+  const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x[i] += y[i];
+}
+
+__device__ void store_h(uint8_t* p, float f) {
+  const uint16_t u = __half_as_ushort(__float2half_rn(f));
+  p[0] = static_cast<uint8_t>(u & 0xFF);
+  p[1] = static_cast<uint8_t>(u >> 8);
+}
+
+// One 32-element block of a row: x -> dst in type T.
+template <DType T>
+__device__ void quantize_block(const float* x, uint8_t* dst) {
+  if constexpr (T == DType::F16) {
+    for (int j = 0; j < 32; ++j) store_h(dst + 2 * j, x[j]);
+  } else if constexpr (T == DType::Q8_0) {
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j) amax = fmaxf(amax, fabsf(x[j]));
+    const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    store_h(dst, d);
+    for (int j = 0; j < 32; ++j) {
+      const float s = x[j] * id;
+      dst[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(truncf(s + copysignf(0.49999997f, s))));
+    }
+  } else if constexpr (T == DType::Q4_0) {
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < 32; ++j)
+      if (amax < fabsf(x[j])) amax = fabsf(x[j]), max = x[j];
+    const float d = max / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    store_h(dst, d);
+    for (int j = 0; j < 16; ++j) {
+      const int q0 = min(15, static_cast<int>(x[j] * id + 8.5f));
+      const int q1 = min(15, static_cast<int>(x[j + 16] * id + 8.5f));
+      dst[2 + j] = static_cast<uint8_t>(q0 | (q1 << 4));
+    }
+  }
+}
+
+template <DType K, DType V>
+__global__ void kv_write_k(const float* __restrict__ k, const float* __restrict__ v, int dim,
+                           uint8_t* const* pages, const int32_t* slots, size_t v_offset,
+                           size_t k_row, size_t v_row, size_t kb, size_t vb) {
+  const int t = blockIdx.y, nb = dim / 32;
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;  // block of K (i < nb) or V
+  if (i >= 2 * nb) return;
+  uint8_t* page = pages[t];
+  const size_t s = static_cast<size_t>(slots[t]);
+  if (i < nb)
+    quantize_block<K>(k + static_cast<size_t>(t) * dim + i * 32, page + s * k_row + i * kb);
+  else
+    quantize_block<V>(v + static_cast<size_t>(t) * dim + (i - nb) * 32,
+                      page + v_offset + s * v_row + (i - nb) * vb);
+}
+
+}  // namespace
+
+void embed(Ctx& c, const Matrix& emb, const int32_t* ids, int32_t n, float* x) {
+  const int n_sub = static_cast<int>(emb.n_in / 32);
+  const dim3 grid(blocks(static_cast<size_t>(n_sub), 64), static_cast<unsigned>(n));
+  dispatch(emb.type, [&]<DType T>() {
+    embed_k<T><<<grid, 64, 0, c.stream>>>(emb.data, emb.row_bytes, ids, static_cast<int>(emb.n_in), x);
+  });
+  KVS_CUDA_CHECK(cudaGetLastError());
+}
+
+void rmsnorm(Ctx& c, const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) {
+  const unsigned t = n >= 1024 ? 1024 : (n >= 256 ? 256 : 64);
+  rmsnorm_k<<<static_cast<unsigned>(rows), t, 0, c.stream>>>(x, w, y, static_cast<int>(n), eps);
+  KVS_CUDA_CHECK(cudaGetLastError());
+}
+
+void rope(Ctx& c, float* x, const int32_t* pos, int32_t n_tok, int32_t n_head, const RopeParams& p) {
+  const int half = p.rope_dim / 2;
+  const dim3 grid(blocks(static_cast<size_t>(n_head) * half, 128), static_cast<unsigned>(n_tok));
+  rope_k<<<grid, 128, 0, c.stream>>>(x, pos, n_head, p.head_dim, half, p.mode == RopeMode::Neox,
+                                      p.base, 1.0f / p.linear_scale, p.rope_dim, p.freq_factors);
+  KVS_CUDA_CHECK(cudaGetLastError());
+}
+
+void swiglu(Ctx& c, float* gate, const float* up, int64_t n) {
+  swiglu_k<<<blocks(static_cast<size_t>(n), 256), 256, 0, c.stream>>>(gate, up, static_cast<size_t>(n));
+  KVS_CUDA_CHECK(cudaGetLastError());
+}
+
+void add(Ctx& c, float* x, const float* y, int64_t n) {
+  add_k<<<blocks(static_cast<size_t>(n), 256), 256, 0, c.stream>>>(x, y, static_cast<size_t>(n));
+  KVS_CUDA_CHECK(cudaGetLastError());
+}
+
+void kv_write(Ctx& c, const KvLayout& l, const float* k, const float* v, int32_t n_tok,
+              uint8_t* const* pages, const int32_t* slots) {
+  const int dim = l.n_head_kv * l.head_dim;
+  const dim3 grid(blocks(static_cast<size_t>(2 * dim / 32), 64), static_cast<unsigned>(n_tok));
+  const size_t kb = row_bytes(l.k_type, 32), vb = row_bytes(l.v_type, 32);
+  dispatch_kv(l.k_type, [&]<DType K>() {
+    dispatch_kv(l.v_type, [&]<DType V>() {
+      kv_write_k<K, V><<<grid, 64, 0, c.stream>>>(k, v, dim, pages, slots, l.v_offset(), l.k_row,
+                                                   l.v_row, kb, vb);
+    });
+  });
+  KVS_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace kvs::cuda

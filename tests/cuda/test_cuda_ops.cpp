@@ -1,0 +1,201 @@
+// Every Device operation of the CUDA backend against the CPU backend on random inputs, one at
+// a time, so a mismatch names its kernel (skipped without a GPU).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "kvs/backend/device.h"
+#include "kvs/model/model.h"
+#include "kvs/quant/types.h"
+#include "kvs/util/error.h"
+
+namespace kvs {
+namespace {
+
+std::unique_ptr<Device> cuda_or_null() {
+  try {
+    return make_cuda_device(0);
+  } catch (const Error&) {
+    return nullptr;
+  }
+}
+
+std::vector<float> rnd(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+// A device buffer holding `v`, and its contents read back.
+struct Buf {
+  Device& dev;
+  DeviceBuffer b;
+  size_t n;
+  Buf(Device& d, const std::vector<float>& v) : dev(d), b(d.alloc(v.size() * 4 + 4, "test")), n(v.size()) {
+    dev.upload(b.as(), v.data(), n * 4);
+  }
+  Buf(Device& d, size_t n_) : dev(d), b(d.alloc(n_ * 4 + 4, "test")), n(n_) {}
+  float* f() { return b.as<float>(); }
+  std::vector<float> get() {
+    std::vector<float> v(n);
+    dev.sync();
+    dev.download(v.data(), b.as(), n * 4);
+    return v;
+  }
+};
+
+double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
+  double s = 1e-9, d = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    s = std::max(s, std::fabs(static_cast<double>(a[i])));
+    d = std::max(d, std::fabs(static_cast<double>(a[i]) - static_cast<double>(b[i])));
+  }
+  return d / s;
+}
+
+#define NEED_GPU()                              \
+  auto gpu = cuda_or_null();                    \
+  if (!gpu) GTEST_SKIP() << "no CUDA device";   \
+  auto cpu = make_cpu_device(0);
+
+TEST(CudaOps, MatmulEveryFormat) {
+  NEED_GPU();
+  for (const char* wt : {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k",
+                         "q5_k", "q6_k"}) {
+    auto m = Model::load(std::string("synthetic:tiny-qwen3:") + wt);
+    const Weights wc = cpu->place_weights(m->weights);
+    const Weights wg = gpu->place_weights(m->weights);
+    for (int which = 0; which < 2; ++which) {
+      const Matrix& mc = which ? wc.layers[0].down : wc.layers[0].wq;
+      const Matrix& mg = which ? wg.layers[0].down : wg.layers[0].wq;
+      for (int64_t n_tok : {1, 3, 8, 9, 40}) {
+        const auto x = rnd(static_cast<size_t>(mc.n_in * n_tok), 1);
+        std::vector<float> yc(static_cast<size_t>(mc.n_out * n_tok));
+        cpu->matmul(mc, x.data(), yc.data(), n_tok, nullptr);
+        Buf xg(*gpu, x), yg(*gpu, yc.size());
+        gpu->matmul(mg, xg.f(), yg.f(), n_tok, nullptr);
+        EXPECT_LT(max_rel(yc, yg.get()), 5e-3)
+            << wt << " " << dtype_name(mc.type) << " n_tok " << n_tok << " rows " << mc.n_out;
+      }
+    }
+  }
+}
+
+TEST(CudaOps, NormsRopeActivations) {
+  NEED_GPU();
+  const int n_tok = 5, n_head = 4, d = 64;
+  const auto x = rnd(n_tok * n_head * d, 2), w = rnd(d, 3), y = rnd(n_tok * n_head * d, 4);
+  {
+    std::vector<float> c(x.size());
+    cpu->rmsnorm(x.data(), w.data(), c.data(), n_tok * n_head, d, 1e-5f);
+    Buf xg(*gpu, x), wg(*gpu, w), og(*gpu, x.size());
+    gpu->rmsnorm(xg.f(), wg.f(), og.f(), n_tok * n_head, d, 1e-5f);
+    EXPECT_LT(max_rel(c, og.get()), 1e-5) << "rmsnorm";
+  }
+  for (RopeMode mode : {RopeMode::Norm, RopeMode::Neox}) {
+    RopeParams p;
+    p.mode = mode;
+    p.head_dim = d;
+    p.rope_dim = d;
+    p.base = 10000.0f;
+    const std::vector<int32_t> pos{0, 1, 17, 300, 4000};
+    std::vector<float> c = x;
+    cpu->rope(c.data(), pos.data(), n_tok, n_head, p);
+    Buf g(*gpu, x);
+    gpu->rope(g.f(), pos.data(), n_tok, n_head, p);
+    EXPECT_LT(max_rel(c, g.get()), 1e-5) << "rope " << int(mode);
+  }
+  {
+    std::vector<float> c = x;
+    cpu->swiglu(c.data(), y.data(), static_cast<int64_t>(x.size()));
+    Buf g(*gpu, x), u(*gpu, y);
+    gpu->swiglu(g.f(), u.f(), static_cast<int64_t>(x.size()));
+    EXPECT_LT(max_rel(c, g.get()), 1e-5) << "swiglu";
+  }
+  {
+    std::vector<float> c = x;
+    cpu->add(c.data(), y.data(), static_cast<int64_t>(x.size()));
+    Buf g(*gpu, x), u(*gpu, y);
+    gpu->add(g.f(), u.f(), static_cast<int64_t>(x.size()));
+    EXPECT_LT(max_rel(c, g.get()), 1e-6) << "add";
+  }
+}
+
+TEST(CudaOps, EmbedKvWriteAndAttention) {
+  NEED_GPU();
+  auto m = Model::load("synthetic:tiny-qwen3:q8_0");
+  const Weights wc = cpu->place_weights(m->weights);
+  const Weights wg = gpu->place_weights(m->weights);
+  {
+    const std::vector<int32_t> ids{3, 0, 511, 42};
+    std::vector<float> c(4 * static_cast<size_t>(wc.tok_embd.n_in));
+    cpu->embed(wc.tok_embd, ids.data(), 4, c.data());
+    Buf g(*gpu, c.size());
+    gpu->embed(wg.tok_embd, ids.data(), 4, g.f());
+    EXPECT_LT(max_rel(c, g.get()), 1e-6) << "embed";
+  }
+  for (DType kt : {DType::F16, DType::Q8_0, DType::Q4_0})
+    for (int32_t n_tok : {1, 7}) {
+      const int n_kv = 2, n_head = 4, d = 64, P = 16, ctx = 40;
+      const KvLayout l = KvLayout::make(kt, kt, P, n_kv, d);
+      const int pages = (ctx + P - 1) / P;
+      // The same K/V rows written by both backends into pages, then attention over them.
+      std::vector<uint8_t> hc(pages * l.page_bytes(), 0), hg(hc.size(), 0);
+      DeviceBuffer gp = gpu->alloc(hc.size(), "pages");
+      gpu->upload(gp.as(), hg.data(), hg.size());
+      const auto k = rnd(ctx * n_kv * d, 5), v = rnd(ctx * n_kv * d, 6);
+      std::vector<uint8_t*> dc(ctx), dg(ctx);
+      std::vector<int32_t> slots(ctx);
+      for (int t = 0; t < ctx; ++t) {
+        dc[t] = hc.data() + (t / P) * l.page_bytes();
+        dg[t] = gp.as() + (t / P) * l.page_bytes();
+        slots[t] = t % P;
+      }
+      cpu->kv_write(l, k.data(), v.data(), ctx, dc.data(), slots.data());
+      Buf kg(*gpu, k), vg(*gpu, v);
+      gpu->kv_write(l, kg.f(), vg.f(), ctx, dg.data(), slots.data());
+      gpu->sync();
+      gpu->download(hg.data(), gp.as(), hg.size());
+      size_t differ = 0;
+      for (size_t i = 0; i < hc.size(); ++i) differ += hc[i] != hg[i];
+      EXPECT_LE(differ, hc.size() / 1000) << "kv_write " << dtype_name(kt) << ": " << differ
+                                          << " bytes differ";
+      const auto q = rnd(n_tok * n_head * d, 7);
+      std::vector<int32_t> pos(n_tok);
+      for (int t = 0; t < n_tok; ++t) pos[t] = ctx - n_tok + t;
+      std::vector<Span> sc, sg;
+      for (int p = 0; p < pages; ++p) {
+        sc.push_back({hc.data() + p * l.page_bytes(), p * P, std::min(P, ctx - p * P)});
+        sg.push_back({gp.as() + p * l.page_bytes(), p * P, std::min(P, ctx - p * P)});
+      }
+      AttentionArgs a;
+      a.pos = pos.data();
+      a.n_tok = n_tok;
+      a.kv = l;
+      a.n_head = n_head;
+      a.scale = 0.125f;
+      std::vector<float> oc(q.size()), accc(n_tok * n_head * 2);
+      a.q = q.data();
+      a.out = oc.data();
+      a.acc = accc.data();
+      a.spans = sc.data();
+      a.n_spans = pages;
+      cpu->attention(a);
+      // The CUDA run reads the CPU-written pages, so only the attention arithmetic differs.
+      gpu->upload(gp.as(), hc.data(), hc.size());
+      Buf qg(*gpu, q), og(*gpu, q.size()), ag(*gpu, accc.size());
+      a.q = qg.f();
+      a.out = og.f();
+      a.acc = ag.f();
+      a.spans = sg.data();
+      gpu->attention(a);
+      EXPECT_LT(max_rel(oc, og.get()), 1e-4) << "attention " << dtype_name(kt) << " n_tok " << n_tok;
+    }
+}
+
+}  // namespace
+}  // namespace kvs

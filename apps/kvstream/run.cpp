@@ -194,7 +194,11 @@ void run(const RunArgs& a) {
   const auto prompts = prompts_of(a, *model);
   const int32_t N = a.parallel;
 
+#ifdef KVS_HAVE_CUDA
   auto dev = a.backend == "cuda" ? make_cuda_device(vram) : make_cpu_device(vram);
+#else
+  auto dev = make_cpu_device(vram);
+#endif
   Engine eng(*model, *dev, eo);
   std::vector<Sampler> samplers;
   for (int32_t i = 0; i < N; ++i) {

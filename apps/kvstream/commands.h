@@ -2,6 +2,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <string>
 
 namespace kvs::cli {
 
@@ -10,5 +11,6 @@ void register_run(CLI::App& app);
 void register_info(CLI::App& app);
 void register_synth(CLI::App& app);
 void register_plan(CLI::App& app);
+void register_bench(CLI::App& app, std::string command);  // command: the line, for the JSON
 
 }  // namespace kvs::cli

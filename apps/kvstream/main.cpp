@@ -17,6 +17,9 @@ int main(int argc, char** argv) {
   kvs::cli::register_info(app);
   kvs::cli::register_synth(app);
   kvs::cli::register_plan(app);
+  std::string line;
+  for (int i = 0; i < argc; ++i) line += (i ? " " : "") + std::string(argv[i]);
+  kvs::cli::register_bench(app, line);
   // llama.cpp's multi-letter short flags, which CLI11 cannot declare, become their long names.
   std::vector<std::string> args;
   for (int i = argc - 1; i >= 1; --i) {

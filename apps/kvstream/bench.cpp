@@ -47,8 +47,6 @@ void bench(const BenchArgs& a) {
   if (a.threads > 0) set_thread_count(a.threads);
   const std::vector<int64_t> depths = parse_count_list(a.depths, "--depths");
   KVS_CHECK(a.n_gen >= 1, "--n-gen must be at least 1");
-  KVS_CHECK(a.backend == "cpu" || a.backend == "cuda", "--backend ", a.backend,
-            ": not a backend (cpu, cuda)");
   const size_t vram = a.vram_limit.empty() ? 0 : parse_size(a.vram_limit, "--vram-limit");
   auto model = Model::load(a.model);
   const ModelConfig& c = model->config;
@@ -71,12 +69,7 @@ void bench(const BenchArgs& a) {
     o.n_ctx = static_cast<int32_t>(max_depth + a.n_gen + a.n_batch);
     o.ring_chunk_bytes = parse_size(a.ring_chunk, "--ring-chunk");
     if (!a.kv_arena.empty()) o.kv_arena = parse_size(a.kv_arena, "--kv-arena");
-#ifdef KVS_HAVE_CUDA
-    auto dev = a.backend == "cuda" ? make_cuda_device(vram) : make_cpu_device(vram);
-#else
-    KVS_CHECK(a.backend == "cpu", "--backend cuda: this build has no CUDA backend");
-    auto dev = make_cpu_device(vram);
-#endif
+    auto dev = make_device(a.backend, vram);
     device_name = dev->name();
     Engine eng(*model, *dev, o);
     const size_t weights = model->weights.matrix_bytes();

@@ -2,9 +2,15 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <memory>
 #include <string>
 
+#include "kvs/backend/device.h"
+
 namespace kvs::cli {
+
+// The device of --backend (cpu or cuda) with --vram-limit (0: unbounded / the GPU's free memory).
+std::unique_ptr<Device> make_device(const std::string& backend, size_t vram_limit);
 
 // Each adds its subcommand to `app` with a callback that runs it (errors as kvs::Error).
 void register_run(CLI::App& app);

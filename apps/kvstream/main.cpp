@@ -9,6 +9,22 @@
 #include "commands.h"
 #include "kvs/util/error.h"
 
+namespace kvs::cli {
+
+std::unique_ptr<Device> make_device(const std::string& backend, size_t vram_limit) {
+  KVS_CHECK(backend == "cpu" || backend == "cuda", "--backend ", backend,
+            ": not a backend (cpu, cuda)");
+#ifdef KVS_HAVE_CUDA
+  if (backend == "cuda") return make_cuda_device(vram_limit);
+#else
+  KVS_CHECK(backend == "cpu", "--backend cuda: this build has no CUDA backend (build with cmake "
+                              "--preset cuda)");
+#endif
+  return make_cpu_device(vram_limit);
+}
+
+}  // namespace kvs::cli
+
 int main(int argc, char** argv) {
   CLI::App app{"kvstream: LLM inference with KV cache streaming"};
   app.set_version_flag("--version", KVS_VERSION);

@@ -160,12 +160,6 @@ void print_step(const char* phase, int64_t i, const StepStats& s, const Engine& 
 
 void run(const RunArgs& a) {
   if (a.threads > 0) set_thread_count(a.threads);
-  KVS_CHECK(a.backend == "cpu" || a.backend == "cuda", "--backend ", a.backend,
-            ": not a backend (cpu, cuda)");
-#ifndef KVS_HAVE_CUDA
-  KVS_CHECK(a.backend == "cpu", "--backend cuda: this build has no CUDA backend (build with "
-                                "cmake --preset cuda)");
-#endif
   int given =
       int(!a.prompt.empty() || a.has_prompt) + int(!a.file.empty()) + int(!a.tokens.empty());
   KVS_CHECK(given == 1, "give exactly one of -p/--prompt, -f/--file and --tokens");
@@ -194,11 +188,7 @@ void run(const RunArgs& a) {
   const auto prompts = prompts_of(a, *model);
   const int32_t N = a.parallel;
 
-#ifdef KVS_HAVE_CUDA
-  auto dev = a.backend == "cuda" ? make_cuda_device(vram) : make_cpu_device(vram);
-#else
-  auto dev = make_cpu_device(vram);
-#endif
+  auto dev = make_device(a.backend, vram);
   Engine eng(*model, *dev, eo);
   std::vector<Sampler> samplers;
   for (int32_t i = 0; i < N; ++i) {

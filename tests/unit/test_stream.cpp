@@ -105,7 +105,11 @@ Result run(const Model& m, const Case& c, KvMode mode, size_t arena) {
 size_t full_arena(const Model& m, const Case& c) {
   const KvLayout l = KvLayout::make(c.kt, c.vt, c.page, m.config.n_head_kv, m.config.head_dim);
   const int32_t n_seq = static_cast<int32_t>(c.prompt_len.size());
-  const int32_t fixed = n_seq * m.config.n_layer + 2 * ((c.batch + c.page - 1) / c.page + n_seq);
+  EngineOptions o;
+  o.n_seq = n_seq;
+  o.n_batch = c.batch;
+  o.page_size = c.page;
+  const int32_t fixed = Engine::fixed_frames(m.config, o);
   const size_t pages = static_cast<size_t>((c.n_ctx + c.page - 1) / c.page) * m.config.n_layer *
                        static_cast<size_t>(n_seq);
   return (pages + static_cast<size_t>(fixed)) * l.page_bytes();
@@ -114,7 +118,11 @@ size_t full_arena(const Model& m, const Case& c) {
 size_t min_arena(const Model& m, const Case& c) {
   const KvLayout l = KvLayout::make(c.kt, c.vt, c.page, m.config.n_head_kv, m.config.head_dim);
   const int32_t n_seq = static_cast<int32_t>(c.prompt_len.size());
-  const int32_t fixed = n_seq * m.config.n_layer + 2 * ((c.batch + c.page - 1) / c.page + n_seq);
+  EngineOptions o;
+  o.n_seq = n_seq;
+  o.n_batch = c.batch;
+  o.page_size = c.page;
+  const int32_t fixed = Engine::fixed_frames(m.config, o);
   return min_arena_bytes(l.page_bytes(), fixed);
 }
 

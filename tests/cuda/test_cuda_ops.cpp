@@ -161,7 +161,18 @@ TEST(CudaOps, EmbedKvWriteAndAttention) {
       gpu->sync();
       gpu->download(hg.data(), gp.as(), hg.size());
       size_t differ = 0;
-      for (size_t i = 0; i < hc.size(); ++i) differ += hc[i] != hg[i];
+      for (size_t i = 0; i < hc.size(); ++i) {
+        if (hc[i] == hg[i]) continue;
+        // Name the first few differences: page, K or V, slot, byte within the row.
+        if (differ++ < 6) {
+          const size_t pg = i / l.page_bytes(), o = i % l.page_bytes();
+          const bool is_v = o >= l.v_offset();
+          const size_t rb = is_v ? l.v_row : l.k_row, ro = is_v ? o - l.v_offset() : o;
+          ADD_FAILURE() << dtype_name(kt) << " page " << pg << (is_v ? " V" : " K") << " slot "
+                        << ro / rb << " byte " << ro % rb << ": cpu " << int(hc[i]) << " gpu "
+                        << int(hg[i]);
+        }
+      }
       EXPECT_LE(differ, hc.size() / 1000) << "kv_write " << dtype_name(kt) << ": " << differ
                                           << " bytes differ";
       const auto q = rnd(n_tok * n_head * d, 7);

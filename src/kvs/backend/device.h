@@ -66,6 +66,15 @@ struct AttentionArgs {
   bool first = true, last = true;
 };
 
+// One product of a group that shares its input rows: y = W x (+ bias), or y += W x with `add`
+// (the residual). A backend may run the jobs of a group as one kernel.
+struct MatJob {
+  const Matrix* w = nullptr;
+  float* y = nullptr;  // [n_tok][w->n_out]
+  const float* bias = nullptr;
+  bool add = false;
+};
+
 // Streams: the compute stream runs the kernels; two copy streams move pages host-to-device
 // (the ring) and device-to-host (write-back) concurrently with it.
 enum class Stream : int { Compute = 0, CopyIn = 1, CopyOut = 2 };
@@ -96,9 +105,12 @@ class Device {
   // y[r] = x[r] / rms(x[r]) * w, rows of n.
   virtual void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n,
                        float eps) = 0;
-  // y[t][n_out] = W x[t][n_in] (+ bias), t < n_tok.
-  virtual void matmul(const Matrix& w, const float* x, float* y, int64_t n_tok,
-                      const float* bias) = 0;
+  // For each job: y[t][n_out] (+)= W x[t][n_in] (+ bias), t < n_tok; every W has n_in columns.
+  virtual void matmuls(const float* x, int64_t n_tok, const MatJob* jobs, int n_jobs) = 0;
+  void matmul(const Matrix& w, const float* x, float* y, int64_t n_tok, const float* bias) {
+    const MatJob j{&w, y, bias, false};
+    matmuls(x, n_tok, &j, 1);
+  }
   virtual void rope(float* x, const int32_t* pos, int32_t n_tok, int32_t n_head,
                     const RopeParams& p) = 0;
   virtual void swiglu(float* gate, const float* up, int64_t n) = 0;  // gate = silu(gate) * up

@@ -391,9 +391,9 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
   for (int32_t il = 0; il < c.n_layer; ++il) {
     const LayerWeights& L = w_.layers[static_cast<size_t>(il)];
     dev_.rmsnorm(x, L.attn_norm.data(), h, n_tok, d, c.norm_eps);
-    dev_.matmul(L.wq, h, q, n_tok, L.bq.empty() ? nullptr : L.bq.data());
-    dev_.matmul(L.wk, h, k, n_tok, L.bk.empty() ? nullptr : L.bk.data());
-    dev_.matmul(L.wv, h, v, n_tok, L.bv.empty() ? nullptr : L.bv.data());
+    const auto bias = [](const Vec& b) { return b.empty() ? nullptr : b.data(); };
+    const MatJob qkv[] = {{&L.wq, q, bias(L.bq)}, {&L.wk, k, bias(L.bk)}, {&L.wv, v, bias(L.bv)}};
+    dev_.matmuls(h, n_tok, qkv, 3);
     if (c.qk_norm) {
       dev_.rmsnorm(q, L.q_norm.data(), q, int64_t{n_tok} * c.n_head, c.head_dim, c.norm_eps);
       dev_.rmsnorm(k, L.k_norm.data(), k, int64_t{n_tok} * c.n_head_kv, c.head_dim, c.norm_eps);
@@ -413,15 +413,15 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
       write_back(il, batch);
       ring_->layers_done(il + 1);
     }
-    dev_.matmul(L.wo, att, h, n_tok, nullptr);
-    dev_.add(x, h, int64_t{n_tok} * d);
+    const MatJob out{&L.wo, x, nullptr, true};
+    dev_.matmuls(att, n_tok, &out, 1);
 
     dev_.rmsnorm(x, L.ffn_norm.data(), h, n_tok, d, c.norm_eps);
-    dev_.matmul(L.gate, h, gate, n_tok, nullptr);
-    dev_.matmul(L.up, h, up, n_tok, nullptr);
+    const MatJob ffn[] = {{&L.gate, gate}, {&L.up, up}};
+    dev_.matmuls(h, n_tok, ffn, 2);
     dev_.swiglu(gate, up, int64_t{n_tok} * c.n_ff);
-    dev_.matmul(L.down, gate, h, n_tok, nullptr);
-    dev_.add(x, h, int64_t{n_tok} * d);
+    const MatJob down{&L.down, x, nullptr, true};
+    dev_.matmuls(gate, n_tok, &down, 1);
   }
   KVS_CHECK(!ring_ || cursor == ring_->n_items(), "ring: ", ring_->n_items() - cursor,
             " streamed pages were not read");

@@ -5,6 +5,7 @@
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
 
 #include <deque>
 
@@ -77,9 +78,19 @@ class CpuDevice final : public Device {
                float eps) override {
     cpu::rmsnorm(x, w, y, rows, n, eps);
   }
-  void matmul(const Matrix& w, const float* x, float* y, int64_t n_tok,
-              const float* bias) override {
-    cpu::matmul(w, x, y, n_tok, bias);
+  void matmuls(const float* x, int64_t n_tok, const MatJob* jobs, int n_jobs) override {
+    for (int i = 0; i < n_jobs; ++i) {
+      const MatJob& j = jobs[i];
+      if (!j.add) {
+        cpu::matmul(*j.w, x, j.y, n_tok, j.bias);
+        continue;
+      }
+      // The same two roundings as a product followed by add().
+      const size_t n = static_cast<size_t>(j.w->n_out * n_tok);
+      if (sum_.size() < n) sum_.resize(n);
+      cpu::matmul(*j.w, x, sum_.data(), n_tok, j.bias);
+      cpu::add(j.y, sum_.data(), static_cast<int64_t>(n));
+    }
   }
   void rope(float* x, const int32_t* pos, int32_t n_tok, int32_t n_head,
             const RopeParams& p) override {
@@ -151,6 +162,7 @@ class CpuDevice final : public Device {
   std::unordered_set<void*> host_;
   std::deque<cpu::Fence> fences_;
   cpu::CopyEngine copy_in_, copy_out_;
+  std::vector<float> sum_;  // the product of an accumulating job, before it is added
 };
 
 }  // namespace

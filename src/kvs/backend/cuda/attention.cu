@@ -1,26 +1,17 @@
-// Attention over spans with partials, continuing a running state across calls exactly as the
-// CPU kernel does: each span gives per head (max, sum, unnormalised output), folded into the
-// state in logical span order. Decode: one block per (span, kv head) computes the partials of
-// the heads of its group, then one block per head folds them. Prefill: one block per (query,
-// head) walks the spans in order. K/V are dequantized in 32-element sub-blocks as they are read.
+// Attention over spans, continuing a running state (max, sum, unnormalised output) across
+// calls exactly as the CPU kernel does, so a run that sees its spans in several calls (the
+// ring's chunks) computes the same operations as one that sees them at once.
+// Decode: one block per (span, kv head) computes the partial of every query head of the group
+// (scores with a few lanes per key, softmax per head, values with lanes owning output
+// dimensions), then one block per head folds the partials into the state in span order.
+// Prefill: one block per (16 queries, kv head) walks the spans in tiles of 32 keys, dequantized
+// into shared memory, with an online softmax over tiles; a tile never crosses a span, so the
+// sequence of operations does not depend on how the spans were split into calls.
 #include "kvs/backend/cuda/common.cuh"
 #include "kvs/backend/cuda/kernels.h"
 
 namespace kvs::cuda {
 namespace {
-
-constexpr int kThreads = 128;
-
-// KV rows have no alignment beyond two bytes: f16 is read element by element.
-template <DType T>
-__device__ __forceinline__ void load_kv(const uint8_t* row, int sb, float* v) {
-  if constexpr (T == DType::F16) {
-#pragma unroll
-    for (int j = 0; j < 32; ++j) v[j] = h2f(row + 64 * sb + 2 * j);
-  } else {
-    load_sub<T>(row, sb, v);
-  }
-}
 
 struct Geo {
   const float* q;
@@ -28,110 +19,178 @@ struct Geo {
   float* acc;
   const Span* spans;
   const int32_t* pos;
-  int n_spans, n_head, group, d;
+  int n_tok, n_spans, n_head, group, d;
   size_t k_row, v_row, k_head, v_head, v_offset;
   float scale;
   bool first, last;
 };
 
-__device__ float block_reduce(float v, float* red, bool is_max) {
-  v = is_max ? warp_max(v) : warp_sum(v);
-  const int w = threadIdx.x / 32, nw = blockDim.x / 32;
-  __syncthreads();
-  if (threadIdx.x % 32 == 0) red[w] = v;
-  __syncthreads();
-  float r = red[0];
-  for (int i = 1; i < nw; ++i) r = is_max ? fmaxf(r, red[i]) : r + red[i];
-  return r;
-}
+__device__ __forceinline__ float h2f_16(const uint16_t* p) { return __half2float(__ushort_as_half(*p)); }
 
-// Partial of the heads [h0, h0 + ng) over keys [0, n) of one span, all sharing kv head hk:
-// scores to sc[g][j], then (m, l) and o[g][d] into the out pointers. qs holds the queries.
-template <DType K, DType V>
-__device__ void span_partial(const Geo& g, const Span& sp, int hk, int n, int ng, const float* qs,
-                             float* sc, float* red, float* ored, int P, float* m_out, float* l_out,
-                             float* o_out /* [ng][d], shared */) {
-  const int d = g.d, n_sb = d / 32;
-  for (int j = threadIdx.x; j < n; j += blockDim.x) {
-    float s[8] = {};
-    const uint8_t* kr = sp.page + static_cast<size_t>(j) * g.k_row + hk * g.k_head;
-    for (int sb = 0; sb < n_sb; ++sb) {
-      float v[32];
-      load_kv<K>(kr, sb, v);
-      for (int gi = 0; gi < ng; ++gi) {
-        const float* q = qs + gi * d + sb * 32;
-        float a = 0.0f;
+// 32 elements [32 sb, 32 sb + 32) of one head's K or V row; every f16 in a KV row is 2-byte
+// aligned, so the reads are 16-bit.
+template <DType T>
+__device__ __forceinline__ void kv_sub(const uint8_t* row, int sb, float* v) {
+  if constexpr (T == DType::F16) {
+    const uint16_t* p = reinterpret_cast<const uint16_t*>(row + 64 * sb);
 #pragma unroll
-        for (int k = 0; k < 32; ++k) a = fmaf(q[k], v[k], a);
-        s[gi] += a;
-      }
-    }
-    for (int gi = 0; gi < ng; ++gi) sc[gi * P + j] = s[gi] * g.scale;
-  }
-  __syncthreads();
-  const int n_ks = blockDim.x / n_sb;
-  const int sb = threadIdx.x % n_sb, ks = threadIdx.x / n_sb;
-  for (int gi = 0; gi < ng; ++gi) {
-    float* s = sc + gi * P;
-    float m = -INFINITY;
-    for (int j = threadIdx.x; j < n; j += blockDim.x) m = fmaxf(m, s[j]);
-    m = block_reduce(m, red, true);
-    float l = 0.0f;
-    for (int j = threadIdx.x; j < n; j += blockDim.x) {
-      const float p = expf(s[j] - m);
-      s[j] = p;
-      l += p;
-    }
-    l = block_reduce(l, red, false);  // its barriers also publish the p values
-    float o[32] = {};
-    if (ks < n_ks)
-      for (int j = ks; j < n; j += n_ks) {
-        float v[32];
-        load_kv<V>(sp.page + g.v_offset + static_cast<size_t>(j) * g.v_row + hk * g.v_head, sb, v);
-        const float p = s[j];
+    for (int j = 0; j < 32; ++j) v[j] = h2f_16(p + j);
+  } else if constexpr (T == DType::Q8_0) {
+    const uint16_t* p = reinterpret_cast<const uint16_t*>(row + 34 * sb);
+    const float d = h2f_16(p);
 #pragma unroll
-        for (int k = 0; k < 32; ++k) o[k] = fmaf(p, v[k], o[k]);
-      }
-    if (ks < n_ks)
-#pragma unroll
-      for (int k = 0; k < 32; ++k) ored[ks * d + sb * 32 + k] = o[k];
-    __syncthreads();
-    for (int i = threadIdx.x; i < d; i += blockDim.x) {
-      float a = 0.0f;
-      for (int r = 0; r < n_ks; ++r) a += ored[r * d + i];
-      o_out[gi * d + i] = a;
+    for (int j = 0; j < 16; ++j) {
+      const uint16_t w = p[1 + j];
+      v[2 * j] = d * static_cast<float>(static_cast<int8_t>(w & 0xFF));
+      v[2 * j + 1] = d * static_cast<float>(static_cast<int8_t>(w >> 8));
     }
-    if (threadIdx.x == 0) m_out[gi] = m, l_out[gi] = l;
-    __syncthreads();
+  } else {
+    const uint16_t* p = reinterpret_cast<const uint16_t*>(row + 18 * sb);
+    const float d = h2f_16(p);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const uint16_t w = p[1 + j];
+      v[2 * j] = d * static_cast<float>((w & 0xF) - 8);
+      v[2 * j + 1] = d * static_cast<float>(((w >> 8) & 0xF) - 8);
+      v[2 * j + 16] = d * static_cast<float>(((w >> 4) & 0xF) - 8);
+      v[2 * j + 17] = d * static_cast<float>((w >> 12) - 8);
+    }
   }
 }
 
-// Decode, step 1: partials of one span for the heads of one kv head.
+// Elements [e, e + n) (n <= 8, e a multiple of n, n dividing 32) of one head's V row.
+template <DType T>
+__device__ __forceinline__ void kv_elems(const uint8_t* row, int e, int n, float* v) {
+  const int b = e / 32, o = e % 32;
+  if constexpr (T == DType::F16) {
+    const uint16_t* p = reinterpret_cast<const uint16_t*>(row) + e;
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      if (k < n) v[k] = h2f_16(p + k);
+  } else if constexpr (T == DType::Q8_0) {
+    const uint8_t* blk = row + 34 * b;
+    const float d = h2f_16(reinterpret_cast<const uint16_t*>(blk));
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      if (k < n) v[k] = d * static_cast<float>(static_cast<int8_t>(blk[2 + o + k]));
+  } else {
+    const uint8_t* blk = row + 18 * b;
+    const float d = h2f_16(reinterpret_cast<const uint16_t*>(blk));
+    const int sh = o < 16 ? 0 : 4, base = o % 16;
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      if (k < n) v[k] = d * static_cast<float>(((blk[2 + base + k] >> sh) & 0xF) - 8);
+  }
+}
+
+constexpr int kDecThreads = 256;
+constexpr int kDecWarps = kDecThreads / 32;
+constexpr int kMaxGroup = 8;
+
+// Decode, step 1: the partial of one span for the query heads of one kv head:
+// part[(span * n_head + head) * (d + 3) + {0: max, 1: sum, 2: non-empty, 3..: output}].
 template <DType K, DType V>
-__global__ void __launch_bounds__(kThreads) decode_partials(Geo g, float* part, int P) {
+__global__ void __launch_bounds__(kDecThreads) decode_partials(Geo g, float* part, int P) {
   extern __shared__ float smem[];
   const int s = blockIdx.x, hk = blockIdx.y, d = g.d, ng = g.group;
-  float* qs = smem;              // [ng][d]
-  float* sc = qs + ng * d;       // [ng][P]
-  float* ored = sc + ng * P;     // [n_ks][d]
-  float* os = ored + kThreads / (d / 32) * d;  // [ng][d]
-  float* red = os + ng * d;      // [32]
-  float* ml = red + 32;          // [2][ng]
+  const int lk = d / 32;                     // lanes per key in the score pass
+  float* qs = smem;                          // [ng][d], element i of a head at (i % 32) * lk + i / 32
+  float* sc = qs + ng * d;                   // [ng][P] scores, then probabilities
+  float* red = sc + ng * P;                  // [warps][ng][d]
+  float* ml = red + kDecWarps * ng * d;      // [2][ng]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const Span sp = g.spans[s];
   const int n = min(sp.n, g.pos[0] - sp.start + 1);
-  for (int i = threadIdx.x; i < ng * d; i += blockDim.x) qs[i] = g.q[hk * ng * d + i];
-  __syncthreads();
   const size_t stride = static_cast<size_t>(d) + 3;
+  float* pout = part + (static_cast<size_t>(s) * g.n_head + hk * ng) * stride;
   if (n <= 0) {
-    for (int gi = threadIdx.x; gi < ng; gi += blockDim.x)
-      part[(static_cast<size_t>(s) * g.n_head + hk * ng + gi) * stride + 2] = 0.0f;
+    for (int gi = threadIdx.x; gi < ng; gi += blockDim.x) pout[gi * stride + 2] = 0.0f;
     return;
   }
-  span_partial<K, V>(g, sp, hk, n, ng, qs, sc, red, ored, P, ml, ml + ng, os);
-  for (int i = threadIdx.x; i < ng * (d + 3); i += blockDim.x) {
-    const int gi = i / (d + 3), k = i % (d + 3);
-    float* p = part + (static_cast<size_t>(s) * g.n_head + hk * ng + gi) * stride;
-    p[k] = k == 0 ? ml[gi] : k == 1 ? ml[ng + gi] : k == 2 ? 1.0f : os[gi * d + k - 3];
+  for (int i = threadIdx.x; i < ng * d; i += blockDim.x) {
+    const int gi = i / d, e = i % d;
+    qs[gi * d + (e % 32) * lk + e / 32] = g.q[(hk * ng) * d + i];
+  }
+  __syncthreads();
+
+  // Scores: lk lanes per key, each a 32-element sub-block, reduced by shuffles.
+  const int kpw = 32 / lk, sb = lane % lk;
+  for (int j0 = warp * kpw; j0 < n; j0 += kDecWarps * kpw) {
+    const int j = j0 + lane / lk;
+    float kv[32];
+    float s8[kMaxGroup] = {};
+    if (j < n) {
+      kv_sub<K>(sp.page + static_cast<size_t>(j) * g.k_row + hk * g.k_head, sb, kv);
+#pragma unroll
+      for (int gi = 0; gi < kMaxGroup; ++gi) {
+        if (gi >= ng) break;
+        const float* q = qs + gi * d + sb;
+        float a = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 32; ++k) a = fmaf(q[k * lk], kv[k], a);
+        s8[gi] = a;
+      }
+    }
+#pragma unroll
+    for (int gi = 0; gi < kMaxGroup; ++gi) {
+      if (gi >= ng) break;
+      float a = s8[gi];
+      for (int o = lk / 2; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+      if (sb == 0 && j < n) sc[gi * P + j] = a * g.scale;
+    }
+  }
+  __syncthreads();
+
+  // Softmax per head, a warp per head.
+  for (int gi = warp; gi < ng; gi += kDecWarps) {
+    float* x = sc + gi * P;
+    float m = -INFINITY;
+    for (int j = lane; j < n; j += 32) m = fmaxf(m, x[j]);
+    m = warp_max(m);
+    float l = 0.0f;
+    for (int j = lane; j < n; j += 32) {
+      const float p = expf(x[j] - m);
+      x[j] = p;
+      l += p;
+    }
+    l = warp_sum(l);
+    if (lane == 0) ml[gi] = m, ml[ng + gi] = l;
+  }
+  __syncthreads();
+
+  // Values: each lane owns d / 32 output dimensions, warps split the keys.
+  const int epl = d / 32, e0 = lane * epl;
+  float o[kMaxGroup][8] = {};
+  for (int j = warp; j < n; j += kDecWarps) {
+    float v[8];
+    kv_elems<V>(sp.page + g.v_offset + static_cast<size_t>(j) * g.v_row + hk * g.v_head, e0, epl, v);
+#pragma unroll
+    for (int gi = 0; gi < kMaxGroup; ++gi) {
+      if (gi >= ng) break;
+      const float p = sc[gi * P + j];
+#pragma unroll
+      for (int k = 0; k < 8; ++k)
+        if (k < epl) o[gi][k] = fmaf(p, v[k], o[gi][k]);
+    }
+  }
+#pragma unroll
+  for (int gi = 0; gi < kMaxGroup; ++gi) {
+    if (gi >= ng) break;
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      if (k < epl) red[(warp * ng + gi) * d + e0 + k] = o[gi][k];
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < ng * d; i += blockDim.x) {
+    const int gi = i / d, e = i % d;
+    float a = 0.0f;
+    for (int w = 0; w < kDecWarps; ++w) a += red[(w * ng + gi) * d + e];
+    pout[gi * stride + 3 + e] = a;
+  }
+  for (int gi = threadIdx.x; gi < ng; gi += blockDim.x) {
+    pout[gi * stride] = ml[gi];
+    pout[gi * stride + 1] = ml[ng + gi];
+    pout[gi * stride + 2] = 1.0f;
   }
 }
 
@@ -142,17 +201,19 @@ __global__ void decode_fold(Geo g, const float* part) {
   for (int i = threadIdx.x; i < d; i += blockDim.x) {
     float m = g.first ? 0.0f : g.acc[2 * h], l = g.first ? 0.0f : g.acc[2 * h + 1];
     float o = l != 0.0f ? g.out[h * d + i] : 0.0f;
+#pragma unroll 4
     for (int s = 0; s < g.n_spans; ++s) {
       const float* p = part + (static_cast<size_t>(s) * g.n_head + h) * stride;
-      if (p[2] == 0.0f) continue;
+      const float pm = p[0], pl = p[1], pf = p[2], po = p[3 + i];
+      if (pf == 0.0f) continue;
       if (l == 0.0f) {
-        m = p[0], l = p[1], o = p[3 + i];
+        m = pm, l = pl, o = po;
         continue;
       }
-      const float mm = fmaxf(m, p[0]);
-      const float a = expf(m - mm), b = expf(p[0] - mm);
-      l = l * a + p[1] * b;
-      o = o * a + p[3 + i] * b;
+      const float mm = fmaxf(m, pm);
+      const float a = expf(m - mm), b = expf(pm - mm);
+      l = l * a + pl * b;
+      o = o * a + po * b;
       m = mm;
     }
     g.out[h * d + i] = g.last ? o / l : o;
@@ -160,58 +221,190 @@ __global__ void decode_fold(Geo g, const float* part) {
   }
 }
 
-// Prefill: one block per (query, head), spans in order, the state kept in shared memory.
-template <DType K, DType V>
-__global__ void __launch_bounds__(kThreads) prefill(Geo g, int P) {
+// Prefill tiles: kTQ queries x the group's heads as rows, kTK keys per tile.
+constexpr int kPreThreads = 128;
+constexpr int kTK = 32;
+
+template <int D>
+struct Tile {
+  static constexpr int kRows = D == 256 ? 32 : 64;  // query rows (query, head) per block
+  static constexpr int kRI = kRows / 16;            // rows per thread
+  static constexpr int kDJ = D / 8;                 // output dimensions per thread
+  static constexpr int kQS = D + 4, kKS = kTK + 4, kVS = D + 4, kSS = kTK + 1;
+  static constexpr size_t kSmem =
+      sizeof(float) * (kRows * kQS + D * kKS + kTK * kVS + kRows * kSS + 4 * kRows);
+};
+
+template <DType K, DType V, int D>
+__global__ void __launch_bounds__(kPreThreads) prefill(Geo g) {
+  using T = Tile<D>;
   extern __shared__ float smem[];
-  const int t = blockIdx.x, h = blockIdx.y, d = g.d, hk = h / g.group;
-  float* qs = smem;
-  float* sc = qs + d;
-  float* ored = sc + P;
-  float* os = ored + kThreads / (d / 32) * d;
-  float* red = os + d;
-  float* ml = red + 32;
-  const size_t qoff = (static_cast<size_t>(t) * g.n_head + h) * d;
-  for (int i = threadIdx.x; i < d; i += blockDim.x) qs[i] = g.q[qoff + i];
-  float m = g.first ? 0.0f : g.acc[2 * (t * g.n_head + h)];
-  float l = g.first ? 0.0f : g.acc[2 * (t * g.n_head + h) + 1];
-  float o[2] = {0.0f, 0.0f};  // elements threadIdx.x and threadIdx.x + kThreads (d <= 256)
-  for (int r = 0; r < 2; ++r) {
-    const int i = threadIdx.x + r * kThreads;
-    if (i < d && l != 0.0f) o[r] = g.out[qoff + i];
+  float* qs = smem;                  // [rows][kQS]
+  float* kt = qs + T::kRows * T::kQS;  // [D][kKS]: K transposed
+  float* vs = kt + D * T::kKS;       // [kTK][kVS]
+  float* ss = vs + kTK * T::kVS;     // [rows][kSS]: scores, then probabilities
+  float* rm = ss + T::kRows * T::kSS;  // running max per row
+  float* rl = rm + T::kRows;         // running sum
+  float* ra = rl + T::kRows;         // this tile's rescale factor
+  int* rp = reinterpret_cast<int*>(ra + T::kRows);  // query position (-1: no row)
+  const int ng = g.group, hk = blockIdx.y;
+  const int tq = T::kRows / ng;  // queries per block
+  const int t0 = blockIdx.x * tq;
+  const int tid = threadIdx.x, tx = tid % 8, ty = tid / 8;
+
+  // Rows r = (query t0 + r / ng, head hk * ng + r % ng).
+  for (int i = tid; i < T::kRows * D; i += kPreThreads) {
+    const int r = i / D, e = i % D, t = t0 + r / ng;
+    const int h = hk * ng + r % ng;
+    qs[r * T::kQS + e] = (r < tq * ng && t < g.n_tok) ? g.q[(static_cast<size_t>(t) * g.n_head + h) * D + e] : 0.0f;
   }
+  int max_pos = -1;
+  for (int r = tid; r < T::kRows; r += kPreThreads) {
+    const int t = t0 + r / ng;
+    const bool ok = r < tq * ng && t < g.n_tok;
+    rp[r] = ok ? g.pos[t] : -1;
+    const size_t a = 2 * (static_cast<size_t>(t) * g.n_head + hk * ng + r % ng);
+    rm[r] = ok && !g.first ? g.acc[a] : -INFINITY;
+    rl[r] = ok && !g.first ? g.acc[a + 1] : 0.0f;
+  }
+  for (int t = t0; t < min(t0 + tq, g.n_tok); ++t) max_pos = max(max_pos, g.pos[t]);
+  // Output accumulators: rows ty + 16 i, dimensions tx + 8 j.
+  float o[T::kRI][T::kDJ];
   __syncthreads();
-  const int pos = g.pos[t];
+#pragma unroll
+  for (int i = 0; i < T::kRI; ++i) {
+    const int r = ty + 16 * i, t = t0 + r / ng;
+    const bool has = rp[r] >= 0 && rl[r] != 0.0f;
+    const float* src = has ? g.out + (static_cast<size_t>(t) * g.n_head + hk * ng + r % ng) * D : nullptr;
+#pragma unroll
+    for (int j = 0; j < T::kDJ; ++j) o[i][j] = has ? src[tx + 8 * j] : 0.0f;
+  }
+
   for (int s = 0; s < g.n_spans; ++s) {
     const Span sp = g.spans[s];
-    if (sp.start > pos) break;
-    const int n = min(sp.n, pos - sp.start + 1);
-    span_partial<K, V>(g, sp, hk, n, 1, qs, sc, red, ored, P, ml, ml + 1, os);
-    const float pm = ml[0], pl = ml[1];
-    for (int r = 0; r < 2; ++r) {
-      const int i = threadIdx.x + r * kThreads;
-      if (i >= d) continue;
-      if (l == 0.0f) {
-        o[r] = os[i];
-      } else {
-        const float mm = fmaxf(m, pm);
-        o[r] = o[r] * expf(m - mm) + os[i] * expf(pm - mm);
+    if (sp.start > max_pos) break;
+    const int n_span = min(sp.n, max_pos - sp.start + 1);
+    for (int k0 = 0; k0 < n_span; k0 += kTK) {
+      const int nk = min(kTK, n_span - k0);
+      // Dequantize the tile: a thread per (key, 32-element sub-block).
+      for (int i = tid; i < kTK * (D / 32); i += kPreThreads) {
+        const int j = i / (D / 32), sb = i % (D / 32);
+        float kv[32];
+        if (j < nk) {
+          const size_t key = static_cast<size_t>(k0 + j);
+          kv_sub<K>(sp.page + key * g.k_row + hk * g.k_head, sb, kv);
+#pragma unroll
+          for (int e = 0; e < 32; ++e) kt[(sb * 32 + e) * T::kKS + j] = kv[e];
+          kv_sub<V>(sp.page + g.v_offset + key * g.v_row + hk * g.v_head, sb, kv);
+#pragma unroll
+          for (int e = 0; e < 32; ++e) vs[j * T::kVS + sb * 32 + e] = kv[e];
+        } else {
+#pragma unroll
+          for (int e = 0; e < 32; ++e) kt[(sb * 32 + e) * T::kKS + j] = 0.0f, vs[j * T::kVS + sb * 32 + e] = 0.0f;
+        }
       }
+      __syncthreads();
+      // Scores: rows ty + 16 i, keys tx + 8 j.
+      float a[T::kRI][4] = {};
+#pragma unroll 4
+      for (int e = 0; e < D; ++e) {
+        float qv[T::kRI], kv[4];
+#pragma unroll
+        for (int i = 0; i < T::kRI; ++i) qv[i] = qs[(ty + 16 * i) * T::kQS + e];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) kv[j] = kt[e * T::kKS + tx + 8 * j];
+#pragma unroll
+        for (int i = 0; i < T::kRI; ++i)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) a[i][j] = fmaf(qv[i], kv[j], a[i][j]);
+      }
+#pragma unroll
+      for (int i = 0; i < T::kRI; ++i) {
+        const int r = ty + 16 * i;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int key = tx + 8 * j;
+          const bool live = key < nk && sp.start + k0 + key <= rp[r];
+          ss[r * T::kSS + key] = live ? a[i][j] * g.scale : -INFINITY;
+        }
+      }
+      __syncthreads();
+      // Online softmax: two threads per row (64 rows), or four (32 rows).
+      {
+        constexpr int kPer = kPreThreads / T::kRows;
+        const int r = tid / kPer, part = tid % kPer;
+        float* x = ss + r * T::kSS;
+        float m = -INFINITY;
+        for (int j = part; j < kTK; j += kPer) m = fmaxf(m, x[j]);
+        for (int w = kPer / 2; w > 0; w >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, w));
+        const float mo = rm[r], mn = fmaxf(mo, m);
+        float l = 0.0f;
+        for (int j = part; j < kTK; j += kPer) {
+          const float p = mn == -INFINITY ? 0.0f : expf(x[j] - mn);
+          x[j] = p;
+          l += p;
+        }
+        for (int w = kPer / 2; w > 0; w >>= 1) l += __shfl_xor_sync(0xffffffffu, l, w);
+        __syncwarp();
+        if (part == 0) {
+          const float al = mo == -INFINITY ? 0.0f : expf(mo - mn);
+          ra[r] = mn == -INFINITY ? 1.0f : al;
+          rl[r] = rl[r] * ra[r] + l;
+          rm[r] = mn;
+        }
+      }
+      __syncthreads();
+      // Values.
+#pragma unroll
+      for (int i = 0; i < T::kRI; ++i) {
+        const float al = ra[ty + 16 * i];
+#pragma unroll
+        for (int j = 0; j < T::kDJ; ++j) o[i][j] *= al;
+      }
+#pragma unroll 2
+      for (int key = 0; key < kTK; ++key) {
+        float p[T::kRI];
+#pragma unroll
+        for (int i = 0; i < T::kRI; ++i) p[i] = ss[(ty + 16 * i) * T::kSS + key];
+#pragma unroll
+        for (int j = 0; j < T::kDJ; ++j) {
+          const float v = vs[key * T::kVS + tx + 8 * j];
+#pragma unroll
+          for (int i = 0; i < T::kRI; ++i) o[i][j] = fmaf(p[i], v, o[i][j]);
+        }
+      }
+      __syncthreads();
     }
-    if (l == 0.0f) {
-      m = pm, l = pl;
-    } else {
-      const float mm = fmaxf(m, pm);
-      l = l * expf(m - mm) + pl * expf(pm - mm);
-      m = mm;
-    }
-    __syncthreads();
   }
-  for (int r = 0; r < 2; ++r) {
-    const int i = threadIdx.x + r * kThreads;
-    if (i < d) g.out[qoff + i] = g.last ? o[r] / l : o[r];
+#pragma unroll
+  for (int i = 0; i < T::kRI; ++i) {
+    const int r = ty + 16 * i;
+    if (rp[r] < 0) continue;
+    const int t = t0 + r / ng;
+    const size_t hrow = static_cast<size_t>(t) * g.n_head + hk * ng + r % ng;
+    const float l = rl[r];
+#pragma unroll
+    for (int j = 0; j < T::kDJ; ++j) g.out[hrow * D + tx + 8 * j] = g.last ? o[i][j] / l : o[i][j];
+    if (tx == 0) g.acc[2 * hrow] = rm[r], g.acc[2 * hrow + 1] = l;
   }
-  if (threadIdx.x == 0) g.acc[2 * (t * g.n_head + h)] = m, g.acc[2 * (t * g.n_head + h) + 1] = l;
+}
+
+// Dynamic shared memory above 48 KiB has to be allowed once per kernel.
+template <class F>
+void allow_smem(F* kernel, size_t bytes) {
+  static size_t allowed = 0;  // one per kernel instantiation
+  if (bytes <= allowed) return;
+  KVS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(bytes)));
+  allowed = bytes;
+}
+
+template <DType K, DType V, int D>
+void launch_prefill(Ctx& c, const Geo& g, int n_kv) {
+  using T = Tile<D>;
+  allow_smem(prefill<K, V, D>, T::kSmem);
+  const int tq = T::kRows / g.group;
+  prefill<K, V, D><<<dim3((g.n_tok + tq - 1) / tq, n_kv), kPreThreads, T::kSmem, c.stream>>>(g);
 }
 
 }  // namespace
@@ -219,22 +412,21 @@ __global__ void __launch_bounds__(kThreads) prefill(Geo g, int P) {
 void attention(Ctx& c, const AttentionArgs& a) {
   const KvLayout& l = a.kv;
   const int d = l.head_dim, P = l.page_size;
-  KVS_CHECK(d % 32 == 0 && d <= 256, "cuda attention: head size ", d, " (32 to 256, multiple of 32)");
+  KVS_CHECK(d == 32 || d == 64 || d == 128 || d == 256, "cuda attention: head size ", d,
+            " (32, 64, 128 or 256)");
   KVS_CHECK(P <= 2048, "cuda attention: --page-size ", P, " is above 2048");
-  Geo g{a.q, a.out, a.acc, a.spans, a.pos, a.n_spans, a.n_head, a.n_head / l.n_head_kv, d,
+  Geo g{a.q, a.out, a.acc, a.spans, a.pos, a.n_tok, a.n_spans, a.n_head, a.n_head / l.n_head_kv, d,
         l.k_row, l.v_row, l.k_head, l.v_head, l.v_offset(), a.scale, a.first, a.last};
-  KVS_CHECK(g.group <= 8, "cuda attention: more than 8 query heads per kv head");
-  const int n_ks = kThreads / (d / 32);
+  KVS_CHECK(g.group >= 1 && g.group <= kMaxGroup, "cuda attention: ", g.group,
+            " query heads per kv head (at most ", kMaxGroup, ")");
   if (a.n_tok == 1) {
     if (a.n_spans > 0) {
       float* part = c.scratch_part(static_cast<size_t>(a.n_spans) * a.n_head * (d + 3));
-      const size_t smem = sizeof(float) * (2 * g.group * d + g.group * P + n_ks * d + 32 + 2 * g.group);
+      const size_t smem = sizeof(float) * (g.group * d + g.group * P + kDecWarps * g.group * d + 2 * g.group);
       dispatch_kv(l.k_type, [&]<DType K>() {
         dispatch_kv(l.v_type, [&]<DType V>() {
-          auto k = decode_partials<K, V>;
-          KVS_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              static_cast<int>(smem)));
-          k<<<dim3(a.n_spans, l.n_head_kv), kThreads, smem, c.stream>>>(g, part, P);
+          allow_smem(decode_partials<K, V>, smem);
+          decode_partials<K, V><<<dim3(a.n_spans, l.n_head_kv), kDecThreads, smem, c.stream>>>(g, part, P);
         });
       });
       KVS_CUDA_CHECK(cudaGetLastError());
@@ -245,13 +437,14 @@ void attention(Ctx& c, const AttentionArgs& a) {
     KVS_CUDA_CHECK(cudaGetLastError());
     return;
   }
-  const size_t smem = sizeof(float) * (2 * d + P + n_ks * d + 32 + 2);
   dispatch_kv(l.k_type, [&]<DType K>() {
     dispatch_kv(l.v_type, [&]<DType V>() {
-      auto k = prefill<K, V>;
-      KVS_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(smem)));
-      k<<<dim3(a.n_tok, a.n_head), kThreads, smem, c.stream>>>(g, P);
+      switch (d) {
+        case 32: return launch_prefill<K, V, 32>(c, g, l.n_head_kv);
+        case 64: return launch_prefill<K, V, 64>(c, g, l.n_head_kv);
+        case 128: return launch_prefill<K, V, 128>(c, g, l.n_head_kv);
+        default: return launch_prefill<K, V, 256>(c, g, l.n_head_kv);
+      }
     });
   });
   KVS_CUDA_CHECK(cudaGetLastError());

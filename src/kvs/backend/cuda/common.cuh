@@ -146,6 +146,41 @@ __device__ __forceinline__ void load_sub(const uint8_t* row, int sb, float* v) {
   }
 }
 
+// Device layout of weight rows (place_weights): for q4_0, q4_1 and q8_0 the quants of all
+// blocks of a row come first (16 or 32 bytes per block, so a lane reads its block with aligned
+// 16-byte loads), then the blocks' f16 scales (and mins); every row starts 16-byte aligned.
+// The other formats keep the file layout. KV pages always keep the file layout.
+__host__ __device__ constexpr int packed_quant_bytes(DType t) {
+  return t == DType::Q4_0 || t == DType::Q4_1 ? 16 : t == DType::Q8_0 ? 32 : 0;
+}
+
+// Elements [32 sb, 32 sb + 32) of a weight row of n_sub sub-blocks, as f32.
+template <DType T>
+__device__ __forceinline__ void load_w(const uint8_t* row, int n_sub, int sb, float* v) {
+  if constexpr (T == DType::Q4_0 || T == DType::Q4_1) {
+    const uint8_t* q = row + sb * 16;
+    const uint8_t* h = row + n_sub * 16 + sb * (T == DType::Q4_1 ? 4 : 2);
+    const float d = h2f(h), m = T == DType::Q4_1 ? h2f(h + 2) : 0.0f;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      if constexpr (T == DType::Q4_1) {
+        v[j] = d * static_cast<float>(q[j] & 0xF) + m;
+        v[j + 16] = d * static_cast<float>(q[j] >> 4) + m;
+      } else {
+        v[j] = d * static_cast<float>((q[j] & 0xF) - 8);
+        v[j + 16] = d * static_cast<float>((q[j] >> 4) - 8);
+      }
+    }
+  } else if constexpr (T == DType::Q8_0) {
+    const uint8_t* q = row + sb * 32;
+    const float d = h2f(row + n_sub * 32 + sb * 2);
+#pragma unroll
+    for (int j = 0; j < 32; ++j) v[j] = d * static_cast<float>(static_cast<int8_t>(q[j]));
+  } else {
+    load_sub<T>(row, sb, v);
+  }
+}
+
 // Calls f.template operator()<T>() for the runtime type t (the formats the kernels support).
 template <class F>
 void dispatch(DType t, F&& f) {

@@ -2,7 +2,12 @@
 // --vram-limit), pinned host memory, one compute and two copy streams, events as fences. The
 // small host arrays the engine passes to kernels (token ids, positions, spans, page pointers)
 // go through a pinned staging ring onto the compute stream.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <map>
+#include <string>
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
@@ -30,6 +35,112 @@ DeviceBuffer& Ctx::grow(DeviceBuffer& b, size_t bytes, const char* what) {
 namespace {
 
 using cuda::Ctx;
+
+// KVS_PROFILE=1: the GPU time of every Device operation, from events recorded around it on
+// the compute stream, and the share of the time between the first and the last operation of
+// each synchronised stretch that the GPU spent idle (launch gaps); printed when the device
+// closes.
+class Profile {
+ public:
+  Profile() : on_(std::getenv("KVS_PROFILE") && std::string(std::getenv("KVS_PROFILE")) == "1") {}
+  bool on() const { return on_; }
+  void begin(cudaStream_t s, const char* name) {
+    open_.push_back({name, event(), event()});
+    KVS_CUDA_CHECK(cudaEventRecord(open_.back().a, s));
+  }
+  void end(cudaStream_t s) { KVS_CUDA_CHECK(cudaEventRecord(open_.back().b, s)); }
+  // Reads the finished events (after a synchronisation).
+  void collect() {
+    if (open_.empty()) return;
+    float ms = 0.0f;
+    for (const Op& o : open_) {
+      KVS_CUDA_CHECK(cudaEventElapsedTime(&ms, o.a, o.b));
+      Total& t = totals_[o.name];
+      ++t.calls;
+      t.ms += ms;
+      busy_ms_ += ms;
+    }
+    KVS_CUDA_CHECK(cudaEventElapsedTime(&ms, open_.front().a, open_.back().b));
+    span_ms_ += ms;
+    for (const Op& o : open_) free_.push_back(o.a), free_.push_back(o.b);
+    open_.clear();
+  }
+  void report() const {
+    if (!on_ || totals_.empty()) return;
+    std::fprintf(stderr, "profile: GPU busy %.2f ms of %.2f ms between operations (%.1f %% idle)\n",
+                 busy_ms_, span_ms_, span_ms_ > 0 ? 100.0 * (1.0 - busy_ms_ / span_ms_) : 0.0);
+    std::vector<std::pair<std::string, Total>> v(totals_.begin(), totals_.end());
+    std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
+    for (const auto& [name, t] : v)
+      std::fprintf(stderr, "profile: %-18s %8lld calls %10.2f ms %9.2f us/call %5.1f %%\n",
+                   name.c_str(), static_cast<long long>(t.calls), t.ms, 1000.0 * t.ms / t.calls,
+                   100.0 * t.ms / busy_ms_);
+  }
+  void release() {
+    for (cudaEvent_t e : free_) cudaEventDestroy(e);
+    free_.clear();
+  }
+
+ private:
+  struct Op {
+    const char* name;
+    cudaEvent_t a, b;
+  };
+  struct Total {
+    int64_t calls = 0;
+    double ms = 0;
+  };
+  cudaEvent_t event() {
+    if (!free_.empty()) {
+      const cudaEvent_t e = free_.back();
+      free_.pop_back();
+      return e;
+    }
+    cudaEvent_t e;
+    KVS_CUDA_CHECK(cudaEventCreate(&e));
+    return e;
+  }
+  bool on_;
+  std::vector<Op> open_;
+  std::vector<cudaEvent_t> free_;
+  std::map<std::string, Total> totals_;
+  double busy_ms_ = 0, span_ms_ = 0;
+};
+
+// Times one operation when profiling.
+class Timed {
+ public:
+  Timed(Profile& p, cudaStream_t s, const char* name) : p_(p.on() ? &p : nullptr), s_(s) {
+    if (p_) p_->begin(s, name);
+  }
+  ~Timed() {
+    if (p_) p_->end(s_);
+  }
+  Timed(const Timed&) = delete;
+  Timed& operator=(const Timed&) = delete;
+
+ private:
+  Profile* p_;
+  cudaStream_t s_;
+};
+
+// A row of n_in elements from the file layout to the device layout (common.cuh): for the
+// packed formats the quants of every block first, then the scales; others are copied.
+void pack_row(DType t, const uint8_t* src, uint8_t* dst, int64_t n_in) {
+  const size_t rb = row_bytes(t, n_in);
+  const int q = cuda::packed_quant_bytes(t);
+  if (q == 0) {
+    std::memcpy(dst, src, rb);
+    return;
+  }
+  const int64_t nb = n_in / 32;
+  const size_t block = rb / static_cast<size_t>(nb), head = block - static_cast<size_t>(q);
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* s = src + static_cast<size_t>(b) * block;
+    std::memcpy(dst + static_cast<size_t>(b) * q, s + head, static_cast<size_t>(q));
+    std::memcpy(dst + static_cast<size_t>(nb) * q + static_cast<size_t>(b) * head, s, head);
+  }
+}
 
 class CudaDevice final : public Device {
  public:
@@ -60,6 +171,9 @@ class CudaDevice final : public Device {
   }
   ~CudaDevice() override {
     cudaDeviceSynchronize();
+    prof_.collect();
+    prof_.report();
+    prof_.release();
     ctx_.w16.reset();
     ctx_.x16.reset();
     ctx_.part.reset();
@@ -129,14 +243,30 @@ class CudaDevice final : public Device {
     if (host.output.data != host.tok_embd.data) mats.push_back(&out.output);
     for (LayerWeights& l : out.layers)
       for (Matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down}) mats.push_back(m);
+    // Rows are repacked on the host (common.cuh: packed_quant_bytes) and padded to 16 bytes.
+    std::vector<size_t> pitch(mats.size());
     size_t total = 0;
-    for (Matrix* m : mats) total += (m->bytes() + 255) / 256 * 256;
+    for (size_t i = 0; i < mats.size(); ++i) {
+      pitch[i] = (mats[i]->row_bytes + 15) / 16 * 16;
+      total += (pitch[i] * static_cast<size_t>(mats[i]->n_out) + 255) / 256 * 256;
+    }
     weights_ = alloc(total, "the weights");
+    std::vector<uint8_t> buf;
     size_t off = 0;
-    for (Matrix* m : mats) {
-      KVS_CUDA_CHECK(cudaMemcpy(weights_.as() + off, m->data, m->bytes(), cudaMemcpyHostToDevice));
+    for (size_t i = 0; i < mats.size(); ++i) {
+      Matrix* m = mats[i];
+      const int64_t rows_per = std::max<int64_t>(1, static_cast<int64_t>((size_t{64} << 20) / pitch[i]));
+      for (int64_t r0 = 0; r0 < m->n_out; r0 += rows_per) {
+        const int64_t nr = std::min(rows_per, m->n_out - r0);
+        buf.assign(static_cast<size_t>(nr) * pitch[i], 0);
+        for (int64_t r = 0; r < nr; ++r)
+          pack_row(m->type, m->row(r0 + r), buf.data() + static_cast<size_t>(r) * pitch[i], m->n_in);
+        KVS_CUDA_CHECK(cudaMemcpy(weights_.as() + off + static_cast<size_t>(r0) * pitch[i], buf.data(),
+                                  buf.size(), cudaMemcpyHostToDevice));
+      }
       m->data = weights_.as() + off;
-      off += (m->bytes() + 255) / 256 * 256;
+      m->row_bytes = pitch[i];
+      off += (pitch[i] * static_cast<size_t>(m->n_out) + 255) / 256 * 256;
     }
     if (host.output.data == host.tok_embd.data) out.output.data = out.tok_embd.data;
     std::vector<Vec*> vecs{&out.output_norm, &out.rope_freqs};
@@ -161,29 +291,46 @@ class CudaDevice final : public Device {
     for (int32_t t = 0; t < n; ++t)
       KVS_CHECK(ids[t] >= 0 && ids[t] < emb.n_out, "token id ", ids[t], " is out of range (vocab ",
                 emb.n_out, ")");
+    const Timed t(prof_, ctx_.stream, "embed");
     cuda::embed(ctx_, emb, stage(ids, n), n, x);
   }
   void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n,
                float eps) override {
+    const Timed t(prof_, ctx_.stream, "rmsnorm");
     cuda::rmsnorm(ctx_, x, dv(w), y, rows, n, eps);
   }
-  void matmul(const Matrix& w, const float* x, float* y, int64_t n_tok,
-              const float* bias) override {
-    cuda::matmul(ctx_, w, x, y, n_tok, bias ? dv(bias) : nullptr);
+  void matmuls(const float* x, int64_t n_tok, const MatJob* jobs, int n_jobs) override {
+    KVS_CHECK(n_jobs >= 1 && n_jobs <= 8, "cuda: ", n_jobs, " matrices in one group");
+    MatJob j[8];
+    for (int i = 0; i < n_jobs; ++i) {
+      j[i] = jobs[i];
+      if (j[i].bias) j[i].bias = dv(j[i].bias);
+    }
+    const Timed t(prof_, ctx_.stream, n_tok <= cuda::kMaxVecTok ? "matvec" : "gemm");
+    cuda::matmuls(ctx_, x, n_tok, j, n_jobs);
   }
   void rope(float* x, const int32_t* pos, int32_t n_tok, int32_t n_head,
             const RopeParams& p) override {
     RopeParams q = p;
     if (q.freq_factors) q.freq_factors = dv(q.freq_factors);
+    const Timed t(prof_, ctx_.stream, "rope");
     cuda::rope(ctx_, x, stage(pos, n_tok), n_tok, n_head, q);
   }
-  void swiglu(float* gate, const float* up, int64_t n) override { cuda::swiglu(ctx_, gate, up, n); }
-  void add(float* x, const float* y, int64_t n) override { cuda::add(ctx_, x, y, n); }
+  void swiglu(float* gate, const float* up, int64_t n) override {
+    const Timed t(prof_, ctx_.stream, "swiglu");
+    cuda::swiglu(ctx_, gate, up, n);
+  }
+  void add(float* x, const float* y, int64_t n) override {
+    const Timed t(prof_, ctx_.stream, "add");
+    cuda::add(ctx_, x, y, n);
+  }
   void kv_write(const KvLayout& l, const float* k, const float* v, int32_t n_tok,
                 uint8_t* const* pages, const int32_t* slots) override {
+    const Timed t(prof_, ctx_.stream, "kv_write");
     cuda::kv_write(ctx_, l, k, v, n_tok, stage(pages, n_tok), stage(slots, n_tok));
   }
   void attention(const AttentionArgs& a) override {
+    const Timed t(prof_, ctx_.stream, a.n_tok == 1 ? "attention decode" : "attention prefill");
     AttentionArgs b = a;
     b.spans = a.n_spans > 0 ? stage(a.spans, a.n_spans) : nullptr;
     b.pos = stage(a.pos, a.n_tok);
@@ -213,6 +360,7 @@ class CudaDevice final : public Device {
   double busy_seconds(Stream) override { return 0.0; }  // not measured on CUDA yet
   void sync() override {
     for (cudaStream_t s : streams_) KVS_CUDA_CHECK(cudaStreamSynchronize(s));
+    prof_.collect();
   }
 
  private:
@@ -254,6 +402,7 @@ class CudaDevice final : public Device {
   Ctx ctx_;
   DeviceBuffer weights_, vectors_;
   std::unordered_map<const float*, const float*> vec_map_;
+  Profile prof_;
   void* stage_h_ = nullptr;
   void* stage_d_ = nullptr;
   size_t stage_off_ = 0;

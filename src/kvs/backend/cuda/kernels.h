@@ -24,7 +24,8 @@ struct Ctx {
   DeviceBuffer& grow(DeviceBuffer& b, size_t bytes, const char* what);
 };
 
-void matmul(Ctx& c, const Matrix& w, const float* x, float* y, int64_t n_tok, const float* bias);
+// Jobs' matrices are in the device layout of place_weights; biases are device pointers.
+void matmuls(Ctx& c, const float* x, int64_t n_tok, const MatJob* jobs, int n_jobs);
 void embed(Ctx& c, const Matrix& emb, const int32_t* ids, int32_t n, float* x);
 void rmsnorm(Ctx& c, const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps);
 void rope(Ctx& c, float* x, const int32_t* pos, int32_t n_tok, int32_t n_head, const RopeParams& p);

@@ -18,7 +18,7 @@ __global__ void embed_k(const uint8_t* __restrict__ emb, size_t row_bytes, const
   const int sb = blockIdx.x * blockDim.x + threadIdx.x;
   if (sb >= n_sub) return;
   float v[32];
-  load_sub<T>(emb + static_cast<size_t>(ids[t]) * row_bytes, sb, v);
+  load_w<T>(emb + static_cast<size_t>(ids[t]) * row_bytes, n_sub, sb, v);
   float* o = x + static_cast<size_t>(t) * n_in + sb * 32;
 #pragma unroll
   for (int j = 0; j < 32; ++j) o[j] = v[j];
@@ -75,10 +75,9 @@ __global__ void add_k(float* __restrict__ x, const float* __restrict__ y, size_t
   if (i < n) x[i] += y[i];
 }
 
+// Every f16 in a KV row is 2-byte aligned (blocks of 18, 34 or 64 bytes, rows of whole blocks).
 __device__ void store_h(uint8_t* p, float f) {
-  const uint16_t u = __half_as_ushort(__float2half_rn(f));
-  p[0] = static_cast<uint8_t>(u & 0xFF);
-  p[1] = static_cast<uint8_t>(u >> 8);
+  *reinterpret_cast<__half*>(p) = __float2half_rn(f);
 }
 
 // One 32-element block of a row: x -> dst in type T.

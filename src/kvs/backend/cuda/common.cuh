@@ -146,37 +146,44 @@ __device__ __forceinline__ void load_sub(const uint8_t* row, int sb, float* v) {
   }
 }
 
-// Device layout of weight rows (place_weights): for q4_0, q4_1 and q8_0 the quants of all
-// blocks of a row come first (16 or 32 bytes per block, so a lane reads its block with aligned
-// 16-byte loads), then the blocks' f16 scales (and mins); every row starts 16-byte aligned.
-// The other formats keep the file layout. KV pages always keep the file layout.
-__host__ __device__ constexpr int packed_quant_bytes(DType t) {
-  return t == DType::Q4_0 || t == DType::Q4_1 ? 16 : t == DType::Q8_0 ? 32 : 0;
+// Device layout of weight rows (place_weights). q4_0, q4_1 and q8_0 rows are cut into groups
+// of 32 blocks (1024 elements, the last group zero-padded) laid out for the matrix-vector
+// kernel: lane l of a warp handles elements 128 c + 4 l + k (c < 8, k < 4) of a group, so its
+// x reads are coalesced, and finds all its quants in one 16-byte (q4) or 32-byte (q8) piece at
+// offset l times that size; the f16 scales follow, [l / 8][c], then the q4_1 mins likewise.
+// Element 128 c + 4 l + k lies in block 4 c + l / 8 at position 4 (l % 8) + k. Other formats
+// keep the file layout, rows padded to 16 bytes. KV pages always keep the file layout.
+struct Packed {
+  int quant = 0;  // bytes of quants per lane and group; 0: not packed
+  int scales = 0;  // bytes of scales (and mins) per group
+  __host__ __device__ constexpr int stride() const { return 32 * quant + scales; }
+};
+__host__ __device__ constexpr Packed packed(DType t) {
+  return t == DType::Q4_0 ? Packed{16, 64} : t == DType::Q4_1 ? Packed{16, 128}
+                          : t == DType::Q8_0 ? Packed{32, 64} : Packed{};
 }
 
 // Elements [32 sb, 32 sb + 32) of a weight row of n_sub sub-blocks, as f32.
 template <DType T>
 __device__ __forceinline__ void load_w(const uint8_t* row, int n_sub, int sb, float* v) {
-  if constexpr (T == DType::Q4_0 || T == DType::Q4_1) {
-    const uint8_t* q = row + sb * 16;
-    const uint8_t* h = row + n_sub * 16 + sb * (T == DType::Q4_1 ? 4 : 2);
-    const float d = h2f(h), m = T == DType::Q4_1 ? h2f(h + 2) : 0.0f;
+  constexpr Packed pk = packed(T);
+  if constexpr (pk.quant != 0) {
+    const uint8_t* g = row + static_cast<size_t>(sb / 32) * pk.stride();
+    const int bi = sb % 32, c = bi / 4, lh = bi % 4;
+    const float d = h2f(g + 32 * pk.quant + 16 * lh + 2 * c);
+    const float m = T == DType::Q4_1 ? h2f(g + 32 * pk.quant + 64 + 16 * lh + 2 * c) : 0.0f;
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      if constexpr (T == DType::Q4_1) {
-        v[j] = d * static_cast<float>(q[j] & 0xF) + m;
-        v[j + 16] = d * static_cast<float>(q[j] >> 4) + m;
+    for (int p = 0; p < 32; ++p) {
+      const int l = 8 * lh + p / 4, k = p % 4;
+      if constexpr (T == DType::Q8_0) {
+        v[p] = d * static_cast<float>(static_cast<int8_t>(g[32 * l + 4 * c + k]));
       } else {
-        v[j] = d * static_cast<float>((q[j] & 0xF) - 8);
-        v[j + 16] = d * static_cast<float>((q[j] >> 4) - 8);
+        const int q = (g[16 * l + 2 * c + k / 2] >> (4 * (k % 2))) & 0xF;
+        v[p] = T == DType::Q4_1 ? d * static_cast<float>(q) + m : d * static_cast<float>(q - 8);
       }
     }
-  } else if constexpr (T == DType::Q8_0) {
-    const uint8_t* q = row + sb * 32;
-    const float d = h2f(row + n_sub * 32 + sb * 2);
-#pragma unroll
-    for (int j = 0; j < 32; ++j) v[j] = d * static_cast<float>(static_cast<int8_t>(q[j]));
   } else {
+    (void)n_sub;
     load_sub<T>(row, sb, v);
   }
 }

@@ -17,6 +17,7 @@
 #include "kvs/backend/cuda/kernels.h"
 #include "kvs/backend/device.h"
 #include "kvs/util/parse.h"
+#include "kvs/util/threadpool.h"
 
 namespace kvs {
 namespace cuda {
@@ -124,21 +125,39 @@ class Timed {
   cudaStream_t s_;
 };
 
-// A row of n_in elements from the file layout to the device layout (common.cuh): for the
-// packed formats the quants of every block first, then the scales; others are copied.
-void pack_row(DType t, const uint8_t* src, uint8_t* dst, int64_t n_in) {
-  const size_t rb = row_bytes(t, n_in);
-  const int q = cuda::packed_quant_bytes(t);
-  if (q == 0) {
-    std::memcpy(dst, src, rb);
+// A row of n_in elements from the file layout to the device layout of common.cuh.
+size_t device_pitch(DType t, int64_t n_in) {
+  const cuda::Packed pk = cuda::packed(t);
+  if (pk.quant == 0) return (row_bytes(t, n_in) + 15) / 16 * 16;
+  return static_cast<size_t>((n_in + 1023) / 1024) * static_cast<size_t>(pk.stride());
+}
+
+void pack_row(DType t, const uint8_t* src, uint8_t* dst, int64_t n_in, size_t pitch) {
+  const cuda::Packed pk = cuda::packed(t);
+  std::memset(dst, 0, pitch);
+  if (pk.quant == 0) {
+    std::memcpy(dst, src, row_bytes(t, n_in));
     return;
   }
   const int64_t nb = n_in / 32;
-  const size_t block = rb / static_cast<size_t>(nb), head = block - static_cast<size_t>(q);
+  const size_t block = row_bytes(t, 32);
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* s = src + static_cast<size_t>(b) * block;
-    std::memcpy(dst + static_cast<size_t>(b) * q, s + head, static_cast<size_t>(q));
-    std::memcpy(dst + static_cast<size_t>(nb) * q + static_cast<size_t>(b) * head, s, head);
+    uint8_t* g = dst + static_cast<size_t>(b / 32) * static_cast<size_t>(pk.stride());
+    const int bi = static_cast<int>(b % 32), c = bi / 4, lh = bi % 4;
+    uint8_t* sc = g + 32 * pk.quant + 16 * lh + 2 * c;
+    std::memcpy(sc, s, 2);                               // d
+    if (t == DType::Q4_1) std::memcpy(sc + 64, s + 2, 2);  // m
+    const uint8_t* qs = s + (t == DType::Q4_1 ? 4 : 2);
+    for (int p = 0; p < 32; ++p) {
+      const int l = 8 * lh + p / 4, k = p % 4;
+      if (t == DType::Q8_0) {
+        g[32 * l + 4 * c + k] = qs[p];
+      } else {
+        const int q = p < 16 ? (qs[p] & 0xF) : (qs[p - 16] >> 4);
+        g[16 * l + 2 * c + k / 2] |= static_cast<uint8_t>(q << (4 * (k % 2)));
+      }
+    }
   }
 }
 
@@ -243,11 +262,11 @@ class CudaDevice final : public Device {
     if (host.output.data != host.tok_embd.data) mats.push_back(&out.output);
     for (LayerWeights& l : out.layers)
       for (Matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down}) mats.push_back(m);
-    // Rows are repacked on the host (common.cuh: packed_quant_bytes) and padded to 16 bytes.
+    // Rows are repacked on the host into the layout of common.cuh.
     std::vector<size_t> pitch(mats.size());
     size_t total = 0;
     for (size_t i = 0; i < mats.size(); ++i) {
-      pitch[i] = (mats[i]->row_bytes + 15) / 16 * 16;
+      pitch[i] = device_pitch(mats[i]->type, mats[i]->n_in);
       total += (pitch[i] * static_cast<size_t>(mats[i]->n_out) + 255) / 256 * 256;
     }
     weights_ = alloc(total, "the weights");
@@ -258,9 +277,12 @@ class CudaDevice final : public Device {
       const int64_t rows_per = std::max<int64_t>(1, static_cast<int64_t>((size_t{64} << 20) / pitch[i]));
       for (int64_t r0 = 0; r0 < m->n_out; r0 += rows_per) {
         const int64_t nr = std::min(rows_per, m->n_out - r0);
-        buf.assign(static_cast<size_t>(nr) * pitch[i], 0);
-        for (int64_t r = 0; r < nr; ++r)
-          pack_row(m->type, m->row(r0 + r), buf.data() + static_cast<size_t>(r) * pitch[i], m->n_in);
+        buf.resize(static_cast<size_t>(nr) * pitch[i]);
+        thread_pool().parallel_for(nr, 64, [&](int64_t b, int64_t e) {
+          for (int64_t r = b; r < e; ++r)
+            pack_row(m->type, m->row(r0 + r), buf.data() + static_cast<size_t>(r) * pitch[i],
+                     m->n_in, pitch[i]);
+        });
         KVS_CUDA_CHECK(cudaMemcpy(weights_.as() + off + static_cast<size_t>(r0) * pitch[i], buf.data(),
                                   buf.size(), cudaMemcpyHostToDevice));
       }

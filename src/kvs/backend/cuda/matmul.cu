@@ -1,8 +1,9 @@
 // Matrix products y[t][n_out] (+)= W x[t][n_in] (+ bias) for groups of matrices sharing x.
 // Up to kMaxVecTok tokens it is a matrix-vector product that reads the weights once: for
-// f16, bf16, q4_0, q4_1 and q8_0 (rows in the packed layout of common.cuh) each lane takes
-// whole 32-element blocks with 16-byte loads, each warp two rows that share the x values it
-// loads, and the quants become floats by byte permutes (no integer-to-float conversions);
+// f16, bf16, q4_0, q4_1 and q8_0 (rows in the layout of common.cuh) each lane reads its quants
+// of a 1024-element group with one or two 16-byte loads and its x values coalesced, each warp
+// takes two rows that share those x values, and the quants become floats by byte permutes
+// (no integer-to-float conversions);
 // the jobs of a group with one weight type are one launch. The other formats use a simpler
 // warp-per-row kernel. More tokens: the matrix is dequantized to f16 and multiplied by cuBLAS
 // with f32 accumulation (prefill).
@@ -35,104 +36,73 @@ __device__ __forceinline__ float byte_f(uint32_t w, int k) {
   return __int_as_float(static_cast<int>(__byte_perm(w, 0x4B000000u, 0x7440u + k)));
 }
 
-// Per-format decoding of one 32-element block for the fast kernel: load() reads the quants
-// (kWords 32-bit words) and scale; deq(i) gives elements 4i..4i+3 (lo) and 16+4i..16+4i+3 (hi).
-template <DType T>
-struct Fast;
-
-template <>
-struct Fast<DType::Q4_0> {
-  static constexpr int kWords = 4;
-  static constexpr bool kScale = true, kMin = false;
-  __device__ static void load(const uint8_t* r, int n_sub, int b, uint32_t* q, float& d, float&) {
-    const uint4 u = __ldg(reinterpret_cast<const uint4*>(r) + b);
-    q[0] = u.x, q[1] = u.y, q[2] = u.z, q[3] = u.w;
-    d = h2f(r + n_sub * 16 + 2 * b);
-  }
-  __device__ static void deq(const uint32_t* q, int i, float* lo, float* hi) {
-    const uint32_t l = q[i] & 0x0F0F0F0Fu, h = (q[i] >> 4) & 0x0F0F0F0Fu;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) lo[k] = byte_f(l, k) - 8388616.0f, hi[k] = byte_f(h, k) - 8388616.0f;
-  }
-};
-
-template <>
-struct Fast<DType::Q4_1> {
-  static constexpr int kWords = 4;
-  static constexpr bool kScale = true, kMin = true;
-  __device__ static void load(const uint8_t* r, int n_sub, int b, uint32_t* q, float& d, float& m) {
-    const uint4 u = __ldg(reinterpret_cast<const uint4*>(r) + b);
-    q[0] = u.x, q[1] = u.y, q[2] = u.z, q[3] = u.w;
-    d = h2f(r + n_sub * 16 + 4 * b);
-    m = h2f(r + n_sub * 16 + 4 * b + 2);
-  }
-  __device__ static void deq(const uint32_t* q, int i, float* lo, float* hi) {
-    const uint32_t l = q[i] & 0x0F0F0F0Fu, h = (q[i] >> 4) & 0x0F0F0F0Fu;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) lo[k] = byte_f(l, k) - 8388608.0f, hi[k] = byte_f(h, k) - 8388608.0f;
-  }
-};
-
-template <>
-struct Fast<DType::Q8_0> {
-  static constexpr int kWords = 8;
-  static constexpr bool kScale = true, kMin = false;
-  __device__ static void load(const uint8_t* r, int n_sub, int b, uint32_t* q, float& d, float&) {
-    const uint4* p = reinterpret_cast<const uint4*>(r) + 2 * b;
-    const uint4 u = __ldg(p), v = __ldg(p + 1);
-    q[0] = u.x, q[1] = u.y, q[2] = u.z, q[3] = u.w, q[4] = v.x, q[5] = v.y, q[6] = v.z, q[7] = v.w;
-    d = h2f(r + n_sub * 32 + 2 * b);
-  }
-  // Signed bytes: flipping the sign bit gives byte + 128.
-  __device__ static void deq(const uint32_t* q, int i, float* lo, float* hi) {
-    const uint32_t l = q[i] ^ 0x80808080u, h = q[i + 4] ^ 0x80808080u;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) lo[k] = byte_f(l, k) - 8388736.0f, hi[k] = byte_f(h, k) - 8388736.0f;
-  }
-};
-
-template <>
-struct Fast<DType::F16> {
-  static constexpr int kWords = 16;
-  static constexpr bool kScale = false, kMin = false;
-  __device__ static void load(const uint8_t* r, int, int b, uint32_t* q, float&, float&) {
-    const uint4* p = reinterpret_cast<const uint4*>(r) + 4 * b;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const uint4 u = __ldg(p + k);
-      q[4 * k] = u.x, q[4 * k + 1] = u.y, q[4 * k + 2] = u.z, q[4 * k + 3] = u.w;
-    }
-  }
-  __device__ static void deq(const uint32_t* q, int i, float* lo, float* hi) {
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&q[2 * i + k]));
-      const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&q[8 + 2 * i + k]));
-      lo[2 * k] = a.x, lo[2 * k + 1] = a.y, hi[2 * k] = b.x, hi[2 * k + 1] = b.y;
-    }
-  }
-};
-
-template <>
-struct Fast<DType::BF16> {
-  static constexpr int kWords = 16;
-  static constexpr bool kScale = false, kMin = false;
-  __device__ static void load(const uint8_t* r, int n_sub, int b, uint32_t* q, float& d, float& m) {
-    Fast<DType::F16>::load(r, n_sub, b, q, d, m);
-  }
-  __device__ static void deq(const uint32_t* q, int i, float* lo, float* hi) {
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const uint32_t a = q[2 * i + k], b = q[8 + 2 * i + k];
-      lo[2 * k] = __uint_as_float(a << 16), lo[2 * k + 1] = __uint_as_float(a & 0xFFFF0000u);
-      hi[2 * k] = __uint_as_float(b << 16), hi[2 * k + 1] = __uint_as_float(b & 0xFFFF0000u);
-    }
-  }
-};
-
 template <DType T>
 constexpr bool kFast = T == DType::Q4_0 || T == DType::Q4_1 || T == DType::Q8_0 ||
                        T == DType::F16 || T == DType::BF16;
+
+// What one lane holds of one row and group of 1024 elements (common.cuh's layout): the quants
+// (or the raw f16/bf16 elements) and the scales of its 8 chunks of 4 elements.
+template <DType T>
+struct Lane {
+  static constexpr bool kQ8 = T == DType::Q8_0, kHalf = T == DType::F16 || T == DType::BF16;
+  static constexpr int kWords = kHalf ? 16 : kQ8 ? 8 : 4;
+  uint32_t q[kWords];
+  uint4 d, m;
+
+  __device__ void load(const uint8_t* row, int gi, int lane, int n_in) {
+    if constexpr (kHalf) {
+      const int e0 = gi * 1024 + 4 * lane;
+#pragma unroll
+      for (int c = 0; c < 8; ++c) {
+        uint2 u = make_uint2(0, 0);
+        if (e0 + 128 * c < n_in) u = __ldg(reinterpret_cast<const uint2*>(row) + (e0 + 128 * c) / 4);
+        q[2 * c] = u.x, q[2 * c + 1] = u.y;
+      }
+    } else {
+      constexpr Packed pk = packed(T);
+      const uint8_t* g = row + static_cast<size_t>(gi) * pk.stride();
+      const uint4* qp = reinterpret_cast<const uint4*>(g + pk.quant * lane);
+#pragma unroll
+      for (int k = 0; k < kWords / 4; ++k) {
+        const uint4 u = __ldg(qp + k);
+        q[4 * k] = u.x, q[4 * k + 1] = u.y, q[4 * k + 2] = u.z, q[4 * k + 3] = u.w;
+      }
+      const uint8_t* sc = g + 32 * pk.quant + 16 * (lane / 8);
+      d = __ldg(reinterpret_cast<const uint4*>(sc));
+      if constexpr (T == DType::Q4_1) m = __ldg(reinterpret_cast<const uint4*>(sc + 64));
+    }
+  }
+  // Elements 4 l .. 4 l + 3 of chunk c, and the chunk's scale and min.
+  __device__ void chunk(int c, float* e, float& sd, float& sm) const {
+    if constexpr (kHalf) {
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        const uint32_t w = q[2 * c + k];
+        if constexpr (T == DType::F16) {
+          const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w));
+          e[2 * k] = f.x, e[2 * k + 1] = f.y;
+        } else {
+          e[2 * k] = __uint_as_float(w << 16), e[2 * k + 1] = __uint_as_float(w & 0xFFFF0000u);
+        }
+      }
+    } else {
+      const __half* dh = reinterpret_cast<const __half*>(&d);
+      sd = __half2float(dh[c]);
+      if constexpr (T == DType::Q4_1) sm = __half2float(reinterpret_cast<const __half*>(&m)[c]);
+      if constexpr (kQ8) {
+        const uint32_t w = q[c] ^ 0x80808080u;  // signed bytes + 128
+#pragma unroll
+        for (int k = 0; k < 4; ++k) e[k] = byte_f(w, k) - 8388736.0f;
+      } else {
+        const uint32_t w = q[c / 2], b = 2 * (c % 2);
+        const uint32_t lo = w & 0x0F0F0F0Fu, hi = (w >> 4) & 0x0F0F0F0Fu;
+        constexpr float off = T == DType::Q4_0 ? 8388616.0f : 8388608.0f;  // 2^23 (+ 8)
+        e[0] = byte_f(lo, b) - off, e[1] = byte_f(hi, b) - off;
+        e[2] = byte_f(lo, b + 1) - off, e[3] = byte_f(hi, b + 1) - off;
+      }
+    }
+  }
+};
 
 __device__ __forceinline__ void store(const Group& g, int j, int row, int t, float s) {
   const size_t i = static_cast<size_t>(t) * g.n_out[j] + row;
@@ -143,58 +113,48 @@ __device__ __forceinline__ void store(const Group& g, int j, int row, int t, flo
 template <DType T, int NT>
 __global__ void __launch_bounds__(kWarps * 32)
     matvec_fast(Group g, const float* __restrict__ x, int n_in) {
-  using F = Fast<T>;
   const int lane = threadIdx.x % 32;
   const int r0 = (blockIdx.x * kWarps + threadIdx.x / 32) * kRows;
   int j = 0;
   while (j + 1 < g.n && r0 >= g.first[j + 1]) ++j;
   if (r0 >= g.first[g.n]) return;
-  const int row0 = r0 - g.first[j], n_out = g.n_out[j], n_sub = n_in / 32;
+  const int row0 = r0 - g.first[j], n_out = g.n_out[j], n_groups = (n_in + 1023) / 1024;
   const uint8_t* rows[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r)  // a row past the end re-reads the last one; not stored
     rows[r] = g.w[j] + static_cast<size_t>(min(row0 + r, n_out - 1)) * g.pitch[j];
   float acc[kRows][NT] = {};
 #pragma unroll 2
-  for (int b = lane; b < n_sub; b += 32) {
-    uint32_t q[kRows][F::kWords];
-    float d[kRows] = {}, m[kRows] = {};
+  for (int gi = 0; gi < n_groups; ++gi) {
+    Lane<T> w[kRows];
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) F::load(rows[r], n_sub, b, q[r], d[r], m[r]);
-    float s[kRows][NT] = {}, xs[NT] = {};
+    for (int r = 0; r < kRows; ++r) w[r].load(rows[r], gi, lane, n_in);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      float4 xl[NT], xh[NT];
+    for (int c = 0; c < 8; ++c) {
+      const int e = gi * 1024 + 128 * c + 4 * lane;
+      float4 xv[NT];
 #pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        const float* xp = x + static_cast<size_t>(t) * n_in + b * 32 + 4 * i;
-        xl[t] = __ldg(reinterpret_cast<const float4*>(xp));
-        xh[t] = __ldg(reinterpret_cast<const float4*>(xp + 16));
-        if constexpr (F::kMin) xs[t] += (xl[t].x + xl[t].y) + (xl[t].z + xl[t].w) + (xh[t].x + xh[t].y) + (xh[t].z + xh[t].w);
-      }
+      for (int t = 0; t < NT; ++t)
+        xv[t] = e < n_in ? __ldg(reinterpret_cast<const float4*>(x + static_cast<size_t>(t) * n_in + e))
+                         : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
-        float lo[4], hi[4];
-        F::deq(q[r], i, lo, hi);
+        float q[4], sd = 1.0f, sm = 0.0f;
+        w[r].chunk(c, q, sd, sm);
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
-          float a = s[r][t];
-          a = fmaf(lo[0], xl[t].x, a), a = fmaf(lo[1], xl[t].y, a);
-          a = fmaf(lo[2], xl[t].z, a), a = fmaf(lo[3], xl[t].w, a);
-          a = fmaf(hi[0], xh[t].x, a), a = fmaf(hi[1], xh[t].y, a);
-          a = fmaf(hi[2], xh[t].z, a), a = fmaf(hi[3], xh[t].w, a);
-          s[r][t] = a;
+          float a = q[0] * xv[t].x;
+          a = fmaf(q[1], xv[t].y, a), a = fmaf(q[2], xv[t].z, a), a = fmaf(q[3], xv[t].w, a);
+          if constexpr (Lane<T>::kHalf) {
+            acc[r][t] += a;
+          } else {
+            acc[r][t] = fmaf(sd, a, acc[r][t]);
+            if constexpr (T == DType::Q4_1)
+              acc[r][t] = fmaf(sm, (xv[t].x + xv[t].y) + (xv[t].z + xv[t].w), acc[r][t]);
+          }
         }
       }
     }
-#pragma unroll
-    for (int r = 0; r < kRows; ++r)
-#pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        if constexpr (F::kScale) acc[r][t] = fmaf(d[r], s[r][t], acc[r][t]);
-        else acc[r][t] += s[r][t];
-        if constexpr (F::kMin) acc[r][t] = fmaf(m[r], xs[t], acc[r][t]);
-      }
   }
 #pragma unroll
   for (int r = 0; r < kRows; ++r)

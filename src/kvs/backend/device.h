@@ -129,6 +129,12 @@ class Device {
   virtual bool done(FenceId f) = 0;              // whether its last record has been reached
   virtual double busy_seconds(Stream s) = 0;     // time a copy stream has spent copying
   virtual void sync() = 0;                       // waits for all queued work on all streams
+
+  // A step whose work is all on the compute stream, with no host waits inside, may be recorded
+  // between these calls and run as one unit (a CUDA graph); end_step(false) drops it after an
+  // error. The CPU runs each operation as it is called.
+  virtual void begin_step() {}
+  virtual void end_step(bool /*run*/) {}
 };
 
 // The CPU backend; capacity 0 means unbounded.

@@ -386,6 +386,17 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
   float *x = x_.as<float>(), *h = h_.as<float>(), *q = q_.as<float>(), *k = k_.as<float>(),
         *v = v_.as<float>(), *att = att_.as<float>(), *gate = gate_.as<float>(),
         *up = up_.as<float>();
+  // Resident decode steps touch only the compute stream: the device may record and replay
+  // them (prefill steps are few and long, launches do not matter there).
+  struct Capture {
+    Device* dev;
+    ~Capture() {
+      if (dev) dev->end_step(false);
+    }
+  } capture{!ring_ && opt_.kv_mode != KvMode::Host && n_tok == static_cast<int32_t>(batch.size())
+                ? &dev_
+                : nullptr};
+  if (capture.dev) dev_.begin_step();
   dev_.embed(w_.tok_embd, ids_.data(), n_tok, x);
   int32_t cursor = 0;  // next ring item
   for (int32_t il = 0; il < c.n_layer; ++il) {
@@ -431,6 +442,10 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
     dev_.rmsnorm(last, w_.output_norm.data(), h + i * d, 1, d, c.norm_eps);
   }
   dev_.matmul(w_.output, h, logits_.as<float>(), static_cast<int64_t>(batch.size()), nullptr);
+  if (capture.dev) {
+    capture.dev = nullptr;
+    dev_.end_step(true);
+  }
   hlogits_.resize(batch.size() * static_cast<size_t>(c.n_vocab));
   dev_.download(hlogits_.data(), logits_.as<float>(), hlogits_.size() * sizeof(float));
   for (const BatchEntry& e : batch) {

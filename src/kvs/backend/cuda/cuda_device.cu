@@ -24,9 +24,11 @@ namespace cuda {
 
 DeviceBuffer& Ctx::grow(DeviceBuffer& b, size_t bytes, const char* what) {
   if (b.size() < bytes) {
+    if (pause) pause();
     KVS_CUDA_CHECK(cudaStreamSynchronize(stream));  // the old buffer may still be read
     b.reset();
     b = dev->alloc(bytes + bytes / 4, what);
+    if (resume) resume();
   }
   return b;
 }
@@ -193,6 +195,7 @@ class CudaDevice final : public Device {
     prof_.collect();
     prof_.report();
     prof_.release();
+    if (exec_) cudaGraphExecDestroy(exec_);
     ctx_.w16.reset();
     ctx_.x16.reset();
     ctx_.part.reset();
@@ -290,7 +293,7 @@ class CudaDevice final : public Device {
       m->row_bytes = pitch[i];
       off += (pitch[i] * static_cast<size_t>(m->n_out) + 255) / 256 * 256;
     }
-    if (host.output.data == host.tok_embd.data) out.output.data = out.tok_embd.data;
+    if (host.output.data == host.tok_embd.data) out.output = out.tok_embd;  // tied: same layout too
     std::vector<Vec*> vecs{&out.output_norm, &out.rope_freqs};
     for (LayerWeights& l : out.layers)
       for (Vec* v : {&l.attn_norm, &l.bq, &l.bk, &l.bv, &l.q_norm, &l.k_norm, &l.ffn_norm})
@@ -385,8 +388,63 @@ class CudaDevice final : public Device {
     prof_.collect();
   }
 
+  // A step is captured into a graph and launched at its end; the executable graph is updated
+  // in place when the next step has the same shape (the usual decode step), which costs far
+  // less than launching each kernel. Off with KVS_CUDA_GRAPHS=0 or while profiling.
+  void begin_step() override {
+    if (!graphs_) return;
+    KVS_CUDA_CHECK(cudaStreamSynchronize(streams_[0]));
+    stage_off_ = 0;  // every staged copy before this step has been read
+    KVS_CUDA_CHECK(cudaStreamBeginCapture(streams_[0], cudaStreamCaptureModeRelaxed));
+    partial_ = false;
+    ctx_.pause = [this] { pause_capture(); };
+    ctx_.resume = [this] {
+      stage_off_ = 0;
+      KVS_CUDA_CHECK(cudaStreamBeginCapture(streams_[0], cudaStreamCaptureModeRelaxed));
+    };
+  }
+  void end_step(bool run) override {
+    if (!ctx_.pause) return;
+    ctx_.pause = ctx_.resume = nullptr;
+    cudaGraph_t g = nullptr;
+    if (!run) {
+      cudaStreamEndCapture(streams_[0], &g);
+      if (g) cudaGraphDestroy(g);
+      cudaGetLastError();
+      return;
+    }
+    KVS_CUDA_CHECK(cudaStreamEndCapture(streams_[0], &g));
+    if (exec_ && !partial_) {
+      cudaGraphExecUpdateResultInfo info{};
+      if (cudaGraphExecUpdate(exec_, g, &info) != cudaSuccess) {
+        cudaGetLastError();
+        KVS_CUDA_CHECK(cudaGraphExecDestroy(exec_));
+        exec_ = nullptr;
+      }
+    } else if (exec_) {
+      KVS_CUDA_CHECK(cudaGraphExecDestroy(exec_));
+      exec_ = nullptr;
+    }
+    if (!exec_) KVS_CUDA_CHECK(cudaGraphInstantiate(&exec_, g, 0));
+    KVS_CUDA_CHECK(cudaGraphDestroy(g));
+    KVS_CUDA_CHECK(cudaGraphLaunch(exec_, streams_[0]));
+  }
+
  private:
   static constexpr size_t kStage = size_t{8} << 20;
+
+  // Runs what a step has recorded so far and waits for it (ctx_.resume records on).
+  void pause_capture() {
+    cudaGraph_t g = nullptr;
+    KVS_CUDA_CHECK(cudaStreamEndCapture(streams_[0], &g));
+    cudaGraphExec_t run = nullptr;
+    KVS_CUDA_CHECK(cudaGraphInstantiate(&run, g, 0));
+    KVS_CUDA_CHECK(cudaGraphDestroy(g));
+    KVS_CUDA_CHECK(cudaGraphLaunch(run, streams_[0]));
+    KVS_CUDA_CHECK(cudaStreamSynchronize(streams_[0]));
+    KVS_CUDA_CHECK(cudaGraphExecDestroy(run));
+    partial_ = true;
+  }
 
   cudaStream_t stream(Stream s) const { return streams_[static_cast<int>(s)]; }
   cudaEvent_t fence(FenceId f) const {
@@ -403,8 +461,13 @@ class CudaDevice final : public Device {
     const size_t bytes = static_cast<size_t>(n) * sizeof(T);
     KVS_CHECK(bytes <= kStage, "cuda: staging ", format_bytes(bytes), " at once");
     if (stage_off_ + bytes > kStage) {
-      KVS_CUDA_CHECK(cudaStreamSynchronize(streams_[0]));  // every earlier copy has been read
-      stage_off_ = 0;
+      if (ctx_.pause) {  // a recorded step runs and waits for what it has so far
+        ctx_.pause();
+        ctx_.resume();  // which starts the ring over
+      } else {
+        KVS_CUDA_CHECK(cudaStreamSynchronize(streams_[0]));  // every earlier copy has been read
+        stage_off_ = 0;
+      }
     }
     uint8_t* h = static_cast<uint8_t*>(stage_h_) + stage_off_;
     uint8_t* d = static_cast<uint8_t*>(stage_d_) + stage_off_;
@@ -425,6 +488,10 @@ class CudaDevice final : public Device {
   DeviceBuffer weights_, vectors_;
   std::unordered_map<const float*, const float*> vec_map_;
   Profile prof_;
+  bool graphs_ = !prof_.on() && !(std::getenv("KVS_CUDA_GRAPHS") &&
+                                  std::string(std::getenv("KVS_CUDA_GRAPHS")) == "0");
+  cudaGraphExec_t exec_ = nullptr;  // the last whole step, updated in place by the next
+  bool partial_ = false;            // the step being recorded was cut by a pause
   void* stage_h_ = nullptr;
   void* stage_d_ = nullptr;
   size_t stage_off_ = 0;

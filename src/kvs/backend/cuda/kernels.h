@@ -6,6 +6,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <functional>
+
 #include "kvs/backend/device.h"
 
 namespace kvs::cuda {
@@ -18,6 +20,10 @@ struct Ctx {
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;
   DeviceBuffer w16, x16, part;
+  // While a step is being recorded as a graph, a scratch buffer that must grow first runs and
+  // waits for what was recorded so far (pause: the old buffer may be in use), then recording
+  // goes on (resume).
+  std::function<void()> pause, resume;
   __half* scratch_w(size_t n) { return grow(w16, n * sizeof(__half), "f16 weight tiles").as<__half>(); }
   __half* scratch_x(size_t n) { return grow(x16, n * sizeof(__half), "f16 activations").as<__half>(); }
   float* scratch_part(size_t n) { return grow(part, n * sizeof(float), "attention partials").as<float>(); }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The whole test suite on the CPU backend: set-up, build, ctest. CUDA tests are skipped where
-# no GPU is present. Extra arguments go to ctest (e.g. -L unit, -R gguf).
+# The whole test suite on the CPU backend: set-up, build, ctest; then, where nvcc is installed,
+# the CUDA build for every target architecture (its tests need a GPU: tests/cuda, run on the GPU
+# machine). Extra arguments go to ctest (e.g. -L unit, -R gguf).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -17,3 +18,12 @@ export TSAN_OPTIONS="halt_on_error=1"
 build/tsan/tests/kvs_unit_test_device
 build/tsan/tests/kvs_unit_test_threadpool
 build/tsan/tests/kvs_unit_test_stream
+
+# The CUDA backend compiles for sm_86, sm_89, sm_90 and sm_120 (build/cuda, not run here).
+if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+  export PATH="$PATH:/usr/local/cuda/bin"
+  cmake --preset cuda -G Ninja >/dev/null
+  cmake --build build/cuda -j "$(nproc)"
+else
+  echo "test.sh: no nvcc, the CUDA build is skipped"
+fi

@@ -75,53 +75,51 @@ __global__ void add_k(float* __restrict__ x, const float* __restrict__ y, size_t
   if (i < n) x[i] += y[i];
 }
 
-// Every f16 in a KV row is 2-byte aligned (blocks of 18, 34 or 64 bytes, rows of whole blocks).
-__device__ void store_h(uint8_t* p, float f) {
-  *reinterpret_cast<__half*>(p) = __float2half_rn(f);
-}
-
-// One 32-element block of a row: x -> dst in type T.
+// One 32-element block of a row, x -> dst in type T, by one warp (lane j holds element j);
+// the same arithmetic as the CPU quantizers. Every f16 in a KV row is 2-byte aligned.
 template <DType T>
-__device__ void quantize_block(const float* x, uint8_t* dst) {
+__device__ void quantize_block(float x, uint8_t* dst, int lane) {
   if constexpr (T == DType::F16) {
-    for (int j = 0; j < 32; ++j) store_h(dst + 2 * j, x[j]);
+    reinterpret_cast<__half*>(dst)[lane] = __float2half_rn(x);
   } else if constexpr (T == DType::Q8_0) {
-    float amax = 0.0f;
-    for (int j = 0; j < 32; ++j) amax = fmaxf(amax, fabsf(x[j]));
-    const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-    store_h(dst, d);
-    for (int j = 0; j < 32; ++j) {
-      const float s = x[j] * id;
-      dst[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(truncf(s + copysignf(0.49999997f, s))));
-    }
+    const float d = warp_max(fabsf(x)) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    if (lane == 0) *reinterpret_cast<__half*>(dst) = __float2half_rn(d);
+    const float s = __fmul_rn(x, id);  // no contraction into an fma: the CPU rounds twice
+    dst[2 + lane] = static_cast<uint8_t>(static_cast<int8_t>(truncf(s + copysignf(0.49999997f, s))));
   } else if constexpr (T == DType::Q4_0) {
-    float amax = 0.0f, max = 0.0f;
-    for (int j = 0; j < 32; ++j)
-      if (amax < fabsf(x[j])) amax = fabsf(x[j]), max = x[j];
-    const float d = max / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-    store_h(dst, d);
-    for (int j = 0; j < 16; ++j) {
-      const int q0 = min(15, static_cast<int>(x[j] * id + 8.5f));
-      const int q1 = min(15, static_cast<int>(x[j + 16] * id + 8.5f));
-      dst[2 + j] = static_cast<uint8_t>(q0 | (q1 << 4));
+    // The signed value of the first element of largest magnitude.
+    float a = fabsf(x);
+    int at = lane;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float b = __shfl_xor_sync(0xffffffffu, a, o);
+      const int bt = __shfl_xor_sync(0xffffffffu, at, o);
+      if (b > a || (b == a && bt < at)) a = b, at = bt;
     }
+    const float max = __shfl_sync(0xffffffffu, x, at);
+    const float d = max / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    if (lane == 0) *reinterpret_cast<__half*>(dst) = __float2half_rn(d);
+    const int q = min(15, static_cast<int>(__fadd_rn(__fmul_rn(x, id), 8.5f)));
+    const int hi = __shfl_down_sync(0xffffffffu, q, 16);
+    if (lane < 16) dst[2 + lane] = static_cast<uint8_t>(q | (hi << 4));
   }
 }
 
+// A warp per 32-element block of K (blocks [0, nb)) or V ([nb, 2 nb)) of token blockIdx.y.
 template <DType K, DType V>
 __global__ void kv_write_k(const float* __restrict__ k, const float* __restrict__ v, int dim,
                            uint8_t* const* pages, const int32_t* slots, size_t v_offset,
                            size_t k_row, size_t v_row, size_t kb, size_t vb) {
-  const int t = blockIdx.y, nb = dim / 32;
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;  // block of K (i < nb) or V
+  const int t = blockIdx.y, nb = dim / 32, lane = threadIdx.x % 32;
+  const int i = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   if (i >= 2 * nb) return;
   uint8_t* page = pages[t];
   const size_t s = static_cast<size_t>(slots[t]);
   if (i < nb)
-    quantize_block<K>(k + static_cast<size_t>(t) * dim + i * 32, page + s * k_row + i * kb);
+    quantize_block<K>(k[static_cast<size_t>(t) * dim + i * 32 + lane], page + s * k_row + i * kb, lane);
   else
-    quantize_block<V>(v + static_cast<size_t>(t) * dim + (i - nb) * 32,
-                      page + v_offset + s * v_row + (i - nb) * vb);
+    quantize_block<V>(v[static_cast<size_t>(t) * dim + (i - nb) * 32 + lane],
+                      page + v_offset + s * v_row + (i - nb) * vb, lane);
 }
 
 }  // namespace
@@ -162,11 +160,11 @@ void add(Ctx& c, float* x, const float* y, int64_t n) {
 void kv_write(Ctx& c, const KvLayout& l, const float* k, const float* v, int32_t n_tok,
               uint8_t* const* pages, const int32_t* slots) {
   const int dim = l.n_head_kv * l.head_dim;
-  const dim3 grid(blocks(static_cast<size_t>(2 * dim / 32), 64), static_cast<unsigned>(n_tok));
+  const dim3 grid(blocks(static_cast<size_t>(2 * dim / 32), 4), static_cast<unsigned>(n_tok));
   const size_t kb = row_bytes(l.k_type, 32), vb = row_bytes(l.v_type, 32);
   dispatch_kv(l.k_type, [&]<DType K>() {
     dispatch_kv(l.v_type, [&]<DType V>() {
-      kv_write_k<K, V><<<grid, 64, 0, c.stream>>>(k, v, dim, pages, slots, l.v_offset(), l.k_row,
+      kv_write_k<K, V><<<grid, 128, 0, c.stream>>>(k, v, dim, pages, slots, l.v_offset(), l.k_row,
                                                    l.v_row, kb, vb);
     });
   });

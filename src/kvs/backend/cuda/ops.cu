@@ -45,21 +45,28 @@ __global__ void rmsnorm_k(const float* __restrict__ x, const float* __restrict__
   for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * scale * w[i];
 }
 
+// A block per token: the angles once (in double, as the CPU), then every head rotated.
 __global__ void rope_k(float* __restrict__ x, const int32_t* __restrict__ pos, int n_head,
-                       int head_dim, int half, bool neox, float base, float inv_scale, int rope_dim,
-                       const float* __restrict__ factors) {
-  const int t = blockIdx.y;
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;  // over n_head * half
-  if (i >= n_head * half) return;
-  const int h = i / half, k = i % half;
-  double th = static_cast<double>(pos[t]) * inv_scale * pow(static_cast<double>(base), -2.0 * k / rope_dim);
-  if (factors) th /= static_cast<double>(factors[k]);
-  const float co = static_cast<float>(cos(th)), si = static_cast<float>(sin(th));
-  float* v = x + (static_cast<size_t>(t) * n_head + h) * head_dim;
-  const int a = neox ? k : 2 * k, b = neox ? k + half : 2 * k + 1;
-  const float x0 = v[a], x1 = v[b];
-  v[a] = x0 * co - x1 * si;
-  v[b] = x0 * si + x1 * co;
+                       int head_dim, int half, bool neox, float base, float linear_scale,
+                       int rope_dim, const float* __restrict__ factors) {
+  extern __shared__ float cs[];  // [half][2]
+  const int t = blockIdx.x;
+  const double ppos = static_cast<double>(pos[t]) / static_cast<double>(linear_scale);
+  for (int k = threadIdx.x; k < half; k += blockDim.x) {
+    double th = ppos * pow(static_cast<double>(base), -2.0 * k / rope_dim);
+    if (factors) th /= static_cast<double>(factors[k]);
+    cs[2 * k] = static_cast<float>(cos(th));
+    cs[2 * k + 1] = static_cast<float>(sin(th));
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < n_head * half; i += blockDim.x) {
+    const int h = i / half, k = i % half;
+    float* v = x + (static_cast<size_t>(t) * n_head + h) * head_dim;
+    const int a = neox ? k : 2 * k, b = neox ? k + half : 2 * k + 1;
+    const float x0 = v[a], x1 = v[b], co = cs[2 * k], si = cs[2 * k + 1];
+    v[a] = x0 * co - x1 * si;
+    v[b] = x0 * si + x1 * co;
+  }
 }
 
 __global__ void swiglu_k(float* __restrict__ g, const float* __restrict__ u, size_t n) {
@@ -141,9 +148,9 @@ void rmsnorm(Ctx& c, const float* x, const float* w, float* y, int64_t rows, int
 
 void rope(Ctx& c, float* x, const int32_t* pos, int32_t n_tok, int32_t n_head, const RopeParams& p) {
   const int half = p.rope_dim / 2;
-  const dim3 grid(blocks(static_cast<size_t>(n_head) * half, 128), static_cast<unsigned>(n_tok));
-  rope_k<<<grid, 128, 0, c.stream>>>(x, pos, n_head, p.head_dim, half, p.mode == RopeMode::Neox,
-                                      p.base, 1.0f / p.linear_scale, p.rope_dim, p.freq_factors);
+  rope_k<<<static_cast<unsigned>(n_tok), 256, sizeof(float) * 2 * half, c.stream>>>(
+      x, pos, n_head, p.head_dim, half, p.mode == RopeMode::Neox, p.base, p.linear_scale,
+      p.rope_dim, p.freq_factors);
   KVS_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -29,16 +29,30 @@ struct Group {
   int first[kMaxJobs + 1];
   bool add[kMaxJobs];
   int n;
+  int split;  // warps that share a pair of rows, each taking every split-th group
 };
 
-// 2^23 + byte k of w as a float: the byte lands in the low mantissa bits.
-__device__ __forceinline__ float byte_f(uint32_t w, int k) {
-  return __int_as_float(static_cast<int>(__byte_perm(w, 0x4B000000u, 0x7440u + k)));
+// Quants become floats with one byte permute each, no conversion instruction: a q4 nibble
+// goes into bits 16-19 of 0.5f (giving 0.5 + q / 256), a q8 byte (+ 128) into bits 8-15 of
+// 1.0f (1 + b / 32768). The affine offset is taken out per chunk of 4 elements through the
+// chunk's sum of x, and the scale at the end; the f32 rounding of the offset costs at most 8
+// of the 24 bits, far below the format's own error.
+__device__ __forceinline__ float q4_f(uint32_t w, int k) {
+  return __int_as_float(static_cast<int>(__byte_perm(w, 0x3F000000u, 0x7044u + 256 * k)));
+}
+__device__ __forceinline__ float q8_f(uint32_t w, int k) {
+  return __int_as_float(static_cast<int>(__byte_perm(w, 0x3F800000u, 0x7604u + 16 * k)));
 }
 
 template <DType T>
 constexpr bool kFast = T == DType::Q4_0 || T == DType::Q4_1 || T == DType::Q8_0 ||
                        T == DType::F16 || T == DType::BF16;
+
+// A quantized element is kMul * (f - kOff) for the f that Lane::chunk() gives.
+template <DType T>
+constexpr float kMul = T == DType::Q8_0 ? 32768.0f : 256.0f;
+template <DType T>
+constexpr float kOff = T == DType::Q8_0 ? 1.00390625f : T == DType::Q4_0 ? 0.53125f : 0.5f;
 
 // What one lane holds of one row and group of 1024 elements (common.cuh's layout): the quants
 // (or the raw f16/bf16 elements) and the scales of its 8 chunks of 4 elements.
@@ -72,8 +86,8 @@ struct Lane {
       if constexpr (T == DType::Q4_1) m = __ldg(reinterpret_cast<const uint4*>(sc + 64));
     }
   }
-  // Elements 4 l .. 4 l + 3 of chunk c, and the chunk's scale and min.
-  __device__ void chunk(int c, float* e, float& sd, float& sm) const {
+  // The 4 elements of chunk c (for the quantized formats, as f above).
+  __device__ void chunk(int c, float* e) const {
     if constexpr (kHalf) {
 #pragma unroll
       for (int k = 0; k < 2; ++k) {
@@ -85,23 +99,19 @@ struct Lane {
           e[2 * k] = __uint_as_float(w << 16), e[2 * k + 1] = __uint_as_float(w & 0xFFFF0000u);
         }
       }
-    } else {
-      const __half* dh = reinterpret_cast<const __half*>(&d);
-      sd = __half2float(dh[c]);
-      if constexpr (T == DType::Q4_1) sm = __half2float(reinterpret_cast<const __half*>(&m)[c]);
-      if constexpr (kQ8) {
-        const uint32_t w = q[c] ^ 0x80808080u;  // signed bytes + 128
+    } else if constexpr (kQ8) {
+      const uint32_t w = q[c] ^ 0x80808080u;  // signed bytes + 128
 #pragma unroll
-        for (int k = 0; k < 4; ++k) e[k] = byte_f(w, k) - 8388736.0f;
-      } else {
-        const uint32_t w = q[c / 2], b = 2 * (c % 2);
-        const uint32_t lo = w & 0x0F0F0F0Fu, hi = (w >> 4) & 0x0F0F0F0Fu;
-        constexpr float off = T == DType::Q4_0 ? 8388616.0f : 8388608.0f;  // 2^23 (+ 8)
-        e[0] = byte_f(lo, b) - off, e[1] = byte_f(hi, b) - off;
-        e[2] = byte_f(lo, b + 1) - off, e[3] = byte_f(hi, b + 1) - off;
-      }
+      for (int k = 0; k < 4; ++k) e[k] = q8_f(w, k);
+    } else {
+      const uint32_t w = q[c / 2], b = 2 * (c % 2);
+      const uint32_t lo = w & 0x0F0F0F0Fu, hi = (w >> 4) & 0x0F0F0F0Fu;
+      e[0] = q4_f(lo, b), e[1] = q4_f(hi, b), e[2] = q4_f(lo, b + 1), e[3] = q4_f(hi, b + 1);
     }
   }
+  // Scales (and mins) of chunks c and c + 1.
+  __device__ float2 scale2(int c) const { return __half22float2(reinterpret_cast<const __half2*>(&d)[c / 2]); }
+  __device__ float2 min2(int c) const { return __half22float2(reinterpret_cast<const __half2*>(&m)[c / 2]); }
 };
 
 __device__ __forceinline__ void store(const Group& g, int j, int row, int t, float s) {
@@ -113,11 +123,13 @@ __device__ __forceinline__ void store(const Group& g, int j, int row, int t, flo
 template <DType T, int NT>
 __global__ void __launch_bounds__(kWarps * 32)
     matvec_fast(Group g, const float* __restrict__ x, int n_in) {
-  const int lane = threadIdx.x % 32;
-  const int r0 = (blockIdx.x * kWarps + threadIdx.x / 32) * kRows;
+  using L = Lane<T>;
+  __shared__ float red[kWarps][kRows][NT];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, split = g.split;
+  const int r0 = (blockIdx.x * (kWarps / split) + warp / split) * kRows, part = warp % split;
   int j = 0;
   while (j + 1 < g.n && r0 >= g.first[j + 1]) ++j;
-  if (r0 >= g.first[g.n]) return;
+  if (r0 >= g.first[g.n]) return;  // with split > 1 the whole block leaves together
   const int row0 = r0 - g.first[j], n_out = g.n_out[j], n_groups = (n_in + 1023) / 1024;
   const uint8_t* rows[kRows];
 #pragma unroll
@@ -125,44 +137,73 @@ __global__ void __launch_bounds__(kWarps * 32)
     rows[r] = g.w[j] + static_cast<size_t>(min(row0 + r, n_out - 1)) * g.pitch[j];
   float acc[kRows][NT] = {};
 #pragma unroll 2
-  for (int gi = 0; gi < n_groups; ++gi) {
-    Lane<T> w[kRows];
+  for (int gi = part; gi < n_groups; gi += split) {
+    L w[kRows];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) w[r].load(rows[r], gi, lane, n_in);
+    const float* xg = x + gi * 1024 + 4 * lane;
+    const bool full = gi * 1024 + 1024 <= n_in;
 #pragma unroll
     for (int c = 0; c < 8; ++c) {
-      const int e = gi * 1024 + 128 * c + 4 * lane;
       float4 xv[NT];
+      float xs[NT];
 #pragma unroll
-      for (int t = 0; t < NT; ++t)
-        xv[t] = e < n_in ? __ldg(reinterpret_cast<const float4*>(x + static_cast<size_t>(t) * n_in + e))
-                         : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      for (int t = 0; t < NT; ++t) {
+        xv[t] = full || gi * 1024 + 128 * c + 4 * lane < n_in
+                    ? __ldg(reinterpret_cast<const float4*>(xg + static_cast<size_t>(t) * n_in + 128 * c))
+                    : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        xs[t] = (xv[t].x + xv[t].y) + (xv[t].z + xv[t].w);
+      }
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
-        float q[4], sd = 1.0f, sm = 0.0f;
-        w[r].chunk(c, q, sd, sm);
+        float e[4];
+        w[r].chunk(c, e);
+        float sd = 1.0f, sm = 0.0f;
+        if constexpr (!L::kHalf) {
+          sd = c % 2 ? w[r].scale2(c).y : w[r].scale2(c).x;
+          if constexpr (T == DType::Q4_1) sm = c % 2 ? w[r].min2(c).y : w[r].min2(c).x;
+        }
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
-          float a = q[0] * xv[t].x;
-          a = fmaf(q[1], xv[t].y, a), a = fmaf(q[2], xv[t].z, a), a = fmaf(q[3], xv[t].w, a);
-          if constexpr (Lane<T>::kHalf) {
+          float a = e[0] * xv[t].x;
+          a = fmaf(e[1], xv[t].y, a), a = fmaf(e[2], xv[t].z, a), a = fmaf(e[3], xv[t].w, a);
+          if constexpr (L::kHalf) {
             acc[r][t] += a;
           } else {
-            acc[r][t] = fmaf(sd, a, acc[r][t]);
-            if constexpr (T == DType::Q4_1)
-              acc[r][t] = fmaf(sm, (xv[t].x + xv[t].y) + (xv[t].z + xv[t].w), acc[r][t]);
+            acc[r][t] = fmaf(sd, fmaf(-kOff<T>, xs[t], a), acc[r][t]);
+            if constexpr (T == DType::Q4_1) acc[r][t] = fmaf(sm * (1.0f / kMul<T>), xs[t], acc[r][t]);
           }
         }
       }
     }
   }
+  float mul = 1.0f;
+  if constexpr (!L::kHalf) mul = kMul<T>;
 #pragma unroll
   for (int r = 0; r < kRows; ++r)
 #pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      const float v = warp_sum(acc[r][t]);
-      if (lane == 0 && row0 + r < n_out) store(g, j, row0 + r, t, v);
-    }
+    for (int t = 0; t < NT; ++t) acc[r][t] = warp_sum(acc[r][t]) * mul;
+  if (split == 1) {
+    if (lane == 0)
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+#pragma unroll
+        for (int t = 0; t < NT; ++t)
+          if (row0 + r < n_out) store(g, j, row0 + r, t, acc[r][t]);
+    return;
+  }
+  if (lane == 0)
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+#pragma unroll
+      for (int t = 0; t < NT; ++t) red[warp][r][t] = acc[r][t];
+  __syncthreads();
+  if (threadIdx.x < kRows * NT) {
+    const int r = threadIdx.x / NT, t = threadIdx.x % NT;
+    float v = 0.0f;
+    for (int w = 0; w < split; ++w) v += red[w][r][t];
+    if (row0 + r < n_out) store(g, j, row0 + r, t, v);
+  }
 }
 
 // Any format: a warp per row, each lane decoding whole sub-blocks.
@@ -259,7 +300,11 @@ void matvec(Ctx& c, const float* x, int64_t n_tok, const MatJob* jobs, int n) {
       g.n_out[j] = static_cast<int>(w.n_out), g.add[j] = jobs[j].add;
       g.first[j + 1] = g.first[j] + (g.n_out[j] + kPer - 1) / kPer * kPer;
     }
-    const unsigned grid = static_cast<unsigned>((g.first[n] / kPer + kWarps - 1) / kWarps);
+    // Rows of 4096 or more elements: the 4 warps of a block share a pair of rows (more blocks
+    // in flight for the 4096-row matrices); shorter rows: a pair per warp.
+    g.split = kFast<T> && n_in >= 4096 ? kWarps : 1;
+    const int per_block = kWarps / g.split;
+    const unsigned grid = static_cast<unsigned>((g.first[n] / kPer + per_block - 1) / per_block);
     switch (n_tok) {
 #define KVS_NT(N)                                                                        \
   case N:                                                                                \

@@ -58,27 +58,27 @@ __device__ __forceinline__ void kv_sub(const uint8_t* row, int sb, float* v) {
   }
 }
 
-// Elements [e, e + n) (n <= 8, e a multiple of n, n dividing 32) of one head's V row.
-template <DType T>
+// Elements [e, e + n) (n <= kN, e a multiple of n, n dividing 32) of one head's V row.
+template <DType T, int kN>
 __device__ __forceinline__ void kv_elems(const uint8_t* row, int e, int n, float* v) {
   const int b = e / 32, o = e % 32;
   if constexpr (T == DType::F16) {
     const uint16_t* p = reinterpret_cast<const uint16_t*>(row) + e;
 #pragma unroll
-    for (int k = 0; k < 8; ++k)
+    for (int k = 0; k < kN; ++k)
       if (k < n) v[k] = h2f_16(p + k);
   } else if constexpr (T == DType::Q8_0) {
     const uint8_t* blk = row + 34 * b;
     const float d = h2f_16(reinterpret_cast<const uint16_t*>(blk));
 #pragma unroll
-    for (int k = 0; k < 8; ++k)
+    for (int k = 0; k < kN; ++k)
       if (k < n) v[k] = d * static_cast<float>(static_cast<int8_t>(blk[2 + o + k]));
   } else {
     const uint8_t* blk = row + 18 * b;
     const float d = h2f_16(reinterpret_cast<const uint16_t*>(blk));
     const int sh = o < 16 ? 0 : 4, base = o % 16;
 #pragma unroll
-    for (int k = 0; k < 8; ++k)
+    for (int k = 0; k < kN; ++k)
       if (k < n) v[k] = d * static_cast<float>(((blk[2 + base + k] >> sh) & 0xF) - 8);
   }
 }
@@ -89,7 +89,9 @@ constexpr int kMaxGroup = 8;
 
 // Decode, step 1: the partial of one span for the query heads of one kv head:
 // part[(span * n_head + head) * (d + 3) + {0: max, 1: sum, 2: non-empty, 3..: output}].
-template <DType K, DType V>
+// kG: the most query heads per kv head, kE: the most output dimensions per lane (templates,
+// so the accumulators stay in registers and few of them).
+template <DType K, DType V, int kG, int kE>
 __global__ void __launch_bounds__(kDecThreads) decode_partials(Geo g, float* part, int P) {
   extern __shared__ float smem[];
   const int s = blockIdx.x, hk = blockIdx.y, d = g.d, ng = g.group;
@@ -118,11 +120,11 @@ __global__ void __launch_bounds__(kDecThreads) decode_partials(Geo g, float* par
   for (int j0 = warp * kpw; j0 < n; j0 += kDecWarps * kpw) {
     const int j = j0 + lane / lk;
     float kv[32];
-    float s8[kMaxGroup] = {};
+    float s8[kG] = {};
     if (j < n) {
       kv_sub<K>(sp.page + static_cast<size_t>(j) * g.k_row + hk * g.k_head, sb, kv);
 #pragma unroll
-      for (int gi = 0; gi < kMaxGroup; ++gi) {
+      for (int gi = 0; gi < kG; ++gi) {
         if (gi >= ng) break;
         const float* q = qs + gi * d + sb;
         float a = 0.0f;
@@ -132,7 +134,7 @@ __global__ void __launch_bounds__(kDecThreads) decode_partials(Geo g, float* par
       }
     }
 #pragma unroll
-    for (int gi = 0; gi < kMaxGroup; ++gi) {
+    for (int gi = 0; gi < kG; ++gi) {
       if (gi >= ng) break;
       float a = s8[gi];
       for (int o = lk / 2; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
@@ -158,26 +160,29 @@ __global__ void __launch_bounds__(kDecThreads) decode_partials(Geo g, float* par
   }
   __syncthreads();
 
-  // Values: each lane owns d / 32 output dimensions, warps split the keys.
+  // Values: each lane owns d / 32 output dimensions, warps split the keys (four keys' loads
+  // in flight at a time).
   const int epl = d / 32, e0 = lane * epl;
-  float o[kMaxGroup][8] = {};
+  float o[kG][kE] = {};
+  const uint8_t* vbase = sp.page + g.v_offset + hk * g.v_head;
+#pragma unroll 4
   for (int j = warp; j < n; j += kDecWarps) {
-    float v[8];
-    kv_elems<V>(sp.page + g.v_offset + static_cast<size_t>(j) * g.v_row + hk * g.v_head, e0, epl, v);
+    float v[kE];
+    kv_elems<V, kE>(vbase + static_cast<size_t>(j) * g.v_row, e0, epl, v);
 #pragma unroll
-    for (int gi = 0; gi < kMaxGroup; ++gi) {
+    for (int gi = 0; gi < kG; ++gi) {
       if (gi >= ng) break;
       const float p = sc[gi * P + j];
 #pragma unroll
-      for (int k = 0; k < 8; ++k)
+      for (int k = 0; k < kE; ++k)
         if (k < epl) o[gi][k] = fmaf(p, v[k], o[gi][k]);
     }
   }
 #pragma unroll
-  for (int gi = 0; gi < kMaxGroup; ++gi) {
+  for (int gi = 0; gi < kG; ++gi) {
     if (gi >= ng) break;
 #pragma unroll
-    for (int k = 0; k < 8; ++k)
+    for (int k = 0; k < kE; ++k)
       if (k < epl) red[(warp * ng + gi) * d + e0 + k] = o[gi][k];
   }
   __syncthreads();
@@ -201,20 +206,19 @@ __global__ void decode_fold(Geo g, const float* part) {
   for (int i = threadIdx.x; i < d; i += blockDim.x) {
     float m = g.first ? 0.0f : g.acc[2 * h], l = g.first ? 0.0f : g.acc[2 * h + 1];
     float o = l != 0.0f ? g.out[h * d + i] : 0.0f;
+    // Without branches, so the loads of the next spans are in flight during this one's math.
 #pragma unroll 4
     for (int s = 0; s < g.n_spans; ++s) {
       const float* p = part + (static_cast<size_t>(s) * g.n_head + h) * stride;
       const float pm = p[0], pl = p[1], pf = p[2], po = p[3 + i];
-      if (pf == 0.0f) continue;
-      if (l == 0.0f) {
-        m = pm, l = pl, o = po;
-        continue;
-      }
       const float mm = fmaxf(m, pm);
       const float a = expf(m - mm), b = expf(pm - mm);
-      l = l * a + pl * b;
-      o = o * a + po * b;
-      m = mm;
+      const bool live = pf != 0.0f, fresh = l == 0.0f;
+      const float nl = fresh ? pl : l * a + pl * b, no = fresh ? po : o * a + po * b;
+      const float nm = fresh ? pm : mm;
+      l = live ? nl : l;
+      o = live ? no : o;
+      m = live ? nm : m;
     }
     g.out[h * d + i] = g.last ? o / l : o;
     if (i == 0) g.acc[2 * h] = m, g.acc[2 * h + 1] = l;
@@ -425,8 +429,15 @@ void attention(Ctx& c, const AttentionArgs& a) {
       const size_t smem = sizeof(float) * (g.group * d + g.group * P + kDecWarps * g.group * d + 2 * g.group);
       dispatch_kv(l.k_type, [&]<DType K>() {
         dispatch_kv(l.v_type, [&]<DType V>() {
-          allow_smem(decode_partials<K, V>, smem);
-          decode_partials<K, V><<<dim3(a.n_spans, l.n_head_kv), kDecThreads, smem, c.stream>>>(g, part, P);
+          const dim3 grid(a.n_spans, l.n_head_kv);
+          const auto run = [&](auto kernel) {
+            allow_smem(kernel, smem);
+            kernel<<<grid, kDecThreads, smem, c.stream>>>(g, part, P);
+          };
+          if (g.group <= 4 && d <= 128) run(decode_partials<K, V, 4, 4>);
+          else if (g.group <= 4) run(decode_partials<K, V, 4, 8>);
+          else if (d <= 128) run(decode_partials<K, V, 8, 4>);
+          else run(decode_partials<K, V, 8, 8>);
         });
       });
       KVS_CUDA_CHECK(cudaGetLastError());

@@ -232,35 +232,52 @@ constexpr int kTK = 32;
 template <int D>
 struct Tile {
   static constexpr int kRows = D == 256 ? 32 : 64;  // query rows (query, head) per block
-  static constexpr int kRI = kRows / 16;            // rows per thread
-  static constexpr int kDJ = D / 8;                 // output dimensions per thread
-  static constexpr int kQS = D + 4, kKS = kTK + 4, kVS = D + 4, kSS = kTK + 1;
+  static constexpr int kRI = kRows / 16;            // consecutive rows per thread
+  static constexpr int kDJ = D / 8;                 // consecutive output dimensions per thread
+  // Q and P are stored transposed, so a thread reads its rows (and K its keys) as one vector.
+  static constexpr int kQS = kRows + 4, kKS = kTK + 4, kVS = D + 4, kPS = kRows + 4;
   static constexpr size_t kSmem =
-      sizeof(float) * (kRows * kQS + D * kKS + kTK * kVS + kRows * kSS + 4 * kRows);
+      sizeof(float) * (D * kQS + D * kKS + kTK * kVS + kTK * kPS + 4 * kRows);
 };
+
+// kN consecutive floats of shared memory (16- or 8-byte aligned) into registers.
+template <int kN>
+__device__ __forceinline__ void lds(const float* p, float* v) {
+  if constexpr (kN == 4) {
+    const float4 f = *reinterpret_cast<const float4*>(p);
+    v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+  } else {
+#pragma unroll
+    for (int k = 0; k < kN; k += 2) {
+      const float2 f = *reinterpret_cast<const float2*>(p + k);
+      v[k] = f.x, v[k + 1] = f.y;
+    }
+  }
+}
 
 template <DType K, DType V, int D>
 __global__ void __launch_bounds__(kPreThreads) prefill(Geo g) {
   using T = Tile<D>;
   extern __shared__ float smem[];
-  float* qs = smem;                  // [rows][kQS]
-  float* kt = qs + T::kRows * T::kQS;  // [D][kKS]: K transposed
-  float* vs = kt + D * T::kKS;       // [kTK][kVS]
-  float* ss = vs + kTK * T::kVS;     // [rows][kSS]: scores, then probabilities
-  float* rm = ss + T::kRows * T::kSS;  // running max per row
-  float* rl = rm + T::kRows;         // running sum
-  float* ra = rl + T::kRows;         // this tile's rescale factor
+  float* qt = smem;                    // [D][kQS]: Q transposed
+  float* kt = qt + D * T::kQS;         // [D][kKS]: K transposed
+  float* vs = kt + D * T::kKS;         // [kTK][kVS]
+  float* pt = vs + kTK * T::kVS;       // [kTK][kPS]: scores, then probabilities, transposed
+  float* rm = pt + kTK * T::kPS;       // running max per row
+  float* rl = rm + T::kRows;           // running sum
+  float* ra = rl + T::kRows;           // this tile's rescale factor
   int* rp = reinterpret_cast<int*>(ra + T::kRows);  // query position (-1: no row)
   const int ng = g.group, hk = blockIdx.y;
   const int tq = T::kRows / ng;  // queries per block
   const int t0 = blockIdx.x * tq;
   const int tid = threadIdx.x, tx = tid % 8, ty = tid / 8;
+  const int row0 = T::kRI * ty, key0 = 4 * tx, dim0 = T::kDJ * tx;
 
   // Rows r = (query t0 + r / ng, head hk * ng + r % ng).
   for (int i = tid; i < T::kRows * D; i += kPreThreads) {
     const int r = i / D, e = i % D, t = t0 + r / ng;
     const int h = hk * ng + r % ng;
-    qs[r * T::kQS + e] = (r < tq * ng && t < g.n_tok) ? g.q[(static_cast<size_t>(t) * g.n_head + h) * D + e] : 0.0f;
+    qt[e * T::kQS + r] = (r < tq * ng && t < g.n_tok) ? g.q[(static_cast<size_t>(t) * g.n_head + h) * D + e] : 0.0f;
   }
   int max_pos = -1;
   for (int r = tid; r < T::kRows; r += kPreThreads) {
@@ -272,16 +289,15 @@ __global__ void __launch_bounds__(kPreThreads) prefill(Geo g) {
     rl[r] = ok && !g.first ? g.acc[a + 1] : 0.0f;
   }
   for (int t = t0; t < min(t0 + tq, g.n_tok); ++t) max_pos = max(max_pos, g.pos[t]);
-  // Output accumulators: rows ty + 16 i, dimensions tx + 8 j.
   float o[T::kRI][T::kDJ];
   __syncthreads();
 #pragma unroll
   for (int i = 0; i < T::kRI; ++i) {
-    const int r = ty + 16 * i, t = t0 + r / ng;
+    const int r = row0 + i, t = t0 + r / ng;
     const bool has = rp[r] >= 0 && rl[r] != 0.0f;
     const float* src = has ? g.out + (static_cast<size_t>(t) * g.n_head + hk * ng + r % ng) * D : nullptr;
 #pragma unroll
-    for (int j = 0; j < T::kDJ; ++j) o[i][j] = has ? src[tx + 8 * j] : 0.0f;
+    for (int j = 0; j < T::kDJ; ++j) o[i][j] = has ? src[dim0 + j] : 0.0f;
   }
 
   for (int s = 0; s < g.n_spans; ++s) {
@@ -308,15 +324,13 @@ __global__ void __launch_bounds__(kPreThreads) prefill(Geo g) {
         }
       }
       __syncthreads();
-      // Scores: rows ty + 16 i, keys tx + 8 j.
+      // Scores of rows row0.., keys key0..key0 + 3.
       float a[T::kRI][4] = {};
 #pragma unroll 4
       for (int e = 0; e < D; ++e) {
         float qv[T::kRI], kv[4];
-#pragma unroll
-        for (int i = 0; i < T::kRI; ++i) qv[i] = qs[(ty + 16 * i) * T::kQS + e];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) kv[j] = kt[e * T::kKS + tx + 8 * j];
+        lds<T::kRI>(qt + e * T::kQS + row0, qv);
+        lds<4>(kt + e * T::kKS + key0, kv);
 #pragma unroll
         for (int i = 0; i < T::kRI; ++i)
 #pragma unroll
@@ -324,12 +338,12 @@ __global__ void __launch_bounds__(kPreThreads) prefill(Geo g) {
       }
 #pragma unroll
       for (int i = 0; i < T::kRI; ++i) {
-        const int r = ty + 16 * i;
+        const int r = row0 + i;
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          const int key = tx + 8 * j;
+          const int key = key0 + j;
           const bool live = key < nk && sp.start + k0 + key <= rp[r];
-          ss[r * T::kSS + key] = live ? a[i][j] * g.scale : -INFINITY;
+          pt[key * T::kPS + r] = live ? a[i][j] * g.scale : -INFINITY;
         }
       }
       __syncthreads();
@@ -337,19 +351,17 @@ __global__ void __launch_bounds__(kPreThreads) prefill(Geo g) {
       {
         constexpr int kPer = kPreThreads / T::kRows;
         const int r = tid / kPer, part = tid % kPer;
-        float* x = ss + r * T::kSS;
         float m = -INFINITY;
-        for (int j = part; j < kTK; j += kPer) m = fmaxf(m, x[j]);
+        for (int j = part; j < kTK; j += kPer) m = fmaxf(m, pt[j * T::kPS + r]);
         for (int w = kPer / 2; w > 0; w >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, w));
         const float mo = rm[r], mn = fmaxf(mo, m);
         float l = 0.0f;
         for (int j = part; j < kTK; j += kPer) {
-          const float p = mn == -INFINITY ? 0.0f : expf(x[j] - mn);
-          x[j] = p;
+          const float p = mn == -INFINITY ? 0.0f : expf(pt[j * T::kPS + r] - mn);
+          pt[j * T::kPS + r] = p;
           l += p;
         }
         for (int w = kPer / 2; w > 0; w >>= 1) l += __shfl_xor_sync(0xffffffffu, l, w);
-        __syncwarp();
         if (part == 0) {
           const float al = mo == -INFINITY ? 0.0f : expf(mo - mn);
           ra[r] = mn == -INFINITY ? 1.0f : al;
@@ -361,20 +373,22 @@ __global__ void __launch_bounds__(kPreThreads) prefill(Geo g) {
       // Values.
 #pragma unroll
       for (int i = 0; i < T::kRI; ++i) {
-        const float al = ra[ty + 16 * i];
+        const float al = ra[row0 + i];
 #pragma unroll
         for (int j = 0; j < T::kDJ; ++j) o[i][j] *= al;
       }
 #pragma unroll 2
       for (int key = 0; key < kTK; ++key) {
         float p[T::kRI];
+        lds<T::kRI>(pt + key * T::kPS + row0, p);
 #pragma unroll
-        for (int i = 0; i < T::kRI; ++i) p[i] = ss[(ty + 16 * i) * T::kSS + key];
+        for (int j = 0; j < T::kDJ; j += 4) {
+          float v[4];
+          lds<4>(vs + key * T::kVS + dim0 + j, v);
 #pragma unroll
-        for (int j = 0; j < T::kDJ; ++j) {
-          const float v = vs[key * T::kVS + tx + 8 * j];
+          for (int i = 0; i < T::kRI; ++i)
 #pragma unroll
-          for (int i = 0; i < T::kRI; ++i) o[i][j] = fmaf(p[i], v, o[i][j]);
+            for (int k = 0; k < 4; ++k) o[i][j + k] = fmaf(p[i], v[k], o[i][j + k]);
         }
       }
       __syncthreads();
@@ -382,13 +396,13 @@ __global__ void __launch_bounds__(kPreThreads) prefill(Geo g) {
   }
 #pragma unroll
   for (int i = 0; i < T::kRI; ++i) {
-    const int r = ty + 16 * i;
+    const int r = row0 + i;
     if (rp[r] < 0) continue;
     const int t = t0 + r / ng;
     const size_t hrow = static_cast<size_t>(t) * g.n_head + hk * ng + r % ng;
     const float l = rl[r];
 #pragma unroll
-    for (int j = 0; j < T::kDJ; ++j) g.out[hrow * D + tx + 8 * j] = g.last ? o[i][j] / l : o[i][j];
+    for (int j = 0; j < T::kDJ; ++j) g.out[hrow * D + dim0 + j] = g.last ? o[i][j] / l : o[i][j];
     if (tx == 0) g.acc[2 * hrow] = rm[r], g.acc[2 * hrow + 1] = l;
   }
 }

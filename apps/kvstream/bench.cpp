@@ -79,6 +79,23 @@ void bench(const BenchArgs& a) {
       for (auto& x : t) x = static_cast<int32_t>(rng() % static_cast<uint32_t>(c.n_vocab));
       return t;
     };
+    // The JSON is rewritten after every run, so a long sweep cut short keeps what it measured.
+    const auto write_json = [&] {
+      if (a.json_out.empty()) return;
+      nlohmann::json j;
+      j["model"] = a.model;
+      j["device"] = device_name;
+      j["backend"] = a.backend;
+      j["build"] = {{"version", KVS_VERSION}, {"compiler", __VERSION__}, {"date", __DATE__}};
+      j["command"] = a.command;
+      j["threads"] = thread_pool().size();
+      j["page_size"] = a.page_size;
+      j["batch"] = a.n_batch;
+      j["runs"] = runs;
+      std::ofstream f(a.json_out);
+      KVS_CHECK(f.good(), "--json: cannot write '", a.json_out, "'");
+      f << j.dump(2) << "\n";
+    };
     for (int64_t depth : depths) {
       Sequence s = eng.open_sequence();
       // Fill the context to the depth (not timed), with progress on a terminal.
@@ -147,22 +164,8 @@ void bench(const BenchArgs& a) {
       r["plan_n_slots"] = eng.plan().n_slots;
       r["plan_slot_pages"] = eng.plan().slot_pages;
       runs.push_back(r);
+      write_json();
     }
-  }
-  if (!a.json_out.empty()) {
-    nlohmann::json j;
-    j["model"] = a.model;
-    j["device"] = device_name;
-    j["backend"] = a.backend;
-    j["build"] = {{"version", KVS_VERSION}, {"compiler", __VERSION__}, {"date", __DATE__}};
-    j["command"] = a.command;
-    j["threads"] = thread_pool().size();
-    j["page_size"] = a.page_size;
-    j["batch"] = a.n_batch;
-    j["runs"] = runs;
-    std::ofstream f(a.json_out);
-    KVS_CHECK(f.good(), "--json: cannot write '", a.json_out, "'");
-    f << j.dump(2) << "\n";
   }
 }
 

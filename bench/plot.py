@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""Decode and prefill tokens/s against depth, one line per KV mode, from `kvstream bench --json`
+files; the streaming bound max(T_gpu, S/B) as a dashed line where a run streamed (S: bytes
+streamed per token, B: the host-to-device bandwidth measured in that run, T_gpu: the resident
+decode time per token at that depth when the files hold a resident run, else the stream run's
+own time less its ready waits). Writes PREFIX.png and PREFIX.svg.
+
+    bench/plot.py bench/results/a.json [b.json ...] -o docs/stream-chart
+"""
+import argparse
+import json
+import sys
+
+
+def load(paths):
+    runs, title = [], None
+    for p in paths:
+        with open(p) as f:
+            d = json.load(f)
+        title = title or f"{d['model']} on {d['device']}"
+        for r in d["runs"]:
+            r = dict(r)
+            r["kv"] = f"{r['cache_type_k']}/{r['cache_type_v']}"
+            runs.append(r)
+    return runs, title
+
+
+def bound_tps(runs, r):
+    """Tokens/s allowed by max(T_gpu, S/B) for a streaming run, or None."""
+    s, b = r.get("streamed_bytes_per_token", 0), r.get("h2d_bytes_per_s", 0)
+    if s <= 0 or b <= 0:
+        return None
+    res = [x for x in runs if x["mode"] == "resident" and x["depth"] == r["depth"] and x["kv"] == r["kv"]]
+    if res:
+        t_gpu = 1.0 / res[0]["tg_tokens_per_s"]
+    else:
+        t_gpu = 1.0 / r["tg_tokens_per_s"] - r.get("ready_wait_s_per_token", 0.0)
+    return 1.0 / max(t_gpu, s / b)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("json", nargs="+", help="files written by kvstream bench --json")
+    ap.add_argument("-o", "--out", required=True, help="output prefix (PREFIX.png, PREFIX.svg)")
+    a = ap.parse_args()
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        sys.exit("bench/plot.py: needs matplotlib (.venv/bin/pip install matplotlib)")
+    runs, title = load(a.json)
+    if not runs:
+        sys.exit("bench/plot.py: no runs in the files")
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for ax, key, name in ((axes[0], "tg_tokens_per_s", "decode"), (axes[1], "pp_tokens_per_s", "prefill")):
+        series = sorted({(r["mode"], r["kv"]) for r in runs})
+        for mode, kv in series:
+            pts = sorted((r["depth"], r[key]) for r in runs if r["mode"] == mode and r["kv"] == kv)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{mode} ({kv})")
+            if name == "decode" and mode in ("stream", "auto"):
+                b = sorted((r["depth"], bound_tps(runs, r)) for r in runs if r["mode"] == mode and r["kv"] == kv)
+                b = [p for p in b if p[1] is not None]
+                if b:
+                    ax.plot([p[0] for p in b], [p[1] for p in b], "k--", linewidth=1,
+                            label=f"bound max(T_gpu, S/B) ({mode})")
+        ax.set_xscale("symlog", linthresh=1024)
+        ax.set_yscale("log")
+        ax.set_xlabel("depth (tokens in the KV cache)")
+        ax.set_ylabel("tokens/s")
+        ax.set_title(f"{name}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    for ext in ("png", "svg"):
+        fig.savefig(f"{a.out}.{ext}", dpi=120)
+    print(f"wrote {a.out}.png and {a.out}.svg")
+
+
+if __name__ == "__main__":
+    main()

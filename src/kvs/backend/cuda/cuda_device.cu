@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <string>
 #include <mutex>
@@ -196,6 +197,9 @@ class CudaDevice final : public Device {
     prof_.report();
     prof_.release();
     if (exec_) cudaGraphExecDestroy(exec_);
+    for (CopyTimes& ct : copy_times_)
+      for (auto [a, b] : ct.open) cudaEventDestroy(a), cudaEventDestroy(b);
+    for (cudaEvent_t e : spare_events_) cudaEventDestroy(e);
     ctx_.w16.reset();
     ctx_.x16.reset();
     ctx_.part.reset();
@@ -362,8 +366,18 @@ class CudaDevice final : public Device {
     cuda::attention(ctx_, b);
   }
 
+  // Copies on the copy streams are timed by a pair of events each, for busy_seconds().
   void copy(Stream s, void* dst, const void* src, size_t n) override {
+    if (s == Stream::Compute) {
+      KVS_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, stream(s)));
+      return;
+    }
+    CopyTimes& ct = copy_times_[static_cast<int>(s)];
+    const cudaEvent_t a = timing_event(), b = timing_event();
+    KVS_CUDA_CHECK(cudaEventRecord(a, stream(s)));
     KVS_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, stream(s)));
+    KVS_CUDA_CHECK(cudaEventRecord(b, stream(s)));
+    ct.open.push_back({a, b});
   }
   FenceId make_fence() override {
     cudaEvent_t e;
@@ -382,7 +396,24 @@ class CudaDevice final : public Device {
     KVS_CUDA_CHECK(e);
     return true;
   }
-  double busy_seconds(Stream) override { return 0.0; }  // not measured on CUDA yet
+  // The time of the finished copies on s (one copy at a time per stream, so they add up).
+  double busy_seconds(Stream s) override {
+    if (s == Stream::Compute) return 0.0;
+    CopyTimes& ct = copy_times_[static_cast<int>(s)];
+    while (!ct.open.empty()) {
+      const auto [a, b] = ct.open.front();
+      const cudaError_t e = cudaEventQuery(b);
+      if (e == cudaErrorNotReady) break;
+      KVS_CUDA_CHECK(e);
+      float ms = 0.0f;
+      KVS_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+      ct.seconds += ms / 1000.0;
+      spare_events_.push_back(a);
+      spare_events_.push_back(b);
+      ct.open.pop_front();
+    }
+    return ct.seconds;
+  }
   void sync() override {
     for (cudaStream_t s : streams_) KVS_CUDA_CHECK(cudaStreamSynchronize(s));
     prof_.collect();
@@ -432,6 +463,21 @@ class CudaDevice final : public Device {
 
  private:
   static constexpr size_t kStage = size_t{8} << 20;
+
+  struct CopyTimes {
+    std::deque<std::pair<cudaEvent_t, cudaEvent_t>> open;  // recorded, not yet read
+    double seconds = 0;
+  };
+  cudaEvent_t timing_event() {
+    if (!spare_events_.empty()) {
+      const cudaEvent_t e = spare_events_.back();
+      spare_events_.pop_back();
+      return e;
+    }
+    cudaEvent_t e;
+    KVS_CUDA_CHECK(cudaEventCreate(&e));
+    return e;
+  }
 
   // Runs what a step has recorded so far and waits for it (ctx_.resume records on).
   void pause_capture() {
@@ -487,6 +533,8 @@ class CudaDevice final : public Device {
   Ctx ctx_;
   DeviceBuffer weights_, vectors_;
   std::unordered_map<const float*, const float*> vec_map_;
+  CopyTimes copy_times_[kStreams];
+  std::vector<cudaEvent_t> spare_events_;
   Profile prof_;
   bool graphs_ = !prof_.on() && !(std::getenv("KVS_CUDA_GRAPHS") &&
                                   std::string(std::getenv("KVS_CUDA_GRAPHS")) == "0");

@@ -57,7 +57,8 @@ void bench(const BenchArgs& a) {
   }
   nlohmann::json runs = nlohmann::json::array();
   std::string device_name;
-  std::printf("| model | mode | KV | depth | test | tokens/s | bytes/token | GB/s | streamed/token |\n");
+  std::printf(
+      "| model | mode | KV | depth | test | tokens/s | bytes/token | GB/s | streamed/token |\n");
   std::printf("| --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: |\n");
   for (const std::string& mode_s : split(a.modes)) {
     EngineOptions o;
@@ -128,10 +129,10 @@ void bench(const BenchArgs& a) {
       const double kv_tok = static_cast<double>(eng.kv_bytes_per_token()) *
                             (static_cast<double>(depth) + (a.n_gen - 1) / 2.0);
       const double bytes = static_cast<double>(weights) + kv_tok;
-      const double streamed =
-          static_cast<double>(after.bytes_in - before.bytes_in) / a.n_gen;
+      const double streamed = static_cast<double>(after.bytes_in - before.bytes_in) / a.n_gen;
       const double busy = after.copy_busy_s - before.copy_busy_s;
-      const double h2d = busy > 0 ? static_cast<double>(after.bytes_in - before.bytes_in) / busy : 0;
+      const double h2d =
+          busy > 0 ? static_cast<double>(after.bytes_in - before.bytes_in) / busy : 0;
       const std::string kv = a.ctk + "/" + a.ctv;
       std::printf("| %s | %s | %s | %lld | tg%d | %.2f | %.3g | %.1f | %.3g |\n", a.model.c_str(),
                   mode_s.c_str(), kv.c_str(), static_cast<long long>(depth), a.n_gen, tg, bytes,

@@ -26,8 +26,8 @@ std::unique_ptr<Device> cuda_or_skip() {
   }
 }
 
-#define NEED_GPU(dev)                                 \
-  auto dev = cuda_or_skip();                          \
+#define NEED_GPU(dev)        \
+  auto dev = cuda_or_skip(); \
   if (!dev) GTEST_SKIP() << "no CUDA device";
 
 std::vector<int32_t> tokens(uint32_t seed, int n, int vocab) {
@@ -44,7 +44,7 @@ struct Trace {
 
 // Prompt in chunks of -b (prefill kernels), then n_gen greedy tokens (decode kernels).
 Trace run(const Model& m, Device& dev, EngineOptions o, const std::vector<int32_t>& prompt,
-        int n_gen) {
+          int n_gen) {
   Engine e(m, dev, o);
   Sequence s = e.open_sequence();
   Trace r;
@@ -67,7 +67,8 @@ double rel_diff(const Trace& a, const Trace& b) {
     double scale = 1e-6, diff = 0;
     for (size_t j = 0; j < a.logits[i].size(); ++j) {
       scale = std::max(scale, std::fabs(static_cast<double>(a.logits[i][j])));
-      diff = std::max(diff, std::fabs(static_cast<double>(a.logits[i][j]) - static_cast<double>(b.logits[i][j])));
+      diff = std::max(diff, std::fabs(static_cast<double>(a.logits[i][j]) -
+                                      static_cast<double>(b.logits[i][j])));
     }
     worst = std::max(worst, diff / scale);
   }
@@ -77,7 +78,7 @@ double rel_diff(const Trace& a, const Trace& b) {
 // Decode steps are compared on the CPU's tokens: both runs eval the same inputs only if the
 // greedy tokens agree, so the CUDA run replays the CPU's tokens.
 Trace replay(const Model& m, Device& dev, EngineOptions o, const std::vector<int32_t>& prompt,
-           const std::vector<int32_t>& gen) {
+             const std::vector<int32_t>& gen) {
   Engine e(m, dev, o);
   Sequence s = e.open_sequence();
   Trace r;
@@ -97,8 +98,8 @@ TEST(CudaVsCpu, EveryArchitectureWeightFormatAndKvType) {
   NEED_GPU(gpu);
   auto cpu = make_cpu_device(0);
   const char* archs[] = {"tiny", "tiny-qwen2", "tiny-qwen3"};
-  const char* wtypes[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k",
-                          "q5_k", "q6_k"};
+  const char* wtypes[] = {"f32",  "f16",  "bf16", "q8_0", "q4_0", "q4_1",
+                          "q5_0", "q5_1", "q4_k", "q5_k", "q6_k"};
   const DType kv[] = {DType::F16, DType::Q8_0, DType::Q4_0};
   double worst = 0;
   for (const char* arch : archs)

@@ -35,7 +35,8 @@ struct Buf {
   Device& dev;
   DeviceBuffer b;
   size_t n;
-  Buf(Device& d, const std::vector<float>& v) : dev(d), b(d.alloc(v.size() * 4 + 4, "test")), n(v.size()) {
+  Buf(Device& d, const std::vector<float>& v)
+      : dev(d), b(d.alloc(v.size() * 4 + 4, "test")), n(v.size()) {
     dev.upload(b.as(), v.data(), n * 4);
   }
   Buf(Device& d, size_t n_) : dev(d), b(d.alloc(n_ * 4 + 4, "test")), n(n_) {}
@@ -57,15 +58,15 @@ double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
   return d / s;
 }
 
-#define NEED_GPU()                              \
-  auto gpu = cuda_or_null();                    \
-  if (!gpu) GTEST_SKIP() << "no CUDA device";   \
+#define NEED_GPU()                            \
+  auto gpu = cuda_or_null();                  \
+  if (!gpu) GTEST_SKIP() << "no CUDA device"; \
   auto cpu = make_cpu_device(0);
 
 TEST(CudaOps, MatmulEveryFormat) {
   NEED_GPU();
-  for (const char* wt : {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k",
-                         "q5_k", "q6_k"}) {
+  for (const char* wt :
+       {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k"}) {
     auto m = Model::load(std::string("synthetic:tiny-qwen3:") + wt);
     const Weights wc = cpu->place_weights(m->weights);
     const Weights wg = gpu->place_weights(m->weights);
@@ -173,8 +174,8 @@ TEST(CudaOps, EmbedKvWriteAndAttention) {
                         << int(hg[i]);
         }
       }
-      EXPECT_LE(differ, hc.size() / 1000) << "kv_write " << dtype_name(kt) << ": " << differ
-                                          << " bytes differ";
+      EXPECT_LE(differ, hc.size() / 1000)
+          << "kv_write " << dtype_name(kt) << ": " << differ << " bytes differ";
       const auto q = rnd(n_tok * n_head * d, 7);
       std::vector<int32_t> pos(n_tok);
       for (int t = 0; t < n_tok; ++t) pos[t] = ctx - n_tok + t;
@@ -204,7 +205,8 @@ TEST(CudaOps, EmbedKvWriteAndAttention) {
       a.acc = ag.f();
       a.spans = sg.data();
       gpu->attention(a);
-      EXPECT_LT(max_rel(oc, og.get()), 1e-4) << "attention " << dtype_name(kt) << " n_tok " << n_tok;
+      EXPECT_LT(max_rel(oc, og.get()), 1e-4)
+          << "attention " << dtype_name(kt) << " n_tok " << n_tok;
     }
 }
 

@@ -17,7 +17,9 @@ double now() {
   return duration<double>(steady_clock::now().time_since_epoch()).count();
 }
 
-double ema(double old, double x) { return old == 0 ? x : 0.7 * old + 0.3 * x; }
+double ema(double old, double x) {
+  return old == 0 ? x : 0.7 * old + 0.3 * x;
+}
 
 }  // namespace
 
@@ -33,10 +35,14 @@ KvMode parse_kv_mode(const char* text) {
 
 const char* kv_mode_name(KvMode m) {
   switch (m) {
-    case KvMode::Auto: return "auto";
-    case KvMode::Resident: return "resident";
-    case KvMode::Stream: return "stream";
-    case KvMode::Host: return "host";
+    case KvMode::Auto:
+      return "auto";
+    case KvMode::Resident:
+      return "resident";
+    case KvMode::Stream:
+      return "stream";
+    case KvMode::Host:
+      return "host";
   }
   return "?";
 }
@@ -101,8 +107,8 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt)
     const size_t arena = opt.kv_arena ? opt.kv_arena : std::min(all_bytes, free_bytes);
     if (arena < all_bytes)
       fail("--kv-mode resident: the KV cache of -c ", opt.n_ctx, " x --parallel ", opt.n_seq,
-           " needs ", format_bytes(all_bytes), " but the arena holds ", format_bytes(arena),
-           " (", opt.kv_arena ? "--kv-arena" : "what the device has left",
+           " needs ", format_bytes(all_bytes), " but the arena holds ", format_bytes(arena), " (",
+           opt.kv_arena ? "--kv-arena" : "what the device has left",
            "); use --kv-mode auto or stream, or lower -c/--ctx-size");
     pool_ = std::make_unique<DevicePool>(dev, all_bytes, page);
     plan_.resident.assign(slots_.size(), kUnlimited);
@@ -137,12 +143,14 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt)
   plan_.extra.assign(slots_.size(), 0);
 }
 
-Engine::~Engine() { dev_.sync(); }
+Engine::~Engine() {
+  dev_.sync();
+}
 
 size_t Engine::activation_bytes(const ModelConfig& c, const EngineOptions& o) {
-  const size_t per_token = static_cast<size_t>(c.n_embd + std::max(c.n_embd, c.q_dim()) +
-                                               2 * c.q_dim() + 2 * c.kv_dim() + 2 * c.n_head +
-                                               2 * c.n_ff);
+  const size_t per_token =
+      static_cast<size_t>(c.n_embd + std::max(c.n_embd, c.q_dim()) + 2 * c.q_dim() +
+                          2 * c.kv_dim() + 2 * c.n_head + 2 * c.n_ff);
   return (static_cast<size_t>(o.n_batch) * per_token +
           static_cast<size_t>(o.n_seq) * static_cast<size_t>(c.n_vocab)) *
          sizeof(float);
@@ -304,8 +312,8 @@ void Engine::apply(const Plan& p) {
         if (fr[static_cast<size_t>(q)] < 0) {
           const int32_t g = pool_->take();
           KVS_CHECK(g >= 0, "repartition: no frame for a page the plan makes resident");
-          dev_.copy(Stream::Compute, pool_->frame(g),
-                    host_->page(static_cast<int32_t>(s), l, q), kv_.page_bytes());
+          dev_.copy(Stream::Compute, pool_->frame(g), host_->page(static_cast<int32_t>(s), l, q),
+                    kv_.page_bytes());
           fr[static_cast<size_t>(q)] = g;
         }
     }
@@ -489,8 +497,7 @@ void Engine::write_kv(int32_t il, const BatchEntry& e, int32_t off) {
   const int32_t P = opt_.page_size;
   const auto& fr = slots_[static_cast<size_t>(e.seq->id)].frames[static_cast<size_t>(il)];
   for (int32_t j = 0; j < e.n; ++j)
-    dst_[static_cast<size_t>(j)] =
-        pool_->frame(fr[static_cast<size_t>((e.seq->n_past + j) / P)]);
+    dst_[static_cast<size_t>(j)] = pool_->frame(fr[static_cast<size_t>((e.seq->n_past + j) / P)]);
   const int64_t kvd = cfg_.kv_dim();
   dev_.kv_write(kv_, k_.as<float>() + off * kvd, v_.as<float>() + off * kvd, e.n, dst_.data(),
                 page_slot_.data() + off);
@@ -532,8 +539,7 @@ void Engine::attend(int32_t il, const BatchEntry& e, int32_t off, int32_t& curso
       spans_.push_back({pool_->frame(f), sp.start, sp.n});
       continue;
     }
-    KVS_CHECK(ring_ && cursor < ring_->n_items() &&
-                  ring_->item(cursor) == (RingItem{il, s, p}),
+    KVS_CHECK(ring_ && cursor < ring_->n_items() && ring_->item(cursor) == (RingItem{il, s, p}),
               "ring: the schedule does not match the pages of layer ", il);
     if (chunk >= 0 && ring_->chunk_of(cursor) != chunk) flush(false);
     chunk = ring_->chunk_of(cursor);

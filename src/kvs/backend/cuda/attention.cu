@@ -25,7 +25,9 @@ struct Geo {
   bool first, last;
 };
 
-__device__ __forceinline__ float h2f_16(const uint16_t* p) { return __half2float(__ushort_as_half(*p)); }
+__device__ __forceinline__ float h2f_16(const uint16_t* p) {
+  return __half2float(__ushort_as_half(*p));
+}
 
 // 32 elements [32 sb, 32 sb + 32) of one head's K or V row; every f16 in a KV row is 2-byte
 // aligned, so the reads are 16-bit.
@@ -95,11 +97,11 @@ template <DType K, DType V, int kG, int kE>
 __global__ void __launch_bounds__(kDecThreads) decode_partials(Geo g, float* part, int P) {
   extern __shared__ float smem[];
   const int s = blockIdx.x, hk = blockIdx.y, d = g.d, ng = g.group;
-  const int lk = d / 32;                     // lanes per key in the score pass
-  float* qs = smem;                          // [ng][d], element i of a head at (i % 32) * lk + i / 32
-  float* sc = qs + ng * d;                   // [ng][P] scores, then probabilities
-  float* red = sc + ng * P;                  // [warps][ng][d]
-  float* ml = red + kDecWarps * ng * d;      // [2][ng]
+  const int lk = d / 32;                 // lanes per key in the score pass
+  float* qs = smem;                      // [ng][d], element i of a head at (i % 32) * lk + i / 32
+  float* sc = qs + ng * d;               // [ng][P] scores, then probabilities
+  float* red = sc + ng * P;              // [warps][ng][d]
+  float* ml = red + kDecWarps * ng * d;  // [2][ng]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const Span sp = g.spans[s];
   const int n = min(sp.n, g.pos[0] - sp.start + 1);
@@ -259,13 +261,13 @@ template <DType K, DType V, int D>
 __global__ void __launch_bounds__(kPreThreads) prefill(Geo g) {
   using T = Tile<D>;
   extern __shared__ float smem[];
-  float* qt = smem;                    // [D][kQS]: Q transposed
-  float* kt = qt + D * T::kQS;         // [D][kKS]: K transposed
-  float* vs = kt + D * T::kKS;         // [kTK][kVS]
-  float* pt = vs + kTK * T::kVS;       // [kTK][kPS]: scores, then probabilities, transposed
-  float* rm = pt + kTK * T::kPS;       // running max per row
-  float* rl = rm + T::kRows;           // running sum
-  float* ra = rl + T::kRows;           // this tile's rescale factor
+  float* qt = smem;               // [D][kQS]: Q transposed
+  float* kt = qt + D * T::kQS;    // [D][kKS]: K transposed
+  float* vs = kt + D * T::kKS;    // [kTK][kVS]
+  float* pt = vs + kTK * T::kVS;  // [kTK][kPS]: scores, then probabilities, transposed
+  float* rm = pt + kTK * T::kPS;  // running max per row
+  float* rl = rm + T::kRows;      // running sum
+  float* ra = rl + T::kRows;      // this tile's rescale factor
   int* rp = reinterpret_cast<int*>(ra + T::kRows);  // query position (-1: no row)
   const int ng = g.group, hk = blockIdx.y;
   const int tq = T::kRows / ng;  // queries per block
@@ -277,7 +279,8 @@ __global__ void __launch_bounds__(kPreThreads) prefill(Geo g) {
   for (int i = tid; i < T::kRows * D; i += kPreThreads) {
     const int r = i / D, e = i % D, t = t0 + r / ng;
     const int h = hk * ng + r % ng;
-    qt[e * T::kQS + r] = (r < tq * ng && t < g.n_tok) ? g.q[(static_cast<size_t>(t) * g.n_head + h) * D + e] : 0.0f;
+    qt[e * T::kQS + r] =
+        (r < tq * ng && t < g.n_tok) ? g.q[(static_cast<size_t>(t) * g.n_head + h) * D + e] : 0.0f;
   }
   int max_pos = -1;
   for (int r = tid; r < T::kRows; r += kPreThreads) {
@@ -295,7 +298,8 @@ __global__ void __launch_bounds__(kPreThreads) prefill(Geo g) {
   for (int i = 0; i < T::kRI; ++i) {
     const int r = row0 + i, t = t0 + r / ng;
     const bool has = rp[r] >= 0 && rl[r] != 0.0f;
-    const float* src = has ? g.out + (static_cast<size_t>(t) * g.n_head + hk * ng + r % ng) * D : nullptr;
+    const float* src =
+        has ? g.out + (static_cast<size_t>(t) * g.n_head + hk * ng + r % ng) * D : nullptr;
 #pragma unroll
     for (int j = 0; j < T::kDJ; ++j) o[i][j] = has ? src[dim0 + j] : 0.0f;
   }
@@ -320,7 +324,8 @@ __global__ void __launch_bounds__(kPreThreads) prefill(Geo g) {
           for (int e = 0; e < 32; ++e) vs[j * T::kVS + sb * 32 + e] = kv[e];
         } else {
 #pragma unroll
-          for (int e = 0; e < 32; ++e) kt[(sb * 32 + e) * T::kKS + j] = 0.0f, vs[j * T::kVS + sb * 32 + e] = 0.0f;
+          for (int e = 0; e < 32; ++e)
+            kt[(sb * 32 + e) * T::kKS + j] = 0.0f, vs[j * T::kVS + sb * 32 + e] = 0.0f;
         }
       }
       __syncthreads();
@@ -433,14 +438,19 @@ void attention(Ctx& c, const AttentionArgs& a) {
   KVS_CHECK(d == 32 || d == 64 || d == 128 || d == 256, "cuda attention: head size ", d,
             " (32, 64, 128 or 256)");
   KVS_CHECK(P <= 2048, "cuda attention: --page-size ", P, " is above 2048");
-  Geo g{a.q, a.out, a.acc, a.spans, a.pos, a.n_tok, a.n_spans, a.n_head, a.n_head / l.n_head_kv, d,
-        l.k_row, l.v_row, l.k_head, l.v_head, l.v_offset(), a.scale, a.first, a.last};
+  Geo g{a.q,       a.out,    a.acc,
+        a.spans,   a.pos,    a.n_tok,
+        a.n_spans, a.n_head, a.n_head / l.n_head_kv,
+        d,         l.k_row,  l.v_row,
+        l.k_head,  l.v_head, l.v_offset(),
+        a.scale,   a.first,  a.last};
   KVS_CHECK(g.group >= 1 && g.group <= kMaxGroup, "cuda attention: ", g.group,
             " query heads per kv head (at most ", kMaxGroup, ")");
   if (a.n_tok == 1) {
     if (a.n_spans > 0) {
       float* part = c.scratch_part(static_cast<size_t>(a.n_spans) * a.n_head * (d + 3));
-      const size_t smem = sizeof(float) * (g.group * d + g.group * P + kDecWarps * g.group * d + 2 * g.group);
+      const size_t smem =
+          sizeof(float) * (g.group * d + g.group * P + kDecWarps * g.group * d + 2 * g.group);
       dispatch_kv(l.k_type, [&]<DType K>() {
         dispatch_kv(l.v_type, [&]<DType V>() {
           const dim3 grid(a.n_spans, l.n_head_kv);
@@ -448,10 +458,14 @@ void attention(Ctx& c, const AttentionArgs& a) {
             allow_smem(kernel, smem);
             kernel<<<grid, kDecThreads, smem, c.stream>>>(g, part, P);
           };
-          if (g.group <= 4 && d <= 128) run(decode_partials<K, V, 4, 4>);
-          else if (g.group <= 4) run(decode_partials<K, V, 4, 8>);
-          else if (d <= 128) run(decode_partials<K, V, 8, 4>);
-          else run(decode_partials<K, V, 8, 8>);
+          if (g.group <= 4 && d <= 128)
+            run(decode_partials<K, V, 4, 4>);
+          else if (g.group <= 4)
+            run(decode_partials<K, V, 4, 8>);
+          else if (d <= 128)
+            run(decode_partials<K, V, 8, 4>);
+          else
+            run(decode_partials<K, V, 8, 8>);
         });
       });
       KVS_CUDA_CHECK(cudaGetLastError());
@@ -465,10 +479,14 @@ void attention(Ctx& c, const AttentionArgs& a) {
   dispatch_kv(l.k_type, [&]<DType K>() {
     dispatch_kv(l.v_type, [&]<DType V>() {
       switch (d) {
-        case 32: return launch_prefill<K, V, 32>(c, g, l.n_head_kv);
-        case 64: return launch_prefill<K, V, 64>(c, g, l.n_head_kv);
-        case 128: return launch_prefill<K, V, 128>(c, g, l.n_head_kv);
-        default: return launch_prefill<K, V, 256>(c, g, l.n_head_kv);
+        case 32:
+          return launch_prefill<K, V, 32>(c, g, l.n_head_kv);
+        case 64:
+          return launch_prefill<K, V, 64>(c, g, l.n_head_kv);
+        case 128:
+          return launch_prefill<K, V, 128>(c, g, l.n_head_kv);
+        default:
+          return launch_prefill<K, V, 256>(c, g, l.n_head_kv);
       }
     });
   });

@@ -12,12 +12,12 @@
 #include "kvs/quant/types.h"
 #include "kvs/util/error.h"
 
-#define KVS_CUDA_CHECK(call)                                                             \
-  do {                                                                                   \
-    const cudaError_t e_ = (call);                                                       \
-    if (e_ != cudaSuccess)                                                               \
-      ::kvs::fail("CUDA: ", #call, " failed: ", cudaGetErrorString(e_), " (", __FILE__, \
-                  ":", __LINE__, ")");                                                   \
+#define KVS_CUDA_CHECK(call)                                                                 \
+  do {                                                                                       \
+    const cudaError_t e_ = (call);                                                           \
+    if (e_ != cudaSuccess)                                                                   \
+      ::kvs::fail("CUDA: ", #call, " failed: ", cudaGetErrorString(e_), " (", __FILE__, ":", \
+                  __LINE__, ")");                                                            \
   } while (0)
 
 namespace kvs::cuda {
@@ -100,7 +100,8 @@ __device__ __forceinline__ void load_sub(const uint8_t* row, int sb, float* v) {
     const uint8_t* b = row + sb * (22 + kHas);
     const float d = h2f(b), m = kHas ? h2f(b + 2) : 0.0f;
     const uint8_t* qhp = b + 2 + kHas;
-    const uint32_t qh = qhp[0] | (qhp[1] << 8) | (qhp[2] << 16) | (static_cast<uint32_t>(qhp[3]) << 24);
+    const uint32_t qh =
+        qhp[0] | (qhp[1] << 8) | (qhp[2] << 16) | (static_cast<uint32_t>(qhp[3]) << 24);
     const uint8_t* qs = qhp + 4;
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
@@ -154,13 +155,15 @@ __device__ __forceinline__ void load_sub(const uint8_t* row, int sb, float* v) {
 // Element 128 c + 4 l + k lies in block 4 c + l / 8 at position 4 (l % 8) + k. Other formats
 // keep the file layout, rows padded to 16 bytes. KV pages always keep the file layout.
 struct Packed {
-  int quant = 0;  // bytes of quants per lane and group; 0: not packed
+  int quant = 0;   // bytes of quants per lane and group; 0: not packed
   int scales = 0;  // bytes of scales (and mins) per group
   __host__ __device__ constexpr int stride() const { return 32 * quant + scales; }
 };
 __host__ __device__ constexpr Packed packed(DType t) {
-  return t == DType::Q4_0 ? Packed{16, 64} : t == DType::Q4_1 ? Packed{16, 128}
-                          : t == DType::Q8_0 ? Packed{32, 64} : Packed{};
+  return t == DType::Q4_0   ? Packed{16, 64}
+         : t == DType::Q4_1 ? Packed{16, 128}
+         : t == DType::Q8_0 ? Packed{32, 64}
+                            : Packed{};
 }
 
 // Elements [32 sb, 32 sb + 32) of a weight row of n_sub sub-blocks, as f32.
@@ -192,18 +195,30 @@ __device__ __forceinline__ void load_w(const uint8_t* row, int n_sub, int sb, fl
 template <class F>
 void dispatch(DType t, F&& f) {
   switch (t) {
-    case DType::F32: return f.template operator()<DType::F32>();
-    case DType::F16: return f.template operator()<DType::F16>();
-    case DType::BF16: return f.template operator()<DType::BF16>();
-    case DType::Q8_0: return f.template operator()<DType::Q8_0>();
-    case DType::Q4_0: return f.template operator()<DType::Q4_0>();
-    case DType::Q4_1: return f.template operator()<DType::Q4_1>();
-    case DType::Q5_0: return f.template operator()<DType::Q5_0>();
-    case DType::Q5_1: return f.template operator()<DType::Q5_1>();
-    case DType::Q4_K: return f.template operator()<DType::Q4_K>();
-    case DType::Q5_K: return f.template operator()<DType::Q5_K>();
-    case DType::Q6_K: return f.template operator()<DType::Q6_K>();
-    default: fail("cuda: no kernels for type ", dtype_name(t));
+    case DType::F32:
+      return f.template operator()<DType::F32>();
+    case DType::F16:
+      return f.template operator()<DType::F16>();
+    case DType::BF16:
+      return f.template operator()<DType::BF16>();
+    case DType::Q8_0:
+      return f.template operator()<DType::Q8_0>();
+    case DType::Q4_0:
+      return f.template operator()<DType::Q4_0>();
+    case DType::Q4_1:
+      return f.template operator()<DType::Q4_1>();
+    case DType::Q5_0:
+      return f.template operator()<DType::Q5_0>();
+    case DType::Q5_1:
+      return f.template operator()<DType::Q5_1>();
+    case DType::Q4_K:
+      return f.template operator()<DType::Q4_K>();
+    case DType::Q5_K:
+      return f.template operator()<DType::Q5_K>();
+    case DType::Q6_K:
+      return f.template operator()<DType::Q6_K>();
+    default:
+      fail("cuda: no kernels for type ", dtype_name(t));
   }
 }
 
@@ -211,10 +226,14 @@ void dispatch(DType t, F&& f) {
 template <class F>
 void dispatch_kv(DType t, F&& f) {
   switch (t) {
-    case DType::F16: return f.template operator()<DType::F16>();
-    case DType::Q8_0: return f.template operator()<DType::Q8_0>();
-    case DType::Q4_0: return f.template operator()<DType::Q4_0>();
-    default: fail("cuda: no KV kernels for type ", dtype_name(t));
+    case DType::F16:
+      return f.template operator()<DType::F16>();
+    case DType::Q8_0:
+      return f.template operator()<DType::Q8_0>();
+    case DType::Q4_0:
+      return f.template operator()<DType::Q4_0>();
+    default:
+      fail("cuda: no KV kernels for type ", dtype_name(t));
   }
 }
 

@@ -8,8 +8,8 @@
 #include <cstring>
 #include <deque>
 #include <map>
-#include <string>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -74,7 +74,8 @@ class Profile {
     std::fprintf(stderr, "profile: GPU busy %.2f ms of %.2f ms between operations (%.1f %% idle)\n",
                  busy_ms_, span_ms_, span_ms_ > 0 ? 100.0 * (1.0 - busy_ms_ / span_ms_) : 0.0);
     std::vector<std::pair<std::string, Total>> v(totals_.begin(), totals_.end());
-    std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
+    std::sort(v.begin(), v.end(),
+              [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
     for (const auto& [name, t] : v)
       std::fprintf(stderr, "profile: %-18s %8lld calls %10.2f ms %9.2f us/call %5.1f %%\n",
                    name.c_str(), static_cast<long long>(t.calls), t.ms, 1000.0 * t.ms / t.calls,
@@ -149,7 +150,7 @@ void pack_row(DType t, const uint8_t* src, uint8_t* dst, int64_t n_in, size_t pi
     uint8_t* g = dst + static_cast<size_t>(b / 32) * static_cast<size_t>(pk.stride());
     const int bi = static_cast<int>(b % 32), c = bi / 4, lh = bi % 4;
     uint8_t* sc = g + 32 * pk.quant + 16 * lh + 2 * c;
-    std::memcpy(sc, s, 2);                               // d
+    std::memcpy(sc, s, 2);                                 // d
     if (t == DType::Q4_1) std::memcpy(sc + 64, s + 2, 2);  // m
     const uint8_t* qs = s + (t == DType::Q4_1 ? 4 : 2);
     for (int p = 0; p < 32; ++p) {
@@ -179,10 +180,11 @@ class CudaDevice final : public Device {
     KVS_CUDA_CHECK(cudaMemGetInfo(&free_b, &total));
     // Leave room for the CUDA context's own needs and cuBLAS.
     const size_t usable = free_b > (size_t{1} << 30) ? free_b - (size_t{1} << 29) : free_b / 2;
-    KVS_CHECK(limit <= usable || limit == 0, "--vram-limit ", format_bytes(limit), " is more than the ",
-              format_bytes(usable), " the GPU has free");
+    KVS_CHECK(limit <= usable || limit == 0, "--vram-limit ", format_bytes(limit),
+              " is more than the ", format_bytes(usable), " the GPU has free");
     capacity_ = limit ? limit : usable;
-    for (cudaStream_t& s : streams_) KVS_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    for (cudaStream_t& s : streams_)
+      KVS_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     ctx_.dev = this;
     ctx_.stream = streams_[0];
     KVS_CHECK(cublasCreate(&ctx_.cublas) == CUBLAS_STATUS_SUCCESS, "cuBLAS: cublasCreate failed");
@@ -222,8 +224,8 @@ class CudaDevice final : public Device {
     void* p = nullptr;
     const cudaError_t e = cudaMalloc(&p, std::max<size_t>(bytes, 1));
     if (e != cudaSuccess)
-      fail("CUDA: cudaMalloc of ", format_bytes(bytes), " for ", what, " failed: ",
-           cudaGetErrorString(e));
+      fail("CUDA: cudaMalloc of ", format_bytes(bytes), " for ", what,
+           " failed: ", cudaGetErrorString(e));
     used_ += bytes;
     sizes_[p] = bytes;
     return DeviceBuffer(this, p, bytes);
@@ -232,8 +234,8 @@ class CudaDevice final : public Device {
     void* p = nullptr;
     const cudaError_t e = cudaHostAlloc(&p, std::max<size_t>(bytes, 1), cudaHostAllocDefault);
     if (e != cudaSuccess)
-      fail("CUDA: cudaHostAlloc of ", format_bytes(bytes), " for ", what, " failed: ",
-           cudaGetErrorString(e));
+      fail("CUDA: cudaHostAlloc of ", format_bytes(bytes), " for ", what,
+           " failed: ", cudaGetErrorString(e));
     std::lock_guard<std::mutex> lock(mu_);
     host_.insert(p);
     return DeviceBuffer(this, p, bytes);
@@ -281,7 +283,8 @@ class CudaDevice final : public Device {
     size_t off = 0;
     for (size_t i = 0; i < mats.size(); ++i) {
       Matrix* m = mats[i];
-      const int64_t rows_per = std::max<int64_t>(1, static_cast<int64_t>((size_t{64} << 20) / pitch[i]));
+      const int64_t rows_per =
+          std::max<int64_t>(1, static_cast<int64_t>((size_t{64} << 20) / pitch[i]));
       for (int64_t r0 = 0; r0 < m->n_out; r0 += rows_per) {
         const int64_t nr = std::min(rows_per, m->n_out - r0);
         buf.resize(static_cast<size_t>(nr) * pitch[i]);
@@ -290,8 +293,8 @@ class CudaDevice final : public Device {
             pack_row(m->type, m->row(r0 + r), buf.data() + static_cast<size_t>(r) * pitch[i],
                      m->n_in, pitch[i]);
         });
-        KVS_CUDA_CHECK(cudaMemcpy(weights_.as() + off + static_cast<size_t>(r0) * pitch[i], buf.data(),
-                                  buf.size(), cudaMemcpyHostToDevice));
+        KVS_CUDA_CHECK(cudaMemcpy(weights_.as() + off + static_cast<size_t>(r0) * pitch[i],
+                                  buf.data(), buf.size(), cudaMemcpyHostToDevice));
       }
       m->data = weights_.as() + off;
       m->row_bytes = pitch[i];
@@ -385,7 +388,9 @@ class CudaDevice final : public Device {
     fences_.push_back(e);
     return static_cast<FenceId>(fences_.size() - 1);
   }
-  void record(Stream s, FenceId f) override { KVS_CUDA_CHECK(cudaEventRecord(fence(f), stream(s))); }
+  void record(Stream s, FenceId f) override {
+    KVS_CUDA_CHECK(cudaEventRecord(fence(f), stream(s)));
+  }
   void wait(Stream s, FenceId f) override {
     KVS_CUDA_CHECK(cudaStreamWaitEvent(stream(s), fence(f), 0));
   }

@@ -24,9 +24,15 @@ struct Ctx {
   // waits for what was recorded so far (pause: the old buffer may be in use), then recording
   // goes on (resume).
   std::function<void()> pause, resume;
-  __half* scratch_w(size_t n) { return grow(w16, n * sizeof(__half), "f16 weight tiles").as<__half>(); }
-  __half* scratch_x(size_t n) { return grow(x16, n * sizeof(__half), "f16 activations").as<__half>(); }
-  float* scratch_part(size_t n) { return grow(part, n * sizeof(float), "attention partials").as<float>(); }
+  __half* scratch_w(size_t n) {
+    return grow(w16, n * sizeof(__half), "f16 weight tiles").as<__half>();
+  }
+  __half* scratch_x(size_t n) {
+    return grow(x16, n * sizeof(__half), "f16 activations").as<__half>();
+  }
+  float* scratch_part(size_t n) {
+    return grow(part, n * sizeof(float), "attention partials").as<float>();
+  }
   DeviceBuffer& grow(DeviceBuffer& b, size_t bytes, const char* what);
 };
 

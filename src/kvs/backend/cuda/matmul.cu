@@ -45,14 +45,16 @@ __device__ __forceinline__ float q8_f(uint32_t w, int k) {
 }
 
 template <DType T>
-constexpr bool kFast = T == DType::Q4_0 || T == DType::Q4_1 || T == DType::Q8_0 ||
-                       T == DType::F16 || T == DType::BF16;
+constexpr bool kFast =
+    T == DType::Q4_0 || T == DType::Q4_1 || T == DType::Q8_0 || T == DType::F16 || T == DType::BF16;
 
 // A quantized element is kMul * (f - kOff) for the f that Lane::chunk() gives.
 template <DType T>
 constexpr float kMul = T == DType::Q8_0 ? 32768.0f : 256.0f;
 template <DType T>
-constexpr float kOff = T == DType::Q8_0 ? 1.00390625f : T == DType::Q4_0 ? 0.53125f : 0.5f;
+constexpr float kOff = T == DType::Q8_0   ? 1.00390625f
+                       : T == DType::Q4_0 ? 0.53125f
+                                          : 0.5f;
 
 // What one lane holds of one row and group of 1024 elements (common.cuh's layout): the quants
 // (or the raw f16/bf16 elements) and the scales of its 8 chunks of 4 elements.
@@ -69,7 +71,8 @@ struct Lane {
 #pragma unroll
       for (int c = 0; c < 8; ++c) {
         uint2 u = make_uint2(0, 0);
-        if (e0 + 128 * c < n_in) u = __ldg(reinterpret_cast<const uint2*>(row) + (e0 + 128 * c) / 4);
+        if (e0 + 128 * c < n_in)
+          u = __ldg(reinterpret_cast<const uint2*>(row) + (e0 + 128 * c) / 4);
         q[2 * c] = u.x, q[2 * c + 1] = u.y;
       }
     } else {
@@ -110,8 +113,12 @@ struct Lane {
     }
   }
   // Scales (and mins) of chunks c and c + 1.
-  __device__ float2 scale2(int c) const { return __half22float2(reinterpret_cast<const __half2*>(&d)[c / 2]); }
-  __device__ float2 min2(int c) const { return __half22float2(reinterpret_cast<const __half2*>(&m)[c / 2]); }
+  __device__ float2 scale2(int c) const {
+    return __half22float2(reinterpret_cast<const __half2*>(&d)[c / 2]);
+  }
+  __device__ float2 min2(int c) const {
+    return __half22float2(reinterpret_cast<const __half2*>(&m)[c / 2]);
+  }
 };
 
 __device__ __forceinline__ void store(const Group& g, int j, int row, int t, float s) {
@@ -150,7 +157,8 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
         xv[t] = full || gi * 1024 + 128 * c + 4 * lane < n_in
-                    ? __ldg(reinterpret_cast<const float4*>(xg + static_cast<size_t>(t) * n_in + 128 * c))
+                    ? __ldg(reinterpret_cast<const float4*>(xg + static_cast<size_t>(t) * n_in +
+                                                            128 * c))
                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         xs[t] = (xv[t].x + xv[t].y) + (xv[t].z + xv[t].w);
       }
@@ -171,7 +179,8 @@ __global__ void __launch_bounds__(kWarps * 32)
             acc[r][t] += a;
           } else {
             acc[r][t] = fmaf(sd, fmaf(-kOff<T>, xs[t], a), acc[r][t]);
-            if constexpr (T == DType::Q4_1) acc[r][t] = fmaf(sm * (1.0f / kMul<T>), xs[t], acc[r][t]);
+            if constexpr (T == DType::Q4_1)
+              acc[r][t] = fmaf(sm * (1.0f / kMul<T>), xs[t], acc[r][t]);
           }
         }
       }
@@ -224,7 +233,8 @@ __global__ void __launch_bounds__(kWarps * 32)
     load_w<T>(r, n_sub, sb, v);
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
-      const float4* xp = reinterpret_cast<const float4*>(x + static_cast<size_t>(t) * n_in + sb * 32);
+      const float4* xp =
+          reinterpret_cast<const float4*>(x + static_cast<size_t>(t) * n_in + sb * 32);
       float s = 0.0f;
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
@@ -276,13 +286,20 @@ __global__ void add_bias(float* __restrict__ y, const float* __restrict__ b, int
 
 const char* cublas_error(cublasStatus_t s) {
   switch (s) {
-    case CUBLAS_STATUS_NOT_INITIALIZED: return "not initialized";
-    case CUBLAS_STATUS_ALLOC_FAILED: return "allocation failed";
-    case CUBLAS_STATUS_INVALID_VALUE: return "invalid value";
-    case CUBLAS_STATUS_ARCH_MISMATCH: return "architecture mismatch";
-    case CUBLAS_STATUS_EXECUTION_FAILED: return "execution failed";
-    case CUBLAS_STATUS_NOT_SUPPORTED: return "not supported";
-    default: return "error";
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+      return "not initialized";
+    case CUBLAS_STATUS_ALLOC_FAILED:
+      return "allocation failed";
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return "invalid value";
+    case CUBLAS_STATUS_ARCH_MISMATCH:
+      return "architecture mismatch";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+      return "execution failed";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      return "not supported";
+    default:
+      return "error";
   }
 }
 
@@ -306,12 +323,12 @@ void matvec(Ctx& c, const float* x, int64_t n_tok, const MatJob* jobs, int n) {
     const int per_block = kWarps / g.split;
     const unsigned grid = static_cast<unsigned>((g.first[n] / kPer + per_block - 1) / per_block);
     switch (n_tok) {
-#define KVS_NT(N)                                                                        \
-  case N:                                                                                \
-    if constexpr (kFast<T>)                                                              \
-      matvec_fast<T, N><<<grid, kWarps * 32, 0, c.stream>>>(g, x, n_in);                 \
-    else                                                                                 \
-      matvec_any<T, N><<<grid, kWarps * 32, 0, c.stream>>>(g, x, n_in);                  \
+#define KVS_NT(N)                                                        \
+  case N:                                                                \
+    if constexpr (kFast<T>)                                              \
+      matvec_fast<T, N><<<grid, kWarps * 32, 0, c.stream>>>(g, x, n_in); \
+    else                                                                 \
+      matvec_any<T, N><<<grid, kWarps * 32, 0, c.stream>>>(g, x, n_in);  \
     break;
       KVS_NT(1) KVS_NT(2) KVS_NT(3) KVS_NT(4) KVS_NT(5) KVS_NT(6) KVS_NT(7) KVS_NT(8)
 #undef KVS_NT
@@ -333,12 +350,13 @@ void gemm(Ctx& c, const float* x, int64_t n_tok, const MatJob& job) {
   to_f16<<<(nx + 255) / 256, 256, 0, c.stream>>>(x, xh, nx);
   KVS_CUDA_CHECK(cudaGetLastError());
   const float one = 1.0f, beta = job.add ? 1.0f : 0.0f;
-  const cublasStatus_t st = cublasGemmEx(
-      c.cublas, CUBLAS_OP_T, CUBLAS_OP_N, n_out, static_cast<int>(n_tok), n_in, &one, wh,
-      CUDA_R_16F, n_in, xh, CUDA_R_16F, n_in, &beta, job.y, CUDA_R_32F, n_out, CUBLAS_COMPUTE_32F,
-      CUBLAS_GEMM_DEFAULT);
+  const cublasStatus_t st =
+      cublasGemmEx(c.cublas, CUBLAS_OP_T, CUBLAS_OP_N, n_out, static_cast<int>(n_tok), n_in, &one,
+                   wh, CUDA_R_16F, n_in, xh, CUDA_R_16F, n_in, &beta, job.y, CUDA_R_32F, n_out,
+                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   if (st != CUBLAS_STATUS_SUCCESS)
-    fail("cuBLAS: cublasGemmEx (", n_out, " x ", n_tok, " x ", n_in, ") failed: ", cublas_error(st));
+    fail("cuBLAS: cublasGemmEx (", n_out, " x ", n_tok, " x ", n_in,
+         ") failed: ", cublas_error(st));
   if (job.bias) {
     const size_t n = static_cast<size_t>(n_out) * n_tok;
     add_bias<<<(n + 255) / 256, 256, 0, c.stream>>>(job.y, job.bias, n_out, n);
@@ -351,7 +369,8 @@ void gemm(Ctx& c, const float* x, int64_t n_tok, const MatJob& job) {
 void matmuls(Ctx& c, const float* x, int64_t n_tok, const MatJob* jobs, int n_jobs) {
   for (int i = 0; i < n_jobs; ++i) {
     const Matrix& w = *jobs[i].w;
-    KVS_CHECK(w.n_in % 32 == 0, "cuda: matrix rows of ", w.n_in, " elements (need a multiple of 32)");
+    KVS_CHECK(w.n_in % 32 == 0, "cuda: matrix rows of ", w.n_in,
+              " elements (need a multiple of 32)");
     KVS_CHECK(w.n_in == jobs[0].w->n_in, "cuda: the matrices of one group differ in width");
   }
   if (n_tok > kMaxVecTok) {

@@ -9,7 +9,9 @@
 namespace kvs::cuda {
 namespace {
 
-inline unsigned blocks(size_t n, unsigned t) { return static_cast<unsigned>((n + t - 1) / t); }
+inline unsigned blocks(size_t n, unsigned t) {
+  return static_cast<unsigned>((n + t - 1) / t);
+}
 
 template <DType T>
 __global__ void embed_k(const uint8_t* __restrict__ emb, size_t row_bytes, const int32_t* ids,
@@ -92,7 +94,8 @@ __device__ void quantize_block(float x, uint8_t* dst, int lane) {
     const float d = warp_max(fabsf(x)) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
     if (lane == 0) *reinterpret_cast<__half*>(dst) = __float2half_rn(d);
     const float s = __fmul_rn(x, id);  // no contraction into an fma: the CPU rounds twice
-    dst[2 + lane] = static_cast<uint8_t>(static_cast<int8_t>(truncf(s + copysignf(0.49999997f, s))));
+    dst[2 + lane] =
+        static_cast<uint8_t>(static_cast<int8_t>(truncf(s + copysignf(0.49999997f, s))));
   } else if constexpr (T == DType::Q4_0) {
     // The signed value of the first element of largest magnitude.
     float a = fabsf(x);
@@ -123,7 +126,8 @@ __global__ void kv_write_k(const float* __restrict__ k, const float* __restrict_
   uint8_t* page = pages[t];
   const size_t s = static_cast<size_t>(slots[t]);
   if (i < nb)
-    quantize_block<K>(k[static_cast<size_t>(t) * dim + i * 32 + lane], page + s * k_row + i * kb, lane);
+    quantize_block<K>(k[static_cast<size_t>(t) * dim + i * 32 + lane], page + s * k_row + i * kb,
+                      lane);
   else
     quantize_block<V>(v[static_cast<size_t>(t) * dim + (i - nb) * 32 + lane],
                       page + v_offset + s * v_row + (i - nb) * vb, lane);
@@ -135,7 +139,8 @@ void embed(Ctx& c, const Matrix& emb, const int32_t* ids, int32_t n, float* x) {
   const int n_sub = static_cast<int>(emb.n_in / 32);
   const dim3 grid(blocks(static_cast<size_t>(n_sub), 64), static_cast<unsigned>(n));
   dispatch(emb.type, [&]<DType T>() {
-    embed_k<T><<<grid, 64, 0, c.stream>>>(emb.data, emb.row_bytes, ids, static_cast<int>(emb.n_in), x);
+    embed_k<T>
+        <<<grid, 64, 0, c.stream>>>(emb.data, emb.row_bytes, ids, static_cast<int>(emb.n_in), x);
   });
   KVS_CUDA_CHECK(cudaGetLastError());
 }
@@ -146,7 +151,8 @@ void rmsnorm(Ctx& c, const float* x, const float* w, float* y, int64_t rows, int
   KVS_CUDA_CHECK(cudaGetLastError());
 }
 
-void rope(Ctx& c, float* x, const int32_t* pos, int32_t n_tok, int32_t n_head, const RopeParams& p) {
+void rope(Ctx& c, float* x, const int32_t* pos, int32_t n_tok, int32_t n_head,
+          const RopeParams& p) {
   const int half = p.rope_dim / 2;
   rope_k<<<static_cast<unsigned>(n_tok), 256, sizeof(float) * 2 * half, c.stream>>>(
       x, pos, n_head, p.head_dim, half, p.mode == RopeMode::Neox, p.base, p.linear_scale,
@@ -155,7 +161,8 @@ void rope(Ctx& c, float* x, const int32_t* pos, int32_t n_tok, int32_t n_head, c
 }
 
 void swiglu(Ctx& c, float* gate, const float* up, int64_t n) {
-  swiglu_k<<<blocks(static_cast<size_t>(n), 256), 256, 0, c.stream>>>(gate, up, static_cast<size_t>(n));
+  swiglu_k<<<blocks(static_cast<size_t>(n), 256), 256, 0, c.stream>>>(gate, up,
+                                                                      static_cast<size_t>(n));
   KVS_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -7,6 +7,9 @@
 // Prefill: one block per (16 queries, kv head) walks the spans in tiles of 32 keys, dequantized
 // into shared memory, with an online softmax over tiles; a tile never crosses a span, so the
 // sequence of operations does not depend on how the spans were split into calls.
+#include <mutex>
+#include <unordered_map>
+
 #include "kvs/backend/cuda/common.cuh"
 #include "kvs/backend/cuda/kernels.h"
 
@@ -415,11 +418,15 @@ __global__ void __launch_bounds__(kPreThreads) prefill(Geo g) {
 // Dynamic shared memory above 48 KiB has to be allowed once per kernel.
 template <class F>
 void allow_smem(F* kernel, size_t bytes) {
-  static size_t allowed = 0;  // one per kernel instantiation
-  if (bytes <= allowed) return;
+  // Kernels of one signature share F, so the sizes are kept per kernel address.
+  static std::mutex mu;
+  static std::unordered_map<const void*, size_t> allowed;
+  const std::lock_guard<std::mutex> lock(mu);
+  size_t& a = allowed[reinterpret_cast<const void*>(kernel)];
+  if (bytes <= a) return;
   KVS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(bytes)));
-  allowed = bytes;
+  a = bytes;
 }
 
 template <DType K, DType V, int D>

@@ -40,6 +40,31 @@ namespace {
 
 using cuda::Ctx;
 
+// Timing events, reused: one pool each for the profile and the copy timings.
+class EventPool {
+ public:
+  EventPool() = default;
+  EventPool(const EventPool&) = delete;
+  EventPool& operator=(const EventPool&) = delete;
+  ~EventPool() {
+    for (cudaEvent_t e : free_) cudaEventDestroy(e);
+  }
+  cudaEvent_t take() {
+    if (free_.empty()) {
+      cudaEvent_t e;
+      KVS_CUDA_CHECK(cudaEventCreate(&e));
+      return e;
+    }
+    const cudaEvent_t e = free_.back();
+    free_.pop_back();
+    return e;
+  }
+  void give(cudaEvent_t e) { free_.push_back(e); }
+
+ private:
+  std::vector<cudaEvent_t> free_;
+};
+
 // KVS_PROFILE=1: the GPU time of every Device operation, from events recorded around it on
 // the compute stream, and the share of the time between the first and the last operation of
 // each synchronised stretch that the GPU spent idle (launch gaps); printed when the device
@@ -49,7 +74,7 @@ class Profile {
   Profile() : on_(std::getenv("KVS_PROFILE") && std::string(std::getenv("KVS_PROFILE")) == "1") {}
   bool on() const { return on_; }
   void begin(cudaStream_t s, const char* name) {
-    open_.push_back({name, event(), event()});
+    open_.push_back({name, events_.take(), events_.take()});
     KVS_CUDA_CHECK(cudaEventRecord(open_.back().a, s));
   }
   void end(cudaStream_t s) { KVS_CUDA_CHECK(cudaEventRecord(open_.back().b, s)); }
@@ -66,7 +91,7 @@ class Profile {
     }
     KVS_CUDA_CHECK(cudaEventElapsedTime(&ms, open_.front().a, open_.back().b));
     span_ms_ += ms;
-    for (const Op& o : open_) free_.push_back(o.a), free_.push_back(o.b);
+    for (const Op& o : open_) events_.give(o.a), events_.give(o.b);
     open_.clear();
   }
   void report() const {
@@ -81,10 +106,6 @@ class Profile {
                    name.c_str(), static_cast<long long>(t.calls), t.ms, 1000.0 * t.ms / t.calls,
                    100.0 * t.ms / busy_ms_);
   }
-  void release() {
-    for (cudaEvent_t e : free_) cudaEventDestroy(e);
-    free_.clear();
-  }
 
  private:
   struct Op {
@@ -95,19 +116,9 @@ class Profile {
     int64_t calls = 0;
     double ms = 0;
   };
-  cudaEvent_t event() {
-    if (!free_.empty()) {
-      const cudaEvent_t e = free_.back();
-      free_.pop_back();
-      return e;
-    }
-    cudaEvent_t e;
-    KVS_CUDA_CHECK(cudaEventCreate(&e));
-    return e;
-  }
   bool on_;
   std::vector<Op> open_;
-  std::vector<cudaEvent_t> free_;
+  EventPool events_;
   std::map<std::string, Total> totals_;
   double busy_ms_ = 0, span_ms_ = 0;
 };
@@ -197,11 +208,9 @@ class CudaDevice final : public Device {
     cudaDeviceSynchronize();
     prof_.collect();
     prof_.report();
-    prof_.release();
     if (exec_) cudaGraphExecDestroy(exec_);
     for (CopyTimes& ct : copy_times_)
       for (auto [a, b] : ct.open) cudaEventDestroy(a), cudaEventDestroy(b);
-    for (cudaEvent_t e : spare_events_) cudaEventDestroy(e);
     ctx_.w16.reset();
     ctx_.x16.reset();
     ctx_.part.reset();
@@ -376,7 +385,7 @@ class CudaDevice final : public Device {
       return;
     }
     CopyTimes& ct = copy_times_[static_cast<int>(s)];
-    const cudaEvent_t a = timing_event(), b = timing_event();
+    const cudaEvent_t a = copy_events_.take(), b = copy_events_.take();
     KVS_CUDA_CHECK(cudaEventRecord(a, stream(s)));
     KVS_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, stream(s)));
     KVS_CUDA_CHECK(cudaEventRecord(b, stream(s)));
@@ -413,8 +422,8 @@ class CudaDevice final : public Device {
       float ms = 0.0f;
       KVS_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
       ct.seconds += ms / 1000.0;
-      spare_events_.push_back(a);
-      spare_events_.push_back(b);
+      copy_events_.give(a);
+      copy_events_.give(b);
       ct.open.pop_front();
     }
     return ct.seconds;
@@ -473,16 +482,6 @@ class CudaDevice final : public Device {
     std::deque<std::pair<cudaEvent_t, cudaEvent_t>> open;  // recorded, not yet read
     double seconds = 0;
   };
-  cudaEvent_t timing_event() {
-    if (!spare_events_.empty()) {
-      const cudaEvent_t e = spare_events_.back();
-      spare_events_.pop_back();
-      return e;
-    }
-    cudaEvent_t e;
-    KVS_CUDA_CHECK(cudaEventCreate(&e));
-    return e;
-  }
 
   // Runs what a step has recorded so far and waits for it (ctx_.resume records on).
   void pause_capture() {
@@ -539,7 +538,7 @@ class CudaDevice final : public Device {
   DeviceBuffer weights_, vectors_;
   std::unordered_map<const float*, const float*> vec_map_;
   CopyTimes copy_times_[kStreams];
-  std::vector<cudaEvent_t> spare_events_;
+  EventPool copy_events_;
   Profile prof_;
   bool graphs_ = !prof_.on() && !(std::getenv("KVS_CUDA_GRAPHS") &&
                                   std::string(std::getenv("KVS_CUDA_GRAPHS")) == "0");

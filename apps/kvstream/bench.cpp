@@ -4,7 +4,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -81,7 +80,7 @@ void bench(const BenchArgs& a) {
       return t;
     };
     // The JSON is rewritten after every run, so a long sweep cut short keeps what it measured.
-    const auto write_json = [&] {
+    const auto save = [&] {
       if (a.json_out.empty()) return;
       nlohmann::json j;
       j["model"] = a.model;
@@ -93,9 +92,7 @@ void bench(const BenchArgs& a) {
       j["page_size"] = a.page_size;
       j["batch"] = a.n_batch;
       j["runs"] = runs;
-      std::ofstream f(a.json_out);
-      KVS_CHECK(f.good(), "--json: cannot write '", a.json_out, "'");
-      f << j.dump(2) << "\n";
+      write_json(a.json_out, j);
     };
     for (int64_t depth : depths) {
       Sequence s = eng.open_sequence();
@@ -165,7 +162,7 @@ void bench(const BenchArgs& a) {
       r["plan_n_slots"] = eng.plan().n_slots;
       r["plan_slot_pages"] = eng.plan().slot_pages;
       runs.push_back(r);
-      write_json();
+      save();
     }
   }
 }

@@ -3,6 +3,7 @@
 
 #include <CLI/CLI.hpp>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "kvs/backend/device.h"
@@ -11,6 +12,8 @@ namespace kvs::cli {
 
 // The device of --backend (cpu or cuda) with --vram-limit (0: unbounded / the GPU's free memory).
 std::unique_ptr<Device> make_device(const std::string& backend, size_t vram_limit);
+// Writes j to the file of --json, indented; fails naming the path.
+void write_json(const std::string& path, const nlohmann::json& j);
 
 // Each adds its subcommand to `app` with a callback that runs it (errors as kvs::Error).
 void register_run(CLI::App& app);

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -11,14 +12,22 @@
 
 namespace kvs::cli {
 
+void write_json(const std::string& path, const nlohmann::json& j) {
+  std::ofstream f(path);
+  KVS_CHECK(f.good(), "--json: cannot write '", path, "'");
+  f << j.dump(2) << "\n";
+  KVS_CHECK(f.good(), "--json: writing '", path, "' failed");
+}
+
 std::unique_ptr<Device> make_device(const std::string& backend, size_t vram_limit) {
   KVS_CHECK(backend == "cpu" || backend == "cuda", "--backend ", backend,
             ": not a backend (cpu, cuda)");
 #ifdef KVS_HAVE_CUDA
   if (backend == "cuda") return make_cuda_device(vram_limit);
 #else
-  KVS_CHECK(backend == "cpu", "--backend cuda: this build has no CUDA backend (build with cmake "
-                              "--preset cuda)");
+  KVS_CHECK(backend == "cpu",
+            "--backend cuda: this build has no CUDA backend (build with cmake "
+            "--preset cuda)");
 #endif
   return make_cpu_device(vram_limit);
 }

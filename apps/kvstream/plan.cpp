@@ -1,7 +1,6 @@
 // kvstream plan: the partition of the KV arena at a context, the bytes streamed per token and
 // the predicted decode bound max(T_gpu, S/B), without running the model.
 #include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
@@ -28,7 +27,8 @@ void plan_cmd(const PlanArgs& a) {
   const int64_t ctx = parse_count(a.ctx, "-c/--ctx-size");
   KVS_CHECK(ctx >= 1 && ctx <= INT32_MAX, "-c/--ctx-size must be 1 to 2^31-1");
   KVS_CHECK(a.h2d_gbps > 0 && a.hbm_gbps > 0, "--h2d-gbps and --hbm-gbps must be more than 0");
-  KVS_CHECK(a.kv_arena.empty() || a.vram_limit.empty(), "give --kv-arena or --vram-limit, not both");
+  KVS_CHECK(a.kv_arena.empty() || a.vram_limit.empty(),
+            "give --kv-arena or --vram-limit, not both");
   // The shape and the bytes of the weights, from the file's header or the synthetic preset.
   ModelConfig c;
   size_t weights = 0;
@@ -95,7 +95,8 @@ void plan_cmd(const PlanArgs& a) {
   const size_t per_token = p.streamed_bytes / static_cast<size_t>(a.parallel);
   int64_t resident_pages = 0;
   for (size_t s = 0; s < p.resident.size(); ++s)
-    for (int32_t l = 0; l < c.n_layer; ++l) resident_pages += std::min(pages, resident_cap(p, s, l));
+    for (int32_t l = 0; l < c.n_layer; ++l)
+      resident_pages += std::min(pages, resident_cap(p, s, l));
   const double resident_frac =
       static_cast<double>(resident_pages) / (static_cast<double>(pages) * c.n_layer * a.parallel);
   std::printf("model      %s: %d layers, weights %s, KV %s/%s %s per token\n", a.model.c_str(),
@@ -117,10 +118,10 @@ void plan_cmd(const PlanArgs& a) {
   }
   std::printf("streamed   %s per step, %s per token\n", format_bytes(p.streamed_bytes).c_str(),
               format_bytes(per_token).c_str());
-  std::printf("bound      T_gpu %.3f ms (at %.0f GB/s), S/B %.3f ms (at %.1f GB/s): %.3f ms per "
-              "step, %.1f tokens/s\n",
-              p.gpu_s * 1e3, a.hbm_gbps, p.copy_s * 1e3, a.h2d_gbps, p.predicted_step_s * 1e3,
-              tok_s);
+  std::printf(
+      "bound      T_gpu %.3f ms (at %.0f GB/s), S/B %.3f ms (at %.1f GB/s): %.3f ms per "
+      "step, %.1f tokens/s\n",
+      p.gpu_s * 1e3, a.hbm_gbps, p.copy_s * 1e3, a.h2d_gbps, p.predicted_step_s * 1e3, tok_s);
   if (!a.json_out.empty()) {
     nlohmann::json j;
     j["model"] = a.model;
@@ -145,9 +146,7 @@ void plan_cmd(const PlanArgs& a) {
     j["predicted_tokens_per_s"] = tok_s;
     j["h2d_gbps"] = a.h2d_gbps;
     j["hbm_gbps"] = a.hbm_gbps;
-    std::ofstream f(a.json_out);
-    KVS_CHECK(f.good(), "--json: cannot write '", a.json_out, "'");
-    f << j.dump(2) << "\n";
+    write_json(a.json_out, j);
   }
 }
 

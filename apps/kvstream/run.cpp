@@ -83,8 +83,8 @@ std::vector<std::vector<int32_t>> prompts_of(const RunArgs& a, const Model& mode
       std::string line;
       while (std::getline(in, line))
         if (!line.empty()) out.push_back(encode(line));
-      KVS_CHECK(static_cast<int32_t>(out.size()) == a.parallel, "--parallel ", a.parallel,
-                ": -f '", a.file, "' has ", out.size(), " non-empty lines, one prompt per sequence");
+      KVS_CHECK(static_cast<int32_t>(out.size()) == a.parallel, "--parallel ", a.parallel, ": -f '",
+                a.file, "' has ", out.size(), " non-empty lines, one prompt per sequence");
     }
   } else {
     out.assign(static_cast<size_t>(a.parallel), encode(a.prompt));
@@ -141,8 +141,9 @@ std::string plan_text(const Engine& e) {
   if (!p.streams()) return "everything resident, no ring";
   int32_t lo = kUnlimited, hi = 0;
   for (int32_t r : p.resident) lo = std::min(lo, r), hi = std::max(hi, r);
-  std::string caps = lo == kUnlimited ? "all" : lo == hi ? std::to_string(lo)
-                                                         : cat(lo, "-", hi == kUnlimited ? 0 : hi);
+  std::string caps = lo == kUnlimited ? "all"
+                     : lo == hi       ? std::to_string(lo)
+                                      : cat(lo, "-", hi == kUnlimited ? 0 : hi);
   return cat("resident ", caps, " pages/layer/sequence, ring ", p.n_slots, " x ", p.slot_pages,
              " pages, ", format_bytes(p.streamed_bytes), " streamed per step");
 }
@@ -257,7 +258,8 @@ void run(const RunArgs& a) {
   std::vector<int32_t> next(static_cast<size_t>(N));
   std::vector<bool> live(static_cast<size_t>(N), a.n_predict > 0);
   std::vector<const float*> cur(static_cast<size_t>(N));
-  for (int32_t i = 0; i < N; ++i) cur[static_cast<size_t>(i)] = first_logits[static_cast<size_t>(i)].data();
+  for (int32_t i = 0; i < N; ++i)
+    cur[static_cast<size_t>(i)] = first_logits[static_cast<size_t>(i)].data();
   const bool stream_text = N == 1;
   const double t1 = now();
   int64_t n_dec = 0;
@@ -318,15 +320,15 @@ void run(const RunArgs& a) {
                tg, format_bytes(peak_rss()).c_str());
   const EngineStats& tot = eng.totals();
   if (a.verbose || tot.bytes_in > 0)
-    std::fprintf(stderr,
-                 "kvstream: streamed %s (%s per decode token), written back %s, ready wait %.1f "
-                 "ms, %lld repartitions\n",
-                 format_bytes(tot.bytes_in).c_str(),
-                 format_bytes(decode.tokens ? decode.bytes_in / static_cast<size_t>(decode.tokens)
-                                            : 0)
-                     .c_str(),
-                 format_bytes(tot.bytes_out).c_str(), tot.ready_wait_s * 1e3,
-                 static_cast<long long>(tot.repartitions));
+    std::fprintf(
+        stderr,
+        "kvstream: streamed %s (%s per decode token), written back %s, ready wait %.1f "
+        "ms, %lld repartitions\n",
+        format_bytes(tot.bytes_in).c_str(),
+        format_bytes(decode.tokens ? decode.bytes_in / static_cast<size_t>(decode.tokens) : 0)
+            .c_str(),
+        format_bytes(tot.bytes_out).c_str(), tot.ready_wait_s * 1e3,
+        static_cast<long long>(tot.repartitions));
   if (!a.json_out.empty()) {
     nlohmann::json j;
     j["model"] = a.model;
@@ -356,8 +358,10 @@ void run(const RunArgs& a) {
     kv["fixed_frames"] = eng.fixed_frames();
     kv["host_store_bytes"] = eng.host_bytes();
     const Plan& p = eng.plan();
-    kv["plan"] = {{"resident_pages", p.resident},   {"slot_pages", p.slot_pages},
-                  {"n_slots", p.n_slots},           {"streamed_bytes_per_step", p.streamed_bytes},
+    kv["plan"] = {{"resident_pages", p.resident},
+                  {"slot_pages", p.slot_pages},
+                  {"n_slots", p.n_slots},
+                  {"streamed_bytes_per_step", p.streamed_bytes},
                   {"predicted_step_s", p.predicted_step_s}};
     kv["prefill"] = prefill.json();
     kv["decode"] = decode.json();
@@ -365,9 +369,7 @@ void run(const RunArgs& a) {
     kv["prefetch_chunks_kept"] = tot.prefetch_kept;
     kv["prefetch_chunks_dropped"] = tot.prefetch_dropped;
     j["kv"] = kv;
-    std::ofstream f(a.json_out);
-    KVS_CHECK(f.good(), "--json: cannot write '", a.json_out, "'");
-    f << j.dump(2) << "\n";
+    write_json(a.json_out, j);
   }
 }
 
@@ -415,7 +417,8 @@ void register_run(CLI::App& app) {
                 "Behave as if the device had only this much memory (weights, buffers, arena)");
   c->add_option("--ring-chunk", a->ring_chunk, "Smallest ring slot (copy size)")
       ->capture_default_str();
-  c->add_option("--h2d-gbps", a->h2d_gbps, "Host-to-device GB/s the planner assumes until measured");
+  c->add_option("--h2d-gbps", a->h2d_gbps,
+                "Host-to-device GB/s the planner assumes until measured");
   c->add_flag("-v,--verbose", a->verbose, "Print every step's streaming statistics");
   c->callback([a, c] {
     a->has_prompt = c->count("--prompt") > 0;

@@ -3,6 +3,11 @@
 // small host arrays the engine passes to kernels (token ids, positions, spans, page pointers)
 // go through a pinned staging ring onto the compute stream.
 #include <algorithm>
+#include <array>
+#include <bit>
+#include <cmath>
+#include <functional>
+#include <type_traits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -211,6 +216,7 @@ class CudaDevice final : public Device {
     if (exec_) cudaGraphExecDestroy(exec_);
     for (CopyTimes& ct : copy_times_)
       for (auto [a, b] : ct.open) cudaEventDestroy(a), cudaEventDestroy(b);
+    inv_freq_.clear();
     ctx_.w16.reset();
     ctx_.x16.reset();
     ctx_.part.reset();
@@ -237,6 +243,7 @@ class CudaDevice final : public Device {
            " failed: ", cudaGetErrorString(e));
     used_ += bytes;
     sizes_[p] = bytes;
+    ++gen_;
     return DeviceBuffer(this, p, bytes);
   }
   DeviceBuffer alloc_host(size_t bytes, const char* what) override {
@@ -257,6 +264,7 @@ class CudaDevice final : public Device {
     }
     auto it = sizes_.find(p);
     if (it == sizes_.end()) return;
+    ++gen_;
     used_ -= it->second;
     sizes_.erase(it);
     cudaFree(p);
@@ -328,58 +336,76 @@ class CudaDevice final : public Device {
     return out;
   }
 
+  // Every operation is launched through run(): at once, or kept for the end of a recorded
+  // step, with key() describing it (see begin_step).
   void embed(const Matrix& emb, const int32_t* ids, int32_t n, float* x) override {
     for (int32_t t = 0; t < n; ++t)
       KVS_CHECK(ids[t] >= 0 && ids[t] < emb.n_out, "token id ", ids[t], " is out of range (vocab ",
                 emb.n_out, ")");
-    const Timed t(prof_, ctx_.stream, "embed");
-    cuda::embed(ctx_, emb, stage(ids, n), n, x);
+    const int32_t* d_ids = stage(ids, n);
+    const Matrix m = emb;
+    key(1, m.data, m.type, m.n_in, m.n_out, m.row_bytes, d_ids, n, x);
+    run("embed", [=, this] { cuda::embed(ctx_, m, d_ids, n, x); });
   }
   void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n,
                float eps) override {
-    const Timed t(prof_, ctx_.stream, "rmsnorm");
-    cuda::rmsnorm(ctx_, x, dv(w), y, rows, n, eps);
+    const float* dw = dv(w);
+    key(2, x, dw, y, rows, n, eps);
+    run("rmsnorm", [=, this] { cuda::rmsnorm(ctx_, x, dw, y, rows, n, eps); });
   }
   void matmuls(const float* x, int64_t n_tok, const MatJob* jobs, int n_jobs) override {
     KVS_CHECK(n_jobs >= 1 && n_jobs <= 8, "cuda: ", n_jobs, " matrices in one group");
-    MatJob j[8];
+    std::array<MatJob, 8> j;
+    key(3, x, n_tok, n_jobs);
     for (int i = 0; i < n_jobs; ++i) {
       j[i] = jobs[i];
       if (j[i].bias) j[i].bias = dv(j[i].bias);
+      const Matrix& m = *j[i].w;
+      key(m.data, m.type, m.n_in, m.n_out, m.row_bytes, j[i].y, j[i].bias, j[i].add);
     }
-    const Timed t(prof_, ctx_.stream, n_tok <= cuda::kMaxVecTok ? "matvec" : "gemm");
-    cuda::matmuls(ctx_, x, n_tok, j, n_jobs);
+    run(n_tok <= cuda::kMaxVecTok ? "matvec" : "gemm",
+        [=, this] { cuda::matmuls(ctx_, x, n_tok, j.data(), n_jobs); });
   }
   void rope(float* x, const int32_t* pos, int32_t n_tok, int32_t n_head,
             const RopeParams& p) override {
     RopeParams q = p;
     if (q.freq_factors) q.freq_factors = dv(q.freq_factors);
-    const Timed t(prof_, ctx_.stream, "rope");
-    cuda::rope(ctx_, x, stage(pos, n_tok), n_tok, n_head, q);
+    const double* inv = inv_freq(q.base, q.rope_dim);
+    const int32_t* d_pos = stage(pos, n_tok);
+    key(4, x, d_pos, n_tok, n_head, q.mode, q.head_dim, q.rope_dim, q.base, q.linear_scale,
+        q.freq_factors, inv);
+    run("rope", [=, this] { cuda::rope(ctx_, x, d_pos, n_tok, n_head, q, inv); });
   }
   void swiglu(float* gate, const float* up, int64_t n) override {
-    const Timed t(prof_, ctx_.stream, "swiglu");
-    cuda::swiglu(ctx_, gate, up, n);
+    key(5, gate, up, n);
+    run("swiglu", [=, this] { cuda::swiglu(ctx_, gate, up, n); });
   }
   void add(float* x, const float* y, int64_t n) override {
-    const Timed t(prof_, ctx_.stream, "add");
-    cuda::add(ctx_, x, y, n);
+    key(6, x, y, n);
+    run("add", [=, this] { cuda::add(ctx_, x, y, n); });
   }
   void kv_write(const KvLayout& l, const float* k, const float* v, int32_t n_tok,
                 uint8_t* const* pages, const int32_t* slots) override {
-    const Timed t(prof_, ctx_.stream, "kv_write");
-    cuda::kv_write(ctx_, l, k, v, n_tok, stage(pages, n_tok), stage(slots, n_tok));
+    uint8_t* const* d_pages = stage(pages, n_tok);
+    const int32_t* d_slots = stage(slots, n_tok);
+    key(7, k, v, n_tok, d_pages, d_slots);
+    key_layout(l);
+    run("kv_write", [=, this] { cuda::kv_write(ctx_, l, k, v, n_tok, d_pages, d_slots); });
   }
   void attention(const AttentionArgs& a) override {
-    const Timed t(prof_, ctx_.stream, a.n_tok == 1 ? "attention decode" : "attention prefill");
     AttentionArgs b = a;
     b.spans = a.n_spans > 0 ? stage(a.spans, a.n_spans) : nullptr;
     b.pos = stage(a.pos, a.n_tok);
-    cuda::attention(ctx_, b);
+    key(8, b.q, b.out, b.acc, b.pos, b.n_tok, b.spans, b.n_spans, b.n_head, b.scale, b.first,
+        b.last);
+    key_layout(b.kv);
+    run(a.n_tok == 1 ? "attention decode" : "attention prefill",
+        [=, this] { cuda::attention(ctx_, b); });
   }
 
   // Copies on the copy streams are timed by a pair of events each, for busy_seconds().
   void copy(Stream s, void* dst, const void* src, size_t n) override {
+    cut();
     if (s == Stream::Compute) {
       KVS_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, stream(s)));
       return;
@@ -398,9 +424,11 @@ class CudaDevice final : public Device {
     return static_cast<FenceId>(fences_.size() - 1);
   }
   void record(Stream s, FenceId f) override {
+    cut();
     KVS_CUDA_CHECK(cudaEventRecord(fence(f), stream(s)));
   }
   void wait(Stream s, FenceId f) override {
+    cut();
     KVS_CUDA_CHECK(cudaStreamWaitEvent(stream(s), fence(f), 0));
   }
   void wait_host(FenceId f) override { KVS_CUDA_CHECK(cudaEventSynchronize(fence(f))); }
@@ -433,31 +461,51 @@ class CudaDevice final : public Device {
     prof_.collect();
   }
 
-  // A step is captured into a graph and launched at its end; the executable graph is updated
-  // in place when the next step has the same shape (the usual decode step), which costs far
-  // less than launching each kernel. Off with KVS_CUDA_GRAPHS=0 or while profiling.
+  // A step is recorded: its operations are kept as calls, with a key of everything they
+  // launch, and its staged inputs go over in one copy at its start. At its end a step with
+  // the last step's key relaunches the last graph as it is (the usual decode step: only the
+  // staged data differ, read from the same pinned addresses); any other is captured and
+  // updates the graph in place, or instantiates it. Off with KVS_CUDA_GRAPHS=0 or profiling.
   void begin_step() override {
     if (!graphs_) return;
-    KVS_CUDA_CHECK(cudaStreamSynchronize(streams_[0]));
-    stage_off_ = 0;  // every staged copy before this step has been read
-    KVS_CUDA_CHECK(cudaStreamBeginCapture(streams_[0], cudaStreamCaptureModeRelaxed));
+    KVS_CUDA_CHECK(cudaStreamSynchronize(streams_[0]));  // the last step read its staged data
+    stage_off_ = 0;
+    recording_ = true;
+    calls_.clear();
+    key_.assign(1, gen_);
+  }
+  void end_step(bool run) override {
+    if (!recording_) return;
+    recording_ = false;
+    std::vector<Call> calls = std::move(calls_);
+    calls_.clear();
+    if (!run) return;
+    key_.push_back(stage_off_);
+    if (exec_ && !last_key_.empty() && key_ == last_key_) {
+      KVS_CUDA_CHECK(cudaGraphLaunch(exec_, streams_[0]));
+      return;
+    }
+    last_key_.clear();
     partial_ = false;
     ctx_.pause = [this] { pause_capture(); };
     ctx_.resume = [this] {
-      stage_off_ = 0;
       KVS_CUDA_CHECK(cudaStreamBeginCapture(streams_[0], cudaStreamCaptureModeRelaxed));
     };
-  }
-  void end_step(bool run) override {
-    if (!ctx_.pause) return;
-    ctx_.pause = ctx_.resume = nullptr;
     cudaGraph_t g = nullptr;
-    if (!run) {
+    KVS_CUDA_CHECK(cudaStreamBeginCapture(streams_[0], cudaStreamCaptureModeRelaxed));
+    try {
+      if (stage_off_ > 0)
+        KVS_CUDA_CHECK(cudaMemcpyAsync(stage_d_, stage_h_, stage_off_, cudaMemcpyHostToDevice,
+                                       streams_[0]));
+      for (const Call& c : calls) c.f();
+    } catch (...) {
+      ctx_.pause = ctx_.resume = nullptr;
       cudaStreamEndCapture(streams_[0], &g);
       if (g) cudaGraphDestroy(g);
       cudaGetLastError();
-      return;
+      throw;
     }
+    ctx_.pause = ctx_.resume = nullptr;
     KVS_CUDA_CHECK(cudaStreamEndCapture(streams_[0], &g));
     if (exec_ && !partial_) {
       cudaGraphExecUpdateResultInfo info{};
@@ -473,6 +521,7 @@ class CudaDevice final : public Device {
     if (!exec_) KVS_CUDA_CHECK(cudaGraphInstantiate(&exec_, g, 0));
     KVS_CUDA_CHECK(cudaGraphDestroy(g));
     KVS_CUDA_CHECK(cudaGraphLaunch(exec_, streams_[0]));
+    if (!partial_) last_key_ = std::move(key_);  // a cut graph holds only the step's tail
   }
 
  private:
@@ -483,7 +532,8 @@ class CudaDevice final : public Device {
     double seconds = 0;
   };
 
-  // Runs what a step has recorded so far and waits for it (ctx_.resume records on).
+  // While a step is captured, a scratch buffer must grow: what was captured so far runs and
+  // is waited for (the old buffer may be in use), then ctx_.resume captures on.
   void pause_capture() {
     cudaGraph_t g = nullptr;
     KVS_CUDA_CHECK(cudaStreamEndCapture(streams_[0], &g));
@@ -505,26 +555,79 @@ class CudaDevice final : public Device {
     auto it = vec_map_.find(host);
     return it == vec_map_.end() ? host : it->second;
   }
-  // A device copy of n elements of a host array, ordered on the compute stream.
+  // A device copy of n elements of a host array, ordered on the compute stream (in a
+  // recorded step, by the step's one copy at its start).
   template <class T>
   const T* stage(const T* src, int64_t n) {
     const size_t bytes = static_cast<size_t>(n) * sizeof(T);
     KVS_CHECK(bytes <= kStage, "cuda: staging ", format_bytes(bytes), " at once");
     if (stage_off_ + bytes > kStage) {
-      if (ctx_.pause) {  // a recorded step runs and waits for what it has so far
-        ctx_.pause();
-        ctx_.resume();  // which starts the ring over
-      } else {
-        KVS_CUDA_CHECK(cudaStreamSynchronize(streams_[0]));  // every earlier copy has been read
-        stage_off_ = 0;
-      }
+      cut();
+      KVS_CUDA_CHECK(cudaStreamSynchronize(streams_[0]));  // every earlier copy has been read
+      stage_off_ = 0;
     }
     uint8_t* h = static_cast<uint8_t*>(stage_h_) + stage_off_;
     uint8_t* d = static_cast<uint8_t*>(stage_d_) + stage_off_;
     std::memcpy(h, src, bytes);
-    KVS_CUDA_CHECK(cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, streams_[0]));
+    if (!recording_)
+      KVS_CUDA_CHECK(cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, streams_[0]));
     stage_off_ += (bytes + 255) / 256 * 256;
     return reinterpret_cast<const T*>(d);
+  }
+
+  // An operation: launched now, or kept for the end of the recorded step.
+  template <class F>
+  void run(const char* name, F&& f) {
+    if (recording_) {
+      calls_.push_back({std::forward<F>(f)});
+      return;
+    }
+    const Timed t(prof_, ctx_.stream, name);
+    f();
+  }
+  // What an operation launches, appended to the recorded step's key.
+  template <class... T>
+  void key(const T&... v) {
+    if (recording_) (key_.push_back(bits(v)), ...);
+  }
+  template <class T>
+  static uint64_t bits(const T& v) {
+    if constexpr (std::is_pointer_v<T>)
+      return reinterpret_cast<uintptr_t>(v);
+    else if constexpr (std::is_floating_point_v<T>)
+      return std::bit_cast<uint64_t>(static_cast<double>(v));
+    else
+      return static_cast<uint64_t>(v);
+  }
+  void key_layout(const KvLayout& l) {
+    key(l.k_type, l.v_type, l.page_size, l.n_head_kv, l.head_dim, l.k_row, l.v_row, l.k_head,
+        l.v_head);
+  }
+  // Work that cannot be recorded (copies, fences): what the step recorded so far is launched
+  // now, in order, and the rest of the step runs operation by operation.
+  void cut() {
+    if (!recording_) return;
+    recording_ = false;
+    std::vector<Call> calls = std::move(calls_);
+    calls_.clear();
+    if (stage_off_ > 0)
+      KVS_CUDA_CHECK(
+          cudaMemcpyAsync(stage_d_, stage_h_, stage_off_, cudaMemcpyHostToDevice, streams_[0]));
+    for (const Call& c : calls) c.f();
+  }
+  // base^(-2i/d) for i < d/2 in double, computed here as the CPU backend does, once per
+  // (base, d); rope multiplies it by the position.
+  const double* inv_freq(float base, int32_t rope_dim) {
+    DeviceBuffer& b = inv_freq_[{base, rope_dim}];
+    if (b.size() == 0) {
+      std::vector<double> f(static_cast<size_t>(rope_dim / 2));
+      for (int32_t i = 0; i < rope_dim / 2; ++i)
+        f[static_cast<size_t>(i)] = std::pow(static_cast<double>(base), -2.0 * i / rope_dim);
+      b = alloc(std::max<size_t>(f.size(), 1) * sizeof(double), "rope frequencies");
+      KVS_CUDA_CHECK(cudaMemcpy(b.as(), f.data(), f.size() * sizeof(double),
+                                cudaMemcpyHostToDevice));
+    }
+    return b.as<double>();
   }
 
   std::string name_;
@@ -543,7 +646,15 @@ class CudaDevice final : public Device {
   bool graphs_ = !prof_.on() && !(std::getenv("KVS_CUDA_GRAPHS") &&
                                   std::string(std::getenv("KVS_CUDA_GRAPHS")) == "0");
   cudaGraphExec_t exec_ = nullptr;  // the last whole step, updated in place by the next
-  bool partial_ = false;            // the step being recorded was cut by a pause
+  bool partial_ = false;            // the step being captured was cut by a pause
+  struct Call {
+    std::function<void()> f;
+  };
+  bool recording_ = false;
+  std::vector<Call> calls_;              // the recorded step's operations
+  std::vector<uint64_t> key_, last_key_;  // what they launch; last_key_: what exec_ runs
+  uint64_t gen_ = 0;                     // bumped by every allocation and free
+  std::map<std::pair<float, int32_t>, DeviceBuffer> inv_freq_;
   void* stage_h_ = nullptr;
   void* stage_d_ = nullptr;
   size_t stage_off_ = 0;

@@ -40,7 +40,9 @@ struct Ctx {
 void matmuls(Ctx& c, const float* x, int64_t n_tok, const MatJob* jobs, int n_jobs);
 void embed(Ctx& c, const Matrix& emb, const int32_t* ids, int32_t n, float* x);
 void rmsnorm(Ctx& c, const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps);
-void rope(Ctx& c, float* x, const int32_t* pos, int32_t n_tok, int32_t n_head, const RopeParams& p);
+// inv[i] = base^(-2i / rope_dim), computed on the host in double as the CPU backend does.
+void rope(Ctx& c, float* x, const int32_t* pos, int32_t n_tok, int32_t n_head, const RopeParams& p,
+          const double* inv);
 void swiglu(Ctx& c, float* gate, const float* up, int64_t n);
 void add(Ctx& c, float* x, const float* y, int64_t n);
 void kv_write(Ctx& c, const KvLayout& l, const float* k, const float* v, int32_t n_tok,

@@ -49,16 +49,18 @@ __global__ void rmsnorm_k(const float* __restrict__ x, const float* __restrict__
 
 // A block per token: the angles once (in double, as the CPU), then every head rotated.
 __global__ void rope_k(float* __restrict__ x, const int32_t* __restrict__ pos, int n_head,
-                       int head_dim, int half, bool neox, float base, float linear_scale,
-                       int rope_dim, const float* __restrict__ factors) {
+                       int head_dim, int half, bool neox, float linear_scale,
+                       const double* __restrict__ inv, const float* __restrict__ factors) {
   extern __shared__ float cs[];  // [half][2]
   const int t = blockIdx.x;
   const double ppos = static_cast<double>(pos[t]) / static_cast<double>(linear_scale);
   for (int k = threadIdx.x; k < half; k += blockDim.x) {
-    double th = ppos * pow(static_cast<double>(base), -2.0 * k / rope_dim);
+    double th = ppos * inv[k];
     if (factors) th /= static_cast<double>(factors[k]);
-    cs[2 * k] = static_cast<float>(cos(th));
-    cs[2 * k + 1] = static_cast<float>(sin(th));
+    double s, c;
+    sincos(th, &s, &c);
+    cs[2 * k] = static_cast<float>(c);
+    cs[2 * k + 1] = static_cast<float>(s);
   }
   __syncthreads();
   for (int i = threadIdx.x; i < n_head * half; i += blockDim.x) {
@@ -151,12 +153,12 @@ void rmsnorm(Ctx& c, const float* x, const float* w, float* y, int64_t rows, int
   KVS_CUDA_CHECK(cudaGetLastError());
 }
 
-void rope(Ctx& c, float* x, const int32_t* pos, int32_t n_tok, int32_t n_head,
-          const RopeParams& p) {
+void rope(Ctx& c, float* x, const int32_t* pos, int32_t n_tok, int32_t n_head, const RopeParams& p,
+          const double* inv) {
   const int half = p.rope_dim / 2;
   rope_k<<<static_cast<unsigned>(n_tok), 256, sizeof(float) * 2 * half, c.stream>>>(
-      x, pos, n_head, p.head_dim, half, p.mode == RopeMode::Neox, p.base, p.linear_scale,
-      p.rope_dim, p.freq_factors);
+      x, pos, n_head, p.head_dim, half, p.mode == RopeMode::Neox, p.linear_scale, inv,
+      p.freq_factors);
   KVS_CUDA_CHECK(cudaGetLastError());
 }
 

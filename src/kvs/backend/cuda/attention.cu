@@ -205,29 +205,43 @@ __global__ void __launch_bounds__(kDecThreads) decode_partials(Geo g, float* par
 }
 
 // Decode, step 2: fold the partials of every span into the running state, in span order.
+// A block per head, a thread per output dimension; the partials come in chunks of kFold
+// spans, all of a chunk's loads in flight at once, then the chunk is folded from registers.
+constexpr int kFold = 32;
+
 __global__ void decode_fold(Geo g, const float* part) {
-  const int h = blockIdx.x, d = g.d;
-  const size_t stride = static_cast<size_t>(d) + 3;
-  for (int i = threadIdx.x; i < d; i += blockDim.x) {
-    float m = g.first ? 0.0f : g.acc[2 * h], l = g.first ? 0.0f : g.acc[2 * h + 1];
-    float o = l != 0.0f ? g.out[h * d + i] : 0.0f;
-    // Without branches, so the loads of the next spans are in flight during this one's math.
-#pragma unroll 4
-    for (int s = 0; s < g.n_spans; ++s) {
-      const float* p = part + (static_cast<size_t>(s) * g.n_head + h) * stride;
-      const float pm = p[0], pl = p[1], pf = p[2], po = p[3 + i];
+  __shared__ float mlf[3][kFold];  // max, sum, non-empty of the chunk's spans
+  const int h = blockIdx.x, d = g.d, i = threadIdx.x;
+  const size_t stride = static_cast<size_t>(d) + 3, step = stride * g.n_head;
+  float m = g.first ? 0.0f : g.acc[2 * h], l = g.first ? 0.0f : g.acc[2 * h + 1];
+  float o = l != 0.0f ? g.out[h * d + i] : 0.0f;
+  for (int s0 = 0; s0 < g.n_spans; s0 += kFold) {
+    const int n = min(kFold, g.n_spans - s0);
+    const float* p = part + static_cast<size_t>(s0) * step + h * stride;
+    for (int k = i; k < 3 * kFold; k += blockDim.x) {
+      const int s = k / 3, f = k % 3;
+      mlf[f][s] = s < n ? p[s * step + f] : 0.0f;
+    }
+    float po[kFold];
+#pragma unroll
+    for (int s = 0; s < kFold; ++s) po[s] = s < n ? p[s * step + 3 + i] : 0.0f;
+    __syncthreads();
+#pragma unroll
+    for (int s = 0; s < kFold; ++s) {
+      const float pm = mlf[0][s], pl = mlf[1][s];
       const float mm = fmaxf(m, pm);
       const float a = expf(m - mm), b = expf(pm - mm);
-      const bool live = pf != 0.0f, fresh = l == 0.0f;
-      const float nl = fresh ? pl : l * a + pl * b, no = fresh ? po : o * a + po * b;
+      const bool live = mlf[2][s] != 0.0f, fresh = l == 0.0f;
+      const float nl = fresh ? pl : l * a + pl * b, no = fresh ? po[s] : o * a + po[s] * b;
       const float nm = fresh ? pm : mm;
       l = live ? nl : l;
       o = live ? no : o;
       m = live ? nm : m;
     }
-    g.out[h * d + i] = g.last ? o / l : o;
-    if (i == 0) g.acc[2 * h] = m, g.acc[2 * h + 1] = l;
+    __syncthreads();
   }
+  g.out[h * d + i] = g.last ? o / l : o;
+  if (i == 0) g.acc[2 * h] = m, g.acc[2 * h + 1] = l;
 }
 
 // Prefill tiles: kTQ queries x the group's heads as rows, kTK keys per tile.

@@ -2,7 +2,9 @@
 // a time, so a mismatch names its kernel (skipped without a GPU).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <vector>
 
@@ -139,75 +141,84 @@ TEST(CudaOps, EmbedKvWriteAndAttention) {
     gpu->embed(wg.tok_embd, ids.data(), 4, g.f());
     EXPECT_LT(max_rel(c, g.get()), 1e-6) << "embed";
   }
+  // Decode (1 query) and the CUDA-core prefill keep f32 throughout; the tensor-core prefill
+  // (head sizes 64 and 128) rounds Q and the probabilities to f16.
+  double worst_tc = 0;
   for (DType kt : {DType::F16, DType::Q8_0, DType::Q4_0})
-    for (int32_t n_tok : {1, 7}) {
-      const int n_kv = 2, n_head = 4, d = 64, P = 16, ctx = 40;
-      const KvLayout l = KvLayout::make(kt, kt, P, n_kv, d);
-      const int pages = (ctx + P - 1) / P;
-      // The same K/V rows written by both backends into pages, then attention over them.
-      std::vector<uint8_t> hc(pages * l.page_bytes(), 0), hg(hc.size(), 0);
-      DeviceBuffer gp = gpu->alloc(hc.size(), "pages");
-      gpu->upload(gp.as(), hg.data(), hg.size());
-      const auto k = rnd(ctx * n_kv * d, 5), v = rnd(ctx * n_kv * d, 6);
-      std::vector<uint8_t*> dc(ctx), dg(ctx);
-      std::vector<int32_t> slots(ctx);
-      for (int t = 0; t < ctx; ++t) {
-        dc[t] = hc.data() + (t / P) * l.page_bytes();
-        dg[t] = gp.as() + (t / P) * l.page_bytes();
-        slots[t] = t % P;
-      }
-      cpu->kv_write(l, k.data(), v.data(), ctx, dc.data(), slots.data());
-      Buf kg(*gpu, k), vg(*gpu, v);
-      gpu->kv_write(l, kg.f(), vg.f(), ctx, dg.data(), slots.data());
-      gpu->sync();
-      gpu->download(hg.data(), gp.as(), hg.size());
-      size_t differ = 0;
-      for (size_t i = 0; i < hc.size(); ++i) {
-        if (hc[i] == hg[i]) continue;
-        // Name the first few differences: page, K or V, slot, byte within the row.
-        if (differ++ < 6) {
-          const size_t pg = i / l.page_bytes(), o = i % l.page_bytes();
-          const bool is_v = o >= l.v_offset();
-          const size_t rb = is_v ? l.v_row : l.k_row, ro = is_v ? o - l.v_offset() : o;
-          ADD_FAILURE() << dtype_name(kt) << " page " << pg << (is_v ? " V" : " K") << " slot "
-                        << ro / rb << " byte " << ro % rb << ": cpu " << int(hc[i]) << " gpu "
-                        << int(hg[i]);
+    for (int d : {64, 128, 256})
+      for (int P : {16, 128})
+        for (int32_t n_tok : {1, 7, 70}) {
+          const int n_kv = 2, n_head = 8, ctx = 150;
+          const KvLayout l = KvLayout::make(kt, kt, P, n_kv, d);
+          const int pages = (ctx + P - 1) / P;
+          // The same K/V rows written by both backends into pages, then attention over them.
+          std::vector<uint8_t> hc(pages * l.page_bytes(), 0), hg(hc.size(), 0);
+          DeviceBuffer gp = gpu->alloc(hc.size(), "pages");
+          gpu->upload(gp.as(), hg.data(), hg.size());
+          const auto k = rnd(ctx * n_kv * d, 5), v = rnd(ctx * n_kv * d, 6);
+          std::vector<uint8_t*> dc(ctx), dg(ctx);
+          std::vector<int32_t> slots(ctx);
+          for (int t = 0; t < ctx; ++t) {
+            dc[t] = hc.data() + (t / P) * l.page_bytes();
+            dg[t] = gp.as() + (t / P) * l.page_bytes();
+            slots[t] = t % P;
+          }
+          cpu->kv_write(l, k.data(), v.data(), ctx, dc.data(), slots.data());
+          Buf kg(*gpu, k), vg(*gpu, v);
+          gpu->kv_write(l, kg.f(), vg.f(), ctx, dg.data(), slots.data());
+          gpu->sync();
+          gpu->download(hg.data(), gp.as(), hg.size());
+          size_t differ = 0;
+          for (size_t i = 0; i < hc.size(); ++i) {
+            if (hc[i] == hg[i]) continue;
+            // Name the first few differences: page, K or V, slot, byte within the row.
+            if (differ++ < 6) {
+              const size_t pg = i / l.page_bytes(), o = i % l.page_bytes();
+              const bool is_v = o >= l.v_offset();
+              const size_t rb = is_v ? l.v_row : l.k_row, ro = is_v ? o - l.v_offset() : o;
+              ADD_FAILURE() << dtype_name(kt) << " page " << pg << (is_v ? " V" : " K") << " slot "
+                            << ro / rb << " byte " << ro % rb << ": cpu " << int(hc[i]) << " gpu "
+                            << int(hg[i]);
+            }
+          }
+          EXPECT_LE(differ, hc.size() / 1000)
+              << "kv_write " << dtype_name(kt) << ": " << differ << " bytes differ";
+          const auto q = rnd(n_tok * n_head * d, 7);
+          std::vector<int32_t> pos(n_tok);
+          for (int t = 0; t < n_tok; ++t) pos[t] = ctx - n_tok + t;
+          std::vector<Span> sc, sg;
+          for (int p = 0; p < pages; ++p) {
+            sc.push_back({hc.data() + p * l.page_bytes(), p * P, std::min(P, ctx - p * P)});
+            sg.push_back({gp.as() + p * l.page_bytes(), p * P, std::min(P, ctx - p * P)});
+          }
+          AttentionArgs a;
+          a.pos = pos.data();
+          a.n_tok = n_tok;
+          a.kv = l;
+          a.n_head = n_head;
+          a.scale = 0.125f;
+          std::vector<float> oc(q.size()), accc(n_tok * n_head * 2);
+          a.q = q.data();
+          a.out = oc.data();
+          a.acc = accc.data();
+          a.spans = sc.data();
+          a.n_spans = pages;
+          cpu->attention(a);
+          // The CUDA run reads the CPU-written pages, so only the attention arithmetic differs.
+          gpu->upload(gp.as(), hc.data(), hc.size());
+          Buf qg(*gpu, q), og(*gpu, q.size()), ag(*gpu, accc.size());
+          a.q = qg.f();
+          a.out = og.f();
+          a.acc = ag.f();
+          a.spans = sg.data();
+          gpu->attention(a);
+          const bool tc = n_tok > 1 && d <= 128;
+          const double err = max_rel(oc, og.get());
+          if (tc) worst_tc = std::max(worst_tc, err);
+          EXPECT_LT(err, tc ? 4e-3 : 1e-4) << "attention " << dtype_name(kt) << " head size " << d
+                                           << " page " << P << " n_tok " << n_tok;
         }
-      }
-      EXPECT_LE(differ, hc.size() / 1000)
-          << "kv_write " << dtype_name(kt) << ": " << differ << " bytes differ";
-      const auto q = rnd(n_tok * n_head * d, 7);
-      std::vector<int32_t> pos(n_tok);
-      for (int t = 0; t < n_tok; ++t) pos[t] = ctx - n_tok + t;
-      std::vector<Span> sc, sg;
-      for (int p = 0; p < pages; ++p) {
-        sc.push_back({hc.data() + p * l.page_bytes(), p * P, std::min(P, ctx - p * P)});
-        sg.push_back({gp.as() + p * l.page_bytes(), p * P, std::min(P, ctx - p * P)});
-      }
-      AttentionArgs a;
-      a.pos = pos.data();
-      a.n_tok = n_tok;
-      a.kv = l;
-      a.n_head = n_head;
-      a.scale = 0.125f;
-      std::vector<float> oc(q.size()), accc(n_tok * n_head * 2);
-      a.q = q.data();
-      a.out = oc.data();
-      a.acc = accc.data();
-      a.spans = sc.data();
-      a.n_spans = pages;
-      cpu->attention(a);
-      // The CUDA run reads the CPU-written pages, so only the attention arithmetic differs.
-      gpu->upload(gp.as(), hc.data(), hc.size());
-      Buf qg(*gpu, q), og(*gpu, q.size()), ag(*gpu, accc.size());
-      a.q = qg.f();
-      a.out = og.f();
-      a.acc = ag.f();
-      a.spans = sg.data();
-      gpu->attention(a);
-      EXPECT_LT(max_rel(oc, og.get()), 1e-4)
-          << "attention " << dtype_name(kt) << " n_tok " << n_tok;
-    }
+  std::printf("worst tensor-core prefill attention difference: %.3g (tolerance 4e-3)\n", worst_tc);
 }
 
 }  // namespace

@@ -429,6 +429,256 @@ __global__ void __launch_bounds__(kPreThreads) prefill(Geo g) {
   }
 }
 
+// Prefill on tensor cores, for head sizes 64 and 128: a block of 4 warps takes 64 rows
+// (query, head), 16 per warp. Tiles of 64 keys (never crossing a span) are copied raw into
+// shared memory one tile ahead (cp.async), dequantized to f16 there, and multiplied with
+// mma.sync m16n8k16 (f16 inputs, f32 accumulators): S = Q K^T, the online softmax on the
+// accumulators in registers, O += P V with P re-read as the A operand. Q and P are rounded to
+// f16, the CPU keeps f32: the tolerance of the tests says how far that goes.
+constexpr int kTcRows = 64, kTcKeys = 64, kTcThreads = 128;
+
+__device__ __forceinline__ void cp_async(void* dst, const void* src, int w) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  if (w == 16)
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
+  else if (w == 8)
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(d), "l"(src));
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(src));
+}
+__device__ __forceinline__ void cp_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+__device__ __forceinline__ void cp_wait_one() {
+  asm volatile("cp.async.wait_group 1;\n" ::);
+}
+__device__ __forceinline__ void ldsm4(uint32_t* r, const __half* p) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+__device__ __forceinline__ void ldsm4t(uint32_t* r, const __half* p) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+__device__ __forceinline__ void mma16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t h2u(float x, float y) {
+  const __half2 h = __floats2half2_rn(x, y);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// Where the block is in its walk over the tiles of its spans.
+struct TileAt {
+  int s, k0;
+};
+
+template <DType K, DType V, int D>
+__global__ void __launch_bounds__(kTcThreads) prefill_tc(Geo g, int kst, int vst, int cw) {
+  constexpr int kHS = D + 8;  // halves per row of the f16 tiles (rows 16-byte aligned)
+  extern __shared__ __align__(16) uint8_t tc_smem[];
+  __half* kh = reinterpret_cast<__half*>(tc_smem);                // [kTcKeys][kHS]
+  __half* vh = kh + kTcKeys * kHS;                                // [kTcKeys][kHS]
+  uint8_t* raw = reinterpret_cast<uint8_t*>(vh + kTcKeys * kHS);  // 2 x ([64][kst], [64][vst])
+  const int raw_bytes = kTcKeys * (kst + vst);
+  const int ng = g.group, hk = blockIdx.y, tq = kTcRows / ng, t0 = blockIdx.x * tq;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gr = lane / 4, t4 = lane % 4;
+
+  // This thread's rows of the warp's 16: gr and gr + 8.
+  bool ok[2];
+  int rpos[2];
+  size_t hrow[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int r = 16 * warp + gr + 8 * i, t = t0 + r / ng;
+    ok[i] = r < tq * ng && t < g.n_tok;
+    rpos[i] = ok[i] ? g.pos[t] : -1;
+    hrow[i] = static_cast<size_t>(ok[i] ? t : 0) * g.n_head + hk * ng + r % ng;
+  }
+  int max_pos = -1;
+  for (int t = t0; t < min(t0 + tq, g.n_tok); ++t) max_pos = max(max_pos, g.pos[t]);
+
+  uint32_t qa[D / 16][4];
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = e % 2, dim = 16 * ks + 8 * (e / 2) + 2 * t4;
+      const float2 f = ok[i] ? *reinterpret_cast<const float2*>(g.q + hrow[i] * D + dim)
+                             : make_float2(0.0f, 0.0f);
+      qa[ks][e] = h2u(f.x, f.y);
+    }
+  float m[2], l[2], o[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    m[i] = ok[i] && !g.first ? g.acc[2 * hrow[i]] : -INFINITY;
+    l[i] = ok[i] && !g.first ? g.acc[2 * hrow[i] + 1] : 0.0f;
+    const bool has = ok[i] && l[i] != 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < D / 8; ++nt) {
+      const float2 f = has ? *reinterpret_cast<const float2*>(g.out + hrow[i] * D + 8 * nt + 2 * t4)
+                           : make_float2(0.0f, 0.0f);
+      o[nt][2 * i] = f.x, o[nt][2 * i + 1] = f.y;
+    }
+  }
+
+  // Keys of span s this block looks at (0 past its last query's position).
+  const auto span_len = [&](int s) {
+    const Span sp = g.spans[s];
+    return sp.start > max_pos ? 0 : min(sp.n, max_pos - sp.start + 1);
+  };
+  const auto next = [&](TileAt a, TileAt& b) {
+    b = a;
+    b.k0 += kTcKeys;
+    if (b.k0 < span_len(a.s)) return true;
+    b.s = a.s + 1, b.k0 = 0;
+    return b.s < g.n_spans && span_len(b.s) > 0;
+  };
+  const auto issue = [&](TileAt a, uint8_t* dst) {
+    const Span sp = g.spans[a.s];
+    const int nk = min(kTcKeys, span_len(a.s) - a.k0);
+    const uint8_t* ks = sp.page + static_cast<size_t>(a.k0) * g.k_row + hk * g.k_head;
+    const uint8_t* vs = sp.page + g.v_offset + static_cast<size_t>(a.k0) * g.v_row + hk * g.v_head;
+    const int kw = static_cast<int>(g.k_head) / cw, vw = static_cast<int>(g.v_head) / cw;
+    for (int i = tid; i < nk * kw; i += kTcThreads)
+      cp_async(dst + (i / kw) * kst + (i % kw) * cw, ks + (i / kw) * g.k_row + (i % kw) * cw, cw);
+    uint8_t* vd = dst + kTcKeys * kst;
+    for (int i = tid; i < nk * vw; i += kTcThreads)
+      cp_async(vd + (i / vw) * vst + (i % vw) * cw, vs + (i / vw) * g.v_row + (i % vw) * cw, cw);
+  };
+
+  TileAt cur{0, 0};
+  bool have = g.n_spans > 0 && span_len(0) > 0;
+  int buf = 0;
+  if (have) issue(cur, raw);
+  cp_commit();
+  while (have) {
+    TileAt nxt;
+    const bool more = next(cur, nxt);
+    if (more) issue(nxt, raw + (buf ^ 1) * raw_bytes);
+    cp_commit();
+    cp_wait_one();
+    __syncthreads();
+    const int nk = min(kTcKeys, span_len(cur.s) - cur.k0);
+    const int key_pos = g.spans[cur.s].start + cur.k0;
+    {  // Dequantize the raw tile into the f16 tiles (zeros past nk).
+      const uint8_t* rk = raw + buf * raw_bytes;
+      const uint8_t* rv = rk + kTcKeys * kst;
+      constexpr int kSub = D / 32;
+      for (int i = tid; i < 2 * kTcKeys * kSub; i += kTcThreads) {
+        const bool is_v = i >= kTcKeys * kSub;
+        const int ii = is_v ? i - kTcKeys * kSub : i, j = ii / kSub, sb = ii % kSub;
+        float v[32];
+        if (j < nk) {
+          if (is_v)
+            kv_sub<V>(rv + j * vst, sb, v);
+          else
+            kv_sub<K>(rk + j * kst, sb, v);
+        } else {
+#pragma unroll
+          for (int e = 0; e < 32; ++e) v[e] = 0.0f;
+        }
+        uint4* dst = reinterpret_cast<uint4*>((is_v ? vh : kh) + j * kHS + 32 * sb);
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+          dst[k] = make_uint4(h2u(v[8 * k], v[8 * k + 1]), h2u(v[8 * k + 2], v[8 * k + 3]),
+                              h2u(v[8 * k + 4], v[8 * k + 5]), h2u(v[8 * k + 6], v[8 * k + 7]));
+      }
+    }
+    __syncthreads();
+
+    // S = Q K^T: 8 tiles of 8 keys.
+    float sc[kTcKeys / 8][4] = {};
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks)
+#pragma unroll
+      for (int np = 0; np < kTcKeys / 16; ++np) {
+        uint32_t b[4];
+        const int mi = lane / 8;
+        ldsm4(b, kh + (16 * np + 8 * (mi / 2) + lane % 8) * kHS + 16 * ks + 8 * (mi % 2));
+        mma16816(sc[2 * np], qa[ks], b[0], b[1]);
+        mma16816(sc[2 * np + 1], qa[ks], b[2], b[3]);
+      }
+    // Online softmax, each row's values spread over the 4 threads of a quad.
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < kTcKeys / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = e / 2, key = 8 * nt + 2 * t4 + e % 2;
+        const bool live = key < nk && key_pos + key <= rpos[i];
+        sc[nt][e] = live ? sc[nt][e] * g.scale : -INFINITY;
+        mx[i] = fmaxf(mx[i], sc[nt][e]);
+      }
+    float al[2], ls[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+      mx[i] = fmaxf(m[i], mx[i]);  // the new running max
+    }
+#pragma unroll
+    for (int nt = 0; nt < kTcKeys / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = e / 2;
+        const float p = mx[i] == -INFINITY ? 0.0f : expf(sc[nt][e] - mx[i]);
+        sc[nt][e] = p;
+        ls[i] += p;
+      }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      ls[i] += __shfl_xor_sync(0xffffffffu, ls[i], 1);
+      ls[i] += __shfl_xor_sync(0xffffffffu, ls[i], 2);
+      const float a = m[i] == -INFINITY ? 0.0f : expf(m[i] - mx[i]);
+      al[i] = mx[i] == -INFINITY ? 1.0f : a;
+      l[i] = l[i] * al[i] + ls[i];
+      m[i] = mx[i];
+    }
+#pragma unroll
+    for (int nt = 0; nt < D / 8; ++nt)
+      o[nt][0] *= al[0], o[nt][1] *= al[0], o[nt][2] *= al[1], o[nt][3] *= al[1];
+      // O += P V.
+#pragma unroll
+    for (int kk = 0; kk < kTcKeys / 16; ++kk) {
+      const uint32_t pa[4] = {h2u(sc[2 * kk][0], sc[2 * kk][1]), h2u(sc[2 * kk][2], sc[2 * kk][3]),
+                              h2u(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                              h2u(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+#pragma unroll
+      for (int j = 0; j < D / 16; ++j) {
+        uint32_t b[4];
+        const int mi = lane / 8;
+        ldsm4t(b, vh + (16 * kk + 8 * (mi % 2) + lane % 8) * kHS + 16 * j + 8 * (mi / 2));
+        mma16816(o[2 * j], pa, b[0], b[1]);
+        mma16816(o[2 * j + 1], pa, b[2], b[3]);
+      }
+    }
+    cur = nxt;
+    have = more;
+    buf ^= 1;
+  }
+  asm volatile("cp.async.wait_all;\n" ::);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (!ok[i]) continue;
+#pragma unroll
+    for (int nt = 0; nt < D / 8; ++nt) {
+      float2 f = make_float2(o[nt][2 * i], o[nt][2 * i + 1]);
+      if (g.last) f.x /= l[i], f.y /= l[i];
+      *reinterpret_cast<float2*>(g.out + hrow[i] * D + 8 * nt + 2 * t4) = f;
+    }
+    if (t4 == 0) g.acc[2 * hrow[i]] = m[i], g.acc[2 * hrow[i] + 1] = l[i];
+  }
+}
+
 // Dynamic shared memory above 48 KiB has to be allowed once per kernel.
 template <class F>
 void allow_smem(F* kernel, size_t bytes) {
@@ -445,10 +695,25 @@ void allow_smem(F* kernel, size_t bytes) {
 
 template <DType K, DType V, int D>
 void launch_prefill(Ctx& c, const Geo& g, int n_kv) {
-  using T = Tile<D>;
-  allow_smem(prefill<K, V, D>, T::kSmem);
-  const int tq = T::kRows / g.group;
-  prefill<K, V, D><<<dim3((g.n_tok + tq - 1) / tq, n_kv), kPreThreads, T::kSmem, c.stream>>>(g);
+  if constexpr (D == 64 || D == 128) {
+    // Raw rows 16-byte aligned in shared memory; copies as wide as the rows' alignment allows.
+    const int kst = static_cast<int>((g.k_head + 15) / 16 * 16);
+    const int vst = static_cast<int>((g.v_head + 15) / 16 * 16);
+    const auto aligned = [&](size_t w) {
+      return g.k_head % w == 0 && g.v_head % w == 0 && g.k_row % w == 0 && g.v_row % w == 0;
+    };
+    const int cw = aligned(16) ? 16 : aligned(8) ? 8 : 4;
+    const size_t smem = sizeof(__half) * 2 * kTcKeys * (D + 8) + 2 * size_t{kTcKeys} * (kst + vst);
+    allow_smem(prefill_tc<K, V, D>, smem);
+    const int tq = kTcRows / g.group;
+    prefill_tc<K, V, D>
+        <<<dim3((g.n_tok + tq - 1) / tq, n_kv), kTcThreads, smem, c.stream>>>(g, kst, vst, cw);
+  } else {
+    using T = Tile<D>;
+    allow_smem(prefill<K, V, D>, T::kSmem);
+    const int tq = T::kRows / g.group;
+    prefill<K, V, D><<<dim3((g.n_tok + tq - 1) / tq, n_kv), kPreThreads, T::kSmem, c.stream>>>(g);
+  }
 }
 
 }  // namespace

@@ -6,15 +6,15 @@
 #include <array>
 #include <bit>
 #include <cmath>
-#include <functional>
-#include <type_traits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -495,8 +495,8 @@ class CudaDevice final : public Device {
     KVS_CUDA_CHECK(cudaStreamBeginCapture(streams_[0], cudaStreamCaptureModeRelaxed));
     try {
       if (stage_off_ > 0)
-        KVS_CUDA_CHECK(cudaMemcpyAsync(stage_d_, stage_h_, stage_off_, cudaMemcpyHostToDevice,
-                                       streams_[0]));
+        KVS_CUDA_CHECK(
+            cudaMemcpyAsync(stage_d_, stage_h_, stage_off_, cudaMemcpyHostToDevice, streams_[0]));
       for (const Call& c : calls) c.f();
     } catch (...) {
       ctx_.pause = ctx_.resume = nullptr;
@@ -624,8 +624,8 @@ class CudaDevice final : public Device {
       for (int32_t i = 0; i < rope_dim / 2; ++i)
         f[static_cast<size_t>(i)] = std::pow(static_cast<double>(base), -2.0 * i / rope_dim);
       b = alloc(std::max<size_t>(f.size(), 1) * sizeof(double), "rope frequencies");
-      KVS_CUDA_CHECK(cudaMemcpy(b.as(), f.data(), f.size() * sizeof(double),
-                                cudaMemcpyHostToDevice));
+      KVS_CUDA_CHECK(
+          cudaMemcpy(b.as(), f.data(), f.size() * sizeof(double), cudaMemcpyHostToDevice));
     }
     return b.as<double>();
   }
@@ -651,9 +651,9 @@ class CudaDevice final : public Device {
     std::function<void()> f;
   };
   bool recording_ = false;
-  std::vector<Call> calls_;              // the recorded step's operations
+  std::vector<Call> calls_;               // the recorded step's operations
   std::vector<uint64_t> key_, last_key_;  // what they launch; last_key_: what exec_ runs
-  uint64_t gen_ = 0;                     // bumped by every allocation and free
+  uint64_t gen_ = 0;                      // bumped by every allocation and free
   std::map<std::pair<float, int32_t>, DeviceBuffer> inv_freq_;
   void* stage_h_ = nullptr;
   void* stage_d_ = nullptr;

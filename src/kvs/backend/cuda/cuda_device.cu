@@ -477,7 +477,7 @@ class CudaDevice final : public Device {
   void end_step(bool run) override {
     if (!recording_) return;
     recording_ = false;
-    std::vector<Call> calls = std::move(calls_);
+    std::vector<std::function<void()>> calls = std::move(calls_);
     calls_.clear();
     if (!run) return;
     key_.push_back(stage_off_);
@@ -494,10 +494,7 @@ class CudaDevice final : public Device {
     cudaGraph_t g = nullptr;
     KVS_CUDA_CHECK(cudaStreamBeginCapture(streams_[0], cudaStreamCaptureModeRelaxed));
     try {
-      if (stage_off_ > 0)
-        KVS_CUDA_CHECK(
-            cudaMemcpyAsync(stage_d_, stage_h_, stage_off_, cudaMemcpyHostToDevice, streams_[0]));
-      for (const Call& c : calls) c.f();
+      launch(calls);
     } catch (...) {
       ctx_.pause = ctx_.resume = nullptr;
       cudaStreamEndCapture(streams_[0], &g);
@@ -579,7 +576,7 @@ class CudaDevice final : public Device {
   template <class F>
   void run(const char* name, F&& f) {
     if (recording_) {
-      calls_.push_back({std::forward<F>(f)});
+      calls_.emplace_back(std::forward<F>(f));
       return;
     }
     const Timed t(prof_, ctx_.stream, name);
@@ -608,12 +605,16 @@ class CudaDevice final : public Device {
   void cut() {
     if (!recording_) return;
     recording_ = false;
-    std::vector<Call> calls = std::move(calls_);
+    std::vector<std::function<void()>> calls = std::move(calls_);
     calls_.clear();
+    launch(calls);
+  }
+  // A recorded step's work, in order: its staged inputs in one copy, then its operations.
+  void launch(const std::vector<std::function<void()>>& calls) {
     if (stage_off_ > 0)
       KVS_CUDA_CHECK(
           cudaMemcpyAsync(stage_d_, stage_h_, stage_off_, cudaMemcpyHostToDevice, streams_[0]));
-    for (const Call& c : calls) c.f();
+    for (const auto& f : calls) f();
   }
   // base^(-2i/d) for i < d/2 in double, computed here as the CPU backend does, once per
   // (base, d); rope multiplies it by the position.
@@ -647,13 +648,10 @@ class CudaDevice final : public Device {
                                   std::string(std::getenv("KVS_CUDA_GRAPHS")) == "0");
   cudaGraphExec_t exec_ = nullptr;  // the last whole step, updated in place by the next
   bool partial_ = false;            // the step being captured was cut by a pause
-  struct Call {
-    std::function<void()> f;
-  };
   bool recording_ = false;
-  std::vector<Call> calls_;               // the recorded step's operations
-  std::vector<uint64_t> key_, last_key_;  // what they launch; last_key_: what exec_ runs
-  uint64_t gen_ = 0;                      // bumped by every allocation and free
+  std::vector<std::function<void()>> calls_;  // the recorded step's operations
+  std::vector<uint64_t> key_, last_key_;      // what they launch; last_key_: what exec_ runs
+  uint64_t gen_ = 0;                          // bumped by every allocation and free
   std::map<std::pair<float, int32_t>, DeviceBuffer> inv_freq_;
   void* stage_h_ = nullptr;
   void* stage_d_ = nullptr;

@@ -20,7 +20,7 @@ namespace {
 
 struct BenchArgs {
   std::string model, depths = "0", modes = "auto", ctk = "f16", ctv = "f16", backend = "cpu";
-  std::string kv_arena, vram_limit, json_out, ring_chunk = "4M";
+  std::string kv_arena, vram_limit, json_out, ring_chunk = "4M", pair;
   int32_t n_gen = 32, n_batch = 512, page_size = 256, threads = 0;
   std::string command;
 };
@@ -42,9 +42,123 @@ std::vector<std::string> split(const std::string& s) {
   return out;
 }
 
+EngineOptions options(const BenchArgs& a, const std::string& mode) {
+  EngineOptions o;
+  o.kv_mode = parse_kv_mode(mode.c_str());
+  o.n_batch = a.n_batch;
+  o.page_size = a.page_size;
+  o.k_type = parse_kv_type(a.ctk.c_str(), "-ctk/--cache-type-k");
+  o.v_type = parse_kv_type(a.ctv.c_str(), "-ctv/--cache-type-v");
+  o.ring_chunk_bytes = parse_size(a.ring_chunk, "--ring-chunk");
+  if (!a.kv_arena.empty()) o.kv_arena = parse_size(a.kv_arena, "--kv-arena");
+  return o;
+}
+
+int32_t argmax(const float* l, int32_t n) {
+  return static_cast<int32_t>(std::max_element(l, l + n) - l);
+}
+
+// Prefills s up to `depth` tokens (not timed), in -b chunks, with progress on a terminal.
+template <class Tokens>
+void fill(Engine& eng, Sequence& s, int64_t depth, const std::string& what,
+          Tokens&& random_tokens) {
+  const int32_t b = eng.options().n_batch;
+  const int64_t from = s.n_past;
+  if (depth <= from) return;
+  const auto t = random_tokens(depth - from);
+  for (int64_t i = from; i < depth; i += b) {
+    const int32_t m = static_cast<int32_t>(std::min<int64_t>(b, depth - i));
+    eng.eval(s, t.data() + (i - from), m);
+    if (isatty(STDERR_FILENO))
+      std::fprintf(stderr, "\rkvstream bench: %s: filling %lld/%lld", what.c_str(),
+                   static_cast<long long>(i + m), static_cast<long long>(depth));
+  }
+  if (isatty(STDERR_FILENO)) std::fputc('\n', stderr);
+}
+
+// --pair D1,D2: two sequences filled to different depths decode n_gen greedy tokens together
+// (timed: their combined tokens/s), then each is filled again and decoded alone in the same
+// engine; the tokens must be the same (streaming is exact whatever the partition).
+nlohmann::json pair_run(const BenchArgs& a, const Model& model, const std::string& mode,
+                        size_t vram) {
+  const std::vector<int64_t> d = parse_count_list(a.pair, "--pair");
+  KVS_CHECK(d.size() == 2, "--pair: two depths, e.g. 32k,128k");
+  EngineOptions o = options(a, mode);
+  o.n_seq = 2;
+  o.n_ctx = static_cast<int32_t>(std::max(d[0], d[1]) + a.n_gen + 1);
+  auto dev = make_device(a.backend, vram);
+  Engine eng(model, *dev, o);
+  const int32_t V = model.config.n_vocab;
+  // Each sequence's fill tokens depend only on its index, so the alone runs repeat them.
+  auto prompt_of = [&](int i) {
+    std::mt19937 rng(static_cast<uint32_t>(100 + i));
+    std::vector<int32_t> t(static_cast<size_t>(d[static_cast<size_t>(i)]) + 1);
+    for (auto& x : t) x = static_cast<int32_t>(rng() % static_cast<uint32_t>(V));
+    return t;
+  };
+  const auto prefill = [&](Sequence& s, int i) {
+    const auto t = prompt_of(i);
+    size_t at = 0;
+    fill(eng, s, static_cast<int64_t>(t.size()), mode + " pair", [&](int64_t n) {
+      std::vector<int32_t> part(t.begin() + static_cast<long>(at),
+                                t.begin() + static_cast<long>(at + static_cast<size_t>(n)));
+      at += static_cast<size_t>(n);
+      return part;
+    });
+    return argmax(eng.logits(0), V);
+  };
+  std::vector<int32_t> together[2], alone[2];
+  Sequence s[2] = {eng.open_sequence(), eng.open_sequence()};
+  int32_t next[2] = {prefill(s[0], 0), prefill(s[1], 1)};
+  const double t0 = now();
+  for (int32_t k = 0; k < a.n_gen; ++k) {
+    eng.step({BatchEntry{&s[0], &next[0], 1}, BatchEntry{&s[1], &next[1], 1}});
+    for (int i = 0; i < 2; ++i) {
+      together[i].push_back(next[i]);
+      next[i] = argmax(eng.logits(i), V);
+    }
+  }
+  const double t_together = now() - t0;
+  double t_alone[2] = {0, 0};
+  for (int i = 0; i < 2; ++i) eng.close_sequence(s[i]);
+  for (int i = 0; i < 2; ++i) {
+    Sequence q = eng.open_sequence();
+    int32_t id = prefill(q, i);
+    const double t1 = now();
+    for (int32_t k = 0; k < a.n_gen; ++k) {
+      alone[i].push_back(id);
+      id = argmax(eng.eval(q, &id, 1), V);
+    }
+    t_alone[i] = now() - t1;
+    eng.close_sequence(q);
+  }
+  const bool same = together[0] == alone[0] && together[1] == alone[1];
+  const double tps = 2.0 * a.n_gen / t_together;
+  std::printf("| %s | %s | %s/%s | %lld+%lld | pair tg%d | %.2f (alone %.2f, %.2f) | | | %s |\n",
+              a.model.c_str(), mode.c_str(), a.ctk.c_str(), a.ctv.c_str(),
+              static_cast<long long>(d[0]), static_cast<long long>(d[1]), a.n_gen, tps,
+              a.n_gen / t_alone[0], a.n_gen / t_alone[1],
+              same ? "same tokens as alone" : "TOKENS DIFFER FROM ALONE");
+  std::fflush(stdout);
+  nlohmann::json r;
+  r["mode"] = mode;
+  r["depths"] = d;
+  r["cache_type_k"] = a.ctk;
+  r["cache_type_v"] = a.ctv;
+  r["tg_tokens"] = a.n_gen;
+  r["combined_tokens_per_s"] = tps;
+  r["alone_tokens_per_s"] = {a.n_gen / t_alone[0], a.n_gen / t_alone[1]};
+  r["same_tokens_as_alone"] = same;
+  r["tokens_together"] = {together[0], together[1]};
+  r["tokens_alone"] = {alone[0], alone[1]};
+  r["arena_bytes"] = eng.arena_bytes();
+  return r;
+}
+
 void bench(const BenchArgs& a) {
   if (a.threads > 0) set_thread_count(a.threads);
-  const std::vector<int64_t> depths = parse_count_list(a.depths, "--depths");
+  const std::vector<int64_t> depths =
+      a.depths.empty() ? std::vector<int64_t>{} : parse_count_list(a.depths, "--depths");
   KVS_CHECK(a.n_gen >= 1, "--n-gen must be at least 1");
   const size_t vram = a.vram_limit.empty() ? 0 : parse_size(a.vram_limit, "--vram-limit");
   auto model = Model::load(a.model);
@@ -54,21 +168,39 @@ void bench(const BenchArgs& a) {
     KVS_CHECK(d >= 0, "--depths: negative depth");
     max_depth = std::max(max_depth, d);
   }
-  nlohmann::json runs = nlohmann::json::array();
+  nlohmann::json runs = nlohmann::json::array(), pairs = nlohmann::json::array();
   std::string device_name;
+  // The JSON is rewritten after every run, so a long sweep cut short keeps what it measured.
+  const auto save = [&] {
+    if (a.json_out.empty()) return;
+    nlohmann::json j;
+    j["model"] = a.model;
+    j["device"] = device_name;
+    j["backend"] = a.backend;
+    j["build"] = {{"version", KVS_VERSION}, {"compiler", __VERSION__}, {"date", __DATE__}};
+    j["command"] = a.command;
+    j["threads"] = thread_pool().size();
+    j["page_size"] = a.page_size;
+    j["batch"] = a.n_batch;
+    j["vram_limit"] = vram;
+    j["runs"] = runs;
+    if (!pairs.empty()) j["pairs"] = pairs;
+    write_json(a.json_out, j);
+  };
+  bool pairs_ok = true;
   std::printf(
       "| model | mode | KV | depth | test | tokens/s | bytes/token | GB/s | streamed/token |\n");
   std::printf("| --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: |\n");
   for (const std::string& mode_s : split(a.modes)) {
-    EngineOptions o;
-    o.kv_mode = parse_kv_mode(mode_s.c_str());
-    o.n_batch = a.n_batch;
-    o.page_size = a.page_size;
-    o.k_type = parse_kv_type(a.ctk.c_str(), "-ctk/--cache-type-k");
-    o.v_type = parse_kv_type(a.ctv.c_str(), "-ctv/--cache-type-v");
-    o.n_ctx = static_cast<int32_t>(max_depth + a.n_gen + a.n_batch);
-    o.ring_chunk_bytes = parse_size(a.ring_chunk, "--ring-chunk");
-    if (!a.kv_arena.empty()) o.kv_arena = parse_size(a.kv_arena, "--kv-arena");
+    if (!a.pair.empty()) {
+      nlohmann::json r = pair_run(a, *model, mode_s, vram);
+      pairs_ok &= r["same_tokens_as_alone"].get<bool>();
+      pairs.push_back(r);
+      save();
+    }
+    if (a.depths.empty()) continue;
+    EngineOptions o = options(a, mode_s);
+    o.n_ctx = static_cast<int32_t>(max_depth + 1 + a.n_gen + a.n_batch);
     auto dev = make_device(a.backend, vram);
     device_name = dev->name();
     Engine eng(*model, *dev, o);
@@ -79,52 +211,49 @@ void bench(const BenchArgs& a) {
       for (auto& x : t) x = static_cast<int32_t>(rng() % static_cast<uint32_t>(c.n_vocab));
       return t;
     };
-    // The JSON is rewritten after every run, so a long sweep cut short keeps what it measured.
-    const auto save = [&] {
-      if (a.json_out.empty()) return;
-      nlohmann::json j;
-      j["model"] = a.model;
-      j["device"] = device_name;
-      j["backend"] = a.backend;
-      j["build"] = {{"version", KVS_VERSION}, {"compiler", __VERSION__}, {"date", __DATE__}};
-      j["command"] = a.command;
-      j["threads"] = thread_pool().size();
-      j["page_size"] = a.page_size;
-      j["batch"] = a.n_batch;
-      j["runs"] = runs;
-      write_json(a.json_out, j);
-    };
+    // Ascending depths share one sequence: each fills on from where the last one's timed
+    // tokens left it, so a sweep prefills its deepest depth once.
+    {  // Warm-up, untimed: the first prefill and decode initialise cuBLAS and the kernels.
+      Sequence w = eng.open_sequence();
+      const auto t = random_tokens(std::min<int64_t>(a.n_batch, o.n_ctx - 1) + 1);
+      eng.eval(w, t.data(), static_cast<int32_t>(t.size() - 1));
+      eng.eval(w, &t.back(), 1);
+      eng.close_sequence(w);
+    }
+    Sequence s = eng.open_sequence();
     for (int64_t depth : depths) {
-      Sequence s = eng.open_sequence();
-      // Fill the context to the depth (not timed), with progress on a terminal.
-      const auto fill = random_tokens(depth);
-      for (int64_t i = 0; i < depth; i += a.n_batch) {
-        const int32_t m = static_cast<int32_t>(std::min<int64_t>(a.n_batch, depth - i));
-        eng.eval(s, fill.data() + i, m);
-        if (isatty(STDERR_FILENO))
-          std::fprintf(stderr, "\rkvstream bench: %s depth %lld: filling %lld/%lld", mode_s.c_str(),
-                       static_cast<long long>(depth), static_cast<long long>(i + m),
-                       static_cast<long long>(depth));
+      if (s.n_past > depth) {
+        eng.close_sequence(s);
+        s = eng.open_sequence();
       }
-      if (depth > 0 && isatty(STDERR_FILENO)) std::fputc('\n', stderr);
-      // Decode at the depth.
+      // Unified: the context is filled with the whole GPU (thrashing through a fill of 128K
+      // tokens would take hours); the timed tokens run under the limit, the balloon evicting
+      // what does not fit.
+      const bool unified = o.kv_mode == KvMode::Unified;
+      if (unified) dev->set_balloon(false);
+      fill(eng, s, depth, mode_s, random_tokens);
+      if (unified) dev->set_balloon(true);
+      // One untimed decode token first (the first step after a prefill repartitions the arena
+      // and captures the step's graph), as llama-bench warms up.
+      const int32_t warm = random_tokens(1)[0];
+      eng.eval(s, &warm, 1);
+      // Decode at the depth (+1).
       const EngineStats before = eng.totals();
       const auto gen = random_tokens(a.n_gen);
       const double t0 = now();
       for (int32_t i = 0; i < a.n_gen; ++i) eng.eval(s, &gen[static_cast<size_t>(i)], 1);
       const double tg_s = now() - t0;
       const EngineStats after = eng.totals();
-      // Prefill of one batch, right after (at depth + n_gen).
+      // Prefill of one batch, right after (at depth + 1 + n_gen).
       const auto pp = random_tokens(a.n_batch);
       const double t1 = now();
       eng.eval(s, pp.data(), a.n_batch);
       const double pp_s = now() - t1;
-      eng.close_sequence(s);
 
       const double tg = a.n_gen / tg_s, ppt = a.n_batch / pp_s;
       // Bytes a decode step reads: every weight once and the KV at its mean depth.
       const double kv_tok = static_cast<double>(eng.kv_bytes_per_token()) *
-                            (static_cast<double>(depth) + (a.n_gen - 1) / 2.0);
+                            (static_cast<double>(depth) + 1 + (a.n_gen - 1) / 2.0);
       const double bytes = static_cast<double>(weights) + kv_tok;
       const double streamed = static_cast<double>(after.bytes_in - before.bytes_in) / a.n_gen;
       const double busy = after.copy_busy_s - before.copy_busy_s;
@@ -152,6 +281,7 @@ void bench(const BenchArgs& a) {
       r["pp_tokens_per_s"] = ppt;
       r["streamed_bytes_per_token"] = streamed;
       r["ready_wait_s_per_token"] = (after.ready_wait_s - before.ready_wait_s) / a.n_gen;
+      r["host_issue_s_per_token"] = (after.issue_s - before.issue_s) / a.n_gen;
       r["copy_busy_fraction"] = tg_s > 0 ? busy / tg_s : 0.0;
       r["h2d_bytes_per_s"] = h2d;
       if (h2d > 0) {
@@ -165,6 +295,10 @@ void bench(const BenchArgs& a) {
       save();
     }
   }
+  if (!pairs_ok)
+    fail(
+        "--pair: the sequences decoded together gave other tokens than decoded alone (see the "
+        "table); streaming must be exact, this is a bug");
 }
 
 }  // namespace
@@ -174,8 +308,10 @@ void register_bench(CLI::App& app, std::string command) {
   a->command = std::move(command);
   CLI::App* c = app.add_subcommand("bench", "Measure prefill and decode speed at depths");
   c->add_option("-m,--model", a->model, "GGUF file, or synthetic:PRESET[:TYPE]")->required();
-  c->add_option("--depths", a->depths, "Context depths, e.g. 0,4k,32k")->capture_default_str();
-  c->add_option("--modes", a->modes, "KV modes: auto, resident, stream, host")
+  CLI::Option* depths = c->add_option("--depths", a->depths,
+                                      "Context depths, e.g. 0,4k,32k (default 0 unless --pair)")
+                            ->capture_default_str();
+  c->add_option("--modes", a->modes, "KV modes: auto, resident, stream, host, unified")
       ->capture_default_str();
   c->add_option("--cache-type-k", a->ctk, "K cache type: f16, q8_0, q4_0")->capture_default_str();
   c->add_option("--cache-type-v", a->ctv, "V cache type: f16, q8_0, q4_0")->capture_default_str();
@@ -188,8 +324,14 @@ void register_bench(CLI::App& app, std::string command) {
   c->add_option("--vram-limit", a->vram_limit, "Device memory for weights, buffers and the arena");
   c->add_option("--ring-chunk", a->ring_chunk, "Smallest ring slot")->capture_default_str();
   c->add_option("-t,--threads", a->threads, "CPU threads");
+  c->add_option("--pair", a->pair,
+                "Two depths, e.g. 32k,128k: two sequences decode together, then each alone; "
+                "checks the tokens agree and reports the combined tokens/s");
   c->add_option("--json", a->json_out, "Write every figure as JSON to this file");
-  c->callback([a] { bench(*a); });
+  c->callback([a, depths] {
+    if (!a->pair.empty() && depths->count() == 0) a->depths.clear();
+    bench(*a);
+  });
 }
 
 }  // namespace kvs::cli

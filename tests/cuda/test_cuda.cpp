@@ -14,6 +14,7 @@
 #include "kvs/engine/engine.h"
 #include "kvs/model/model.h"
 #include "kvs/util/error.h"
+#include "stream_cases.h"
 
 namespace kvs {
 namespace {
@@ -141,6 +142,30 @@ TEST(CudaVsCpu, HeadSize64ShapesOfRealModels) {
   }
 }
 
+// The CPU exactness cases on the GPU: random models, page sizes, cache types, arenas, rings and
+// 1-4 sequences decoded together, prefill and decode; streamed (auto or stream) logits equal
+// resident ones bit for bit, and so do unified ones (the same kernels over managed memory).
+TEST(CudaStream, StreamedAndUnifiedLogitsAreBitIdenticalToResident) {
+  NEED_GPU(gpu);
+  std::mt19937 g(20261203);
+  int streamed = 0, several = 0;
+  for (int k = 0; k < 16; ++k) {
+    const test::Case c = test::random_case(g, k);
+    auto m = Model::load("synthetic:" + c.preset);
+    SCOPED_TRACE(c.str());
+    const test::Result want = test::run(*m, c, KvMode::Resident, 0, gpu.get());
+    const test::Result got = test::run(*m, c, c.mode, test::case_arena(*m, c), gpu.get());
+    test::expect_same(want, got, c.str());
+    test::expect_same(want, test::run(*m, c, KvMode::Unified, 0, gpu.get()),
+                      c.str() + " (unified)");
+    streamed += got.totals.bytes_in > 0;
+    several += c.prompt_len.size() > 1;
+  }
+  EXPECT_GE(streamed, 8);
+  EXPECT_GE(several, 6);
+}
+
+// Larger rings and chunks of many pages on a model with real head sizes.
 TEST(CudaStream, StreamedLogitsAreBitIdenticalToResident) {
   NEED_GPU(gpu);
   auto m = Model::load("synthetic:tiny-qwen3:q4_0");

@@ -1,5 +1,7 @@
 #include "kvs/backend/device.h"
 
+#include "kvs/util/error.h"
+
 namespace kvs {
 
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
@@ -16,6 +18,11 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
 void DeviceBuffer::reset() {
   if (p_ && dev_) dev_->free(p_);
   p_ = nullptr;
+}
+
+DeviceBuffer Device::alloc_managed(size_t, const char* what) {
+  fail("--kv-mode unified needs the cuda backend (", name(), " has no managed memory for ", what,
+       ")");
 }
 
 }  // namespace kvs

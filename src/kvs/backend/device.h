@@ -95,10 +95,22 @@ class Device {
   virtual size_t used() const = 0;
   // Pinned host memory (the host store), not counted against capacity(); freed by free().
   virtual DeviceBuffer alloc_host(size_t bytes, const char* what) = 0;
+  // Memory the driver pages between host and device on demand (CUDA managed memory, the
+  // `unified` baseline), not counted against capacity(). Only the CUDA backend has it.
+  virtual DeviceBuffer alloc_managed(size_t bytes, const char* what);
+  // Makes the limit real (on): takes all device memory beyond what capacity() still leaves
+  // free, so managed memory competes for only that much (the `unified` baseline under
+  // --vram-limit); off gives it back.
+  virtual void set_balloon(bool /*on*/) {}
   virtual void upload(void* dst, const void* src, size_t n) = 0;    // host -> device
   virtual void download(void* dst, const void* src, size_t n) = 0;  // device -> host
   // Weights as the kernels read them (the CPU reads the mapped file in place).
   virtual Weights place_weights(const Weights& host) = 0;
+  // Allocates now the scratch the kernels would otherwise grow on demand, for passes of up to
+  // n_tok tokens (n_out_tok rows through the output matrix) over up to max_spans spans, so
+  // that the KV arena can take what is left without starving them later.
+  virtual void reserve(const Weights& /*w*/, int64_t /*n_tok*/, int64_t /*n_out_tok*/,
+                       int64_t /*max_spans*/, int32_t /*n_head*/, int32_t /*head_dim*/) {}
 
   // Kernels. Activations are f32 rows in device memory.
   virtual void embed(const Matrix& emb, const int32_t* ids, int32_t n, float* x) = 0;
@@ -128,7 +140,10 @@ class Device {
   virtual void wait_host(FenceId f) = 0;         // the calling thread waits for it
   virtual bool done(FenceId f) = 0;              // whether its last record has been reached
   virtual double busy_seconds(Stream s) = 0;     // time a copy stream has spent copying
-  virtual void sync() = 0;                       // waits for all queued work on all streams
+  // Time the compute stream has spent waiting on fences (the ring's ready fences: stalls),
+  // measured where the waiting happens (on the GPU for CUDA).
+  virtual double wait_seconds() = 0;
+  virtual void sync() = 0;  // waits for all queued work on all streams
 
   // A step whose work is all on the compute stream, with no host waits inside, may be recorded
   // between these calls and run as one unit (a CUDA graph); end_step(false) drops it after an

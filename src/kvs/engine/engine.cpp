@@ -29,8 +29,8 @@ KvMode parse_kv_mode(const char* text) {
   if (s == "resident") return KvMode::Resident;
   if (s == "stream") return KvMode::Stream;
   if (s == "host") return KvMode::Host;
-  if (s == "unified") fail("--kv-mode unified needs the cuda backend");
-  fail("--kv-mode: '", s, "' is not a mode (auto, resident, stream, host)");
+  if (s == "unified") return KvMode::Unified;
+  fail("--kv-mode: '", s, "' is not a mode (auto, resident, stream, host, unified)");
 }
 
 const char* kv_mode_name(KvMode m) {
@@ -43,6 +43,8 @@ const char* kv_mode_name(KvMode m) {
       return "stream";
     case KvMode::Host:
       return "host";
+    case KvMode::Unified:
+      return "unified";
   }
   return "?";
 }
@@ -86,6 +88,8 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt)
   dst_.resize(b);
   spans_.reserve(static_cast<size_t>(max_pages_));
 
+  dev.reserve(w_, opt.n_batch, opt.n_seq, opt.kv_mode == KvMode::Host ? 0 : max_pages_, cfg_.n_head,
+              cfg_.head_dim);
   const size_t page = kv_.page_bytes();
   const int64_t all_frames = int64_t{max_pages_} * L * opt.n_seq;
   KVS_CHECK(all_frames < (int64_t{1} << 31), "the KV cache has too many pages; raise --page-size");
@@ -101,6 +105,14 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt)
     hacc_.resize(b * cfg_.n_head * 2);
     plan_.resident.assign(slots_.size(), 0);
     plan_.extra.assign(slots_.size(), 0);
+    return;
+  }
+  if (opt.kv_mode == KvMode::Unified) {
+    // As resident, but the driver pages the cache in and out of what the limit leaves free.
+    pool_ = std::make_unique<DevicePool>(dev, all_bytes, page, true);
+    plan_.resident.assign(slots_.size(), kUnlimited);
+    plan_.extra.assign(slots_.size(), 0);
+    dev.set_balloon(true);
     return;
   }
   if (opt.kv_mode == KvMode::Resident) {
@@ -370,7 +382,7 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
   KVS_CHECK(n_tok <= opt_.n_batch, "step: ", n_tok, " tokens are more than -b ", opt_.n_batch);
 
   const double t0 = now();
-  const double busy0 = dev_.busy_seconds(Stream::CopyIn);
+  const double busy0 = dev_.busy_seconds(Stream::CopyIn), wait0 = dev_.wait_seconds();
   const RingStats r0 = ring_ ? ring_->stats() : RingStats{};
   last_ = StepStats{};
   last_.n_tokens = n_tok;
@@ -454,6 +466,7 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
     capture.dev = nullptr;
     dev_.end_step(true);
   }
+  last_.issue_s = now() - t0;
   hlogits_.resize(batch.size() * static_cast<size_t>(c.n_vocab));
   dev_.download(hlogits_.data(), logits_.as<float>(), hlogits_.size() * sizeof(float));
   for (const BatchEntry& e : batch) {
@@ -466,7 +479,7 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
     const RingStats& r = ring_->stats();
     last_.bytes_in = r.bytes_in - r0.bytes_in;
     last_.chunks = r.chunks - r0.chunks;
-    last_.ready_wait_s = r.ready_wait_s - r0.ready_wait_s;
+    last_.ready_wait_s = dev_.wait_seconds() - wait0;
     const int64_t on = r.occupancy_n - r0.occupancy_n;
     last_.occupancy = on > 0 ? (r.occupancy_sum - r0.occupancy_sum) / static_cast<double>(on) : 0;
     last_.copy_busy_s = dev_.busy_seconds(Stream::CopyIn) - busy0;
@@ -481,6 +494,7 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
   totals_.bytes_out += last_.bytes_out;
   totals_.chunks += last_.chunks;
   totals_.ready_wait_s += last_.ready_wait_s;
+  totals_.issue_s += last_.issue_s;
   totals_.copy_busy_s += last_.copy_busy_s;
 }
 

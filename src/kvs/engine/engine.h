@@ -19,8 +19,9 @@
 namespace kvs {
 
 // --kv-mode: auto (resident while everything fits, streaming after), resident (everything on
-// the device or a clear error), stream (the ring always on), host (KV and attention on the host).
-enum class KvMode { Auto, Resident, Stream, Host };
+// the device or a clear error), stream (the ring always on), host (KV and attention on the host),
+// unified (the whole KV in managed memory, paged by the driver: the baseline streaming beats).
+enum class KvMode { Auto, Resident, Stream, Host, Unified };
 KvMode parse_kv_mode(const char* text);
 const char* kv_mode_name(KvMode m);
 
@@ -31,8 +32,8 @@ struct EngineOptions {
   DType k_type = DType::F16, v_type = DType::F16;  // -ctk, -ctv
   int32_t n_seq = 1;                               // --parallel: sequences live at once
   KvMode kv_mode = KvMode::Auto;
-  size_t kv_arena = 0;          // --kv-arena; 0: what the device has left (all the KV if unbounded)
-  double h2d_bytes_per_s = 0;   // assumed until measured (--h2d-gbps)
+  size_t kv_arena = 0;         // --kv-arena; 0: what the device has left (all the KV if unbounded)
+  double h2d_bytes_per_s = 0;  // assumed until measured (--h2d-gbps)
   size_t ring_chunk_bytes = size_t{4} << 20;  // --ring-chunk: the smallest efficient copy
 };
 
@@ -52,19 +53,20 @@ struct BatchEntry {
 struct StepStats {
   int32_t n_tokens = 0, n_seqs = 0;
   double seconds = 0;
-  size_t bytes_in = 0;   // streamed host-to-device
-  size_t bytes_out = 0;  // written back device-to-host
-  int64_t chunks = 0;    // ring chunks consumed
-  double ready_wait_s = 0;
-  double copy_busy_s = 0;  // time the host-to-device copy stream was busy
-  double occupancy = 0;    // mean fraction of ring slots in flight when a chunk was needed
+  size_t bytes_in = 0;      // streamed host-to-device
+  size_t bytes_out = 0;     // written back device-to-host
+  int64_t chunks = 0;       // ring chunks consumed
+  double ready_wait_s = 0;  // the compute stream stalled on ready fences (on the device)
+  double copy_busy_s = 0;   // time the host-to-device copy stream was busy
+  double issue_s = 0;       // host time to issue the step (before waiting for its logits)
+  double occupancy = 0;     // mean fraction of ring slots in flight when a chunk was needed
   bool repartitioned = false;
 };
 
 struct EngineStats {
   int64_t steps = 0, tokens = 0, chunks = 0, repartitions = 0;
   int64_t prefetch_kept = 0, prefetch_dropped = 0;
-  double seconds = 0, ready_wait_s = 0, copy_busy_s = 0;
+  double seconds = 0, ready_wait_s = 0, copy_busy_s = 0, issue_s = 0;
   size_t bytes_in = 0, bytes_out = 0;
 };
 

@@ -4,12 +4,13 @@
 
 namespace kvs {
 
-DevicePool::DevicePool(Device& dev, size_t arena_bytes, size_t page_bytes)
+DevicePool::DevicePool(Device& dev, size_t arena_bytes, size_t page_bytes, bool managed)
     : page_bytes_(page_bytes) {
   const size_t n = arena_bytes / page_bytes;
   KVS_CHECK(n >= 1 && n < (size_t{1} << 31), "the KV arena must hold 1 to 2^31 pages");
   n_frames_ = static_cast<int32_t>(n);
-  arena_ = dev.alloc(n * page_bytes, "the KV arena (--kv-arena)");
+  arena_ = managed ? dev.alloc_managed(n * page_bytes, "the KV cache (--kv-mode unified)")
+                   : dev.alloc(n * page_bytes, "the KV arena (--kv-arena)");
   for (int32_t f = 0; f < n_frames_; ++f) free_.insert(free_.end(), f);
 }
 

@@ -12,7 +12,8 @@ namespace kvs {
 
 class DevicePool {
  public:
-  DevicePool(Device& dev, size_t arena_bytes, size_t page_bytes);
+  // `managed`: the arena in managed memory (the `unified` baseline), paged by the driver.
+  DevicePool(Device& dev, size_t arena_bytes, size_t page_bytes, bool managed = false);
 
   int32_t n_frames() const { return n_frames_; }
   uint8_t* frame(int32_t f) const { return arena_.as() + static_cast<size_t>(f) * page_bytes_; }

@@ -1,7 +1,6 @@
 #include "kvs/kv/ring.h"
 
 #include <algorithm>
-#include <chrono>
 
 #include "kvs/util/error.h"
 
@@ -27,7 +26,8 @@ void Ring::configure(int32_t slot_pages, int32_t n_slots) {
 bool Ring::same_chunk(const std::vector<RingItem>& a, const std::vector<RingItem>& b,
                       int32_t c) const {
   const size_t lo = static_cast<size_t>(c) * slot_pages_;
-  const size_t hi_a = std::min(a.size(), lo + slot_pages_), hi_b = std::min(b.size(), lo + slot_pages_);
+  const size_t hi_a = std::min(a.size(), lo + slot_pages_),
+               hi_b = std::min(b.size(), lo + slot_pages_);
   return hi_a == hi_b && hi_a > lo && std::equal(a.begin() + lo, a.begin() + hi_a, b.begin() + lo);
 }
 
@@ -97,7 +97,8 @@ void Ring::pump() {
     }
     // Prefetch for the next step, but only layers whose write-backs this step has issued.
     if (next_issued_ >= n_chunks(next_)) break;
-    const size_t last = std::min(next_.size(), static_cast<size_t>(next_issued_ + 1) * slot_pages_) - 1;
+    const size_t last =
+        std::min(next_.size(), static_cast<size_t>(next_issued_ + 1) * slot_pages_) - 1;
     if (next_[last].layer >= layers_done_) break;
     issue(next_, next_issued_, (base_slot_ + nc + next_issued_) % n_slots_);
     ++next_issued_;
@@ -115,10 +116,7 @@ const uint8_t* Ring::acquire(int32_t i) {
   if (waited_ != c) {
     stats_.occupancy_sum += static_cast<double>(in_flight()) / n_slots_;
     ++stats_.occupancy_n;
-    const auto t0 = std::chrono::steady_clock::now();
-    dev_.wait(Stream::Compute, ready_[static_cast<size_t>(slot)]);
-    stats_.ready_wait_s +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    dev_.wait(Stream::Compute, ready_[static_cast<size_t>(slot)]);  // timed by the device
     waited_ = c;
   }
   return pool_.slot(slot) + static_cast<size_t>(i - c * slot_pages_) * page_bytes_;
@@ -129,7 +127,8 @@ void Ring::release(int32_t upto) {
   bool any = false;
   while (released_ < nc && released_ < issued_ &&
          std::min(n_items(), (released_ + 1) * slot_pages_) <= upto) {
-    dev_.record(Stream::Compute, consumed_[static_cast<size_t>((base_slot_ + released_) % n_slots_)]);
+    dev_.record(Stream::Compute,
+                consumed_[static_cast<size_t>((base_slot_ + released_) % n_slots_)]);
     ++released_;
     ++stats_.chunks;
     any = true;

@@ -26,7 +26,6 @@ struct RingStats {
   int64_t chunks = 0;            // chunks consumed
   int64_t prefetch_kept = 0;     // chunks prefetched for a step and used by it
   int64_t prefetch_dropped = 0;  // chunks prefetched for a projection that did not happen
-  double ready_wait_s = 0;       // time the compute waited on ready fences
   double occupancy_sum = 0;      // slots in flight / slots, summed at every acquire
   int64_t occupancy_n = 0;
 };
@@ -77,7 +76,7 @@ class Ring {
   int32_t slot_pages_ = 0, n_slots_ = 0;
   std::vector<FenceId> ready_, consumed_;
   std::vector<RingItem> items_, next_;
-  int32_t base_slot_ = 0;            // slot of this step's chunk 0
+  int32_t base_slot_ = 0;              // slot of this step's chunk 0
   int32_t issued_ = 0, released_ = 0;  // chunks of this step
   int32_t waited_ = -1;                // last chunk whose ready fence the compute waited on
   int32_t next_issued_ = 0;            // chunks of the next step already copied

@@ -1,5 +1,6 @@
 // The CPU backend: a simulated device whose memory is a separately accounted region with an
 // enforced capacity; kernels in kernels.cpp.
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -127,9 +128,11 @@ class CpuDevice final : public Device {
   void wait(Stream s, FenceId id) override {
     cpu::Fence& f = fence(id);
     const uint64_t seq = f.recorded.load(std::memory_order_acquire);
-    if (s == Stream::Compute)
+    if (s == Stream::Compute) {
+      const auto t0 = std::chrono::steady_clock::now();
       f.block_until(seq);
-    else
+      wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    } else
       engine(s).wait(&f, seq);
   }
   void wait_host(FenceId id) override {
@@ -140,6 +143,7 @@ class CpuDevice final : public Device {
     cpu::Fence& f = fence(id);
     return f.reached.load(std::memory_order_acquire) >= f.recorded.load(std::memory_order_acquire);
   }
+  double wait_seconds() override { return wait_s_; }
   double busy_seconds(Stream s) override {
     return s == Stream::Compute ? 0.0 : engine(s).busy_seconds();
   }
@@ -149,6 +153,7 @@ class CpuDevice final : public Device {
   }
 
  private:
+  double wait_s_ = 0;  // the compute thread blocked on fences
   cpu::CopyEngine& engine(Stream s) { return s == Stream::CopyIn ? copy_in_ : copy_out_; }
   cpu::Fence& fence(FenceId id) {
     KVS_CHECK(id >= 0 && static_cast<size_t>(id) < fences_.size(), "unknown fence ", id);

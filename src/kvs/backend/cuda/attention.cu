@@ -7,6 +7,7 @@
 // Prefill: one block per (16 queries, kv head) walks the spans in tiles of 32 keys, dequantized
 // into shared memory, with an online softmax over tiles; a tile never crosses a span, so the
 // sequence of operations does not depend on how the spans were split into calls.
+#include <algorithm>
 #include <mutex>
 #include <unordered_map>
 
@@ -88,23 +89,81 @@ __device__ __forceinline__ void kv_elems(const uint8_t* row, int e, int n, float
   }
 }
 
-constexpr int kDecThreads = 256;
+// Eight consecutive elements [e, e + 8) (e a multiple of 8) of one head's K row, with 16-bit
+// loads (every block of a KV row is 2-byte aligned).
+template <DType T>
+__device__ __forceinline__ void kv_oct(const uint8_t* row, int e, float* v) {
+  if constexpr (T == DType::F16) {
+    const uint16_t* p = reinterpret_cast<const uint16_t*>(row) + e;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = h2f_16(p + j);
+  } else if constexpr (T == DType::Q8_0) {
+    const uint8_t* blk = row + 34 * (e / 32);
+    const float d = h2f_16(reinterpret_cast<const uint16_t*>(blk));
+    const uint16_t* p = reinterpret_cast<const uint16_t*>(blk + 2 + e % 32);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint16_t w = p[j];
+      v[2 * j] = d * static_cast<float>(static_cast<int8_t>(w & 0xFF));
+      v[2 * j + 1] = d * static_cast<float>(static_cast<int8_t>(w >> 8));
+    }
+  } else {
+    const int o = e % 32, sh = o < 16 ? 0 : 4;
+    const uint8_t* blk = row + 18 * (e / 32);
+    const float d = h2f_16(reinterpret_cast<const uint16_t*>(blk));
+    const uint16_t* p = reinterpret_cast<const uint16_t*>(blk + 2 + o % 16);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t w = p[j] >> sh;
+      v[2 * j] = d * static_cast<float>(static_cast<int>(w & 0xF) - 8);
+      v[2 * j + 1] = d * static_cast<float>(static_cast<int>((w >> 8) & 0xF) - 8);
+    }
+  }
+}
+
+// Asynchronous copies global -> shared of w = 4, 8 or 16 bytes (both addresses aligned to w);
+// w = 2 copies synchronously.
+__device__ __forceinline__ void cp_async(void* dst, const void* src, int w) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  if (w == 2)  // rows only 2-byte aligned (q4_0 rows of 32 elements): a plain copy
+    *static_cast<uint16_t*>(dst) = *static_cast<const uint16_t*>(src);
+  else if (w == 16)
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
+  else if (w == 8)
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(d), "l"(src));
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(src));
+}
+__device__ __forceinline__ void cp_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+__device__ __forceinline__ void cp_wait_one() {
+  asm volatile("cp.async.wait_group 1;\n" ::);
+}
+constexpr int kDecThreads = 128;
 constexpr int kDecWarps = kDecThreads / 32;
 constexpr int kMaxGroup = 8;
 
+// Raw K and V rows of a decode tile in shared memory: rows padded to 16 bytes.
+struct DecTile {
+  int keys, kst, vst, cw;  // keys per tile, K and V row strides, copy width
+};
+
 // Decode, step 1: the partial of one span for the query heads of one kv head:
 // part[(span * n_head + head) * (d + 3) + {0: max, 1: sum, 2: non-empty, 3..: output}].
-// kG: the most query heads per kv head, kE: the most output dimensions per lane (templates,
-// so the accumulators stay in registers and few of them).
+// The span is read in tiles of raw K and V rows copied into shared memory one tile ahead
+// (cp.async), so a block waits for memory about once, not once per key: a ring chunk's few
+// spans finish in a few microseconds. Per tile: scores with d / 8 lanes per key (each lane
+// holds its 8 dimensions of every head's query in registers), an online softmax per head,
+// then values with each lane owning d / 32 output dimensions and the warps splitting the keys.
+// kG: the most query heads per kv head, kE: d / 32 at most.
 template <DType K, DType V, int kG, int kE>
-__global__ void __launch_bounds__(kDecThreads) decode_partials(Geo g, float* part, int P) {
-  extern __shared__ float smem[];
+__global__ void __launch_bounds__(kDecThreads, 5) decode_partials(Geo g, float* part, DecTile t) {
+  extern __shared__ __align__(16) uint8_t raw[];  // [2][t.keys][kst + vst]
+  __shared__ float sc[kMaxGroup][64];             // the tile's scores, then probabilities
+  __shared__ float st[3][kMaxGroup];              // running max, sum; the tile's rescale
+  __shared__ float red[kDecWarps][256];
   const int s = blockIdx.x, hk = blockIdx.y, d = g.d, ng = g.group;
-  const int lk = d / 32;                 // lanes per key in the score pass
-  float* qs = smem;                      // [ng][d], element i of a head at (i % 32) * lk + i / 32
-  float* sc = qs + ng * d;               // [ng][P] scores, then probabilities
-  float* red = sc + ng * P;              // [warps][ng][d]
-  float* ml = red + kDecWarps * ng * d;  // [2][ng]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const Span sp = g.spans[s];
   const int n = min(sp.n, g.pos[0] - sp.start + 1);
@@ -114,134 +173,184 @@ __global__ void __launch_bounds__(kDecThreads) decode_partials(Geo g, float* par
     for (int gi = threadIdx.x; gi < ng; gi += blockDim.x) pout[gi * stride + 2] = 0.0f;
     return;
   }
-  for (int i = threadIdx.x; i < ng * d; i += blockDim.x) {
-    const int gi = i / d, e = i % d;
-    qs[gi * d + (e % 32) * lk + e / 32] = g.q[(hk * ng) * d + i];
-  }
-  __syncthreads();
+  const int tk = t.keys, buf_bytes = tk * (t.kst + t.vst);
+  const uint8_t* kg = sp.page + hk * g.k_head;
+  const uint8_t* vg = sp.page + g.v_offset + hk * g.v_head;
+  const int kw = static_cast<int>(g.k_head) / t.cw, vw = static_cast<int>(g.v_head) / t.cw;
+  const auto issue = [&](int k0, uint8_t* dst) {
+    const int nk = min(tk, n - k0);
+    for (int i = threadIdx.x; i < nk * kw; i += kDecThreads)
+      cp_async(dst + (i / kw) * t.kst + (i % kw) * t.cw,
+               kg + static_cast<size_t>(k0 + i / kw) * g.k_row + (i % kw) * t.cw, t.cw);
+    uint8_t* vd = dst + tk * t.kst;
+    for (int i = threadIdx.x; i < nk * vw; i += kDecThreads)
+      cp_async(vd + (i / vw) * t.vst + (i % vw) * t.cw,
+               vg + static_cast<size_t>(k0 + i / vw) * g.v_row + (i % vw) * t.cw, t.cw);
+  };
+  issue(0, raw);
+  cp_commit();
 
-  // Scores: lk lanes per key, each a 32-element sub-block, reduced by shuffles.
-  const int kpw = 32 / lk, sb = lane % lk;
-  for (int j0 = warp * kpw; j0 < n; j0 += kDecWarps * kpw) {
-    const int j = j0 + lane / lk;
-    float kv[32];
-    float s8[kG] = {};
-    if (j < n) {
-      kv_sub<K>(sp.page + static_cast<size_t>(j) * g.k_row + hk * g.k_head, sb, kv);
+  const int lk = d / 8, kpw = 32 / lk, e = (lane % lk) * 8;
+  float qr[kG][8];
+#pragma unroll
+  for (int gi = 0; gi < kG; ++gi)
+#pragma unroll
+    for (int k = 0; k < 8; ++k) qr[gi][k] = gi < ng ? g.q[(hk * ng + gi) * d + e + k] : 0.0f;
+  if (threadIdx.x < ng) st[0][threadIdx.x] = -INFINITY, st[1][threadIdx.x] = 0.0f;
+  const int epl = d / 32, e0 = lane * epl;
+  float o[kG][kE] = {};
+
+  for (int k0 = 0, b = 0; k0 < n; k0 += tk, b ^= 1) {
+    if (k0 + tk < n) issue(k0 + tk, raw + (b ^ 1) * buf_bytes);
+    cp_commit();
+    cp_wait_one();
+    __syncthreads();
+    const uint8_t* rk = raw + b * buf_bytes;
+    const uint8_t* rv = rk + tk * t.kst;
+    const int nk = min(tk, n - k0);
+    // Scores of the tile (-inf past its keys).
+    for (int j0 = warp * kpw; j0 < tk; j0 += kDecWarps * kpw) {
+      const int j = j0 + lane / lk;
+      float kv[8] = {};
+      if (j < nk) kv_oct<K>(rk + j * t.kst, e, kv);
 #pragma unroll
       for (int gi = 0; gi < kG; ++gi) {
         if (gi >= ng) break;
-        const float* q = qs + gi * d + sb;
         float a = 0.0f;
 #pragma unroll
-        for (int k = 0; k < 32; ++k) a = fmaf(q[k * lk], kv[k], a);
-        s8[gi] = a;
+        for (int k = 0; k < 8; ++k) a = fmaf(qr[gi][k], kv[k], a);
+        for (int off = lk / 2; off > 0; off >>= 1) a += __shfl_xor_sync(0xffffffffu, a, off);
+        if (e == 0) sc[gi][j] = j < nk ? a * g.scale : -INFINITY;
       }
     }
+    __syncthreads();
+    // Online softmax per head, a warp per head: the new max, the tile's probabilities and the
+    // factor that rescales what came before.
+    for (int gi = warp; gi < ng; gi += kDecWarps) {
+      float m = -INFINITY;
+      for (int j = lane; j < tk; j += 32) m = fmaxf(m, sc[gi][j]);
+      m = fmaxf(warp_max(m), st[0][gi]);
+      float l = 0.0f;
+      for (int j = lane; j < tk; j += 32) {
+        const float p = expf(sc[gi][j] - m);
+        sc[gi][j] = p;
+        l += p;
+      }
+      l = warp_sum(l);
+      if (lane == 0) {
+        const float r = expf(st[0][gi] - m);
+        st[2][gi] = r;
+        st[1][gi] = st[1][gi] * r + l;
+        st[0][gi] = m;
+      }
+    }
+    __syncthreads();
 #pragma unroll
     for (int gi = 0; gi < kG; ++gi) {
       if (gi >= ng) break;
-      float a = s8[gi];
-      for (int o = lk / 2; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
-      if (sb == 0 && j < n) sc[gi * P + j] = a * g.scale;
+      const float r = st[2][gi];
+#pragma unroll
+      for (int k = 0; k < kE; ++k) o[gi][k] *= r;
     }
-  }
-  __syncthreads();
-
-  // Softmax per head, a warp per head.
-  for (int gi = warp; gi < ng; gi += kDecWarps) {
-    float* x = sc + gi * P;
-    float m = -INFINITY;
-    for (int j = lane; j < n; j += 32) m = fmaxf(m, x[j]);
-    m = warp_max(m);
-    float l = 0.0f;
-    for (int j = lane; j < n; j += 32) {
-      const float p = expf(x[j] - m);
-      x[j] = p;
-      l += p;
-    }
-    l = warp_sum(l);
-    if (lane == 0) ml[gi] = m, ml[ng + gi] = l;
-  }
-  __syncthreads();
-
-  // Values: each lane owns d / 32 output dimensions, warps split the keys (four keys' loads
-  // in flight at a time).
-  const int epl = d / 32, e0 = lane * epl;
-  float o[kG][kE] = {};
-  const uint8_t* vbase = sp.page + g.v_offset + hk * g.v_head;
 #pragma unroll 4
-  for (int j = warp; j < n; j += kDecWarps) {
-    float v[kE];
-    kv_elems<V, kE>(vbase + static_cast<size_t>(j) * g.v_row, e0, epl, v);
+    for (int j = warp; j < nk; j += kDecWarps) {
+      float v[kE];
+      kv_elems<V, kE>(rv + j * t.vst, e0, epl, v);
 #pragma unroll
-    for (int gi = 0; gi < kG; ++gi) {
-      if (gi >= ng) break;
-      const float p = sc[gi * P + j];
+      for (int gi = 0; gi < kG; ++gi) {
+        if (gi >= ng) break;
+        const float p = sc[gi][j];
 #pragma unroll
-      for (int k = 0; k < kE; ++k)
-        if (k < epl) o[gi][k] = fmaf(p, v[k], o[gi][k]);
+        for (int k = 0; k < kE; ++k)
+          if (k < epl) o[gi][k] = fmaf(p, v[k], o[gi][k]);
+      }
     }
+    __syncthreads();  // the buffer and the scores are rewritten by the next tile
   }
+  // The warps' outputs summed in warp order, one head at a time.
 #pragma unroll
   for (int gi = 0; gi < kG; ++gi) {
     if (gi >= ng) break;
 #pragma unroll
     for (int k = 0; k < kE; ++k)
-      if (k < epl) red[(warp * ng + gi) * d + e0 + k] = o[gi][k];
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < ng * d; i += blockDim.x) {
-    const int gi = i / d, e = i % d;
-    float a = 0.0f;
-    for (int w = 0; w < kDecWarps; ++w) a += red[(w * ng + gi) * d + e];
-    pout[gi * stride + 3 + e] = a;
+      if (k < epl) red[warp][e0 + k] = o[gi][k];
+    __syncthreads();
+    for (int i = threadIdx.x; i < d; i += kDecThreads) {
+      float a = 0.0f;
+      for (int w = 0; w < kDecWarps; ++w) a += red[w][i];
+      pout[gi * stride + 3 + i] = a;
+    }
+    __syncthreads();
   }
   for (int gi = threadIdx.x; gi < ng; gi += blockDim.x) {
-    pout[gi * stride] = ml[gi];
-    pout[gi * stride + 1] = ml[ng + gi];
+    pout[gi * stride] = st[0][gi];
+    pout[gi * stride + 1] = st[1][gi];
     pout[gi * stride + 2] = 1.0f;
   }
 }
 
 // Decode, step 2: fold the partials of every span into the running state, in span order.
 // A block per head, a thread per output dimension; the partials come in chunks of kFold
-// spans, all of a chunk's loads in flight at once, then the chunk is folded from registers.
+// spans, the next chunk's loads in flight while the current one is folded from registers.
 constexpr int kFold = 32;
 
 __global__ void decode_fold(Geo g, const float* part) {
-  __shared__ float mlf[3][kFold];  // max, sum, non-empty of the chunk's spans
-  const int h = blockIdx.x, d = g.d, i = threadIdx.x;
+  __shared__ float mlf[2][3][kFold];  // max, sum, non-empty of a chunk's spans
+  // At least 3 kFold threads (the chunk's fields), the first d of them own an output each.
+  const int h = blockIdx.x, d = g.d, i = threadIdx.x, io = min(i, d - 1);
   const size_t stride = static_cast<size_t>(d) + 3, step = stride * g.n_head;
   float m = g.first ? 0.0f : g.acc[2 * h], l = g.first ? 0.0f : g.acc[2 * h + 1];
-  float o = l != 0.0f ? g.out[h * d + i] : 0.0f;
-  for (int s0 = 0; s0 < g.n_spans; s0 += kFold) {
-    const int n = min(kFold, g.n_spans - s0);
-    const float* p = part + static_cast<size_t>(s0) * step + h * stride;
-    for (int k = i; k < 3 * kFold; k += blockDim.x) {
-      const int s = k / 3, f = k % 3;
-      mlf[f][s] = s < n ? p[s * step + f] : 0.0f;
-    }
-    float po[kFold];
+  float o = l != 0.0f ? g.out[h * d + io] : 0.0f;
+  const float* base = part + h * stride;
+  // Thread k < 3 kFold loads field k % 3 of span k / 3 of a chunk.
+  const auto meta = [&](int s0) {
+    const int s = i / 3, f = i % 3;
+    return i < 3 * kFold && s0 + s < g.n_spans ? base[(s0 + s) * step + f] : 0.0f;
+  };
+  float po[kFold];
+  const auto outs = [&](int s0) {
 #pragma unroll
-    for (int s = 0; s < kFold; ++s) po[s] = s < n ? p[s * step + 3 + i] : 0.0f;
+    for (int s = 0; s < kFold; ++s)
+      po[s] = s0 + s < g.n_spans ? base[(s0 + s) * step + 3 + io] : 0.0f;
+  };
+  if (g.n_spans > 0) {
+    const float t = meta(0);
+    if (i < 3 * kFold) mlf[0][i % 3][i / 3] = t;
+    outs(0);
+  }
+  for (int s0 = 0, b = 0; s0 < g.n_spans; s0 += kFold, b ^= 1) {
     __syncthreads();
+    const int n = min(kFold, g.n_spans - s0);
+    float cur[kFold];
+#pragma unroll
+    for (int s = 0; s < kFold; ++s) cur[s] = po[s];
+    const bool more = s0 + kFold < g.n_spans;
+    float t = 0.0f;
+    if (more) {
+      t = meta(s0 + kFold);
+      outs(s0 + kFold);
+    }
 #pragma unroll
     for (int s = 0; s < kFold; ++s) {
-      const float pm = mlf[0][s], pl = mlf[1][s];
+      if (s >= n) break;
+      const float pm = mlf[b][0][s], pl = mlf[b][1][s];
       const float mm = fmaxf(m, pm);
-      const float a = expf(m - mm), b = expf(pm - mm);
-      const bool live = mlf[2][s] != 0.0f, fresh = l == 0.0f;
-      const float nl = fresh ? pl : l * a + pl * b, no = fresh ? po[s] : o * a + po[s] * b;
+      const float ea = expf(m - mm), eb = expf(pm - mm);
+      const bool live = mlf[b][2][s] != 0.0f, fresh = l == 0.0f;
+      const float nl = fresh ? pl : l * ea + pl * eb, no = fresh ? cur[s] : o * ea + cur[s] * eb;
       const float nm = fresh ? pm : mm;
       l = live ? nl : l;
       o = live ? no : o;
       m = live ? nm : m;
     }
-    __syncthreads();
+    if (more && i < 3 * kFold) mlf[b ^ 1][i % 3][i / 3] = t;
   }
-  g.out[h * d + i] = g.last ? o / l : o;
+  if (i < d) g.out[h * d + i] = g.last ? o / l : o;
   if (i == 0) g.acc[2 * h] = m, g.acc[2 * h + 1] = l;
+}
+
+int fold_threads(int d) {
+  return std::max(d, 3 * kFold + 31) / 32 * 32;
 }
 
 // Prefill tiles: kTQ queries x the group's heads as rows, kTK keys per tile.
@@ -437,21 +546,6 @@ __global__ void __launch_bounds__(kPreThreads) prefill(Geo g) {
 // f16, the CPU keeps f32: the tolerance of the tests says how far that goes.
 constexpr int kTcRows = 64, kTcKeys = 64, kTcThreads = 128;
 
-__device__ __forceinline__ void cp_async(void* dst, const void* src, int w) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  if (w == 16)
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
-  else if (w == 8)
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(d), "l"(src));
-  else
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(src));
-}
-__device__ __forceinline__ void cp_commit() {
-  asm volatile("cp.async.commit_group;\n" ::);
-}
-__device__ __forceinline__ void cp_wait_one() {
-  asm volatile("cp.async.wait_group 1;\n" ::);
-}
 __device__ __forceinline__ void ldsm4(uint32_t* r, const __half* p) {
   const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -693,16 +787,22 @@ void allow_smem(F* kernel, size_t bytes) {
   a = bytes;
 }
 
+// The widest cp.async every K and V row of the layout allows (frames are 256-byte aligned).
+int copy_width(const Geo& g) {
+  const auto aligned = [&](size_t w) {
+    return g.k_head % w == 0 && g.v_head % w == 0 && g.k_row % w == 0 && g.v_row % w == 0 &&
+           g.v_offset % w == 0;
+  };
+  return aligned(16) ? 16 : aligned(8) ? 8 : aligned(4) ? 4 : 2;
+}
+
 template <DType K, DType V, int D>
 void launch_prefill(Ctx& c, const Geo& g, int n_kv) {
   if constexpr (D == 64 || D == 128) {
     // Raw rows 16-byte aligned in shared memory; copies as wide as the rows' alignment allows.
     const int kst = static_cast<int>((g.k_head + 15) / 16 * 16);
     const int vst = static_cast<int>((g.v_head + 15) / 16 * 16);
-    const auto aligned = [&](size_t w) {
-      return g.k_head % w == 0 && g.v_head % w == 0 && g.k_row % w == 0 && g.v_row % w == 0;
-    };
-    const int cw = aligned(16) ? 16 : aligned(8) ? 8 : 4;
+    const int cw = copy_width(g);
     const size_t smem = sizeof(__half) * 2 * kTcKeys * (D + 8) + 2 * size_t{kTcKeys} * (kst + vst);
     allow_smem(prefill_tc<K, V, D>, smem);
     const int tq = kTcRows / g.group;
@@ -735,14 +835,18 @@ void attention(Ctx& c, const AttentionArgs& a) {
   if (a.n_tok == 1) {
     if (a.n_spans > 0) {
       float* part = c.scratch_part(static_cast<size_t>(a.n_spans) * a.n_head * (d + 3));
-      const size_t smem =
-          sizeof(float) * (g.group * d + g.group * P + kDecWarps * g.group * d + 2 * g.group);
+      DecTile t;
+      t.keys = d <= 128 ? 64 : 32;
+      t.kst = static_cast<int>((l.k_head + 15) / 16 * 16);
+      t.vst = static_cast<int>((l.v_head + 15) / 16 * 16);
+      t.cw = copy_width(g);
+      const size_t smem = 2 * static_cast<size_t>(t.keys) * (t.kst + t.vst);
       dispatch_kv(l.k_type, [&]<DType K>() {
         dispatch_kv(l.v_type, [&]<DType V>() {
           const dim3 grid(a.n_spans, l.n_head_kv);
           const auto run = [&](auto kernel) {
             allow_smem(kernel, smem);
-            kernel<<<grid, kDecThreads, smem, c.stream>>>(g, part, P);
+            kernel<<<grid, kDecThreads, smem, c.stream>>>(g, part, t);
           };
           if (g.group <= 4 && d <= 128)
             run(decode_partials<K, V, 4, 4>);
@@ -755,9 +859,9 @@ void attention(Ctx& c, const AttentionArgs& a) {
         });
       });
       KVS_CUDA_CHECK(cudaGetLastError());
-      decode_fold<<<a.n_head, d, 0, c.stream>>>(g, part);
+      decode_fold<<<a.n_head, fold_threads(d), 0, c.stream>>>(g, part);
     } else {
-      decode_fold<<<a.n_head, d, 0, c.stream>>>(g, nullptr);
+      decode_fold<<<a.n_head, fold_threads(d), 0, c.stream>>>(g, nullptr);
     }
     KVS_CUDA_CHECK(cudaGetLastError());
     return;

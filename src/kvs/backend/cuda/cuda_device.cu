@@ -199,6 +199,7 @@ class CudaDevice final : public Device {
     KVS_CHECK(limit <= usable || limit == 0, "--vram-limit ", format_bytes(limit),
               " is more than the ", format_bytes(usable), " the GPU has free");
     capacity_ = limit ? limit : usable;
+    limited_ = limit != 0;
     for (cudaStream_t& s : streams_)
       KVS_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     ctx_.dev = this;
@@ -214,6 +215,7 @@ class CudaDevice final : public Device {
     prof_.collect();
     prof_.report();
     if (exec_) cudaGraphExecDestroy(exec_);
+    if (balloon_) cudaFree(balloon_);
     for (CopyTimes& ct : copy_times_)
       for (auto [a, b] : ct.open) cudaEventDestroy(a), cudaEventDestroy(b);
     inv_freq_.clear();
@@ -256,10 +258,49 @@ class CudaDevice final : public Device {
     host_.insert(p);
     return DeviceBuffer(this, p, bytes);
   }
+  DeviceBuffer alloc_managed(size_t bytes, const char* what) override {
+    void* p = nullptr;
+    const cudaError_t e = cudaMallocManaged(&p, std::max<size_t>(bytes, 1), cudaMemAttachGlobal);
+    if (e != cudaSuccess)
+      fail("CUDA: cudaMallocManaged of ", format_bytes(bytes), " for ", what,
+           " failed: ", cudaGetErrorString(e));
+    std::lock_guard<std::mutex> lock(mu_);
+    managed_[p] = bytes;
+    ++gen_;
+    return DeviceBuffer(this, p, bytes);
+  }
+  void set_balloon(bool on) override {
+    if (!on && balloon_) {
+      KVS_CUDA_CHECK(cudaDeviceSynchronize());
+      KVS_CUDA_CHECK(cudaFree(balloon_));
+      balloon_ = nullptr;
+    }
+    if (!on || !limited_ || balloon_) return;
+    // Managed pages on the device go back to the host first: what the limit leaves is then
+    // really all they get, and they fault in again as the kernels touch them.
+    cudaMemLocation host{};
+    host.type = cudaMemLocationTypeHost;
+    for (const auto& [p, n] : managed_)
+      KVS_CUDA_CHECK(cudaMemPrefetchAsync(p, n, host, 0, streams_[0]));
+    KVS_CUDA_CHECK(cudaDeviceSynchronize());
+    size_t free_b = 0, total = 0;
+    KVS_CUDA_CHECK(cudaMemGetInfo(&free_b, &total));
+    const size_t keep = capacity_ - used_;
+    if (free_b <= keep) return;
+    const cudaError_t e = cudaMalloc(&balloon_, free_b - keep);
+    if (e != cudaSuccess)
+      fail("CUDA: the --vram-limit balloon of ", format_bytes(free_b - keep),
+           " failed: ", cudaGetErrorString(e));
+  }
   void free(void* p) override {
     std::lock_guard<std::mutex> lock(mu_);
     if (host_.erase(p)) {
       cudaFreeHost(p);
+      return;
+    }
+    if (managed_.erase(p)) {
+      ++gen_;
+      cudaFree(p);
       return;
     }
     auto it = sizes_.find(p);
@@ -278,6 +319,22 @@ class CudaDevice final : public Device {
   void download(void* dst, const void* src, size_t n) override {
     KVS_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, streams_[0]));
     KVS_CUDA_CHECK(cudaStreamSynchronize(streams_[0]));
+  }
+
+  void reserve(const Weights& w, int64_t n_tok, int64_t n_out_tok, int64_t max_spans,
+               int32_t n_head, int32_t head_dim) override {
+    // Products of more than kMaxVecTok rows go through f16 tiles of the whole matrix.
+    size_t w16 = 0, x16 = 0;
+    const auto need = [&](const Matrix& m, int64_t rows) {
+      if (rows <= cuda::kMaxVecTok || m.n_out == 0) return;
+      w16 = std::max(w16, static_cast<size_t>(m.n_in) * static_cast<size_t>(m.n_out));
+      x16 = std::max(x16, static_cast<size_t>(m.n_in) * static_cast<size_t>(rows));
+    };
+    for (const LayerWeights& l : w.layers)
+      for (const Matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down}) need(*m, n_tok);
+    need(w.output, n_out_tok);
+    if (w16) ctx_.scratch_w(w16), ctx_.scratch_x(x16);
+    if (max_spans > 0) ctx_.scratch_part(static_cast<size_t>(max_spans) * n_head * (head_dim + 3));
   }
 
   // Matrices in one allocation (256-byte aligned each), the small vectors in another; the
@@ -427,10 +484,20 @@ class CudaDevice final : public Device {
     cut();
     KVS_CUDA_CHECK(cudaEventRecord(fence(f), stream(s)));
   }
+  // A compute wait is bracketed by timing events: the time between them is the stall.
   void wait(Stream s, FenceId f) override {
     cut();
+    if (s != Stream::Compute) {
+      KVS_CUDA_CHECK(cudaStreamWaitEvent(stream(s), fence(f), 0));
+      return;
+    }
+    const cudaEvent_t a = copy_events_.take(), b = copy_events_.take();
+    KVS_CUDA_CHECK(cudaEventRecord(a, stream(s)));
     KVS_CUDA_CHECK(cudaStreamWaitEvent(stream(s), fence(f), 0));
+    KVS_CUDA_CHECK(cudaEventRecord(b, stream(s)));
+    copy_times_[0].open.push_back({a, b});
   }
+  double wait_seconds() override { return finished(copy_times_[0]); }
   void wait_host(FenceId f) override { KVS_CUDA_CHECK(cudaEventSynchronize(fence(f))); }
   bool done(FenceId f) override {
     const cudaError_t e = cudaEventQuery(fence(f));
@@ -440,21 +507,7 @@ class CudaDevice final : public Device {
   }
   // The time of the finished copies on s (one copy at a time per stream, so they add up).
   double busy_seconds(Stream s) override {
-    if (s == Stream::Compute) return 0.0;
-    CopyTimes& ct = copy_times_[static_cast<int>(s)];
-    while (!ct.open.empty()) {
-      const auto [a, b] = ct.open.front();
-      const cudaError_t e = cudaEventQuery(b);
-      if (e == cudaErrorNotReady) break;
-      KVS_CUDA_CHECK(e);
-      float ms = 0.0f;
-      KVS_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-      ct.seconds += ms / 1000.0;
-      copy_events_.give(a);
-      copy_events_.give(b);
-      ct.open.pop_front();
-    }
-    return ct.seconds;
+    return s == Stream::Compute ? 0.0 : finished(copy_times_[static_cast<int>(s)]);
   }
   void sync() override {
     for (cudaStream_t s : streams_) KVS_CUDA_CHECK(cudaStreamSynchronize(s));
@@ -528,6 +581,22 @@ class CudaDevice final : public Device {
     std::deque<std::pair<cudaEvent_t, cudaEvent_t>> open;  // recorded, not yet read
     double seconds = 0;
   };
+  // The summed time of the finished event pairs of ct.
+  double finished(CopyTimes& ct) {
+    while (!ct.open.empty()) {
+      const auto [a, b] = ct.open.front();
+      const cudaError_t e = cudaEventQuery(b);
+      if (e == cudaErrorNotReady) break;
+      KVS_CUDA_CHECK(e);
+      float ms = 0.0f;
+      KVS_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+      ct.seconds += ms / 1000.0;
+      copy_events_.give(a);
+      copy_events_.give(b);
+      ct.open.pop_front();
+    }
+    return ct.seconds;
+  }
 
   // While a step is captured, a scratch buffer must grow: what was captured so far runs and
   // is waited for (the old buffer may be in use), then ctx_.resume captures on.
@@ -636,6 +705,9 @@ class CudaDevice final : public Device {
   std::mutex mu_;
   std::unordered_map<void*, size_t> sizes_;
   std::unordered_set<void*> host_;
+  std::unordered_map<void*, size_t> managed_;
+  bool limited_ = false;     // --vram-limit given
+  void* balloon_ = nullptr;  // what the limit takes away (unified mode)
   cudaStream_t streams_[kStreams] = {};
   std::vector<cudaEvent_t> fences_;
   Ctx ctx_;

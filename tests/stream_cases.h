@@ -1,0 +1,177 @@
+// Random streaming cases shared by the CPU (tests/unit/test_stream.cpp) and CUDA
+// (tests/cuda/test_cuda.cpp) exactness tests: prefill every sequence, decode them together,
+// and compare the logits of every step bit for bit.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kvs/backend/device.h"
+#include "kvs/engine/engine.h"
+#include "kvs/model/model.h"
+#include "kvs/util/error.h"
+
+namespace kvs::test {
+
+struct Case {
+  std::string preset;
+  int32_t page = 16, batch = 64, n_ctx = 512;
+  DType kt = DType::F16, vt = DType::F16;
+  std::vector<int32_t> prompt_len, gen_len;  // per sequence
+  double arena_frac = 0;                     // 0: the minimum arena; 1: everything fits
+  KvMode mode = KvMode::Stream;
+  size_t chunk = 64 << 10;
+  uint32_t seed = 1;
+  std::string str() const {
+    std::ostringstream o;
+    o << preset << " page " << page << " batch " << batch << " kv " << dtype_name(kt) << "/"
+      << dtype_name(vt) << " mode " << kv_mode_name(mode) << " arena " << arena_frac << " chunk "
+      << chunk << " seqs";
+    for (size_t i = 0; i < prompt_len.size(); ++i) o << " " << prompt_len[i] << "+" << gen_len[i];
+    return o.str();
+  }
+};
+
+struct Result {
+  std::vector<std::vector<float>> logits;  // every step's logits, in a fixed order
+  EngineStats totals;
+  Plan plan;
+  int32_t max_slots = 0;
+};
+
+inline std::vector<int32_t> tokens(uint32_t seed, int32_t n, int32_t vocab) {
+  std::mt19937 g(seed);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& x : t) x = static_cast<int32_t>(g() % static_cast<uint32_t>(vocab));
+  return t;
+}
+
+// Prefills every sequence (in -b chunks), then decodes the live ones together, one token each
+// per step; a sequence that reaches its length closes and gives its pages back while the others
+// go on. Decode tokens are fixed in advance so every mode sees the same inputs.
+// On `dev`, or on a fresh CPU device when it is null.
+inline Result run(const Model& m, const Case& c, KvMode mode, size_t arena, Device* dev = nullptr) {
+  std::unique_ptr<Device> own;
+  if (!dev) {
+    own = make_cpu_device(0);
+    dev = own.get();
+  }
+  EngineOptions o;
+  o.n_ctx = c.n_ctx;
+  o.n_batch = c.batch;
+  o.page_size = c.page;
+  o.k_type = c.kt;
+  o.v_type = c.vt;
+  o.n_seq = static_cast<int32_t>(c.prompt_len.size());
+  o.kv_mode = mode;
+  o.kv_arena = arena;
+  o.ring_chunk_bytes = c.chunk;
+  Engine e(m, *dev, o);
+  const int32_t V = m.config.n_vocab, N = o.n_seq;
+  Result r;
+  std::vector<Sequence> seqs;
+  for (int32_t i = 0; i < N; ++i) {
+    seqs.push_back(e.open_sequence());
+    auto p =
+        tokens(c.seed * 100 + static_cast<uint32_t>(i), c.prompt_len[static_cast<size_t>(i)], V);
+    const float* l = e.eval(seqs.back(), p.data(), static_cast<int32_t>(p.size()));
+    r.logits.emplace_back(l, l + V);
+  }
+  std::vector<std::vector<int32_t>> gen;
+  for (int32_t i = 0; i < N; ++i)
+    gen.push_back(
+        tokens(c.seed * 100 + 50 + static_cast<uint32_t>(i), c.gen_len[static_cast<size_t>(i)], V));
+  for (int32_t t = 0;; ++t) {
+    std::vector<BatchEntry> batch;
+    for (int32_t i = 0; i < N; ++i) {
+      const auto& g = gen[static_cast<size_t>(i)];
+      if (t < static_cast<int32_t>(g.size()))
+        batch.push_back({&seqs[static_cast<size_t>(i)], &g[static_cast<size_t>(t)], 1});
+      else if (seqs[static_cast<size_t>(i)].id >= 0)
+        e.close_sequence(seqs[static_cast<size_t>(i)]);
+    }
+    if (batch.empty()) break;
+    e.step(batch);
+    r.max_slots = std::max(r.max_slots, e.plan().n_slots);
+    for (size_t j = 0; j < batch.size(); ++j) {
+      const float* l = e.logits(static_cast<int32_t>(j));
+      r.logits.emplace_back(l, l + V);
+    }
+  }
+  r.totals = e.totals();
+  r.plan = e.plan();
+  return r;
+}
+
+// Bytes of the whole KV (every sequence at -c) plus the frames streaming always keeps.
+inline size_t full_arena(const Model& m, const Case& c) {
+  const KvLayout l = KvLayout::make(c.kt, c.vt, c.page, m.config.n_head_kv, m.config.head_dim);
+  const int32_t n_seq = static_cast<int32_t>(c.prompt_len.size());
+  EngineOptions o;
+  o.n_seq = n_seq;
+  o.n_batch = c.batch;
+  o.page_size = c.page;
+  const int32_t fixed = Engine::fixed_frames(m.config, o);
+  const size_t pages = static_cast<size_t>((c.n_ctx + c.page - 1) / c.page) * m.config.n_layer *
+                       static_cast<size_t>(n_seq);
+  return (pages + static_cast<size_t>(fixed)) * l.page_bytes();
+}
+
+inline size_t min_arena(const Model& m, const Case& c) {
+  const KvLayout l = KvLayout::make(c.kt, c.vt, c.page, m.config.n_head_kv, m.config.head_dim);
+  const int32_t n_seq = static_cast<int32_t>(c.prompt_len.size());
+  EngineOptions o;
+  o.n_seq = n_seq;
+  o.n_batch = c.batch;
+  o.page_size = c.page;
+  const int32_t fixed = Engine::fixed_frames(m.config, o);
+  return min_arena_bytes(l.page_bytes(), fixed);
+}
+
+inline void expect_same(const Result& want, const Result& got, const std::string& what) {
+  ASSERT_EQ(want.logits.size(), got.logits.size()) << what;
+  for (size_t i = 0; i < want.logits.size(); ++i)
+    ASSERT_EQ(std::memcmp(want.logits[i].data(), got.logits[i].data(),
+                          want.logits[i].size() * sizeof(float)),
+              0)
+        << what << ": logits of step " << i << " differ";
+}
+
+// Case k of a seeded sequence: preset, page size, cache types, batch, 1-4 sequences of random
+// prompt and decode lengths, mode auto or stream, ring chunk and arena fraction.
+inline Case random_case(std::mt19937& g, int k) {
+  const char* presets[] = {"tiny", "tiny-qwen2", "tiny-qwen3", "tiny:q4_0", "tiny-qwen3:q8_0"};
+  const DType types[] = {DType::F16, DType::Q8_0, DType::Q4_0};
+  const int32_t pages[] = {4, 8, 16, 32};
+  Case c;
+  c.seed = static_cast<uint32_t>(k + 1);
+  c.preset = presets[g() % 5];
+  c.page = pages[g() % 4];
+  c.kt = types[g() % 3];
+  c.vt = types[g() % 3];
+  c.batch = static_cast<int32_t>(8 + g() % 57);
+  const int32_t n_seq = static_cast<int32_t>(1 + g() % 4);
+  for (int32_t i = 0; i < n_seq; ++i) {
+    c.prompt_len.push_back(static_cast<int32_t>(1 + g() % 150));
+    c.gen_len.push_back(static_cast<int32_t>(g() % 40));
+  }
+  c.n_ctx = 256;
+  c.mode = g() % 3 == 0 ? KvMode::Auto : KvMode::Stream;
+  c.chunk = size_t{1} << (10 + g() % 8);  // 1 KiB to 128 KiB: slots of one to many pages
+  c.arena_frac = (g() % 4 == 0) ? 0.0 : (g() % 1000) / 1000.0;
+  return c;
+}
+
+// The arena for a case: its fraction of the way from the minimum to everything.
+inline size_t case_arena(const Model& m, const Case& c) {
+  const size_t lo = min_arena(m, c), hi = full_arena(m, c);
+  return lo + static_cast<size_t>(c.arena_frac * static_cast<double>(hi - lo));
+}
+
+}  // namespace kvs::test

@@ -406,14 +406,16 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
   float *x = x_.as<float>(), *h = h_.as<float>(), *q = q_.as<float>(), *k = k_.as<float>(),
         *v = v_.as<float>(), *att = att_.as<float>(), *gate = gate_.as<float>(),
         *up = up_.as<float>();
-  // Resident decode steps touch only the compute stream: the device may record and replay
-  // them (prefill steps are few and long, launches do not matter there).
+  // Decode steps with nothing to stream touch only the compute stream (a write-back cuts the
+  // recording): the device may record and replay them (prefill steps are few and long,
+  // launches do not matter there).
   struct Capture {
     Device* dev;
     ~Capture() {
       if (dev) dev->end_step(false);
     }
-  } capture{!ring_ && opt_.kv_mode != KvMode::Host && n_tok == static_cast<int32_t>(batch.size())
+  } capture{(!ring_ || !plan_.streams()) && opt_.kv_mode != KvMode::Host &&
+                    n_tok == static_cast<int32_t>(batch.size())
                 ? &dev_
                 : nullptr};
   if (capture.dev) dev_.begin_step();

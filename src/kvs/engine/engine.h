@@ -34,7 +34,7 @@ struct EngineOptions {
   KvMode kv_mode = KvMode::Auto;
   size_t kv_arena = 0;         // --kv-arena; 0: what the device has left (all the KV if unbounded)
   double h2d_bytes_per_s = 0;  // assumed until measured (--h2d-gbps)
-  size_t ring_chunk_bytes = size_t{4} << 20;  // --ring-chunk: the smallest efficient copy
+  size_t ring_chunk_bytes = size_t{16} << 20;  // --ring-chunk: the smallest efficient copy
 };
 
 // A handle to one sequence: its slot in the engine and its length.

@@ -23,7 +23,7 @@ struct PlanInput {
   double h2d_bytes_per_s = 0;      // measured host-to-device bandwidth
   double layer_s = 0;              // compute time of one layer of a step with all data present
   double stall_s = 0;              // time a step waited on ready fences (feedback)
-  size_t min_chunk_bytes = size_t{4} << 20;  // the smallest copy that reaches full bandwidth
+  size_t min_chunk_bytes = size_t{16} << 20;  // the smallest copy that reaches full bandwidth
   bool force_ring = false;                   // --kv-mode stream: a ring even when all fits
 };
 

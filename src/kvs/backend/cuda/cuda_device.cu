@@ -200,6 +200,7 @@ class CudaDevice final : public Device {
               " is more than the ", format_bytes(usable), " the GPU has free");
     capacity_ = limit ? limit : usable;
     limited_ = limit != 0;
+    free0_ = free_b;
     for (cudaStream_t& s : streams_)
       KVS_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     ctx_.dev = this;
@@ -276,21 +277,24 @@ class CudaDevice final : public Device {
       balloon_ = nullptr;
     }
     if (!on || !limited_ || balloon_) return;
-    // Managed pages on the device go back to the host first: what the limit leaves is then
-    // really all they get, and they fault in again as the kernels touch them.
-    cudaMemLocation host{};
-    host.type = cudaMemLocationTypeHost;
-    for (const auto& [p, n] : managed_)
-      KVS_CUDA_CHECK(cudaMemPrefetchAsync(p, n, host, 0, streams_[0]));
+    // The balloon takes what the GPU had free at start beyond the limit, evicting managed
+    // pages that sit there (the driver keeps evicted frames cached, so the free figure of the
+    // moment would leave them room). Memory outside the accounting (cuBLAS, staging) may make
+    // that a little too much: it shrinks by 64 MiB steps until it fits.
     KVS_CUDA_CHECK(cudaDeviceSynchronize());
-    size_t free_b = 0, total = 0;
-    KVS_CUDA_CHECK(cudaMemGetInfo(&free_b, &total));
-    const size_t keep = capacity_ - used_;
-    if (free_b <= keep) return;
-    const cudaError_t e = cudaMalloc(&balloon_, free_b - keep);
-    if (e != cudaSuccess)
-      fail("CUDA: the --vram-limit balloon of ", format_bytes(free_b - keep),
-           " failed: ", cudaGetErrorString(e));
+    size_t want = free0_ > capacity_ ? free0_ - capacity_ : 0;
+    for (int i = 0; want > 0 && i < 32; ++i, want -= std::min(want, size_t{64} << 20)) {
+      if (cudaMalloc(&balloon_, want) == cudaSuccess) break;
+      balloon_ = nullptr;
+      (void)cudaGetLastError();
+    }
+    if (!balloon_ && want > 0)
+      fail("CUDA: no --vram-limit balloon fits (", format_bytes(free0_ - capacity_),
+           " wanted); lower the limit or free the GPU");
+    if (!said_)
+      std::fprintf(stderr, "kvstream: --vram-limit: a balloon of %s holds the GPU beyond it\n",
+                   format_bytes(want).c_str());
+    said_ = true;
   }
   void free(void* p) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -707,6 +711,8 @@ class CudaDevice final : public Device {
   std::unordered_set<void*> host_;
   std::unordered_map<void*, size_t> managed_;
   bool limited_ = false;     // --vram-limit given
+  size_t free0_ = 0;         // free device memory when the device was made
+  bool said_ = false;        // the balloon was reported
   void* balloon_ = nullptr;  // what the limit takes away (unified mode)
   cudaStream_t streams_[kStreams] = {};
   std::vector<cudaEvent_t> fences_;

@@ -20,7 +20,7 @@ namespace {
 
 struct BenchArgs {
   std::string model, depths = "0", modes = "auto", ctk = "f16", ctv = "f16", backend = "cpu";
-  std::string kv_arena, vram_limit, json_out, ring_chunk = "4M", pair;
+  std::string kv_arena, vram_limit, json_out, ring_chunk = "16M", pair;
   int32_t n_gen = 32, n_batch = 512, page_size = 256, threads = 0;
   std::string command;
 };

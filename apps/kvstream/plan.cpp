@@ -17,7 +17,7 @@ namespace kvs::cli {
 namespace {
 
 struct PlanArgs {
-  std::string model, ctx = "4096", kv_arena, vram_limit, ring_chunk = "4M", json_out;
+  std::string model, ctx = "4096", kv_arena, vram_limit, ring_chunk = "16M", json_out;
   std::string ctk = "f16", ctv = "f16", kv_mode = "auto";
   int32_t parallel = 1, page_size = 256, n_batch = 512;
   double h2d_gbps = 55, hbm_gbps = 4400;

@@ -30,7 +30,7 @@ struct RunArgs {
   bool chat = false, ignore_eos = false, verbose = false;
   int32_t n_ctx = 4096, n_batch = 512, page_size = 256, threads = 0, parallel = 1;
   std::string ctk = "f16", ctv = "f16", backend = "cpu", kv_mode = "auto";
-  std::string kv_arena, vram_limit, ring_chunk = "4M";
+  std::string kv_arena, vram_limit, ring_chunk = "16M";
   double h2d_gbps = 0;
   SamplerParams sp;
   int64_t seed = -1;

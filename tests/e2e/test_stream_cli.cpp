@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "common.h"
 
@@ -87,13 +88,15 @@ TEST_F(StreamCli, SmolLM2At2000TokensWithTenPercentArenaMatchesResident) {
 
 TEST_F(StreamCli, ParallelSequencesDecodeAsTheyWouldAlone) {
   const auto dir = test::temp_dir("stream_cli");
-  const std::string a = "Write a haiku about the sea.", b =
-      "List three facts about the planet Mars, one per line, and then explain which of them "
-      "matters most for a future crewed mission.";
+  const std::string
+      a = "Write a haiku about the sea.",
+      b = "List three facts about the planet Mars, one per line, and then explain which of them "
+          "matters most for a future crewed mission.";
   std::ofstream(dir / "two.txt") << a << "\n" << b << "\n";
   std::ofstream(dir / "a.txt") << a;
   std::ofstream(dir / "b.txt") << b;
-  const std::string common = "run -m " + test::smollm2() + " --chat -n 40 --temp 0 -c 256 "
+  const std::string common = "run -m " + test::smollm2() +
+                             " --chat -n 40 --temp 0 -c 256 "
                              "--page-size 8 -b 64 --kv-arena 1M";
   const Outcome both = kvstream(common + " --parallel 2 -f " + (dir / "two.txt").string(), "two");
   ASSERT_EQ(both.status, 0) << both.err;
@@ -130,10 +133,10 @@ TEST_F(StreamCli, BadStreamingInputIsRefusedClearly) {
 }
 
 TEST_F(StreamCli, PlanPrintsThePartitionAndTheBound) {
-  const Outcome o =
-      kvstream("plan -m synthetic:llama3-8b:q4_0 -c 128k -ctk q8_0 -ctv q4_0 --kv-arena 2G "
-               "--h2d-gbps 50",
-               "plan");
+  const Outcome o = kvstream(
+      "plan -m synthetic:llama3-8b:q4_0 -c 128k -ctk q8_0 -ctv q4_0 --kv-arena 2G "
+      "--h2d-gbps 50",
+      "plan");
   ASSERT_EQ(o.status, 0) << o.err;
   EXPECT_NE(o.out.find("partition"), std::string::npos) << o.out;
   // 128K tokens x 52 KiB per token = 6.5 GiB of KV; 2 GiB arena. S/B at 50 GB/s bounds the step.
@@ -145,6 +148,44 @@ TEST_F(StreamCli, PlanPrintsThePartitionAndTheBound) {
   EXPECT_DOUBLE_EQ(j["predicted_step_s"].get<double>(),
                    std::max(j["copy_s"].get<double>(), j["t_gpu_s"].get<double>()));
   EXPECT_GT(s, 6.5 * (1 << 30) - 2.0 * (1 << 30));
+}
+
+// bench on the CPU backend: ascending depths continue one sequence, every mode gets a row per
+// depth, auto streams at the deepest one under a small arena, and --pair's sequences decode the
+// same tokens together as alone. unified needs the CUDA backend and says so.
+TEST(BenchCli, DepthSweepAndPairOnTheCpu) {
+  const std::string base =
+      "bench -m synthetic:tiny-qwen3 --depths 0,100,300 --n-gen 4 -b 64 --page-size 16 "
+      "--pair 100,300 ";
+  for (const char* mode : {"resident", "auto"}) {
+    const std::string extra = std::string(mode) == "auto" ? "--kv-arena 160k" : "";
+    const Outcome o =
+        kvstream(base + "--modes " + mode + " " + extra, std::string("bench_") + mode);
+    ASSERT_EQ(o.status, 0) << o.err;
+    const auto& runs = o.json["runs"];
+    ASSERT_EQ(runs.size(), 3u) << o.out;
+    const int kDepths[] = {0, 100, 300};
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(runs[i]["depth"].get<int>(), kDepths[i]);
+      EXPECT_GT(runs[i]["tg_tokens_per_s"].get<double>(), 0.0);
+      EXPECT_GT(runs[i]["pp_tokens_per_s"].get<double>(), 0.0);
+      const double busy = runs[i]["copy_busy_fraction"].get<double>();
+      EXPECT_TRUE(busy >= 0.0 && busy <= 1.0) << busy;
+    }
+    const double streamed = runs[2]["streamed_bytes_per_token"].get<double>();
+    if (std::string(mode) == "auto")
+      EXPECT_GT(streamed, 0.0) << "300 tokens do not fit 160 KiB: pages must stream";
+    else
+      EXPECT_EQ(streamed, 0.0);
+    const auto& pair = o.json["pairs"][0];
+    EXPECT_TRUE(pair["same_tokens_as_alone"].get<bool>());
+    EXPECT_EQ(pair["tokens_together"], pair["tokens_alone"]);
+    EXPECT_EQ(pair["tokens_together"][0].size(), 4u);
+    EXPECT_NE(o.out.find("same tokens as alone"), std::string::npos) << o.out;
+  }
+  const Outcome u = kvstream("bench -m synthetic:tiny --modes unified --n-gen 2 -b 16", "bench_u");
+  EXPECT_NE(u.status, 0);
+  EXPECT_NE(u.err.find("unified needs the cuda backend"), std::string::npos) << u.err;
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kvs/backend/device.h"
@@ -109,29 +110,27 @@ inline Result run(const Model& m, const Case& c, KvMode mode, size_t arena, Devi
   return r;
 }
 
-// Bytes of the whole KV (every sequence at -c) plus the frames streaming always keeps.
-inline size_t full_arena(const Model& m, const Case& c) {
+// A case's page bytes and the frames streaming always keeps.
+inline std::pair<size_t, int32_t> page_and_fixed(const Model& m, const Case& c) {
   const KvLayout l = KvLayout::make(c.kt, c.vt, c.page, m.config.n_head_kv, m.config.head_dim);
-  const int32_t n_seq = static_cast<int32_t>(c.prompt_len.size());
   EngineOptions o;
-  o.n_seq = n_seq;
+  o.n_seq = static_cast<int32_t>(c.prompt_len.size());
   o.n_batch = c.batch;
   o.page_size = c.page;
-  const int32_t fixed = Engine::fixed_frames(m.config, o);
-  const size_t pages = static_cast<size_t>((c.n_ctx + c.page - 1) / c.page) * m.config.n_layer *
-                       static_cast<size_t>(n_seq);
-  return (pages + static_cast<size_t>(fixed)) * l.page_bytes();
+  return {l.page_bytes(), Engine::fixed_frames(m.config, o)};
+}
+
+// Bytes of the whole KV (every sequence at -c) plus the frames streaming always keeps.
+inline size_t full_arena(const Model& m, const Case& c) {
+  const auto [page, fixed] = page_and_fixed(m, c);
+  const size_t pages =
+      static_cast<size_t>((c.n_ctx + c.page - 1) / c.page) * m.config.n_layer * c.prompt_len.size();
+  return (pages + static_cast<size_t>(fixed)) * page;
 }
 
 inline size_t min_arena(const Model& m, const Case& c) {
-  const KvLayout l = KvLayout::make(c.kt, c.vt, c.page, m.config.n_head_kv, m.config.head_dim);
-  const int32_t n_seq = static_cast<int32_t>(c.prompt_len.size());
-  EngineOptions o;
-  o.n_seq = n_seq;
-  o.n_batch = c.batch;
-  o.page_size = c.page;
-  const int32_t fixed = Engine::fixed_frames(m.config, o);
-  return min_arena_bytes(l.page_bytes(), fixed);
+  const auto [page, fixed] = page_and_fixed(m, c);
+  return min_arena_bytes(page, fixed);
 }
 
 inline void expect_same(const Result& want, const Result& got, const std::string& what) {

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# On a GPU machine: the streaming figures of docs/benchmarks.md (issue 5) for llama3-8b q4_0,
+# q8_0 K / q4_0 V, with --vram-limit leaving a KV arena of about 2.2 GiB. KVS_BIN is the folder
+# with kvstream (default build/cuda), OUT receives one bench JSON per mode (default out/gpu),
+# LIMIT overrides the limit (default 6.66G). Each sweep is bounded by KVS_BENCH_TIMEOUT seconds
+# (default 400); the JSON keeps what a sweep cut short had measured.
+set -uo pipefail
+bin=${KVS_BIN:-build/cuda}
+out=${OUT:-out/gpu}
+limit=${LIMIT:-6.66G}
+t=${KVS_BENCH_TIMEOUT:-400}
+mkdir -p "$out"
+m=(-m synthetic:llama3-8b:q4_0 -ctk q8_0 -ctv q4_0 --backend cuda)
+run() {  # name, then bench arguments
+  local name=$1
+  shift
+  timeout "$t" "$bin/kvstream" bench "${m[@]}" "$@" --json "$out/h200-stream-$name.json" 2>&1 |
+    grep -vE 'filling' | tee "$out/h200-stream-$name.md"
+}
+run resident --modes resident --depths 8k,32k,64k,128k --n-gen 16
+run auto --modes auto --depths 8k,32k,64k,128k,256k --n-gen 16 --vram-limit "$limit"
+run unified --modes unified --depths 8k,32k,64k,128k --n-gen 4 --vram-limit "$limit"
+run pair --modes auto --pair 16k,64k --n-gen 16 --vram-limit "$limit"
+echo "chart: bench/plot.py $out/h200-stream-{resident,auto,unified}.json -o docs/stream-chart"

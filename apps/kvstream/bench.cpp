@@ -20,8 +20,8 @@ namespace {
 
 struct BenchArgs {
   std::string model, depths = "0", modes = "auto", ctk = "f16", ctv = "f16", backend = "cpu";
-  std::string kv_arena, vram_limit, json_out, ring_chunk = "16M", pair;
-  int32_t n_gen = 32, n_batch = 512, page_size = 256, threads = 0;
+  std::string kv_arena, vram_limit, json_out, ring_chunk = "16M", pair, fill = "prefill";
+  int32_t n_gen = 32, n_batch = 512, page_size = 256, threads = 0, ring_slots = 0;
   std::string command;
 };
 
@@ -50,6 +50,7 @@ EngineOptions options(const BenchArgs& a, const std::string& mode) {
   o.k_type = parse_kv_type(a.ctk.c_str(), "-ctk/--cache-type-k");
   o.v_type = parse_kv_type(a.ctv.c_str(), "-ctv/--cache-type-v");
   o.ring_chunk_bytes = parse_size(a.ring_chunk, "--ring-chunk");
+  o.ring_slots = a.ring_slots;
   if (!a.kv_arena.empty()) o.kv_arena = parse_size(a.kv_arena, "--kv-arena");
   return o;
 }
@@ -58,17 +59,23 @@ int32_t argmax(const float* l, int32_t n) {
   return static_cast<int32_t>(std::max_element(l, l + n) - l);
 }
 
-// Prefills s up to `depth` tokens (not timed), in -b chunks, with progress on a terminal.
+// Fills s up to `depth` tokens (not timed), in -b chunks, with progress on a terminal: by
+// prefilling random tokens, or (--fill random) by writing random K/V rows straight into the
+// cache, seeded by `seed` (the speed at a depth does not depend on what the cache holds).
 template <class Tokens>
-void fill(Engine& eng, Sequence& s, int64_t depth, const std::string& what,
-          Tokens&& random_tokens) {
+void fill(const BenchArgs& a, Engine& eng, Sequence& s, int64_t depth, const std::string& what,
+          Tokens&& random_tokens, uint32_t seed) {
   const int32_t b = eng.options().n_batch;
   const int64_t from = s.n_past;
   if (depth <= from) return;
-  const auto t = random_tokens(depth - from);
+  const bool prefill = a.fill == "prefill";
+  const auto t = prefill ? random_tokens(depth - from) : std::vector<int32_t>{};
   for (int64_t i = from; i < depth; i += b) {
     const int32_t m = static_cast<int32_t>(std::min<int64_t>(b, depth - i));
-    eng.eval(s, t.data() + (i - from), m);
+    if (prefill)
+      eng.eval(s, t.data() + (i - from), m);
+    else
+      eng.fill_random(s, m, seed + static_cast<uint32_t>(i / b));
     if (isatty(STDERR_FILENO))
       std::fprintf(stderr, "\rkvstream bench: %s: filling %lld/%lld", what.c_str(),
                    static_cast<long long>(i + m), static_cast<long long>(depth));
@@ -99,12 +106,18 @@ nlohmann::json pair_run(const BenchArgs& a, const Model& model, const std::strin
   const auto prefill = [&](Sequence& s, int i) {
     const auto t = prompt_of(i);
     size_t at = 0;
-    fill(eng, s, static_cast<int64_t>(t.size()), mode + " pair", [&](int64_t n) {
-      std::vector<int32_t> part(t.begin() + static_cast<long>(at),
-                                t.begin() + static_cast<long>(at + static_cast<size_t>(n)));
-      at += static_cast<size_t>(n);
-      return part;
-    });
+    // With --fill random the last prompt token is evaluated for the first logits.
+    const int64_t n = static_cast<int64_t>(t.size()) - (a.fill == "prefill" ? 0 : 1);
+    fill(
+        a, eng, s, n, mode + " pair",
+        [&](int64_t k) {
+          std::vector<int32_t> part(t.begin() + static_cast<long>(at),
+                                    t.begin() + static_cast<long>(at + static_cast<size_t>(k)));
+          at += static_cast<size_t>(k);
+          return part;
+        },
+        static_cast<uint32_t>(1000 * (i + 1)));
+    if (a.fill != "prefill") eng.eval(s, &t.back(), 1);
     return argmax(eng.logits(0), V);
   };
   std::vector<int32_t> together[2], alone[2];
@@ -182,6 +195,7 @@ void bench(const BenchArgs& a) {
     j["threads"] = thread_pool().size();
     j["page_size"] = a.page_size;
     j["batch"] = a.n_batch;
+    j["fill"] = a.fill;
     j["vram_limit"] = vram;
     j["runs"] = runs;
     if (!pairs.empty()) j["pairs"] = pairs;
@@ -231,7 +245,7 @@ void bench(const BenchArgs& a) {
       // what does not fit.
       const bool unified = o.kv_mode == KvMode::Unified;
       if (unified) dev->set_balloon(false);
-      fill(eng, s, depth, mode_s, random_tokens);
+      fill(a, eng, s, depth, mode_s, random_tokens, static_cast<uint32_t>(depth));
       if (unified) dev->set_balloon(true);
       // One untimed decode token first (the first step after a prefill repartitions the arena
       // and captures the step's graph), as llama-bench warms up.
@@ -323,10 +337,18 @@ void register_bench(CLI::App& app, std::string command) {
   c->add_option("--kv-arena", a->kv_arena, "Device memory for the KV cache");
   c->add_option("--vram-limit", a->vram_limit, "Device memory for weights, buffers and the arena");
   c->add_option("--ring-chunk", a->ring_chunk, "Smallest ring slot")->capture_default_str();
+  c->add_option("--ring-slots", a->ring_slots,
+                "Fewest ring slots when streaming (0: the planner's bandwidth-delay estimate)")
+      ->check(CLI::Range(0, 1 << 20));
   c->add_option("-t,--threads", a->threads, "CPU threads");
   c->add_option("--pair", a->pair,
                 "Two depths, e.g. 32k,128k: two sequences decode together, then each alone; "
                 "checks the tokens agree and reports the combined tokens/s");
+  c->add_option("--fill", a->fill,
+                "How the context is filled to a depth (untimed): prefill (random tokens through "
+                "the model) or random (random K/V rows written straight into the cache)")
+      ->check(CLI::IsMember({"prefill", "random"}))
+      ->capture_default_str();
   c->add_option("--json", a->json_out, "Write every figure as JSON to this file");
   c->callback([a, depths] {
     if (!a->pair.empty() && depths->count() == 0) a->depths.clear();

@@ -19,7 +19,7 @@ namespace {
 struct PlanArgs {
   std::string model, ctx = "4096", kv_arena, vram_limit, ring_chunk = "16M", json_out;
   std::string ctk = "f16", ctv = "f16", kv_mode = "auto";
-  int32_t parallel = 1, page_size = 256, n_batch = 512;
+  int32_t parallel = 1, page_size = 256, n_batch = 512, ring_slots = 0;
   double h2d_gbps = 55, hbm_gbps = 4400;
 };
 
@@ -88,6 +88,7 @@ void plan_cmd(const PlanArgs& a) {
   in.h2d_bytes_per_s = h2d;
   in.layer_s = gpu_s / c.n_layer;
   in.min_chunk_bytes = parse_size(a.ring_chunk, "--ring-chunk");
+  in.min_slots = a.ring_slots;
   in.force_ring = o.kv_mode == KvMode::Stream;
   const Plan p = plan(in);
 
@@ -168,6 +169,9 @@ void register_plan(CLI::App& app) {
   c->add_option("--kv-mode", a->kv_mode, "auto or stream")->capture_default_str();
   c->add_option("--ring-chunk", a->ring_chunk, "Smallest ring slot (copy size)")
       ->capture_default_str();
+  c->add_option("--ring-slots", a->ring_slots,
+                "Fewest ring slots when streaming (0: the planner's bandwidth-delay estimate)")
+      ->check(CLI::Range(0, 1 << 20));
   c->add_option("--h2d-gbps", a->h2d_gbps, "Host-to-device bandwidth B, GB/s")
       ->capture_default_str();
   c->add_option("--hbm-gbps", a->hbm_gbps, "Device memory bandwidth for T_gpu, GB/s")

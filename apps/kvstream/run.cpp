@@ -28,7 +28,7 @@ struct RunArgs {
   bool has_prompt = false;
   int32_t n_predict = 128;
   bool chat = false, ignore_eos = false, verbose = false;
-  int32_t n_ctx = 4096, n_batch = 512, page_size = 256, threads = 0, parallel = 1;
+  int32_t n_ctx = 4096, n_batch = 512, page_size = 256, threads = 0, parallel = 1, ring_slots = 0;
   std::string ctk = "f16", ctv = "f16", backend = "cpu", kv_mode = "auto";
   std::string kv_arena, vram_limit, ring_chunk = "16M";
   double h2d_gbps = 0;
@@ -177,6 +177,7 @@ void run(const RunArgs& a) {
   if (!a.kv_arena.empty()) eo.kv_arena = parse_size(a.kv_arena, "--kv-arena");
   KVS_CHECK(a.kv_arena.empty() || eo.kv_arena > 0, "--kv-arena must be more than 0");
   eo.ring_chunk_bytes = parse_size(a.ring_chunk, "--ring-chunk");
+  eo.ring_slots = a.ring_slots;
   KVS_CHECK(a.h2d_gbps >= 0, "--h2d-gbps must be 0 or more");
   eo.h2d_bytes_per_s = a.h2d_gbps * 1e9;
   const size_t vram = a.vram_limit.empty() ? 0 : parse_size(a.vram_limit, "--vram-limit");
@@ -417,6 +418,9 @@ void register_run(CLI::App& app) {
                 "Behave as if the device had only this much memory (weights, buffers, arena)");
   c->add_option("--ring-chunk", a->ring_chunk, "Smallest ring slot (copy size)")
       ->capture_default_str();
+  c->add_option("--ring-slots", a->ring_slots,
+                "Fewest ring slots when streaming (0: the planner's bandwidth-delay estimate)")
+      ->check(CLI::Range(0, 1 << 20));
   c->add_option("--h2d-gbps", a->h2d_gbps,
                 "Host-to-device GB/s the planner assumes until measured");
   c->add_flag("-v,--verbose", a->verbose, "Print every step's streaming statistics");

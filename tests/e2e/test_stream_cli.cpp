@@ -183,6 +183,16 @@ TEST(BenchCli, DepthSweepAndPairOnTheCpu) {
     EXPECT_EQ(pair["tokens_together"][0].size(), 4u);
     EXPECT_NE(o.out.find("same tokens as alone"), std::string::npos) << o.out;
   }
+  // --fill random: the same sweep without prefilling, streaming at the deepest depth.
+  const Outcome r = kvstream(base + "--modes auto --kv-arena 160k --fill random", "bench_fill");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.json["fill"], "random");
+  ASSERT_EQ(r.json["runs"].size(), 3u) << r.out;
+  EXPECT_GT(r.json["runs"][2]["streamed_bytes_per_token"].get<double>(), 0.0);
+  EXPECT_TRUE(r.json["pairs"][0]["same_tokens_as_alone"].get<bool>());
+  const Outcome bad = kvstream("bench -m synthetic:tiny --fill zeros", "bench_bad_fill");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.err.find("--fill"), std::string::npos) << bad.err;
   const Outcome u = kvstream("bench -m synthetic:tiny --modes unified --n-gen 2 -b 16", "bench_u");
   EXPECT_NE(u.status, 0);
   EXPECT_NE(u.err.find("unified needs the cuda backend"), std::string::npos) << u.err;

@@ -4,6 +4,7 @@
 // (tolerance 0). Cases are random but seeded; a failure prints the case.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <sstream>
@@ -82,6 +83,54 @@ TEST(StreamExact, HostModeEqualsResident) {
     auto m = Model::load(std::string("synthetic:") + preset);
     expect_same(run(*m, c, KvMode::Resident, 0), run(*m, c, KvMode::Host, 0), preset);
   }
+}
+
+// bench --fill random: random K/V rows written straight into the cache, then decode steps. The
+// rows land where a prefill would put them, so every mode decodes the same logits, and the same
+// seed gives the same cache.
+TEST(StreamExact, RandomFillDecodesAlikeInEveryMode) {
+  auto m = Model::load("synthetic:tiny-qwen3");
+  const KvLayout l = KvLayout::make(DType::Q8_0, DType::Q4_0, 16, m->config.n_head_kv,
+                                    m->config.head_dim);
+  const auto decode = [&](KvMode mode, size_t arena, uint32_t seed) {
+    auto dev = make_cpu_device(0);
+    EngineOptions o;
+    o.n_ctx = 700;
+    o.n_batch = 64;
+    o.page_size = 16;
+    o.k_type = DType::Q8_0;
+    o.v_type = DType::Q4_0;
+    o.kv_mode = mode;
+    o.kv_arena = arena;
+    o.ring_chunk_bytes = 2 * l.page_bytes();
+    Engine e(*m, *dev, o);
+    Sequence s = e.open_sequence();
+    e.fill_random(s, 300, seed);
+    e.fill_random(s, 301, seed + 1);  // continues the sequence, across a partial page
+    EXPECT_EQ(s.n_past, 601);
+    std::vector<float> out;
+    int32_t t = 7;
+    for (int i = 0; i < 12; ++i) {
+      const float* lg = e.eval(s, &t, 1);
+      out.insert(out.end(), lg, lg + m->config.n_vocab);
+      t = static_cast<int32_t>(std::max_element(lg, lg + m->config.n_vocab) - lg);
+    }
+    return std::make_pair(out, e.totals().bytes_in);
+  };
+  const auto want = decode(KvMode::Resident, 0, 5);
+  // 2 layers x 38 pages of KV; the arena holds the 14 fixed frames and 30 more.
+  const size_t small = 44 * l.page_bytes();
+  for (KvMode mode : {KvMode::Auto, KvMode::Stream, KvMode::Host}) {
+    const auto got = decode(mode, mode == KvMode::Host ? 0 : small, 5);
+    ASSERT_EQ(got.first.size(), want.first.size());
+    EXPECT_EQ(std::memcmp(got.first.data(), want.first.data(), want.first.size() * sizeof(float)),
+              0)
+        << kv_mode_name(mode);
+    if (mode != KvMode::Host) {
+      EXPECT_GT(got.second, 0u) << kv_mode_name(mode) << " must stream";
+    }
+  }
+  EXPECT_NE(decode(KvMode::Resident, 0, 6).first, want.first) << "the seed must matter";
 }
 
 // The smallest rings: one slot of one page (the minimum arena) and two slots; the copy engine

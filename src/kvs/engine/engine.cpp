@@ -223,6 +223,52 @@ const float* Engine::logits(int32_t i) const {
   return hlogits_.data() + static_cast<size_t>(i) * cfg_.n_vocab;
 }
 
+void Engine::fill_random(Sequence& s, int32_t n, uint32_t seed) {
+  KVS_CHECK(s.id >= 0 && s.id < opt_.n_seq && slots_[static_cast<size_t>(s.id)].live,
+            "fill: a sequence that is not open");
+  KVS_CHECK(n >= 0 && int64_t{s.n_past} + n <= opt_.n_ctx, "fill: the sequence would hold ",
+            int64_t{s.n_past} + n, " tokens, more than the context size ", opt_.n_ctx);
+  const int64_t kvd = cfg_.kv_dim();
+  const int32_t P = opt_.page_size;
+  std::vector<float> hk(static_cast<size_t>(opt_.n_batch * kvd)), hv(hk.size());
+  uint64_t x = 0x9E3779B97F4A7C15ull ^ seed;
+  const auto uniform = [&x] {  // xorshift64*, top 24 bits
+    x ^= x >> 12, x ^= x << 25, x ^= x >> 27;
+    return static_cast<float>((x * 0x2545F4914F6CDD1Dull) >> 40) * (2.0f / 16777216.0f) - 1.0f;
+  };
+  for (int32_t i = 0; i < n; i += opt_.n_batch) {
+    const int32_t m = std::min(opt_.n_batch, n - i);
+    const std::vector<BatchEntry> batch{BatchEntry{&s, nullptr, m}};
+    for (int32_t j = 0; j < m; ++j) page_slot_[static_cast<size_t>(j)] = (s.n_past + j) % P;
+    const size_t rows = static_cast<size_t>(m * kvd);
+    for (size_t j = 0; j < rows; ++j) hk[j] = uniform(), hv[j] = uniform();
+    if (opt_.kv_mode == KvMode::Host) {
+      for (int32_t il = 0; il < cfg_.n_layer; ++il) {
+        for (int32_t j = 0; j < m; ++j)
+          dst_[static_cast<size_t>(j)] = host_->page(s.id, il, (s.n_past + j) / P);
+        cpu::kv_write(kv_, hk.data(), hv.data(), m, dst_.data(), page_slot_.data());
+      }
+    } else {
+      dev_.upload(k_.as(), hk.data(), rows * sizeof(float));
+      dev_.upload(v_.as(), hv.data(), rows * sizeof(float));
+      if (ring_) {
+        replan(batch);
+        ring_->begin_step({}, {});
+      }
+      for (int32_t il = 0; il < cfg_.n_layer; ++il) {
+        add_pages(il, batch);
+        write_kv(il, batch[0], 0);
+        if (ring_) {
+          write_back(il, batch);
+          ring_->layers_done(il + 1);
+        }
+      }
+    }
+    s.n_past += m;
+    slots_[static_cast<size_t>(s.id)].n_past = s.n_past;
+  }
+}
+
 // ---- the pool: frames, plans and repartitions ----
 
 void Engine::reclaim(bool wait) {
@@ -270,6 +316,7 @@ void Engine::replan(const std::vector<BatchEntry>& batch) {
   in.layer_s = layer_s_;
   in.stall_s = stall_s_;
   in.min_chunk_bytes = opt_.ring_chunk_bytes;
+  in.min_slots = opt_.ring_slots;
   in.force_ring = opt_.kv_mode == KvMode::Stream;
   Plan p = kvs::plan(in, &plan_);
   if (p.resident != plan_.resident || p.extra != plan_.extra || p.slot_pages != plan_.slot_pages ||

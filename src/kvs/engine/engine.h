@@ -35,6 +35,7 @@ struct EngineOptions {
   size_t kv_arena = 0;         // --kv-arena; 0: what the device has left (all the KV if unbounded)
   double h2d_bytes_per_s = 0;  // assumed until measured (--h2d-gbps)
   size_t ring_chunk_bytes = size_t{16} << 20;  // --ring-chunk: the smallest efficient copy
+  int32_t ring_slots = 0;                      // --ring-slots: the fewest ring slots (0: planner)
 };
 
 // A handle to one sequence: its slot in the engine and its length.
@@ -90,6 +91,11 @@ class Engine {
   // those of entry i's last token.
   void step(const std::vector<BatchEntry>& batch);
   const float* logits(int32_t i) const;
+  // Appends n positions of random K and V rows (uniform in [-1, 1), from `seed`) to s in every
+  // layer without running the model: a benchmark's fill to a depth, whose decode and prefill
+  // speed depend on how much the cache holds, not on its values. The pages go where a prefill
+  // would put them (resident frames, write-backs to the host store, managed or host memory).
+  void fill_random(Sequence& s, int32_t n, uint32_t seed);
 
   const KvLayout& kv_layout() const { return kv_; }
   size_t kv_bytes_per_token() const;

@@ -58,7 +58,8 @@ Plan plan(const PlanInput& in, const Plan* previous) {
   KVS_CHECK(in.arena_bytes >= need, "the KV arena of ", format_bytes(in.arena_bytes),
             " is below the minimum of ", format_bytes(need), " (", in.fixed_frames,
             " frames for the pages being written plus one ring slot, of ",
-            format_bytes(in.page_bytes), " each); raise --kv-arena or --vram-limit, or lower "
+            format_bytes(in.page_bytes),
+            " each); raise --kv-arena or --vram-limit, or lower "
             "--page-size");
   const int64_t frames = static_cast<int64_t>(in.arena_bytes / in.page_bytes) - in.fixed_frames;
   const int32_t L = in.n_layer;
@@ -87,7 +88,7 @@ Plan plan(const PlanInput& in, const Plan* previous) {
   const double slot_bytes = static_cast<double>(slot_pages) * static_cast<double>(in.page_bytes);
   const double bdp =
       in.h2d_bytes_per_s * (1.5 * in.layer_s + (in.stall_s > 0 ? in.stall_s / L : 0.0));
-  int32_t n_slots = std::max(2, static_cast<int32_t>(std::ceil(bdp / slot_bytes)));
+  int32_t n_slots = std::max({2, in.min_slots, static_cast<int32_t>(std::ceil(bdp / slot_bytes))});
   if (prev && prev->streams() && prev->slot_pages == slot_pages &&
       std::abs(prev->n_slots - n_slots) <= std::max(1, prev->n_slots / 4))
     n_slots = prev->n_slots;
@@ -128,9 +129,8 @@ Plan plan(const PlanInput& in, const Plan* previous) {
   p.streamed_pages = demand - resident_frames(pages, p.resident, p.extra, L);
   p.streamed_bytes = static_cast<size_t>(p.streamed_pages) * in.page_bytes;
   p.gpu_s = in.layer_s * L;
-  p.copy_s = in.h2d_bytes_per_s > 0
-                 ? static_cast<double>(p.streamed_bytes) / in.h2d_bytes_per_s
-                 : 0.0;
+  p.copy_s =
+      in.h2d_bytes_per_s > 0 ? static_cast<double>(p.streamed_bytes) / in.h2d_bytes_per_s : 0.0;
   p.predicted_step_s = std::max(p.gpu_s, p.copy_s);
   return p;
 }

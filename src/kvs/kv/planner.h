@@ -24,7 +24,8 @@ struct PlanInput {
   double layer_s = 0;              // compute time of one layer of a step with all data present
   double stall_s = 0;              // time a step waited on ready fences (feedback)
   size_t min_chunk_bytes = size_t{16} << 20;  // the smallest copy that reaches full bandwidth
-  bool force_ring = false;                   // --kv-mode stream: a ring even when all fits
+  bool force_ring = false;                    // --kv-mode stream: a ring even when all fits
+  int32_t min_slots = 0;                      // --ring-slots: at least this many slots (0: 2)
 };
 
 constexpr int32_t kUnlimited = INT32_MAX;

@@ -56,7 +56,8 @@ def main():
     for ax, key, name in ((axes[0], "tg_tokens_per_s", "decode"), (axes[1], "pp_tokens_per_s", "prefill")):
         series = sorted({(r["mode"], r["kv"]) for r in runs})
         for mode, kv in series:
-            pts = sorted((r["depth"], r[key]) for r in runs if r["mode"] == mode and r["kv"] == kv)
+            pts = sorted((r["depth"], r[key]) for r in runs
+                         if r["mode"] == mode and r["kv"] == kv and r.get(key))
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{mode} ({kv})")
             if name == "decode" and mode in ("stream", "auto"):
                 b = sorted((r["depth"], bound_tps(runs, r)) for r in runs if r["mode"] == mode and r["kv"] == kv)

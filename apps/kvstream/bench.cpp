@@ -21,7 +21,7 @@ namespace {
 struct BenchArgs {
   std::string model, depths = "0", modes = "auto", ctk = "f16", ctv = "f16", backend = "cpu";
   std::string kv_arena, vram_limit, json_out, ring_chunk = "16M", pair, fill = "prefill";
-  int32_t n_gen = 32, n_batch = 512, page_size = 256, threads = 0, ring_slots = 0;
+  int32_t n_gen = 32, n_batch = 512, n_prompt = -1, page_size = 256, threads = 0, ring_slots = 0;
   std::string command;
 };
 
@@ -173,6 +173,7 @@ void bench(const BenchArgs& a) {
   const std::vector<int64_t> depths =
       a.depths.empty() ? std::vector<int64_t>{} : parse_count_list(a.depths, "--depths");
   KVS_CHECK(a.n_gen >= 1, "--n-gen must be at least 1");
+  const int32_t n_prompt = a.n_prompt < 0 ? a.n_batch : a.n_prompt;
   const size_t vram = a.vram_limit.empty() ? 0 : parse_size(a.vram_limit, "--vram-limit");
   auto model = Model::load(a.model);
   const ModelConfig& c = model->config;
@@ -214,7 +215,7 @@ void bench(const BenchArgs& a) {
     }
     if (a.depths.empty()) continue;
     EngineOptions o = options(a, mode_s);
-    o.n_ctx = static_cast<int32_t>(max_depth + 1 + a.n_gen + a.n_batch);
+    o.n_ctx = static_cast<int32_t>(max_depth + 1 + a.n_gen + std::max(n_prompt, a.n_batch));
     auto dev = make_device(a.backend, vram);
     device_name = dev->name();
     Engine eng(*model, *dev, o);
@@ -258,13 +259,13 @@ void bench(const BenchArgs& a) {
       for (int32_t i = 0; i < a.n_gen; ++i) eng.eval(s, &gen[static_cast<size_t>(i)], 1);
       const double tg_s = now() - t0;
       const EngineStats after = eng.totals();
-      // Prefill of one batch, right after (at depth + 1 + n_gen).
-      const auto pp = random_tokens(a.n_batch);
+      // Prefill of -p tokens (default one batch), right after (at depth + 1 + n_gen).
+      const auto pp = random_tokens(n_prompt);
       const double t1 = now();
-      eng.eval(s, pp.data(), a.n_batch);
+      if (n_prompt > 0) eng.eval(s, pp.data(), n_prompt);
       const double pp_s = now() - t1;
 
-      const double tg = a.n_gen / tg_s, ppt = a.n_batch / pp_s;
+      const double tg = a.n_gen / tg_s, ppt = n_prompt > 0 ? n_prompt / pp_s : 0.0;
       // Bytes a decode step reads: every weight once and the KV at its mean depth.
       const double kv_tok = static_cast<double>(eng.kv_bytes_per_token()) *
                             (static_cast<double>(depth) + 1 + (a.n_gen - 1) / 2.0);
@@ -277,8 +278,9 @@ void bench(const BenchArgs& a) {
       std::printf("| %s | %s | %s | %lld | tg%d | %.2f | %.3g | %.1f | %.3g |\n", a.model.c_str(),
                   mode_s.c_str(), kv.c_str(), static_cast<long long>(depth), a.n_gen, tg, bytes,
                   bytes * tg / 1e9, streamed);
-      std::printf("| %s | %s | %s | %lld | pp%d | %.2f | | | |\n", a.model.c_str(), mode_s.c_str(),
-                  kv.c_str(), static_cast<long long>(depth), a.n_batch, ppt);
+      if (n_prompt > 0)
+        std::printf("| %s | %s | %s | %lld | pp%d | %.2f | | | |\n", a.model.c_str(),
+                    mode_s.c_str(), kv.c_str(), static_cast<long long>(depth), n_prompt, ppt);
       std::fflush(stdout);
       nlohmann::json r;
       r["mode"] = mode_s;
@@ -291,8 +293,8 @@ void bench(const BenchArgs& a) {
       r["tg_weight_bytes"] = weights;
       r["tg_kv_bytes_per_token"] = kv_tok;
       r["tg_achieved_gb_per_s"] = bytes * tg / 1e9;
-      r["pp_tokens"] = a.n_batch;
-      r["pp_tokens_per_s"] = ppt;
+      r["pp_tokens"] = n_prompt;
+      if (n_prompt > 0) r["pp_tokens_per_s"] = ppt;
       r["streamed_bytes_per_token"] = streamed;
       r["ready_wait_s_per_token"] = (after.ready_wait_s - before.ready_wait_s) / a.n_gen;
       r["host_issue_s_per_token"] = (after.issue_s - before.issue_s) / a.n_gen;
@@ -330,8 +332,10 @@ void register_bench(CLI::App& app, std::string command) {
   c->add_option("--cache-type-k", a->ctk, "K cache type: f16, q8_0, q4_0")->capture_default_str();
   c->add_option("--cache-type-v", a->ctv, "V cache type: f16, q8_0, q4_0")->capture_default_str();
   c->add_option("--n-gen", a->n_gen, "Tokens decoded at each depth")->capture_default_str();
-  c->add_option("-b,--batch-size", a->n_batch, "Prefill batch timed at each depth")
-      ->capture_default_str();
+  c->add_option("-b,--batch-size", a->n_batch, "Tokens per forward pass")->capture_default_str();
+  c->add_option("-p,--n-prompt", a->n_prompt,
+                "Prompt tokens prefilled (timed) at each depth (default: one -b batch; 0: none)")
+      ->check(CLI::Range(0, 1 << 24));
   c->add_option("--page-size", a->page_size, "Tokens per KV page")->capture_default_str();
   c->add_option("--backend", a->backend, "Backend: cpu or cuda")->capture_default_str();
   c->add_option("--kv-arena", a->kv_arena, "Device memory for the KV cache");

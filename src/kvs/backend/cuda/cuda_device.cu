@@ -526,7 +526,7 @@ class CudaDevice final : public Device {
   void begin_step() override {
     if (!graphs_) return;
     KVS_CUDA_CHECK(cudaStreamSynchronize(streams_[0]));  // the last step read its staged data
-    stage_off_ = 0;
+    stage_off_ = flushed_ = 0;
     recording_ = true;
     calls_.clear();
     key_.assign(1, gen_);
@@ -633,16 +633,24 @@ class CudaDevice final : public Device {
     KVS_CHECK(bytes <= kStage, "cuda: staging ", format_bytes(bytes), " at once");
     if (stage_off_ + bytes > kStage) {
       cut();
+      flush_stage();
       KVS_CUDA_CHECK(cudaStreamSynchronize(streams_[0]));  // every earlier copy has been read
-      stage_off_ = 0;
+      stage_off_ = flushed_ = 0;
     }
     uint8_t* h = static_cast<uint8_t*>(stage_h_) + stage_off_;
     uint8_t* d = static_cast<uint8_t*>(stage_d_) + stage_off_;
     std::memcpy(h, src, bytes);
-    if (!recording_)
-      KVS_CUDA_CHECK(cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, streams_[0]));
-    stage_off_ += (bytes + 255) / 256 * 256;
+    stage_off_ += (bytes + 15) / 16 * 16;
     return reinterpret_cast<const T*>(d);
+  }
+  // The bytes staged since the last flush go to the device in the parameters of a kernel
+  // launch: a cudaMemcpyAsync would queue on the host-to-device copy engine behind the ring's
+  // multi-MiB copies and stall the compute stream for up to one of them.
+  void flush_stage() {
+    if (flushed_ < stage_off_)
+      cuda::stage_bytes(streams_[0], static_cast<uint8_t*>(stage_d_) + flushed_,
+                        static_cast<const uint8_t*>(stage_h_) + flushed_, stage_off_ - flushed_);
+    flushed_ = stage_off_;
   }
 
   // An operation: launched now, or kept for the end of the recorded step.
@@ -652,6 +660,7 @@ class CudaDevice final : public Device {
       calls_.emplace_back(std::forward<F>(f));
       return;
     }
+    flush_stage();
     const Timed t(prof_, ctx_.stream, name);
     f();
   }
@@ -687,6 +696,7 @@ class CudaDevice final : public Device {
     if (stage_off_ > 0)
       KVS_CUDA_CHECK(
           cudaMemcpyAsync(stage_d_, stage_h_, stage_off_, cudaMemcpyHostToDevice, streams_[0]));
+    flushed_ = stage_off_;
     for (const auto& f : calls) f();
   }
   // base^(-2i/d) for i < d/2 in double, computed here as the CPU backend does, once per
@@ -734,6 +744,7 @@ class CudaDevice final : public Device {
   void* stage_h_ = nullptr;
   void* stage_d_ = nullptr;
   size_t stage_off_ = 0;
+  size_t flushed_ = 0;  // staged bytes below this are on their way to the device
 };
 
 }  // namespace

@@ -36,6 +36,9 @@ struct Ctx {
   DeviceBuffer& grow(DeviceBuffer& b, size_t bytes, const char* what);
 };
 
+// Copies n bytes (a multiple of 16, both addresses 16-byte aligned) from host memory to dst
+// through kernel parameters, in order on `stream`, without the copy engine.
+void stage_bytes(cudaStream_t stream, uint8_t* dst, const uint8_t* src, size_t n);
 // Jobs' matrices are in the device layout of place_weights; biases are device pointers.
 void matmuls(Ctx& c, const float* x, int64_t n_tok, const MatJob* jobs, int n_jobs);
 void embed(Ctx& c, const Matrix& emb, const int32_t* ids, int32_t n, float* x);

@@ -1,7 +1,9 @@
 // Element-wise and row operations of the forward pass: embedding, RMSNorm, rope, SwiGLU,
 // residual add, and the KV write that quantizes new rows into their pages (the same rounding
 // as the CPU quantizers).
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "kvs/backend/cuda/common.cuh"
 #include "kvs/backend/cuda/kernels.h"
@@ -135,7 +137,44 @@ __global__ void kv_write_k(const float* __restrict__ k, const float* __restrict_
                       page + v_offset + s * v_row + (i - nb) * vb, lane);
 }
 
+// Kernel parameters of up to kWords 16-byte words (32 KiB in all since CUDA 12.1, Volta on).
+template <int kWords>
+struct StageArgs {
+  uint4* dst;
+  int n;
+  uint4 w[kWords];
+};
+template <int kWords>
+__global__ void stage_k(const __grid_constant__ StageArgs<kWords> a) {
+  for (int i = threadIdx.x; i < a.n; i += blockDim.x) a.dst[i] = a.w[i];
+}
+template <int kWords>
+void stage_launch(cudaStream_t stream, uint8_t* dst, const uint8_t* src, int words) {
+  StageArgs<kWords> a;
+  a.dst = reinterpret_cast<uint4*>(dst);
+  a.n = words;
+  std::memcpy(a.w, src, static_cast<size_t>(words) * 16);
+  stage_k<kWords><<<1, 256, 0, stream>>>(a);
+}
+
 }  // namespace
+
+void stage_bytes(cudaStream_t stream, uint8_t* dst, const uint8_t* src, size_t n) {
+  KVS_CHECK(n % 16 == 0, "cuda: staging ", n, " bytes (not a multiple of 16)");
+  constexpr int kMax = 2040;  // 32,640 bytes of words, under the 32,764-byte parameter limit
+  for (size_t done = 0; done < n;) {
+    const int words = static_cast<int>(std::min<size_t>(kMax, (n - done) / 16));
+    // Three sizes, so a few staged positions do not launch 32 KiB of parameters.
+    if (words <= 16)
+      stage_launch<16>(stream, dst + done, src + done, words);
+    else if (words <= 256)
+      stage_launch<256>(stream, dst + done, src + done, words);
+    else
+      stage_launch<kMax>(stream, dst + done, src + done, words);
+    done += static_cast<size_t>(words) * 16;
+  }
+  KVS_CUDA_CHECK(cudaGetLastError());
+}
 
 void embed(Ctx& c, const Matrix& emb, const int32_t* ids, int32_t n, float* x) {
   const int n_sub = static_cast<int>(emb.n_in / 32);

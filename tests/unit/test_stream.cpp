@@ -90,8 +90,8 @@ TEST(StreamExact, HostModeEqualsResident) {
 // seed gives the same cache.
 TEST(StreamExact, RandomFillDecodesAlikeInEveryMode) {
   auto m = Model::load("synthetic:tiny-qwen3");
-  const KvLayout l = KvLayout::make(DType::Q8_0, DType::Q4_0, 16, m->config.n_head_kv,
-                                    m->config.head_dim);
+  const KvLayout l =
+      KvLayout::make(DType::Q8_0, DType::Q4_0, 16, m->config.n_head_kv, m->config.head_dim);
   const auto decode = [&](KvMode mode, size_t arena, uint32_t seed) {
     auto dev = make_cpu_device(0);
     EngineOptions o;

@@ -39,7 +39,8 @@ uint8_t* HostStore::page(int32_t seq, int32_t layer, int32_t p) {
   auto& slabs = slabs_[static_cast<size_t>(seq) * n_layer_ + layer];
   const size_t slab = static_cast<size_t>(p / slab_pages_);
   while (slabs.size() <= slab) {
-    const int32_t n = std::min(slab_pages_, max_pages_ - static_cast<int32_t>(slabs.size()) * slab_pages_);
+    const int32_t n =
+        std::min(slab_pages_, max_pages_ - static_cast<int32_t>(slabs.size()) * slab_pages_);
     slabs.push_back(dev_.alloc_host(static_cast<size_t>(n) * page_bytes_, "the KV host store"));
     bytes_ += static_cast<size_t>(n) * page_bytes_;
   }

@@ -121,6 +121,42 @@ __device__ __forceinline__ void kv_oct(const uint8_t* row, int e, float* v) {
   }
 }
 
+// Eight consecutive elements [e, e + 8) (e a multiple of 8) of one head's K or V row in
+// shared memory, as f16: the integer levels become exact halves by the 0x6400 trick (a byte b
+// in the low half of 0x64bb is 1024 + b) and one multiplication by the block's scale rounds
+// d * q to f16 exactly as converting the f32 product does. No integer-to-float conversions.
+__device__ __forceinline__ uint32_t h2_sub_mul(uint32_t u, __half2 off, __half2 d) {
+  const __half2 h = __hmul2(__hsub2(*reinterpret_cast<const __half2*>(&u), off), d);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+template <DType T>
+__device__ __forceinline__ uint4 dequant8(const uint8_t* row, int e) {
+  if constexpr (T == DType::F16) {
+    return *reinterpret_cast<const uint4*>(row + 2 * e);  // rows are 16-byte aligned in smem
+  } else {
+    constexpr bool q8 = T == DType::Q8_0;
+    const uint8_t* blk = row + (q8 ? 34 : 18) * (e / 32);
+    const int o = e % 32;
+    const uint16_t* q = reinterpret_cast<const uint16_t*>(blk + 2 + (q8 ? o : o % 16));
+    uint32_t w0 = q[0] | (static_cast<uint32_t>(q[1]) << 16);
+    uint32_t w1 = q[2] | (static_cast<uint32_t>(q[3]) << 16);
+    if constexpr (q8) {
+      w0 ^= 0x80808080u, w1 ^= 0x80808080u;  // signed levels + 128
+    } else {
+      const int sh = o < 16 ? 0 : 4;
+      w0 = (w0 >> sh) & 0x0F0F0F0Fu, w1 = (w1 >> sh) & 0x0F0F0F0Fu;
+    }
+    const __half2 d = __half2half2(*reinterpret_cast<const __half*>(blk));
+    const __half2 off = __float2half2_rn(q8 ? 1152.0f : 1032.0f);
+    uint4 r;
+    r.x = h2_sub_mul(__byte_perm(w0, 0x64646464u, 0x4140), off, d);
+    r.y = h2_sub_mul(__byte_perm(w0, 0x64646464u, 0x4342), off, d);
+    r.z = h2_sub_mul(__byte_perm(w1, 0x64646464u, 0x4140), off, d);
+    r.w = h2_sub_mul(__byte_perm(w1, 0x64646464u, 0x4342), off, d);
+    return r;
+  }
+}
+
 // Asynchronous copies global -> shared of w = 4, 8 or 16 bytes (both addresses aligned to w);
 // w = 2 copies synchronously.
 __device__ __forceinline__ void cp_async(void* dst, const void* src, int w) {
@@ -133,6 +169,19 @@ __device__ __forceinline__ void cp_async(void* dst, const void* src, int w) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(d), "l"(src));
   else
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(src));
+}
+// Rows [0, n) of w pieces of cw bytes each, from src (rows src_stride apart) to shared dst
+// (rows dst_stride apart); thread tid of nt takes every nt-th piece. A piece's row and column
+// advance by adding: a division by the runtime w per piece cost more than the copy.
+__device__ __forceinline__ void cp_rows(uint8_t* dst, int dst_stride, const uint8_t* src,
+                                        size_t src_stride, int n, int w, int cw, int tid, int nt) {
+  int r = tid / w, c = tid % w;
+  const int dr = nt / w, dc = nt % w;
+  for (; r < n; r += dr, c += dc) {
+    if (c >= w) c -= w, ++r;
+    if (r >= n) break;
+    cp_async(dst + r * dst_stride + c * cw, src + r * src_stride + c * cw, cw);
+  }
 }
 __device__ __forceinline__ void cp_commit() {
   asm volatile("cp.async.commit_group;\n" ::);
@@ -179,13 +228,10 @@ __global__ void __launch_bounds__(kDecThreads, 5) decode_partials(Geo g, float* 
   const int kw = static_cast<int>(g.k_head) / t.cw, vw = static_cast<int>(g.v_head) / t.cw;
   const auto issue = [&](int k0, uint8_t* dst) {
     const int nk = min(tk, n - k0);
-    for (int i = threadIdx.x; i < nk * kw; i += kDecThreads)
-      cp_async(dst + (i / kw) * t.kst + (i % kw) * t.cw,
-               kg + static_cast<size_t>(k0 + i / kw) * g.k_row + (i % kw) * t.cw, t.cw);
-    uint8_t* vd = dst + tk * t.kst;
-    for (int i = threadIdx.x; i < nk * vw; i += kDecThreads)
-      cp_async(vd + (i / vw) * t.vst + (i % vw) * t.cw,
-               vg + static_cast<size_t>(k0 + i / vw) * g.v_row + (i % vw) * t.cw, t.cw);
+    cp_rows(dst, t.kst, kg + static_cast<size_t>(k0) * g.k_row, g.k_row, nk, kw, t.cw, threadIdx.x,
+            kDecThreads);
+    cp_rows(dst + tk * t.kst, t.vst, vg + static_cast<size_t>(k0) * g.v_row, g.v_row, nk, vw, t.cw,
+            threadIdx.x, kDecThreads);
   };
   issue(0, raw);
   cp_commit();
@@ -642,11 +688,8 @@ __global__ void __launch_bounds__(kTcThreads) prefill_tc(Geo g, int kst, int vst
     const uint8_t* ks = sp.page + static_cast<size_t>(a.k0) * g.k_row + hk * g.k_head;
     const uint8_t* vs = sp.page + g.v_offset + static_cast<size_t>(a.k0) * g.v_row + hk * g.v_head;
     const int kw = static_cast<int>(g.k_head) / cw, vw = static_cast<int>(g.v_head) / cw;
-    for (int i = tid; i < nk * kw; i += kTcThreads)
-      cp_async(dst + (i / kw) * kst + (i % kw) * cw, ks + (i / kw) * g.k_row + (i % kw) * cw, cw);
-    uint8_t* vd = dst + kTcKeys * kst;
-    for (int i = tid; i < nk * vw; i += kTcThreads)
-      cp_async(vd + (i / vw) * vst + (i % vw) * cw, vs + (i / vw) * g.v_row + (i % vw) * cw, cw);
+    cp_rows(dst, kst, ks, g.k_row, nk, kw, cw, tid, kTcThreads);
+    cp_rows(dst + kTcKeys * kst, vst, vs, g.v_row, nk, vw, cw, tid, kTcThreads);
   };
 
   TileAt cur{0, 0};
@@ -663,28 +706,16 @@ __global__ void __launch_bounds__(kTcThreads) prefill_tc(Geo g, int kst, int vst
     __syncthreads();
     const int nk = min(kTcKeys, span_len(cur.s) - cur.k0);
     const int key_pos = g.spans[cur.s].start + cur.k0;
-    {  // Dequantize the raw tile into the f16 tiles (zeros past nk).
+    {  // Dequantize the raw tile into the f16 tiles (zeros past nk), eight elements a thread.
       const uint8_t* rk = raw + buf * raw_bytes;
       const uint8_t* rv = rk + kTcKeys * kst;
-      constexpr int kSub = D / 32;
-      for (int i = tid; i < 2 * kTcKeys * kSub; i += kTcThreads) {
-        const bool is_v = i >= kTcKeys * kSub;
-        const int ii = is_v ? i - kTcKeys * kSub : i, j = ii / kSub, sb = ii % kSub;
-        float v[32];
-        if (j < nk) {
-          if (is_v)
-            kv_sub<V>(rv + j * vst, sb, v);
-          else
-            kv_sub<K>(rk + j * kst, sb, v);
-        } else {
-#pragma unroll
-          for (int e = 0; e < 32; ++e) v[e] = 0.0f;
-        }
-        uint4* dst = reinterpret_cast<uint4*>((is_v ? vh : kh) + j * kHS + 32 * sb);
-#pragma unroll
-        for (int k = 0; k < 4; ++k)
-          dst[k] = make_uint4(h2u(v[8 * k], v[8 * k + 1]), h2u(v[8 * k + 2], v[8 * k + 3]),
-                              h2u(v[8 * k + 4], v[8 * k + 5]), h2u(v[8 * k + 6], v[8 * k + 7]));
+      constexpr int kOct = D / 8;
+      for (int i = tid; i < 2 * kTcKeys * kOct; i += kTcThreads) {
+        const bool is_v = i >= kTcKeys * kOct;
+        const int ii = is_v ? i - kTcKeys * kOct : i, j = ii / kOct, e = 8 * (ii % kOct);
+        uint4 h = make_uint4(0, 0, 0, 0);
+        if (j < nk) h = is_v ? dequant8<V>(rv + j * vst, e) : dequant8<K>(rk + j * kst, e);
+        *reinterpret_cast<uint4*>((is_v ? vh : kh) + j * kHS + e) = h;
       }
     }
     __syncthreads();
@@ -773,6 +804,175 @@ __global__ void __launch_bounds__(kTcThreads) prefill_tc(Geo g, int kst, int vst
   }
 }
 
+// Decode on tensor cores, for head sizes 64 and 128 and up to 16 query heads per kv head:
+// one block per (span, kv head) as decode_partials, writing the same partial. Each of the 4
+// warps takes a quarter of the span's keys (fixed by the span's length, so how spans are cut
+// into calls does not matter) and walks it on its own in tiles of 16 keys: raw rows copied one
+// tile ahead (cp.async) into the warp's part of shared memory, dequantized to f16 there,
+// S = Q K^T and O += P V by mma.sync m16n8k16 with the group's heads as the rows of the
+// tile, an online softmax on the accumulators. The warps' partials merge in warp order.
+constexpr int kDtKeys = 16, kDtWarps = 4;
+
+template <DType K, DType V, int D>
+__global__ void __launch_bounds__(32 * kDtWarps)
+    decode_tc(Geo g, float* part, int kst, int vst, int cw) {
+  constexpr int kHS = D + 8;  // halves per f16 row (16-byte aligned rows, no bank conflicts)
+  extern __shared__ __align__(16) uint8_t dt_smem[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, t4 = lane % 4;
+  const int raw_bytes = kDtKeys * (kst + vst);
+  const int warp_bytes = 2 * raw_bytes + 2 * kDtKeys * kHS * static_cast<int>(sizeof(__half));
+  uint8_t* raw = dt_smem + warp * warp_bytes;  // [2][kDtKeys][kst], [kDtKeys][vst] each
+  __half* kh = reinterpret_cast<__half*>(raw + 2 * raw_bytes);  // [kDtKeys][kHS]
+  __half* vh = kh + kDtKeys * kHS;
+  const int s = blockIdx.x, hk = blockIdx.y, ng = g.group;
+  const Span sp = g.spans[s];
+  const int n = min(sp.n, g.pos[0] - sp.start + 1);
+  const size_t stride = static_cast<size_t>(D) + 3;
+  float* pout = part + (static_cast<size_t>(s) * g.n_head + hk * ng) * stride;
+  if (n <= 0) {
+    for (int r = threadIdx.x; r < ng; r += blockDim.x) pout[r * stride + 2] = 0.0f;
+    return;
+  }
+  // This warp's keys: a quarter of the span, in whole tiles.
+  const int per = ((n + kDtWarps - 1) / kDtWarps + kDtKeys - 1) / kDtKeys * kDtKeys;
+  const int k_lo = min(n, warp * per), k_hi = min(n, k_lo + per);
+
+  // Q as the A operand: rows gr and gr + 8 of the tile are heads hk * ng + row (if < ng).
+  uint32_t qa[D / 16][4];
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = gr + 8 * (e % 2), dim = 16 * ks + 8 * (e / 2) + 2 * t4;
+      const float2 f = r < ng ? *reinterpret_cast<const float2*>(g.q + (hk * ng + r) * D + dim)
+                              : make_float2(0.0f, 0.0f);
+      qa[ks][e] = h2u(f.x, f.y);
+    }
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, o[D / 8][4] = {};
+
+  const uint8_t* kg = sp.page + hk * g.k_head;
+  const uint8_t* vg = sp.page + g.v_offset + hk * g.v_head;
+  const int kw = static_cast<int>(g.k_head) / cw, vw = static_cast<int>(g.v_head) / cw;
+  const auto issue = [&](int k0, uint8_t* dst) {
+    const int nk = min(kDtKeys, k_hi - k0);
+    cp_rows(dst, kst, kg + static_cast<size_t>(k0) * g.k_row, g.k_row, nk, kw, cw, lane, 32);
+    cp_rows(dst + kDtKeys * kst, vst, vg + static_cast<size_t>(k0) * g.v_row, g.v_row, nk, vw, cw,
+            lane, 32);
+  };
+  if (k_lo < k_hi) issue(k_lo, raw);
+  cp_commit();
+  for (int k0 = k_lo, b = 0; k0 < k_hi; k0 += kDtKeys, b ^= 1) {
+    if (k0 + kDtKeys < k_hi) issue(k0 + kDtKeys, raw + (b ^ 1) * raw_bytes);
+    cp_commit();
+    cp_wait_one();
+    __syncwarp();
+    const int nk = min(kDtKeys, k_hi - k0);
+    {  // Dequantize into the f16 tiles, zeros past nk (their P is 0, their V must be finite).
+      const uint8_t* rk = raw + b * raw_bytes;
+      const uint8_t* rv = rk + kDtKeys * kst;
+      constexpr int kOct = D / 8;
+#pragma unroll 4
+      for (int i = lane; i < 2 * kDtKeys * kOct; i += 32) {
+        const bool is_v = i >= kDtKeys * kOct;
+        const int ii = is_v ? i - kDtKeys * kOct : i, j = ii / kOct, e = 8 * (ii % kOct);
+        uint4 h = make_uint4(0, 0, 0, 0);
+        if (j < nk) h = is_v ? dequant8<V>(rv + j * vst, e) : dequant8<K>(rk + j * kst, e);
+        *reinterpret_cast<uint4*>((is_v ? vh : kh) + j * kHS + e) = h;
+      }
+    }
+    __syncwarp();
+    float sc[2][4] = {};
+    const int mi = lane / 8;
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      uint32_t bk[4];
+      ldsm4(bk, kh + (8 * (mi / 2) + lane % 8) * kHS + 16 * ks + 8 * (mi % 2));
+      mma16816(sc[0], qa[ks], bk[0], bk[1]);
+      mma16816(sc[1], qa[ks], bk[2], bk[3]);
+    }
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = e / 2, key = 8 * nt + 2 * t4 + e % 2;
+        sc[nt][e] = key < nk ? sc[nt][e] * g.scale : -INFINITY;
+        mx[i] = fmaxf(mx[i], sc[nt][e]);
+      }
+    float al[2], ls[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+      mx[i] = fmaxf(m[i], mx[i]);
+    }
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = e / 2;
+        const float p = mx[i] == -INFINITY ? 0.0f : expf(sc[nt][e] - mx[i]);
+        sc[nt][e] = p;
+        ls[i] += p;
+      }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      ls[i] += __shfl_xor_sync(0xffffffffu, ls[i], 1);
+      ls[i] += __shfl_xor_sync(0xffffffffu, ls[i], 2);
+      const float a = m[i] == -INFINITY ? 0.0f : expf(m[i] - mx[i]);
+      al[i] = mx[i] == -INFINITY ? 1.0f : a;
+      l[i] = l[i] * al[i] + ls[i];
+      m[i] = mx[i];
+    }
+#pragma unroll
+    for (int nt = 0; nt < D / 8; ++nt)
+      o[nt][0] *= al[0], o[nt][1] *= al[0], o[nt][2] *= al[1], o[nt][3] *= al[1];
+    const uint32_t pa[4] = {h2u(sc[0][0], sc[0][1]), h2u(sc[0][2], sc[0][3]),
+                            h2u(sc[1][0], sc[1][1]), h2u(sc[1][2], sc[1][3])};
+#pragma unroll
+    for (int j = 0; j < D / 16; ++j) {
+      uint32_t bv[4];
+      ldsm4t(bv, vh + (8 * (mi % 2) + lane % 8) * kHS + 16 * j + 8 * (mi / 2));
+      mma16816(o[2 * j], pa, bv[0], bv[1]);
+      mma16816(o[2 * j + 1], pa, bv[2], bv[3]);
+    }
+    __syncwarp();  // the f16 tiles are rewritten by the next tile
+  }
+  asm volatile("cp.async.wait_all;\n" ::);
+  __syncthreads();  // every warp is done with its tiles: the space holds the warps' partials
+  float* red = reinterpret_cast<float*>(dt_smem);  // [warp][ng][D] outputs, then [warp][ng][2]
+  float* ml = red + kDtWarps * ng * D;
+  if (gr < ng) {
+#pragma unroll
+    for (int nt = 0; nt < D / 8; ++nt) {
+      red[(warp * ng + gr) * D + 8 * nt + 2 * t4] = o[nt][0];
+      red[(warp * ng + gr) * D + 8 * nt + 2 * t4 + 1] = o[nt][1];
+    }
+    if (t4 == 0) ml[2 * (warp * ng + gr)] = m[0], ml[2 * (warp * ng + gr) + 1] = l[0];
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < ng * (D + 1); i += blockDim.x) {
+    const int r = i / (D + 1), c = i % (D + 1);  // c == D: the row's max and sum
+    float mm = -INFINITY;
+    for (int w = 0; w < kDtWarps; ++w)
+      if (ml[2 * (w * ng + r) + 1] != 0.0f) mm = fmaxf(mm, ml[2 * (w * ng + r)]);
+    float acc = 0.0f;
+    for (int w = 0; w < kDtWarps; ++w) {
+      const float lw = ml[2 * (w * ng + r) + 1];
+      if (lw == 0.0f) continue;
+      const float f = expf(ml[2 * (w * ng + r)] - mm);
+      acc += (c == D ? lw : red[(w * ng + r) * D + c]) * f;
+    }
+    if (c < D) {
+      pout[r * stride + 3 + c] = acc;
+    } else {
+      pout[r * stride] = mm;
+      pout[r * stride + 1] = acc;
+      pout[r * stride + 2] = 1.0f;
+    }
+  }
+}
+
 // Dynamic shared memory above 48 KiB has to be allowed once per kernel.
 template <class F>
 void allow_smem(F* kernel, size_t bytes) {
@@ -844,6 +1044,15 @@ void attention(Ctx& c, const AttentionArgs& a) {
       dispatch_kv(l.k_type, [&]<DType K>() {
         dispatch_kv(l.v_type, [&]<DType V>() {
           const dim3 grid(a.n_spans, l.n_head_kv);
+          if (d == 64 || d == 128) {  // tensor cores
+            const size_t tc_smem = std::max<size_t>(
+                kDtWarps * (2 * kDtKeys * (t.kst + t.vst) + 2 * kDtKeys * (d + 8) * sizeof(__half)),
+                kDtWarps * g.group * (d + 2) * sizeof(float));
+            const auto tc = d == 64 ? decode_tc<K, V, 64> : decode_tc<K, V, 128>;
+            allow_smem(tc, tc_smem);
+            tc<<<grid, 32 * kDtWarps, tc_smem, c.stream>>>(g, part, t.kst, t.vst, t.cw);
+            return;
+          }
           const auto run = [&](auto kernel) {
             allow_smem(kernel, smem);
             kernel<<<grid, kDecThreads, smem, c.stream>>>(g, part, t);

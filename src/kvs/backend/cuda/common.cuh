@@ -149,13 +149,12 @@ __device__ __forceinline__ void load_sub(const uint8_t* row, int sb, float* v) {
 
 // Device layout of weight rows (place_weights). q4_0, q4_1 and q8_0 rows are cut into groups
 // of 32 blocks (1024 elements, the last group zero-padded) laid out for the matrix-vector
-// kernel: lane l of a warp handles elements 128 c + 4 l + k (c < 8, k < 4) of a group, so its
-// x reads are coalesced, and finds all its quants in one 16-byte (q4) or 32-byte (q8) piece at
-// offset l times that size; the f16 scales follow, [l / 8][c], then the q4_1 mins likewise.
-// Element 128 c + 4 l + k lies in block 4 c + l / 8 at position 4 (l % 8) + k. Other formats
-// keep the file layout, rows padded to 16 bytes. KV pages always keep the file layout.
+// kernel, whose lane l takes block l of each group: the blocks' quants one after the other
+// (lane l's 16 or 32 bytes at offset l times that size, in the file's order within a block),
+// then the 32 f16 scales, then for q4_1 the 32 f16 mins. Other formats keep the file layout,
+// rows padded to 16 bytes. KV pages always keep the file layout.
 struct Packed {
-  int quant = 0;   // bytes of quants per lane and group; 0: not packed
+  int quant = 0;   // bytes of quants per block; 0: not packed
   int scales = 0;  // bytes of scales (and mins) per group
   __host__ __device__ constexpr int stride() const { return 32 * quant + scales; }
 };
@@ -172,17 +171,24 @@ __device__ __forceinline__ void load_w(const uint8_t* row, int n_sub, int sb, fl
   constexpr Packed pk = packed(T);
   if constexpr (pk.quant != 0) {
     const uint8_t* g = row + static_cast<size_t>(sb / 32) * pk.stride();
-    const int bi = sb % 32, c = bi / 4, lh = bi % 4;
-    const float d = h2f(g + 32 * pk.quant + 16 * lh + 2 * c);
-    const float m = T == DType::Q4_1 ? h2f(g + 32 * pk.quant + 64 + 16 * lh + 2 * c) : 0.0f;
+    const int l = sb % 32;
+    alignas(16)
+        uint8_t q[pk.quant];  // the block's quants, by 16-byte loads (they are 16-byte aligned)
 #pragma unroll
-    for (int p = 0; p < 32; ++p) {
-      const int l = 8 * lh + p / 4, k = p % 4;
-      if constexpr (T == DType::Q8_0) {
-        v[p] = d * static_cast<float>(static_cast<int8_t>(g[32 * l + 4 * c + k]));
-      } else {
-        const int q = (g[16 * l + 2 * c + k / 2] >> (4 * (k % 2))) & 0xF;
-        v[p] = T == DType::Q4_1 ? d * static_cast<float>(q) + m : d * static_cast<float>(q - 8);
+    for (int k = 0; k < pk.quant / 16; ++k)
+      reinterpret_cast<uint4*>(q)[k] = reinterpret_cast<const uint4*>(g + pk.quant * l)[k];
+    const float d = h2f(g + 32 * pk.quant + 2 * l);
+    if constexpr (T == DType::Q8_0) {
+#pragma unroll
+      for (int j = 0; j < 32; ++j) v[j] = d * static_cast<float>(static_cast<int8_t>(q[j]));
+    } else {
+      const float m = T == DType::Q4_1 ? h2f(g + 32 * pk.quant + 64 + 2 * l) : 0.0f;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const int lo = q[j] & 0xF, hi = q[j] >> 4;
+        v[j] = T == DType::Q4_1 ? d * static_cast<float>(lo) + m : d * static_cast<float>(lo - 8);
+        v[j + 16] =
+            T == DType::Q4_1 ? d * static_cast<float>(hi) + m : d * static_cast<float>(hi - 8);
       }
     }
   } else {

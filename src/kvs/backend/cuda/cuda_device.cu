@@ -161,23 +161,14 @@ void pack_row(DType t, const uint8_t* src, uint8_t* dst, int64_t n_in, size_t pi
   }
   const int64_t nb = n_in / 32;
   const size_t block = row_bytes(t, 32);
+  const size_t head = t == DType::Q4_1 ? 4 : 2;  // d (and m) before the quants
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* s = src + static_cast<size_t>(b) * block;
     uint8_t* g = dst + static_cast<size_t>(b / 32) * static_cast<size_t>(pk.stride());
-    const int bi = static_cast<int>(b % 32), c = bi / 4, lh = bi % 4;
-    uint8_t* sc = g + 32 * pk.quant + 16 * lh + 2 * c;
-    std::memcpy(sc, s, 2);                                 // d
-    if (t == DType::Q4_1) std::memcpy(sc + 64, s + 2, 2);  // m
-    const uint8_t* qs = s + (t == DType::Q4_1 ? 4 : 2);
-    for (int p = 0; p < 32; ++p) {
-      const int l = 8 * lh + p / 4, k = p % 4;
-      if (t == DType::Q8_0) {
-        g[32 * l + 4 * c + k] = qs[p];
-      } else {
-        const int q = p < 16 ? (qs[p] & 0xF) : (qs[p - 16] >> 4);
-        g[16 * l + 2 * c + k / 2] |= static_cast<uint8_t>(q << (4 * (k % 2)));
-      }
-    }
+    const int l = static_cast<int>(b % 32);
+    std::memcpy(g + pk.quant * l, s + head, static_cast<size_t>(pk.quant));
+    std::memcpy(g + 32 * pk.quant + 2 * l, s, 2);                                 // d
+    if (t == DType::Q4_1) std::memcpy(g + 32 * pk.quant + 64 + 2 * l, s + 2, 2);  // m
   }
 }
 
@@ -223,6 +214,7 @@ class CudaDevice final : public Device {
     ctx_.w16.reset();
     ctx_.x16.reset();
     ctx_.part.reset();
+    ctx_.xq.reset();
     weights_.reset();
     vectors_.reset();
     for (cudaEvent_t e : fences_) cudaEventDestroy(e);
@@ -328,8 +320,9 @@ class CudaDevice final : public Device {
   void reserve(const Weights& w, int64_t n_tok, int64_t n_out_tok, int64_t max_spans,
                int32_t n_head, int32_t head_dim) override {
     // Products of more than kMaxVecTok rows go through f16 tiles of the whole matrix.
-    size_t w16 = 0, x16 = 0;
+    size_t w16 = 0, x16 = 0, xq = 0;
     const auto need = [&](const Matrix& m, int64_t rows) {
+      xq = std::max(xq, cuda::xq_bytes(m.n_in, std::min<int64_t>(rows, cuda::kMaxVecTok)));
       if (rows <= cuda::kMaxVecTok || m.n_out == 0) return;
       w16 = std::max(w16, static_cast<size_t>(m.n_in) * static_cast<size_t>(m.n_out));
       x16 = std::max(x16, static_cast<size_t>(m.n_in) * static_cast<size_t>(rows));
@@ -338,6 +331,7 @@ class CudaDevice final : public Device {
       for (const Matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down}) need(*m, n_tok);
     need(w.output, n_out_tok);
     if (w16) ctx_.scratch_w(w16), ctx_.scratch_x(x16);
+    if (xq) ctx_.scratch_xq(xq);
     if (max_spans > 0) ctx_.scratch_part(static_cast<size_t>(max_spans) * n_head * (head_dim + 3));
   }
 

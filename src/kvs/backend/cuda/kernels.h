@@ -19,7 +19,7 @@ struct Ctx {
   Device* dev = nullptr;
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;
-  DeviceBuffer w16, x16, part;
+  DeviceBuffer w16, x16, part, xq;
   // While a step is being recorded as a graph, a scratch buffer that must grow first runs and
   // waits for what was recorded so far (pause: the old buffer may be in use), then recording
   // goes on (resume).
@@ -33,12 +33,15 @@ struct Ctx {
   float* scratch_part(size_t n) {
     return grow(part, n * sizeof(float), "attention partials").as<float>();
   }
+  uint8_t* scratch_xq(size_t bytes) { return grow(xq, bytes, "quantized activations").as(); }
   DeviceBuffer& grow(DeviceBuffer& b, size_t bytes, const char* what);
 };
 
 // Copies n bytes (a multiple of 16, both addresses 16-byte aligned) from host memory to dst
 // through kernel parameters, in order on `stream`, without the copy engine.
 void stage_bytes(cudaStream_t stream, uint8_t* dst, const uint8_t* src, size_t n);
+// Bytes of x quantized for the integer matrix-vector kernel (n_tok rows of n_in).
+size_t xq_bytes(int64_t n_in, int64_t n_tok);
 // Jobs' matrices are in the device layout of place_weights; biases are device pointers.
 void matmuls(Ctx& c, const float* x, int64_t n_tok, const MatJob* jobs, int n_jobs);
 void embed(Ctx& c, const Matrix& emb, const int32_t* ids, int32_t n, float* x);

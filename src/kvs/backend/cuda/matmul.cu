@@ -1,12 +1,15 @@
 // Matrix products y[t][n_out] (+)= W x[t][n_in] (+ bias) for groups of matrices sharing x.
-// Up to kMaxVecTok tokens it is a matrix-vector product that reads the weights once: for
-// f16, bf16, q4_0, q4_1 and q8_0 (rows in the layout of common.cuh) each lane reads its quants
-// of a 1024-element group with one or two 16-byte loads and its x values coalesced, each warp
-// takes two rows that share those x values, and the quants become floats by byte permutes
-// (no integer-to-float conversions);
-// the jobs of a group with one weight type are one launch. The other formats use a simpler
-// warp-per-row kernel. More tokens: the matrix is dequantized to f16 and multiplied by cuBLAS
-// with f32 accumulation (prefill).
+// Up to kMaxVecTok tokens it is a matrix-vector product that reads the weights once:
+// - q4_0, q4_1, q8_0 (rows in the layout of common.cuh): x is first quantized per 32-element
+//   block to two int8 planes, x = dx (h + l / 254) (relative error below 2e-5 of the block's
+//   largest value, about f32's rounding of the old float kernel), and lane l of a warp takes
+//   block l of each 1024-element group of four rows at once: one 16- or 32-byte load of quants
+//   per row, integer dot products with __dp4a, one float scale per block. About one
+//   instruction per weight, so the loads, not the arithmetic, set the speed.
+// - f16, bf16: lanes read 4 elements per 128, x coalesced, two rows per warp, f32 products.
+// - the other formats: a simpler warp-per-row kernel.
+// The jobs of a group with one weight type are one launch. More tokens: the matrix is
+// dequantized to f16 and multiplied by cuBLAS with f32 accumulation (prefill).
 #include <cublas_v2.h>
 
 #include "kvs/backend/cuda/common.cuh"
@@ -16,7 +19,7 @@ namespace kvs::cuda {
 namespace {
 
 constexpr int kWarps = 4;  // warps per block
-constexpr int kRows = 2;   // rows per warp in the fast kernel
+constexpr int kRows = 2;   // rows per warp in the f16/bf16 kernel
 constexpr int kMaxJobs = 3;
 
 // The jobs of one launch; rows of job j are [first[j], first[j + 1]) of the grid's rows.
@@ -32,92 +35,38 @@ struct Group {
   int split;  // warps that share a pair of rows, each taking every split-th group
 };
 
-// Quants become floats with one byte permute each, no conversion instruction: a q4 nibble
-// goes into bits 16-19 of 0.5f (giving 0.5 + q / 256), a q8 byte (+ 128) into bits 8-15 of
-// 1.0f (1 + b / 32768). The affine offset is taken out per chunk of 4 elements through the
-// chunk's sum of x, and the scale at the end; the f32 rounding of the offset costs at most 8
-// of the 24 bits, far below the format's own error.
-__device__ __forceinline__ float q4_f(uint32_t w, int k) {
-  return __int_as_float(static_cast<int>(__byte_perm(w, 0x3F000000u, 0x7044u + 256 * k)));
-}
-__device__ __forceinline__ float q8_f(uint32_t w, int k) {
-  return __int_as_float(static_cast<int>(__byte_perm(w, 0x3F800000u, 0x7604u + 16 * k)));
-}
-
 template <DType T>
-constexpr bool kFast =
-    T == DType::Q4_0 || T == DType::Q4_1 || T == DType::Q8_0 || T == DType::F16 || T == DType::BF16;
-
-// A quantized element is kMul * (f - kOff) for the f that Lane::chunk() gives.
+constexpr bool kQuant = packed(T).quant != 0;
 template <DType T>
-constexpr float kMul = T == DType::Q8_0 ? 32768.0f : 256.0f;
-template <DType T>
-constexpr float kOff = T == DType::Q8_0   ? 1.00390625f
-                       : T == DType::Q4_0 ? 0.53125f
-                                          : 0.5f;
+constexpr bool kHalf = T == DType::F16 || T == DType::BF16;
 
-// What one lane holds of one row and group of 1024 elements (common.cuh's layout): the quants
-// (or the raw f16/bf16 elements) and the scales of its 8 chunks of 4 elements.
+// What one lane holds of one f16/bf16 row and group of 1024 elements: elements
+// 128 c + 4 lane + k (c < 8, k < 4), so its x reads are coalesced.
 template <DType T>
 struct Lane {
-  static constexpr bool kQ8 = T == DType::Q8_0, kHalf = T == DType::F16 || T == DType::BF16;
-  static constexpr int kWords = kHalf ? 16 : kQ8 ? 8 : 4;
-  uint32_t q[kWords];
-  uint4 d, m;
+  uint32_t q[16];
 
   __device__ void load(const uint8_t* row, int gi, int lane, int n_in) {
-    if constexpr (kHalf) {
-      const int e0 = gi * 1024 + 4 * lane;
+    const int e0 = gi * 1024 + 4 * lane;
 #pragma unroll
-      for (int c = 0; c < 8; ++c) {
-        uint2 u = make_uint2(0, 0);
-        if (e0 + 128 * c < n_in)
-          u = __ldg(reinterpret_cast<const uint2*>(row) + (e0 + 128 * c) / 4);
-        q[2 * c] = u.x, q[2 * c + 1] = u.y;
-      }
-    } else {
-      constexpr Packed pk = packed(T);
-      const uint8_t* g = row + static_cast<size_t>(gi) * pk.stride();
-      const uint4* qp = reinterpret_cast<const uint4*>(g + pk.quant * lane);
-#pragma unroll
-      for (int k = 0; k < kWords / 4; ++k) {
-        const uint4 u = __ldg(qp + k);
-        q[4 * k] = u.x, q[4 * k + 1] = u.y, q[4 * k + 2] = u.z, q[4 * k + 3] = u.w;
-      }
-      const uint8_t* sc = g + 32 * pk.quant + 16 * (lane / 8);
-      d = __ldg(reinterpret_cast<const uint4*>(sc));
-      if constexpr (T == DType::Q4_1) m = __ldg(reinterpret_cast<const uint4*>(sc + 64));
+    for (int c = 0; c < 8; ++c) {
+      uint2 u = make_uint2(0, 0);
+      if (e0 + 128 * c < n_in) u = __ldg(reinterpret_cast<const uint2*>(row) + (e0 + 128 * c) / 4);
+      q[2 * c] = u.x, q[2 * c + 1] = u.y;
     }
   }
-  // The 4 elements of chunk c (for the quantized formats, as f above).
+  // The 4 elements of chunk c.
   __device__ void chunk(int c, float* e) const {
-    if constexpr (kHalf) {
 #pragma unroll
-      for (int k = 0; k < 2; ++k) {
-        const uint32_t w = q[2 * c + k];
-        if constexpr (T == DType::F16) {
-          const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w));
-          e[2 * k] = f.x, e[2 * k + 1] = f.y;
-        } else {
-          e[2 * k] = __uint_as_float(w << 16), e[2 * k + 1] = __uint_as_float(w & 0xFFFF0000u);
-        }
+    for (int k = 0; k < 2; ++k) {
+      const uint32_t w = q[2 * c + k];
+      if constexpr (T == DType::F16) {
+        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w));
+        e[2 * k] = f.x, e[2 * k + 1] = f.y;
+      } else {
+        e[2 * k] = __uint_as_float(w << 16), e[2 * k + 1] = __uint_as_float(w & 0xFFFF0000u);
       }
-    } else if constexpr (kQ8) {
-      const uint32_t w = q[c] ^ 0x80808080u;  // signed bytes + 128
-#pragma unroll
-      for (int k = 0; k < 4; ++k) e[k] = q8_f(w, k);
-    } else {
-      const uint32_t w = q[c / 2], b = 2 * (c % 2);
-      const uint32_t lo = w & 0x0F0F0F0Fu, hi = (w >> 4) & 0x0F0F0F0Fu;
-      e[0] = q4_f(lo, b), e[1] = q4_f(hi, b), e[2] = q4_f(lo, b + 1), e[3] = q4_f(hi, b + 1);
     }
-  }
-  // Scales (and mins) of chunks c and c + 1.
-  __device__ float2 scale2(int c) const {
-    return __half22float2(reinterpret_cast<const __half2*>(&d)[c / 2]);
-  }
-  __device__ float2 min2(int c) const {
-    return __half22float2(reinterpret_cast<const __half2*>(&m)[c / 2]);
   }
 };
 
@@ -127,6 +76,134 @@ __device__ __forceinline__ void store(const Group& g, int j, int row, int t, flo
   g.y[j][i] = g.add[j] ? g.y[j][i] + v : v;
 }
 
+// x of one token, one 32-element block: x ~ dx (h + l / 254), and the block's sum of that.
+struct XBlock {
+  int8_t h[32], l[32];
+};
+struct XMeta {
+  float dx, sum;  // sum = sum(h + l / 254), for the offsets of q4_0 and the mins of q4_1
+};
+
+// A warp per block of x (lane = element): the rounding of h leaves |r| <= 1/2, which l keeps
+// to 1/508 of dx.
+__global__ void quantize_x(const float* __restrict__ x, XBlock* __restrict__ xq,
+                           XMeta* __restrict__ xm, int n_blocks) {
+  const int b = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (b >= n_blocks) return;
+  const float v = x[static_cast<size_t>(b) * 32 + lane];
+  const float dx = warp_max(fabsf(v)) / 127.0f, id = dx != 0.0f ? 1.0f / dx : 0.0f;
+  const float s = v * id, h = rintf(s), l = rintf((s - h) * 254.0f);
+  xq[b].h[lane] = static_cast<int8_t>(h);
+  xq[b].l[lane] = static_cast<int8_t>(l);
+  const float sum = warp_sum(h + l * (1.0f / 254.0f));
+  if (lane == 0) xm[b] = XMeta{dx, sum};
+}
+
+// R rows per warp in the integer kernel (x's loads are shared by the rows: 4 for one or two
+// tokens, 2 when that leaves too few blocks to fill the GPU), and U groups whose loads are
+// all issued before any is used: R * U 16- or 32-byte loads in flight per lane.
+template <int NT>
+constexpr int kQRows = NT <= 2   ? 4
+                       : NT <= 4 ? 2
+                                 : 1;
+constexpr int kQGroups = 2;
+
+template <DType T, int NT, int R>
+__global__ void __launch_bounds__(kWarps * 32)
+    matvec_q(Group g, const XBlock* __restrict__ xq, const XMeta* __restrict__ xm, int n_in) {
+  constexpr int U = kQGroups;
+  constexpr Packed pk = packed(T);
+  constexpr int kWords = pk.quant / 4;
+  const int lane = threadIdx.x % 32;
+  const int r0 = (blockIdx.x * kWarps + threadIdx.x / 32) * R;
+  int j = 0;
+  while (j + 1 < g.n && r0 >= g.first[j + 1]) ++j;
+  if (r0 >= g.first[g.n]) return;
+  const int row0 = r0 - g.first[j], n_out = g.n_out[j], n_blocks = n_in / 32;
+  const int n_groups = (n_blocks + 31) / 32;
+  const uint8_t* rows[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r)  // a row past the end re-reads the last one; not stored
+    rows[r] = g.w[j] + static_cast<size_t>(min(row0 + r, n_out - 1)) * g.pitch[j] + pk.quant * lane;
+  float acc[R][NT] = {};
+  for (int g0 = 0; g0 < n_groups; g0 += U) {
+    // Loads first: quants and scales of U groups of R rows (zeros past the row's blocks).
+    uint32_t q[U][R][kWords];
+    float d[U][R], mn[U][R];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const bool ok = (g0 + u) * 32 + lane < n_blocks;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* grp = rows[r] + static_cast<size_t>(g0 + u) * pk.stride();
+        const uint8_t* sc = grp + (32 - lane) * pk.quant + 2 * lane;  // the group's scales
+#pragma unroll
+        for (int k = 0; k < kWords / 4; ++k) {
+          const uint4 v =
+              ok ? __ldg(reinterpret_cast<const uint4*>(grp) + k) : make_uint4(0, 0, 0, 0);
+          q[u][r][4 * k] = v.x, q[u][r][4 * k + 1] = v.y, q[u][r][4 * k + 2] = v.z;
+          q[u][r][4 * k + 3] = v.w;
+        }
+        d[u][r] = ok ? __half2float(__ldg(reinterpret_cast<const __half*>(sc))) : 0.0f;
+        mn[u][r] = T == DType::Q4_1 && ok
+                       ? __half2float(__ldg(reinterpret_cast<const __half*>(sc + 64)))
+                       : 0.0f;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int b = (g0 + u) * 32 + lane;
+      if (b >= n_blocks) continue;  // its quants and scales are zero
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        const XBlock* xb = xq + static_cast<size_t>(t) * n_blocks + b;
+        const int4 h0 = __ldg(reinterpret_cast<const int4*>(xb->h)),
+                   h1 = __ldg(reinterpret_cast<const int4*>(xb->h) + 1);
+        const int4 l0 = __ldg(reinterpret_cast<const int4*>(xb->l)),
+                   l1 = __ldg(reinterpret_cast<const int4*>(xb->l) + 1);
+        const float2 m =
+            __ldg(reinterpret_cast<const float2*>(xm + static_cast<size_t>(t) * n_blocks + b));
+        const int xh[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+        const int xl[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          int sh = 0, sl = 0;
+          if constexpr (T == DType::Q8_0) {
+#pragma unroll
+            for (int w = 0; w < 8; ++w) {
+              sh = __dp4a(static_cast<int>(q[u][r][w]), xh[w], sh);
+              sl = __dp4a(static_cast<int>(q[u][r][w]), xl[w], sl);
+            }
+          } else {  // byte j: element j in the low nibble, j + 16 in the high one
+#pragma unroll
+            for (int w = 0; w < 4; ++w) {
+              const int lo = static_cast<int>(q[u][r][w] & 0x0F0F0F0Fu);
+              const int hi = static_cast<int>((q[u][r][w] >> 4) & 0x0F0F0F0Fu);
+              sh = __dp4a(lo, xh[w], sh), sh = __dp4a(hi, xh[w + 4], sh);
+              sl = __dp4a(lo, xl[w], sl), sl = __dp4a(hi, xl[w + 4], sl);
+            }
+          }
+          const float f = fmaf(static_cast<float>(sl), 1.0f / 254.0f, static_cast<float>(sh));
+          if constexpr (T == DType::Q4_0)
+            acc[r][t] = fmaf(d[u][r] * m.x, fmaf(-8.0f, m.y, f), acc[r][t]);
+          else if constexpr (T == DType::Q4_1)
+            acc[r][t] = fmaf(m.x, fmaf(d[u][r], f, mn[u][r] * m.y), acc[r][t]);
+          else
+            acc[r][t] = fmaf(d[u][r] * m.x, f, acc[r][t]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      const float v = warp_sum(acc[r][t]);
+      if (lane == 0 && row0 + r < n_out) store(g, j, row0 + r, t, v);
+    }
+}
+
+// f16 and bf16 rows: two per warp, lanes over the elements.
 template <DType T, int NT>
 __global__ void __launch_bounds__(kWarps * 32)
     matvec_fast(Group g, const float* __restrict__ x, int n_in) {
@@ -153,45 +230,29 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int c = 0; c < 8; ++c) {
       float4 xv[NT];
-      float xs[NT];
 #pragma unroll
-      for (int t = 0; t < NT; ++t) {
+      for (int t = 0; t < NT; ++t)
         xv[t] = full || gi * 1024 + 128 * c + 4 * lane < n_in
                     ? __ldg(reinterpret_cast<const float4*>(xg + static_cast<size_t>(t) * n_in +
                                                             128 * c))
                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        xs[t] = (xv[t].x + xv[t].y) + (xv[t].z + xv[t].w);
-      }
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
         float e[4];
         w[r].chunk(c, e);
-        float sd = 1.0f, sm = 0.0f;
-        if constexpr (!L::kHalf) {
-          sd = c % 2 ? w[r].scale2(c).y : w[r].scale2(c).x;
-          if constexpr (T == DType::Q4_1) sm = c % 2 ? w[r].min2(c).y : w[r].min2(c).x;
-        }
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
           float a = e[0] * xv[t].x;
           a = fmaf(e[1], xv[t].y, a), a = fmaf(e[2], xv[t].z, a), a = fmaf(e[3], xv[t].w, a);
-          if constexpr (L::kHalf) {
-            acc[r][t] += a;
-          } else {
-            acc[r][t] = fmaf(sd, fmaf(-kOff<T>, xs[t], a), acc[r][t]);
-            if constexpr (T == DType::Q4_1)
-              acc[r][t] = fmaf(sm * (1.0f / kMul<T>), xs[t], acc[r][t]);
-          }
+          acc[r][t] += a;
         }
       }
     }
   }
-  float mul = 1.0f;
-  if constexpr (!L::kHalf) mul = kMul<T>;
 #pragma unroll
   for (int r = 0; r < kRows; ++r)
 #pragma unroll
-    for (int t = 0; t < NT; ++t) acc[r][t] = warp_sum(acc[r][t]) * mul;
+    for (int t = 0; t < NT; ++t) acc[r][t] = warp_sum(acc[r][t]);
   if (split == 1) {
     if (lane == 0)
 #pragma unroll
@@ -303,32 +364,48 @@ const char* cublas_error(cublasStatus_t s) {
   }
 }
 
-// One launch for jobs [0, n) of one weight type.
-void matvec(Ctx& c, const float* x, int64_t n_tok, const MatJob* jobs, int n) {
+// One launch for jobs [0, n) of one weight type; xq/xm hold x quantized for matvec_q.
+void matvec(Ctx& c, const float* x, int64_t n_tok, const MatJob* jobs, int n, const XBlock* xq,
+            const XMeta* xm) {
   const DType type = jobs[0].w->type;
   const int n_in = static_cast<int>(jobs[0].w->n_in);
+  int rows = 0;
+  for (int j = 0; j < n; ++j) rows += static_cast<int>(jobs[j].w->n_out);
+  // Four rows per warp where that still makes 1024 blocks of 4 warps (the FFN, the output).
+  const bool wide = rows >= 1024 * kWarps * 4;
   dispatch(type, [&]<DType T>() {
-    constexpr int kPer = kFast<T> ? kRows : 1;  // rows per warp
+    const int per = kQuant<T>  ? (n_tok <= 2   ? (wide ? 4 : 2)
+                                  : n_tok <= 4 ? 2
+                                               : 1)
+                    : kHalf<T> ? kRows
+                               : 1;  // rows per warp
     Group g{};
     g.n = n;
     for (int j = 0; j < n; ++j) {
       const Matrix& w = *jobs[j].w;
       g.w[j] = w.data, g.pitch[j] = w.row_bytes, g.y[j] = jobs[j].y, g.bias[j] = jobs[j].bias;
       g.n_out[j] = static_cast<int>(w.n_out), g.add[j] = jobs[j].add;
-      g.first[j + 1] = g.first[j] + (g.n_out[j] + kPer - 1) / kPer * kPer;
+      g.first[j + 1] = g.first[j] + (g.n_out[j] + per - 1) / per * per;
     }
-    // Rows of 4096 or more elements: the 4 warps of a block share a pair of rows (more blocks
-    // in flight for the 4096-row matrices); shorter rows: a pair per warp.
-    g.split = kFast<T> && n_in >= 4096 ? kWarps : 1;
+    // f16/bf16 rows of 4096 or more elements: the 4 warps of a block share a pair of rows.
+    g.split = kHalf<T> && n_in >= 4096 ? kWarps : 1;
     const int per_block = kWarps / g.split;
-    const unsigned grid = static_cast<unsigned>((g.first[n] / kPer + per_block - 1) / per_block);
+    const unsigned grid = static_cast<unsigned>((g.first[n] / per + per_block - 1) / per_block);
     switch (n_tok) {
-#define KVS_NT(N)                                                        \
-  case N:                                                                \
-    if constexpr (kFast<T>)                                              \
-      matvec_fast<T, N><<<grid, kWarps * 32, 0, c.stream>>>(g, x, n_in); \
-    else                                                                 \
-      matvec_any<T, N><<<grid, kWarps * 32, 0, c.stream>>>(g, x, n_in);  \
+#define KVS_NT(N)                                                                     \
+  case N:                                                                             \
+    if constexpr (kQuant<T> && kQRows<N> == 4) {                                      \
+      if (per == 4)                                                                   \
+        matvec_q<T, N, 4><<<grid, kWarps * 32, 0, c.stream>>>(g, xq, xm, n_in);       \
+      else                                                                            \
+        matvec_q<T, N, 2><<<grid, kWarps * 32, 0, c.stream>>>(g, xq, xm, n_in);       \
+    } else if constexpr (kQuant<T>) {                                                 \
+      matvec_q<T, N, kQRows<N>><<<grid, kWarps * 32, 0, c.stream>>>(g, xq, xm, n_in); \
+    } else if constexpr (kHalf<T>) {                                                  \
+      matvec_fast<T, N><<<grid, kWarps * 32, 0, c.stream>>>(g, x, n_in);              \
+    } else {                                                                          \
+      matvec_any<T, N><<<grid, kWarps * 32, 0, c.stream>>>(g, x, n_in);               \
+    }                                                                                 \
     break;
       KVS_NT(1) KVS_NT(2) KVS_NT(3) KVS_NT(4) KVS_NT(5) KVS_NT(6) KVS_NT(7) KVS_NT(8)
 #undef KVS_NT
@@ -366,6 +443,10 @@ void gemm(Ctx& c, const float* x, int64_t n_tok, const MatJob& job) {
 
 }  // namespace
 
+size_t xq_bytes(int64_t n_in, int64_t n_tok) {
+  return static_cast<size_t>(n_tok * n_in / 32) * (sizeof(XBlock) + sizeof(XMeta));
+}
+
 void matmuls(Ctx& c, const float* x, int64_t n_tok, const MatJob* jobs, int n_jobs) {
   for (int i = 0; i < n_jobs; ++i) {
     const Matrix& w = *jobs[i].w;
@@ -377,11 +458,26 @@ void matmuls(Ctx& c, const float* x, int64_t n_tok, const MatJob* jobs, int n_jo
     for (int i = 0; i < n_jobs; ++i) gemm(c, x, n_tok, jobs[i]);
     return;
   }
+  // x quantized once for the integer kernel, if any job needs it.
+  const XBlock* xq = nullptr;
+  const XMeta* xm = nullptr;
+  for (int i = 0; i < n_jobs && !xq; ++i)
+    dispatch(jobs[i].w->type, [&]<DType T>() {
+      if constexpr (kQuant<T>) {
+        const int n_blocks = static_cast<int>(n_tok * jobs[0].w->n_in / 32);
+        uint8_t* buf = c.scratch_xq(xq_bytes(jobs[0].w->n_in, n_tok));
+        xq = reinterpret_cast<const XBlock*>(buf);
+        xm = reinterpret_cast<const XMeta*>(buf + static_cast<size_t>(n_blocks) * sizeof(XBlock));
+        quantize_x<<<(n_blocks + 7) / 8, 256, 0, c.stream>>>(x, const_cast<XBlock*>(xq),
+                                                             const_cast<XMeta*>(xm), n_blocks);
+        KVS_CUDA_CHECK(cudaGetLastError());
+      }
+    });
   // Runs of jobs with one weight type share a launch.
   for (int i = 0; i < n_jobs;) {
     int n = 1;
     while (i + n < n_jobs && n < kMaxJobs && jobs[i + n].w->type == jobs[i].w->type) ++n;
-    matvec(c, x, n_tok, jobs + i, n);
+    matvec(c, x, n_tok, jobs + i, n, xq, xm);
     i += n;
   }
 }

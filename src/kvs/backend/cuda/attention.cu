@@ -616,6 +616,48 @@ __device__ __forceinline__ uint32_t h2u(float x, float y) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
+// The online softmax of one tile on mma accumulators: sc[nt][e] is the (masked, scaled) score
+// of row gr + 8 (e / 2) and key 8 nt + 2 t4 + e % 2, each row spread over the 4 threads of a
+// quad. Scores become probabilities against the new running max m; l is updated and o, the
+// unnormalised output of the rows ([D / 8][4], the same row split), is rescaled.
+template <int kN, int kO>
+__device__ __forceinline__ void tile_softmax(float (&sc)[kN][4], float (&m)[2], float (&l)[2],
+                                             float (&o)[kO][4]) {
+  float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int nt = 0; nt < kN; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) mx[e / 2] = fmaxf(mx[e / 2], sc[nt][e]);
+  float al[2], ls[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+    mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+    mx[i] = fmaxf(m[i], mx[i]);  // the new running max
+  }
+#pragma unroll
+  for (int nt = 0; nt < kN; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = e / 2;
+      const float p = mx[i] == -INFINITY ? 0.0f : expf(sc[nt][e] - mx[i]);
+      sc[nt][e] = p;
+      ls[i] += p;
+    }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    ls[i] += __shfl_xor_sync(0xffffffffu, ls[i], 1);
+    ls[i] += __shfl_xor_sync(0xffffffffu, ls[i], 2);
+    const float a = m[i] == -INFINITY ? 0.0f : expf(m[i] - mx[i]);
+    al[i] = mx[i] == -INFINITY ? 1.0f : a;
+    l[i] = l[i] * al[i] + ls[i];
+    m[i] = mx[i];
+  }
+#pragma unroll
+  for (int nt = 0; nt < kO; ++nt)
+    o[nt][0] *= al[0], o[nt][1] *= al[0], o[nt][2] *= al[1], o[nt][3] *= al[1];
+}
+
 // Where the block is in its walk over the tiles of its spans.
 struct TileAt {
   int s, k0;
@@ -732,8 +774,6 @@ __global__ void __launch_bounds__(kTcThreads) prefill_tc(Geo g, int kst, int vst
         mma16816(sc[2 * np], qa[ks], b[0], b[1]);
         mma16816(sc[2 * np + 1], qa[ks], b[2], b[3]);
       }
-    // Online softmax, each row's values spread over the 4 threads of a quad.
-    float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int nt = 0; nt < kTcKeys / 8; ++nt)
 #pragma unroll
@@ -741,37 +781,9 @@ __global__ void __launch_bounds__(kTcThreads) prefill_tc(Geo g, int kst, int vst
         const int i = e / 2, key = 8 * nt + 2 * t4 + e % 2;
         const bool live = key < nk && key_pos + key <= rpos[i];
         sc[nt][e] = live ? sc[nt][e] * g.scale : -INFINITY;
-        mx[i] = fmaxf(mx[i], sc[nt][e]);
       }
-    float al[2], ls[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
-      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
-      mx[i] = fmaxf(m[i], mx[i]);  // the new running max
-    }
-#pragma unroll
-    for (int nt = 0; nt < kTcKeys / 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = e / 2;
-        const float p = mx[i] == -INFINITY ? 0.0f : expf(sc[nt][e] - mx[i]);
-        sc[nt][e] = p;
-        ls[i] += p;
-      }
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      ls[i] += __shfl_xor_sync(0xffffffffu, ls[i], 1);
-      ls[i] += __shfl_xor_sync(0xffffffffu, ls[i], 2);
-      const float a = m[i] == -INFINITY ? 0.0f : expf(m[i] - mx[i]);
-      al[i] = mx[i] == -INFINITY ? 1.0f : a;
-      l[i] = l[i] * al[i] + ls[i];
-      m[i] = mx[i];
-    }
-#pragma unroll
-    for (int nt = 0; nt < D / 8; ++nt)
-      o[nt][0] *= al[0], o[nt][1] *= al[0], o[nt][2] *= al[1], o[nt][3] *= al[1];
-      // O += P V.
+    tile_softmax(sc, m, l, o);
+    // O += P V.
 #pragma unroll
     for (int kk = 0; kk < kTcKeys / 16; ++kk) {
       const uint32_t pa[4] = {h2u(sc[2 * kk][0], sc[2 * kk][1]), h2u(sc[2 * kk][2], sc[2 * kk][3]),
@@ -890,43 +902,14 @@ __global__ void __launch_bounds__(32 * kDtWarps)
       mma16816(sc[0], qa[ks], bk[0], bk[1]);
       mma16816(sc[1], qa[ks], bk[2], bk[3]);
     }
-    float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int i = e / 2, key = 8 * nt + 2 * t4 + e % 2;
+        const int key = 8 * nt + 2 * t4 + e % 2;
         sc[nt][e] = key < nk ? sc[nt][e] * g.scale : -INFINITY;
-        mx[i] = fmaxf(mx[i], sc[nt][e]);
       }
-    float al[2], ls[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
-      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
-      mx[i] = fmaxf(m[i], mx[i]);
-    }
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = e / 2;
-        const float p = mx[i] == -INFINITY ? 0.0f : expf(sc[nt][e] - mx[i]);
-        sc[nt][e] = p;
-        ls[i] += p;
-      }
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      ls[i] += __shfl_xor_sync(0xffffffffu, ls[i], 1);
-      ls[i] += __shfl_xor_sync(0xffffffffu, ls[i], 2);
-      const float a = m[i] == -INFINITY ? 0.0f : expf(m[i] - mx[i]);
-      al[i] = mx[i] == -INFINITY ? 1.0f : a;
-      l[i] = l[i] * al[i] + ls[i];
-      m[i] = mx[i];
-    }
-#pragma unroll
-    for (int nt = 0; nt < D / 8; ++nt)
-      o[nt][0] *= al[0], o[nt][1] *= al[0], o[nt][2] *= al[1], o[nt][3] *= al[1];
+    tile_softmax(sc, m, l, o);
     const uint32_t pa[4] = {h2u(sc[0][0], sc[0][1]), h2u(sc[0][2], sc[0][3]),
                             h2u(sc[1][0], sc[1][1]), h2u(sc[1][2], sc[1][3])};
 #pragma unroll

@@ -611,6 +611,18 @@ __device__ __forceinline__ void mma16816(float* c, const uint32_t* a, uint32_t b
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+// The same product for rows 0-7 only (rows 8-15 of A are zero, their results unused): the
+// accumulators of the upper rows need no registers across calls.
+__device__ __forceinline__ void mma16816_top(float* c, uint32_t a0, uint32_t a2, uint32_t b0,
+                                             uint32_t b1) {
+  float d2, d3;
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%10,%11};\n"
+      : "+f"(c[0]), "+f"(c[1]), "=f"(d2), "=f"(d3)
+      : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1), "f"(0.0f), "f"(0.0f));
+  asm volatile("" ::"f"(d2), "f"(d3));  // the upper rows' results, unused
+}
 __device__ __forceinline__ uint32_t h2u(float x, float y) {
   const __half2 h = __floats2half2_rn(x, y);
   return *reinterpret_cast<const uint32_t*>(&h);
@@ -619,10 +631,11 @@ __device__ __forceinline__ uint32_t h2u(float x, float y) {
 // The online softmax of one tile on mma accumulators: sc[nt][e] is the (masked, scaled) score
 // of row gr + 8 (e / 2) and key 8 nt + 2 t4 + e % 2, each row spread over the 4 threads of a
 // quad. Scores become probabilities against the new running max m; l is updated and o, the
-// unnormalised output of the rows ([D / 8][4], the same row split), is rescaled.
-template <int kN, int kO>
+// unnormalised output of the rows ([D / 8][4], the same row split; [D / 8][2]: row gr only),
+// is rescaled.
+template <int kN, int kO, int kC>
 __device__ __forceinline__ void tile_softmax(float (&sc)[kN][4], float (&m)[2], float (&l)[2],
-                                             float (&o)[kO][4]) {
+                                             float (&o)[kO][kC]) {
   float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
   for (int nt = 0; nt < kN; ++nt)
@@ -653,9 +666,11 @@ __device__ __forceinline__ void tile_softmax(float (&sc)[kN][4], float (&m)[2], 
     l[i] = l[i] * al[i] + ls[i];
     m[i] = mx[i];
   }
+  if (__any_sync(0xffffffffu, al[0] != 1.0f || al[1] != 1.0f))  // most tiles keep the max
 #pragma unroll
-  for (int nt = 0; nt < kO; ++nt)
-    o[nt][0] *= al[0], o[nt][1] *= al[0], o[nt][2] *= al[1], o[nt][3] *= al[1];
+    for (int nt = 0; nt < kO; ++nt)
+#pragma unroll
+      for (int e = 0; e < kC; ++e) o[nt][e] *= al[e / 2];
 }
 
 // Where the block is in its walk over the tiles of its spans.
@@ -822,20 +837,20 @@ __global__ void __launch_bounds__(kTcThreads) prefill_tc(Geo g, int kst, int vst
 // into calls does not matter) and walks it on its own in tiles of 16 keys: raw rows copied one
 // tile ahead (cp.async) into the warp's part of shared memory, dequantized to f16 there,
 // S = Q K^T and O += P V by mma.sync m16n8k16 with the group's heads as the rows of the
-// tile, an online softmax on the accumulators. The warps' partials merge in warp order.
+// tile, an online softmax on the accumulators. The warps' partials merge in warp order. One
+// f16 tile per warp holds K, then V, so 4 blocks fit in an SM's shared memory.
 constexpr int kDtKeys = 16, kDtWarps = 4;
 
 template <DType K, DType V, int D>
-__global__ void __launch_bounds__(32 * kDtWarps)
+__global__ void __launch_bounds__(32 * kDtWarps, 4)
     decode_tc(Geo g, float* part, int kst, int vst, int cw) {
   constexpr int kHS = D + 8;  // halves per f16 row (16-byte aligned rows, no bank conflicts)
   extern __shared__ __align__(16) uint8_t dt_smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, t4 = lane % 4;
   const int raw_bytes = kDtKeys * (kst + vst);
-  const int warp_bytes = 2 * raw_bytes + 2 * kDtKeys * kHS * static_cast<int>(sizeof(__half));
+  const int warp_bytes = 2 * raw_bytes + kDtKeys * kHS * static_cast<int>(sizeof(__half));
   uint8_t* raw = dt_smem + warp * warp_bytes;  // [2][kDtKeys][kst], [kDtKeys][vst] each
-  __half* kh = reinterpret_cast<__half*>(raw + 2 * raw_bytes);  // [kDtKeys][kHS]
-  __half* vh = kh + kDtKeys * kHS;
+  __half* th = reinterpret_cast<__half*>(raw + 2 * raw_bytes);  // [kDtKeys][kHS]: K, then V
   const int s = blockIdx.x, hk = blockIdx.y, ng = g.group;
   const Span sp = g.spans[s];
   const int n = min(sp.n, g.pos[0] - sp.start + 1);
@@ -849,18 +864,19 @@ __global__ void __launch_bounds__(32 * kDtWarps)
   const int per = ((n + kDtWarps - 1) / kDtWarps + kDtKeys - 1) / kDtKeys * kDtKeys;
   const int k_lo = min(n, warp * per), k_hi = min(n, k_lo + per);
 
-  // Q as the A operand: rows gr and gr + 8 of the tile are heads hk * ng + row (if < ng).
-  uint32_t qa[D / 16][4];
+  // Q as the A operand: row gr of the tile is head hk * ng + gr (if < ng, at most 8); rows
+  // 8-15 are zero and dropped (mma16816_top).
+  uint32_t qa[D / 16][2];
 #pragma unroll
   for (int ks = 0; ks < D / 16; ++ks)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int r = gr + 8 * (e % 2), dim = 16 * ks + 8 * (e / 2) + 2 * t4;
-      const float2 f = r < ng ? *reinterpret_cast<const float2*>(g.q + (hk * ng + r) * D + dim)
-                              : make_float2(0.0f, 0.0f);
+    for (int e = 0; e < 2; ++e) {
+      const int dim = 16 * ks + 8 * e + 2 * t4;
+      const float2 f = gr < ng ? *reinterpret_cast<const float2*>(g.q + (hk * ng + gr) * D + dim)
+                               : make_float2(0.0f, 0.0f);
       qa[ks][e] = h2u(f.x, f.y);
     }
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, o[D / 8][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, o[D / 8][2] = {};
 
   const uint8_t* kg = sp.page + hk * g.k_head;
   const uint8_t* vg = sp.page + g.v_offset + hk * g.v_head;
@@ -879,29 +895,30 @@ __global__ void __launch_bounds__(32 * kDtWarps)
     cp_wait_one();
     __syncwarp();
     const int nk = min(kDtKeys, k_hi - k0);
-    {  // Dequantize into the f16 tiles, zeros past nk (their P is 0, their V must be finite).
-      const uint8_t* rk = raw + b * raw_bytes;
-      const uint8_t* rv = rk + kDtKeys * kst;
+    const uint8_t* rk = raw + b * raw_bytes;
+    const uint8_t* rv = rk + kDtKeys * kst;
+    // Dequantizes the tile's K or V rows into th, zeros past nk (their P is 0, V must be finite).
+    const auto dequant = [&]<DType T>(const uint8_t* rows, int stride) {
       constexpr int kOct = D / 8;
-#pragma unroll 4
-      for (int i = lane; i < 2 * kDtKeys * kOct; i += 32) {
-        const bool is_v = i >= kDtKeys * kOct;
-        const int ii = is_v ? i - kDtKeys * kOct : i, j = ii / kOct, e = 8 * (ii % kOct);
-        uint4 h = make_uint4(0, 0, 0, 0);
-        if (j < nk) h = is_v ? dequant8<V>(rv + j * vst, e) : dequant8<K>(rk + j * kst, e);
-        *reinterpret_cast<uint4*>((is_v ? vh : kh) + j * kHS + e) = h;
+#pragma unroll 2
+      for (int i = lane; i < kDtKeys * kOct; i += 32) {
+        const int j = i / kOct, e = 8 * (i % kOct);
+        const uint4 h = j < nk ? dequant8<T>(rows + j * stride, e) : make_uint4(0, 0, 0, 0);
+        *reinterpret_cast<uint4*>(th + j * kHS + e) = h;
       }
-    }
-    __syncwarp();
+      __syncwarp();
+    };
+    dequant.template operator()<K>(rk, kst);
     float sc[2][4] = {};
     const int mi = lane / 8;
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
       uint32_t bk[4];
-      ldsm4(bk, kh + (8 * (mi / 2) + lane % 8) * kHS + 16 * ks + 8 * (mi % 2));
-      mma16816(sc[0], qa[ks], bk[0], bk[1]);
-      mma16816(sc[1], qa[ks], bk[2], bk[3]);
+      ldsm4(bk, th + (8 * (mi / 2) + lane % 8) * kHS + 16 * ks + 8 * (mi % 2));
+      mma16816_top(sc[0], qa[ks][0], qa[ks][1], bk[0], bk[1]);
+      mma16816_top(sc[1], qa[ks][0], qa[ks][1], bk[2], bk[3]);
     }
+    __syncwarp();  // K is read: the tile takes V
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
@@ -910,16 +927,16 @@ __global__ void __launch_bounds__(32 * kDtWarps)
         sc[nt][e] = key < nk ? sc[nt][e] * g.scale : -INFINITY;
       }
     tile_softmax(sc, m, l, o);
-    const uint32_t pa[4] = {h2u(sc[0][0], sc[0][1]), h2u(sc[0][2], sc[0][3]),
-                            h2u(sc[1][0], sc[1][1]), h2u(sc[1][2], sc[1][3])};
+    dequant.template operator()<V>(rv, vst);
+    const uint32_t p0 = h2u(sc[0][0], sc[0][1]), p1 = h2u(sc[1][0], sc[1][1]);
 #pragma unroll
     for (int j = 0; j < D / 16; ++j) {
       uint32_t bv[4];
-      ldsm4t(bv, vh + (8 * (mi % 2) + lane % 8) * kHS + 16 * j + 8 * (mi / 2));
-      mma16816(o[2 * j], pa, bv[0], bv[1]);
-      mma16816(o[2 * j + 1], pa, bv[2], bv[3]);
+      ldsm4t(bv, th + (8 * (mi % 2) + lane % 8) * kHS + 16 * j + 8 * (mi / 2));
+      mma16816_top(o[2 * j], p0, p1, bv[0], bv[1]);
+      mma16816_top(o[2 * j + 1], p0, p1, bv[2], bv[3]);
     }
-    __syncwarp();  // the f16 tiles are rewritten by the next tile
+    __syncwarp();  // the f16 tile is rewritten by the next tile
   }
   asm volatile("cp.async.wait_all;\n" ::);
   __syncthreads();  // every warp is done with its tiles: the space holds the warps' partials
@@ -1029,7 +1046,7 @@ void attention(Ctx& c, const AttentionArgs& a) {
           const dim3 grid(a.n_spans, l.n_head_kv);
           if (d == 64 || d == 128) {  // tensor cores
             const size_t tc_smem = std::max<size_t>(
-                kDtWarps * (2 * kDtKeys * (t.kst + t.vst) + 2 * kDtKeys * (d + 8) * sizeof(__half)),
+                kDtWarps * (2 * kDtKeys * (t.kst + t.vst) + kDtKeys * (d + 8) * sizeof(__half)),
                 kDtWarps * g.group * (d + 2) * sizeof(float));
             const auto tc = d == 64 ? decode_tc<K, V, 64> : decode_tc<K, V, 128>;
             allow_smem(tc, tc_smem);

@@ -189,6 +189,18 @@ __device__ __forceinline__ void cp_commit() {
 __device__ __forceinline__ void cp_wait_one() {
   asm volatile("cp.async.wait_group 1;\n" ::);
 }
+// A decode block's span: the keys the query sees (0 past its position) and where the partials
+// of its kv head's query heads go; an empty span marks them empty.
+__device__ __forceinline__ int decode_span(const Geo& g, float* part, float*& pout) {
+  const Span sp = g.spans[blockIdx.x];
+  const int n = min(sp.n, g.pos[0] - sp.start + 1);
+  const size_t stride = static_cast<size_t>(g.d) + 3;
+  pout = part + (static_cast<size_t>(blockIdx.x) * g.n_head + blockIdx.y * g.group) * stride;
+  if (n <= 0)
+    for (int r = threadIdx.x; r < g.group; r += blockDim.x) pout[r * stride + 2] = 0.0f;
+  return n;
+}
+
 constexpr int kDecThreads = 128;
 constexpr int kDecWarps = kDecThreads / 32;
 constexpr int kMaxGroup = 8;
@@ -215,13 +227,10 @@ __global__ void __launch_bounds__(kDecThreads, 5) decode_partials(Geo g, float* 
   const int s = blockIdx.x, hk = blockIdx.y, d = g.d, ng = g.group;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const Span sp = g.spans[s];
-  const int n = min(sp.n, g.pos[0] - sp.start + 1);
   const size_t stride = static_cast<size_t>(d) + 3;
-  float* pout = part + (static_cast<size_t>(s) * g.n_head + hk * ng) * stride;
-  if (n <= 0) {
-    for (int gi = threadIdx.x; gi < ng; gi += blockDim.x) pout[gi * stride + 2] = 0.0f;
-    return;
-  }
+  float* pout;
+  const int n = decode_span(g, part, pout);
+  if (n <= 0) return;
   const int tk = t.keys, buf_bytes = tk * (t.kst + t.vst);
   const uint8_t* kg = sp.page + hk * g.k_head;
   const uint8_t* vg = sp.page + g.v_offset + hk * g.v_head;
@@ -853,13 +862,10 @@ __global__ void __launch_bounds__(32 * kDtWarps, 4)
   __half* th = reinterpret_cast<__half*>(raw + 2 * raw_bytes);  // [kDtKeys][kHS]: K, then V
   const int s = blockIdx.x, hk = blockIdx.y, ng = g.group;
   const Span sp = g.spans[s];
-  const int n = min(sp.n, g.pos[0] - sp.start + 1);
   const size_t stride = static_cast<size_t>(D) + 3;
-  float* pout = part + (static_cast<size_t>(s) * g.n_head + hk * ng) * stride;
-  if (n <= 0) {
-    for (int r = threadIdx.x; r < ng; r += blockDim.x) pout[r * stride + 2] = 0.0f;
-    return;
-  }
+  float* pout;
+  const int n = decode_span(g, part, pout);
+  if (n <= 0) return;
   // This warp's keys: a quarter of the span, in whole tiles.
   const int per = ((n + kDtWarps - 1) / kDtWarps + kDtKeys - 1) / kDtKeys * kDtKeys;
   const int k_lo = min(n, warp * per), k_hi = min(n, k_lo + per);

@@ -102,10 +102,9 @@ __global__ void quantize_x(const float* __restrict__ x, XBlock* __restrict__ xq,
 // R rows per warp in the integer kernel (x's loads are shared by the rows: 4 for one or two
 // tokens, 2 when that leaves too few blocks to fill the GPU), and U groups whose loads are
 // all issued before any is used: R * U 16- or 32-byte loads in flight per lane.
-template <int NT>
-constexpr int kQRows = NT <= 2   ? 4
-                       : NT <= 4 ? 2
-                                 : 1;
+constexpr int q_rows(int64_t n_tok, bool wide) {
+  return n_tok <= 2 ? (wide ? 4 : 2) : n_tok <= 4 ? 2 : 1;
+}
 constexpr int kQGroups = 2;
 
 template <DType T, int NT, int R>
@@ -374,11 +373,7 @@ void matvec(Ctx& c, const float* x, int64_t n_tok, const MatJob* jobs, int n, co
   // Four rows per warp where that still makes 1024 blocks of 4 warps (the FFN, the output).
   const bool wide = rows >= 1024 * kWarps * 4;
   dispatch(type, [&]<DType T>() {
-    const int per = kQuant<T>  ? (n_tok <= 2   ? (wide ? 4 : 2)
-                                  : n_tok <= 4 ? 2
-                                               : 1)
-                    : kHalf<T> ? kRows
-                               : 1;  // rows per warp
+    const int per = kQuant<T> ? q_rows(n_tok, wide) : kHalf<T> ? kRows : 1;  // rows per warp
     Group g{};
     g.n = n;
     for (int j = 0; j < n; ++j) {
@@ -392,20 +387,20 @@ void matvec(Ctx& c, const float* x, int64_t n_tok, const MatJob* jobs, int n, co
     const int per_block = kWarps / g.split;
     const unsigned grid = static_cast<unsigned>((g.first[n] / per + per_block - 1) / per_block);
     switch (n_tok) {
-#define KVS_NT(N)                                                                     \
-  case N:                                                                             \
-    if constexpr (kQuant<T> && kQRows<N> == 4) {                                      \
-      if (per == 4)                                                                   \
-        matvec_q<T, N, 4><<<grid, kWarps * 32, 0, c.stream>>>(g, xq, xm, n_in);       \
-      else                                                                            \
-        matvec_q<T, N, 2><<<grid, kWarps * 32, 0, c.stream>>>(g, xq, xm, n_in);       \
-    } else if constexpr (kQuant<T>) {                                                 \
-      matvec_q<T, N, kQRows<N>><<<grid, kWarps * 32, 0, c.stream>>>(g, xq, xm, n_in); \
-    } else if constexpr (kHalf<T>) {                                                  \
-      matvec_fast<T, N><<<grid, kWarps * 32, 0, c.stream>>>(g, x, n_in);              \
-    } else {                                                                          \
-      matvec_any<T, N><<<grid, kWarps * 32, 0, c.stream>>>(g, x, n_in);               \
-    }                                                                                 \
+#define KVS_NT(N)                                                                           \
+  case N:                                                                                   \
+    if constexpr (kQuant<T> && q_rows(N, true) == 4) {                                      \
+      if (per == 4)                                                                         \
+        matvec_q<T, N, 4><<<grid, kWarps * 32, 0, c.stream>>>(g, xq, xm, n_in);             \
+      else                                                                                  \
+        matvec_q<T, N, 2><<<grid, kWarps * 32, 0, c.stream>>>(g, xq, xm, n_in);             \
+    } else if constexpr (kQuant<T>) {                                                       \
+      matvec_q<T, N, q_rows(N, true)><<<grid, kWarps * 32, 0, c.stream>>>(g, xq, xm, n_in); \
+    } else if constexpr (kHalf<T>) {                                                        \
+      matvec_fast<T, N><<<grid, kWarps * 32, 0, c.stream>>>(g, x, n_in);                    \
+    } else {                                                                                \
+      matvec_any<T, N><<<grid, kWarps * 32, 0, c.stream>>>(g, x, n_in);                     \
+    }                                                                                       \
     break;
       KVS_NT(1) KVS_NT(2) KVS_NT(3) KVS_NT(4) KVS_NT(5) KVS_NT(6) KVS_NT(7) KVS_NT(8)
 #undef KVS_NT

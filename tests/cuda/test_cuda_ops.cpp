@@ -120,6 +120,48 @@ TEST(CudaOps, MatvecLongRowsAddAndBias) {
   }
 }
 
+// Rows of 4096 and more are normalized by several blocks a row (one token to a few).
+TEST(CudaOps, RmsnormWideRows) {
+  NEED_GPU();
+  for (int64_t rows : {1, 3}) {
+    const int64_t n = 4096;
+    const auto x = rnd(static_cast<size_t>(rows * n), 21), w = rnd(static_cast<size_t>(n), 22);
+    std::vector<float> c(x.size());
+    cpu->rmsnorm(x.data(), w.data(), c.data(), rows, n, 1e-5f);
+    Buf xg(*gpu, x), wg(*gpu, w), og(*gpu, x.size());
+    gpu->rmsnorm(xg.f(), wg.f(), og.f(), rows, n, 1e-5f);
+    EXPECT_LT(max_rel(c, og.get()), 1e-5) << "rows " << rows;
+  }
+}
+
+// Rows of 14336 columns (the 8B models' down product: the kernel keeps a group of loads
+// ahead) and 4096 rows of 4096 (two warps share each row), against the CPU.
+TEST(CudaOps, MatvecEightBShapes) {
+  NEED_GPU();
+  for (DType t : {DType::Q4_0, DType::Q8_0, DType::Q4_1}) {
+    for (const auto& [n_in, n_out] : {std::pair<int64_t, int64_t>{14336, 512}, {4096, 4096}}) {
+      const auto f = rnd(static_cast<size_t>(n_in * n_out), 23);
+      const size_t rb = row_bytes(t, n_in);
+      std::vector<uint8_t> q(rb * static_cast<size_t>(n_out));
+      for (int64_t r = 0; r < n_out; ++r)
+        quantize_row(t, f.data() + r * n_in, q.data() + static_cast<size_t>(r) * rb, n_in);
+      Weights hw;
+      hw.tok_embd = Matrix{t, n_in, n_out, rb, q.data()};
+      hw.output = hw.tok_embd;  // tied: placed once
+      const Weights cw = cpu->place_weights(hw), gw = gpu->place_weights(hw);
+      for (int64_t n_tok : {1, 2}) {
+        const auto x = rnd(static_cast<size_t>(n_in * n_tok), 24);
+        std::vector<float> yc(static_cast<size_t>(n_out * n_tok));
+        cpu->matmul(cw.tok_embd, x.data(), yc.data(), n_tok, nullptr);
+        Buf xg(*gpu, x), yg(*gpu, yc.size());
+        gpu->matmul(gw.tok_embd, xg.f(), yg.f(), n_tok, nullptr);
+        EXPECT_LT(max_rel(yc, yg.get()), 2e-4)
+            << dtype_name(t) << " " << n_out << " x " << n_in << " n_tok " << n_tok;
+      }
+    }
+  }
+}
+
 TEST(CudaOps, NormsRopeActivations) {
   NEED_GPU();
   const int n_tok = 5, n_head = 4, d = 64;
@@ -138,11 +180,14 @@ TEST(CudaOps, NormsRopeActivations) {
     p.rope_dim = d;
     p.base = 10000.0f;
     const std::vector<int32_t> pos{0, 1, 17, 300, 4000};
-    std::vector<float> c = x;
-    cpu->rope(c.data(), pos.data(), n_tok, n_head, p);
-    Buf g(*gpu, x);
-    gpu->rope(g.f(), pos.data(), n_tok, n_head, p);
-    EXPECT_LT(max_rel(c, g.get()), 1e-5) << "rope " << int(mode);
+    // q of n_head heads and k of n_head / 2 (the second half of y) in one call.
+    const std::vector<float> k0(y.begin(), y.begin() + n_tok * (n_head / 2) * d);
+    std::vector<float> c = x, ck = k0;
+    cpu->rope(c.data(), ck.data(), pos.data(), n_tok, n_head, n_head / 2, p);
+    Buf g(*gpu, x), gk(*gpu, k0);
+    gpu->rope(g.f(), gk.f(), pos.data(), n_tok, n_head, n_head / 2, p);
+    EXPECT_LT(max_rel(c, g.get()), 1e-5) << "rope q " << int(mode);
+    EXPECT_LT(max_rel(ck, gk.get()), 1e-5) << "rope k " << int(mode);
   }
   {
     std::vector<float> c = x;

@@ -123,8 +123,9 @@ class Device {
     const MatJob j{&w, y, bias, false};
     matmuls(x, n_tok, &j, 1);
   }
-  virtual void rope(float* x, const int32_t* pos, int32_t n_tok, int32_t n_head,
-                    const RopeParams& p) = 0;
+  // Rotates q (n_head heads a token) and k (n_head_kv heads; may be null with 0) in place.
+  virtual void rope(float* q, float* k, const int32_t* pos, int32_t n_tok, int32_t n_head,
+                    int32_t n_head_kv, const RopeParams& p) = 0;
   virtual void swiglu(float* gate, const float* up, int64_t n) = 0;  // gate = silu(gate) * up
   virtual void add(float* x, const float* y, int64_t n) = 0;         // x += y
   // Writes K and V rows of n_tok tokens into their page frames at the given slots.

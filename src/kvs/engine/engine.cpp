@@ -478,8 +478,7 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
       dev_.rmsnorm(q, L.q_norm.data(), q, int64_t{n_tok} * c.n_head, c.head_dim, c.norm_eps);
       dev_.rmsnorm(k, L.k_norm.data(), k, int64_t{n_tok} * c.n_head_kv, c.head_dim, c.norm_eps);
     }
-    dev_.rope(q, pos_.data(), n_tok, c.n_head, rope_);
-    dev_.rope(k, pos_.data(), n_tok, c.n_head_kv, rope_);
+    dev_.rope(q, k, pos_.data(), n_tok, c.n_head, c.n_head_kv, rope_);
     for (size_t i = 0; i < batch.size(); ++i) {
       if (opt_.kv_mode == KvMode::Host) {
         attend_host(il, batch[i], offs[i]);

@@ -93,9 +93,10 @@ class CpuDevice final : public Device {
       cpu::add(j.y, sum_.data(), static_cast<int64_t>(n));
     }
   }
-  void rope(float* x, const int32_t* pos, int32_t n_tok, int32_t n_head,
-            const RopeParams& p) override {
-    cpu::rope(x, pos, n_tok, n_head, p);
+  void rope(float* q, float* k, const int32_t* pos, int32_t n_tok, int32_t n_head,
+            int32_t n_head_kv, const RopeParams& p) override {
+    cpu::rope(q, pos, n_tok, n_head, p);
+    if (k) cpu::rope(k, pos, n_tok, n_head_kv, p);
   }
   void swiglu(float* gate, const float* up, int64_t n) override { cpu::swiglu(gate, up, n); }
   void add(float* x, const float* y, int64_t n) override { cpu::add(x, y, n); }

@@ -27,6 +27,7 @@ struct Geo {
   size_t k_row, v_row, k_head, v_head, v_offset;
   float scale;
   bool first, last;
+  uint8_t* xq = nullptr;  // decode, last call: where the fold also writes out quantized
 };
 
 __device__ __forceinline__ float h2f_16(const uint16_t* p) {
@@ -183,6 +184,19 @@ __device__ __forceinline__ void cp_rows(uint8_t* dst, int dst_stride, const uint
     cp_async(dst + r * dst_stride + c * cw, src + r * src_stride + c * cw, cw);
   }
 }
+// The tensor-core kernels copy a head's raw rows in pieces of cw bytes from the cw-aligned
+// address at or below the row's start (cw = 16 whenever whole K and V rows are 16-byte
+// aligned, however a head sits in them: a q8_0 head of 136 bytes is 9 pieces, not 17 of 8
+// bytes); the head's bytes then begin `shift` bytes into its copy. Heads at aligned offsets
+// have shift 0.
+struct HeadCopy {
+  int shift, pieces;
+};
+__device__ __forceinline__ HeadCopy head_copy(int hk, size_t head, int cw) {
+  const int shift = static_cast<int>((static_cast<size_t>(hk) * head) % cw);
+  return {shift, (shift + static_cast<int>(head) + cw - 1) / cw};
+}
+
 __device__ __forceinline__ void cp_commit() {
   asm volatile("cp.async.commit_group;\n" ::);
 }
@@ -220,6 +234,7 @@ struct DecTile {
 // kG: the most query heads per kv head, kE: d / 32 at most.
 template <DType K, DType V, int kG, int kE>
 __global__ void __launch_bounds__(kDecThreads, 5) decode_partials(Geo g, float* part, DecTile t) {
+  pdl_wait();
   extern __shared__ __align__(16) uint8_t raw[];  // [2][t.keys][kst + vst]
   __shared__ float sc[kMaxGroup][64];             // the tile's scores, then probabilities
   __shared__ float st[3][kMaxGroup];              // running max, sum; the tile's rescale
@@ -350,6 +365,7 @@ __global__ void __launch_bounds__(kDecThreads, 5) decode_partials(Geo g, float* 
 constexpr int kFold = 32;
 
 __global__ void decode_fold(Geo g, const float* part) {
+  pdl_wait();
   __shared__ float mlf[2][3][kFold];  // max, sum, non-empty of a chunk's spans
   // At least 3 kFold threads (the chunk's fields), the first d of them own an output each.
   const int h = blockIdx.x, d = g.d, i = threadIdx.x, io = min(i, d - 1);
@@ -400,8 +416,15 @@ __global__ void decode_fold(Geo g, const float* part) {
     }
     if (more && i < 3 * kFold) mlf[b ^ 1][i % 3][i / 3] = t;
   }
-  if (i < d) g.out[h * d + i] = g.last ? o / l : o;
+  const float v = g.last ? o / l : o;
+  if (i < d) g.out[h * d + i] = v;
   if (i == 0) g.acc[2 * h] = m, g.acc[2 * h + 1] = l;
+  if (g.xq && i < d) {  // whole warps: d is a multiple of 32
+    const size_t b = static_cast<size_t>(h * d + i) / 32,
+                 nb = static_cast<size_t>(g.n_head * d) / 32;
+    quantize_x_block(v, i % 32, reinterpret_cast<XBlock*>(g.xq) + b,
+                     reinterpret_cast<XMeta*>(g.xq + nb * sizeof(XBlock)) + b);
+  }
 }
 
 int fold_threads(int d) {
@@ -440,6 +463,7 @@ __device__ __forceinline__ void lds(const float* p, float* v) {
 
 template <DType K, DType V, int D>
 __global__ void __launch_bounds__(kPreThreads) prefill(Geo g) {
+  pdl_wait();
   using T = Tile<D>;
   extern __shared__ float smem[];
   float* qt = smem;               // [D][kQS]: Q transposed
@@ -593,13 +617,13 @@ __global__ void __launch_bounds__(kPreThreads) prefill(Geo g) {
   }
 }
 
-// Prefill on tensor cores, for head sizes 64 and 128: a block of 4 warps takes 64 rows
-// (query, head), 16 per warp. Tiles of 64 keys (never crossing a span) are copied raw into
-// shared memory one tile ahead (cp.async), dequantized to f16 there, and multiplied with
-// mma.sync m16n8k16 (f16 inputs, f32 accumulators): S = Q K^T, the online softmax on the
-// accumulators in registers, O += P V with P re-read as the A operand. Q and P are rounded to
-// f16, the CPU keeps f32: the tolerance of the tests says how far that goes.
-constexpr int kTcRows = 64, kTcKeys = 64, kTcThreads = 128;
+// Prefill on tensor cores, for head sizes 64 and 128: a block of 8 warps takes 128 rows
+// (query, head), 16 per warp, so each tile's dequantization serves 128 rows. Tiles of 64 keys
+// (never crossing a span) are copied raw into shared memory one tile ahead (cp.async), dequantized
+// to f16 there, and multiplied with mma.sync m16n8k16 (f16 inputs, f32 accumulators): S = Q K^T,
+// the online softmax on the accumulators in registers, O += P V with P re-read as the A operand. Q
+// and P are rounded to f16, the CPU keeps f32: the tolerance of the tests says how far that goes.
+constexpr int kTcRows = 128, kTcKeys = 64, kTcThreads = 256;
 
 __device__ __forceinline__ void ldsm4(uint32_t* r, const __half* p) {
   const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
@@ -689,6 +713,7 @@ struct TileAt {
 
 template <DType K, DType V, int D>
 __global__ void __launch_bounds__(kTcThreads) prefill_tc(Geo g, int kst, int vst, int cw) {
+  pdl_wait();
   constexpr int kHS = D + 8;  // halves per row of the f16 tiles (rows 16-byte aligned)
   extern __shared__ __align__(16) uint8_t tc_smem[];
   __half* kh = reinterpret_cast<__half*>(tc_smem);                // [kTcKeys][kHS]
@@ -697,6 +722,7 @@ __global__ void __launch_bounds__(kTcThreads) prefill_tc(Geo g, int kst, int vst
   const int raw_bytes = kTcKeys * (kst + vst);
   const int ng = g.group, hk = blockIdx.y, tq = kTcRows / ng, t0 = blockIdx.x * tq;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gr = lane / 4, t4 = lane % 4;
+  const HeadCopy kc = head_copy(hk, g.k_head, cw), vc = head_copy(hk, g.v_head, cw);
 
   // This thread's rows of the warp's 16: gr and gr + 8.
   bool ok[2];
@@ -720,7 +746,7 @@ __global__ void __launch_bounds__(kTcThreads) prefill_tc(Geo g, int kst, int vst
       const int i = e % 2, dim = 16 * ks + 8 * (e / 2) + 2 * t4;
       const float2 f = ok[i] ? *reinterpret_cast<const float2*>(g.q + hrow[i] * D + dim)
                              : make_float2(0.0f, 0.0f);
-      qa[ks][e] = h2u(f.x, f.y);
+      qa[ks][e] = h2u(f.x * g.scale, f.y * g.scale);  // scaled once here, not every score
     }
   float m[2], l[2], o[D / 8][4];
 #pragma unroll
@@ -751,11 +777,11 @@ __global__ void __launch_bounds__(kTcThreads) prefill_tc(Geo g, int kst, int vst
   const auto issue = [&](TileAt a, uint8_t* dst) {
     const Span sp = g.spans[a.s];
     const int nk = min(kTcKeys, span_len(a.s) - a.k0);
-    const uint8_t* ks = sp.page + static_cast<size_t>(a.k0) * g.k_row + hk * g.k_head;
-    const uint8_t* vs = sp.page + g.v_offset + static_cast<size_t>(a.k0) * g.v_row + hk * g.v_head;
-    const int kw = static_cast<int>(g.k_head) / cw, vw = static_cast<int>(g.v_head) / cw;
-    cp_rows(dst, kst, ks, g.k_row, nk, kw, cw, tid, kTcThreads);
-    cp_rows(dst + kTcKeys * kst, vst, vs, g.v_row, nk, vw, cw, tid, kTcThreads);
+    const uint8_t* ks = sp.page + static_cast<size_t>(a.k0) * g.k_row + hk * g.k_head - kc.shift;
+    const uint8_t* vs =
+        sp.page + g.v_offset + static_cast<size_t>(a.k0) * g.v_row + hk * g.v_head - vc.shift;
+    cp_rows(dst, kst, ks, g.k_row, nk, kc.pieces, cw, tid, kTcThreads);
+    cp_rows(dst + kTcKeys * kst, vst, vs, g.v_row, nk, vc.pieces, cw, tid, kTcThreads);
   };
 
   TileAt cur{0, 0};
@@ -773,8 +799,8 @@ __global__ void __launch_bounds__(kTcThreads) prefill_tc(Geo g, int kst, int vst
     const int nk = min(kTcKeys, span_len(cur.s) - cur.k0);
     const int key_pos = g.spans[cur.s].start + cur.k0;
     {  // Dequantize the raw tile into the f16 tiles (zeros past nk), eight elements a thread.
-      const uint8_t* rk = raw + buf * raw_bytes;
-      const uint8_t* rv = rk + kTcKeys * kst;
+      const uint8_t* rk = raw + buf * raw_bytes + kc.shift;
+      const uint8_t* rv = raw + buf * raw_bytes + kTcKeys * kst + vc.shift;
       constexpr int kOct = D / 8;
       for (int i = tid; i < 2 * kTcKeys * kOct; i += kTcThreads) {
         const bool is_v = i >= kTcKeys * kOct;
@@ -798,14 +824,15 @@ __global__ void __launch_bounds__(kTcThreads) prefill_tc(Geo g, int kst, int vst
         mma16816(sc[2 * np], qa[ks], b[0], b[1]);
         mma16816(sc[2 * np + 1], qa[ks], b[2], b[3]);
       }
+    // Masks where the tile is not whole or reaches past a row's position (most tiles are not).
+    if (nk < kTcKeys || key_pos + kTcKeys - 1 > min(rpos[0], rpos[1]))
 #pragma unroll
-    for (int nt = 0; nt < kTcKeys / 8; ++nt)
+      for (int nt = 0; nt < kTcKeys / 8; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = e / 2, key = 8 * nt + 2 * t4 + e % 2;
-        const bool live = key < nk && key_pos + key <= rpos[i];
-        sc[nt][e] = live ? sc[nt][e] * g.scale : -INFINITY;
-      }
+        for (int e = 0; e < 4; ++e) {
+          const int i = e / 2, key = 8 * nt + 2 * t4 + e % 2;
+          if (key >= nk || key_pos + key > rpos[i]) sc[nt][e] = -INFINITY;
+        }
     tile_softmax(sc, m, l, o);
     // O += P V.
 #pragma unroll
@@ -853,6 +880,7 @@ constexpr int kDtKeys = 16, kDtWarps = 4;
 template <DType K, DType V, int D>
 __global__ void __launch_bounds__(32 * kDtWarps, 4)
     decode_tc(Geo g, float* part, int kst, int vst, int cw) {
+  pdl_wait();
   constexpr int kHS = D + 8;  // halves per f16 row (16-byte aligned rows, no bank conflicts)
   extern __shared__ __align__(16) uint8_t dt_smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, t4 = lane % 4;
@@ -884,14 +912,14 @@ __global__ void __launch_bounds__(32 * kDtWarps, 4)
     }
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, o[D / 8][2] = {};
 
-  const uint8_t* kg = sp.page + hk * g.k_head;
-  const uint8_t* vg = sp.page + g.v_offset + hk * g.v_head;
-  const int kw = static_cast<int>(g.k_head) / cw, vw = static_cast<int>(g.v_head) / cw;
+  const HeadCopy kc = head_copy(hk, g.k_head, cw), vc = head_copy(hk, g.v_head, cw);
+  const uint8_t* kg = sp.page + hk * g.k_head - kc.shift;
+  const uint8_t* vg = sp.page + g.v_offset + hk * g.v_head - vc.shift;
   const auto issue = [&](int k0, uint8_t* dst) {
     const int nk = min(kDtKeys, k_hi - k0);
-    cp_rows(dst, kst, kg + static_cast<size_t>(k0) * g.k_row, g.k_row, nk, kw, cw, lane, 32);
-    cp_rows(dst + kDtKeys * kst, vst, vg + static_cast<size_t>(k0) * g.v_row, g.v_row, nk, vw, cw,
-            lane, 32);
+    cp_rows(dst, kst, kg + static_cast<size_t>(k0) * g.k_row, g.k_row, nk, kc.pieces, cw, lane, 32);
+    cp_rows(dst + kDtKeys * kst, vst, vg + static_cast<size_t>(k0) * g.v_row, g.v_row, nk,
+            vc.pieces, cw, lane, 32);
   };
   if (k_lo < k_hi) issue(k_lo, raw);
   cp_commit();
@@ -901,8 +929,8 @@ __global__ void __launch_bounds__(32 * kDtWarps, 4)
     cp_wait_one();
     __syncwarp();
     const int nk = min(kDtKeys, k_hi - k0);
-    const uint8_t* rk = raw + b * raw_bytes;
-    const uint8_t* rv = rk + kDtKeys * kst;
+    const uint8_t* rk = raw + b * raw_bytes + kc.shift;
+    const uint8_t* rv = raw + b * raw_bytes + kDtKeys * kst + vc.shift;
     // Dequantizes the tile's K or V rows into th, zeros past nk (their P is 0, V must be finite).
     const auto dequant = [&]<DType T>(const uint8_t* rows, int stride) {
       constexpr int kOct = D / 8;
@@ -946,8 +974,11 @@ __global__ void __launch_bounds__(32 * kDtWarps, 4)
   }
   asm volatile("cp.async.wait_all;\n" ::);
   __syncthreads();  // every warp is done with its tiles: the space holds the warps' partials
-  float* red = reinterpret_cast<float*>(dt_smem);  // [warp][ng][D] outputs, then [warp][ng][2]
+  // [warp][ng][D] outputs, [warp][ng][2] max and sum, [warp][ng] factors, [ng] maxima
+  float* red = reinterpret_cast<float*>(dt_smem);
   float* ml = red + kDtWarps * ng * D;
+  float* fac = ml + 2 * kDtWarps * ng;
+  float* row_max = fac + kDtWarps * ng;
   if (gr < ng) {
 #pragma unroll
     for (int nt = 0; nt < D / 8; ++nt) {
@@ -957,22 +988,27 @@ __global__ void __launch_bounds__(32 * kDtWarps, 4)
     if (t4 == 0) ml[2 * (warp * ng + gr)] = m[0], ml[2 * (warp * ng + gr) + 1] = l[0];
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < ng * (D + 1); i += blockDim.x) {
-    const int r = i / (D + 1), c = i % (D + 1);  // c == D: the row's max and sum
+  if (threadIdx.x < ng) {  // each row's max over the warps, and each warp's factor, once
+    const int r = threadIdx.x;
     float mm = -INFINITY;
     for (int w = 0; w < kDtWarps; ++w)
       if (ml[2 * (w * ng + r) + 1] != 0.0f) mm = fmaxf(mm, ml[2 * (w * ng + r)]);
+    for (int w = 0; w < kDtWarps; ++w) fac[w * ng + r] = expf(ml[2 * (w * ng + r)] - mm);
+    row_max[r] = mm;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < ng * (D + 1); i += blockDim.x) {
+    const int r = i / (D + 1), c = i % (D + 1);  // c == D: the row's max and sum
     float acc = 0.0f;
     for (int w = 0; w < kDtWarps; ++w) {
       const float lw = ml[2 * (w * ng + r) + 1];
       if (lw == 0.0f) continue;
-      const float f = expf(ml[2 * (w * ng + r)] - mm);
-      acc += (c == D ? lw : red[(w * ng + r) * D + c]) * f;
+      acc += (c == D ? lw : red[(w * ng + r) * D + c]) * fac[w * ng + r];
     }
     if (c < D) {
       pout[r * stride + 3 + c] = acc;
     } else {
-      pout[r * stride] = mm;
+      pout[r * stride] = row_max[r];
       pout[r * stride + 1] = acc;
       pout[r * stride + 2] = 1.0f;
     }
@@ -1002,29 +1038,47 @@ int copy_width(const Geo& g) {
   return aligned(16) ? 16 : aligned(8) ? 8 : aligned(4) ? 4 : 2;
 }
 
+// The tensor-core kernels' copies (head_copy): the piece width, and the shared-memory row
+// strides of K and V that hold the largest copy of a head (16-byte multiples).
+struct HeadCopies {
+  int kst, vst, cw;
+};
+HeadCopies head_copies(const Geo& g, int n_kv) {
+  const bool rows16 = g.k_row % 16 == 0 && g.v_row % 16 == 0 && g.v_offset % 16 == 0;
+  const int cw = rows16 ? 16 : copy_width(g);
+  const auto stride = [&](size_t head) {
+    size_t most = 0;
+    for (int h = 0; h < n_kv; ++h) {
+      const size_t shift = h * head % cw;
+      most = std::max(most, (shift + head + cw - 1) / cw * cw);
+    }
+    return static_cast<int>((most + 15) / 16 * 16);
+  };
+  return {stride(g.k_head), stride(g.v_head), cw};
+}
+
 template <DType K, DType V, int D>
 void launch_prefill(Ctx& c, const Geo& g, int n_kv) {
   if constexpr (D == 64 || D == 128) {
     // Raw rows 16-byte aligned in shared memory; copies as wide as the rows' alignment allows.
-    const int kst = static_cast<int>((g.k_head + 15) / 16 * 16);
-    const int vst = static_cast<int>((g.v_head + 15) / 16 * 16);
-    const int cw = copy_width(g);
+    const auto [kst, vst, cw] = head_copies(g, n_kv);
     const size_t smem = sizeof(__half) * 2 * kTcKeys * (D + 8) + 2 * size_t{kTcKeys} * (kst + vst);
     allow_smem(prefill_tc<K, V, D>, smem);
     const int tq = kTcRows / g.group;
-    prefill_tc<K, V, D>
-        <<<dim3((g.n_tok + tq - 1) / tq, n_kv), kTcThreads, smem, c.stream>>>(g, kst, vst, cw);
+    launch(prefill_tc<K, V, D>, dim3((g.n_tok + tq - 1) / tq, n_kv), kTcThreads, smem, c.stream, g,
+           kst, vst, cw);
   } else {
     using T = Tile<D>;
     allow_smem(prefill<K, V, D>, T::kSmem);
     const int tq = T::kRows / g.group;
-    prefill<K, V, D><<<dim3((g.n_tok + tq - 1) / tq, n_kv), kPreThreads, T::kSmem, c.stream>>>(g);
+    launch(prefill<K, V, D>, dim3((g.n_tok + tq - 1) / tq, n_kv), kPreThreads, T::kSmem, c.stream,
+           g);
   }
 }
 
 }  // namespace
 
-void attention(Ctx& c, const AttentionArgs& a) {
+void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq) {
   const KvLayout& l = a.kv;
   const int d = l.head_dim, P = l.page_size;
   KVS_CHECK(d == 32 || d == 64 || d == 128 || d == 256, "cuda attention: head size ", d,
@@ -1036,6 +1090,7 @@ void attention(Ctx& c, const AttentionArgs& a) {
         d,         l.k_row,  l.v_row,
         l.k_head,  l.v_head, l.v_offset(),
         a.scale,   a.first,  a.last};
+  g.xq = a.n_tok == 1 && a.last ? xq : nullptr;
   KVS_CHECK(g.group >= 1 && g.group <= kMaxGroup, "cuda attention: ", g.group,
             " query heads per kv head (at most ", kMaxGroup, ")");
   if (a.n_tok == 1) {
@@ -1051,17 +1106,18 @@ void attention(Ctx& c, const AttentionArgs& a) {
         dispatch_kv(l.v_type, [&]<DType V>() {
           const dim3 grid(a.n_spans, l.n_head_kv);
           if (d == 64 || d == 128) {  // tensor cores
+            const auto [kst, vst, cw] = head_copies(g, l.n_head_kv);
             const size_t tc_smem = std::max<size_t>(
-                kDtWarps * (2 * kDtKeys * (t.kst + t.vst) + kDtKeys * (d + 8) * sizeof(__half)),
-                kDtWarps * g.group * (d + 2) * sizeof(float));
+                kDtWarps * (2 * kDtKeys * (kst + vst) + kDtKeys * (d + 8) * sizeof(__half)),
+                (kDtWarps * g.group * (d + 3) + g.group) * sizeof(float));
             const auto tc = d == 64 ? decode_tc<K, V, 64> : decode_tc<K, V, 128>;
             allow_smem(tc, tc_smem);
-            tc<<<grid, 32 * kDtWarps, tc_smem, c.stream>>>(g, part, t.kst, t.vst, t.cw);
+            launch(tc, grid, 32 * kDtWarps, tc_smem, c.stream, g, part, kst, vst, cw);
             return;
           }
           const auto run = [&](auto kernel) {
             allow_smem(kernel, smem);
-            kernel<<<grid, kDecThreads, smem, c.stream>>>(g, part, t);
+            launch(kernel, grid, kDecThreads, smem, c.stream, g, part, t);
           };
           if (g.group <= 4 && d <= 128)
             run(decode_partials<K, V, 4, 4>);
@@ -1074,9 +1130,9 @@ void attention(Ctx& c, const AttentionArgs& a) {
         });
       });
       KVS_CUDA_CHECK(cudaGetLastError());
-      decode_fold<<<a.n_head, fold_threads(d), 0, c.stream>>>(g, part);
+      launch(decode_fold, a.n_head, fold_threads(d), 0, c.stream, g, part);
     } else {
-      decode_fold<<<a.n_head, fold_threads(d), 0, c.stream>>>(g, nullptr);
+      launch(decode_fold, a.n_head, fold_threads(d), 0, c.stream, g, nullptr);
     }
     KVS_CUDA_CHECK(cudaGetLastError());
     return;

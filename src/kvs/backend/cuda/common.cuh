@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "kvs/quant/types.h"
 #include "kvs/util/error.h"
@@ -21,6 +22,36 @@
   } while (0)
 
 namespace kvs::cuda {
+
+// Programmatic dependent launch (compute capability 9.0 on): every kernel is launched so that
+// it may start while the kernel before it on the stream finishes (its blocks load and wait
+// instead of the GPU idling between two kernels), and every kernel calls pdl_wait() before it
+// touches memory that earlier work writes: that waits until the kernel before has finished
+// and its writes are visible (a no-op when launched without the attribute). It then lets the
+// next kernel launch. Weights and other inputs that no kernel writes may be read before it.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Whether launches use it: set once by the device (the GPU's compute capability, KVS_PDL=0).
+inline bool& pdl_enabled() {
+  static bool on = false;
+  return on;
+}
+
+template <class... P, class... A>
+void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+            A&&... args) {
+  cudaLaunchAttribute at[1] = {};
+  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  at[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = stream;
+  cfg.attrs = at, cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  KVS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...));
+}
 
 __device__ __forceinline__ float h2f(const uint8_t* p) {
   const uint16_t u = static_cast<uint16_t>(p[0] | (p[1] << 8));
@@ -252,6 +283,29 @@ __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
+}
+
+// x quantized for the integer matrix-vector kernel (matmul.cu), per 32-element block:
+// x ~ dx (h + l / 254) with int8 h and l, and the block's sum of that. The buffer of n blocks
+// holds n XBlocks, then n XMetas.
+struct XBlock {
+  int8_t h[32], l[32];
+};
+struct XMeta {
+  float dx, sum;  // sum = sum(h + l / 254), for the offsets of q4_0 and the mins of q4_1
+};
+
+// One block, held by a warp (lane = element): the rounding of h leaves |r| <= 1/2, which l
+// keeps to 1/508 of dx. The same arithmetic wherever x is quantized (RMSNorm, SwiGLU, alone).
+__device__ __forceinline__ void quantize_x_block(float v, int lane, XBlock* xb, XMeta* xm) {
+  // Explicit roundings: the same bits whichever kernel inlines it.
+  const float dx = __fdiv_rn(warp_max(fabsf(v)), 127.0f);
+  const float id = dx != 0.0f ? __frcp_rn(dx) : 0.0f;
+  const float s = __fmul_rn(v, id), h = rintf(s), l = rintf(__fmul_rn(__fsub_rn(s, h), 254.0f));
+  xb->h[lane] = static_cast<int8_t>(h);
+  xb->l[lane] = static_cast<int8_t>(l);
+  const float sum = warp_sum(__fmaf_rn(l, 1.0f / 254.0f, h));
+  if (lane == 0) *xm = XMeta{dx, sum};
 }
 
 }  // namespace kvs::cuda

@@ -192,6 +192,8 @@ class CudaDevice final : public Device {
     capacity_ = limit ? limit : usable;
     limited_ = limit != 0;
     free0_ = free_b;
+    const char* pdl = std::getenv("KVS_PDL");
+    cuda::pdl_enabled() = prop.major >= 9 && !(pdl && std::string(pdl) == "0");
     for (cudaStream_t& s : streams_)
       KVS_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     ctx_.dev = this;
@@ -309,6 +311,7 @@ class CudaDevice final : public Device {
   size_t capacity() const override { return capacity_; }
   size_t used() const override { return used_; }
   void upload(void* dst, const void* src, size_t n) override {
+    quantized_ = {};
     KVS_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, streams_[0]));
     KVS_CUDA_CHECK(cudaStreamSynchronize(streams_[0]));
   }
@@ -405,13 +408,16 @@ class CudaDevice final : public Device {
   void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n,
                float eps) override {
     const float* dw = dv(w);
-    key(2, x, dw, y, rows, n, eps);
-    run("rmsnorm", [=, this] { cuda::rmsnorm(ctx_, x, dw, y, rows, n, eps); });
+    const bool q = quantizing(rows, n);
+    key(2, x, dw, y, rows, n, eps, q);
+    run("rmsnorm", [=, this] { cuda::rmsnorm(ctx_, x, dw, y, rows, n, eps, xq(q)); });
+    if (q) quantized_ = {y, rows * n};
   }
   void matmuls(const float* x, int64_t n_tok, const MatJob* jobs, int n_jobs) override {
     KVS_CHECK(n_jobs >= 1 && n_jobs <= 8, "cuda: ", n_jobs, " matrices in one group");
     std::array<MatJob, 8> j;
-    key(3, x, n_tok, n_jobs);
+    const bool q = quantized_.x == x && quantized_.n == n_tok * jobs[0].w->n_in;
+    key(3, x, n_tok, n_jobs, q);
     for (int i = 0; i < n_jobs; ++i) {
       j[i] = jobs[i];
       if (j[i].bias) j[i].bias = dv(j[i].bias);
@@ -419,21 +425,24 @@ class CudaDevice final : public Device {
       key(m.data, m.type, m.n_in, m.n_out, m.row_bytes, j[i].y, j[i].bias, j[i].add);
     }
     run(n_tok <= cuda::kMaxVecTok ? "matvec" : "gemm",
-        [=, this] { cuda::matmuls(ctx_, x, n_tok, j.data(), n_jobs); });
+        [=, this] { cuda::matmuls(ctx_, x, n_tok, j.data(), n_jobs, xq(q)); });
   }
-  void rope(float* x, const int32_t* pos, int32_t n_tok, int32_t n_head,
-            const RopeParams& p) override {
-    RopeParams q = p;
-    if (q.freq_factors) q.freq_factors = dv(q.freq_factors);
-    const double* inv = inv_freq(q.base, q.rope_dim);
+  void rope(float* q, float* k, const int32_t* pos, int32_t n_tok, int32_t n_head,
+            int32_t n_head_kv, const RopeParams& p) override {
+    RopeParams r = p;
+    if (r.freq_factors) r.freq_factors = dv(r.freq_factors);
+    const double* inv = inv_freq(r.base, r.rope_dim);
     const int32_t* d_pos = stage(pos, n_tok);
-    key(4, x, d_pos, n_tok, n_head, q.mode, q.head_dim, q.rope_dim, q.base, q.linear_scale,
-        q.freq_factors, inv);
-    run("rope", [=, this] { cuda::rope(ctx_, x, d_pos, n_tok, n_head, q, inv); });
+    const int32_t nk = k ? n_head_kv : 0;
+    key(4, q, k, d_pos, n_tok, n_head, nk, r.mode, r.head_dim, r.rope_dim, r.base, r.linear_scale,
+        r.freq_factors, inv);
+    run("rope", [=, this] { cuda::rope(ctx_, q, k, d_pos, n_tok, n_head, nk, r, inv); });
   }
   void swiglu(float* gate, const float* up, int64_t n) override {
-    key(5, gate, up, n);
-    run("swiglu", [=, this] { cuda::swiglu(ctx_, gate, up, n); });
+    const bool q = quantizing(1, n);
+    key(5, gate, up, n, q);
+    run("swiglu", [=, this] { cuda::swiglu(ctx_, gate, up, n, xq(q)); });
+    if (q) quantized_ = {gate, n};
   }
   void add(float* x, const float* y, int64_t n) override {
     key(6, x, y, n);
@@ -451,16 +460,20 @@ class CudaDevice final : public Device {
     AttentionArgs b = a;
     b.spans = a.n_spans > 0 ? stage(a.spans, a.n_spans) : nullptr;
     b.pos = stage(a.pos, a.n_tok);
+    const bool q =
+        a.n_tok == 1 && a.last && quantizing(1, static_cast<int64_t>(a.n_head) * a.kv.head_dim);
     key(8, b.q, b.out, b.acc, b.pos, b.n_tok, b.spans, b.n_spans, b.n_head, b.scale, b.first,
-        b.last);
+        b.last, q);
     key_layout(b.kv);
     run(a.n_tok == 1 ? "attention decode" : "attention prefill",
-        [=, this] { cuda::attention(ctx_, b); });
+        [=, this] { cuda::attention(ctx_, b, xq(q)); });
+    if (q) quantized_ = {b.out, static_cast<int64_t>(a.n_head) * a.kv.head_dim};
   }
 
   // Copies on the copy streams are timed by a pair of events each, for busy_seconds().
   void copy(Stream s, void* dst, const void* src, size_t n) override {
     cut();
+    quantized_ = {};
     if (s == Stream::Compute) {
       KVS_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, stream(s)));
       return;
@@ -650,6 +663,7 @@ class CudaDevice final : public Device {
   // An operation: launched now, or kept for the end of the recorded step.
   template <class F>
   void run(const char* name, F&& f) {
+    quantized_ = {};  // whatever it writes, the quantized copy is of no use after it
     if (recording_) {
       calls_.emplace_back(std::forward<F>(f));
       return;
@@ -658,6 +672,17 @@ class CudaDevice final : public Device {
     const Timed t(prof_, ctx_.stream, name);
     f();
   }
+  // Whether an operation writing rows <= kMaxVecTok of n elements also writes them quantized
+  // into ctx_.xq for the integer matrix-vector kernel, which then skips quantizing its x (a
+  // launch saved per product): when the buffer is that large already (it only grows, so it
+  // still is when the operation runs). The pointer is read when the operation runs: a step's
+  // recorded operations run later, maybe after it grew.
+  bool quantizing(int64_t rows, int64_t n) const {
+    return fuse_ && n % 32 == 0 && rows <= cuda::kMaxVecTok &&
+           ctx_.xq.size() >= cuda::xq_bytes(n, rows);
+  }
+  uint8_t* xq(bool q) { return q ? ctx_.xq.as() : nullptr; }
+
   // What an operation launches, appended to the recorded step's key.
   template <class... T>
   void key(const T&... v) {
@@ -728,6 +753,13 @@ class CudaDevice final : public Device {
   Profile prof_;
   bool graphs_ = !prof_.on() && !(std::getenv("KVS_CUDA_GRAPHS") &&
                                   std::string(std::getenv("KVS_CUDA_GRAPHS")) == "0");
+  // The activations that the last operation also wrote quantized into ctx_.xq (n elements).
+  struct {
+    const float* x = nullptr;
+    int64_t n = 0;
+  } quantized_;
+  bool fuse_ =
+      !(std::getenv("KVS_FUSE_QUANT") && std::string(std::getenv("KVS_FUSE_QUANT")) == "0");
   cudaGraphExec_t exec_ = nullptr;  // the last whole step, updated in place by the next
   bool partial_ = false;            // the step being captured was cut by a pause
   bool recording_ = false;

@@ -43,17 +43,22 @@ void stage_bytes(cudaStream_t stream, uint8_t* dst, const uint8_t* src, size_t n
 // Bytes of x quantized for the integer matrix-vector kernel (n_tok rows of n_in).
 size_t xq_bytes(int64_t n_in, int64_t n_tok);
 // Jobs' matrices are in the device layout of place_weights; biases are device pointers.
-void matmuls(Ctx& c, const float* x, int64_t n_tok, const MatJob* jobs, int n_jobs);
+// x_quantized: x already quantized for the integer kernel (xq_bytes), by rmsnorm or swiglu.
+void matmuls(Ctx& c, const float* x, int64_t n_tok, const MatJob* jobs, int n_jobs,
+             const uint8_t* x_quantized = nullptr);
 void embed(Ctx& c, const Matrix& emb, const int32_t* ids, int32_t n, float* x);
-void rmsnorm(Ctx& c, const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps);
+// xq: where to write y quantized for the integer matrix-vector kernel too (n a multiple of 32).
+void rmsnorm(Ctx& c, const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps,
+             uint8_t* xq = nullptr);
 // inv[i] = base^(-2i / rope_dim), computed on the host in double as the CPU backend does.
-void rope(Ctx& c, float* x, const int32_t* pos, int32_t n_tok, int32_t n_head, const RopeParams& p,
-          const double* inv);
-void swiglu(Ctx& c, float* gate, const float* up, int64_t n);
+void rope(Ctx& c, float* q, float* k, const int32_t* pos, int32_t n_tok, int32_t n_head,
+          int32_t n_head_kv, const RopeParams& p, const double* inv);
+void swiglu(Ctx& c, float* gate, const float* up, int64_t n, uint8_t* xq = nullptr);
 void add(Ctx& c, float* x, const float* y, int64_t n);
 void kv_write(Ctx& c, const KvLayout& l, const float* k, const float* v, int32_t n_tok,
               uint8_t* const* pages, const int32_t* slots);
-// a.spans and a.pos point to device copies.
-void attention(Ctx& c, const AttentionArgs& a);
+// a.spans and a.pos point to device copies. xq: a decode's last call also writes its output
+// quantized there (as rmsnorm does).
+void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq = nullptr);
 
 }  // namespace kvs::cuda

@@ -76,59 +76,25 @@ __device__ __forceinline__ void store(const Group& g, int j, int row, int t, flo
   g.y[j][i] = g.add[j] ? g.y[j][i] + v : v;
 }
 
-// x of one token, one 32-element block: x ~ dx (h + l / 254), and the block's sum of that.
-struct XBlock {
-  int8_t h[32], l[32];
-};
-struct XMeta {
-  float dx, sum;  // sum = sum(h + l / 254), for the offsets of q4_0 and the mins of q4_1
-};
-
-// A warp per block of x (lane = element): the rounding of h leaves |r| <= 1/2, which l keeps
-// to 1/508 of dx.
+// A warp per block of x.
 __global__ void quantize_x(const float* __restrict__ x, XBlock* __restrict__ xq,
                            XMeta* __restrict__ xm, int n_blocks) {
+  pdl_wait();
   const int b = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (b >= n_blocks) return;
-  const float v = x[static_cast<size_t>(b) * 32 + lane];
-  const float dx = warp_max(fabsf(v)) / 127.0f, id = dx != 0.0f ? 1.0f / dx : 0.0f;
-  const float s = v * id, h = rintf(s), l = rintf((s - h) * 254.0f);
-  xq[b].h[lane] = static_cast<int8_t>(h);
-  xq[b].l[lane] = static_cast<int8_t>(l);
-  const float sum = warp_sum(h + l * (1.0f / 254.0f));
-  if (lane == 0) xm[b] = XMeta{dx, sum};
+  quantize_x_block(x[static_cast<size_t>(b) * 32 + lane], lane, xq + b, xm + b);
 }
 
-// R rows per warp in the integer kernel (x's loads are shared by the rows: 4 for one or two
-// tokens, 2 when that leaves too few blocks to fill the GPU), and U groups whose loads are
-// all issued before any is used: R * U 16- or 32-byte loads in flight per lane.
-constexpr int q_rows(int64_t n_tok, bool wide) {
-  return n_tok <= 2 ? (wide ? 4 : 2) : n_tok <= 4 ? 2 : 1;
-}
-constexpr int kQGroups = 2;
+// The quants and scales of U groups of R rows, as one lane loads them.
+template <DType T, int R, int U>
+struct QChunk {
+  static constexpr Packed pk = packed(T);
+  static constexpr int kWords = pk.quant / 4;
+  uint32_t q[U][R][kWords];
+  float d[U][R], mn[U][R];
 
-template <DType T, int NT, int R>
-__global__ void __launch_bounds__(kWarps * 32)
-    matvec_q(Group g, const XBlock* __restrict__ xq, const XMeta* __restrict__ xm, int n_in) {
-  constexpr int U = kQGroups;
-  constexpr Packed pk = packed(T);
-  constexpr int kWords = pk.quant / 4;
-  const int lane = threadIdx.x % 32;
-  const int r0 = (blockIdx.x * kWarps + threadIdx.x / 32) * R;
-  int j = 0;
-  while (j + 1 < g.n && r0 >= g.first[j + 1]) ++j;
-  if (r0 >= g.first[g.n]) return;
-  const int row0 = r0 - g.first[j], n_out = g.n_out[j], n_blocks = n_in / 32;
-  const int n_groups = (n_blocks + 31) / 32;
-  const uint8_t* rows[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r)  // a row past the end re-reads the last one; not stored
-    rows[r] = g.w[j] + static_cast<size_t>(min(row0 + r, n_out - 1)) * g.pitch[j] + pk.quant * lane;
-  float acc[R][NT] = {};
-  for (int g0 = 0; g0 < n_groups; g0 += U) {
-    // Loads first: quants and scales of U groups of R rows (zeros past the row's blocks).
-    uint32_t q[U][R][kWords];
-    float d[U][R], mn[U][R];
+  // Groups [g0, g0 + U) of the rows (lane's blocks past the row's end: zeros).
+  __device__ __forceinline__ void load(const uint8_t* const* rows, int g0, int lane, int n_blocks) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const bool ok = (g0 + u) * 32 + lane < n_blocks;
@@ -149,6 +115,12 @@ __global__ void __launch_bounds__(kWarps * 32)
                        : 0.0f;
       }
     }
+  }
+
+  // acc[r][t] += the chunk's dot products with x of the NT tokens.
+  template <int NT>
+  __device__ __forceinline__ void dot(const XBlock* __restrict__ xq, const XMeta* __restrict__ xm,
+                                      int g0, int lane, int n_blocks, float (&acc)[R][NT]) const {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int b = (g0 + u) * 32 + lane;
@@ -193,19 +165,77 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     }
   }
+};
+
+// R rows per warp, g.split warps per R rows (each taking every split-th chunk of U groups,
+// summed through shared memory). The first chunk's weights are loaded before pdl_wait(): no
+// kernel writes them, so their latency overlaps the kernel before. kPipe: the next chunk is
+// loaded before the current one is used (twice the registers, no gap between the loads).
+template <DType T, int NT, int R, int U, bool kPipe>
+__global__ void __launch_bounds__(kWarps * 32)
+    matvec_q(Group g, const XBlock* __restrict__ xq, const XMeta* __restrict__ xm, int n_in) {
+  using C = QChunk<T, R, U>;
+  __shared__ float red[kWarps][R][NT];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, split = g.split;
+  const int r0 = (blockIdx.x * (kWarps / split) + warp / split) * R, part = warp % split;
+  int j = 0;
+  while (j + 1 < g.n && r0 >= g.first[j + 1]) ++j;
+  const bool live = r0 < g.first[g.n];  // with split > 1 the whole block is live or not
+  const int row0 = r0 - g.first[j], n_out = g.n_out[j], n_blocks = n_in / 32;
+  const int n_groups = (n_blocks + 31) / 32, step = split * U;
+  const uint8_t* rows[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r)  // a row past the end re-reads the last one; not stored
+    rows[r] =
+        g.w[j] + static_cast<size_t>(min(row0 + r, n_out - 1)) * g.pitch[j] + C::pk.quant * lane;
+  C c;
+  if (live) c.load(rows, part * U, lane, n_blocks);
+  pdl_wait();
+  if (!live) return;
+  float acc[R][NT] = {};
+  for (int g0 = part * U; g0 < n_groups; g0 += step) {
+    if constexpr (kPipe) {
+      C next;
+      next.load(rows, g0 + step, lane, n_blocks);  // zeros past the end
+      c.template dot<NT>(xq, xm, g0, lane, n_blocks, acc);
+      c = next;
+    } else {
+      if (g0 != part * U) c.load(rows, g0, lane, n_blocks);
+      c.template dot<NT>(xq, xm, g0, lane, n_blocks, acc);
+    }
+  }
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      const float v = warp_sum(acc[r][t]);
-      if (lane == 0 && row0 + r < n_out) store(g, j, row0 + r, t, v);
-    }
+    for (int t = 0; t < NT; ++t) acc[r][t] = warp_sum(acc[r][t]);
+  if (split == 1) {
+    if (lane == 0)
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int t = 0; t < NT; ++t)
+          if (row0 + r < n_out) store(g, j, row0 + r, t, acc[r][t]);
+    return;
+  }
+  if (lane == 0)
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int t = 0; t < NT; ++t) red[warp][r][t] = acc[r][t];
+  __syncthreads();
+  if (part == 0 && lane < R * NT) {
+    const int r = lane / NT, t = lane % NT;
+    float v = 0.0f;
+    for (int w = 0; w < split; ++w) v += red[warp + w][r][t];
+    if (row0 + r < n_out) store(g, j, row0 + r, t, v);
+  }
 }
 
 // f16 and bf16 rows: two per warp, lanes over the elements.
 template <DType T, int NT>
 __global__ void __launch_bounds__(kWarps * 32)
     matvec_fast(Group g, const float* __restrict__ x, int n_in) {
+  pdl_wait();
   using L = Lane<T>;
   __shared__ float red[kWarps][kRows][NT];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, split = g.split;
@@ -279,6 +309,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 template <DType T, int NT>
 __global__ void __launch_bounds__(kWarps * 32)
     matvec_any(Group g, const float* __restrict__ x, int n_in) {
+  pdl_wait();
   const int r0 = blockIdx.x * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
   int j = 0;
   while (j + 1 < g.n && r0 >= g.first[j + 1]) ++j;
@@ -317,6 +348,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 template <DType T>
 __global__ void dequant_f16(const uint8_t* __restrict__ w, size_t pitch, __half* __restrict__ out,
                             int n_in, int n_out) {
+  pdl_wait();
   const int n_sub = n_in / 32;
   const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= static_cast<size_t>(n_sub) * n_out) return;
@@ -335,11 +367,13 @@ __global__ void dequant_f16(const uint8_t* __restrict__ w, size_t pitch, __half*
 }
 
 __global__ void to_f16(const float* __restrict__ x, __half* __restrict__ y, size_t n) {
+  pdl_wait();
   const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) y[i] = __float2half_rn(x[i]);
 }
 
 __global__ void add_bias(float* __restrict__ y, const float* __restrict__ b, int n_out, size_t n) {
+  pdl_wait();
   const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) y[i] += b[i % n_out];
 }
@@ -363,6 +397,58 @@ const char* cublas_error(cublasStatus_t s) {
   }
 }
 
+// Jobs [0, n) of one weight type as a Group, each job's rows rounded up to per.
+Group make_group(const MatJob* jobs, int n, int per) {
+  Group g{};
+  g.n = n;
+  for (int j = 0; j < n; ++j) {
+    const Matrix& w = *jobs[j].w;
+    g.w[j] = w.data, g.pitch[j] = w.row_bytes, g.y[j] = jobs[j].y, g.bias[j] = jobs[j].bias;
+    g.n_out[j] = static_cast<int>(w.n_out), g.add[j] = jobs[j].add;
+    g.first[j + 1] = g.first[j] + (g.n_out[j] + per - 1) / per * per;
+  }
+  return g;
+}
+
+template <DType T, int NT, int R, int U, bool P>
+void launch_q(Ctx& c, const MatJob* jobs, int n, int split, const XBlock* xq, const XMeta* xm,
+              int n_in) {
+  Group g = make_group(jobs, n, R);
+  g.split = split;
+  const int per_block = kWarps / split * R;
+  launch(matvec_q<T, NT, R, U, P>, (g.first[n] + per_block - 1) / per_block, kWarps * 32, 0,
+         c.stream, g, xq, xm, n_in);
+}
+
+// The integer kernel's shape for rows of n_in (rows in all, n_tok tokens): R rows per warp
+// share x's loads; U groups per chunk, kPipe, and split warps per R rows set the loads in
+// flight and the warps on the GPU. Chosen by timing the variants on the H200 for the 8B shapes
+// (docs/benchmarks.md): for one or two tokens, 4 rows per warp; long rows (the FFN's down
+// product) one group ahead; two warps per 4 rows except for the mid-sized QKV group.
+struct QShape {
+  int r, u, split;
+  bool pipe;
+};
+QShape q_shape(int rows, int n_in, int64_t n_tok) {
+  if (n_tok > 4) return {1, 2, 1, false};
+  if (n_tok > 2) return {2, 2, 1, false};
+  if (n_in > 8192) return {4, 1, 2, true};
+  return {4, 2, rows > 4096 && rows < 16384 ? 1 : 2, false};
+}
+
+template <DType T, int NT>
+void matvec_q_any(Ctx& c, const MatJob* jobs, int n, const XBlock* xq, const XMeta* xm, int n_in,
+                  QShape s) {
+  if constexpr (NT > 4)
+    launch_q<T, NT, 1, 2, false>(c, jobs, n, s.split, xq, xm, n_in);
+  else if constexpr (NT > 2)
+    launch_q<T, NT, 2, 2, false>(c, jobs, n, s.split, xq, xm, n_in);
+  else if (s.pipe)
+    launch_q<T, NT, 4, 1, true>(c, jobs, n, s.split, xq, xm, n_in);
+  else
+    launch_q<T, NT, 4, 2, false>(c, jobs, n, s.split, xq, xm, n_in);
+}
+
 // One launch for jobs [0, n) of one weight type; xq/xm hold x quantized for matvec_q.
 void matvec(Ctx& c, const float* x, int64_t n_tok, const MatJob* jobs, int n, const XBlock* xq,
             const XMeta* xm) {
@@ -370,43 +456,36 @@ void matvec(Ctx& c, const float* x, int64_t n_tok, const MatJob* jobs, int n, co
   const int n_in = static_cast<int>(jobs[0].w->n_in);
   int rows = 0;
   for (int j = 0; j < n; ++j) rows += static_cast<int>(jobs[j].w->n_out);
-  // Four rows per warp where that still makes 1024 blocks of 4 warps (the FFN, the output).
-  const bool wide = rows >= 1024 * kWarps * 4;
   dispatch(type, [&]<DType T>() {
-    const int per = kQuant<T> ? q_rows(n_tok, wide) : kHalf<T> ? kRows : 1;  // rows per warp
-    Group g{};
-    g.n = n;
-    for (int j = 0; j < n; ++j) {
-      const Matrix& w = *jobs[j].w;
-      g.w[j] = w.data, g.pitch[j] = w.row_bytes, g.y[j] = jobs[j].y, g.bias[j] = jobs[j].bias;
-      g.n_out[j] = static_cast<int>(w.n_out), g.add[j] = jobs[j].add;
-      g.first[j + 1] = g.first[j] + (g.n_out[j] + per - 1) / per * per;
+    if constexpr (kQuant<T>) {
+      const QShape s = q_shape(rows, n_in, n_tok);
+      switch (n_tok) {
+#define KVS_NT(N) \
+  case N:         \
+    return matvec_q_any<T, N>(c, jobs, n, xq, xm, n_in, s);
+        KVS_NT(1) KVS_NT(2) KVS_NT(3) KVS_NT(4) KVS_NT(5) KVS_NT(6) KVS_NT(7) KVS_NT(8)
+#undef KVS_NT
+      }
+      return;
     }
+    const int per = kHalf<T> ? kRows : 1;  // rows per warp
+    Group g = make_group(jobs, n, per);
     // f16/bf16 rows of 4096 or more elements: the 4 warps of a block share a pair of rows.
     g.split = kHalf<T> && n_in >= 4096 ? kWarps : 1;
     const int per_block = kWarps / g.split;
     const unsigned grid = static_cast<unsigned>((g.first[n] / per + per_block - 1) / per_block);
     switch (n_tok) {
-#define KVS_NT(N)                                                                           \
-  case N:                                                                                   \
-    if constexpr (kQuant<T> && q_rows(N, true) == 4) {                                      \
-      if (per == 4)                                                                         \
-        matvec_q<T, N, 4><<<grid, kWarps * 32, 0, c.stream>>>(g, xq, xm, n_in);             \
-      else                                                                                  \
-        matvec_q<T, N, 2><<<grid, kWarps * 32, 0, c.stream>>>(g, xq, xm, n_in);             \
-    } else if constexpr (kQuant<T>) {                                                       \
-      matvec_q<T, N, q_rows(N, true)><<<grid, kWarps * 32, 0, c.stream>>>(g, xq, xm, n_in); \
-    } else if constexpr (kHalf<T>) {                                                        \
-      matvec_fast<T, N><<<grid, kWarps * 32, 0, c.stream>>>(g, x, n_in);                    \
-    } else {                                                                                \
-      matvec_any<T, N><<<grid, kWarps * 32, 0, c.stream>>>(g, x, n_in);                     \
-    }                                                                                       \
+#define KVS_NT(N)                                                            \
+  case N:                                                                    \
+    if constexpr (kHalf<T>)                                                  \
+      launch(matvec_fast<T, N>, grid, kWarps * 32, 0, c.stream, g, x, n_in); \
+    else                                                                     \
+      launch(matvec_any<T, N>, grid, kWarps * 32, 0, c.stream, g, x, n_in);  \
     break;
       KVS_NT(1) KVS_NT(2) KVS_NT(3) KVS_NT(4) KVS_NT(5) KVS_NT(6) KVS_NT(7) KVS_NT(8)
 #undef KVS_NT
     }
   });
-  KVS_CUDA_CHECK(cudaGetLastError());
 }
 
 void gemm(Ctx& c, const float* x, int64_t n_tok, const MatJob& job) {
@@ -416,10 +495,11 @@ void gemm(Ctx& c, const float* x, int64_t n_tok, const MatJob& job) {
   __half* xh = c.scratch_x(static_cast<size_t>(n_in) * n_tok);
   const size_t n_sub = static_cast<size_t>(n_in / 32) * n_out;
   dispatch(w.type, [&]<DType T>() {
-    dequant_f16<T><<<(n_sub + 255) / 256, 256, 0, c.stream>>>(w.data, w.row_bytes, wh, n_in, n_out);
+    launch(dequant_f16<T>, (n_sub + 255) / 256, 256, 0, c.stream, w.data, w.row_bytes, wh, n_in,
+           n_out);
   });
   const size_t nx = static_cast<size_t>(n_in) * n_tok;
-  to_f16<<<(nx + 255) / 256, 256, 0, c.stream>>>(x, xh, nx);
+  launch(to_f16, (nx + 255) / 256, 256, 0, c.stream, x, xh, nx);
   KVS_CUDA_CHECK(cudaGetLastError());
   const float one = 1.0f, beta = job.add ? 1.0f : 0.0f;
   const cublasStatus_t st =
@@ -431,7 +511,7 @@ void gemm(Ctx& c, const float* x, int64_t n_tok, const MatJob& job) {
          ") failed: ", cublas_error(st));
   if (job.bias) {
     const size_t n = static_cast<size_t>(n_out) * n_tok;
-    add_bias<<<(n + 255) / 256, 256, 0, c.stream>>>(job.y, job.bias, n_out, n);
+    launch(add_bias, (n + 255) / 256, 256, 0, c.stream, job.y, job.bias, n_out, n);
     KVS_CUDA_CHECK(cudaGetLastError());
   }
 }
@@ -442,7 +522,8 @@ size_t xq_bytes(int64_t n_in, int64_t n_tok) {
   return static_cast<size_t>(n_tok * n_in / 32) * (sizeof(XBlock) + sizeof(XMeta));
 }
 
-void matmuls(Ctx& c, const float* x, int64_t n_tok, const MatJob* jobs, int n_jobs) {
+void matmuls(Ctx& c, const float* x, int64_t n_tok, const MatJob* jobs, int n_jobs,
+             const uint8_t* x_quantized) {
   for (int i = 0; i < n_jobs; ++i) {
     const Matrix& w = *jobs[i].w;
     KVS_CHECK(w.n_in % 32 == 0, "cuda: matrix rows of ", w.n_in,
@@ -453,19 +534,23 @@ void matmuls(Ctx& c, const float* x, int64_t n_tok, const MatJob* jobs, int n_jo
     for (int i = 0; i < n_jobs; ++i) gemm(c, x, n_tok, jobs[i]);
     return;
   }
-  // x quantized once for the integer kernel, if any job needs it.
+  // x quantized once for the integer kernel, if any job needs it and its producer has not.
+  const int n_blocks = static_cast<int>(n_tok * jobs[0].w->n_in / 32);
   const XBlock* xq = nullptr;
   const XMeta* xm = nullptr;
   for (int i = 0; i < n_jobs && !xq; ++i)
     dispatch(jobs[i].w->type, [&]<DType T>() {
       if constexpr (kQuant<T>) {
-        const int n_blocks = static_cast<int>(n_tok * jobs[0].w->n_in / 32);
-        uint8_t* buf = c.scratch_xq(xq_bytes(jobs[0].w->n_in, n_tok));
+        const uint8_t* buf = x_quantized;
+        if (!buf) {
+          uint8_t* b = c.scratch_xq(xq_bytes(jobs[0].w->n_in, n_tok));
+          launch(quantize_x, (n_blocks + 7) / 8, 256, 0, c.stream, x, reinterpret_cast<XBlock*>(b),
+                 reinterpret_cast<XMeta*>(b + static_cast<size_t>(n_blocks) * sizeof(XBlock)),
+                 n_blocks);
+          buf = b;
+        }
         xq = reinterpret_cast<const XBlock*>(buf);
         xm = reinterpret_cast<const XMeta*>(buf + static_cast<size_t>(n_blocks) * sizeof(XBlock));
-        quantize_x<<<(n_blocks + 7) / 8, 256, 0, c.stream>>>(x, const_cast<XBlock*>(xq),
-                                                             const_cast<XMeta*>(xm), n_blocks);
-        KVS_CUDA_CHECK(cudaGetLastError());
       }
     });
   // Runs of jobs with one weight type share a launch.

@@ -18,6 +18,7 @@ inline unsigned blocks(size_t n, unsigned t) {
 template <DType T>
 __global__ void embed_k(const uint8_t* __restrict__ emb, size_t row_bytes, const int32_t* ids,
                         int n_in, float* __restrict__ x) {
+  pdl_wait();
   const int t = blockIdx.y, n_sub = n_in / 32;
   const int sb = blockIdx.x * blockDim.x + threadIdx.x;
   if (sb >= n_sub) return;
@@ -28,8 +29,11 @@ __global__ void embed_k(const uint8_t* __restrict__ emb, size_t row_bytes, const
   for (int j = 0; j < 32; ++j) o[j] = v[j];
 }
 
+// xq, xm: y quantized too (n a multiple of 32: each warp's 32 elements are one block).
 __global__ void rmsnorm_k(const float* __restrict__ x, const float* __restrict__ w,
-                          float* __restrict__ y, int n, float eps) {
+                          float* __restrict__ y, int n, float eps, XBlock* __restrict__ xq,
+                          XMeta* __restrict__ xm) {
+  pdl_wait();
   const float* xr = x + static_cast<size_t>(blockIdx.x) * n;
   float* yr = y + static_cast<size_t>(blockIdx.x) * n;
   float ss = 0.0f;
@@ -46,44 +50,102 @@ __global__ void rmsnorm_k(const float* __restrict__ x, const float* __restrict__
   __syncthreads();
   const float scale = rsqrtf(part[0] / static_cast<float>(n) + eps);
   // x and y may be the same rows (q/k norms): each element is read and written by one thread.
-  for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * scale * w[i];
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const float v = xr[i] * scale * w[i];
+    yr[i] = v;
+    if (xq) {
+      const size_t b = (static_cast<size_t>(blockIdx.x) * n + i) / 32;
+      quantize_x_block(v, threadIdx.x % 32, xq + b, xm + b);
+    }
+  }
 }
 
-// A block per token: the angles once (in double, as the CPU), then every head rotated.
-__global__ void rope_k(float* __restrict__ x, const int32_t* __restrict__ pos, int n_head,
-                       int head_dim, int half, bool neox, float linear_scale,
-                       const double* __restrict__ inv, const float* __restrict__ factors) {
+// RMSNorm of a row of n elements (a multiple of kNormPart) by n / kNormPart blocks: each
+// reads the whole row for the sum of squares (in one order, so all get the same sum) and
+// writes its part. One block per row waited on its loads in turn, about 6 us a row of 4096.
+// The part's weights are read before pdl_wait(): no kernel writes them.
+constexpr int kNormThreads = 256, kNormPart = 2 * kNormThreads;
+__global__ void __launch_bounds__(kNormThreads)
+    rmsnorm_wide(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y,
+                 int n, float eps, XBlock* __restrict__ xq, XMeta* __restrict__ xm) {
+  const int tid = threadIdx.x, p0 = blockIdx.y * kNormPart;
+  const float w0 = w[p0 + tid], w1 = w[p0 + kNormThreads + tid];
+  pdl_wait();
+  const float* xr = x + static_cast<size_t>(blockIdx.x) * n;
+  float ss = 0.0f;
+  for (int i = tid; i < n / 4; i += kNormThreads) {
+    const float4 v = reinterpret_cast<const float4*>(xr)[i];
+    ss = fmaf(v.x, v.x, ss), ss = fmaf(v.y, v.y, ss), ss = fmaf(v.z, v.z, ss);
+    ss = fmaf(v.w, v.w, ss);
+  }
+  __shared__ float part[kNormThreads / 32];
+  ss = warp_sum(ss);
+  if (tid % 32 == 0) part[tid / 32] = ss;
+  __syncthreads();
+  float sum = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kNormThreads / 32; ++k) sum += part[k];
+  const float scale = rsqrtf(sum / static_cast<float>(n) + eps);
+#pragma unroll
+  for (int it = 0; it < 2; ++it) {
+    const int e = p0 + it * kNormThreads + tid;
+    const float v = xr[e] * scale * (it ? w1 : w0);
+    y[static_cast<size_t>(blockIdx.x) * n + e] = v;
+    if (xq) {
+      const size_t b = (static_cast<size_t>(blockIdx.x) * n + e) / 32;
+      quantize_x_block(v, tid % 32, xq + b, xm + b);
+    }
+  }
+}
+
+// Rope of q and k: a block per token and kRopeHeads heads (q's blocks, then k's), each
+// computing the angles (in double, as the CPU) and rotating its heads. One block per token
+// did all heads in turn.
+constexpr int kRopeHeads = 4;
+__global__ void rope_k(float* __restrict__ q, float* __restrict__ k,
+                       const int32_t* __restrict__ pos, int n_head_q, int n_head_k, int head_dim,
+                       int half, bool neox, float linear_scale, const double* __restrict__ inv,
+                       const float* __restrict__ factors) {
+  pdl_wait();
   extern __shared__ float cs[];  // [half][2]
-  const int t = blockIdx.x;
+  const int qb = (n_head_q + kRopeHeads - 1) / kRopeHeads, is_k = blockIdx.y >= qb;
+  float* x = is_k ? k : q;
+  const int t = blockIdx.x, n_head = is_k ? n_head_k : n_head_q;
+  const int h0 = (is_k ? blockIdx.y - qb : blockIdx.y) * kRopeHeads;
   const double ppos = static_cast<double>(pos[t]) / static_cast<double>(linear_scale);
-  for (int k = threadIdx.x; k < half; k += blockDim.x) {
-    double th = ppos * inv[k];
-    if (factors) th /= static_cast<double>(factors[k]);
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    double th = ppos * inv[i];
+    if (factors) th /= static_cast<double>(factors[i]);
     double s, c;
     sincos(th, &s, &c);
-    cs[2 * k] = static_cast<float>(c);
-    cs[2 * k + 1] = static_cast<float>(s);
+    cs[2 * i] = static_cast<float>(c);
+    cs[2 * i + 1] = static_cast<float>(s);
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < n_head * half; i += blockDim.x) {
-    const int h = i / half, k = i % half;
+  const int nh = min(kRopeHeads, n_head - h0);
+  for (int i = threadIdx.x; i < nh * half; i += blockDim.x) {
+    const int h = h0 + i / half, j = i % half;
     float* v = x + (static_cast<size_t>(t) * n_head + h) * head_dim;
-    const int a = neox ? k : 2 * k, b = neox ? k + half : 2 * k + 1;
-    const float x0 = v[a], x1 = v[b], co = cs[2 * k], si = cs[2 * k + 1];
+    const int a = neox ? j : 2 * j, b = neox ? j + half : 2 * j + 1;
+    const float x0 = v[a], x1 = v[b], co = cs[2 * j], si = cs[2 * j + 1];
     v[a] = x0 * co - x1 * si;
     v[b] = x0 * si + x1 * co;
   }
 }
 
-__global__ void swiglu_k(float* __restrict__ g, const float* __restrict__ u, size_t n) {
+__global__ void swiglu_k(float* __restrict__ g, const float* __restrict__ u, size_t n,
+                         XBlock* __restrict__ xq, XMeta* __restrict__ xm) {
+  pdl_wait();
   const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) {
-    const float a = g[i];
-    g[i] = a / (1.0f + expf(-a)) * u[i];
+  if (i < n) {  // with xq, n is a multiple of 32: whole warps pass
+    const float a = g[i], v = a / (1.0f + expf(-a)) * u[i];
+    g[i] = v;
+    if (xq) quantize_x_block(v, threadIdx.x % 32, xq + i / 32, xm + i / 32);
   }
 }
 
 __global__ void add_k(float* __restrict__ x, const float* __restrict__ y, size_t n) {
+  pdl_wait();
   const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) x[i] += y[i];
 }
@@ -124,6 +186,7 @@ template <DType K, DType V>
 __global__ void kv_write_k(const float* __restrict__ k, const float* __restrict__ v, int dim,
                            uint8_t* const* pages, const int32_t* slots, size_t v_offset,
                            size_t k_row, size_t v_row, size_t kb, size_t vb) {
+  pdl_wait();
   const int t = blockIdx.y, nb = dim / 32, lane = threadIdx.x % 32;
   const int i = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   if (i >= 2 * nb) return;
@@ -146,6 +209,7 @@ struct StageArgs {
 };
 template <int kWords>
 __global__ void stage_k(const __grid_constant__ StageArgs<kWords> a) {
+  pdl_wait();
   for (int i = threadIdx.x; i < a.n; i += blockDim.x) a.dst[i] = a.w[i];
 }
 template <int kWords>
@@ -154,7 +218,7 @@ void stage_launch(cudaStream_t stream, uint8_t* dst, const uint8_t* src, int wor
   a.dst = reinterpret_cast<uint4*>(dst);
   a.n = words;
   std::memcpy(a.w, src, static_cast<size_t>(words) * 16);
-  stage_k<kWords><<<1, 256, 0, stream>>>(a);
+  launch(stage_k<kWords>, 1, 256, 0, stream, a);
 }
 
 }  // namespace
@@ -180,35 +244,53 @@ void embed(Ctx& c, const Matrix& emb, const int32_t* ids, int32_t n, float* x) {
   const int n_sub = static_cast<int>(emb.n_in / 32);
   const dim3 grid(blocks(static_cast<size_t>(n_sub), 64), static_cast<unsigned>(n));
   dispatch(emb.type, [&]<DType T>() {
-    embed_k<T>
-        <<<grid, 64, 0, c.stream>>>(emb.data, emb.row_bytes, ids, static_cast<int>(emb.n_in), x);
+    launch(embed_k<T>, grid, 64, 0, c.stream, emb.data, emb.row_bytes, ids,
+           static_cast<int>(emb.n_in), x);
   });
   KVS_CUDA_CHECK(cudaGetLastError());
 }
 
-void rmsnorm(Ctx& c, const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) {
+// The two parts of a buffer of x quantized (n elements).
+static std::pair<XBlock*, XMeta*> xq_parts(uint8_t* xq, size_t n) {
+  if (!xq) return {nullptr, nullptr};
+  return {reinterpret_cast<XBlock*>(xq), reinterpret_cast<XMeta*>(xq + n / 32 * sizeof(XBlock))};
+}
+
+void rmsnorm(Ctx& c, const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps,
+             uint8_t* xq) {
+  KVS_CHECK(!xq || n % 32 == 0, "cuda: rmsnorm quantizing rows of ", n, " elements");
+  const auto [xb, xm] = xq_parts(xq, static_cast<size_t>(rows * n));
+  // Few rows, not in place (the blocks of a row all read it whole).
+  if (x != y && rows <= kMaxVecTok && n % kNormPart == 0 && n >= 4 * kNormPart) {
+    launch(rmsnorm_wide, dim3(static_cast<unsigned>(rows), static_cast<unsigned>(n / kNormPart)),
+           kNormThreads, 0, c.stream, x, w, y, static_cast<int>(n), eps, xb, xm);
+    return;
+  }
   const unsigned t = n >= 1024 ? 1024 : (n >= 256 ? 256 : 64);
-  rmsnorm_k<<<static_cast<unsigned>(rows), t, 0, c.stream>>>(x, w, y, static_cast<int>(n), eps);
-  KVS_CUDA_CHECK(cudaGetLastError());
+  launch(rmsnorm_k, static_cast<unsigned>(rows), t, 0, c.stream, x, w, y, static_cast<int>(n), eps,
+         xb, xm);
 }
 
-void rope(Ctx& c, float* x, const int32_t* pos, int32_t n_tok, int32_t n_head, const RopeParams& p,
-          const double* inv) {
+void rope(Ctx& c, float* q, float* k, const int32_t* pos, int32_t n_tok, int32_t n_head,
+          int32_t n_head_kv, const RopeParams& p, const double* inv) {
   const int half = p.rope_dim / 2;
-  rope_k<<<static_cast<unsigned>(n_tok), 256, sizeof(float) * 2 * half, c.stream>>>(
-      x, pos, n_head, p.head_dim, half, p.mode == RopeMode::Neox, p.linear_scale, inv,
-      p.freq_factors);
-  KVS_CUDA_CHECK(cudaGetLastError());
+  const auto blocks = [](int32_t heads) { return (heads + kRopeHeads - 1) / kRopeHeads; };
+  const dim3 grid(static_cast<unsigned>(n_tok),
+                  static_cast<unsigned>(blocks(n_head) + blocks(n_head_kv)));
+  launch(rope_k, grid, 128, sizeof(float) * 2 * half, c.stream, q, k, pos, n_head, n_head_kv,
+         p.head_dim, half, p.mode == RopeMode::Neox, p.linear_scale, inv, p.freq_factors);
 }
 
-void swiglu(Ctx& c, float* gate, const float* up, int64_t n) {
-  swiglu_k<<<blocks(static_cast<size_t>(n), 256), 256, 0, c.stream>>>(gate, up,
-                                                                      static_cast<size_t>(n));
-  KVS_CUDA_CHECK(cudaGetLastError());
+void swiglu(Ctx& c, float* gate, const float* up, int64_t n, uint8_t* xq) {
+  KVS_CHECK(!xq || n % 32 == 0, "cuda: swiglu quantizing ", n, " elements");
+  const auto [xb, xm] = xq_parts(xq, static_cast<size_t>(n));
+  launch(swiglu_k, blocks(static_cast<size_t>(n), 256), 256, 0, c.stream, gate, up,
+         static_cast<size_t>(n), xb, xm);
 }
 
 void add(Ctx& c, float* x, const float* y, int64_t n) {
-  add_k<<<blocks(static_cast<size_t>(n), 256), 256, 0, c.stream>>>(x, y, static_cast<size_t>(n));
+  launch(add_k, blocks(static_cast<size_t>(n), 256), 256, 0, c.stream, x, y,
+         static_cast<size_t>(n));
   KVS_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -219,8 +301,8 @@ void kv_write(Ctx& c, const KvLayout& l, const float* k, const float* v, int32_t
   const size_t kb = row_bytes(l.k_type, 32), vb = row_bytes(l.v_type, 32);
   dispatch_kv(l.k_type, [&]<DType K>() {
     dispatch_kv(l.v_type, [&]<DType V>() {
-      kv_write_k<K, V><<<grid, 128, 0, c.stream>>>(k, v, dim, pages, slots, l.v_offset(), l.k_row,
-                                                   l.v_row, kb, vb);
+      launch(kv_write_k<K, V>, grid, 128, 0, c.stream, k, v, dim, pages, slots, l.v_offset(),
+             l.k_row, l.v_row, kb, vb);
     });
   });
   KVS_CUDA_CHECK(cudaGetLastError());

@@ -1,0 +1,114 @@
+// Times the integer matrix-vector kernel's variants (rows per warp, groups per chunk, one
+// chunk ahead or not, warps per row) on the matrix shapes of the 8B models, q4_0 and q8_0:
+// the numbers behind q_shape() in matmul.cu (bench/results/h200-matvec-sweep.txt). Not part of
+// the build; on a CUDA machine, after building the project into build/cuda:
+//   nvcc -O3 -std=c++20 --expt-relaxed-constexpr -DKVS_HAVE_CUDA=1 -Isrc -arch=sm_90 \
+//     -c bench/matvec_sweep.cu -o /tmp/sweep.o
+//   nvcc /tmp/sweep.o -o /tmp/matvec_sweep build/cuda/libkvs_cuda.a build/cuda/libkvs.a -lcublas
+//   /tmp/matvec_sweep          (PDL=0: without programmatic dependent launch)
+// Each variant runs 100 times over copies of the matrices larger than the L2 cache.
+#include "../src/kvs/backend/cuda/matmul.cu"
+
+#include <cstdio>
+#include <vector>
+
+using namespace kvs;
+using namespace kvs::cuda;
+
+struct Shape {
+  const char* name;
+  int n_in;
+  std::vector<int> outs;
+};
+
+template <DType T, int R, int U, bool P>
+void run_variant(Ctx& c, const char* tn, const Shape& sh, std::vector<std::vector<Matrix>>& ws,
+                 std::vector<std::vector<DeviceBuffer>>&, float* y, const XBlock* xq,
+                 const XMeta* xm, double bytes) {
+  for (int split : {1, 2, 4}) {
+    auto go = [&](int i) {
+      MatJob jobs[3];
+      for (size_t j = 0; j < sh.outs.size(); ++j) {
+        jobs[j] = MatJob{&ws[i % ws.size()][j], y + j * 200000, nullptr, false};
+      }
+      launch_q<T, 1, R, U, P>(c, jobs, static_cast<int>(sh.outs.size()), split, xq, xm, sh.n_in);
+    };
+    for (int i = 0; i < 10; ++i) go(i);
+    cudaEvent_t a, b;
+    cudaEventCreate(&a), cudaEventCreate(&b);
+    const int n = 100;
+    cudaEventRecord(a, c.stream);
+    for (int i = 0; i < n; ++i) go(i);
+    cudaEventRecord(b, c.stream);
+    KVS_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    const double us = ms * 1000.0 / n;
+    printf("%-6s %-8s R=%d U=%d pipe=%d split=%d  %7.2f us  %6.0f GB/s\n", tn, sh.name, R, U, P,
+           split, us, bytes / us / 1e3);
+  }
+}
+
+int main() {
+  pdl_enabled() = getenv("PDL") ? atoi(getenv("PDL")) : 1;
+  Ctx c;
+  KVS_CUDA_CHECK(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking));
+  std::vector<Shape> shapes = {{"qkv", 4096, {4096, 1024, 1024}}, {"wo", 4096, {4096}},
+                               {"gateup", 4096, {14336, 14336}},  {"down", 14336, {4096}},
+                               {"q3gu", 4096, {12288, 12288}},    {"q3down", 12288, {4096}},
+                               {"output", 4096, {128256}}};
+  float* y;
+  KVS_CUDA_CHECK(cudaMalloc(&y, 3 * 200000 * sizeof(float)));
+  uint8_t* xbuf;
+  KVS_CUDA_CHECK(cudaMalloc(&xbuf, xq_bytes(16384, 8)));
+  float* x;
+  KVS_CUDA_CHECK(cudaMalloc(&x, 16384 * sizeof(float)));
+  std::vector<float> hx(16384);
+  for (size_t i = 0; i < hx.size(); ++i) hx[i] = std::sin(i * 0.37f);
+  cudaMemcpy(x, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice);
+  const int nb = 16384 / 32;
+  launch(quantize_x, nb / 8, 256, 0, c.stream, x, reinterpret_cast<XBlock*>(xbuf),
+         reinterpret_cast<XMeta*>(xbuf + nb * sizeof(XBlock)), nb);
+  auto sweep = [&]<DType T>(const char* tn) {
+    constexpr Packed pk = packed(T);
+    for (const Shape& sh : shapes) {
+      const int n_groups = (sh.n_in / 32 + 31) / 32;
+      const size_t rb = static_cast<size_t>(n_groups) * pk.stride();
+      size_t per = 0;
+      for (int o : sh.outs) per += rb * o;
+      const int copies = std::max<int>(2, static_cast<int>((600ull << 20) / per));
+      std::vector<std::vector<Matrix>> ws(copies);
+      std::vector<std::vector<DeviceBuffer>> keep;
+      std::vector<void*> raw;
+      for (int i = 0; i < copies; ++i)
+        for (int o : sh.outs) {
+          void* p;
+          KVS_CUDA_CHECK(cudaMalloc(&p, rb * o));
+          cudaMemset(p, 0x11, rb * o);
+          raw.push_back(p);
+          Matrix m;
+          m.type = T, m.n_in = sh.n_in, m.n_out = o, m.row_bytes = rb;
+          m.data = static_cast<uint8_t*>(p);
+          ws[i].push_back(m);
+        }
+      const XBlock* xq = reinterpret_cast<const XBlock*>(xbuf);
+      const int nbx = sh.n_in / 32;
+      const XMeta* xm = reinterpret_cast<const XMeta*>(xbuf + nbx * sizeof(XBlock));
+      const double bytes = static_cast<double>(per);
+      run_variant<T, 2, 2, false>(c, tn, sh, ws, keep, y, xq, xm, bytes);
+      run_variant<T, 4, 2, false>(c, tn, sh, ws, keep, y, xq, xm, bytes);
+      run_variant<T, 1, 2, false>(c, tn, sh, ws, keep, y, xq, xm, bytes);
+      run_variant<T, 2, 4, false>(c, tn, sh, ws, keep, y, xq, xm, bytes);
+      run_variant<T, 1, 4, false>(c, tn, sh, ws, keep, y, xq, xm, bytes);
+      run_variant<T, 2, 1, true>(c, tn, sh, ws, keep, y, xq, xm, bytes);
+      run_variant<T, 2, 2, true>(c, tn, sh, ws, keep, y, xq, xm, bytes);
+      run_variant<T, 4, 1, true>(c, tn, sh, ws, keep, y, xq, xm, bytes);
+      run_variant<T, 1, 2, true>(c, tn, sh, ws, keep, y, xq, xm, bytes);
+      for (void* p : raw) cudaFree(p);
+      fflush(stdout);
+    }
+  };
+  sweep.template operator()<DType::Q4_0>("q4_0");
+  sweep.template operator()<DType::Q8_0>("q8_0");
+  return 0;
+}

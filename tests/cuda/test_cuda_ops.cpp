@@ -303,5 +303,44 @@ TEST(CudaOps, EmbedKvWriteAndAttention) {
   std::printf("worst tensor-core attention difference: %.3g (tolerance 4e-3)\n", worst_tc);
 }
 
+// Prefill attention on a quantized cache larger than the f16 conversion scratch (32 MiB): the
+// spans go in chunks, the running max, sum and output carried from one to the next.
+TEST(CudaOps, PrefillAttentionInChunks) {
+  NEED_GPU();
+  const int n_kv = 8, n_head = 32, d = 128, P = 2048, ctx = 9000, n_tok = 70;
+  const KvLayout l = KvLayout::make(DType::Q8_0, DType::Q4_0, P, n_kv, d);
+  const int pages = (ctx + P - 1) / P;  // 5 pages of 8 MiB in f16: chunks of 4 and 1
+  std::vector<uint8_t> hc(pages * l.page_bytes(), 0);
+  const auto k = rnd(static_cast<size_t>(ctx) * n_kv * d, 31);
+  const auto v = rnd(static_cast<size_t>(ctx) * n_kv * d, 32);
+  std::vector<uint8_t*> dc(ctx);
+  std::vector<int32_t> slots(ctx);
+  for (int t = 0; t < ctx; ++t) dc[t] = hc.data() + (t / P) * l.page_bytes(), slots[t] = t % P;
+  cpu->kv_write(l, k.data(), v.data(), ctx, dc.data(), slots.data());
+  DeviceBuffer gp = gpu->alloc(hc.size(), "pages");
+  gpu->upload(gp.as(), hc.data(), hc.size());
+  const auto q = rnd(static_cast<size_t>(n_tok) * n_head * d, 33);
+  std::vector<int32_t> pos(n_tok);
+  for (int t = 0; t < n_tok; ++t) pos[t] = ctx - n_tok + t;
+  std::vector<Span> sc, sg;
+  for (int p = 0; p < pages; ++p) {
+    sc.push_back({hc.data() + p * l.page_bytes(), p * P, std::min(P, ctx - p * P)});
+    sg.push_back({gp.as() + p * l.page_bytes(), p * P, std::min(P, ctx - p * P)});
+  }
+  AttentionArgs a;
+  a.pos = pos.data();
+  a.n_tok = n_tok;
+  a.kv = l;
+  a.n_head = n_head;
+  a.scale = 0.088f;
+  std::vector<float> oc(q.size()), accc(static_cast<size_t>(n_tok) * n_head * 2);
+  a.q = q.data(), a.out = oc.data(), a.acc = accc.data(), a.spans = sc.data(), a.n_spans = pages;
+  cpu->attention(a);
+  Buf qg(*gpu, q), og(*gpu, q.size()), ag(*gpu, accc.size());
+  a.q = qg.f(), a.out = og.f(), a.acc = ag.f(), a.spans = sg.data();
+  gpu->attention(a);
+  EXPECT_LT(max_rel(oc, og.get()), 4e-3);
+}
+
 }  // namespace
 }  // namespace kvs

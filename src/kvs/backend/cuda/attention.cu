@@ -617,12 +617,13 @@ __global__ void __launch_bounds__(kPreThreads) prefill(Geo g) {
   }
 }
 
-// Prefill on tensor cores, for head sizes 64 and 128: a block of 8 warps takes 128 rows
-// (query, head), 16 per warp, so each tile's dequantization serves 128 rows. Tiles of 64 keys
-// (never crossing a span) are copied raw into shared memory one tile ahead (cp.async), dequantized
-// to f16 there, and multiplied with mma.sync m16n8k16 (f16 inputs, f32 accumulators): S = Q K^T,
-// the online softmax on the accumulators in registers, O += P V with P re-read as the A operand. Q
-// and P are rounded to f16, the CPU keeps f32: the tolerance of the tests says how far that goes.
+// Prefill on tensor cores, for head sizes 64 and 128, on f16 K and V (a quantized cache is
+// converted first, kv_to_f16: once per call, not once per block that reads it): a block of 8
+// warps takes 128 rows (query, head), 16 per warp. Tiles of 64 keys (never crossing a span) are
+// copied into shared memory one tile ahead (cp.async) and multiplied with mma.sync m16n8k16
+// (f16 inputs, f32 accumulators): S = Q K^T, the online softmax on the accumulators in
+// registers, O += P V with P re-read as the A operand. Q and P are rounded to f16, the CPU keeps
+// f32: the tolerance of the tests says how far that goes.
 constexpr int kTcRows = 128, kTcKeys = 64, kTcThreads = 256;
 
 __device__ __forceinline__ void ldsm4(uint32_t* r, const __half* p) {
@@ -665,8 +666,15 @@ __device__ __forceinline__ uint32_t h2u(float x, float y) {
 // of row gr + 8 (e / 2) and key 8 nt + 2 t4 + e % 2, each row spread over the 4 threads of a
 // quad. Scores become probabilities against the new running max m; l is updated and o, the
 // unnormalised output of the rows ([D / 8][4], the same row split; [D / 8][2]: row gr only),
-// is rescaled.
-template <int kN, int kO, int kC>
+// is rescaled. kExp2: scores and maxima are in units of log2 (the scale times log2(e) was
+// folded into Q), so each probability is one ex2 instruction (flushing results below 2^-126 to
+// zero) where expf takes several; it made the prefill at 32K 1.17x faster.
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+template <bool kExp2, int kN, int kO, int kC>
 __device__ __forceinline__ void tile_softmax(float (&sc)[kN][4], float (&m)[2], float (&l)[2],
                                              float (&o)[kO][kC]) {
   float mx[2] = {-INFINITY, -INFINITY};
@@ -681,12 +689,15 @@ __device__ __forceinline__ void tile_softmax(float (&sc)[kN][4], float (&m)[2], 
     mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
     mx[i] = fmaxf(m[i], mx[i]);  // the new running max
   }
+  // A row whose max is -inf has only -inf scores: against 0 they give 0, not NaN.
+  const float mu[2] = {mx[0] == -INFINITY ? 0.0f : mx[0], mx[1] == -INFINITY ? 0.0f : mx[1]};
 #pragma unroll
   for (int nt = 0; nt < kN; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int i = e / 2;
-      const float p = mx[i] == -INFINITY ? 0.0f : expf(sc[nt][e] - mx[i]);
+      const float x = sc[nt][e] - mu[i];
+      const float p = kExp2 ? ex2(x) : expf(x);
       sc[nt][e] = p;
       ls[i] += p;
     }
@@ -694,7 +705,7 @@ __device__ __forceinline__ void tile_softmax(float (&sc)[kN][4], float (&m)[2], 
   for (int i = 0; i < 2; ++i) {
     ls[i] += __shfl_xor_sync(0xffffffffu, ls[i], 1);
     ls[i] += __shfl_xor_sync(0xffffffffu, ls[i], 2);
-    const float a = m[i] == -INFINITY ? 0.0f : expf(m[i] - mx[i]);
+    const float a = m[i] == -INFINITY ? 0.0f : kExp2 ? ex2(m[i] - mx[i]) : expf(m[i] - mx[i]);
     al[i] = mx[i] == -INFINITY ? 1.0f : a;
     l[i] = l[i] * al[i] + ls[i];
     m[i] = mx[i];
@@ -711,18 +722,16 @@ struct TileAt {
   int s, k0;
 };
 
-template <DType K, DType V, int D>
-__global__ void __launch_bounds__(kTcThreads) prefill_tc(Geo g, int kst, int vst, int cw) {
+template <int D>
+__global__ void __launch_bounds__(kTcThreads) prefill_tc(Geo g) {
   pdl_wait();
   constexpr int kHS = D + 8;  // halves per row of the f16 tiles (rows 16-byte aligned)
+  constexpr int kTile = kTcKeys * kHS;
   extern __shared__ __align__(16) uint8_t tc_smem[];
-  __half* kh = reinterpret_cast<__half*>(tc_smem);                // [kTcKeys][kHS]
-  __half* vh = kh + kTcKeys * kHS;                                // [kTcKeys][kHS]
-  uint8_t* raw = reinterpret_cast<uint8_t*>(vh + kTcKeys * kHS);  // 2 x ([64][kst], [64][vst])
-  const int raw_bytes = kTcKeys * (kst + vst);
+  __half* kh = reinterpret_cast<__half*>(tc_smem);  // [2][kTcKeys][kHS]
+  __half* vh = kh + 2 * kTile;                      // [2][kTcKeys][kHS]
   const int ng = g.group, hk = blockIdx.y, tq = kTcRows / ng, t0 = blockIdx.x * tq;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gr = lane / 4, t4 = lane % 4;
-  const HeadCopy kc = head_copy(hk, g.k_head, cw), vc = head_copy(hk, g.v_head, cw);
 
   // This thread's rows of the warp's 16: gr and gr + 8.
   bool ok[2];
@@ -738,6 +747,9 @@ __global__ void __launch_bounds__(kTcThreads) prefill_tc(Geo g, int kst, int vst
   int max_pos = -1;
   for (int t = t0; t < min(t0 + tq, g.n_tok); ++t) max_pos = max(max_pos, g.pos[t]);
 
+  // Q times the scale and log2(e): scores in units of log2 (so are the maxima in g.acc, which
+  // only this kernel reads).
+  const float qs = g.scale * 1.44269504088896341f;
   uint32_t qa[D / 16][4];
 #pragma unroll
   for (int ks = 0; ks < D / 16; ++ks)
@@ -746,7 +758,7 @@ __global__ void __launch_bounds__(kTcThreads) prefill_tc(Geo g, int kst, int vst
       const int i = e % 2, dim = 16 * ks + 8 * (e / 2) + 2 * t4;
       const float2 f = ok[i] ? *reinterpret_cast<const float2*>(g.q + hrow[i] * D + dim)
                              : make_float2(0.0f, 0.0f);
-      qa[ks][e] = h2u(f.x * g.scale, f.y * g.scale);  // scaled once here, not every score
+      qa[ks][e] = h2u(f.x * qs, f.y * qs);  // scaled once here, not every score
     }
   float m[2], l[2], o[D / 8][4];
 #pragma unroll
@@ -774,44 +786,39 @@ __global__ void __launch_bounds__(kTcThreads) prefill_tc(Geo g, int kst, int vst
     b.s = a.s + 1, b.k0 = 0;
     return b.s < g.n_spans && span_len(b.s) > 0;
   };
-  const auto issue = [&](TileAt a, uint8_t* dst) {
+  // Rows past a partial tile's keys are zeros in V (their P is 0, but 0 times a stale NaN is
+  // not); K's are masked.
+  const auto issue = [&](TileAt a, int b) {
     const Span sp = g.spans[a.s];
     const int nk = min(kTcKeys, span_len(a.s) - a.k0);
-    const uint8_t* ks = sp.page + static_cast<size_t>(a.k0) * g.k_row + hk * g.k_head - kc.shift;
-    const uint8_t* vs =
-        sp.page + g.v_offset + static_cast<size_t>(a.k0) * g.v_row + hk * g.v_head - vc.shift;
-    cp_rows(dst, kst, ks, g.k_row, nk, kc.pieces, cw, tid, kTcThreads);
-    cp_rows(dst + kTcKeys * kst, vst, vs, g.v_row, nk, vc.pieces, cw, tid, kTcThreads);
+    const uint8_t* ks = sp.page + static_cast<size_t>(a.k0) * g.k_row + hk * g.k_head;
+    const uint8_t* vs = sp.page + g.v_offset + static_cast<size_t>(a.k0) * g.v_row + hk * g.v_head;
+    constexpr int kPieces = D * 2 / 16;
+    cp_rows(reinterpret_cast<uint8_t*>(kh + b * kTile), kHS * 2, ks, g.k_row, nk, kPieces, 16, tid,
+            kTcThreads);
+    cp_rows(reinterpret_cast<uint8_t*>(vh + b * kTile), kHS * 2, vs, g.v_row, nk, kPieces, 16, tid,
+            kTcThreads);
+    for (int i = nk * kPieces + tid; i < kTcKeys * kPieces; i += kTcThreads)
+      *reinterpret_cast<uint4*>(vh + b * kTile + (i / kPieces) * kHS + 8 * (i % kPieces)) =
+          make_uint4(0, 0, 0, 0);
   };
 
   TileAt cur{0, 0};
   bool have = g.n_spans > 0 && span_len(0) > 0;
   int buf = 0;
-  if (have) issue(cur, raw);
+  if (have) issue(cur, 0);
   cp_commit();
   while (have) {
     TileAt nxt;
     const bool more = next(cur, nxt);
-    if (more) issue(nxt, raw + (buf ^ 1) * raw_bytes);
+    if (more) issue(nxt, buf ^ 1);  // the other tiles were last read before the loop's end
     cp_commit();
     cp_wait_one();
     __syncthreads();
     const int nk = min(kTcKeys, span_len(cur.s) - cur.k0);
     const int key_pos = g.spans[cur.s].start + cur.k0;
-    {  // Dequantize the raw tile into the f16 tiles (zeros past nk), eight elements a thread.
-      const uint8_t* rk = raw + buf * raw_bytes + kc.shift;
-      const uint8_t* rv = raw + buf * raw_bytes + kTcKeys * kst + vc.shift;
-      constexpr int kOct = D / 8;
-      for (int i = tid; i < 2 * kTcKeys * kOct; i += kTcThreads) {
-        const bool is_v = i >= kTcKeys * kOct;
-        const int ii = is_v ? i - kTcKeys * kOct : i, j = ii / kOct, e = 8 * (ii % kOct);
-        uint4 h = make_uint4(0, 0, 0, 0);
-        if (j < nk) h = is_v ? dequant8<V>(rv + j * vst, e) : dequant8<K>(rk + j * kst, e);
-        *reinterpret_cast<uint4*>((is_v ? vh : kh) + j * kHS + e) = h;
-      }
-    }
-    __syncthreads();
-
+    const __half* kt = kh + buf * kTile;
+    const __half* vt = vh + buf * kTile;
     // S = Q K^T: 8 tiles of 8 keys.
     float sc[kTcKeys / 8][4] = {};
 #pragma unroll
@@ -820,7 +827,7 @@ __global__ void __launch_bounds__(kTcThreads) prefill_tc(Geo g, int kst, int vst
       for (int np = 0; np < kTcKeys / 16; ++np) {
         uint32_t b[4];
         const int mi = lane / 8;
-        ldsm4(b, kh + (16 * np + 8 * (mi / 2) + lane % 8) * kHS + 16 * ks + 8 * (mi % 2));
+        ldsm4(b, kt + (16 * np + 8 * (mi / 2) + lane % 8) * kHS + 16 * ks + 8 * (mi % 2));
         mma16816(sc[2 * np], qa[ks], b[0], b[1]);
         mma16816(sc[2 * np + 1], qa[ks], b[2], b[3]);
       }
@@ -833,7 +840,7 @@ __global__ void __launch_bounds__(kTcThreads) prefill_tc(Geo g, int kst, int vst
           const int i = e / 2, key = 8 * nt + 2 * t4 + e % 2;
           if (key >= nk || key_pos + key > rpos[i]) sc[nt][e] = -INFINITY;
         }
-    tile_softmax(sc, m, l, o);
+    tile_softmax<true>(sc, m, l, o);
     // O += P V.
 #pragma unroll
     for (int kk = 0; kk < kTcKeys / 16; ++kk) {
@@ -844,11 +851,12 @@ __global__ void __launch_bounds__(kTcThreads) prefill_tc(Geo g, int kst, int vst
       for (int j = 0; j < D / 16; ++j) {
         uint32_t b[4];
         const int mi = lane / 8;
-        ldsm4t(b, vh + (16 * kk + 8 * (mi % 2) + lane % 8) * kHS + 16 * j + 8 * (mi / 2));
+        ldsm4t(b, vt + (16 * kk + 8 * (mi % 2) + lane % 8) * kHS + 16 * j + 8 * (mi / 2));
         mma16816(o[2 * j], pa, b[0], b[1]);
         mma16816(o[2 * j + 1], pa, b[2], b[3]);
       }
     }
+    __syncthreads();  // the tiles are read: the next iteration copies into them
     cur = nxt;
     have = more;
     buf ^= 1;
@@ -864,6 +872,32 @@ __global__ void __launch_bounds__(kTcThreads) prefill_tc(Geo g, int kst, int vst
       *reinterpret_cast<float2*>(g.out + hrow[i] * D + 8 * nt + 2 * t4) = f;
     }
     if (t4 == 0) g.acc[2 * hrow[i]] = m[i], g.acc[2 * hrow[i] + 1] = l[i];
+  }
+}
+
+// K and V rows of spans [s0, s0 + gridDim.x) of a quantized cache, every kv head, as f16 in
+// pages of the f16 layout (kv16: page s holds page_keys K rows of n_kv * D halves, then as many
+// V rows); spans16[s] is span s0 + s on its page. Eight elements a thread.
+template <DType K, DType V, int D>
+__global__ void kv_to_f16(Geo g, int s0, int page_keys, int n_kv, __half* __restrict__ kv16,
+                          Span* __restrict__ spans16) {
+  pdl_wait();
+  const Span sp = g.spans[s0 + blockIdx.x];
+  __half* page = kv16 + static_cast<size_t>(blockIdx.x) * 2 * page_keys * n_kv * D;
+  if (blockIdx.y == 0 && threadIdx.x == 0)
+    spans16[blockIdx.x] = Span{reinterpret_cast<const uint8_t*>(page), sp.start, sp.n};
+  constexpr int kOct = D / 8;
+  const int per_key = n_kv * kOct;  // octets of one key's K (or V) row
+  const int n = 2 * sp.n * per_key;
+  for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < n; i += gridDim.y * blockDim.x) {
+    const bool is_v = i >= sp.n * per_key;
+    const int ii = is_v ? i - sp.n * per_key : i, j = ii / per_key, h = ii % per_key / kOct;
+    const int e = 8 * (ii % kOct);
+    const uint4 v = is_v ? dequant8<V>(sp.page + g.v_offset + j * g.v_row + h * g.v_head, e)
+                         : dequant8<K>(sp.page + j * g.k_row + h * g.k_head, e);
+    __half* row = page + (is_v ? static_cast<size_t>(page_keys) * n_kv * D : 0) +
+                  (static_cast<size_t>(j) * n_kv + h) * D;
+    *reinterpret_cast<uint4*>(row + e) = v;
   }
 }
 
@@ -960,7 +994,7 @@ __global__ void __launch_bounds__(32 * kDtWarps, 4)
         const int key = 8 * nt + 2 * t4 + e % 2;
         sc[nt][e] = key < nk ? sc[nt][e] * g.scale : -INFINITY;
       }
-    tile_softmax(sc, m, l, o);
+    tile_softmax<false>(sc, m, l, o);
     dequant.template operator()<V>(rv, vst);
     const uint32_t p0 = h2u(sc[0][0], sc[0][1]), p1 = h2u(sc[1][0], sc[1][1]);
 #pragma unroll
@@ -1057,16 +1091,43 @@ HeadCopies head_copies(const Geo& g, int n_kv) {
   return {stride(g.k_head), stride(g.v_head), cw};
 }
 
+template <int D>
+void launch_prefill_tc(Ctx& c, const Geo& g, int n_kv) {
+  const size_t smem = sizeof(__half) * 4 * kTcKeys * (D + 8);
+  allow_smem(prefill_tc<D>, smem);
+  const int tq = kTcRows / g.group;
+  launch(prefill_tc<D>, dim3((g.n_tok + tq - 1) / tq, n_kv), kTcThreads, smem, c.stream, g);
+}
+
 template <DType K, DType V, int D>
-void launch_prefill(Ctx& c, const Geo& g, int n_kv) {
+void launch_prefill(Ctx& c, const Geo& g, const KvLayout& l) {
+  const int n_kv = l.n_head_kv;
   if constexpr (D == 64 || D == 128) {
-    // Raw rows 16-byte aligned in shared memory; copies as wide as the rows' alignment allows.
-    const auto [kst, vst, cw] = head_copies(g, n_kv);
-    const size_t smem = sizeof(__half) * 2 * kTcKeys * (D + 8) + 2 * size_t{kTcKeys} * (kst + vst);
-    allow_smem(prefill_tc<K, V, D>, smem);
-    const int tq = kTcRows / g.group;
-    launch(prefill_tc<K, V, D>, dim3((g.n_tok + tq - 1) / tq, n_kv), kTcThreads, smem, c.stream, g,
-           kst, vst, cw);
+    if constexpr (K == DType::F16 && V == DType::F16) {
+      return launch_prefill_tc<D>(c, g, n_kv);
+    } else {
+      // The spans in chunks whose f16 copy fits the scratch (reserved by the device), each
+      // converted, then attended to as an f16 cache; the running max, sum and output carry
+      // from chunk to chunk as from call to call.
+      const size_t page16 = 2 * static_cast<size_t>(l.page_size) * n_kv * D * sizeof(__half);
+      const size_t room = std::max(c.kv16.size(), std::min(kKv16Bytes, g.n_spans * page16));
+      const int per = static_cast<int>(std::max<size_t>(1, room / page16));
+      __half* kv16 = c.scratch_kv16(std::min<size_t>(g.n_spans, per) * page16);
+      Span* spans16 = c.scratch_spans16(std::min(g.n_spans, per));
+      for (int s0 = 0; s0 < g.n_spans; s0 += per) {
+        const int n = std::min(per, g.n_spans - s0);
+        const int blocks_y = (2 * l.page_size * n_kv * (D / 8) + 8 * 256 - 1) / (8 * 256);
+        launch(kv_to_f16<K, V, D>, dim3(n, blocks_y), 256, 0, c.stream, g, s0, l.page_size, n_kv,
+               kv16, spans16);
+        Geo h = g;
+        h.spans = spans16, h.n_spans = n;
+        h.k_row = h.v_row = static_cast<size_t>(n_kv) * D * sizeof(__half);
+        h.k_head = h.v_head = D * sizeof(__half);
+        h.v_offset = static_cast<size_t>(l.page_size) * h.k_row;
+        h.first = g.first && s0 == 0, h.last = g.last && s0 + n == g.n_spans;
+        launch_prefill_tc<D>(c, h, n_kv);
+      }
+    }
   } else {
     using T = Tile<D>;
     allow_smem(prefill<K, V, D>, T::kSmem);
@@ -1141,13 +1202,13 @@ void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq) {
     dispatch_kv(l.v_type, [&]<DType V>() {
       switch (d) {
         case 32:
-          return launch_prefill<K, V, 32>(c, g, l.n_head_kv);
+          return launch_prefill<K, V, 32>(c, g, l);
         case 64:
-          return launch_prefill<K, V, 64>(c, g, l.n_head_kv);
+          return launch_prefill<K, V, 64>(c, g, l);
         case 128:
-          return launch_prefill<K, V, 128>(c, g, l.n_head_kv);
+          return launch_prefill<K, V, 128>(c, g, l);
         default:
-          return launch_prefill<K, V, 256>(c, g, l.n_head_kv);
+          return launch_prefill<K, V, 256>(c, g, l);
       }
     });
   });

@@ -336,6 +336,8 @@ class CudaDevice final : public Device {
     if (w16) ctx_.scratch_w(w16), ctx_.scratch_x(x16);
     if (xq) ctx_.scratch_xq(xq);
     if (max_spans > 0) ctx_.scratch_part(static_cast<size_t>(max_spans) * n_head * (head_dim + 3));
+    if (max_spans > 0 && n_tok > cuda::kMaxVecTok)
+      ctx_.scratch_kv16(cuda::kKv16Bytes), ctx_.scratch_spans16(cuda::kMaxSpans16);
   }
 
   // Matrices in one allocation (256-byte aligned each), the small vectors in another; the

@@ -13,13 +13,17 @@
 namespace kvs::cuda {
 
 constexpr int kMaxVecTok = 8;  // tokens up to which matmul is a matrix-vector product
+// Prefill attention on a quantized cache converts it to f16 in chunks of at most this much
+// (reserved with the other scratch buffers; a larger page takes its own size).
+constexpr size_t kKv16Bytes = size_t{32} << 20;
+constexpr int kMaxSpans16 = 4096;
 
 // What the kernels share: the stream, cuBLAS, and scratch buffers that grow on demand.
 struct Ctx {
   Device* dev = nullptr;
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;
-  DeviceBuffer w16, x16, part, xq;
+  DeviceBuffer w16, x16, part, xq, kv16, spans16;
   // While a step is being recorded as a graph, a scratch buffer that must grow first runs and
   // waits for what was recorded so far (pause: the old buffer may be in use), then recording
   // goes on (resume).
@@ -34,6 +38,10 @@ struct Ctx {
     return grow(part, n * sizeof(float), "attention partials").as<float>();
   }
   uint8_t* scratch_xq(size_t bytes) { return grow(xq, bytes, "quantized activations").as(); }
+  __half* scratch_kv16(size_t bytes) { return grow(kv16, bytes, "f16 K/V chunks").as<__half>(); }
+  Span* scratch_spans16(size_t n) {
+    return grow(spans16, n * sizeof(Span), "f16 K/V chunk spans").as<Span>();
+  }
   DeviceBuffer& grow(DeviceBuffer& b, size_t bytes, const char* what);
 };
 

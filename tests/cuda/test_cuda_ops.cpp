@@ -134,12 +134,14 @@ TEST(CudaOps, RmsnormWideRows) {
   }
 }
 
-// Rows of 14336 columns (the 8B models' down product: the kernel keeps a group of loads
-// ahead) and 4096 rows of 4096 (two warps share each row), against the CPU.
+// The 8B models' shapes, against the CPU: rows of 14336 columns (the down product: the kernel
+// keeps a group of loads ahead), 4096 rows of 4096 (4 rows a warp, two warps to each 4), 6144
+// rows (8 rows a warp for 4-bit formats).
 TEST(CudaOps, MatvecEightBShapes) {
   NEED_GPU();
   for (DType t : {DType::Q4_0, DType::Q8_0, DType::Q4_1}) {
-    for (const auto& [n_in, n_out] : {std::pair<int64_t, int64_t>{14336, 512}, {4096, 4096}}) {
+    for (const auto& [n_in, n_out] :
+         {std::pair<int64_t, int64_t>{14336, 4608}, {4096, 4096}, {4096, 6144}}) {
       const auto f = rnd(static_cast<size_t>(n_in * n_out), 23);
       const size_t rb = row_bytes(t, n_in);
       std::vector<uint8_t> q(rb * static_cast<size_t>(n_out));

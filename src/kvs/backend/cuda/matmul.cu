@@ -420,33 +420,42 @@ void launch_q(Ctx& c, const MatJob* jobs, int n, int split, const XBlock* xq, co
          c.stream, g, xq, xm, n_in);
 }
 
-// The integer kernel's shape for rows of n_in (rows in all, n_tok tokens): R rows per warp
-// share x's loads; U groups per chunk, kPipe, and split warps per R rows set the loads in
-// flight and the warps on the GPU. Chosen by timing the variants on the H200 for the 8B shapes
-// (docs/benchmarks.md): for one or two tokens, 4 rows per warp; long rows (the FFN's down
-// product) one group ahead; two warps per 4 rows except for the mid-sized QKV group.
+// The integer kernel's shape for rows of n_in (rows in all, n_tok tokens, quant bytes per
+// block): R rows per warp share x's loads; U groups per chunk, kPipe, and split warps per R rows
+// set the loads in flight and the warps on the GPU. Chosen by timing the variants on the H200
+// for the 8B shapes (bench/matvec_sweep.cu): for one or two tokens, 8 rows per warp for 4-bit
+// rows (4 for 8-bit ones, whose loads are twice as large), 4 for the smallest matrices; long
+// rows (the FFN's down product) one group ahead; two warps per R rows.
 struct QShape {
   int r, u, split;
   bool pipe;
 };
-QShape q_shape(int rows, int n_in, int64_t n_tok) {
+QShape q_shape(int rows, int n_in, int64_t n_tok, int quant) {
   if (n_tok > 4) return {1, 2, 1, false};
   if (n_tok > 2) return {2, 2, 1, false};
-  if (n_in > 8192) return {4, 1, 2, true};
-  return {4, 2, rows > 4096 && rows < 16384 ? 1 : 2, false};
+  const int r = quant == 16 && rows > 4096 ? 8 : 4;
+  if (n_in > 8192) return {r, 1, 2, true};
+  return {r, 2, quant == 16 || rows <= 4096 || rows >= 16384 ? 2 : 1, false};
 }
 
 template <DType T, int NT>
 void matvec_q_any(Ctx& c, const MatJob* jobs, int n, const XBlock* xq, const XMeta* xm, int n_in,
                   QShape s) {
-  if constexpr (NT > 4)
+  if constexpr (NT > 4) {
     launch_q<T, NT, 1, 2, false>(c, jobs, n, s.split, xq, xm, n_in);
-  else if constexpr (NT > 2)
+  } else if constexpr (NT > 2) {
     launch_q<T, NT, 2, 2, false>(c, jobs, n, s.split, xq, xm, n_in);
-  else if (s.pipe)
-    launch_q<T, NT, 4, 1, true>(c, jobs, n, s.split, xq, xm, n_in);
-  else
-    launch_q<T, NT, 4, 2, false>(c, jobs, n, s.split, xq, xm, n_in);
+  } else {
+    if constexpr (packed(T).quant == 16) {
+      if (s.r == 8)
+        return s.pipe ? launch_q<T, NT, 8, 1, true>(c, jobs, n, s.split, xq, xm, n_in)
+                      : launch_q<T, NT, 8, 2, false>(c, jobs, n, s.split, xq, xm, n_in);
+    }
+    if (s.pipe)
+      launch_q<T, NT, 4, 1, true>(c, jobs, n, s.split, xq, xm, n_in);
+    else
+      launch_q<T, NT, 4, 2, false>(c, jobs, n, s.split, xq, xm, n_in);
+  }
 }
 
 // One launch for jobs [0, n) of one weight type; xq/xm hold x quantized for matvec_q.
@@ -458,7 +467,7 @@ void matvec(Ctx& c, const float* x, int64_t n_tok, const MatJob* jobs, int n, co
   for (int j = 0; j < n; ++j) rows += static_cast<int>(jobs[j].w->n_out);
   dispatch(type, [&]<DType T>() {
     if constexpr (kQuant<T>) {
-      const QShape s = q_shape(rows, n_in, n_tok);
+      const QShape s = q_shape(rows, n_in, n_tok, packed(T).quant);
       switch (n_tok) {
 #define KVS_NT(N) \
   case N:         \

@@ -1,12 +1,9 @@
 // Times the integer matrix-vector kernel's variants (rows per warp, groups per chunk, one
 // chunk ahead or not, warps per row) on the matrix shapes of the 8B models, q4_0 and q8_0:
-// the numbers behind q_shape() in matmul.cu (bench/results/h200-matvec-sweep.txt). Not part of
-// the build; on a CUDA machine, after building the project into build/cuda:
-//   nvcc -O3 -std=c++20 --expt-relaxed-constexpr -DKVS_HAVE_CUDA=1 -Isrc -arch=sm_90 \
-//     -c bench/matvec_sweep.cu -o /tmp/sweep.o
-//   nvcc /tmp/sweep.o -o /tmp/matvec_sweep build/cuda/libkvs_cuda.a build/cuda/libkvs.a -lcublas
-//   /tmp/matvec_sweep          (PDL=0: without programmatic dependent launch)
-// Each variant runs 100 times over copies of the matrices larger than the L2 cache.
+// the numbers behind q_shape() in matmul.cu (bench/results/h200-matvec-sweep.txt). Built with
+// the CUDA backend as kvs_matvec_sweep; run it on the GPU machine (PDL=0: without programmatic
+// dependent launch). Each variant runs 100 times over copies of the matrices larger than the
+// L2 cache; the times include the launches, back to back.
 #include "../src/kvs/backend/cuda/matmul.cu"
 
 #include <cstdio>
@@ -23,8 +20,7 @@ struct Shape {
 
 template <DType T, int R, int U, bool P>
 void run_variant(Ctx& c, const char* tn, const Shape& sh, std::vector<std::vector<Matrix>>& ws,
-                 std::vector<std::vector<DeviceBuffer>>&, float* y, const XBlock* xq,
-                 const XMeta* xm, double bytes) {
+                 float* y, const XBlock* xq, const XMeta* xm, double bytes) {
   for (int split : {1, 2, 4}) {
     auto go = [&](int i) {
       MatJob jobs[3];
@@ -78,7 +74,6 @@ int main() {
       for (int o : sh.outs) per += rb * o;
       const int copies = std::max<int>(2, static_cast<int>((600ull << 20) / per));
       std::vector<std::vector<Matrix>> ws(copies);
-      std::vector<std::vector<DeviceBuffer>> keep;
       std::vector<void*> raw;
       for (int i = 0; i < copies; ++i)
         for (int o : sh.outs) {
@@ -95,15 +90,17 @@ int main() {
       const int nbx = sh.n_in / 32;
       const XMeta* xm = reinterpret_cast<const XMeta*>(xbuf + nbx * sizeof(XBlock));
       const double bytes = static_cast<double>(per);
-      run_variant<T, 2, 2, false>(c, tn, sh, ws, keep, y, xq, xm, bytes);
-      run_variant<T, 4, 2, false>(c, tn, sh, ws, keep, y, xq, xm, bytes);
-      run_variant<T, 1, 2, false>(c, tn, sh, ws, keep, y, xq, xm, bytes);
-      run_variant<T, 2, 4, false>(c, tn, sh, ws, keep, y, xq, xm, bytes);
-      run_variant<T, 1, 4, false>(c, tn, sh, ws, keep, y, xq, xm, bytes);
-      run_variant<T, 2, 1, true>(c, tn, sh, ws, keep, y, xq, xm, bytes);
-      run_variant<T, 2, 2, true>(c, tn, sh, ws, keep, y, xq, xm, bytes);
-      run_variant<T, 4, 1, true>(c, tn, sh, ws, keep, y, xq, xm, bytes);
-      run_variant<T, 1, 2, true>(c, tn, sh, ws, keep, y, xq, xm, bytes);
+      run_variant<T, 2, 2, false>(c, tn, sh, ws, y, xq, xm, bytes);
+      run_variant<T, 4, 2, false>(c, tn, sh, ws, y, xq, xm, bytes);
+      run_variant<T, 1, 2, false>(c, tn, sh, ws, y, xq, xm, bytes);
+      run_variant<T, 2, 4, false>(c, tn, sh, ws, y, xq, xm, bytes);
+      run_variant<T, 4, 4, false>(c, tn, sh, ws, y, xq, xm, bytes);
+      run_variant<T, 2, 1, true>(c, tn, sh, ws, y, xq, xm, bytes);
+      run_variant<T, 4, 1, true>(c, tn, sh, ws, y, xq, xm, bytes);
+      if constexpr (packed(T).quant == 16) {  // 8 rows of 8-bit quants would spill
+        run_variant<T, 8, 2, false>(c, tn, sh, ws, y, xq, xm, bytes);
+        run_variant<T, 8, 1, true>(c, tn, sh, ws, y, xq, xm, bytes);
+      }
       for (void* p : raw) cudaFree(p);
       fflush(stdout);
     }

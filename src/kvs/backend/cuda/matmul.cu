@@ -85,6 +85,40 @@ __global__ void quantize_x(const float* __restrict__ x, XBlock* __restrict__ xq,
   quantize_x_block(x[static_cast<size_t>(b) * 32 + lane], lane, xq + b, xm + b);
 }
 
+// The end of a product kernel: each lane's sums over the lanes, then stored by lane 0 (split
+// == 1), or, with split warps to each R rows, added up in warp order through shared memory by
+// the first of them. With split > 1 the whole block must arrive here.
+template <int R, int NT>
+__device__ __forceinline__ void finish(const Group& g, int j, int row0, float (&acc)[R][NT],
+                                       float (&red)[kWarps][R][NT], int split) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_out = g.n_out[j];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[r][t] = warp_sum(acc[r][t]);
+  if (split == 1) {
+    if (lane == 0)
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int t = 0; t < NT; ++t)
+          if (row0 + r < n_out) store(g, j, row0 + r, t, acc[r][t]);
+    return;
+  }
+  if (lane == 0)
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int t = 0; t < NT; ++t) red[warp][r][t] = acc[r][t];
+  __syncthreads();
+  if (warp % split == 0 && lane < R * NT) {
+    const int r = lane / NT, t = lane % NT;
+    float v = 0.0f;
+    for (int w = 0; w < split; ++w) v += red[warp + w][r][t];
+    if (row0 + r < n_out) store(g, j, row0 + r, t, v);
+  }
+}
+
 // The quants and scales of U groups of R rows, as one lane loads them.
 template <DType T, int R, int U>
 struct QChunk {
@@ -204,31 +238,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       c.template dot<NT>(xq, xm, g0, lane, n_blocks, acc);
     }
   }
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int t = 0; t < NT; ++t) acc[r][t] = warp_sum(acc[r][t]);
-  if (split == 1) {
-    if (lane == 0)
-#pragma unroll
-      for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int t = 0; t < NT; ++t)
-          if (row0 + r < n_out) store(g, j, row0 + r, t, acc[r][t]);
-    return;
-  }
-  if (lane == 0)
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int t = 0; t < NT; ++t) red[warp][r][t] = acc[r][t];
-  __syncthreads();
-  if (part == 0 && lane < R * NT) {
-    const int r = lane / NT, t = lane % NT;
-    float v = 0.0f;
-    for (int w = 0; w < split; ++w) v += red[warp + w][r][t];
-    if (row0 + r < n_out) store(g, j, row0 + r, t, v);
-  }
+  finish<R, NT>(g, j, row0, acc, red, split);
 }
 
 // f16 and bf16 rows: two per warp, lanes over the elements.
@@ -278,31 +288,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     }
   }
-#pragma unroll
-  for (int r = 0; r < kRows; ++r)
-#pragma unroll
-    for (int t = 0; t < NT; ++t) acc[r][t] = warp_sum(acc[r][t]);
-  if (split == 1) {
-    if (lane == 0)
-#pragma unroll
-      for (int r = 0; r < kRows; ++r)
-#pragma unroll
-        for (int t = 0; t < NT; ++t)
-          if (row0 + r < n_out) store(g, j, row0 + r, t, acc[r][t]);
-    return;
-  }
-  if (lane == 0)
-#pragma unroll
-    for (int r = 0; r < kRows; ++r)
-#pragma unroll
-      for (int t = 0; t < NT; ++t) red[warp][r][t] = acc[r][t];
-  __syncthreads();
-  if (threadIdx.x < kRows * NT) {
-    const int r = threadIdx.x / NT, t = threadIdx.x % NT;
-    float v = 0.0f;
-    for (int w = 0; w < split; ++w) v += red[w][r][t];
-    if (row0 + r < n_out) store(g, j, row0 + r, t, v);
-  }
+  finish<kRows, NT>(g, j, row0, acc, red, split);
 }
 
 // Any format: a warp per row, each lane decoding whole sub-blocks.

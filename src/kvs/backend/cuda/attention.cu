@@ -1190,12 +1190,10 @@ void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq) {
             run(decode_partials<K, V, 8, 8>);
         });
       });
-      KVS_CUDA_CHECK(cudaGetLastError());
       launch(decode_fold, a.n_head, fold_threads(d), 0, c.stream, g, part);
     } else {
       launch(decode_fold, a.n_head, fold_threads(d), 0, c.stream, g, nullptr);
     }
-    KVS_CUDA_CHECK(cudaGetLastError());
     return;
   }
   dispatch_kv(l.k_type, [&]<DType K>() {
@@ -1212,7 +1210,6 @@ void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq) {
       }
     });
   });
-  KVS_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace kvs::cuda

@@ -3,9 +3,9 @@
 // - q4_0, q4_1, q8_0 (rows in the layout of common.cuh): x is first quantized per 32-element
 //   block to two int8 planes, x = dx (h + l / 254) (relative error below 2e-5 of the block's
 //   largest value, about f32's rounding of the old float kernel), and lane l of a warp takes
-//   block l of each 1024-element group of four rows at once: one 16- or 32-byte load of quants
-//   per row, integer dot products with __dp4a, one float scale per block. About one
-//   instruction per weight, so the loads, not the arithmetic, set the speed.
+//   block l of each 1024-element group of R rows at once (R and the loads in flight: q_shape):
+//   one 16- or 32-byte load of quants per row, integer dot products with __dp4a, one float
+//   scale per block. About one instruction per weight, so the loads set the speed.
 // - f16, bf16: lanes read 4 elements per 128, x coalesced, two rows per warp, f32 products.
 // - the other formats: a simpler warp-per-row kernel.
 // The jobs of a group with one weight type are one launch. More tokens: the matrix is
@@ -495,7 +495,6 @@ void gemm(Ctx& c, const float* x, int64_t n_tok, const MatJob& job) {
   });
   const size_t nx = static_cast<size_t>(n_in) * n_tok;
   launch(to_f16, (nx + 255) / 256, 256, 0, c.stream, x, xh, nx);
-  KVS_CUDA_CHECK(cudaGetLastError());
   const float one = 1.0f, beta = job.add ? 1.0f : 0.0f;
   const cublasStatus_t st =
       cublasGemmEx(c.cublas, CUBLAS_OP_T, CUBLAS_OP_N, n_out, static_cast<int>(n_tok), n_in, &one,
@@ -507,7 +506,6 @@ void gemm(Ctx& c, const float* x, int64_t n_tok, const MatJob& job) {
   if (job.bias) {
     const size_t n = static_cast<size_t>(n_out) * n_tok;
     launch(add_bias, (n + 255) / 256, 256, 0, c.stream, job.y, job.bias, n_out, n);
-    KVS_CUDA_CHECK(cudaGetLastError());
   }
 }
 

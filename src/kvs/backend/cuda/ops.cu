@@ -237,7 +237,6 @@ void stage_bytes(cudaStream_t stream, uint8_t* dst, const uint8_t* src, size_t n
       stage_launch<kMax>(stream, dst + done, src + done, words);
     done += static_cast<size_t>(words) * 16;
   }
-  KVS_CUDA_CHECK(cudaGetLastError());
 }
 
 void embed(Ctx& c, const Matrix& emb, const int32_t* ids, int32_t n, float* x) {
@@ -247,7 +246,6 @@ void embed(Ctx& c, const Matrix& emb, const int32_t* ids, int32_t n, float* x) {
     launch(embed_k<T>, grid, 64, 0, c.stream, emb.data, emb.row_bytes, ids,
            static_cast<int>(emb.n_in), x);
   });
-  KVS_CUDA_CHECK(cudaGetLastError());
 }
 
 // The two parts of a buffer of x quantized (n elements).
@@ -291,7 +289,6 @@ void swiglu(Ctx& c, float* gate, const float* up, int64_t n, uint8_t* xq) {
 void add(Ctx& c, float* x, const float* y, int64_t n) {
   launch(add_k, blocks(static_cast<size_t>(n), 256), 256, 0, c.stream, x, y,
          static_cast<size_t>(n));
-  KVS_CUDA_CHECK(cudaGetLastError());
 }
 
 void kv_write(Ctx& c, const KvLayout& l, const float* k, const float* v, int32_t n_tok,
@@ -305,7 +302,6 @@ void kv_write(Ctx& c, const KvLayout& l, const float* k, const float* v, int32_t
              l.k_row, l.v_row, kb, vb);
     });
   });
-  KVS_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace kvs::cuda

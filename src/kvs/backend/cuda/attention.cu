@@ -27,7 +27,8 @@ struct Geo {
   size_t k_row, v_row, k_head, v_head, v_offset;
   float scale;
   bool first, last;
-  uint8_t* xq = nullptr;  // decode, last call: where the fold also writes out quantized
+  uint8_t* xq = nullptr;       // decode, last call: where the fold also writes out quantized
+  bool fold_in_place = false;  // decode of one span on tensor cores: no separate fold
 };
 
 __device__ __forceinline__ float h2f_16(const uint16_t* p) {
@@ -193,7 +194,7 @@ struct HeadCopy {
   int shift, pieces;
 };
 __device__ __forceinline__ HeadCopy head_copy(int hk, size_t head, int cw) {
-  const int shift = static_cast<int>((static_cast<size_t>(hk) * head) % cw);
+  const int shift = hk * static_cast<int>(head) % cw;  // heads of a row: well within 2^31
   return {shift, (shift + static_cast<int>(head) + cw - 1) / cw};
 }
 
@@ -205,11 +206,11 @@ __device__ __forceinline__ void cp_wait_one() {
 }
 // A decode block's span: the keys the query sees (0 past its position) and where the partials
 // of its kv head's query heads go; an empty span marks them empty.
-__device__ __forceinline__ int decode_span(const Geo& g, float* part, float*& pout) {
-  const Span sp = g.spans[blockIdx.x];
+__device__ __forceinline__ int decode_span(const Geo& g, float* part, int s, int hk, float*& pout) {
+  const Span sp = g.spans[s];
   const int n = min(sp.n, g.pos[0] - sp.start + 1);
   const size_t stride = static_cast<size_t>(g.d) + 3;
-  pout = part + (static_cast<size_t>(blockIdx.x) * g.n_head + blockIdx.y * g.group) * stride;
+  pout = part + (static_cast<size_t>(s) * g.n_head + hk * g.group) * stride;
   if (n <= 0)
     for (int r = threadIdx.x; r < g.group; r += blockDim.x) pout[r * stride + 2] = 0.0f;
   return n;
@@ -244,7 +245,7 @@ __global__ void __launch_bounds__(kDecThreads, 5) decode_partials(Geo g, float* 
   const Span sp = g.spans[s];
   const size_t stride = static_cast<size_t>(d) + 3;
   float* pout;
-  const int n = decode_span(g, part, pout);
+  const int n = decode_span(g, part, s, hk, pout);
   if (n <= 0) return;
   const int tk = t.keys, buf_bytes = tk * (t.kst + t.vst);
   const uint8_t* kg = sp.page + hk * g.k_head;
@@ -359,76 +360,105 @@ __global__ void __launch_bounds__(kDecThreads, 5) decode_partials(Geo g, float* 
   }
 }
 
-// Decode, step 2: fold the partials of every span into the running state, in span order.
-// A block per head, a thread per output dimension; the partials come in chunks of kFold
-// spans, the next chunk's loads in flight while the current one is folded from registers.
-constexpr int kFold = 32;
-
-__global__ void decode_fold(Geo g, const float* part) {
-  pdl_wait();
-  __shared__ float mlf[2][3][kFold];  // max, sum, non-empty of a chunk's spans
-  // At least 3 kFold threads (the chunk's fields), the first d of them own an output each.
-  const int h = blockIdx.x, d = g.d, i = threadIdx.x, io = min(i, d - 1);
-  const size_t stride = static_cast<size_t>(d) + 3, step = stride * g.n_head;
-  float m = g.first ? 0.0f : g.acc[2 * h], l = g.first ? 0.0f : g.acc[2 * h + 1];
-  float o = l != 0.0f ? g.out[h * d + io] : 0.0f;
-  const float* base = part + h * stride;
-  // Thread k < 3 kFold loads field k % 3 of span k / 3 of a chunk.
-  const auto meta = [&](int s0) {
-    const int s = i / 3, f = i % 3;
-    return i < 3 * kFold && s0 + s < g.n_spans ? base[(s0 + s) * step + f] : 0.0f;
-  };
-  float po[kFold];
-  const auto outs = [&](int s0) {
-#pragma unroll
-    for (int s = 0; s < kFold; ++s)
-      po[s] = s0 + s < g.n_spans ? base[(s0 + s) * step + 3 + io] : 0.0f;
-  };
-  if (g.n_spans > 0) {
-    const float t = meta(0);
-    if (i < 3 * kFold) mlf[0][i % 3][i / 3] = t;
-    outs(0);
-  }
-  for (int s0 = 0, b = 0; s0 < g.n_spans; s0 += kFold, b ^= 1) {
-    __syncthreads();
-    const int n = min(kFold, g.n_spans - s0);
-    float cur[kFold];
-#pragma unroll
-    for (int s = 0; s < kFold; ++s) cur[s] = po[s];
-    const bool more = s0 + kFold < g.n_spans;
-    float t = 0.0f;
-    if (more) {
-      t = meta(s0 + kFold);
-      outs(s0 + kFold);
-    }
-#pragma unroll
-    for (int s = 0; s < kFold; ++s) {
-      if (s >= n) break;
-      const float pm = mlf[b][0][s], pl = mlf[b][1][s];
-      const float mm = fmaxf(m, pm);
-      const float ea = expf(m - mm), eb = expf(pm - mm);
-      const bool live = mlf[b][2][s] != 0.0f, fresh = l == 0.0f;
-      const float nl = fresh ? pl : l * ea + pl * eb, no = fresh ? cur[s] : o * ea + cur[s] * eb;
-      const float nm = fresh ? pm : mm;
-      l = live ? nl : l;
-      o = live ? no : o;
-      m = live ? nm : m;
-    }
-    if (more && i < 3 * kFold) mlf[b ^ 1][i % 3][i / 3] = t;
-  }
+// One span in the fold: the state times ea plus the span times eb (ea 1, eb 0 for an empty
+// span, whose partial is not even read; ea 0, eb 1 for the first span taken). `before` and
+// `after` are the running max before and after the span.
+struct FoldStep {
+  float ea, eb;
+};
+__device__ __forceinline__ FoldStep fold_step(bool live, bool first, float before, float after,
+                                              float pm) {
+  return {!live   ? 1.0f
+          : first ? 0.0f
+                  : expf(before - after),
+          !live   ? 0.0f
+          : first ? 1.0f
+                  : expf(pm - after)};
+}
+__device__ __forceinline__ float fold_out(float o, FoldStep f, float cur) {
+  return fmaf(o, f.ea, f.eb != 0.0f ? cur * f.eb : 0.0f);
+}
+// The end of a decode fold: the output (normalised after the last call, and quantized for the
+// next product) and the state.
+__device__ __forceinline__ void fold_write(const Geo& g, int h, int i, float m, float l, float o) {
   const float v = g.last ? o / l : o;
-  if (i < d) g.out[h * d + i] = v;
+  g.out[h * g.d + i] = v;
   if (i == 0) g.acc[2 * h] = m, g.acc[2 * h + 1] = l;
-  if (g.xq && i < d) {  // whole warps: d is a multiple of 32
-    const size_t b = static_cast<size_t>(h * d + i) / 32,
-                 nb = static_cast<size_t>(g.n_head * d) / 32;
+  if (g.xq) {  // called by whole warps, a warp's lanes on 32 dimensions of one head
+    const size_t b = static_cast<size_t>(h * g.d + i) / 32,
+                 nb = static_cast<size_t>(g.n_head * g.d) / 32;
     quantize_x_block(v, i % 32, reinterpret_cast<XBlock*>(g.xq) + b,
                      reinterpret_cast<XMeta*>(g.xq + nb * sizeof(XBlock)) + b);
   }
 }
 
+// Decode, step 2: fold the partials of every span into the running state, in span order. A
+// block per head, a thread per output dimension. The state's max only grows, so the max after
+// each span is a prefix max, and the factors that rescale the state and the span's partial
+// depend on maxima alone: each warp computes them for a chunk of 32 spans at once (a scan over
+// its lanes, the same expf of the same differences as a one-by-one fold), and the only serial
+// work left is the sum and the output, one multiply-add per span. A span is merged (o * ea +
+// cur * eb), taken as the first (nothing before it) or skipped (empty).
+constexpr int kFold = 32;
+
+__global__ void decode_fold(Geo g, const float* part) {
+  pdl_wait();
+  const int h = blockIdx.x, d = g.d, i = threadIdx.x, lane = i % 32, io = min(i, d - 1);
+  const size_t stride = static_cast<size_t>(d) + 3, step = stride * g.n_head;
+  float m = g.first ? 0.0f : g.acc[2 * h], l = g.first ? 0.0f : g.acc[2 * h + 1];
+  float o = l != 0.0f ? g.out[h * d + io] : 0.0f;
+  // Before the chunk: the running max (-inf while nothing was taken) and whether any is.
+  float run_max = l != 0.0f ? m : -INFINITY;
+  bool any = l != 0.0f;
+  const float* base = part + h * stride;
+  float po[kFold], pl_next = 0.0f, pm_next = 0.0f, live_next = 0.0f;
+  const auto load = [&](int s0) {
+#pragma unroll
+    for (int s = 0; s < kFold; ++s)
+      po[s] = s0 + s < g.n_spans ? base[(s0 + s) * step + 3 + io] : 0.0f;
+    const bool in = s0 + lane < g.n_spans;
+    pm_next = in ? base[(s0 + lane) * step] : 0.0f;
+    pl_next = in ? base[(s0 + lane) * step + 1] : 0.0f;
+    live_next = in ? base[(s0 + lane) * step + 2] : 0.0f;
+  };
+  if (g.n_spans > 0) load(0);
+  for (int s0 = 0; s0 < g.n_spans; s0 += kFold) {
+    float cur[kFold];
+#pragma unroll
+    for (int s = 0; s < kFold; ++s) cur[s] = po[s];
+    const float pm = pm_next, pl = pl_next;
+    const bool live = live_next != 0.0f;
+    if (s0 + kFold < g.n_spans) load(s0 + kFold);
+    // Lane s: the max after span s0 + s, the max before it, whether any span came before.
+    float after = live ? pm : -INFINITY;
+    int taken = live ? 1 : 0;
+#pragma unroll
+    for (int k = 1; k < 32; k *= 2) {
+      const float x = __shfl_up_sync(0xffffffffu, after, k);
+      const int y = __shfl_up_sync(0xffffffffu, taken, k);
+      if (lane >= k) after = fmaxf(after, x), taken += y;
+    }
+    after = fmaxf(after, run_max);
+    float before = __shfl_up_sync(0xffffffffu, after, 1);
+    int prior = __shfl_up_sync(0xffffffffu, taken, 1);
+    if (lane == 0) before = run_max, prior = 0;
+    const FoldStep f = fold_step(live, !any && prior == 0, before, after, pm);
+    const float lb = live ? pl * f.eb : 0.0f;
+    run_max = __shfl_sync(0xffffffffu, after, 31);
+    any = any || __shfl_sync(0xffffffffu, taken, 31) > 0;
+    // The serial part: one multiply-add per span for the sum and for the output.
+#pragma unroll
+    for (int s = 0; s < kFold; ++s) {
+      const FoldStep fs{__shfl_sync(0xffffffffu, f.ea, s), __shfl_sync(0xffffffffu, f.eb, s)};
+      l = fmaf(l, fs.ea, __shfl_sync(0xffffffffu, lb, s));
+      o = fold_out(o, fs, cur[s]);
+    }
+  }
+  if (i < d) fold_write(g, h, i, any ? run_max : m, l, o);  // whole warps: d % 32 == 0
+}
+
 int fold_threads(int d) {
-  return std::max(d, 3 * kFold + 31) / 32 * 32;
+  return std::max(d, 32);
 }
 
 // Prefill tiles: kTQ queries x the group's heads as rows, kTK keys per tile.
@@ -662,19 +692,21 @@ __device__ __forceinline__ uint32_t h2u(float x, float y) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
-// The online softmax of one tile on mma accumulators: sc[nt][e] is the (masked, scaled) score
-// of row gr + 8 (e / 2) and key 8 nt + 2 t4 + e % 2, each row spread over the 4 threads of a
-// quad. Scores become probabilities against the new running max m; l is updated and o, the
-// unnormalised output of the rows ([D / 8][4], the same row split; [D / 8][2]: row gr only),
-// is rescaled. kExp2: scores and maxima are in units of log2 (the scale times log2(e) was
-// folded into Q), so each probability is one ex2 instruction (flushing results below 2^-126 to
-// zero) where expf takes several; it made the prefill at 32K 1.17x faster.
+// One ex2 instruction (flushing results below 2^-126 to zero) where expf takes several.
+constexpr float kLog2e = 1.4426950408889634f;
 __device__ __forceinline__ float ex2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
-template <bool kExp2, int kN, int kO, int kC>
+
+// The online softmax of one prefill tile on mma accumulators: sc[nt][e] is the (masked,
+// scaled) score of row gr + 8 (e / 2) and key 8 nt + 2 t4 + e % 2, each row spread over the 4
+// threads of a quad. Scores become probabilities against the new running max m; l is updated
+// and o, the unnormalised output of the rows ([D / 8][4], the same row split), is rescaled.
+// Scores and maxima are in units of log2 (the scale times log2(e) was folded into Q), so each
+// probability is one ex2; it made the prefill at 32K 1.17x faster than expf.
+template <int kN, int kO, int kC>
 __device__ __forceinline__ void tile_softmax(float (&sc)[kN][4], float (&m)[2], float (&l)[2],
                                              float (&o)[kO][kC]) {
   float mx[2] = {-INFINITY, -INFINITY};
@@ -697,7 +729,7 @@ __device__ __forceinline__ void tile_softmax(float (&sc)[kN][4], float (&m)[2], 
     for (int e = 0; e < 4; ++e) {
       const int i = e / 2;
       const float x = sc[nt][e] - mu[i];
-      const float p = kExp2 ? ex2(x) : expf(x);
+      const float p = ex2(x);
       sc[nt][e] = p;
       ls[i] += p;
     }
@@ -705,7 +737,7 @@ __device__ __forceinline__ void tile_softmax(float (&sc)[kN][4], float (&m)[2], 
   for (int i = 0; i < 2; ++i) {
     ls[i] += __shfl_xor_sync(0xffffffffu, ls[i], 1);
     ls[i] += __shfl_xor_sync(0xffffffffu, ls[i], 2);
-    const float a = m[i] == -INFINITY ? 0.0f : kExp2 ? ex2(m[i] - mx[i]) : expf(m[i] - mx[i]);
+    const float a = m[i] == -INFINITY ? 0.0f : ex2(m[i] - mx[i]);
     al[i] = mx[i] == -INFINITY ? 1.0f : a;
     l[i] = l[i] * al[i] + ls[i];
     m[i] = mx[i];
@@ -840,7 +872,7 @@ __global__ void __launch_bounds__(kTcThreads) prefill_tc(Geo g) {
           const int i = e / 2, key = 8 * nt + 2 * t4 + e % 2;
           if (key >= nk || key_pos + key > rpos[i]) sc[nt][e] = -INFINITY;
         }
-    tile_softmax<true>(sc, m, l, o);
+    tile_softmax(sc, m, l, o);
     // O += P V.
 #pragma unroll
     for (int kk = 0; kk < kTcKeys / 16; ++kk) {
@@ -901,36 +933,213 @@ __global__ void kv_to_f16(Geo g, int s0, int page_keys, int n_kv, __half* __rest
   }
 }
 
-// Decode on tensor cores, for head sizes 64 and 128 and up to 16 query heads per kv head:
-// one block per (span, kv head) as decode_partials, writing the same partial. Each of the 4
-// warps takes a quarter of the span's keys (fixed by the span's length, so how spans are cut
-// into calls does not matter) and walks it on its own in tiles of 16 keys: raw rows copied one
-// tile ahead (cp.async) into the warp's part of shared memory, dequantized to f16 there,
-// S = Q K^T and O += P V by mma.sync m16n8k16 with the group's heads as the rows of the
-// tile, an online softmax on the accumulators. The warps' partials merge in warp order. One
-// f16 tile per warp holds K, then V, so 4 blocks fit in an SM's shared memory.
+// Decode on tensor cores, for head sizes 64 and 128 and up to 8 query heads per kv head: one
+// block per (span, kv head), the kv heads of a span next to each other in the grid so that the
+// blocks running together read whole K and V rows. Each of the 4 warps takes a quarter of the
+// span's keys (fixed by the span's length, so how spans are cut into calls does not matter) and
+// walks it in tiles of 16 keys, up to kStages tiles in flight: raw rows copied (cp.async) into
+// the warp's part of shared memory, the mma.sync operands built from them in registers
+// (integer levels become halves by the 0x6400 trick, times the block's scale: no f16 tile, no
+// ldmatrix), S = Q K^T with the group's heads as the rows, an online softmax on the
+// accumulators, O += P V. The warps' partials merge in warp order.
 constexpr int kDtKeys = 16, kDtWarps = 4;
 
+// Bytes of one head's K or V row.
+template <DType T, int D>
+constexpr int head_bytes() {
+  return T == DType::F16 ? 2 * D : T == DType::Q8_0 ? 34 * D / 32 : 18 * D / 32;
+}
+// Tiles in flight per warp: as many (up to 4) as let 3 blocks of 4 warps fit an SM's shared
+// memory.
 template <DType K, DType V, int D>
-__global__ void __launch_bounds__(32 * kDtWarps, 4)
-    decode_tc(Geo g, float* part, int kst, int vst, int cw) {
+constexpr int dt_stages() {
+  constexpr int stage = kDtWarps * kDtKeys * (head_bytes<K, D>() + head_bytes<V, D>() + 32);
+  return 4 * stage <= 74 * 1024 ? 4 : 3 * stage <= 74 * 1024 ? 3 : 2;
+}
+
+// Pieces c0, c0 + 2, ... (< n) of 16 bytes of one row, unrolled to at most kMax: the
+// addresses are the row's plus constants.
+template <int kMax>
+__device__ __forceinline__ void cp_row16(uint8_t* dst, const uint8_t* src, int n, int c0) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst + 16 * c0));
+  src += 16 * c0;
+#pragma unroll
+  for (int c = 0; c < kMax; c += 2)
+    if (c + c0 < n)
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d + 16 * c),
+                   "l"(src + 16 * c));
+}
+
+// Two integer levels (bytes 0 and 1 of w, made non-negative) as the halves 1024 + level.
+__device__ __forceinline__ uint32_t lv2(uint32_t w) {
+  return __byte_perm(w, 0x64646464u, 0x4140);
+}
+
+// The B operand of S = Q K^T for one key's row and one block of 32 dimensions: b[h][e] holds
+// dimensions 16 h + 8 e + 2 t4 + {0, 1} of the block, as f16 (d * level rounded, as dequant8).
+template <DType T>
+__device__ __forceinline__ void k_frags(const uint8_t* row, int blk, int t4, uint32_t (&b)[2][2]) {
+  if constexpr (T == DType::F16) {
+    const uint32_t* p = reinterpret_cast<const uint32_t*>(row + 64 * blk) + t4;
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) b[h][e] = p[8 * h + 4 * e];
+  } else {
+    constexpr bool q8 = T == DType::Q8_0;
+    const uint8_t* q = row + (q8 ? 34 : 18) * blk;
+    const __half2 d = __half2half2(*reinterpret_cast<const __half*>(q));
+    const uint16_t* p = reinterpret_cast<const uint16_t*>(q + 2) + t4;
+    const __half2 off = __float2half2_rn(q8 ? 1152.0f : 1032.0f);
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      if constexpr (q8) {  // levels 16 h + 8 e + 2 t4 + {0, 1}
+#pragma unroll
+        for (int h = 0; h < 2; ++h) b[h][e] = h2_sub_mul(lv2(p[8 * h + 4 * e] ^ 0x8080u), off, d);
+      } else {  // bytes 8 e + 2 t4 + {0, 1}: low nibbles for h = 0, high ones for h = 1
+        const uint32_t w = p[4 * e];
+        b[0][e] = h2_sub_mul(lv2(w & 0x0F0Fu), off, d);
+        b[1][e] = h2_sub_mul(lv2((w >> 4) & 0x0F0Fu), off, d);
+      }
+    }
+  }
+}
+
+// The B operand of O += P V comes from two keys' V rows at once. A thread's column c (its gr)
+// in the 4 n-tiles 4 J .. 4 J + 3 stands for 4 dimensions of block J that one short load gets:
+// 4 c + jj (f16, q8_0) or, for q4_0, the nibbles of bytes 2 c and 2 c + 1 (16 (jj / 2) + 2 c +
+// jj % 2). The output columns follow the same map.
+template <DType T>
+__device__ __forceinline__ int v_dim(int J, int jj, int c) {
+  return T == DType::Q4_0 ? 32 * J + 16 * (jj / 2) + 2 * c + jj % 2 : 32 * J + 4 * c + jj;
+}
+struct VQuad {
+  uint32_t w[2];  // the 4 values' bits: two f16 words, or levels in bytes
+  __half d;       // the block's scale (0 for keys past the tile: their rows are stale)
+};
+template <DType T>
+__device__ __forceinline__ VQuad v_quad(const uint8_t* row, int J, int c, bool live) {
+  VQuad r{{0u, 0u}, __ushort_as_half(0)};
+  if (!live) return r;
+  if constexpr (T == DType::F16) {
+    const uint2 w = *reinterpret_cast<const uint2*>(row + 64 * J + 8 * c);
+    r.w[0] = w.x, r.w[1] = w.y;
+  } else if constexpr (T == DType::Q8_0) {
+    const uint8_t* q = row + 34 * J;
+    const uint16_t* p = reinterpret_cast<const uint16_t*>(q + 2 + 4 * c);
+    r.w[0] = (p[0] | (static_cast<uint32_t>(p[1]) << 16)) ^ 0x80808080u;
+    r.d = *reinterpret_cast<const __half*>(q);
+  } else {
+    const uint8_t* q = row + 18 * J;
+    r.w[0] = *reinterpret_cast<const uint16_t*>(q + 2 + 2 * c);
+    r.d = *reinterpret_cast<const __half*>(q);
+  }
+  return r;
+}
+// Dimension v_dim(J, jj, gr) of keys a and b as one register (a in the low half).
+template <DType T>
+__device__ __forceinline__ uint32_t v_pair(const VQuad& a, const VQuad& b, int jj) {
+  if constexpr (T == DType::F16) {
+    return __byte_perm(a.w[jj / 2], b.w[jj / 2], jj % 2 ? 0x7632 : 0x5410);
+  } else {
+    constexpr bool q8 = T == DType::Q8_0;
+    const int k = q8 ? jj : jj % 2;
+    uint32_t x = __byte_perm(a.w[0], b.w[0], k | (k + 4) << 8);  // bytes: a's level, -, b's, -
+    if (!q8 && jj >= 2) x >>= 4;
+    x = (x & (q8 ? 0x00FF00FFu : 0x000F000Fu)) | 0x64006400u;
+    return h2_sub_mul(x, __float2half2_rn(q8 ? 1152.0f : 1032.0f), __halves2half2(a.d, b.d));
+  }
+}
+
+// The floats of a decode block's partials before they merge: [warp][ng][D] outputs,
+// [warp][ng][2] max and sum, [warp][ng] factors, [ng] maxima, and for a fold in place [ng]
+// sums and the state's [ng] maxima and sums (in the tiles' space).
+constexpr int dt_red_floats(int ng, int d) {
+  return kDtWarps * ng * (d + 3) + 4 * ng;
+}
+
+template <DType K, DType V, int D>
+__global__ void __launch_bounds__(32 * kDtWarps, 3)
+    decode_tc(Geo g, float* part, int n_kv, int kst, int vst, int cw) {
   pdl_wait();
-  constexpr int kHS = D + 8;  // halves per f16 row (16-byte aligned rows, no bank conflicts)
+  constexpr int kSt = dt_stages<K, V, D>();
   extern __shared__ __align__(16) uint8_t dt_smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, t4 = lane % 4;
-  const int raw_bytes = kDtKeys * (kst + vst);
-  const int warp_bytes = 2 * raw_bytes + kDtKeys * kHS * static_cast<int>(sizeof(__half));
-  uint8_t* raw = dt_smem + warp * warp_bytes;  // [2][kDtKeys][kst], [kDtKeys][vst] each
-  __half* th = reinterpret_cast<__half*>(raw + 2 * raw_bytes);  // [kDtKeys][kHS]: K, then V
-  const int s = blockIdx.x, hk = blockIdx.y, ng = g.group;
+  const int stage_bytes = kDtKeys * (kst + vst);
+  uint8_t* raw = dt_smem + warp * kSt * stage_bytes;  // [kSt][kDtKeys][kst], [kDtKeys][vst]
+  const int s = blockIdx.x / n_kv, hk = blockIdx.x % n_kv, ng = g.group;
   const Span sp = g.spans[s];
   const size_t stride = static_cast<size_t>(D) + 3;
+  float* red = reinterpret_cast<float*>(dt_smem);  // once the tiles are done
+  float* ml = red + kDtWarps * ng * D;
+  float* fac = ml + 2 * kDtWarps * ng;
+  float* row_max = fac + kDtWarps * ng;
+  float* sums = row_max + ng;
+  float* st = sums + ng;  // the state's max and sum per row
+  // The only span of the call folded into the state here, as decode_fold would (the same
+  // steps on the same values, so how spans fall into calls does not change the result).
+  const auto fold_here = [&](bool live) {
+    if (threadIdx.x < ng) {
+      const int r = threadIdx.x, h = hk * ng + r;
+      st[2 * r] = g.first ? 0.0f : g.acc[2 * h];
+      st[2 * r + 1] = g.first ? 0.0f : g.acc[2 * h + 1];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < ng * D; i += blockDim.x) {  // whole warps: D % 32 == 0
+      const int r = i / D, c = i % D, h = hk * ng + r;
+      float cur = 0.0f;
+      if (live)
+        for (int w = 0; w < kDtWarps; ++w) {
+          const float lw = ml[2 * (w * ng + r) + 1];
+          if (lw == 0.0f) continue;
+          cur += red[(w * ng + r) * D + c] * fac[w * ng + r];
+        }
+      const float m0 = st[2 * r], l0 = st[2 * r + 1], o0 = l0 != 0.0f ? g.out[h * D + c] : 0.0f;
+      const bool any = l0 != 0.0f;
+      const float run = any ? m0 : -INFINITY, pm = live ? row_max[r] : 0.0f;
+      const float after = live ? fmaxf(pm, run) : run;
+      const FoldStep f = fold_step(live, !any, run, after, pm);
+      const float l = fmaf(l0, f.ea, live ? sums[r] * f.eb : 0.0f);
+      fold_write(g, h, c, live || any ? after : m0, l, fold_out(o0, f, cur));
+    }
+  };
   float* pout;
-  const int n = decode_span(g, part, pout);
-  if (n <= 0) return;
+  const int n = decode_span(g, part, s, hk, pout);
+  if (n <= 0) {
+    if (g.fold_in_place) fold_here(false);
+    return;
+  }
   // This warp's keys: a quarter of the span, in whole tiles.
   const int per = ((n + kDtWarps - 1) / kDtWarps + kDtKeys - 1) / kDtKeys * kDtKeys;
   const int k_lo = min(n, warp * per), k_hi = min(n, k_lo + per);
+  const int n_tiles = (k_hi - k_lo + kDtKeys - 1) / kDtKeys;
+
+  const HeadCopy kc = head_copy(hk, g.k_head, cw), vc = head_copy(hk, g.v_head, cw);
+  const uint8_t* kg = sp.page + hk * g.k_head - kc.shift;
+  const uint8_t* vg = sp.page + g.v_offset + hk * g.v_head - vc.shift;
+  // Two lanes a row, every other piece each: a tile's copies cost an address per row.
+  const int cr = lane / 2, c0 = lane % 2;
+  const auto issue = [&](int t) {
+    if (t < n_tiles) {
+      const int k = k_lo + t * kDtKeys + cr;
+      if (k < k_hi) {
+        uint8_t* dst = raw + t % kSt * stage_bytes + cr * kst;
+        const uint8_t* ks = kg + static_cast<size_t>(k) * g.k_row;
+        const uint8_t* vs = vg + static_cast<size_t>(k) * g.v_row;
+        uint8_t* vdst = dst + kDtKeys * kst + cr * (vst - kst);
+        if (cw == 16) {  // whole rows 16-byte aligned: the usual case
+          cp_row16<(head_bytes<K, D>() + 30) / 16>(dst, ks, kc.pieces, c0);
+          cp_row16<(head_bytes<V, D>() + 30) / 16>(vdst, vs, vc.pieces, c0);
+        } else {
+          for (int c = c0; c < kc.pieces; c += 2) cp_async(dst + c * cw, ks + c * cw, cw);
+          for (int c = c0; c < vc.pieces; c += 2) cp_async(vdst + c * cw, vs + c * cw, cw);
+        }
+      }
+    }
+    cp_commit();
+  };
+#pragma unroll
+  for (int t = 0; t < kSt - 1; ++t) issue(t);
 
   // Q as the A operand: row gr of the tile is head hk * ng + gr (if < ng, at most 8); rows
   // 8-15 are zero and dropped (mma16816_top).
@@ -944,82 +1153,80 @@ __global__ void __launch_bounds__(32 * kDtWarps, 4)
                                : make_float2(0.0f, 0.0f);
       qa[ks][e] = h2u(f.x, f.y);
     }
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, o[D / 8][2] = {};
 
-  const HeadCopy kc = head_copy(hk, g.k_head, cw), vc = head_copy(hk, g.v_head, cw);
-  const uint8_t* kg = sp.page + hk * g.k_head - kc.shift;
-  const uint8_t* vg = sp.page + g.v_offset + hk * g.v_head - vc.shift;
-  const auto issue = [&](int k0, uint8_t* dst) {
-    const int nk = min(kDtKeys, k_hi - k0);
-    cp_rows(dst, kst, kg + static_cast<size_t>(k0) * g.k_row, g.k_row, nk, kc.pieces, cw, lane, 32);
-    cp_rows(dst + kDtKeys * kst, vst, vg + static_cast<size_t>(k0) * g.v_row, g.v_row, nk,
-            vc.pieces, cw, lane, 32);
-  };
-  if (k_lo < k_hi) issue(k_lo, raw);
-  cp_commit();
-  for (int k0 = k_lo, b = 0; k0 < k_hi; k0 += kDtKeys, b ^= 1) {
-    if (k0 + kDtKeys < k_hi) issue(k0 + kDtKeys, raw + (b ^ 1) * raw_bytes);
-    cp_commit();
-    cp_wait_one();
+  float m = -INFINITY, l = 0.0f, o[D / 8][2] = {};
+  for (int t = 0; t < n_tiles; ++t) {
+    issue(t + kSt - 1);
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kSt - 1));
     __syncwarp();
-    const int nk = min(kDtKeys, k_hi - k0);
-    const uint8_t* rk = raw + b * raw_bytes + kc.shift;
-    const uint8_t* rv = raw + b * raw_bytes + kDtKeys * kst + vc.shift;
-    // Dequantizes the tile's K or V rows into th, zeros past nk (their P is 0, V must be finite).
-    const auto dequant = [&]<DType T>(const uint8_t* rows, int stride) {
-      constexpr int kOct = D / 8;
-#pragma unroll 2
-      for (int i = lane; i < kDtKeys * kOct; i += 32) {
-        const int j = i / kOct, e = 8 * (i % kOct);
-        const uint4 h = j < nk ? dequant8<T>(rows + j * stride, e) : make_uint4(0, 0, 0, 0);
-        *reinterpret_cast<uint4*>(th + j * kHS + e) = h;
-      }
-      __syncwarp();
-    };
-    dequant.template operator()<K>(rk, kst);
+    const int nk = min(kDtKeys, k_hi - k_lo - t * kDtKeys);
+    const uint8_t* rk = raw + t % kSt * stage_bytes + kc.shift;
+    const uint8_t* rv = raw + t % kSt * stage_bytes + kDtKeys * kst + vc.shift;
     float sc[2][4] = {};
-    const int mi = lane / 8;
 #pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
-      uint32_t bk[4];
-      ldsm4(bk, th + (8 * (mi / 2) + lane % 8) * kHS + 16 * ks + 8 * (mi % 2));
-      mma16816_top(sc[0], qa[ks][0], qa[ks][1], bk[0], bk[1]);
-      mma16816_top(sc[1], qa[ks][0], qa[ks][1], bk[2], bk[3]);
+    for (int blk = 0; blk < D / 32; ++blk) {
+      uint32_t b0[2][2], b1[2][2];  // keys gr and 8 + gr
+      k_frags<K>(rk + gr * kst, blk, t4, b0);
+      k_frags<K>(rk + (8 + gr) * kst, blk, t4, b1);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        mma16816_top(sc[0], qa[2 * blk + h][0], qa[2 * blk + h][1], b0[h][0], b0[h][1]);
+        mma16816_top(sc[1], qa[2 * blk + h][0], qa[2 * blk + h][1], b1[h][0], b1[h][1]);
+      }
     }
-    __syncwarp();  // K is read: the tile takes V
+    // The online softmax of row gr (the rows of a quad hold its 16 keys): scores in natural
+    // units as the partials keep them, each probability one ex2.
+    float mx = -INFINITY;
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = 8 * nt + 2 * t4 + e % 2;
+      for (int e = 0; e < 2; ++e) {
+        const int key = 8 * nt + 2 * t4 + e;
         sc[nt][e] = key < nk ? sc[nt][e] * g.scale : -INFINITY;
+        mx = fmaxf(mx, sc[nt][e]);
       }
-    tile_softmax<false>(sc, m, l, o);
-    dequant.template operator()<V>(rv, vst);
-    const uint32_t p0 = h2u(sc[0][0], sc[0][1]), p1 = h2u(sc[1][0], sc[1][1]);
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(m, fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2)));  // keys < nk: finite
+    const float mu = mx * kLog2e;
+    float ls = 0.0f;
 #pragma unroll
-    for (int j = 0; j < D / 16; ++j) {
-      uint32_t bv[4];
-      ldsm4t(bv, th + (8 * (mi % 2) + lane % 8) * kHS + 16 * j + 8 * (mi / 2));
-      mma16816_top(o[2 * j], p0, p1, bv[0], bv[1]);
-      mma16816_top(o[2 * j + 1], p0, p1, bv[2], bv[3]);
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) ls += sc[nt][e] = ex2(fmaf(sc[nt][e], kLog2e, -mu));
+    ls += __shfl_xor_sync(0xffffffffu, ls, 1);
+    ls += __shfl_xor_sync(0xffffffffu, ls, 2);
+    const float al = m == -INFINITY ? 0.0f : ex2(fmaf(m, kLog2e, -mu));
+    l = l * al + ls;
+    if (__any_sync(0xffffffffu, m != mx))  // most tiles keep the max
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) o[j][0] *= al, o[j][1] *= al;
+    m = mx;
+    // P as the A operand: keys 2 t4 + {0, 1} and 8 + 2 t4 + {0, 1} of row gr.
+    const uint32_t p0 = h2u(sc[0][0], sc[0][1]), p1 = h2u(sc[1][0], sc[1][1]);
+    const int ka = 2 * t4;
+#pragma unroll
+    for (int J = 0; J < D / 32; ++J) {
+      const VQuad va = v_quad<V>(rv + ka * vst, J, gr, ka < nk);
+      const VQuad vb = v_quad<V>(rv + (ka + 1) * vst, J, gr, ka + 1 < nk);
+      const VQuad vc8 = v_quad<V>(rv + (ka + 8) * vst, J, gr, ka + 8 < nk);
+      const VQuad vd = v_quad<V>(rv + (ka + 9) * vst, J, gr, ka + 9 < nk);
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj)
+        mma16816_top(o[4 * J + jj], p0, p1, v_pair<V>(va, vb, jj), v_pair<V>(vc8, vd, jj));
     }
-    __syncwarp();  // the f16 tile is rewritten by the next tile
+    __syncwarp();  // the stage is refilled by a later tile's copy
   }
   asm volatile("cp.async.wait_all;\n" ::);
   __syncthreads();  // every warp is done with its tiles: the space holds the warps' partials
-  // [warp][ng][D] outputs, [warp][ng][2] max and sum, [warp][ng] factors, [ng] maxima
-  float* red = reinterpret_cast<float*>(dt_smem);
-  float* ml = red + kDtWarps * ng * D;
-  float* fac = ml + 2 * kDtWarps * ng;
-  float* row_max = fac + kDtWarps * ng;
   if (gr < ng) {
 #pragma unroll
-    for (int nt = 0; nt < D / 8; ++nt) {
-      red[(warp * ng + gr) * D + 8 * nt + 2 * t4] = o[nt][0];
-      red[(warp * ng + gr) * D + 8 * nt + 2 * t4 + 1] = o[nt][1];
-    }
-    if (t4 == 0) ml[2 * (warp * ng + gr)] = m[0], ml[2 * (warp * ng + gr) + 1] = l[0];
+    for (int J = 0; J < D / 32; ++J)
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          red[(warp * ng + gr) * D + v_dim<V>(J, jj, 2 * t4 + e)] = o[4 * J + jj][e];
+    if (t4 == 0) ml[2 * (warp * ng + gr)] = m, ml[2 * (warp * ng + gr) + 1] = l;
   }
   __syncthreads();
   if (threadIdx.x < ng) {  // each row's max over the warps, and each warp's factor, once
@@ -1029,8 +1236,15 @@ __global__ void __launch_bounds__(32 * kDtWarps, 4)
       if (ml[2 * (w * ng + r) + 1] != 0.0f) mm = fmaxf(mm, ml[2 * (w * ng + r)]);
     for (int w = 0; w < kDtWarps; ++w) fac[w * ng + r] = expf(ml[2 * (w * ng + r)] - mm);
     row_max[r] = mm;
+    float sum = 0.0f;  // in the order of the partial's sum below
+    for (int w = 0; w < kDtWarps; ++w) {
+      const float lw = ml[2 * (w * ng + r) + 1];
+      if (lw != 0.0f) sum += lw * fac[w * ng + r];
+    }
+    sums[r] = sum;
   }
   __syncthreads();
+  if (g.fold_in_place) return fold_here(true);
   for (int i = threadIdx.x; i < ng * (D + 1); i += blockDim.x) {
     const int r = i / (D + 1), c = i % (D + 1);  // c == D: the row's max and sum
     float acc = 0.0f;
@@ -1168,12 +1382,15 @@ void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq) {
           const dim3 grid(a.n_spans, l.n_head_kv);
           if (d == 64 || d == 128) {  // tensor cores
             const auto [kst, vst, cw] = head_copies(g, l.n_head_kv);
-            const size_t tc_smem = std::max<size_t>(
-                kDtWarps * (2 * kDtKeys * (kst + vst) + kDtKeys * (d + 8) * sizeof(__half)),
-                (kDtWarps * g.group * (d + 3) + g.group) * sizeof(float));
             const auto tc = d == 64 ? decode_tc<K, V, 64> : decode_tc<K, V, 128>;
+            const int stages = d == 64 ? dt_stages<K, V, 64>() : dt_stages<K, V, 128>();
+            const size_t tc_smem = std::max<size_t>(kDtWarps * stages * kDtKeys * (kst + vst),
+                                                    dt_red_floats(g.group, d) * sizeof(float));
             allow_smem(tc, tc_smem);
-            launch(tc, grid, 32 * kDtWarps, tc_smem, c.stream, g, part, kst, vst, cw);
+            // One span (a short context, or a ring chunk of one page): its block folds it.
+            g.fold_in_place = a.n_spans == 1;
+            launch(tc, dim3(a.n_spans * l.n_head_kv), 32 * kDtWarps, tc_smem, c.stream, g, part,
+                   l.n_head_kv, kst, vst, cw);
             return;
           }
           const auto run = [&](auto kernel) {
@@ -1190,7 +1407,7 @@ void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq) {
             run(decode_partials<K, V, 8, 8>);
         });
       });
-      launch(decode_fold, a.n_head, fold_threads(d), 0, c.stream, g, part);
+      if (!g.fold_in_place) launch(decode_fold, a.n_head, fold_threads(d), 0, c.stream, g, part);
     } else {
       launch(decode_fold, a.n_head, fold_threads(d), 0, c.stream, g, nullptr);
     }

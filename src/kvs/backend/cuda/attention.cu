@@ -749,11 +749,6 @@ __device__ __forceinline__ void tile_softmax(float (&sc)[kN][4], float (&m)[2], 
       for (int e = 0; e < kC; ++e) o[nt][e] *= al[e / 2];
 }
 
-// Where the block is in its walk over the tiles of its spans.
-struct TileAt {
-  int s, k0;
-};
-
 template <int D>
 __global__ void __launch_bounds__(kTcThreads) prefill_tc(Geo g) {
   pdl_wait();
@@ -806,49 +801,58 @@ __global__ void __launch_bounds__(kTcThreads) prefill_tc(Geo g) {
     }
   }
 
-  // Keys of span s this block looks at (0 past its last query's position).
-  const auto span_len = [&](int s) {
+  // The span a tile lies in, with the keys this block looks at (0 past its last query's
+  // position). Spans are read once each, the next one ahead of its first tile.
+  struct SpanAt {
+    const uint8_t* page;
+    int start, len;
+  };
+  const auto span_at = [&](int s) {
+    if (s >= g.n_spans) return SpanAt{nullptr, 0, 0};
     const Span sp = g.spans[s];
-    return sp.start > max_pos ? 0 : min(sp.n, max_pos - sp.start + 1);
+    return SpanAt{sp.page, sp.start, sp.start > max_pos ? 0 : min(sp.n, max_pos - sp.start + 1)};
   };
-  const auto next = [&](TileAt a, TileAt& b) {
-    b = a;
-    b.k0 += kTcKeys;
-    if (b.k0 < span_len(a.s)) return true;
-    b.s = a.s + 1, b.k0 = 0;
-    return b.s < g.n_spans && span_len(b.s) > 0;
-  };
+  // A tile's copies: thread tid takes row tid / 4 of K and of V, every fourth 16-byte piece.
   // Rows past a partial tile's keys are zeros in V (their P is 0, but 0 times a stale NaN is
   // not); K's are masked.
-  const auto issue = [&](TileAt a, int b) {
-    const Span sp = g.spans[a.s];
-    const int nk = min(kTcKeys, span_len(a.s) - a.k0);
-    const uint8_t* ks = sp.page + static_cast<size_t>(a.k0) * g.k_row + hk * g.k_head;
-    const uint8_t* vs = sp.page + g.v_offset + static_cast<size_t>(a.k0) * g.v_row + hk * g.v_head;
-    constexpr int kPieces = D * 2 / 16;
-    cp_rows(reinterpret_cast<uint8_t*>(kh + b * kTile), kHS * 2, ks, g.k_row, nk, kPieces, 16, tid,
-            kTcThreads);
-    cp_rows(reinterpret_cast<uint8_t*>(vh + b * kTile), kHS * 2, vs, g.v_row, nk, kPieces, 16, tid,
-            kTcThreads);
-    for (int i = nk * kPieces + tid; i < kTcKeys * kPieces; i += kTcThreads)
-      *reinterpret_cast<uint4*>(vh + b * kTile + (i / kPieces) * kHS + 8 * (i % kPieces)) =
-          make_uint4(0, 0, 0, 0);
+  const int cr = tid / 4, cc = tid % 4;
+  const auto issue = [&](SpanAt sp, int k0, int b) {
+    constexpr int kPer = D / 32;  // pieces of a row per thread
+    uint8_t* kd = reinterpret_cast<uint8_t*>(kh + b * kTile + cr * kHS) + 16 * cc;
+    uint8_t* vd = reinterpret_cast<uint8_t*>(vh + b * kTile + cr * kHS) + 16 * cc;
+    if (cr < sp.len - k0) {
+      const size_t k = static_cast<size_t>(k0 + cr);
+      const uint8_t* ks = sp.page + k * g.k_row + hk * g.k_head + 16 * cc;
+      const uint8_t* vs = sp.page + g.v_offset + k * g.v_row + hk * g.v_head + 16 * cc;
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) {
+        cp_async(kd + 64 * j, ks + 64 * j, 16);
+        cp_async(vd + 64 * j, vs + 64 * j, 16);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kPer; ++j)
+        *reinterpret_cast<uint4*>(vd + 64 * j) = make_uint4(0, 0, 0, 0);
+    }
   };
 
-  TileAt cur{0, 0};
-  bool have = g.n_spans > 0 && span_len(0) > 0;
+  int s_cur = 0, k_cur = 0;               // the tile
+  SpanAt a = span_at(0), b = span_at(1);  // its span and the next
+  bool have = a.len > 0;
   int buf = 0;
-  if (have) issue(cur, 0);
+  if (have) issue(a, 0, 0);
   cp_commit();
   while (have) {
-    TileAt nxt;
-    const bool more = next(cur, nxt);
-    if (more) issue(nxt, buf ^ 1);  // the other tiles were last read before the loop's end
+    // The next tile: further into this span, or the next span's first.
+    const bool cross = k_cur + kTcKeys >= a.len;
+    const int k_nxt = cross ? 0 : k_cur + kTcKeys;
+    const bool more = !cross || b.len > 0;
+    if (more) issue(cross ? b : a, k_nxt, buf ^ 1);  // the other tiles were read last iteration
     cp_commit();
     cp_wait_one();
     __syncthreads();
-    const int nk = min(kTcKeys, span_len(cur.s) - cur.k0);
-    const int key_pos = g.spans[cur.s].start + cur.k0;
+    const int nk = min(kTcKeys, a.len - k_cur);
+    const int key_pos = a.start + k_cur;
     const __half* kt = kh + buf * kTile;
     const __half* vt = vh + buf * kTile;
     // S = Q K^T: 8 tiles of 8 keys.
@@ -889,7 +893,8 @@ __global__ void __launch_bounds__(kTcThreads) prefill_tc(Geo g) {
       }
     }
     __syncthreads();  // the tiles are read: the next iteration copies into them
-    cur = nxt;
+    if (cross) a = b, b = span_at(++s_cur + 1);
+    k_cur = k_nxt;
     have = more;
     buf ^= 1;
   }
@@ -966,7 +971,7 @@ __device__ __forceinline__ void cp_row16(uint8_t* dst, const uint8_t* src, int n
 #pragma unroll
   for (int c = 0; c < kMax; c += 2)
     if (c + c0 < n)
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d + 16 * c),
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(d + 16 * c),
                    "l"(src + 16 * c));
 }
 

@@ -1325,26 +1325,47 @@ void launch_prefill(Ctx& c, const Geo& g, const KvLayout& l) {
     if constexpr (K == DType::F16 && V == DType::F16) {
       return launch_prefill_tc<D>(c, g, n_kv);
     } else {
-      // The spans in chunks whose f16 copy fits the scratch (reserved by the device), each
-      // converted, then attended to as an f16 cache; the running max, sum and output carry
-      // from chunk to chunk as from call to call.
+      // The spans in chunks whose f16 copy fits half the scratch (reserved by the device),
+      // each converted, then attended to as an f16 cache; the running max, sum and output
+      // carry from chunk to chunk as from call to call. With more than one chunk, chunk i + 1
+      // converts on the side stream into the other half while chunk i is attended to (the
+      // attention, one block an SM, leaves room beside it), unless a graph is being recorded.
       const size_t page16 = 2 * static_cast<size_t>(l.page_size) * n_kv * D * sizeof(__half);
       const size_t room = std::max(c.kv16.size(), std::min(kKv16Bytes, g.n_spans * page16));
-      const int per = static_cast<int>(std::max<size_t>(1, room / page16));
-      __half* kv16 = c.scratch_kv16(std::min<size_t>(g.n_spans, per) * page16);
-      Span* spans16 = c.scratch_spans16(std::min(g.n_spans, per));
-      for (int s0 = 0; s0 < g.n_spans; s0 += per) {
-        const int n = std::min(per, g.n_spans - s0);
-        const int blocks_y = (2 * l.page_size * n_kv * (D / 8) + 8 * 256 - 1) / (8 * 256);
-        launch(kv_to_f16<K, V, D>, dim3(n, blocks_y), 256, 0, c.stream, g, s0, l.page_size, n_kv,
-               kv16, spans16);
+      const bool one = g.n_spans * page16 <= room;
+      const int per = one ? g.n_spans : static_cast<int>(std::max<size_t>(1, room / 2 / page16));
+      const int halves = one ? 1 : 2;
+      __half* kv16 = c.scratch_kv16(halves * static_cast<size_t>(per) * page16);
+      Span* spans16 = c.scratch_spans16(halves * per);
+      cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+      KVS_CUDA_CHECK(cudaStreamIsCapturing(c.stream, &cap));
+      const bool side = !one && cap == cudaStreamCaptureStatusNone && c.side;
+      const int blocks_y = (2 * l.page_size * n_kv * (D / 8) + 8 * 256 - 1) / (8 * 256);
+      const auto convert = [&](int i, cudaStream_t st) {
+        const int s0 = i * per, n = std::min(per, g.n_spans - s0), b = i % halves;
+        if (side) KVS_CUDA_CHECK(cudaStreamWaitEvent(st, c.consumed[b]));
+        launch(kv_to_f16<K, V, D>, dim3(n, blocks_y), 256, 0, st, g, s0, l.page_size, n_kv,
+               kv16 + b * per * page16 / sizeof(__half), spans16 + b * per);
+        if (side) KVS_CUDA_CHECK(cudaEventRecord(c.converted[b], st));
+      };
+      const int chunks = (g.n_spans + per - 1) / per;
+      if (side) {
+        KVS_CUDA_CHECK(cudaEventRecord(c.side_ready, c.stream));
+        KVS_CUDA_CHECK(cudaStreamWaitEvent(c.side, c.side_ready));
+      }
+      convert(0, side ? c.side : c.stream);
+      for (int i = 0; i < chunks; ++i) {
+        const int s0 = i * per, n = std::min(per, g.n_spans - s0), b = i % halves;
+        if (side) KVS_CUDA_CHECK(cudaStreamWaitEvent(c.stream, c.converted[b]));
         Geo h = g;
-        h.spans = spans16, h.n_spans = n;
+        h.spans = spans16 + b * per, h.n_spans = n;
         h.k_row = h.v_row = static_cast<size_t>(n_kv) * D * sizeof(__half);
         h.k_head = h.v_head = D * sizeof(__half);
         h.v_offset = static_cast<size_t>(l.page_size) * h.k_row;
         h.first = g.first && s0 == 0, h.last = g.last && s0 + n == g.n_spans;
         launch_prefill_tc<D>(c, h, n_kv);
+        if (side) KVS_CUDA_CHECK(cudaEventRecord(c.consumed[b], c.stream));
+        if (i + 1 < chunks) convert(i + 1, side ? c.side : c.stream);
       }
     }
   } else {

@@ -32,6 +32,7 @@ DeviceBuffer& Ctx::grow(DeviceBuffer& b, size_t bytes, const char* what) {
   if (b.size() < bytes) {
     if (pause) pause();
     KVS_CUDA_CHECK(cudaStreamSynchronize(stream));  // the old buffer may still be read
+    if (side) KVS_CUDA_CHECK(cudaStreamSynchronize(side));
     b.reset();
     b = dev->alloc(bytes + bytes / 4, what);
     if (resume) resume();
@@ -198,6 +199,10 @@ class CudaDevice final : public Device {
       KVS_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     ctx_.dev = this;
     ctx_.stream = streams_[0];
+    KVS_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_.side, cudaStreamNonBlocking));
+    for (cudaEvent_t* e : {&ctx_.side_ready, &ctx_.converted[0], &ctx_.converted[1],
+                           &ctx_.consumed[0], &ctx_.consumed[1]})
+      KVS_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
     KVS_CHECK(cublasCreate(&ctx_.cublas) == CUBLAS_STATUS_SUCCESS, "cuBLAS: cublasCreate failed");
     KVS_CHECK(cublasSetStream(ctx_.cublas, ctx_.stream) == CUBLAS_STATUS_SUCCESS,
               "cuBLAS: cublasSetStream failed");
@@ -224,6 +229,10 @@ class CudaDevice final : public Device {
     cudaFreeHost(stage_h_);
     cudaFree(stage_d_);
     for (cudaStream_t s : streams_) cudaStreamDestroy(s);
+    for (cudaEvent_t e : {ctx_.side_ready, ctx_.converted[0], ctx_.converted[1], ctx_.consumed[0],
+                          ctx_.consumed[1]})
+      cudaEventDestroy(e);
+    cudaStreamDestroy(ctx_.side);
   }
 
   std::string name() const override { return name_; }
@@ -524,6 +533,7 @@ class CudaDevice final : public Device {
   }
   void sync() override {
     for (cudaStream_t s : streams_) KVS_CUDA_CHECK(cudaStreamSynchronize(s));
+    KVS_CUDA_CHECK(cudaStreamSynchronize(ctx_.side));
     prof_.collect();
   }
 

@@ -13,9 +13,10 @@
 namespace kvs::cuda {
 
 constexpr int kMaxVecTok = 8;  // tokens up to which matmul is a matrix-vector product
-// Prefill attention on a quantized cache converts it to f16 in chunks of at most this much
-// (reserved with the other scratch buffers; a larger page takes its own size).
-constexpr size_t kKv16Bytes = size_t{32} << 20;
+// Prefill attention on a quantized cache converts it to f16 in chunks of at most half this
+// much, the next chunk converting while the last is attended to (reserved with the other
+// scratch buffers; a larger page takes its own size).
+constexpr size_t kKv16Bytes = size_t{64} << 20;
 constexpr int kMaxSpans16 = 4096;
 
 // What the kernels share: the stream, cuBLAS, and scratch buffers that grow on demand.
@@ -23,6 +24,11 @@ struct Ctx {
   Device* dev = nullptr;
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;
+  // A second stream for work that overlaps the compute stream's (the f16 conversion of the next
+  // chunk of a prefill's cache), with its events: side_ready (the compute stream's work so
+  // far), converted[b] and consumed[b] (scratch half b written, and read).
+  cudaStream_t side = nullptr;
+  cudaEvent_t side_ready = nullptr, converted[2] = {}, consumed[2] = {};
   DeviceBuffer w16, x16, part, xq, kv16, spans16;
   // While a step is being recorded as a graph, a scratch buffer that must grow first runs and
   // waits for what was recorded so far (pause: the old buffer may be in use), then recording

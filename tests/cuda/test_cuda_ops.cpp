@@ -370,14 +370,14 @@ TEST(CudaOps, DecodeAttentionManySpans) {
   }
 }
 
-// Prefill attention on a quantized cache larger than the f16 conversion scratch (64 MiB): the
+// Prefill attention on a quantized cache larger than the f16 conversion scratch (128 MiB): the
 // spans go in chunks of half of it, each converted on the side stream while the one before is
 // attended to, the running max, sum and output carried from one to the next.
 TEST(CudaOps, PrefillAttentionInChunks) {
   NEED_GPU();
-  const int n_kv = 8, n_head = 32, d = 128, P = 2048, ctx = 17000, n_tok = 70;
+  const int n_kv = 8, n_head = 32, d = 128, P = 2048, ctx = 34000, n_tok = 70;
   const KvLayout l = KvLayout::make(DType::Q8_0, DType::Q4_0, P, n_kv, d);
-  const int pages = (ctx + P - 1) / P;  // 9 pages of 8 MiB in f16: chunks of 4, 4 and 1
+  const int pages = (ctx + P - 1) / P;  // 17 pages of 8 MiB in f16: chunks of 8, 8 and 1
   std::vector<uint8_t> hc(pages * l.page_bytes(), 0);
   const auto k = rnd(static_cast<size_t>(ctx) * n_kv * d, 31);
   const auto v = rnd(static_cast<size_t>(ctx) * n_kv * d, 32);

@@ -16,7 +16,7 @@ constexpr int kMaxVecTok = 8;  // tokens up to which matmul is a matrix-vector p
 // Prefill attention on a quantized cache converts it to f16 in chunks of at most half this
 // much, the next chunk converting while the last is attended to (reserved with the other
 // scratch buffers; a larger page takes its own size).
-constexpr size_t kKv16Bytes = size_t{64} << 20;
+constexpr size_t kKv16Bytes = size_t{128} << 20;
 constexpr int kMaxSpans16 = 4096;
 
 // What the kernels share: the stream, cuBLAS, and scratch buffers that grow on demand.

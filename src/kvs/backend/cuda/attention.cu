@@ -1325,6 +1325,7 @@ void launch_prefill(Ctx& c, const Geo& g, const KvLayout& l) {
     if constexpr (K == DType::F16 && V == DType::F16) {
       return launch_prefill_tc<D>(c, g, n_kv);
     } else {
+      if (g.n_spans == 0) return launch_prefill_tc<D>(c, g, n_kv);  // only the state's end
       // The spans in chunks whose f16 copy fits half the scratch (reserved by the device),
       // each converted, then attended to as an f16 cache; the running max, sum and output
       // carry from chunk to chunk as from call to call. With more than one chunk, chunk i + 1

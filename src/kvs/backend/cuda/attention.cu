@@ -2,11 +2,14 @@
 // calls exactly as the CPU kernel does, so a run that sees its spans in several calls (the
 // ring's chunks) computes the same operations as one that sees them at once.
 // Decode: one block per (span, kv head) computes the partial of every query head of the group
-// (scores with a few lanes per key, softmax per head, values with lanes owning output
-// dimensions), then one block per head folds the partials into the state in span order.
-// Prefill: one block per (16 queries, kv head) walks the spans in tiles of 32 keys, dequantized
-// into shared memory, with an online softmax over tiles; a tile never crosses a span, so the
-// sequence of operations does not depend on how the spans were split into calls.
+// (decode_tc on tensor cores for head sizes 64 and 128, decode_partials on CUDA cores for the
+// others), then one block per head folds the partials into the state in span order
+// (decode_fold; a call of one span on tensor cores folds in its own block).
+// Prefill: blocks of query rows (query, head) of one kv head walk the spans in tiles with an
+// online softmax over tiles (prefill_tc on tensor cores over f16 tiles, a quantized cache
+// converted to f16 first; prefill on CUDA cores for head sizes 32 and 256); a tile never
+// crosses a span, so the sequence of operations does not depend on how the spans were split
+// into calls.
 #include <algorithm>
 #include <mutex>
 #include <unordered_map>

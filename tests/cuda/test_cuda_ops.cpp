@@ -63,6 +63,28 @@ double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
   return d / s;
 }
 
+// The pages of a cache of ctx keys (the last page cut short) as spans over the CPU's copy and
+// over the GPU's copy of them.
+std::pair<std::vector<Span>, std::vector<Span>> page_spans(const uint8_t* cpu_pages,
+                                                           const uint8_t* gpu_pages,
+                                                           const KvLayout& l, int ctx) {
+  std::vector<Span> c, g;
+  const int P = l.page_size;
+  for (int p = 0; p * P < ctx; ++p) {
+    const int n = std::min(P, ctx - p * P);
+    c.push_back({cpu_pages + p * l.page_bytes(), p * P, n});
+    g.push_back({gpu_pages + p * l.page_bytes(), p * P, n});
+  }
+  return {c, g};
+}
+
+// The positions of the last n_tok queries of a context of ctx keys.
+std::vector<int32_t> last_positions(int ctx, int n_tok) {
+  std::vector<int32_t> pos(n_tok);
+  for (int t = 0; t < n_tok; ++t) pos[t] = ctx - n_tok + t;
+  return pos;
+}
+
 #define NEED_GPU()                            \
   auto gpu = cuda_or_null();                  \
   if (!gpu) GTEST_SKIP() << "no CUDA device"; \
@@ -269,13 +291,8 @@ TEST(CudaOps, EmbedKvWriteAndAttention) {
           EXPECT_LE(differ, hc.size() / 1000)
               << "kv_write " << dtype_name(kt) << ": " << differ << " bytes differ";
           const auto q = rnd(n_tok * n_head * d, 7);
-          std::vector<int32_t> pos(n_tok);
-          for (int t = 0; t < n_tok; ++t) pos[t] = ctx - n_tok + t;
-          std::vector<Span> sc, sg;
-          for (int p = 0; p < pages; ++p) {
-            sc.push_back({hc.data() + p * l.page_bytes(), p * P, std::min(P, ctx - p * P)});
-            sg.push_back({gp.as() + p * l.page_bytes(), p * P, std::min(P, ctx - p * P)});
-          }
+          const std::vector<int32_t> pos = last_positions(ctx, n_tok);
+          const auto [sc, sg] = page_spans(hc.data(), gp.as(), l, ctx);
           AttentionArgs a;
           a.pos = pos.data();
           a.n_tok = n_tok;
@@ -388,13 +405,8 @@ TEST(CudaOps, PrefillAttentionInChunks) {
   DeviceBuffer gp = gpu->alloc(hc.size(), "pages");
   gpu->upload(gp.as(), hc.data(), hc.size());
   const auto q = rnd(static_cast<size_t>(n_tok) * n_head * d, 33);
-  std::vector<int32_t> pos(n_tok);
-  for (int t = 0; t < n_tok; ++t) pos[t] = ctx - n_tok + t;
-  std::vector<Span> sc, sg;
-  for (int p = 0; p < pages; ++p) {
-    sc.push_back({hc.data() + p * l.page_bytes(), p * P, std::min(P, ctx - p * P)});
-    sg.push_back({gp.as() + p * l.page_bytes(), p * P, std::min(P, ctx - p * P)});
-  }
+  const std::vector<int32_t> pos = last_positions(ctx, n_tok);
+  const auto [sc, sg] = page_spans(hc.data(), gp.as(), l, ctx);
   AttentionArgs a;
   a.pos = pos.data();
   a.n_tok = n_tok;

@@ -85,6 +85,18 @@ std::vector<int32_t> last_positions(int ctx, int n_tok) {
   return pos;
 }
 
+// Attention of the queries at `pos` over a cache of layout l (spans, q, out and acc to set).
+AttentionArgs attention_args(const KvLayout& l, const std::vector<int32_t>& pos, int n_head,
+                             float scale) {
+  AttentionArgs a;
+  a.pos = pos.data();
+  a.n_tok = static_cast<int32_t>(pos.size());
+  a.kv = l;
+  a.n_head = n_head;
+  a.scale = scale;
+  return a;
+}
+
 #define NEED_GPU()                            \
   auto gpu = cuda_or_null();                  \
   if (!gpu) GTEST_SKIP() << "no CUDA device"; \
@@ -293,12 +305,7 @@ TEST(CudaOps, EmbedKvWriteAndAttention) {
           const auto q = rnd(n_tok * n_head * d, 7);
           const std::vector<int32_t> pos = last_positions(ctx, n_tok);
           const auto [sc, sg] = page_spans(hc.data(), gp.as(), l, ctx);
-          AttentionArgs a;
-          a.pos = pos.data();
-          a.n_tok = n_tok;
-          a.kv = l;
-          a.n_head = n_head;
-          a.scale = 0.125f;
+          AttentionArgs a = attention_args(l, pos, n_head, 0.125f);
           std::vector<float> oc(q.size()), accc(n_tok * n_head * 2);
           a.q = q.data();
           a.out = oc.data();
@@ -352,19 +359,14 @@ TEST(CudaOps, DecodeAttentionManySpans) {
     DeviceBuffer gp = gpu->alloc(hc.size(), "pages");
     gpu->upload(gp.as(), hc.data(), hc.size());
     const auto q = rnd(static_cast<size_t>(n_head) * d, 43, 3.0f);  // peaked softmax
-    const int32_t pos = ctx - 1;
+    const std::vector<int32_t> pos{ctx - 1};
     std::vector<Span> sc, sg;
     for (int p = 0; p < pages; ++p) {
       const int n = p == pages - 2 ? ctx - p * P : P;  // 1500 = 93 x 16 + 12
       sc.push_back({hc.data() + p * l.page_bytes(), p * P, n});
       sg.push_back({gp.as() + p * l.page_bytes(), p * P, n});
     }
-    AttentionArgs a;
-    a.pos = &pos;
-    a.n_tok = 1;
-    a.kv = l;
-    a.n_head = n_head;
-    a.scale = 1.0f / std::sqrt(static_cast<float>(d));
+    AttentionArgs a = attention_args(l, pos, n_head, 1.0f / std::sqrt(static_cast<float>(d)));
     std::vector<float> oc(q.size()), accc(static_cast<size_t>(n_head) * 2);
     a.q = q.data(), a.out = oc.data(), a.acc = accc.data(), a.spans = sc.data(), a.n_spans = pages;
     cpu->attention(a);
@@ -407,12 +409,7 @@ TEST(CudaOps, PrefillAttentionInChunks) {
   const auto q = rnd(static_cast<size_t>(n_tok) * n_head * d, 33);
   const std::vector<int32_t> pos = last_positions(ctx, n_tok);
   const auto [sc, sg] = page_spans(hc.data(), gp.as(), l, ctx);
-  AttentionArgs a;
-  a.pos = pos.data();
-  a.n_tok = n_tok;
-  a.kv = l;
-  a.n_head = n_head;
-  a.scale = 0.088f;
+  AttentionArgs a = attention_args(l, pos, n_head, 0.088f);
   std::vector<float> oc(q.size()), accc(static_cast<size_t>(n_tok) * n_head * 2);
   a.q = q.data(), a.out = oc.data(), a.acc = accc.data(), a.spans = sc.data(), a.n_spans = pages;
   cpu->attention(a);

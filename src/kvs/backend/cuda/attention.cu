@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <mutex>
 #include <unordered_map>
+#include <utility>
 
 #include "kvs/backend/cuda/common.cuh"
 #include "kvs/backend/cuda/kernels.h"
@@ -197,8 +198,9 @@ struct HeadCopy {
   int shift, pieces;
 };
 __device__ __forceinline__ HeadCopy head_copy(int hk, size_t head, int cw) {
-  const int shift = hk * static_cast<int>(head) % cw;  // heads of a row: well within 2^31
-  return {shift, (shift + static_cast<int>(head) + cw - 1) / cw};
+  // cw is a power of two: masks and shifts, not integer divisions.
+  const int shift = hk * static_cast<int>(head) & (cw - 1);  // heads of a row: within 2^31
+  return {shift, (shift + static_cast<int>(head) + cw - 1) >> (__ffs(cw) - 1)};
 }
 
 __device__ __forceinline__ void cp_commit() {
@@ -678,18 +680,6 @@ __device__ __forceinline__ void mma16816(float* c, const uint32_t* a, uint32_t b
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-// The same product for rows 0-7 only (rows 8-15 of A are zero, their results unused): the
-// accumulators of the upper rows need no registers across calls.
-__device__ __forceinline__ void mma16816_top(float* c, uint32_t a0, uint32_t a2, uint32_t b0,
-                                             uint32_t b1) {
-  float d2, d3;
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%10,%11};\n"
-      : "+f"(c[0]), "+f"(c[1]), "=f"(d2), "=f"(d3)
-      : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1), "f"(0.0f), "f"(0.0f));
-  asm volatile("" ::"f"(d2), "f"(d3));  // the upper rows' results, unused
-}
 __device__ __forceinline__ uint32_t h2u(float x, float y) {
   const __half2 h = __floats2half2_rn(x, y);
   return *reinterpret_cast<const uint32_t*>(&h);
@@ -946,10 +936,17 @@ __global__ void kv_to_f16(Geo g, int s0, int page_keys, int n_kv, __half* __rest
 // blocks running together read whole K and V rows. Each of the 4 warps takes a quarter of the
 // span's keys (fixed by the span's length, so how spans are cut into calls does not matter) and
 // walks it in tiles of 16 keys, up to kStages tiles in flight: raw rows copied (cp.async) into
-// the warp's part of shared memory, the mma.sync operands built from them in registers
-// (integer levels become halves by the 0x6400 trick, times the block's scale: no f16 tile, no
-// ldmatrix), S = Q K^T with the group's heads as the rows, an online softmax on the
-// accumulators, O += P V. The warps' partials merge in warp order.
+// the warp's part of shared memory, then two mma.sync m16n8k16 products per tile with the
+// tile's 16 keys or 16 dimensions as the rows and the group's heads as the 8 columns, so every
+// accumulator is used: S^T = K Q^T, an online softmax per head, O^T += V^T P'^T, where P^T is
+// S^T's accumulators transposed in registers (movmatrix). Quantized levels enter the products
+// as the exact halves 1024 + level (the 0x6400 trick: two instructions per pair, no
+// conversion, no scale): a K block's scale and offset are applied to its 32-dimension dot
+// products (S = d (c - off sum q)), a V block's scale goes into P (P' = P d, per block) and its
+// offset leaves O at the end (O = O' - off sum P', the sums from one more product against
+// ones). Dimensions are permuted inside each product so that a lane's operands are whole
+// 4-byte words of a row; the output columns follow the same map. The warps' partials merge in
+// warp order.
 constexpr int kDtKeys = 16, kDtWarps = 4;
 
 // Bytes of one head's K or V row.
@@ -965,98 +962,114 @@ constexpr int dt_stages() {
   return 4 * stage <= 74 * 1024 ? 4 : 3 * stage <= 74 * 1024 ? 3 : 2;
 }
 
-// Pieces c0, c0 + 2, ... (< n) of 16 bytes of one row, unrolled to at most kMax: the
-// addresses are the row's plus constants.
+// Pieces c0, c0 + 2, ... (< n) of 16 bytes of one row (dst and src at piece c0), unrolled to at
+// most kMax: the addresses are the row's plus constants.
 template <int kMax>
-__device__ __forceinline__ void cp_row16(uint8_t* dst, const uint8_t* src, int n, int c0) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst + 16 * c0));
-  src += 16 * c0;
+__device__ __forceinline__ void cp_row16(unsigned dst, const uint8_t* src, int n, int c0) {
 #pragma unroll
   for (int c = 0; c < kMax; c += 2)
     if (c + c0 < n)
-      asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(d + 16 * c),
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(dst + 16 * c),
                    "l"(src + 16 * c));
 }
 
-// Two integer levels (bytes 0 and 1 of w, made non-negative) as the halves 1024 + level.
-__device__ __forceinline__ uint32_t lv2(uint32_t w) {
-  return __byte_perm(w, 0x64646464u, 0x4140);
-}
-
-// The B operand of S = Q K^T for one key's row and one block of 32 dimensions: b[h][e] holds
-// dimensions 16 h + 8 e + 2 t4 + {0, 1} of the block, as f16 (d * level rounded, as dequant8).
-template <DType T>
-__device__ __forceinline__ void k_frags(const uint8_t* row, int blk, int t4, uint32_t (&b)[2][2]) {
-  if constexpr (T == DType::F16) {
-    const uint32_t* p = reinterpret_cast<const uint32_t*>(row + 64 * blk) + t4;
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) b[h][e] = p[8 * h + 4 * e];
+// Four bytes at row + C + v of a 4-byte-aligned row (v a multiple of 4): one load where C is a
+// multiple of 4, else two 16-bit ones (every other q8_0 block's quants are 2 bytes off).
+template <int C>
+__device__ __forceinline__ uint32_t ld4(const uint8_t* row, int v) {
+  if constexpr (C % 4 == 0) {
+    return *reinterpret_cast<const uint32_t*>(row + C + v);
   } else {
-    constexpr bool q8 = T == DType::Q8_0;
-    const uint8_t* q = row + (q8 ? 34 : 18) * blk;
-    const __half2 d = __half2half2(*reinterpret_cast<const __half*>(q));
-    const uint16_t* p = reinterpret_cast<const uint16_t*>(q + 2) + t4;
-    const __half2 off = __float2half2_rn(q8 ? 1152.0f : 1032.0f);
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      if constexpr (q8) {  // levels 16 h + 8 e + 2 t4 + {0, 1}
-#pragma unroll
-        for (int h = 0; h < 2; ++h) b[h][e] = h2_sub_mul(lv2(p[8 * h + 4 * e] ^ 0x8080u), off, d);
-      } else {  // bytes 8 e + 2 t4 + {0, 1}: low nibbles for h = 0, high ones for h = 1
-        const uint32_t w = p[4 * e];
-        b[0][e] = h2_sub_mul(lv2(w & 0x0F0Fu), off, d);
-        b[1][e] = h2_sub_mul(lv2((w >> 4) & 0x0F0Fu), off, d);
-      }
-    }
+    const uint16_t* h = reinterpret_cast<const uint16_t*>(row + C + v);
+    return __byte_perm(h[0], h[1], 0x5410);
   }
 }
-
-// The B operand of O += P V comes from two keys' V rows at once. A thread's column c (its gr)
-// in the 4 n-tiles 4 J .. 4 J + 3 stands for 4 dimensions of block J that one short load gets:
-// 4 c + jj (f16, q8_0) or, for q4_0, the nibbles of bytes 2 c and 2 c + 1 (16 (jj / 2) + 2 c +
-// jj % 2). The output columns follow the same map.
-template <DType T>
-__device__ __forceinline__ int v_dim(int J, int jj, int c) {
-  return T == DType::Q4_0 ? 32 * J + 16 * (jj / 2) + 2 * c + jj % 2 : 32 * J + 4 * c + jj;
+__device__ __forceinline__ float ld_h(const uint8_t* p) {
+  return __half2float(*reinterpret_cast<const __half*>(p));
 }
-struct VQuad {
-  uint32_t w[2];  // the 4 values' bits: two f16 words, or levels in bytes
-  __half d;       // the block's scale (0 for keys past the tile: their rows are stale)
-};
-template <DType T>
-__device__ __forceinline__ VQuad v_quad(const uint8_t* row, int J, int c, bool live) {
-  VQuad r{{0u, 0u}, __ushort_as_half(0)};
-  if (!live) return r;
+
+// The A operand of S^T = K Q^T for one key's row and block of 32 dimensions: a[s][0] holds
+// dimensions 16 s + 4 t4 + {0, 1} of the block, a[s][1] + {2, 3}; f16 as stored, q8_0 levels
+// as 1152 + level, q4_0 levels as 1032 + level (kOff below), unscaled.
+template <DType T, int kBlk>
+__device__ __forceinline__ void k_block(const uint8_t* row, int t4, uint32_t (&a)[2][2]) {
+  constexpr uint32_t k64 = 0x64646464u;
   if constexpr (T == DType::F16) {
-    const uint2 w = *reinterpret_cast<const uint2*>(row + 64 * J + 8 * c);
-    r.w[0] = w.x, r.w[1] = w.y;
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      const uint2 w = *reinterpret_cast<const uint2*>(row + 64 * kBlk + 32 * s + 8 * t4);
+      a[s][0] = w.x, a[s][1] = w.y;
+    }
   } else if constexpr (T == DType::Q8_0) {
-    const uint8_t* q = row + 34 * J;
-    const uint16_t* p = reinterpret_cast<const uint16_t*>(q + 2 + 4 * c);
-    r.w[0] = (p[0] | (static_cast<uint32_t>(p[1]) << 16)) ^ 0x80808080u;
-    r.d = *reinterpret_cast<const __half*>(q);
-  } else {
-    const uint8_t* q = row + 18 * J;
-    r.w[0] = *reinterpret_cast<const uint16_t*>(q + 2 + 2 * c);
-    r.d = *reinterpret_cast<const __half*>(q);
+    const uint32_t w0 = ld4<34 * kBlk + 2>(row, 4 * t4) ^ 0x80808080u;
+    const uint32_t w1 = ld4<34 * kBlk + 18>(row, 4 * t4) ^ 0x80808080u;
+    a[0][0] = __byte_perm(w0, k64, 0x4140), a[0][1] = __byte_perm(w0, k64, 0x4342);
+    a[1][0] = __byte_perm(w1, k64, 0x4140), a[1][1] = __byte_perm(w1, k64, 0x4342);
+  } else {  // byte i: dimension i in the low nibble, i + 16 in the high one
+    const uint32_t w = ld4<18 * kBlk + 2>(row, 4 * t4);
+    const uint32_t lo = w & 0x0F0F0F0Fu, hi = (w >> 4) & 0x0F0F0F0Fu;
+    a[0][0] = __byte_perm(lo, k64, 0x4140), a[0][1] = __byte_perm(lo, k64, 0x4342);
+    a[1][0] = __byte_perm(hi, k64, 0x4140), a[1][1] = __byte_perm(hi, k64, 0x4342);
+  }
+}
+// The offset of a level as a half (1024 + stored byte or nibble = kOff + level).
+template <DType T>
+constexpr float kOff = T == DType::Q8_0 ? 1152.0f : T == DType::Q4_0 ? 1032.0f : 0.0f;
+
+// One key's V row, block J, as the lane with column gr reads it: 4 dimensions in one word
+// (f16: two words), and the block's scale (0 for a key past the tile: its row is stale).
+template <DType T>
+struct VWord {
+  uint32_t w[T == DType::F16 ? 2 : 1];
+  __half d;
+};
+template <DType T, int J>
+__device__ __forceinline__ VWord<T> v_word(const uint8_t* row, int gr, bool live) {
+  VWord<T> r;
+  if constexpr (T == DType::F16) {
+    const uint2 w = *reinterpret_cast<const uint2*>(row + 64 * J + 8 * gr);
+    r.w[0] = live ? w.x : 0u, r.w[1] = live ? w.y : 0u;
+    r.d = __float2half(1.0f);
+  } else if constexpr (T == DType::Q8_0) {  // dimensions 4 gr .. 4 gr + 3
+    r.w[0] = ld4<34 * J + 2>(row, 4 * gr);
+    r.d = live ? *reinterpret_cast<const __half*>(row + 34 * J) : __ushort_as_half(0);
+  } else {  // bytes 2 gr, 2 gr + 1: dimensions 2 gr, 2 gr + 1 (low), 16 + 2 gr, 17 + 2 gr (high)
+    r.w[0] = *reinterpret_cast<const uint16_t*>(row + 18 * J + 2 + 2 * gr);
+    r.d = live ? *reinterpret_cast<const __half*>(row + 18 * J) : __ushort_as_half(0);
   }
   return r;
 }
-// Dimension v_dim(J, jj, gr) of keys a and b as one register (a in the low half).
+// Row j (0-3) of the lane's 4 dimensions of a block for keys a and b, as the A operand of
+// O^T += V^T P'^T: j = 0, 1 feed the block's first 16-row tile (rows gr, gr + 8), 2, 3 its
+// second. q4_0: j = 0, 1 the low nibbles of bytes 0, 1, j = 2, 3 the high ones (as 16 x level).
 template <DType T>
-__device__ __forceinline__ uint32_t v_pair(const VQuad& a, const VQuad& b, int jj) {
+__device__ __forceinline__ uint32_t v_pair(const VWord<T>& a, const VWord<T>& b, int j) {
   if constexpr (T == DType::F16) {
-    return __byte_perm(a.w[jj / 2], b.w[jj / 2], jj % 2 ? 0x7632 : 0x5410);
+    return __byte_perm(a.w[j / 2], b.w[j / 2], j % 2 ? 0x7632 : 0x5410);
+  } else if constexpr (T == DType::Q8_0) {
+    const uint32_t x = __byte_perm(a.w[0], b.w[0], j | j << 4 | (4 + j) << 8 | (4 + j) << 12);
+    return (x & 0x00FF00FFu) ^ 0x64806480u;  // level ^ 0x80 under 0x64: 1152 + level
   } else {
-    constexpr bool q8 = T == DType::Q8_0;
-    const int k = q8 ? jj : jj % 2;
-    uint32_t x = __byte_perm(a.w[0], b.w[0], k | (k + 4) << 8);  // bytes: a's level, -, b's, -
-    if (!q8 && jj >= 2) x >>= 4;
-    x = (x & (q8 ? 0x00FF00FFu : 0x000F000Fu)) | 0x64006400u;
-    return h2_sub_mul(x, __float2half2_rn(q8 ? 1152.0f : 1032.0f), __halves2half2(a.d, b.d));
+    const int k = j % 2;
+    const uint32_t x = __byte_perm(a.w[0], b.w[0], k | k << 4 | (4 + k) << 8 | (4 + k) << 12);
+    return (x & (j < 2 ? 0x000F000Fu : 0x00F000F0u)) | 0x64006400u;
   }
+}
+// The output dimension of row gr + 8 e of tile 2 J + h, and what O' of that tile is turned
+// into O with: O = (O' - off sum P') * mul.
+template <DType T>
+__device__ __forceinline__ int v_dim(int J, int h, int gr, int e) {
+  return T == DType::Q4_0 ? 32 * J + 16 * h + 2 * gr + e : 32 * J + 4 * gr + 2 * h + e;
+}
+
+__device__ __forceinline__ uint32_t movt(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+__device__ __forceinline__ uint32_t hmul2u(uint32_t a, __half lo, __half hi) {
+  const __half2 r = __hmul2(*reinterpret_cast<const __half2*>(&a), __halves2half2(lo, hi));
+  return *reinterpret_cast<const uint32_t*>(&r);
 }
 
 // The floats of a decode block's partials before they merge: [warp][ng][D] outputs,
@@ -1069,8 +1082,11 @@ constexpr int dt_red_floats(int ng, int d) {
 template <DType K, DType V, int D>
 __global__ void __launch_bounds__(32 * kDtWarps, 3)
     decode_tc(Geo g, float* part, int n_kv, int kst, int vst, int cw) {
+  static_assert(head_bytes<K, D>() % 4 == 0 && head_bytes<V, D>() % 4 == 0,
+                "heads start 4-byte aligned in shared memory (ld4)");
   pdl_wait();
-  constexpr int kSt = dt_stages<K, V, D>();
+  constexpr int kSt = dt_stages<K, V, D>(), kB = D / 32;
+  constexpr bool kQK = K != DType::F16, kQV = V != DType::F16;
   extern __shared__ __align__(16) uint8_t dt_smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, t4 = lane % 4;
   const int stage_bytes = kDtKeys * (kst + vst);
@@ -1095,13 +1111,10 @@ __global__ void __launch_bounds__(32 * kDtWarps, 3)
     __syncthreads();
     for (int i = threadIdx.x; i < ng * D; i += blockDim.x) {  // whole warps: D % 32 == 0
       const int r = i / D, c = i % D, h = hk * ng + r;
-      float cur = 0.0f;
+      float cur = 0.0f;  // as the partial's output below
       if (live)
-        for (int w = 0; w < kDtWarps; ++w) {
-          const float lw = ml[2 * (w * ng + r) + 1];
-          if (lw == 0.0f) continue;
-          cur += red[(w * ng + r) * D + c] * fac[w * ng + r];
-        }
+#pragma unroll
+        for (int w = 0; w < kDtWarps; ++w) cur += red[(w * ng + r) * D + c] * fac[w * ng + r];
       const float m0 = st[2 * r], l0 = st[2 * r + 1], o0 = l0 != 0.0f ? g.out[h * D + c] : 0.0f;
       const bool any = l0 != 0.0f;
       const float run = any ? m0 : -INFINITY, pm = live ? row_max[r] : 0.0f;
@@ -1122,119 +1135,176 @@ __global__ void __launch_bounds__(32 * kDtWarps, 3)
   const int k_lo = min(n, warp * per), k_hi = min(n, k_lo + per);
   const int n_tiles = (k_hi - k_lo + kDtKeys - 1) / kDtKeys;
 
+  // Copies: two lanes a row, every other piece each; the sources advance a tile at a time.
   const HeadCopy kc = head_copy(hk, g.k_head, cw), vc = head_copy(hk, g.v_head, cw);
-  const uint8_t* kg = sp.page + hk * g.k_head - kc.shift;
-  const uint8_t* vg = sp.page + g.v_offset + hk * g.v_head - vc.shift;
-  // Two lanes a row, every other piece each: a tile's copies cost an address per row.
   const int cr = lane / 2, c0 = lane % 2;
-  const auto issue = [&](int t) {
-    if (t < n_tiles) {
-      const int k = k_lo + t * kDtKeys + cr;
-      if (k < k_hi) {
-        uint8_t* dst = raw + t % kSt * stage_bytes + cr * kst;
-        const uint8_t* ks = kg + static_cast<size_t>(k) * g.k_row;
-        const uint8_t* vs = vg + static_cast<size_t>(k) * g.v_row;
-        uint8_t* vdst = dst + kDtKeys * kst + cr * (vst - kst);
-        if (cw == 16) {  // whole rows 16-byte aligned: the usual case
-          cp_row16<(head_bytes<K, D>() + 30) / 16>(dst, ks, kc.pieces, c0);
-          cp_row16<(head_bytes<V, D>() + 30) / 16>(vdst, vs, vc.pieces, c0);
-        } else {
-          for (int c = c0; c < kc.pieces; c += 2) cp_async(dst + c * cw, ks + c * cw, cw);
-          for (int c = c0; c < vc.pieces; c += 2) cp_async(vdst + c * cw, vs + c * cw, cw);
-        }
+  const uint8_t* ksrc =
+      sp.page + hk * g.k_head - kc.shift + static_cast<size_t>(k_lo + cr) * g.k_row;
+  const uint8_t* vsrc = sp.page + g.v_offset + hk * g.v_head - vc.shift +
+                        static_cast<size_t>(k_lo + cr) * g.v_row;
+  const size_t kstep = kDtKeys * g.k_row, vstep = kDtKeys * g.v_row;
+  uint8_t* kdst = raw + cr * kst;
+  uint8_t* vdst = raw + kDtKeys * kst + cr * vst;
+  const unsigned kdst16 = static_cast<unsigned>(__cvta_generic_to_shared(kdst + 16 * c0));
+  const unsigned vdst16 = static_cast<unsigned>(__cvta_generic_to_shared(vdst + 16 * c0));
+  int krow = k_lo + cr, off = 0;  // off: the stage tile t goes to
+  const auto issue = [&](int t) {  // t: 0, 1, 2, ... in order
+    if (t < n_tiles && krow < k_hi) {
+      if (cw == 16) {  // whole rows 16-byte aligned: the usual case
+        cp_row16<(head_bytes<K, D>() + 30) / 16>(kdst16 + off, ksrc + 16 * c0, kc.pieces, c0);
+        cp_row16<(head_bytes<V, D>() + 30) / 16>(vdst16 + off, vsrc + 16 * c0, vc.pieces, c0);
+      } else {
+        for (int c = c0; c < kc.pieces; c += 2) cp_async(kdst + off + c * cw, ksrc + c * cw, cw);
+        for (int c = c0; c < vc.pieces; c += 2) cp_async(vdst + off + c * cw, vsrc + c * cw, cw);
       }
     }
+    ksrc += kstep, vsrc += vstep, krow += kDtKeys;
+    off = off == (kSt - 1) * stage_bytes ? 0 : off + stage_bytes;
     cp_commit();
   };
-#pragma unroll
-  for (int t = 0; t < kSt - 1; ++t) issue(t);
-
-  // Q as the A operand: row gr of the tile is head hk * ng + gr (if < ng, at most 8); rows
-  // 8-15 are zero and dropped (mma16816_top).
-  uint32_t qa[D / 16][2];
+  // Q^T as the B operand: column gr is head hk * ng + gr (zero past the group), k-step ks holds
+  // dimensions 16 ks + 4 t4 + {0, 1} (qb[ks][0]) and + {2, 3} (qb[ks][1]), K's map. Loaded
+  // before the copies are issued, so its latency overlaps theirs.
+  float4 qf[D / 16];
 #pragma unroll
   for (int ks = 0; ks < D / 16; ++ks)
+    qf[ks] = gr < ng ? *reinterpret_cast<const float4*>(g.q + (hk * ng + gr) * D + 16 * ks + 4 * t4)
+                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int dim = 16 * ks + 8 * e + 2 * t4;
-      const float2 f = gr < ng ? *reinterpret_cast<const float2*>(g.q + (hk * ng + gr) * D + dim)
-                               : make_float2(0.0f, 0.0f);
-      qa[ks][e] = h2u(f.x, f.y);
+  for (int t = 0; t < kSt - 1; ++t) issue(t);
+  uint32_t qb[D / 16][2];
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks)
+    qb[ks][0] = h2u(qf[ks].x, qf[ks].y), qb[ks][1] = h2u(qf[ks].z, qf[ks].w);
+  constexpr uint32_t kOnes = 0x3C003C00u;  // two halves 1.0
+  const uint32_t ones[4] = {kOnes, kOnes, kOnes, kOnes};
+  // kOff<K> times each block's sum of the halves of q, for heads 2 t4 and 2 t4 + 1.
+  float cq[kB][2] = {};
+  if constexpr (kQK)
+#pragma unroll
+    for (int b = 0; b < kB; ++b) {
+      float c[4] = {};
+      mma16816(c, ones, qb[2 * b][0], qb[2 * b][1]);
+      mma16816(c, ones, qb[2 * b + 1][0], qb[2 * b + 1][1]);
+      cq[b][0] = kOff<K> * c[0], cq[b][1] = kOff<K> * c[1];
     }
 
-  float m = -INFINITY, l = 0.0f, o[D / 8][2] = {};
+  // The running max and (this lane's share of the) sum of heads 2 t4 and 2 t4 + 1; O'^T in
+  // tiles of 16 dimensions, and for quantized V the sums of P' per block.
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, o[D / 16][4] = {}, cv[kB][4] = {};
+  int cur = 0;  // the stage of tile t
   for (int t = 0; t < n_tiles; ++t) {
     issue(t + kSt - 1);
     asm volatile("cp.async.wait_group %0;\n" ::"n"(kSt - 1));
     __syncwarp();
     const int nk = min(kDtKeys, k_hi - k_lo - t * kDtKeys);
-    const uint8_t* rk = raw + t % kSt * stage_bytes + kc.shift;
-    const uint8_t* rv = raw + t % kSt * stage_bytes + kDtKeys * kst + vc.shift;
-    float sc[2][4] = {};
+    const uint8_t* rk = raw + cur + kc.shift;
+    const uint8_t* rv = raw + cur + kDtKeys * kst + vc.shift;
+    cur = cur == (kSt - 1) * stage_bytes ? 0 : cur + stage_bytes;
+    // S^T: rows keys gr and gr + 8, columns heads 2 t4, 2 t4 + 1.
+    float sc[4] = {};
+    const uint8_t* kg = rk + gr * kst;
+    const uint8_t* kh = rk + (gr + 8) * kst;
+    const auto k_step = [&]<int kBlk>() {
+      uint32_t ag[2][2], ah[2][2];
+      k_block<K, kBlk>(kg, t4, ag);
+      k_block<K, kBlk>(kh, t4, ah);
+      float c[4] = {};
+      float* acc = kQK ? c : sc;
 #pragma unroll
-    for (int blk = 0; blk < D / 32; ++blk) {
-      uint32_t b0[2][2], b1[2][2];  // keys gr and 8 + gr
-      k_frags<K>(rk + gr * kst, blk, t4, b0);
-      k_frags<K>(rk + (8 + gr) * kst, blk, t4, b1);
+      for (int u = 0; u < 2; ++u) {
+        const uint32_t a[4] = {ag[u][0], ah[u][0], ag[u][1], ah[u][1]};
+        mma16816(acc, a, qb[2 * kBlk + u][0], qb[2 * kBlk + u][1]);
+      }
+      if constexpr (kQK) {
+        const float dg = ld_h(kg + (K == DType::Q8_0 ? 34 : 18) * kBlk);
+        const float dh = ld_h(kh + (K == DType::Q8_0 ? 34 : 18) * kBlk);
+        sc[0] = fmaf(dg, c[0] - cq[kBlk][0], sc[0]), sc[1] = fmaf(dg, c[1] - cq[kBlk][1], sc[1]);
+        sc[2] = fmaf(dh, c[2] - cq[kBlk][0], sc[2]), sc[3] = fmaf(dh, c[3] - cq[kBlk][1], sc[3]);
+      }
+    };
+    [&]<int... kI>(std::integer_sequence<int, kI...>) {
+      (k_step.template operator()<kI>(), ...);
+    }(std::make_integer_sequence<int, kB>{});
+    // The online softmax of heads 2 t4 + e (a head's 16 keys are spread over the 8 lanes of
+    // its t4 and rows gr, gr + 8): scores in natural units as the partials keep them, each
+    // probability one ex2.
+    const bool lg = gr < nk, lh = gr + 8 < nk;
+    float p[4], al[2];
+    bool moved = false;
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float x0 = lg ? sc[e] * g.scale : -INFINITY, x1 = lh ? sc[2 + e] * g.scale : -INFINITY;
+      float mx = fmaxf(x0, x1);
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+      mx = fmaxf(m[e], fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16)));  // key 0: finite
+      const float mu = mx * kLog2e;
+      p[e] = ex2(fmaf(x0, kLog2e, -mu)), p[2 + e] = ex2(fmaf(x1, kLog2e, -mu));
+      al[e] = m[e] == -INFINITY ? 0.0f : ex2(fmaf(m[e], kLog2e, -mu));
+      l[e] = fmaf(l[e], al[e], p[e] + p[2 + e]);
+      moved |= m[e] != mx;
+      m[e] = mx;
+    }
+    if (__any_sync(0xffffffffu, moved)) {  // most tiles keep the max
+#pragma unroll
+      for (int j = 0; j < D / 16; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[j][e] *= al[e % 2];
+#pragma unroll
+      for (int b = 0; b < kB; ++b)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) cv[b][e] *= al[e % 2];
+    }
+    // P^T as the B operand: keys 2 t4 + {0, 1} (pb0) and 8 + 2 t4 + {0, 1} (pb1) of head gr.
+    const uint32_t pb0 = movt(h2u(p[0], p[1])), pb1 = movt(h2u(p[2], p[3]));
+    const int ka = 2 * t4;
+    const uint8_t* va_row = rv + ka * vst;
+    const auto v_step = [&]<int J>() {
+      const VWord<V> a = v_word<V, J>(va_row, gr, ka < nk);
+      const VWord<V> b = v_word<V, J>(va_row + vst, gr, ka + 1 < nk);
+      const VWord<V> c = v_word<V, J>(va_row + 8 * vst, gr, ka + 8 < nk);
+      const VWord<V> d = v_word<V, J>(va_row + 9 * vst, gr, ka + 9 < nk);
+      const uint32_t b0 = kQV ? hmul2u(pb0, a.d, b.d) : pb0, b1 = kQV ? hmul2u(pb1, c.d, d.d) : pb1;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        mma16816_top(sc[0], qa[2 * blk + h][0], qa[2 * blk + h][1], b0[h][0], b0[h][1]);
-        mma16816_top(sc[1], qa[2 * blk + h][0], qa[2 * blk + h][1], b1[h][0], b1[h][1]);
+        const uint32_t av[4] = {v_pair<V>(a, b, 2 * h), v_pair<V>(a, b, 2 * h + 1),
+                                v_pair<V>(c, d, 2 * h), v_pair<V>(c, d, 2 * h + 1)};
+        mma16816(o[2 * J + h], av, b0, b1);
       }
-    }
-    // The online softmax of row gr (the rows of a quad hold its 16 keys): scores in natural
-    // units as the partials keep them, each probability one ex2.
-    float mx = -INFINITY;
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int key = 8 * nt + 2 * t4 + e;
-        sc[nt][e] = key < nk ? sc[nt][e] * g.scale : -INFINITY;
-        mx = fmaxf(mx, sc[nt][e]);
-      }
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(m, fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2)));  // keys < nk: finite
-    const float mu = mx * kLog2e;
-    float ls = 0.0f;
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) ls += sc[nt][e] = ex2(fmaf(sc[nt][e], kLog2e, -mu));
-    ls += __shfl_xor_sync(0xffffffffu, ls, 1);
-    ls += __shfl_xor_sync(0xffffffffu, ls, 2);
-    const float al = m == -INFINITY ? 0.0f : ex2(fmaf(m, kLog2e, -mu));
-    l = l * al + ls;
-    if (__any_sync(0xffffffffu, m != mx))  // most tiles keep the max
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j) o[j][0] *= al, o[j][1] *= al;
-    m = mx;
-    // P as the A operand: keys 2 t4 + {0, 1} and 8 + 2 t4 + {0, 1} of row gr.
-    const uint32_t p0 = h2u(sc[0][0], sc[0][1]), p1 = h2u(sc[1][0], sc[1][1]);
-    const int ka = 2 * t4;
-#pragma unroll
-    for (int J = 0; J < D / 32; ++J) {
-      const VQuad va = v_quad<V>(rv + ka * vst, J, gr, ka < nk);
-      const VQuad vb = v_quad<V>(rv + (ka + 1) * vst, J, gr, ka + 1 < nk);
-      const VQuad vc8 = v_quad<V>(rv + (ka + 8) * vst, J, gr, ka + 8 < nk);
-      const VQuad vd = v_quad<V>(rv + (ka + 9) * vst, J, gr, ka + 9 < nk);
-#pragma unroll
-      for (int jj = 0; jj < 4; ++jj)
-        mma16816_top(o[4 * J + jj], p0, p1, v_pair<V>(va, vb, jj), v_pair<V>(vc8, vd, jj));
-    }
+      if constexpr (kQV) mma16816(cv[J], ones, b0, b1);
+    };
+    [&]<int... kI>(std::integer_sequence<int, kI...>) {
+      (v_step.template operator()<kI>(), ...);
+    }(std::make_integer_sequence<int, kB>{});
     __syncwarp();  // the stage is refilled by a later tile's copy
   }
   asm volatile("cp.async.wait_all;\n" ::);
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {  // the sums over the 8 lanes of a head
+    l[e] += __shfl_xor_sync(0xffffffffu, l[e], 4);
+    l[e] += __shfl_xor_sync(0xffffffffu, l[e], 8);
+    l[e] += __shfl_xor_sync(0xffffffffu, l[e], 16);
+  }
   __syncthreads();  // every warp is done with its tiles: the space holds the warps' partials
-  if (gr < ng) {
 #pragma unroll
-    for (int J = 0; J < D / 32; ++J)
+  for (int e = 0; e < 2; ++e) {
+    const int r = 2 * t4 + e;
+    if (r >= ng) continue;
 #pragma unroll
-      for (int jj = 0; jj < 4; ++jj)
+    for (int J = 0; J < kB; ++J)
 #pragma unroll
-        for (int e = 0; e < 2; ++e)
-          red[(warp * ng + gr) * D + v_dim<V>(J, jj, 2 * t4 + e)] = o[4 * J + jj][e];
-    if (t4 == 0) ml[2 * (warp * ng + gr)] = m, ml[2 * (warp * ng + gr) + 1] = l;
+      for (int h = 0; h < 2; ++h) {
+        const float off = V == DType::Q4_0 ? (h ? 1152.0f : 1032.0f) : kOff<V>;
+        const float mul = V == DType::Q4_0 && h ? 1.0f / 16.0f : 1.0f;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const float v = kQV ? (o[2 * J + h][2 * i + e] - off * cv[J][e]) * mul
+                              : o[2 * J + h][2 * i + e];
+          red[(warp * ng + r) * D + v_dim<V>(J, h, gr, i)] = v;
+        }
+      }
+    if (gr == 0) ml[2 * (warp * ng + r)] = m[e], ml[2 * (warp * ng + r) + 1] = l[e];
   }
   __syncthreads();
   if (threadIdx.x < ng) {  // each row's max over the warps, and each warp's factor, once
@@ -1253,21 +1323,17 @@ __global__ void __launch_bounds__(32 * kDtWarps, 3)
   }
   __syncthreads();
   if (g.fold_in_place) return fold_here(true);
-  for (int i = threadIdx.x; i < ng * (D + 1); i += blockDim.x) {
-    const int r = i / (D + 1), c = i % (D + 1);  // c == D: the row's max and sum
+  // A warp without keys has factor 0 and outputs 0: its terms add exact zeros.
+  for (int i = threadIdx.x; i < ng * D; i += blockDim.x) {
+    const int r = i / D, c = i % D;
     float acc = 0.0f;
-    for (int w = 0; w < kDtWarps; ++w) {
-      const float lw = ml[2 * (w * ng + r) + 1];
-      if (lw == 0.0f) continue;
-      acc += (c == D ? lw : red[(w * ng + r) * D + c]) * fac[w * ng + r];
-    }
-    if (c < D) {
-      pout[r * stride + 3 + c] = acc;
-    } else {
-      pout[r * stride] = row_max[r];
-      pout[r * stride + 1] = acc;
-      pout[r * stride + 2] = 1.0f;
-    }
+#pragma unroll
+    for (int w = 0; w < kDtWarps; ++w) acc += red[(w * ng + r) * D + c] * fac[w * ng + r];
+    pout[r * stride + 3 + c] = acc;
+  }
+  if (threadIdx.x < ng) {
+    const int r = threadIdx.x;
+    pout[r * stride] = row_max[r], pout[r * stride + 1] = sums[r], pout[r * stride + 2] = 1.0f;
   }
 }
 

@@ -954,12 +954,21 @@ template <DType T, int D>
 constexpr int head_bytes() {
   return T == DType::F16 ? 2 * D : T == DType::Q8_0 ? 34 * D / 32 : 18 * D / 32;
 }
-// Tiles in flight per warp: as many (up to 4) as let 3 blocks of 4 warps fit an SM's shared
-// memory.
+// Blocks an SM holds (the registers are bounded for it): 4 with q4_0 V, 3 otherwise (q8_0 V
+// at 4 spilled). Tiles in flight per warp: as many (2 to 4) as let those blocks' stages stay
+// within 174 KiB of an SM's shared memory with the usual row strides (a head padded to 16
+// bytes after a shift of 8). The rest is L1, which the .ca copies go through: on the H200,
+// q8_0 K/V decoded 15-20 % slower with 221 KiB of stages (3 blocks of 4 stages or 4 of 3)
+// than with 166 KiB (3 of 3); q8_0/q4_0 was fastest with 4 blocks of 3 (172 KiB).
+template <DType V>
+constexpr int kDtBlocks = V == DType::Q4_0 ? 4 : 3;
 template <DType K, DType V, int D>
 constexpr int dt_stages() {
-  constexpr int stage = kDtWarps * kDtKeys * (head_bytes<K, D>() + head_bytes<V, D>() + 32);
-  return 4 * stage <= 74 * 1024 ? 4 : 3 * stage <= 74 * 1024 ? 3 : 2;
+  constexpr int pad_k = (head_bytes<K, D>() + 8 + 15) / 16 * 16;
+  constexpr int pad_v = (head_bytes<V, D>() + 8 + 15) / 16 * 16;
+  constexpr int stage = kDtWarps * kDtKeys * (pad_k + pad_v);
+  constexpr int fit = 174 * 1024 / kDtBlocks<V> / stage;
+  return fit >= 4 ? 4 : fit >= 2 ? fit : 2;
 }
 
 // Pieces c0, c0 + 2, ... (< n) of 16 bytes of one row (dst and src at piece c0), unrolled to at
@@ -1080,7 +1089,7 @@ constexpr int dt_red_floats(int ng, int d) {
 }
 
 template <DType K, DType V, int D>
-__global__ void __launch_bounds__(32 * kDtWarps, 3)
+__global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks<V>)
     decode_tc(Geo g, float* part, int n_kv, int kst, int vst, int cw) {
   static_assert(head_bytes<K, D>() % 4 == 0 && head_bytes<V, D>() % 4 == 0,
                 "heads start 4-byte aligned in shared memory (ld4)");

@@ -958,8 +958,8 @@ constexpr int head_bytes() {
 // at 4 spilled). Tiles in flight per warp: as many (2 to 4) as let those blocks' stages stay
 // within 174 KiB of an SM's shared memory with the usual row strides (a head padded to 16
 // bytes after a shift of 8). The rest is L1, which the .ca copies go through: on the H200,
-// q8_0 K/V decoded 15-20 % slower with 221 KiB of stages (3 blocks of 4 stages or 4 of 3)
-// than with 166 KiB (3 of 3); q8_0/q4_0 was fastest with 4 blocks of 3 (172 KiB).
+// q8_0 K/V decoded 15-20 % slower with 216 KiB of stages (3 blocks of 4 stages or 4 of 3)
+// than with 162 KiB (3 of 3); q8_0/q4_0 was fastest with 4 blocks of 3 (168 KiB).
 template <DType V>
 constexpr int kDtBlocks = V == DType::Q4_0 ? 4 : 3;
 template <DType K, DType V, int D>

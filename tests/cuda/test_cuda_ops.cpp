@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -333,7 +334,9 @@ TEST(CudaOps, EmbedKvWriteAndAttention) {
 
 // Decode over many short spans (the fold's chunks of 32, a last span cut short, one span past
 // the query that must count for nothing): against the CPU, and the same spans in three calls
-// (the running state carried, as a ring's chunks are) bit-identical to one call.
+// (the running state carried, as a ring's chunks are; the call of one span folds in place)
+// bit-identical to one call. Both ways to split the work, forced: a block per span (what a
+// short context takes) and a warp per span (a long one).
 TEST(CudaOps, DecodeAttentionManySpans) {
   NEED_GPU();
   struct Case {
@@ -344,48 +347,55 @@ TEST(CudaOps, DecodeAttentionManySpans) {
                         {DType::F16, DType::Q4_0, 128, 2, 16},
                         {DType::Q4_0, DType::F16, 64, 3, 3},
                         {DType::Q8_0, DType::Q4_0, 64, 4, 12}};
-  for (const Case& cs : cases) {
-    const int P = 16, ctx = 1500, d = cs.d, n_kv = cs.n_kv, n_head = cs.n_head;
-    const KvLayout l = KvLayout::make(cs.k, cs.v, P, n_kv, d);
-    const int pages = (ctx + P - 1) / P + 1;  // the last page starts past the query
-    std::vector<uint8_t> hc(pages * l.page_bytes(), 0);
-    const auto k = rnd(static_cast<size_t>(pages) * P * n_kv * d, 41);
-    const auto v = rnd(static_cast<size_t>(pages) * P * n_kv * d, 42);
-    std::vector<uint8_t*> dc(pages * P);
-    std::vector<int32_t> slots(pages * P);
-    for (int t = 0; t < pages * P; ++t)
-      dc[t] = hc.data() + (t / P) * l.page_bytes(), slots[t] = t % P;
-    cpu->kv_write(l, k.data(), v.data(), pages * P, dc.data(), slots.data());
-    DeviceBuffer gp = gpu->alloc(hc.size(), "pages");
-    gpu->upload(gp.as(), hc.data(), hc.size());
-    const auto q = rnd(static_cast<size_t>(n_head) * d, 43, 3.0f);  // peaked softmax
-    const std::vector<int32_t> pos{ctx - 1};
-    std::vector<Span> sc, sg;
-    for (int p = 0; p < pages; ++p) {
-      const int n = p == pages - 2 ? ctx - p * P : P;  // 1500 = 93 x 16 + 12
-      sc.push_back({hc.data() + p * l.page_bytes(), p * P, n});
-      sg.push_back({gp.as() + p * l.page_bytes(), p * P, n});
-    }
-    AttentionArgs a = attention_args(l, pos, n_head, 1.0f / std::sqrt(static_cast<float>(d)));
-    std::vector<float> oc(q.size()), accc(static_cast<size_t>(n_head) * 2);
-    a.q = q.data(), a.out = oc.data(), a.acc = accc.data(), a.spans = sc.data(), a.n_spans = pages;
-    cpu->attention(a);
-    Buf qg(*gpu, q), og(*gpu, q.size()), ag(*gpu, accc.size());
-    a.q = qg.f(), a.out = og.f(), a.acc = ag.f(), a.spans = sg.data();
-    gpu->attention(a);
-    const auto one = og.get();
-    const std::string what = std::string(dtype_name(cs.k)) + "/" + dtype_name(cs.v) + " d " +
-                             std::to_string(d) + " group " + std::to_string(n_head / n_kv);
-    EXPECT_LT(max_rel(oc, one), 4e-3) << what;
-    const int cuts[] = {0, 40, 41, pages};
-    for (int c = 0; c < 3; ++c) {
-      a.spans = sg.data() + cuts[c], a.n_spans = cuts[c + 1] - cuts[c];
-      a.first = c == 0, a.last = c == 2;
+  for (const char* by_warp : {"0", "1"}) {
+    setenv("KVS_DECODE_WARP", by_warp, 1);
+    gpu = make_cuda_device(0);
+    unsetenv("KVS_DECODE_WARP");
+    for (const Case& cs : cases) {
+      const int P = 16, ctx = 1500, d = cs.d, n_kv = cs.n_kv, n_head = cs.n_head;
+      const KvLayout l = KvLayout::make(cs.k, cs.v, P, n_kv, d);
+      const int pages = (ctx + P - 1) / P + 1;  // the last page starts past the query
+      std::vector<uint8_t> hc(pages * l.page_bytes(), 0);
+      const auto k = rnd(static_cast<size_t>(pages) * P * n_kv * d, 41);
+      const auto v = rnd(static_cast<size_t>(pages) * P * n_kv * d, 42);
+      std::vector<uint8_t*> dc(pages * P);
+      std::vector<int32_t> slots(pages * P);
+      for (int t = 0; t < pages * P; ++t)
+        dc[t] = hc.data() + (t / P) * l.page_bytes(), slots[t] = t % P;
+      cpu->kv_write(l, k.data(), v.data(), pages * P, dc.data(), slots.data());
+      DeviceBuffer gp = gpu->alloc(hc.size(), "pages");
+      gpu->upload(gp.as(), hc.data(), hc.size());
+      const auto q = rnd(static_cast<size_t>(n_head) * d, 43, 3.0f);  // peaked softmax
+      const std::vector<int32_t> pos{ctx - 1};
+      std::vector<Span> sc, sg;
+      for (int p = 0; p < pages; ++p) {
+        const int n = p == pages - 2 ? ctx - p * P : P;  // 1500 = 93 x 16 + 12
+        sc.push_back({hc.data() + p * l.page_bytes(), p * P, n});
+        sg.push_back({gp.as() + p * l.page_bytes(), p * P, n});
+      }
+      AttentionArgs a = attention_args(l, pos, n_head, 1.0f / std::sqrt(static_cast<float>(d)));
+      std::vector<float> oc(q.size()), accc(static_cast<size_t>(n_head) * 2);
+      a.q = q.data(), a.out = oc.data(), a.acc = accc.data(), a.spans = sc.data(),
+      a.n_spans = pages;
+      cpu->attention(a);
+      Buf qg(*gpu, q), og(*gpu, q.size()), ag(*gpu, accc.size());
+      a.q = qg.f(), a.out = og.f(), a.acc = ag.f(), a.spans = sg.data();
       gpu->attention(a);
+      const auto one = og.get();
+      const std::string what = std::string(dtype_name(cs.k)) + "/" + dtype_name(cs.v) + " d " +
+                               std::to_string(d) + " group " + std::to_string(n_head / n_kv) +
+                               (by_warp[0] == '1' ? ", a warp per span" : ", a block per span");
+      EXPECT_LT(max_rel(oc, one), 4e-3) << what;
+      const int cuts[] = {0, 40, 41, pages};
+      for (int c = 0; c < 3; ++c) {
+        a.spans = sg.data() + cuts[c], a.n_spans = cuts[c + 1] - cuts[c];
+        a.first = c == 0, a.last = c == 2;
+        gpu->attention(a);
+      }
+      const auto three = og.get();
+      EXPECT_EQ(0, std::memcmp(one.data(), three.data(), one.size() * sizeof(float)))
+          << what << ": three calls differ from one, by " << max_rel(one, three);
     }
-    const auto three = og.get();
-    EXPECT_EQ(0, std::memcmp(one.data(), three.data(), one.size() * sizeof(float)))
-        << what << ": three calls differ from one, by " << max_rel(one, three);
   }
 }
 

@@ -1,10 +1,10 @@
 // Attention over spans, continuing a running state (max, sum, unnormalised output) across
 // calls exactly as the CPU kernel does, so a run that sees its spans in several calls (the
 // ring's chunks) computes the same operations as one that sees them at once.
-// Decode: one block per (span, kv head) computes the partial of every query head of the group
-// (decode_tc on tensor cores for head sizes 64 and 128, decode_partials on CUDA cores for the
-// others), then one block per head folds the partials into the state in span order
-// (decode_fold; a call of one span on tensor cores folds in its own block).
+// Decode: one warp (decode_tc, tensor cores, head sizes 64 and 128) or block (decode_partials,
+// CUDA cores, the others) per (span, kv head) computes the partial of every query head of the
+// group, then one block per head folds the partials into the state in span order (decode_fold;
+// a call of one span on tensor cores folds in its own warp).
 // Prefill: blocks of query rows (query, head) of one kv head walk the spans in tiles with an
 // online softmax over tiles (prefill_tc on tensor cores over f16 tiles, a quantized cache
 // converted to f16 first; prefill on CUDA cores for head sizes 32 and 256); a tile never
@@ -932,11 +932,12 @@ __global__ void kv_to_f16(Geo g, int s0, int page_keys, int n_kv, __half* __rest
 }
 
 // Decode on tensor cores, for head sizes 64 and 128 and up to 8 query heads per kv head: one
-// block per (span, kv head), the kv heads of a span next to each other in the grid so that the
-// blocks running together read whole K and V rows. Each of the 4 warps takes a quarter of the
-// span's keys (fixed by the span's length, so how spans are cut into calls does not matter) and
-// walks it in tiles of 16 keys, up to kStages tiles in flight: raw rows copied (cp.async) into
-// the warp's part of shared memory, then two mma.sync m16n8k16 products per tile with the
+// warp per (span, kv head), 4 to a block, the kv heads of a span next to each other so that the
+// warps running together read whole K and V rows. A warp walks its span in tiles of 16 keys,
+// up to kStages tiles in flight, and writes (or folds) the span's partial itself: no merge
+// with other warps, no block barrier (a span split between 4 warps spent a third of its time
+// starting and merging at a page of 256 keys). Per tile: raw rows copied (cp.async) into the
+// warp's part of shared memory, then two mma.sync m16n8k16 products per tile with the
 // tile's 16 keys or 16 dimensions as the rows and the group's heads as the 8 columns, so every
 // accumulator is used: S^T = K Q^T, an online softmax per head, O^T += V^T P'^T, where P^T is
 // S^T's accumulators transposed in registers (movmatrix). Quantized levels enter the products
@@ -945,8 +946,7 @@ __global__ void kv_to_f16(Geo g, int s0, int page_keys, int n_kv, __half* __rest
 // products (S = d (c - off sum q)), a V block's scale goes into P (P' = P d, per block) and its
 // offset leaves O at the end (O = O' - off sum P', the sums from one more product against
 // ones). Dimensions are permuted inside each product so that a lane's operands are whole
-// 4-byte words of a row; the output columns follow the same map. The warps' partials merge in
-// warp order.
+// 4-byte words of a row; the output columns follow the same map.
 constexpr int kDtKeys = 16, kDtWarps = 4;
 
 // Bytes of one head's K or V row.
@@ -954,20 +954,21 @@ template <DType T, int D>
 constexpr int head_bytes() {
   return T == DType::F16 ? 2 * D : T == DType::Q8_0 ? 34 * D / 32 : 18 * D / 32;
 }
-// Blocks an SM holds (the registers are bounded for it): 4 with q4_0 V, 3 otherwise (q8_0 V
-// at 4 spilled). Tiles in flight per warp: as many (2 to 4) as let those blocks' stages stay
-// within 174 KiB of an SM's shared memory with the usual row strides (a head padded to 16
-// bytes after a shift of 8). The rest is L1, which the .ca copies go through: on the H200,
-// q8_0 K/V decoded 15-20 % slower with 216 KiB of stages (3 blocks of 4 stages or 4 of 3)
-// than with 162 KiB (3 of 3); q8_0/q4_0 was fastest with 4 blocks of 3 (168 KiB).
-template <DType V>
-constexpr int kDtBlocks = V == DType::Q4_0 ? 4 : 3;
-template <DType K, DType V, int D>
+// Blocks an SM holds (the registers are bounded for it): 4 for q4_0 V with a warp per span, 3
+// otherwise (q8_0 V at 4 spilled, and so did q4_0 V with a block per span, 5 % slower than at
+// 3). Tiles in flight per warp: as many (2 to 4) as let those blocks' stages stay within 174
+// KiB of an SM's shared memory with the usual row strides (a head padded to 16 bytes after a
+// shift of 8). The rest is L1, which the .ca copies go through: on the H200, q8_0 K/V decoded
+// 15-20 % slower with 216 KiB of stages (3 blocks of 4 stages or 4 of 3) than with 162 KiB (3
+// of 3).
+template <DType V, bool kByWarp>
+constexpr int kDtBlocks = V == DType::Q4_0&& kByWarp ? 4 : 3;
+template <DType K, DType V, int D, bool kByWarp>
 constexpr int dt_stages() {
   constexpr int pad_k = (head_bytes<K, D>() + 8 + 15) / 16 * 16;
   constexpr int pad_v = (head_bytes<V, D>() + 8 + 15) / 16 * 16;
   constexpr int stage = kDtWarps * kDtKeys * (pad_k + pad_v);
-  constexpr int fit = 174 * 1024 / kDtBlocks<V> / stage;
+  constexpr int fit = 174 * 1024 / kDtBlocks<V, kByWarp> / stage;
   return fit >= 4 ? 4 : fit >= 2 ? fit : 2;
 }
 
@@ -1023,7 +1024,9 @@ __device__ __forceinline__ void k_block(const uint8_t* row, int t4, uint32_t (&a
 }
 // The offset of a level as a half (1024 + stored byte or nibble = kOff + level).
 template <DType T>
-constexpr float kOff = T == DType::Q8_0 ? 1152.0f : T == DType::Q4_0 ? 1032.0f : 0.0f;
+constexpr float kOff = T == DType::Q8_0   ? 1152.0f
+                       : T == DType::Q4_0 ? 1032.0f
+                                          : 0.0f;
 
 // One key's V row, block J, as the lane with column gr reads it: 4 dimensions in one word
 // (f16: two words), and the block's scale (0 for a key past the tile: its row is stale).
@@ -1081,67 +1084,85 @@ __device__ __forceinline__ uint32_t hmul2u(uint32_t a, __half lo, __half hi) {
   return *reinterpret_cast<const uint32_t*>(&r);
 }
 
-// The floats of a decode block's partials before they merge: [warp][ng][D] outputs,
-// [warp][ng][2] max and sum, [warp][ng] factors, [ng] maxima, and for a fold in place [ng]
-// sums and the state's [ng] maxima and sums (in the tiles' space).
-constexpr int dt_red_floats(int ng, int d) {
-  return kDtWarps * ng * (d + 3) + 4 * ng;
+// Bytes of shared memory a decode warp owns: its stages, which after its tiles hold its
+// partial ([ng][D] outputs, [ng] maxima and sums, and for a fold in place the state's [ng]
+// maxima and sums; with a block per span the four warps' space holds theirs, the factors and
+// the span's maxima and sums and the state's: 4 ng (D + 4) floats in all).
+__host__ __device__ constexpr int dt_warp_bytes(int stages, int kst, int vst, int ng, int d) {
+  const int tiles = stages * kDtKeys * (kst + vst), partial = ng * (d + 4) * 4;
+  return ((tiles > partial ? tiles : partial) + 15) / 16 * 16;
 }
 
-template <DType K, DType V, int D>
-__global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks<V>)
+// Two ways to split the work (kByWarp, decode_by_warp): a block per (span, kv head), each
+// warp a quarter of the span's keys, merged in warp order (many warps for a short context),
+// or a warp per (span, kv head), 4 to a block, each walking the whole span and writing (or
+// folding) its partial itself: no merge, no barrier (a split span spends a third of its time
+// starting and merging at a page of 256 keys; with enough spans to fill the GPU twice over, a
+// warp per span is 15 % faster at 128K on the H200, and 10 % slower at 32K). Either way the
+// keys of a span a warp takes depend on the span alone.
+template <DType K, DType V, int D, bool kByWarp>
+__global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks<V, kByWarp>)
     decode_tc(Geo g, float* part, int n_kv, int kst, int vst, int cw) {
   static_assert(head_bytes<K, D>() % 4 == 0 && head_bytes<V, D>() % 4 == 0,
                 "heads start 4-byte aligned in shared memory (ld4)");
   pdl_wait();
-  constexpr int kSt = dt_stages<K, V, D>(), kB = D / 32;
+  constexpr int kSt = dt_stages<K, V, D, kByWarp>(), kB = D / 32;
   constexpr bool kQK = K != DType::F16, kQV = V != DType::F16;
   extern __shared__ __align__(16) uint8_t dt_smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, t4 = lane % 4;
+  const int ng = g.group, item = kByWarp ? blockIdx.x * kDtWarps + warp : blockIdx.x;
+  if (item >= g.n_spans * n_kv) return;  // (by warp: whole warps)
+  const int s = item / n_kv, hk = item % n_kv;
   const int stage_bytes = kDtKeys * (kst + vst);
-  uint8_t* raw = dt_smem + warp * kSt * stage_bytes;  // [kSt][kDtKeys][kst], [kDtKeys][vst]
-  const int s = blockIdx.x / n_kv, hk = blockIdx.x % n_kv, ng = g.group;
+  // [kSt][kDtKeys][kst], [kDtKeys][vst]; after the tiles, the partials
+  uint8_t* raw = dt_smem + warp * dt_warp_bytes(kSt, kst, vst, ng, D);
   const Span sp = g.spans[s];
   const size_t stride = static_cast<size_t>(D) + 3;
-  float* red = reinterpret_cast<float*>(dt_smem);  // once the tiles are done
-  float* ml = red + kDtWarps * ng * D;
-  float* fac = ml + 2 * kDtWarps * ng;
-  float* row_max = fac + kDtWarps * ng;
-  float* sums = row_max + ng;
-  float* st = sums + ng;  // the state's max and sum per row
+  float* pout = part + (static_cast<size_t>(s) * g.n_head + hk * ng) * stride;
   // The only span of the call folded into the state here, as decode_fold would (the same
-  // steps on the same values, so how spans fall into calls does not change the result).
-  const auto fold_here = [&](bool live) {
-    if (threadIdx.x < ng) {
-      const int r = threadIdx.x, h = hk * ng + r;
-      st[2 * r] = g.first ? 0.0f : g.acc[2 * h];
-      st[2 * r + 1] = g.first ? 0.0f : g.acc[2 * h + 1];
+  // steps on the same values, so how spans fall into calls does not change the result): by
+  // the threads t0, t0 + nt, ... < ng * D, from the span's [ng][D] output o and its [ng] maxima
+  // and sums ml (when live).
+  const auto fold_here = [&](bool live, const float* o, const float* ml, float* st, int t0,
+                             int nt) {
+    // The state of every row, read before any of it is written (a row spans several passes of
+    // a warp).
+    for (int r = t0; r < ng; r += nt) {
+      const int h = hk * ng + r;
+      st[2 * r] = g.first ? 0.0f : g.acc[2 * h], st[2 * r + 1] = g.first ? 0.0f : g.acc[2 * h + 1];
     }
-    __syncthreads();
-    for (int i = threadIdx.x; i < ng * D; i += blockDim.x) {  // whole warps: D % 32 == 0
+    if constexpr (kByWarp)
+      __syncwarp();
+    else
+      __syncthreads();
+    for (int i = t0; i < ng * D; i += nt) {  // whole warps: D % 32 == 0
       const int r = i / D, c = i % D, h = hk * ng + r;
-      float cur = 0.0f;  // as the partial's output below
-      if (live)
-#pragma unroll
-        for (int w = 0; w < kDtWarps; ++w) cur += red[(w * ng + r) * D + c] * fac[w * ng + r];
-      const float m0 = st[2 * r], l0 = st[2 * r + 1], o0 = l0 != 0.0f ? g.out[h * D + c] : 0.0f;
+      const float m0 = st[2 * r], l0 = st[2 * r + 1];
       const bool any = l0 != 0.0f;
-      const float run = any ? m0 : -INFINITY, pm = live ? row_max[r] : 0.0f;
+      const float run = any ? m0 : -INFINITY, pm = live ? ml[2 * r] : 0.0f;
       const float after = live ? fmaxf(pm, run) : run;
       const FoldStep f = fold_step(live, !any, run, after, pm);
-      const float l = fmaf(l0, f.ea, live ? sums[r] * f.eb : 0.0f);
+      const float l = fmaf(l0, f.ea, live ? ml[2 * r + 1] * f.eb : 0.0f);
+      const float o0 = any ? g.out[h * D + c] : 0.0f, cur = live ? o[r * D + c] : 0.0f;
       fold_write(g, h, c, live || any ? after : m0, l, fold_out(o0, f, cur));
     }
   };
-  float* pout;
-  const int n = decode_span(g, part, s, hk, pout);
+  // The keys the query sees (none past its position: an empty partial).
+  const int n = min(sp.n, g.pos[0] - sp.start + 1);
   if (n <= 0) {
-    if (g.fold_in_place) fold_here(false);
+    const int t0 = kByWarp ? lane : threadIdx.x, nt = kByWarp ? 32 : blockDim.x;
+    if (g.fold_in_place)
+      fold_here(false, nullptr, nullptr, reinterpret_cast<float*>(kByWarp ? raw : dt_smem), t0, nt);
+    else
+      for (int r = t0; r < ng; r += nt) pout[r * stride + 2] = 0.0f;
     return;
   }
-  // This warp's keys: a quarter of the span, in whole tiles.
-  const int per = ((n + kDtWarps - 1) / kDtWarps + kDtKeys - 1) / kDtKeys * kDtKeys;
-  const int k_lo = min(n, warp * per), k_hi = min(n, k_lo + per);
+  // This warp's keys: the span, or a quarter of it in whole tiles.
+  int k_lo = 0, k_hi = n;
+  if (!kByWarp) {
+    const int per = ((n + kDtWarps - 1) / kDtWarps + kDtKeys - 1) / kDtKeys * kDtKeys;
+    k_lo = min(n, warp * per), k_hi = min(n, k_lo + per);
+  }
   const int n_tiles = (k_hi - k_lo + kDtKeys - 1) / kDtKeys;
 
   // Copies: two lanes a row, every other piece each; the sources advance a tile at a time.
@@ -1149,14 +1170,14 @@ __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks<V>)
   const int cr = lane / 2, c0 = lane % 2;
   const uint8_t* ksrc =
       sp.page + hk * g.k_head - kc.shift + static_cast<size_t>(k_lo + cr) * g.k_row;
-  const uint8_t* vsrc = sp.page + g.v_offset + hk * g.v_head - vc.shift +
-                        static_cast<size_t>(k_lo + cr) * g.v_row;
+  const uint8_t* vsrc =
+      sp.page + g.v_offset + hk * g.v_head - vc.shift + static_cast<size_t>(k_lo + cr) * g.v_row;
   const size_t kstep = kDtKeys * g.k_row, vstep = kDtKeys * g.v_row;
   uint8_t* kdst = raw + cr * kst;
   uint8_t* vdst = raw + kDtKeys * kst + cr * vst;
   const unsigned kdst16 = static_cast<unsigned>(__cvta_generic_to_shared(kdst + 16 * c0));
   const unsigned vdst16 = static_cast<unsigned>(__cvta_generic_to_shared(vdst + 16 * c0));
-  int krow = k_lo + cr, off = 0;  // off: the stage tile t goes to
+  int krow = k_lo + cr, off = 0;   // off: the stage tile t goes to
   const auto issue = [&](int t) {  // t: 0, 1, 2, ... in order
     if (t < n_tiles && krow < k_hi) {
       if (cw == 16) {  // whole rows 16-byte aligned: the usual case
@@ -1234,7 +1255,8 @@ __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks<V>)
     };
     [&]<int... kI>(std::integer_sequence<int, kI...>) {
       (k_step.template operator()<kI>(), ...);
-    }(std::make_integer_sequence<int, kB>{});
+    }
+    (std::make_integer_sequence<int, kB>{});
     // The online softmax of heads 2 t4 + e (a head's 16 keys are spread over the 8 lanes of
     // its t4 and rows gr, gr + 8): scores in natural units as the partials keep them, each
     // probability one ex2.
@@ -1285,7 +1307,8 @@ __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks<V>)
     };
     [&]<int... kI>(std::integer_sequence<int, kI...>) {
       (v_step.template operator()<kI>(), ...);
-    }(std::make_integer_sequence<int, kB>{});
+    }
+    (std::make_integer_sequence<int, kB>{});
     __syncwarp();  // the stage is refilled by a later tile's copy
   }
   asm volatile("cp.async.wait_all;\n" ::);
@@ -1295,7 +1318,16 @@ __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks<V>)
     l[e] += __shfl_xor_sync(0xffffffffu, l[e], 8);
     l[e] += __shfl_xor_sync(0xffffffffu, l[e], 16);
   }
-  __syncthreads();  // every warp is done with its tiles: the space holds the warps' partials
+  // The warp's partial: [ng][D] outputs and [ng] maxima and sums, in its own space (by warp) or
+  // the block's (the warps' [4][ng][D], then [4][ng][2]).
+  float* red = reinterpret_cast<float*>(kByWarp ? raw : dt_smem);
+  float* ml = red + (kByWarp ? 1 : kDtWarps) * ng * D;
+  float* wo = red + (kByWarp ? 0 : warp * ng * D);
+  float* wml = ml + (kByWarp ? 0 : 2 * warp * ng);
+  if constexpr (kByWarp)
+    __syncwarp();
+  else
+    __syncthreads();  // every tile done: the space is free
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
     const int r = 2 * t4 + e;
@@ -1308,41 +1340,56 @@ __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks<V>)
         const float mul = V == DType::Q4_0 && h ? 1.0f / 16.0f : 1.0f;
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-          const float v = kQV ? (o[2 * J + h][2 * i + e] - off * cv[J][e]) * mul
-                              : o[2 * J + h][2 * i + e];
-          red[(warp * ng + r) * D + v_dim<V>(J, h, gr, i)] = v;
+          const float v =
+              kQV ? (o[2 * J + h][2 * i + e] - off * cv[J][e]) * mul : o[2 * J + h][2 * i + e];
+          wo[r * D + v_dim<V>(J, h, gr, i)] = v;
         }
       }
-    if (gr == 0) ml[2 * (warp * ng + r)] = m[e], ml[2 * (warp * ng + r) + 1] = l[e];
+    if (gr == 0) wml[2 * r] = m[e], wml[2 * r + 1] = l[e];
   }
+  if constexpr (kByWarp) {
+    __syncwarp();
+    if (g.fold_in_place) return fold_here(true, red, ml, ml + 2 * ng, lane, 32);
+    for (int i = lane; i < ng * D; i += 32) pout[i / D * stride + 3 + i % D] = red[i];
+    if (lane < ng)
+      pout[lane * stride] = ml[2 * lane], pout[lane * stride + 1] = ml[2 * lane + 1],
+                  pout[lane * stride + 2] = 1.0f;
+    return;
+  }
+  // A block per span: the warps' partials merge in warp order into the span's, in the space
+  // of warp 0's output (each row's max over the warps and each warp's factor once; a warp
+  // without keys has factor 0 and outputs 0, adding exact zeros).
+  float* fac = ml + 2 * kDtWarps * ng;
+  float* sml = fac + kDtWarps * ng;  // the span's [ng] maxima and sums
   __syncthreads();
-  if (threadIdx.x < ng) {  // each row's max over the warps, and each warp's factor, once
+  if (threadIdx.x < ng) {
     const int r = threadIdx.x;
     float mm = -INFINITY;
     for (int w = 0; w < kDtWarps; ++w)
       if (ml[2 * (w * ng + r) + 1] != 0.0f) mm = fmaxf(mm, ml[2 * (w * ng + r)]);
     for (int w = 0; w < kDtWarps; ++w) fac[w * ng + r] = expf(ml[2 * (w * ng + r)] - mm);
-    row_max[r] = mm;
-    float sum = 0.0f;  // in the order of the partial's sum below
+    float sum = 0.0f;
     for (int w = 0; w < kDtWarps; ++w) {
       const float lw = ml[2 * (w * ng + r) + 1];
       if (lw != 0.0f) sum += lw * fac[w * ng + r];
     }
-    sums[r] = sum;
+    sml[2 * r] = mm, sml[2 * r + 1] = sum;
   }
   __syncthreads();
-  if (g.fold_in_place) return fold_here(true);
-  // A warp without keys has factor 0 and outputs 0: its terms add exact zeros.
   for (int i = threadIdx.x; i < ng * D; i += blockDim.x) {
-    const int r = i / D, c = i % D;
+    const int r = i / D;
     float acc = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kDtWarps; ++w) acc += red[(w * ng + r) * D + c] * fac[w * ng + r];
-    pout[r * stride + 3 + c] = acc;
+    for (int w = 0; w < kDtWarps; ++w) acc += red[w * ng * D + i] * fac[w * ng + r];
+    red[i] = acc;  // each thread reads only its own elements
   }
+  __syncthreads();
+  if (g.fold_in_place) return fold_here(true, red, sml, sml + 2 * ng, threadIdx.x, blockDim.x);
+  for (int i = threadIdx.x; i < ng * D; i += blockDim.x) pout[i / D * stride + 3 + i % D] = red[i];
   if (threadIdx.x < ng) {
     const int r = threadIdx.x;
-    pout[r * stride] = row_max[r], pout[r * stride + 1] = sums[r], pout[r * stride + 2] = 1.0f;
+    pout[r * stride] = sml[2 * r], pout[r * stride + 1] = sml[2 * r + 1],
+             pout[r * stride + 2] = 1.0f;
   }
 }
 
@@ -1458,7 +1505,15 @@ void launch_prefill(Ctx& c, const Geo& g, const KvLayout& l) {
 
 }  // namespace
 
-void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq) {
+bool decode_by_warp(const Ctx& c, const KvLayout& l, int64_t n_ctx) {
+  if (c.decode_warp >= 0) return c.decode_warp != 0;
+  // A warp per span once the context's (span, kv head) pairs fill twice the warps the GPU
+  // holds (3 blocks of 4 an SM): 101K tokens of 8 kv heads at pages of 256 on the H200.
+  const int64_t items = (n_ctx + l.page_size - 1) / l.page_size * l.n_head_kv;
+  return items >= int64_t{2} * 3 * kDtWarps * c.n_sm;
+}
+
+void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq, bool by_warp) {
   const KvLayout& l = a.kv;
   const int d = l.head_dim, P = l.page_size;
   KVS_CHECK(d == 32 || d == 64 || d == 128 || d == 256, "cuda attention: head size ", d,
@@ -1487,15 +1542,20 @@ void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq) {
           const dim3 grid(a.n_spans, l.n_head_kv);
           if (d == 64 || d == 128) {  // tensor cores
             const auto [kst, vst, cw] = head_copies(g, l.n_head_kv);
-            const auto tc = d == 64 ? decode_tc<K, V, 64> : decode_tc<K, V, 128>;
-            const int stages = d == 64 ? dt_stages<K, V, 64>() : dt_stages<K, V, 128>();
-            const size_t tc_smem = std::max<size_t>(kDtWarps * stages * kDtKeys * (kst + vst),
-                                                    dt_red_floats(g.group, d) * sizeof(float));
+            const auto tc =
+                d == 64 ? (by_warp ? decode_tc<K, V, 64, true> : decode_tc<K, V, 64, false>)
+                        : (by_warp ? decode_tc<K, V, 128, true> : decode_tc<K, V, 128, false>);
+            const int stages =
+                d == 64 ? (by_warp ? dt_stages<K, V, 64, true>() : dt_stages<K, V, 64, false>())
+                        : (by_warp ? dt_stages<K, V, 128, true>() : dt_stages<K, V, 128, false>());
+            const size_t tc_smem =
+                kDtWarps * static_cast<size_t>(dt_warp_bytes(stages, kst, vst, g.group, d));
             allow_smem(tc, tc_smem);
             // One span (a short context, or a ring chunk of one page): its block folds it.
             g.fold_in_place = a.n_spans == 1;
-            launch(tc, dim3(a.n_spans * l.n_head_kv), 32 * kDtWarps, tc_smem, c.stream, g, part,
-                   l.n_head_kv, kst, vst, cw);
+            const int items = a.n_spans * l.n_head_kv;  // (span, kv head): a warp or block each
+            launch(tc, dim3(by_warp ? (items + kDtWarps - 1) / kDtWarps : items), 32 * kDtWarps,
+                   tc_smem, c.stream, g, part, l.n_head_kv, kst, vst, cw);
             return;
           }
           const auto run = [&](auto kernel) {

@@ -955,14 +955,14 @@ constexpr int head_bytes() {
   return T == DType::F16 ? 2 * D : T == DType::Q8_0 ? 34 * D / 32 : 18 * D / 32;
 }
 // Blocks an SM holds (the registers are bounded for it): 4 for q4_0 V with a warp per span, 3
-// otherwise (q8_0 V at 4 spilled, and so did q4_0 V with a block per span, 5 % slower than at
-// 3). Tiles in flight per warp: as many (2 to 4) as let those blocks' stages stay within 174
-// KiB of an SM's shared memory with the usual row strides (a head padded to 16 bytes after a
-// shift of 8). The rest is L1, which the .ca copies go through: on the H200, q8_0 K/V decoded
-// 15-20 % slower with 216 KiB of stages (3 blocks of 4 stages or 4 of 3) than with 162 KiB (3
-// of 3).
+// otherwise (q8_0 V at 4 spilled, and so did q4_0 V with a block per span, which then decoded
+// 32K at 301 tok/s against 307 at 3). Tiles in flight per warp: as many (2 to 4) as let those
+// blocks' stages stay within 174 KiB of an SM's shared memory with the usual row strides (a head
+// padded to 16 bytes after a shift of 8). The rest is L1, which the .ca copies go through: on the
+// H200, q8_0 K/V decoded 15-20 % slower with 216 KiB of stages (3 blocks of 4 stages or 4 of 3)
+// than with 162 KiB (3 of 3).
 template <DType V, bool kByWarp>
-constexpr int kDtBlocks = V == DType::Q4_0&& kByWarp ? 4 : 3;
+constexpr int kDtBlocks = (V == DType::Q4_0 && kByWarp) ? 4 : 3;
 template <DType K, DType V, int D, bool kByWarp>
 constexpr int dt_stages() {
   constexpr int pad_k = (head_bytes<K, D>() + 8 + 15) / 16 * 16;
@@ -1098,7 +1098,7 @@ __host__ __device__ constexpr int dt_warp_bytes(int stages, int kst, int vst, in
 // or a warp per (span, kv head), 4 to a block, each walking the whole span and writing (or
 // folding) its partial itself: no merge, no barrier (a split span spends a third of its time
 // starting and merging at a page of 256 keys; with enough spans to fill the GPU twice over, a
-// warp per span is 15 % faster at 128K on the H200, and 10 % slower at 32K). Either way the
+// warp per span is 5-15 % faster at 128K on the H200, and 0-10 % slower at 32K). Either way the
 // keys of a span a warp takes depend on the span alone.
 template <DType K, DType V, int D, bool kByWarp>
 __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks<V, kByWarp>)

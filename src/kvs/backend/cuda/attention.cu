@@ -3,13 +3,12 @@
 // ring's chunks) computes the same operations as one that sees them at once.
 // Decode: one warp (decode_tc, tensor cores, head sizes 64 and 128) or block (decode_partials,
 // CUDA cores, the others) per (span, kv head) computes the partial of every query head of the
-// group, then one block per head folds the partials into the state in span order (decode_fold;
-// a call of one span on tensor cores folds in its own warp).
-// Prefill: blocks of query rows (query, head) of one kv head walk the spans in tiles with an
-// online softmax over tiles (prefill_tc on tensor cores over f16 tiles, a quantized cache
-// converted to f16 first; prefill on CUDA cores for head sizes 32 and 256); a tile never
-// crosses a span, so the sequence of operations does not depend on how the spans were split
-// into calls.
+// group, then a warp per (head, 32 dimensions) folds the partials into the state in span order
+// (decode_fold; a call of one span on tensor cores folds in its own warp). Prefill: blocks of query
+// rows (query, head) of one kv head walk the spans in tiles with an online softmax over tiles
+// (prefill_tc on tensor cores over f16 tiles, a quantized cache converted to f16 first; prefill on
+// CUDA cores for head sizes 32 and 256); a tile never crosses a span, so the sequence of operations
+// does not depend on how the spans were split into calls.
 #include <algorithm>
 #include <mutex>
 #include <unordered_map>
@@ -34,6 +33,13 @@ struct Geo {
   uint8_t* xq = nullptr;       // decode, last call: where the fold also writes out quantized
   bool fold_in_place = false;  // decode of one span on tensor cores: no separate fold
 };
+
+// A decode partial of one (span, query head): [max, sum, non-empty, unused, output[d]], rows
+// 16-byte aligned (d % 32 == 0) so the fold copies them in 16-byte pieces.
+constexpr int kPartO = 4;
+__host__ __device__ constexpr size_t part_stride(int d) {
+  return static_cast<size_t>(d) + kPartO;
+}
 
 __device__ __forceinline__ float h2f_16(const uint16_t* p) {
   return __half2float(__ushort_as_half(*p));
@@ -214,7 +220,7 @@ __device__ __forceinline__ void cp_wait_one() {
 __device__ __forceinline__ int decode_span(const Geo& g, float* part, int s, int hk, float*& pout) {
   const Span sp = g.spans[s];
   const int n = min(sp.n, g.pos[0] - sp.start + 1);
-  const size_t stride = static_cast<size_t>(g.d) + 3;
+  const size_t stride = part_stride(g.d);
   pout = part + (static_cast<size_t>(s) * g.n_head + hk * g.group) * stride;
   if (n <= 0)
     for (int r = threadIdx.x; r < g.group; r += blockDim.x) pout[r * stride + 2] = 0.0f;
@@ -231,7 +237,7 @@ struct DecTile {
 };
 
 // Decode, step 1: the partial of one span for the query heads of one kv head:
-// part[(span * n_head + head) * (d + 3) + {0: max, 1: sum, 2: non-empty, 3..: output}].
+// part[(span * n_head + head) * part_stride(d) + ...] (kPartO).
 // The span is read in tiles of raw K and V rows copied into shared memory one tile ahead
 // (cp.async), so a block waits for memory about once, not once per key: a ring chunk's few
 // spans finish in a few microseconds. Per tile: scores with d / 8 lanes per key (each lane
@@ -248,7 +254,7 @@ __global__ void __launch_bounds__(kDecThreads, 5) decode_partials(Geo g, float* 
   const int s = blockIdx.x, hk = blockIdx.y, d = g.d, ng = g.group;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const Span sp = g.spans[s];
-  const size_t stride = static_cast<size_t>(d) + 3;
+  const size_t stride = part_stride(d);
   float* pout;
   const int n = decode_span(g, part, s, hk, pout);
   if (n <= 0) return;
@@ -354,7 +360,7 @@ __global__ void __launch_bounds__(kDecThreads, 5) decode_partials(Geo g, float* 
     for (int i = threadIdx.x; i < d; i += kDecThreads) {
       float a = 0.0f;
       for (int w = 0; w < kDecWarps; ++w) a += red[w][i];
-      pout[gi * stride + 3 + i] = a;
+      pout[gi * stride + kPartO + i] = a;
     }
     __syncthreads();
   }
@@ -398,42 +404,65 @@ __device__ __forceinline__ void fold_write(const Geo& g, int h, int i, float m, 
 }
 
 // Decode, step 2: fold the partials of every span into the running state, in span order. A
-// block per head, a thread per output dimension. The state's max only grows, so the max after
-// each span is a prefix max, and the factors that rescale the state and the span's partial
-// depend on maxima alone: each warp computes them for a chunk of 32 spans at once (a scan over
-// its lanes, the same expf of the same differences as a one-by-one fold), and the only serial
-// work left is the sum and the output, one multiply-add per span. A span is merged (o * ea +
-// cur * eb), taken as the first (nothing before it) or skipped (empty).
+// warp per (head, 32 output dimensions), a lane per dimension. The state's max only grows, so
+// the max after each span is a prefix max, and the factors that rescale the state and the
+// span's partial depend on maxima alone: the warp computes them for a chunk of 32 spans at once
+// (a scan over its lanes, the same expf of the same differences as a one-by-one fold), and the
+// only serial work left is the sum and the output, one multiply-add per span. A span is merged
+// (o * ea + cur * eb), taken as the first (nothing before it) or skipped (empty). The fold reads
+// every partial once (megabytes a layer at long contexts) and does little with it, so its
+// speed is the bytes in flight: the chunks come by cp.async into a ring of kFoldStages.
 constexpr int kFold = 32;
+constexpr int kFoldStages = 8;
 
-__global__ void decode_fold(Geo g, const float* part) {
+__device__ __forceinline__ void cp_async_cg16(void* dst, const void* src) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
+}
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__global__ void __launch_bounds__(32) decode_fold(Geo g, const float* part) {
+  __shared__ __align__(16) float so[kFoldStages][kFold][32];  // the chunk's outputs
+  __shared__ __align__(16) float4 sm[kFoldStages][kFold];     // max, sum, non-empty
   pdl_wait();
-  const int h = blockIdx.x, d = g.d, i = threadIdx.x, lane = i % 32, io = min(i, d - 1);
-  const size_t stride = static_cast<size_t>(d) + 3, step = stride * g.n_head;
+  const int h = blockIdx.x, lane = threadIdx.x, i = blockIdx.y * 32 + lane, n = g.n_spans;
+  const size_t stride = part_stride(g.d), step = stride * g.n_head;
   float m = g.first ? 0.0f : g.acc[2 * h], l = g.first ? 0.0f : g.acc[2 * h + 1];
-  float o = l != 0.0f ? g.out[h * d + io] : 0.0f;
+  float o = l != 0.0f ? g.out[h * g.d + i] : 0.0f;
   // Before the chunk: the running max (-inf while nothing was taken) and whether any is.
   float run_max = l != 0.0f ? m : -INFINITY;
   bool any = l != 0.0f;
   const float* base = part + h * stride;
-  float po[kFold], pl_next = 0.0f, pm_next = 0.0f, live_next = 0.0f;
-  const auto load = [&](int s0) {
+  const int n_chunks = (n + kFold - 1) / kFold;
+  // Chunk c into stage c % kFoldStages, one commit group each (empty past the end): the
+  // lane's span's head, and 16-byte pieces of the outputs, 8 a span.
+  const auto issue = [&](int c) {
+    if (c < n_chunks) {
+      const int s0 = c * kFold, st = c % kFoldStages;
+      if (s0 + lane < n) cp_async_cg16(&sm[st][lane], base + (s0 + lane) * step);
+      const float* src = base + kPartO + blockIdx.y * 32 + 4 * (lane % 8);
 #pragma unroll
-    for (int s = 0; s < kFold; ++s)
-      po[s] = s0 + s < g.n_spans ? base[(s0 + s) * step + 3 + io] : 0.0f;
-    const bool in = s0 + lane < g.n_spans;
-    pm_next = in ? base[(s0 + lane) * step] : 0.0f;
-    pl_next = in ? base[(s0 + lane) * step + 1] : 0.0f;
-    live_next = in ? base[(s0 + lane) * step + 2] : 0.0f;
+      for (int j = 0; j < kFold / 4; ++j) {
+        const int s = lane / 8 + 4 * j;
+        if (s0 + s < n) cp_async_cg16(&so[st][s][4 * (lane % 8)], src + (s0 + s) * step);
+      }
+    }
+    cp_commit();
   };
-  if (g.n_spans > 0) load(0);
-  for (int s0 = 0; s0 < g.n_spans; s0 += kFold) {
-    float cur[kFold];
 #pragma unroll
-    for (int s = 0; s < kFold; ++s) cur[s] = po[s];
-    const float pm = pm_next, pl = pl_next;
-    const bool live = live_next != 0.0f;
-    if (s0 + kFold < g.n_spans) load(s0 + kFold);
+  for (int c = 0; c < kFoldStages - 1; ++c) issue(c);
+  for (int c = 0; c < n_chunks; ++c) {
+    issue(c + kFoldStages - 1);  // into the stage read in the last pass
+    cp_wait<kFoldStages - 1>();  // chunk c has landed
+    __syncwarp();
+    const int s0 = c * kFold, st = c % kFoldStages;
+    const bool in = s0 + lane < n;
+    const float4 head = in ? sm[st][lane] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const float pm = head.x, pl = head.y;
+    const bool live = in && head.z != 0.0f;  // an empty span's other values are garbage
     // Lane s: the max after span s0 + s, the max before it, whether any span came before.
     float after = live ? pm : -INFINITY;
     int taken = live ? 1 : 0;
@@ -451,19 +480,22 @@ __global__ void decode_fold(Geo g, const float* part) {
     const float lb = live ? pl * f.eb : 0.0f;
     run_max = __shfl_sync(0xffffffffu, after, 31);
     any = any || __shfl_sync(0xffffffffu, taken, 31) > 0;
-    // The serial part: one multiply-add per span for the sum and for the output.
+    // The serial part: one multiply-add per span for the sum and for the output (a skipped
+    // span's output, never copied, is not read: its eb is 0).
 #pragma unroll
     for (int s = 0; s < kFold; ++s) {
       const FoldStep fs{__shfl_sync(0xffffffffu, f.ea, s), __shfl_sync(0xffffffffu, f.eb, s)};
       l = fmaf(l, fs.ea, __shfl_sync(0xffffffffu, lb, s));
-      o = fold_out(o, fs, cur[s]);
+      o = fold_out(o, fs, so[st][s][lane]);
     }
+    __syncwarp();  // the stage is refilled by the next pass
   }
-  if (i < d) fold_write(g, h, i, any ? run_max : m, l, o);  // whole warps: d % 32 == 0
+  fold_write(g, h, i, any ? run_max : m, l, o);
 }
 
-int fold_threads(int d) {
-  return std::max(d, 32);
+// The fold's grid: a warp per head and 32 dimensions.
+dim3 fold_grid(const Geo& g) {
+  return dim3(static_cast<unsigned>(g.n_head), static_cast<unsigned>(g.d / 32));
 }
 
 // Prefill tiles: kTQ queries x the group's heads as rows, kTK keys per tile.
@@ -1117,7 +1149,7 @@ __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks<V, kByWarp>)
   // [kSt][kDtKeys][kst], [kDtKeys][vst]; after the tiles, the partials
   uint8_t* raw = dt_smem + warp * dt_warp_bytes(kSt, kst, vst, ng, D);
   const Span sp = g.spans[s];
-  const size_t stride = static_cast<size_t>(D) + 3;
+  const size_t stride = part_stride(D);
   float* pout = part + (static_cast<size_t>(s) * g.n_head + hk * ng) * stride;
   // The only span of the call folded into the state here, as decode_fold would (the same
   // steps on the same values, so how spans fall into calls does not change the result): by
@@ -1146,6 +1178,15 @@ __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks<V, kByWarp>)
       const float o0 = any ? g.out[h * D + c] : 0.0f, cur = live ? o[r * D + c] : 0.0f;
       fold_write(g, h, c, live || any ? after : m0, l, fold_out(o0, f, cur));
     }
+  };
+  // The span's [ng][D] output o and [ng] maxima and sums ml: folded here (st: scratch for the
+  // state) or written as its partial.
+  const auto finish = [&](const float* o, const float* ml, float* st, int t0, int nt) {
+    if (g.fold_in_place) return fold_here(true, o, ml, st, t0, nt);
+    for (int i = t0; i < ng * D; i += nt) pout[i / D * stride + kPartO + i % D] = o[i];
+    for (int r = t0; r < ng; r += nt)
+      pout[r * stride] = ml[2 * r], pout[r * stride + 1] = ml[2 * r + 1],
+               pout[r * stride + 2] = 1.0f;
   };
   // The keys the query sees (none past its position: an empty partial).
   const int n = min(sp.n, g.pos[0] - sp.start + 1);
@@ -1349,12 +1390,7 @@ __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks<V, kByWarp>)
   }
   if constexpr (kByWarp) {
     __syncwarp();
-    if (g.fold_in_place) return fold_here(true, red, ml, ml + 2 * ng, lane, 32);
-    for (int i = lane; i < ng * D; i += 32) pout[i / D * stride + 3 + i % D] = red[i];
-    if (lane < ng)
-      pout[lane * stride] = ml[2 * lane], pout[lane * stride + 1] = ml[2 * lane + 1],
-                  pout[lane * stride + 2] = 1.0f;
-    return;
+    return finish(red, ml, ml + 2 * ng, lane, 32);
   }
   // A block per span: the warps' partials merge in warp order into the span's, in the space
   // of warp 0's output (each row's max over the warps and each warp's factor once; a warp
@@ -1384,13 +1420,7 @@ __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks<V, kByWarp>)
     red[i] = acc;  // each thread reads only its own elements
   }
   __syncthreads();
-  if (g.fold_in_place) return fold_here(true, red, sml, sml + 2 * ng, threadIdx.x, blockDim.x);
-  for (int i = threadIdx.x; i < ng * D; i += blockDim.x) pout[i / D * stride + 3 + i % D] = red[i];
-  if (threadIdx.x < ng) {
-    const int r = threadIdx.x;
-    pout[r * stride] = sml[2 * r], pout[r * stride + 1] = sml[2 * r + 1],
-             pout[r * stride + 2] = 1.0f;
-  }
+  finish(red, sml, sml + 2 * ng, threadIdx.x, blockDim.x);
 }
 
 // Dynamic shared memory above 48 KiB has to be allowed once per kernel.
@@ -1530,7 +1560,7 @@ void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq, bool by_warp) {
             " query heads per kv head (at most ", kMaxGroup, ")");
   if (a.n_tok == 1) {
     if (a.n_spans > 0) {
-      float* part = c.scratch_part(static_cast<size_t>(a.n_spans) * a.n_head * (d + 3));
+      float* part = c.scratch_part(static_cast<size_t>(a.n_spans) * a.n_head * part_stride(d));
       DecTile t;
       t.keys = d <= 128 ? 64 : 32;
       t.kst = static_cast<int>((l.k_head + 15) / 16 * 16);
@@ -1572,9 +1602,9 @@ void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq, bool by_warp) {
             run(decode_partials<K, V, 8, 8>);
         });
       });
-      if (!g.fold_in_place) launch(decode_fold, a.n_head, fold_threads(d), 0, c.stream, g, part);
+      if (!g.fold_in_place) launch(decode_fold, fold_grid(g), 32, 0, c.stream, g, part);
     } else {
-      launch(decode_fold, a.n_head, fold_threads(d), 0, c.stream, g, nullptr);
+      launch(decode_fold, fold_grid(g), 32, 0, c.stream, g, nullptr);
     }
     return;
   }

@@ -244,6 +244,54 @@ TEST(CudaOps, NormsRopeActivations) {
   }
 }
 
+// rope_kv_write (one launch) against rope then kv_write: the same q, k and page bytes.
+TEST(CudaOps, RopeKvWriteFused) {
+  NEED_GPU();
+  const int n_tok = 3, n_head = 8, n_kv = 2, P = 16;
+  const std::vector<int32_t> pos{5, 16, 4000}, slots{5, 0, 3};
+  for (const int d : {64, 128})
+    for (const RopeMode mode : {RopeMode::Norm, RopeMode::Neox})
+      for (const auto& [kt, vt] : {std::pair{DType::F16, DType::F16},
+                                   {DType::Q8_0, DType::Q8_0},
+                                   {DType::Q8_0, DType::Q4_0}}) {
+        RopeParams p;
+        p.mode = mode;
+        p.head_dim = d;
+        p.rope_dim = mode == RopeMode::Neox ? d / 2 : d;  // a partial rope too
+        p.base = 500000.0f;
+        const KvLayout l = KvLayout::make(kt, vt, P, n_kv, d);
+        const auto q = rnd(n_tok * n_head * d, 8), k = rnd(n_tok * n_kv * d, 9),
+                   v = rnd(n_tok * n_kv * d, 10);
+        std::vector<std::vector<uint8_t>> pages;
+        std::vector<float> qs[2], ks[2];
+        for (const bool fused : {false, true}) {
+          DeviceBuffer pg = gpu->alloc(2 * l.page_bytes(), "pages");
+          std::vector<uint8_t> h(2 * l.page_bytes(), 0);
+          gpu->upload(pg.as(), h.data(), h.size());
+          // Token 0 on page 0, tokens 1 and 2 on page 1.
+          const std::vector<uint8_t*> dst{pg.as(), pg.as() + l.page_bytes(),
+                                          pg.as() + l.page_bytes()};
+          Buf qg(*gpu, q), kg(*gpu, k), vg(*gpu, v);
+          if (fused) {
+            gpu->rope_kv_write(qg.f(), kg.f(), vg.f(), pos.data(), n_tok, n_head, p, l, dst.data(),
+                               slots.data());
+          } else {
+            gpu->rope(qg.f(), kg.f(), pos.data(), n_tok, n_head, n_kv, p);
+            gpu->kv_write(l, kg.f(), vg.f(), n_tok, dst.data(), slots.data());
+          }
+          gpu->sync();
+          gpu->download(h.data(), pg.as(), h.size());
+          pages.push_back(h);
+          qs[fused] = qg.get(), ks[fused] = kg.get();
+        }
+        const std::string what = std::string(dtype_name(kt)) + "/" + dtype_name(vt) + " d " +
+                                 std::to_string(d) + " mode " + std::to_string(int(mode));
+        EXPECT_EQ(qs[0], qs[1]) << what;
+        EXPECT_EQ(ks[0], ks[1]) << what;
+        EXPECT_EQ(pages[0], pages[1]) << what;
+      }
+}
+
 TEST(CudaOps, EmbedKvWriteAndAttention) {
   NEED_GPU();
   auto m = Model::load("synthetic:tiny-qwen3:q8_0");

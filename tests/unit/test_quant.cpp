@@ -16,6 +16,7 @@
 
 #include <unistd.h>
 
+#include "kvs/kv/page.h"
 #include "kvs/quant/ref.h"
 #include "kvs/quant/types.h"
 #include "kvs/util/error.h"
@@ -388,6 +389,36 @@ TEST(Quant, Q8_0RoundsHalfAwayFromZero) {
   EXPECT_EQ(qs[3], 2);
   EXPECT_EQ(qs[4], 0);
   EXPECT_EQ(qs[5], 0);
+}
+
+// A KV head's slice (page.h): the blocks' scales first, then their quants, each byte the one
+// quantize_row writes for the same values; back to the values dequantize_row gives.
+TEST(Quant, KvHeadLayout) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  for (const DType t : {DType::F16, DType::Q8_0, DType::Q4_0})
+    for (const int d : {32, 64, 128, 256}) {
+      std::vector<float> x(d), want(d), got(d);
+      for (float& v : x) v = nd(rng);
+      const size_t n = row_bytes(t, d);
+      std::vector<uint8_t> blocks(n), head(n, 0xEE);
+      quantize_row(t, x.data(), blocks.data(), d);
+      kv_quantize_head(t, x.data(), head.data(), d);
+      const int nb = d / 32;
+      const size_t quants = t == DType::F16 ? 0 : row_bytes(t, 32) - 2;
+      for (int b = 0; b < nb && t != DType::F16; ++b) {
+        const uint8_t* blk = blocks.data() + b * (quants + 2);
+        EXPECT_EQ(0, std::memcmp(head.data() + 2 * b, blk, 2)) << dtype_name(t) << " scale " << b;
+        EXPECT_EQ(0, std::memcmp(head.data() + 2 * nb + quants * b, blk + 2, quants))
+            << dtype_name(t) << " quants " << b;
+      }
+      if (t == DType::F16) {
+        EXPECT_EQ(blocks, head);
+      }
+      dequantize_row(t, blocks.data(), want.data(), d);
+      kv_dequantize_head(t, head.data(), got.data(), d);
+      EXPECT_EQ(want, got) << dtype_name(t) << " d " << d;
+    }
 }
 
 TEST(Quant, UnsupportedTypeFails) {

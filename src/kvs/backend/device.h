@@ -132,6 +132,14 @@ class Device {
   virtual void kv_write(const KvLayout& l, const float* k, const float* v, int32_t n_tok,
                         uint8_t* const* pages, const int32_t* slots) = 0;
   virtual void attention(const AttentionArgs& a) = 0;
+  // rope(q, k, ...) and then kv_write(l, k, v, ...) of the rotated rows (l.n_head_kv kv heads):
+  // one pass where a backend fuses them.
+  virtual void rope_kv_write(float* q, float* k, const float* v, const int32_t* pos, int32_t n_tok,
+                             int32_t n_head, const RopeParams& p, const KvLayout& l,
+                             uint8_t* const* pages, const int32_t* slots) {
+    rope(q, k, pos, n_tok, n_head, l.n_head_kv, p);
+    kv_write(l, k, v, n_tok, pages, slots);
+  }
 
   // Asynchronous work. copy() on a stream is ordered with everything else on that stream.
   virtual void copy(Stream s, void* dst, const void* src, size_t n) = 0;

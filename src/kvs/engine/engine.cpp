@@ -478,13 +478,19 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
       dev_.rmsnorm(q, L.q_norm.data(), q, int64_t{n_tok} * c.n_head, c.head_dim, c.norm_eps);
       dev_.rmsnorm(k, L.k_norm.data(), k, int64_t{n_tok} * c.n_head_kv, c.head_dim, c.norm_eps);
     }
-    dev_.rope(q, k, pos_.data(), n_tok, c.n_head, c.n_head_kv, rope_);
+    // One sequence: the rows are written by the rope's own pass.
+    const bool host = opt_.kv_mode == KvMode::Host, fused = !host && batch.size() == 1;
+    if (!host) add_pages(il, batch);
+    if (fused)
+      dev_.rope_kv_write(q, k, v, pos_.data(), n_tok, c.n_head, rope_, kv_, kv_pages(il, batch[0]),
+                         page_slot_.data());
+    else
+      dev_.rope(q, k, pos_.data(), n_tok, c.n_head, c.n_head_kv, rope_);
     for (size_t i = 0; i < batch.size(); ++i) {
-      if (opt_.kv_mode == KvMode::Host) {
+      if (host) {
         attend_host(il, batch[i], offs[i]);
       } else {
-        if (i == 0) add_pages(il, batch);
-        write_kv(il, batch[i], offs[i]);
+        if (!fused) write_kv(il, batch[i], offs[i]);
         attend(il, batch[i], offs[i], cursor);
       }
     }
@@ -555,13 +561,17 @@ void Engine::measure(const StepStats& st) {
   }
 }
 
-void Engine::write_kv(int32_t il, const BatchEntry& e, int32_t off) {
+uint8_t* const* Engine::kv_pages(int32_t il, const BatchEntry& e) {
   const int32_t P = opt_.page_size;
   const auto& fr = slots_[static_cast<size_t>(e.seq->id)].frames[static_cast<size_t>(il)];
   for (int32_t j = 0; j < e.n; ++j)
     dst_[static_cast<size_t>(j)] = pool_->frame(fr[static_cast<size_t>((e.seq->n_past + j) / P)]);
+  return dst_.data();
+}
+
+void Engine::write_kv(int32_t il, const BatchEntry& e, int32_t off) {
   const int64_t kvd = cfg_.kv_dim();
-  dev_.kv_write(kv_, k_.as<float>() + off * kvd, v_.as<float>() + off * kvd, e.n, dst_.data(),
+  dev_.kv_write(kv_, k_.as<float>() + off * kvd, v_.as<float>() + off * kvd, e.n, kv_pages(il, e),
                 page_slot_.data() + off);
 }
 

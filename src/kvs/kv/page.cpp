@@ -1,5 +1,6 @@
 #include "kvs/kv/page.h"
 
+#include <cstring>
 #include <string_view>
 
 #include "kvs/util/error.h"
@@ -20,6 +21,34 @@ KvLayout KvLayout::make(DType k, DType v, int32_t page_size, int32_t n_head_kv, 
   l.k_row = l.k_head * static_cast<size_t>(n_head_kv);
   l.v_row = l.v_head * static_cast<size_t>(n_head_kv);
   return l;
+}
+
+namespace {
+constexpr size_t kMaxBlock = 34;  // bytes of a q8_0 block, the largest KV block
+}
+
+void kv_quantize_head(DType t, const float* x, uint8_t* dst, int32_t d) {
+  if (t == DType::F16) return quantize_row(t, x, dst, d);
+  const size_t quants = row_bytes(t, 32) - 2;
+  const int32_t nb = d / 32;
+  uint8_t blk[kMaxBlock];
+  for (int32_t b = 0; b < nb; ++b) {
+    quantize_row(t, x + 32 * b, blk, 32);
+    std::memcpy(dst + 2 * b, blk, 2);
+    std::memcpy(dst + 2 * nb + quants * b, blk + 2, quants);
+  }
+}
+
+void kv_dequantize_head(DType t, const uint8_t* src, float* y, int32_t d) {
+  if (t == DType::F16) return dequantize_row(t, src, y, d);
+  const size_t quants = row_bytes(t, 32) - 2;
+  const int32_t nb = d / 32;
+  uint8_t blk[kMaxBlock];
+  for (int32_t b = 0; b < nb; ++b) {
+    std::memcpy(blk, src + 2 * b, 2);
+    std::memcpy(blk + 2, src + 2 * nb + quants * b, quants);
+    dequantize_row(t, blk, y + 32 * b, 32);
+  }
 }
 
 DType parse_kv_type(const char* text, const char* flag) {

@@ -1,6 +1,10 @@
 // Page layout of the KV cache and spans over it. A page holds P token positions of one layer:
-// P K rows, then P V rows; a row holds all KV heads of one token in the cache type, so each
-// head's slice is whole blocks (head sizes are multiples of 32).
+// P K rows, then P V rows; a row holds all KV heads of one token in the cache type, each head's
+// slice of the same size as head_dim values of that type (head sizes are multiples of 32). An
+// f16 slice is the values; a quantized one (q8_0, q4_0) holds the f16 scales of its head_dim / 32
+// blocks first, then their quants in block order, as the blocks would store them: the quants
+// start 4-byte aligned wherever the slice does, so a GPU reads them as whole words (in the
+// blocks' own layout every other q8_0 block's quants sit 2 bytes off).
 #pragma once
 
 #include <cstddef>
@@ -29,6 +33,11 @@ struct Span {
   int32_t start = 0;
   int32_t n = 0;
 };
+
+// One head's slice of a K or V row from d values, and back (the same rounding as
+// quantize_row / dequantize_row of the same values).
+void kv_quantize_head(DType t, const float* x, uint8_t* dst, int32_t d);
+void kv_dequantize_head(DType t, const uint8_t* src, float* y, int32_t d);
 
 // KV cache types accepted by -ctk/-ctv.
 DType parse_kv_type(const char* text, const char* flag);

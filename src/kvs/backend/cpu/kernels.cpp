@@ -173,13 +173,16 @@ void add(float* x, const float* y, int64_t n) {
 
 void kv_write(const KvLayout& l, const float* k, const float* v, int32_t n_tok,
               uint8_t* const* pages, const int32_t* slots) {
-  const int64_t dim = static_cast<int64_t>(l.n_head_kv) * l.head_dim;
+  const int32_t d = l.head_dim;
+  const int64_t dim = int64_t{l.n_head_kv} * d;
   thread_pool().parallel_for(n_tok, 16, [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
-      uint8_t* page = pages[t];
-      const size_t s = static_cast<size_t>(slots[t]);
-      quantize_row(l.k_type, k + t * dim, page + s * l.k_row, dim);
-      quantize_row(l.v_type, v + t * dim, page + l.v_offset() + s * l.v_row, dim);
+      uint8_t* kr = pages[t] + static_cast<size_t>(slots[t]) * l.k_row;
+      uint8_t* vr = pages[t] + l.v_offset() + static_cast<size_t>(slots[t]) * l.v_row;
+      for (int32_t h = 0; h < l.n_head_kv; ++h) {
+        kv_quantize_head(l.k_type, k + t * dim + h * d, kr + h * l.k_head, d);
+        kv_quantize_head(l.v_type, v + t * dim + h * d, vr + h * l.v_head, d);
+      }
     }
   });
 }
@@ -236,8 +239,8 @@ inline bool span_partial(const float* q, const float* k, const float* v, int32_t
 void load_span(const KvLayout& l, const Span& sp, int32_t h, int32_t n, float* k, float* v) {
   const int32_t d = l.head_dim;
   for (int32_t j = 0; j < n; ++j) {
-    dequantize_row(l.k_type, sp.page + j * l.k_row + h * l.k_head, k + j * d, d);
-    dequantize_row(l.v_type, sp.page + l.v_offset() + j * l.v_row + h * l.v_head, v + j * d, d);
+    kv_dequantize_head(l.k_type, sp.page + j * l.k_row + h * l.k_head, k + j * d, d);
+    kv_dequantize_head(l.v_type, sp.page + l.v_offset() + j * l.v_row + h * l.v_head, v + j * d, d);
   }
 }
 

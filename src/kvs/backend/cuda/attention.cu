@@ -45,29 +45,39 @@ __device__ __forceinline__ float h2f_16(const uint16_t* p) {
   return __half2float(__ushort_as_half(*p));
 }
 
-// 32 elements [32 sb, 32 sb + 32) of one head's K or V row; every f16 in a KV row is 2-byte
-// aligned, so the reads are 16-bit.
+// A quantized head's slice (page.h): the f16 scale of block b, and where its quants begin (nb:
+// the head's blocks).
+__device__ __forceinline__ float kv_scale(const uint8_t* head, int b) {
+  return h2f_16(reinterpret_cast<const uint16_t*>(head) + b);
+}
 template <DType T>
-__device__ __forceinline__ void kv_sub(const uint8_t* row, int sb, float* v) {
+__device__ __forceinline__ const uint8_t* kv_quants(const uint8_t* head, int nb, int b) {
+  return head + 2 * nb + (T == DType::Q8_0 ? 32 : 16) * b;
+}
+
+// 32 elements [32 sb, 32 sb + 32) of one head's K or V row of nb blocks; every f16 in a KV row
+// is 2-byte aligned, so the reads are 16-bit.
+template <DType T>
+__device__ __forceinline__ void kv_sub(const uint8_t* row, int nb, int sb, float* v) {
   if constexpr (T == DType::F16) {
     const uint16_t* p = reinterpret_cast<const uint16_t*>(row + 64 * sb);
 #pragma unroll
     for (int j = 0; j < 32; ++j) v[j] = h2f_16(p + j);
   } else if constexpr (T == DType::Q8_0) {
-    const uint16_t* p = reinterpret_cast<const uint16_t*>(row + 34 * sb);
-    const float d = h2f_16(p);
+    const uint16_t* p = reinterpret_cast<const uint16_t*>(kv_quants<T>(row, nb, sb));
+    const float d = kv_scale(row, sb);
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
-      const uint16_t w = p[1 + j];
+      const uint16_t w = p[j];
       v[2 * j] = d * static_cast<float>(static_cast<int8_t>(w & 0xFF));
       v[2 * j + 1] = d * static_cast<float>(static_cast<int8_t>(w >> 8));
     }
   } else {
-    const uint16_t* p = reinterpret_cast<const uint16_t*>(row + 18 * sb);
-    const float d = h2f_16(p);
+    const uint16_t* p = reinterpret_cast<const uint16_t*>(kv_quants<T>(row, nb, sb));
+    const float d = kv_scale(row, sb);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      const uint16_t w = p[1 + j];
+      const uint16_t w = p[j];
       v[2 * j] = d * static_cast<float>((w & 0xF) - 8);
       v[2 * j + 1] = d * static_cast<float>(((w >> 8) & 0xF) - 8);
       v[2 * j + 16] = d * static_cast<float>(((w >> 4) & 0xF) - 8);
@@ -76,9 +86,10 @@ __device__ __forceinline__ void kv_sub(const uint8_t* row, int sb, float* v) {
   }
 }
 
-// Elements [e, e + n) (n <= kN, e a multiple of n, n dividing 32) of one head's V row.
+// Elements [e, e + n) (n <= kN, e a multiple of n, n dividing 32) of one head's V row of nb
+// blocks.
 template <DType T, int kN>
-__device__ __forceinline__ void kv_elems(const uint8_t* row, int e, int n, float* v) {
+__device__ __forceinline__ void kv_elems(const uint8_t* row, int nb, int e, int n, float* v) {
   const int b = e / 32, o = e % 32;
   if constexpr (T == DType::F16) {
     const uint16_t* p = reinterpret_cast<const uint16_t*>(row) + e;
@@ -86,33 +97,32 @@ __device__ __forceinline__ void kv_elems(const uint8_t* row, int e, int n, float
     for (int k = 0; k < kN; ++k)
       if (k < n) v[k] = h2f_16(p + k);
   } else if constexpr (T == DType::Q8_0) {
-    const uint8_t* blk = row + 34 * b;
-    const float d = h2f_16(reinterpret_cast<const uint16_t*>(blk));
+    const uint8_t* q = kv_quants<T>(row, nb, b);
+    const float d = kv_scale(row, b);
 #pragma unroll
     for (int k = 0; k < kN; ++k)
-      if (k < n) v[k] = d * static_cast<float>(static_cast<int8_t>(blk[2 + o + k]));
+      if (k < n) v[k] = d * static_cast<float>(static_cast<int8_t>(q[o + k]));
   } else {
-    const uint8_t* blk = row + 18 * b;
-    const float d = h2f_16(reinterpret_cast<const uint16_t*>(blk));
+    const uint8_t* q = kv_quants<T>(row, nb, b);
+    const float d = kv_scale(row, b);
     const int sh = o < 16 ? 0 : 4, base = o % 16;
 #pragma unroll
     for (int k = 0; k < kN; ++k)
-      if (k < n) v[k] = d * static_cast<float>(((blk[2 + base + k] >> sh) & 0xF) - 8);
+      if (k < n) v[k] = d * static_cast<float>(((q[base + k] >> sh) & 0xF) - 8);
   }
 }
 
-// Eight consecutive elements [e, e + 8) (e a multiple of 8) of one head's K row, with 16-bit
-// loads (every block of a KV row is 2-byte aligned).
+// Eight consecutive elements [e, e + 8) (e a multiple of 8) of one head's K row of nb blocks,
+// with 16-bit loads (every f16 of a KV row is 2-byte aligned).
 template <DType T>
-__device__ __forceinline__ void kv_oct(const uint8_t* row, int e, float* v) {
+__device__ __forceinline__ void kv_oct(const uint8_t* row, int nb, int e, float* v) {
   if constexpr (T == DType::F16) {
     const uint16_t* p = reinterpret_cast<const uint16_t*>(row) + e;
 #pragma unroll
     for (int j = 0; j < 8; ++j) v[j] = h2f_16(p + j);
   } else if constexpr (T == DType::Q8_0) {
-    const uint8_t* blk = row + 34 * (e / 32);
-    const float d = h2f_16(reinterpret_cast<const uint16_t*>(blk));
-    const uint16_t* p = reinterpret_cast<const uint16_t*>(blk + 2 + e % 32);
+    const float d = kv_scale(row, e / 32);
+    const uint16_t* p = reinterpret_cast<const uint16_t*>(kv_quants<T>(row, nb, e / 32) + e % 32);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const uint16_t w = p[j];
@@ -121,9 +131,8 @@ __device__ __forceinline__ void kv_oct(const uint8_t* row, int e, float* v) {
     }
   } else {
     const int o = e % 32, sh = o < 16 ? 0 : 4;
-    const uint8_t* blk = row + 18 * (e / 32);
-    const float d = h2f_16(reinterpret_cast<const uint16_t*>(blk));
-    const uint16_t* p = reinterpret_cast<const uint16_t*>(blk + 2 + o % 16);
+    const float d = kv_scale(row, e / 32);
+    const uint16_t* p = reinterpret_cast<const uint16_t*>(kv_quants<T>(row, nb, e / 32) + o % 16);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const uint32_t w = p[j] >> sh;
@@ -142,14 +151,14 @@ __device__ __forceinline__ uint32_t h2_sub_mul(uint32_t u, __half2 off, __half2 
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 template <DType T>
-__device__ __forceinline__ uint4 dequant8(const uint8_t* row, int e) {
+__device__ __forceinline__ uint4 dequant8(const uint8_t* row, int nb, int e) {
   if constexpr (T == DType::F16) {
     return *reinterpret_cast<const uint4*>(row + 2 * e);  // rows are 16-byte aligned in smem
   } else {
     constexpr bool q8 = T == DType::Q8_0;
-    const uint8_t* blk = row + (q8 ? 34 : 18) * (e / 32);
     const int o = e % 32;
-    const uint16_t* q = reinterpret_cast<const uint16_t*>(blk + 2 + (q8 ? o : o % 16));
+    const uint16_t* q =
+        reinterpret_cast<const uint16_t*>(kv_quants<T>(row, nb, e / 32) + (q8 ? o : o % 16));
     uint32_t w0 = q[0] | (static_cast<uint32_t>(q[1]) << 16);
     uint32_t w1 = q[2] | (static_cast<uint32_t>(q[3]) << 16);
     if constexpr (q8) {
@@ -158,7 +167,7 @@ __device__ __forceinline__ uint4 dequant8(const uint8_t* row, int e) {
       const int sh = o < 16 ? 0 : 4;
       w0 = (w0 >> sh) & 0x0F0F0F0Fu, w1 = (w1 >> sh) & 0x0F0F0F0Fu;
     }
-    const __half2 d = __half2half2(*reinterpret_cast<const __half*>(blk));
+    const __half2 d = __half2half2(reinterpret_cast<const __half*>(row)[e / 32]);
     const __half2 off = __float2half2_rn(q8 ? 1152.0f : 1032.0f);
     uint4 r;
     r.x = h2_sub_mul(__byte_perm(w0, 0x64646464u, 0x4140), off, d);
@@ -294,7 +303,7 @@ __global__ void __launch_bounds__(kDecThreads, 5) decode_partials(Geo g, float* 
     for (int j0 = warp * kpw; j0 < tk; j0 += kDecWarps * kpw) {
       const int j = j0 + lane / lk;
       float kv[8] = {};
-      if (j < nk) kv_oct<K>(rk + j * t.kst, e, kv);
+      if (j < nk) kv_oct<K>(rk + j * t.kst, d / 32, e, kv);
 #pragma unroll
       for (int gi = 0; gi < kG; ++gi) {
         if (gi >= ng) break;
@@ -337,7 +346,7 @@ __global__ void __launch_bounds__(kDecThreads, 5) decode_partials(Geo g, float* 
 #pragma unroll 4
     for (int j = warp; j < nk; j += kDecWarps) {
       float v[kE];
-      kv_elems<V, kE>(rv + j * t.vst, e0, epl, v);
+      kv_elems<V, kE>(rv + j * t.vst, d / 32, e0, epl, v);
 #pragma unroll
       for (int gi = 0; gi < kG; ++gi) {
         if (gi >= ng) break;
@@ -588,10 +597,10 @@ __global__ void __launch_bounds__(kPreThreads) prefill(Geo g) {
         float kv[32];
         if (j < nk) {
           const size_t key = static_cast<size_t>(k0 + j);
-          kv_sub<K>(sp.page + key * g.k_row + hk * g.k_head, sb, kv);
+          kv_sub<K>(sp.page + key * g.k_row + hk * g.k_head, D / 32, sb, kv);
 #pragma unroll
           for (int e = 0; e < 32; ++e) kt[(sb * 32 + e) * T::kKS + j] = kv[e];
-          kv_sub<V>(sp.page + g.v_offset + key * g.v_row + hk * g.v_head, sb, kv);
+          kv_sub<V>(sp.page + g.v_offset + key * g.v_row + hk * g.v_head, D / 32, sb, kv);
 #pragma unroll
           for (int e = 0; e < 32; ++e) vs[j * T::kVS + sb * 32 + e] = kv[e];
         } else {
@@ -955,8 +964,8 @@ __global__ void kv_to_f16(Geo g, int s0, int page_keys, int n_kv, __half* __rest
     const bool is_v = i >= sp.n * per_key;
     const int ii = is_v ? i - sp.n * per_key : i, j = ii / per_key, h = ii % per_key / kOct;
     const int e = 8 * (ii % kOct);
-    const uint4 v = is_v ? dequant8<V>(sp.page + g.v_offset + j * g.v_row + h * g.v_head, e)
-                         : dequant8<K>(sp.page + j * g.k_row + h * g.k_head, e);
+    const uint4 v = is_v ? dequant8<V>(sp.page + g.v_offset + j * g.v_row + h * g.v_head, D / 32, e)
+                         : dequant8<K>(sp.page + j * g.k_row + h * g.k_head, D / 32, e);
     __half* row = page + (is_v ? static_cast<size_t>(page_keys) * n_kv * D : 0) +
                   (static_cast<size_t>(j) * n_kv + h) * D;
     *reinterpret_cast<uint4*>(row + e) = v;
@@ -994,7 +1003,7 @@ constexpr int head_bytes() {
 // H200, q8_0 K/V decoded 15-20 % slower with 216 KiB of stages (3 blocks of 4 stages or 4 of 3)
 // than with 162 KiB (3 of 3).
 template <DType V, bool kByWarp>
-constexpr int kDtBlocks = (V == DType::Q4_0 && kByWarp) ? 4 : 3;
+constexpr int kDtBlocks = 3;
 template <DType K, DType V, int D, bool kByWarp>
 constexpr int dt_stages() {
   constexpr int pad_k = (head_bytes<K, D>() + 8 + 15) / 16 * 16;
@@ -1015,27 +1024,38 @@ __device__ __forceinline__ void cp_row16(unsigned dst, const uint8_t* src, int n
                    "l"(src + 16 * c));
 }
 
-// Four bytes at row + C + v of a 4-byte-aligned row (v a multiple of 4): one load where C is a
-// multiple of 4, else two 16-bit ones (every other q8_0 block's quants are 2 bytes off).
+// Four bytes at row + C + v of a 4-byte-aligned row (C, v multiples of 4: a quantized head's
+// quants start aligned, page.h).
 template <int C>
 __device__ __forceinline__ uint32_t ld4(const uint8_t* row, int v) {
-  if constexpr (C % 4 == 0) {
-    return *reinterpret_cast<const uint32_t*>(row + C + v);
-  } else {
-    const uint16_t* h = reinterpret_cast<const uint16_t*>(row + C + v);
-    return __byte_perm(h[0], h[1], 0x5410);
-  }
+  static_assert(C % 4 == 0, "4-byte aligned quants");
+  return *reinterpret_cast<const uint32_t*>(row + C + v);
 }
-__device__ __forceinline__ float ld_h(const uint8_t* p) {
-  return __half2float(*reinterpret_cast<const __half*>(p));
+// The kB f16 block scales at the start of a quantized head's slice, in one load: the slice
+// starts (D / 16)-byte aligned in shared memory, its size being a multiple of that.
+template <int kB>
+struct Scales {
+  __half h[kB];
+};
+template <int kB>
+__device__ __forceinline__ Scales<kB> ld_scales(const uint8_t* head) {
+  static_assert(kB == 2 || kB == 4, "head sizes 64 and 128");
+  Scales<kB> r;
+  if constexpr (kB == 4)
+    *reinterpret_cast<uint2*>(r.h) = *reinterpret_cast<const uint2*>(head);
+  else
+    *reinterpret_cast<uint32_t*>(r.h) = *reinterpret_cast<const uint32_t*>(head);
+  return r;
 }
 
 // The A operand of S^T = K Q^T for one key's row and block of 32 dimensions: a[s][0] holds
 // dimensions 16 s + 4 t4 + {0, 1} of the block, a[s][1] + {2, 3}; f16 as stored, q8_0 levels
-// as 1152 + level, q4_0 levels as 1032 + level (kOff below), unscaled.
-template <DType T, int kBlk>
+// as 1152 + level, q4_0 levels as 1032 + level (kOff below), unscaled. A quantized row's
+// quants follow its D / 32 scales (page.h).
+template <DType T, int D, int kBlk>
 __device__ __forceinline__ void k_block(const uint8_t* row, int t4, uint32_t (&a)[2][2]) {
   constexpr uint32_t k64 = 0x64646464u;
+  constexpr int kQ = D / 16;  // the scales' bytes
   if constexpr (T == DType::F16) {
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
@@ -1043,12 +1063,12 @@ __device__ __forceinline__ void k_block(const uint8_t* row, int t4, uint32_t (&a
       a[s][0] = w.x, a[s][1] = w.y;
     }
   } else if constexpr (T == DType::Q8_0) {
-    const uint32_t w0 = ld4<34 * kBlk + 2>(row, 4 * t4) ^ 0x80808080u;
-    const uint32_t w1 = ld4<34 * kBlk + 18>(row, 4 * t4) ^ 0x80808080u;
+    const uint32_t w0 = ld4<kQ + 32 * kBlk>(row, 4 * t4) ^ 0x80808080u;
+    const uint32_t w1 = ld4<kQ + 32 * kBlk + 16>(row, 4 * t4) ^ 0x80808080u;
     a[0][0] = __byte_perm(w0, k64, 0x4140), a[0][1] = __byte_perm(w0, k64, 0x4342);
     a[1][0] = __byte_perm(w1, k64, 0x4140), a[1][1] = __byte_perm(w1, k64, 0x4342);
   } else {  // byte i: dimension i in the low nibble, i + 16 in the high one
-    const uint32_t w = ld4<18 * kBlk + 2>(row, 4 * t4);
+    const uint32_t w = ld4<kQ + 16 * kBlk>(row, 4 * t4);
     const uint32_t lo = w & 0x0F0F0F0Fu, hi = (w >> 4) & 0x0F0F0F0Fu;
     a[0][0] = __byte_perm(lo, k64, 0x4140), a[0][1] = __byte_perm(lo, k64, 0x4342);
     a[1][0] = __byte_perm(hi, k64, 0x4140), a[1][1] = __byte_perm(hi, k64, 0x4342);
@@ -1061,25 +1081,29 @@ constexpr float kOff = T == DType::Q8_0   ? 1152.0f
                                           : 0.0f;
 
 // One key's V row, block J, as the lane with column gr reads it: 4 dimensions in one word
-// (f16: two words), and the block's scale (0 for a key past the tile: its row is stale).
+// (f16: two words), and the block's scale (0 for a key past the tile: its row is stale): from
+// the row's scales ds loaded ahead (kAhead), or loaded here.
 template <DType T>
 struct VWord {
   uint32_t w[T == DType::F16 ? 2 : 1];
   __half d;
 };
-template <DType T, int J>
-__device__ __forceinline__ VWord<T> v_word(const uint8_t* row, int gr, bool live) {
+template <DType T, int D, int J, bool kAhead>
+__device__ __forceinline__ VWord<T> v_word(const uint8_t* row, int gr, bool live,
+                                           const Scales<D / 32>& ds) {
+  const __half d = kAhead ? ds.h[J] : reinterpret_cast<const __half*>(row)[J];
+  constexpr int kQ = D / 16;
   VWord<T> r;
   if constexpr (T == DType::F16) {
     const uint2 w = *reinterpret_cast<const uint2*>(row + 64 * J + 8 * gr);
     r.w[0] = live ? w.x : 0u, r.w[1] = live ? w.y : 0u;
     r.d = __float2half(1.0f);
   } else if constexpr (T == DType::Q8_0) {  // dimensions 4 gr .. 4 gr + 3
-    r.w[0] = ld4<34 * J + 2>(row, 4 * gr);
-    r.d = live ? *reinterpret_cast<const __half*>(row + 34 * J) : __ushort_as_half(0);
+    r.w[0] = ld4<kQ + 32 * J>(row, 4 * gr);
+    r.d = live ? d : __ushort_as_half(0);
   } else {  // bytes 2 gr, 2 gr + 1: dimensions 2 gr, 2 gr + 1 (low), 16 + 2 gr, 17 + 2 gr (high)
-    r.w[0] = *reinterpret_cast<const uint16_t*>(row + 18 * J + 2 + 2 * gr);
-    r.d = live ? *reinterpret_cast<const __half*>(row + 18 * J) : __ushort_as_half(0);
+    r.w[0] = *reinterpret_cast<const uint16_t*>(row + kQ + 16 * J + 2 * gr);
+    r.d = live ? d : __ushort_as_half(0);
   }
   return r;
 }
@@ -1135,11 +1159,14 @@ __host__ __device__ constexpr int dt_warp_bytes(int stages, int kst, int vst, in
 template <DType K, DType V, int D, bool kByWarp>
 __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks<V, kByWarp>)
     decode_tc(Geo g, float* part, int n_kv, int kst, int vst, int cw) {
-  static_assert(head_bytes<K, D>() % 4 == 0 && head_bytes<V, D>() % 4 == 0,
-                "heads start 4-byte aligned in shared memory (ld4)");
+  static_assert(head_bytes<K, D>() % (D / 16) == 0 && head_bytes<V, D>() % (D / 16) == 0,
+                "heads start (D / 16)-byte aligned in shared memory (ld4, ld_scales)");
   pdl_wait();
   constexpr int kSt = dt_stages<K, V, D, kByWarp>(), kB = D / 32;
   constexpr bool kQK = K != DType::F16, kQV = V != DType::F16;
+  // A K or V row's block scales in one load ahead of the products where the registers allow (3
+  // blocks an SM; at 4, q4_0 V spilled), else one at a time.
+  constexpr bool kAhead = kDtBlocks<V, kByWarp> == 3;
   extern __shared__ __align__(16) uint8_t dt_smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, t4 = lane % 4;
   const int ng = g.group, item = kByWarp ? blockIdx.x * kDtWarps + warp : blockIdx.x;
@@ -1276,10 +1303,12 @@ __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks<V, kByWarp>)
     float sc[4] = {};
     const uint8_t* kg = rk + gr * kst;
     const uint8_t* kh = rk + (gr + 8) * kst;
+    Scales<kB> dkg{}, dkh{};  // the rows' block scales, loaded ahead as V's are (kAhead)
+    if constexpr (kQK && kAhead) dkg = ld_scales<kB>(kg), dkh = ld_scales<kB>(kh);
     const auto k_step = [&]<int kBlk>() {
       uint32_t ag[2][2], ah[2][2];
-      k_block<K, kBlk>(kg, t4, ag);
-      k_block<K, kBlk>(kh, t4, ah);
+      k_block<K, D, kBlk>(kg, t4, ag);
+      k_block<K, D, kBlk>(kh, t4, ah);
       float c[4] = {};
       float* acc = kQK ? c : sc;
 #pragma unroll
@@ -1288,8 +1317,9 @@ __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks<V, kByWarp>)
         mma16816(acc, a, qb[2 * kBlk + u][0], qb[2 * kBlk + u][1]);
       }
       if constexpr (kQK) {
-        const float dg = ld_h(kg + (K == DType::Q8_0 ? 34 : 18) * kBlk);
-        const float dh = ld_h(kh + (K == DType::Q8_0 ? 34 : 18) * kBlk);
+        const __half* hg = kAhead ? dkg.h : reinterpret_cast<const __half*>(kg);
+        const __half* hh = kAhead ? dkh.h : reinterpret_cast<const __half*>(kh);
+        const float dg = __half2float(hg[kBlk]), dh = __half2float(hh[kBlk]);
         sc[0] = fmaf(dg, c[0] - cq[kBlk][0], sc[0]), sc[1] = fmaf(dg, c[1] - cq[kBlk][1], sc[1]);
         sc[2] = fmaf(dh, c[2] - cq[kBlk][0], sc[2]), sc[3] = fmaf(dh, c[3] - cq[kBlk][1], sc[3]);
       }
@@ -1332,11 +1362,15 @@ __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks<V, kByWarp>)
     const uint32_t pb0 = movt(h2u(p[0], p[1])), pb1 = movt(h2u(p[2], p[3]));
     const int ka = 2 * t4;
     const uint8_t* va_row = rv + ka * vst;
+    Scales<kB> dv[4] = {};  // the block scales of keys ka, ka + 1, ka + 8, ka + 9
+    if constexpr (kQV && kAhead)
+      dv[0] = ld_scales<kB>(va_row), dv[1] = ld_scales<kB>(va_row + vst),
+      dv[2] = ld_scales<kB>(va_row + 8 * vst), dv[3] = ld_scales<kB>(va_row + 9 * vst);
     const auto v_step = [&]<int J>() {
-      const VWord<V> a = v_word<V, J>(va_row, gr, ka < nk);
-      const VWord<V> b = v_word<V, J>(va_row + vst, gr, ka + 1 < nk);
-      const VWord<V> c = v_word<V, J>(va_row + 8 * vst, gr, ka + 8 < nk);
-      const VWord<V> d = v_word<V, J>(va_row + 9 * vst, gr, ka + 9 < nk);
+      const VWord<V> a = v_word<V, D, J, kAhead>(va_row, gr, ka < nk, dv[0]);
+      const VWord<V> b = v_word<V, D, J, kAhead>(va_row + vst, gr, ka + 1 < nk, dv[1]);
+      const VWord<V> c = v_word<V, D, J, kAhead>(va_row + 8 * vst, gr, ka + 8 < nk, dv[2]);
+      const VWord<V> d = v_word<V, D, J, kAhead>(va_row + 9 * vst, gr, ka + 9 < nk, dv[3]);
       const uint32_t b0 = kQV ? hmul2u(pb0, a.d, b.d) : pb0, b1 = kQV ? hmul2u(pb1, c.d, d.d) : pb1;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {

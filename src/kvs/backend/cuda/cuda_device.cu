@@ -469,6 +469,22 @@ class CudaDevice final : public Device {
     key_layout(l);
     run("kv_write", [=, this] { cuda::kv_write(ctx_, l, k, v, n_tok, d_pages, d_slots); });
   }
+  void rope_kv_write(float* q, float* k, const float* v, const int32_t* pos, int32_t n_tok,
+                     int32_t n_head, const RopeParams& p, const KvLayout& l, uint8_t* const* pages,
+                     const int32_t* slots) override {
+    RopeParams r = p;
+    if (r.freq_factors) r.freq_factors = dv(r.freq_factors);
+    const double* inv = inv_freq(r.base, r.rope_dim);
+    const int32_t* d_pos = stage(pos, n_tok);
+    uint8_t* const* d_pages = stage(pages, n_tok);
+    const int32_t* d_slots = stage(slots, n_tok);
+    key(9, q, k, v, d_pos, n_tok, n_head, r.mode, r.head_dim, r.rope_dim, r.base, r.linear_scale,
+        r.freq_factors, inv, d_pages, d_slots);
+    key_layout(l);
+    run("rope_kv_write", [=, this] {
+      cuda::rope_kv_write(ctx_, q, k, v, d_pos, n_tok, n_head, r, inv, l, d_pages, d_slots);
+    });
+  }
   void attention(const AttentionArgs& a) override {
     AttentionArgs b = a;
     b.spans = a.n_spans > 0 ? stage(a.spans, a.n_spans) : nullptr;

@@ -98,21 +98,12 @@ __global__ void __launch_bounds__(kNormThreads)
   }
 }
 
-// Rope of q and k: a block per token and kRopeHeads heads (q's blocks, then k's), each
-// computing the angles (in double, as the CPU) and rotating its heads. One block per token
-// did all heads in turn.
-constexpr int kRopeHeads = 4;
-__global__ void rope_k(float* __restrict__ q, float* __restrict__ k,
-                       const int32_t* __restrict__ pos, int n_head_q, int n_head_k, int head_dim,
-                       int half, bool neox, float linear_scale, const double* __restrict__ inv,
-                       const float* __restrict__ factors) {
-  pdl_wait();
-  extern __shared__ float cs[];  // [half][2]
-  const int qb = (n_head_q + kRopeHeads - 1) / kRopeHeads, is_k = blockIdx.y >= qb;
-  float* x = is_k ? k : q;
-  const int t = blockIdx.x, n_head = is_k ? n_head_k : n_head_q;
-  const int h0 = (is_k ? blockIdx.y - qb : blockIdx.y) * kRopeHeads;
-  const double ppos = static_cast<double>(pos[t]) / static_cast<double>(linear_scale);
+// Rope: the angles of a token at position p, cs[2 i] = cos and cs[2 i + 1] = sin of pair i
+// (computed in double, as the CPU), by the block's threads; and a pair's rotation, without
+// contraction into fmas so that every kernel rounds it alike.
+__device__ void rope_angles(float* cs, int32_t p, int half, float linear_scale,
+                            const double* __restrict__ inv, const float* __restrict__ factors) {
+  const double ppos = static_cast<double>(p) / static_cast<double>(linear_scale);
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
     double th = ppos * inv[i];
     if (factors) th /= static_cast<double>(factors[i]);
@@ -121,16 +112,37 @@ __global__ void rope_k(float* __restrict__ q, float* __restrict__ k,
     cs[2 * i] = static_cast<float>(c);
     cs[2 * i + 1] = static_cast<float>(s);
   }
-  __syncthreads();
+}
+__device__ __forceinline__ void rotate(float* v, int a, int b, const float* cs, int j) {
+  const float x0 = v[a], x1 = v[b], co = cs[2 * j], si = cs[2 * j + 1];
+  v[a] = __fsub_rn(__fmul_rn(x0, co), __fmul_rn(x1, si));
+  v[b] = __fadd_rn(__fmul_rn(x0, si), __fmul_rn(x1, co));
+}
+// Heads [h0, h0 + kRopeHeads) of n_head of token t of x rotated in place.
+constexpr int kRopeHeads = 4;
+__device__ void rope_heads(float* x, int t, int h0, int n_head, int head_dim, int half, bool neox,
+                           const float* cs) {
   const int nh = min(kRopeHeads, n_head - h0);
   for (int i = threadIdx.x; i < nh * half; i += blockDim.x) {
-    const int h = h0 + i / half, j = i % half;
-    float* v = x + (static_cast<size_t>(t) * n_head + h) * head_dim;
-    const int a = neox ? j : 2 * j, b = neox ? j + half : 2 * j + 1;
-    const float x0 = v[a], x1 = v[b], co = cs[2 * j], si = cs[2 * j + 1];
-    v[a] = x0 * co - x1 * si;
-    v[b] = x0 * si + x1 * co;
+    const int j = i % half;
+    rotate(x + (static_cast<size_t>(t) * n_head + h0 + i / half) * head_dim, neox ? j : 2 * j,
+           neox ? j + half : 2 * j + 1, cs, j);
   }
+}
+
+// Rope of q and k: a block per token and kRopeHeads heads (q's blocks, then k's). One block per
+// token did all heads in turn.
+__global__ void rope_k(float* __restrict__ q, float* __restrict__ k,
+                       const int32_t* __restrict__ pos, int n_head_q, int n_head_k, int head_dim,
+                       int half, bool neox, float linear_scale, const double* __restrict__ inv,
+                       const float* __restrict__ factors) {
+  pdl_wait();
+  extern __shared__ float cs[];  // [half][2]
+  const int qb = (n_head_q + kRopeHeads - 1) / kRopeHeads, is_k = blockIdx.y >= qb;
+  rope_angles(cs, pos[blockIdx.x], half, linear_scale, inv, factors);
+  __syncthreads();
+  rope_heads(is_k ? k : q, blockIdx.x, (is_k ? blockIdx.y - qb : blockIdx.y) * kRopeHeads,
+             is_k ? n_head_k : n_head_q, head_dim, half, neox, cs);
 }
 
 __global__ void swiglu_k(float* __restrict__ g, const float* __restrict__ u, size_t n,
@@ -150,17 +162,18 @@ __global__ void add_k(float* __restrict__ x, const float* __restrict__ y, size_t
   if (i < n) x[i] += y[i];
 }
 
-// One 32-element block of a row, x -> dst in type T, by one warp (lane j holds element j);
-// the same arithmetic as the CPU quantizers. Every f16 in a KV row is 2-byte aligned.
+// Block blk of a head's slice of a K or V row (page.h: a quantized slice holds its nb blocks'
+// scales, then their quants), x -> type T, by one warp (lane j holds element j); the same
+// arithmetic as the CPU quantizers. Every f16 in a KV row is 2-byte aligned.
 template <DType T>
-__device__ void quantize_block(float x, uint8_t* dst, int lane) {
+__device__ void quantize_block(float x, uint8_t* head, int blk, int nb, int lane) {
   if constexpr (T == DType::F16) {
-    reinterpret_cast<__half*>(dst)[lane] = __float2half_rn(x);
+    reinterpret_cast<__half*>(head + 64 * blk)[lane] = __float2half_rn(x);
   } else if constexpr (T == DType::Q8_0) {
     const float d = warp_max(fabsf(x)) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-    if (lane == 0) *reinterpret_cast<__half*>(dst) = __float2half_rn(d);
+    if (lane == 0) reinterpret_cast<__half*>(head)[blk] = __float2half_rn(d);
     const float s = __fmul_rn(x, id);  // no contraction into an fma: the CPU rounds twice
-    dst[2 + lane] =
+    head[2 * nb + 32 * blk + lane] =
         static_cast<uint8_t>(static_cast<int8_t>(truncf(s + copysignf(0.49999997f, s))));
   } else if constexpr (T == DType::Q4_0) {
     // The signed value of the first element of largest magnitude.
@@ -174,18 +187,19 @@ __device__ void quantize_block(float x, uint8_t* dst, int lane) {
     }
     const float max = __shfl_sync(0xffffffffu, x, at);
     const float d = max / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-    if (lane == 0) *reinterpret_cast<__half*>(dst) = __float2half_rn(d);
+    if (lane == 0) reinterpret_cast<__half*>(head)[blk] = __float2half_rn(d);
     const int q = min(15, static_cast<int>(__fadd_rn(__fmul_rn(x, id), 8.5f)));
     const int hi = __shfl_down_sync(0xffffffffu, q, 16);
-    if (lane < 16) dst[2 + lane] = static_cast<uint8_t>(q | (hi << 4));
+    if (lane < 16) head[2 * nb + 16 * blk + lane] = static_cast<uint8_t>(q | (hi << 4));
   }
 }
 
-// A warp per 32-element block of K (blocks [0, nb)) or V ([nb, 2 nb)) of token blockIdx.y.
+// A warp per 32-element block of K (blocks [0, nb)) or V ([nb, 2 nb)) of token blockIdx.y;
+// a row's block i is block i % hb of head i / hb.
 template <DType K, DType V>
 __global__ void kv_write_k(const float* __restrict__ k, const float* __restrict__ v, int dim,
-                           uint8_t* const* pages, const int32_t* slots, size_t v_offset,
-                           size_t k_row, size_t v_row, size_t kb, size_t vb) {
+                           int hb, uint8_t* const* pages, const int32_t* slots, size_t v_offset,
+                           size_t k_row, size_t v_row, size_t k_head, size_t v_head) {
   pdl_wait();
   const int t = blockIdx.y, nb = dim / 32, lane = threadIdx.x % 32;
   const int i = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
@@ -193,11 +207,61 @@ __global__ void kv_write_k(const float* __restrict__ k, const float* __restrict_
   uint8_t* page = pages[t];
   const size_t s = static_cast<size_t>(slots[t]);
   if (i < nb)
-    quantize_block<K>(k[static_cast<size_t>(t) * dim + i * 32 + lane], page + s * k_row + i * kb,
-                      lane);
+    quantize_block<K>(k[static_cast<size_t>(t) * dim + i * 32 + lane],
+                      page + s * k_row + i / hb * k_head, i % hb, hb, lane);
   else
     quantize_block<V>(v[static_cast<size_t>(t) * dim + (i - nb) * 32 + lane],
-                      page + v_offset + s * v_row + (i - nb) * vb, lane);
+                      page + v_offset + s * v_row + (i - nb) / hb * v_head, (i - nb) % hb, hb,
+                      lane);
+}
+
+// Rope and the KV write in one launch: blocks [0, qb) of token blockIdx.x rotate q's heads as
+// rope_k does; block qb + h takes kv head h, rotates its k in shared memory (and in k, as rope
+// leaves it) and writes it and v into the page, a warp per 32-element block as kv_write_k.
+struct RopeKv {
+  float* q;
+  float* k;
+  const float* v;
+  const int32_t* pos;
+  int n_head, n_head_kv, head_dim, half;
+  bool neox;
+  float linear_scale;
+  const double* inv;
+  const float* factors;
+  uint8_t* const* pages;
+  const int32_t* slots;
+  size_t v_offset, k_row, v_row, k_head, v_head;
+};
+template <DType K, DType V>
+__global__ void rope_kv_k(const RopeKv a) {
+  pdl_wait();
+  extern __shared__ float cs[];  // [half][2], then the kv head's k [head_dim]
+  const int t = blockIdx.x, qb = (a.n_head + kRopeHeads - 1) / kRopeHeads, d = a.head_dim;
+  rope_angles(cs, a.pos[t], a.half, a.linear_scale, a.inv, a.factors);
+  if (static_cast<int>(blockIdx.y) < qb) {
+    __syncthreads();
+    return rope_heads(a.q, t, blockIdx.y * kRopeHeads, a.n_head, d, a.half, a.neox, cs);
+  }
+  const int h = blockIdx.y - qb, nb = d / 32, lane = threadIdx.x % 32;
+  const size_t row = static_cast<size_t>(t) * a.n_head_kv + h;
+  float* ks = cs + 2 * a.half;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) ks[i] = a.k[row * d + i];
+  __syncthreads();
+  for (int j = threadIdx.x; j < a.half; j += blockDim.x) {
+    const int ia = a.neox ? j : 2 * j, ib = a.neox ? j + a.half : 2 * j + 1;
+    rotate(ks, ia, ib, cs, j);
+    a.k[row * d + ia] = ks[ia], a.k[row * d + ib] = ks[ib];
+  }
+  __syncthreads();
+  uint8_t* page = a.pages[t];
+  const size_t s = static_cast<size_t>(a.slots[t]);
+  for (int i = threadIdx.x / 32; i < 2 * nb; i += blockDim.x / 32) {  // whole warps
+    if (i < nb)
+      quantize_block<K>(ks[32 * i + lane], page + s * a.k_row + h * a.k_head, i, nb, lane);
+    else
+      quantize_block<V>(a.v[row * d + 32 * (i - nb) + lane],
+                        page + a.v_offset + s * a.v_row + h * a.v_head, i - nb, nb, lane);
+  }
 }
 
 // Kernel parameters of up to kWords 16-byte words (32 KiB in all since CUDA 12.1, Volta on).
@@ -279,6 +343,37 @@ void rope(Ctx& c, float* q, float* k, const int32_t* pos, int32_t n_tok, int32_t
          p.head_dim, half, p.mode == RopeMode::Neox, p.linear_scale, inv, p.freq_factors);
 }
 
+void rope_kv_write(Ctx& c, float* q, float* k, const float* v, const int32_t* pos, int32_t n_tok,
+                   int32_t n_head, const RopeParams& p, const double* inv, const KvLayout& l,
+                   uint8_t* const* pages, const int32_t* slots) {
+  const RopeKv a{q,
+                 k,
+                 v,
+                 pos,
+                 n_head,
+                 l.n_head_kv,
+                 l.head_dim,
+                 p.rope_dim / 2,
+                 p.mode == RopeMode::Neox,
+                 p.linear_scale,
+                 inv,
+                 p.freq_factors,
+                 pages,
+                 slots,
+                 l.v_offset(),
+                 l.k_row,
+                 l.v_row,
+                 l.k_head,
+                 l.v_head};
+  const dim3 grid(static_cast<unsigned>(n_tok),
+                  static_cast<unsigned>((n_head + kRopeHeads - 1) / kRopeHeads + l.n_head_kv));
+  const size_t smem = sizeof(float) * (2 * static_cast<size_t>(a.half) + l.head_dim);
+  dispatch_kv(l.k_type, [&]<DType K>() {
+    dispatch_kv(l.v_type,
+                [&]<DType V>() { launch(rope_kv_k<K, V>, grid, 128, smem, c.stream, a); });
+  });
+}
+
 void swiglu(Ctx& c, float* gate, const float* up, int64_t n, uint8_t* xq) {
   KVS_CHECK(!xq || n % 32 == 0, "cuda: swiglu quantizing ", n, " elements");
   const auto [xb, xm] = xq_parts(xq, static_cast<size_t>(n));
@@ -295,11 +390,10 @@ void kv_write(Ctx& c, const KvLayout& l, const float* k, const float* v, int32_t
               uint8_t* const* pages, const int32_t* slots) {
   const int dim = l.n_head_kv * l.head_dim;
   const dim3 grid(blocks(static_cast<size_t>(2 * dim / 32), 4), static_cast<unsigned>(n_tok));
-  const size_t kb = row_bytes(l.k_type, 32), vb = row_bytes(l.v_type, 32);
   dispatch_kv(l.k_type, [&]<DType K>() {
     dispatch_kv(l.v_type, [&]<DType V>() {
-      launch(kv_write_k<K, V>, grid, 128, 0, c.stream, k, v, dim, pages, slots, l.v_offset(),
-             l.k_row, l.v_row, kb, vb);
+      launch(kv_write_k<K, V>, grid, 128, 0, c.stream, k, v, dim, l.head_dim / 32, pages, slots,
+             l.v_offset(), l.k_row, l.v_row, l.k_head, l.v_head);
     });
   });
 }

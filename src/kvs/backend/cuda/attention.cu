@@ -995,21 +995,20 @@ template <DType T, int D>
 constexpr int head_bytes() {
   return T == DType::F16 ? 2 * D : T == DType::Q8_0 ? 34 * D / 32 : 18 * D / 32;
 }
-// Blocks an SM holds (the registers are bounded for it): 4 for q4_0 V with a warp per span, 3
-// otherwise (q8_0 V at 4 spilled, and so did q4_0 V with a block per span, which then decoded
-// 32K at 301 tok/s against 307 at 3). Tiles in flight per warp: as many (2 to 4) as let those
-// blocks' stages stay within 174 KiB of an SM's shared memory with the usual row strides (a head
-// padded to 16 bytes after a shift of 8). The rest is L1, which the .ca copies go through: on the
-// H200, q8_0 K/V decoded 15-20 % slower with 216 KiB of stages (3 blocks of 4 stages or 4 of 3)
-// than with 162 KiB (3 of 3).
-template <DType V, bool kByWarp>
+// Blocks an SM holds (the registers are bounded for it): 3. At 4 (128 registers) q4_0 V with a
+// warp per span spilled once a row's quants and scales were read as whole words (q8_0 K: 100
+// bytes; 159 tok/s at 128K against 191 at 3 on the H200), and so did the other kinds earlier.
+// Tiles in flight per warp: as many (2 to 4) as let those blocks' stages stay within 174 KiB of
+// an SM's shared memory with the usual row strides (a head padded to 16 bytes after a shift of
+// 8). The rest is L1, which the .ca copies go through: on the H200, q8_0 K/V decoded 15-20 %
+// slower with 216 KiB of stages (3 blocks of 4 stages or 4 of 3) than with 162 KiB (3 of 3).
 constexpr int kDtBlocks = 3;
 template <DType K, DType V, int D, bool kByWarp>
 constexpr int dt_stages() {
   constexpr int pad_k = (head_bytes<K, D>() + 8 + 15) / 16 * 16;
   constexpr int pad_v = (head_bytes<V, D>() + 8 + 15) / 16 * 16;
   constexpr int stage = kDtWarps * kDtKeys * (pad_k + pad_v);
-  constexpr int fit = 174 * 1024 / kDtBlocks<V, kByWarp> / stage;
+  constexpr int fit = 174 * 1024 / kDtBlocks / stage;
   return fit >= 4 ? 4 : fit >= 2 ? fit : 2;
 }
 
@@ -1081,17 +1080,17 @@ constexpr float kOff = T == DType::Q8_0   ? 1152.0f
                                           : 0.0f;
 
 // One key's V row, block J, as the lane with column gr reads it: 4 dimensions in one word
-// (f16: two words), and the block's scale (0 for a key past the tile: its row is stale): from
-// the row's scales ds loaded ahead (kAhead), or loaded here.
+// (f16: two words), and the block's scale from the row's scales ds (0 for a key past the tile:
+// its row is stale).
 template <DType T>
 struct VWord {
   uint32_t w[T == DType::F16 ? 2 : 1];
   __half d;
 };
-template <DType T, int D, int J, bool kAhead>
+template <DType T, int D, int J>
 __device__ __forceinline__ VWord<T> v_word(const uint8_t* row, int gr, bool live,
                                            const Scales<D / 32>& ds) {
-  const __half d = kAhead ? ds.h[J] : reinterpret_cast<const __half*>(row)[J];
+  const __half d = ds.h[J];
   constexpr int kQ = D / 16;
   VWord<T> r;
   if constexpr (T == DType::F16) {
@@ -1153,20 +1152,17 @@ __host__ __device__ constexpr int dt_warp_bytes(int stages, int kst, int vst, in
 // warp a quarter of the span's keys, merged in warp order (many warps for a short context),
 // or a warp per (span, kv head), 4 to a block, each walking the whole span and writing (or
 // folding) its partial itself: no merge, no barrier (a split span spends a third of its time
-// starting and merging at a page of 256 keys; with enough spans to fill the GPU twice over, a
-// warp per span is 5-15 % faster at 128K on the H200, and 0-10 % slower at 32K). Either way the
-// keys of a span a warp takes depend on the span alone.
+// starting and merging at a page of 256 keys; from 24K tokens of 8 kv heads on, a warp per span
+// is faster on the H200, 3-9 % up to 48K and 8 % at 128K). Either way the keys of a span a warp
+// takes depend on the span alone.
 template <DType K, DType V, int D, bool kByWarp>
-__global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks<V, kByWarp>)
+__global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks)
     decode_tc(Geo g, float* part, int n_kv, int kst, int vst, int cw) {
   static_assert(head_bytes<K, D>() % (D / 16) == 0 && head_bytes<V, D>() % (D / 16) == 0,
                 "heads start (D / 16)-byte aligned in shared memory (ld4, ld_scales)");
   pdl_wait();
   constexpr int kSt = dt_stages<K, V, D, kByWarp>(), kB = D / 32;
   constexpr bool kQK = K != DType::F16, kQV = V != DType::F16;
-  // A K or V row's block scales in one load ahead of the products where the registers allow (3
-  // blocks an SM; at 4, q4_0 V spilled), else one at a time.
-  constexpr bool kAhead = kDtBlocks<V, kByWarp> == 3;
   extern __shared__ __align__(16) uint8_t dt_smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, t4 = lane % 4;
   const int ng = g.group, item = kByWarp ? blockIdx.x * kDtWarps + warp : blockIdx.x;
@@ -1303,8 +1299,8 @@ __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks<V, kByWarp>)
     float sc[4] = {};
     const uint8_t* kg = rk + gr * kst;
     const uint8_t* kh = rk + (gr + 8) * kst;
-    Scales<kB> dkg{}, dkh{};  // the rows' block scales, loaded ahead as V's are (kAhead)
-    if constexpr (kQK && kAhead) dkg = ld_scales<kB>(kg), dkh = ld_scales<kB>(kh);
+    Scales<kB> dkg{}, dkh{};  // the rows' block scales
+    if constexpr (kQK) dkg = ld_scales<kB>(kg), dkh = ld_scales<kB>(kh);
     const auto k_step = [&]<int kBlk>() {
       uint32_t ag[2][2], ah[2][2];
       k_block<K, D, kBlk>(kg, t4, ag);
@@ -1317,9 +1313,7 @@ __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks<V, kByWarp>)
         mma16816(acc, a, qb[2 * kBlk + u][0], qb[2 * kBlk + u][1]);
       }
       if constexpr (kQK) {
-        const __half* hg = kAhead ? dkg.h : reinterpret_cast<const __half*>(kg);
-        const __half* hh = kAhead ? dkh.h : reinterpret_cast<const __half*>(kh);
-        const float dg = __half2float(hg[kBlk]), dh = __half2float(hh[kBlk]);
+        const float dg = __half2float(dkg.h[kBlk]), dh = __half2float(dkh.h[kBlk]);
         sc[0] = fmaf(dg, c[0] - cq[kBlk][0], sc[0]), sc[1] = fmaf(dg, c[1] - cq[kBlk][1], sc[1]);
         sc[2] = fmaf(dh, c[2] - cq[kBlk][0], sc[2]), sc[3] = fmaf(dh, c[3] - cq[kBlk][1], sc[3]);
       }
@@ -1363,14 +1357,14 @@ __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks<V, kByWarp>)
     const int ka = 2 * t4;
     const uint8_t* va_row = rv + ka * vst;
     Scales<kB> dv[4] = {};  // the block scales of keys ka, ka + 1, ka + 8, ka + 9
-    if constexpr (kQV && kAhead)
+    if constexpr (kQV)
       dv[0] = ld_scales<kB>(va_row), dv[1] = ld_scales<kB>(va_row + vst),
       dv[2] = ld_scales<kB>(va_row + 8 * vst), dv[3] = ld_scales<kB>(va_row + 9 * vst);
     const auto v_step = [&]<int J>() {
-      const VWord<V> a = v_word<V, D, J, kAhead>(va_row, gr, ka < nk, dv[0]);
-      const VWord<V> b = v_word<V, D, J, kAhead>(va_row + vst, gr, ka + 1 < nk, dv[1]);
-      const VWord<V> c = v_word<V, D, J, kAhead>(va_row + 8 * vst, gr, ka + 8 < nk, dv[2]);
-      const VWord<V> d = v_word<V, D, J, kAhead>(va_row + 9 * vst, gr, ka + 9 < nk, dv[3]);
+      const VWord<V> a = v_word<V, D, J>(va_row, gr, ka < nk, dv[0]);
+      const VWord<V> b = v_word<V, D, J>(va_row + vst, gr, ka + 1 < nk, dv[1]);
+      const VWord<V> c = v_word<V, D, J>(va_row + 8 * vst, gr, ka + 8 < nk, dv[2]);
+      const VWord<V> d = v_word<V, D, J>(va_row + 9 * vst, gr, ka + 9 < nk, dv[3]);
       const uint32_t b0 = kQV ? hmul2u(pb0, a.d, b.d) : pb0, b1 = kQV ? hmul2u(pb1, c.d, d.d) : pb1;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -1571,10 +1565,12 @@ void launch_prefill(Ctx& c, const Geo& g, const KvLayout& l) {
 
 bool decode_by_warp(const Ctx& c, const KvLayout& l, int64_t n_ctx) {
   if (c.decode_warp >= 0) return c.decode_warp != 0;
-  // A warp per span once the context's (span, kv head) pairs fill twice the warps the GPU
-  // holds (3 blocks of 4 an SM): 101K tokens of 8 kv heads at pages of 256 on the H200.
+  // A warp per span once the context has a (span, kv head) pair for each warp of one block an
+  // SM: 16.5K tokens of 8 kv heads at pages of 256 on the H200. There, with q8_0 K and q8_0 or
+  // q4_0 V, a block per span was 2 % faster at 8K, the two equal at 16K, a warp per span 6 %,
+  // 3 % and 8 % faster at 24K, 32K and 48K.
   const int64_t items = (n_ctx + l.page_size - 1) / l.page_size * l.n_head_kv;
-  return items >= int64_t{2} * 3 * kDtWarps * c.n_sm;
+  return items >= int64_t{kDtWarps} * c.n_sm;
 }
 
 void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq, bool by_warp) {

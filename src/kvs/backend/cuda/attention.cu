@@ -436,6 +436,7 @@ __device__ __forceinline__ void cp_wait() {
 __global__ void __launch_bounds__(32) decode_fold(Geo g, const float* part) {
   __shared__ __align__(16) float so[kFoldStages][kFold][32];  // the chunk's outputs
   __shared__ __align__(16) float4 sm[kFoldStages][kFold];     // max, sum, non-empty
+  __shared__ float4 sf[kFold];  // the chunk's factors: ea, eb and the sum's term
   pdl_wait();
   const int h = blockIdx.x, lane = threadIdx.x, i = blockIdx.y * 32 + lane, n = g.n_spans;
   const size_t stride = part_stride(g.d), step = stride * g.n_head;
@@ -489,13 +490,16 @@ __global__ void __launch_bounds__(32) decode_fold(Geo g, const float* part) {
     const float lb = live ? pl * f.eb : 0.0f;
     run_max = __shfl_sync(0xffffffffu, after, 31);
     any = any || __shfl_sync(0xffffffffu, taken, 31) > 0;
-    // The serial part: one multiply-add per span for the sum and for the output (a skipped
-    // span's output, never copied, is not read: its eb is 0).
+    sf[lane] = make_float4(f.ea, f.eb, lb, 0.0f);
+    __syncwarp();
+    // The serial part: one multiply-add per span for the sum and for the output, the span's
+    // factors one broadcast load (a skipped span's output, never copied, is not read: its eb
+    // is 0).
 #pragma unroll
     for (int s = 0; s < kFold; ++s) {
-      const FoldStep fs{__shfl_sync(0xffffffffu, f.ea, s), __shfl_sync(0xffffffffu, f.eb, s)};
-      l = fmaf(l, fs.ea, __shfl_sync(0xffffffffu, lb, s));
-      o = fold_out(o, fs, so[st][s][lane]);
+      const float4 x = sf[s];
+      l = fmaf(l, x.x, x.z);
+      o = fold_out(o, FoldStep{x.x, x.y}, so[st][s][lane]);
     }
     __syncwarp();  // the stage is refilled by the next pass
   }

@@ -221,8 +221,10 @@ __device__ __forceinline__ HeadCopy head_copy(int hk, size_t head, int cw) {
 __device__ __forceinline__ void cp_commit() {
   asm volatile("cp.async.commit_group;\n" ::);
 }
-__device__ __forceinline__ void cp_wait_one() {
-  asm volatile("cp.async.wait_group 1;\n" ::);
+// Waits until at most N of this thread's commit groups of copies are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 // A decode block's span: the keys the query sees (0 past its position) and where the partials
 // of its kv head's query heads go; an empty span marks them empty.
@@ -294,7 +296,7 @@ __global__ void __launch_bounds__(kDecThreads, 5) decode_partials(Geo g, float* 
   for (int k0 = 0, b = 0; k0 < n; k0 += tk, b ^= 1) {
     if (k0 + tk < n) issue(k0 + tk, raw + (b ^ 1) * buf_bytes);
     cp_commit();
-    cp_wait_one();
+    cp_wait<1>();
     __syncthreads();
     const uint8_t* rk = raw + b * buf_bytes;
     const uint8_t* rv = rk + tk * t.kst;
@@ -428,11 +430,6 @@ __device__ __forceinline__ void cp_async_cg16(void* dst, const void* src) {
   const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
 }
-template <int N>
-__device__ __forceinline__ void cp_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
 __global__ void __launch_bounds__(32) decode_fold(Geo g, const float* part) {
   __shared__ __align__(16) float so[kFoldStages][kFold][32];  // the chunk's outputs
   __shared__ __align__(16) float4 sm[kFoldStages][kFold];     // max, sum, non-empty
@@ -887,7 +884,7 @@ __global__ void __launch_bounds__(kTcThreads) prefill_tc(Geo g) {
     const bool more = !cross || b.len > 0;
     if (more) issue(cross ? b : a, k_nxt, buf ^ 1);  // the other tiles were read last iteration
     cp_commit();
-    cp_wait_one();
+    cp_wait<1>();
     __syncthreads();
     const int nk = min(kTcKeys, a.len - k_cur);
     const int key_pos = a.start + k_cur;
@@ -1007,7 +1004,7 @@ constexpr int head_bytes() {
 // 8). The rest is L1, which the .ca copies go through: on the H200, q8_0 K/V decoded 15-20 %
 // slower with 216 KiB of stages (3 blocks of 4 stages or 4 of 3) than with 162 KiB (3 of 3).
 constexpr int kDtBlocks = 3;
-template <DType K, DType V, int D, bool kByWarp>
+template <DType K, DType V, int D>
 constexpr int dt_stages() {
   constexpr int pad_k = (head_bytes<K, D>() + 8 + 15) / 16 * 16;
   constexpr int pad_v = (head_bytes<V, D>() + 8 + 15) / 16 * 16;
@@ -1165,7 +1162,7 @@ __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks)
   static_assert(head_bytes<K, D>() % (D / 16) == 0 && head_bytes<V, D>() % (D / 16) == 0,
                 "heads start (D / 16)-byte aligned in shared memory (ld4, ld_scales)");
   pdl_wait();
-  constexpr int kSt = dt_stages<K, V, D, kByWarp>(), kB = D / 32;
+  constexpr int kSt = dt_stages<K, V, D>(), kB = D / 32;
   constexpr bool kQK = K != DType::F16, kQV = V != DType::F16;
   extern __shared__ __align__(16) uint8_t dt_smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, t4 = lane % 4;
@@ -1293,7 +1290,7 @@ __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks)
   int cur = 0;  // the stage of tile t
   for (int t = 0; t < n_tiles; ++t) {
     issue(t + kSt - 1);
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(kSt - 1));
+    cp_wait<kSt - 1>();
     __syncwarp();
     const int nk = min(kDtKeys, k_hi - k_lo - t * kDtKeys);
     const uint8_t* rk = raw + cur + kc.shift;
@@ -1609,9 +1606,7 @@ void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq, bool by_warp) {
             const auto tc =
                 d == 64 ? (by_warp ? decode_tc<K, V, 64, true> : decode_tc<K, V, 64, false>)
                         : (by_warp ? decode_tc<K, V, 128, true> : decode_tc<K, V, 128, false>);
-            const int stages =
-                d == 64 ? (by_warp ? dt_stages<K, V, 64, true>() : dt_stages<K, V, 64, false>())
-                        : (by_warp ? dt_stages<K, V, 128, true>() : dt_stages<K, V, 128, false>());
+            const int stages = d == 64 ? dt_stages<K, V, 64>() : dt_stages<K, V, 128>();
             const size_t tc_smem =
                 kDtWarps * static_cast<size_t>(dt_warp_bytes(stages, kst, vst, g.group, d));
             allow_smem(tc, tc_smem);

@@ -257,7 +257,8 @@ void Engine::fill_random(Sequence& s, int32_t n, uint32_t seed) {
       }
       for (int32_t il = 0; il < cfg_.n_layer; ++il) {
         add_pages(il, batch);
-        write_kv(il, batch[0], 0);
+        dev_.kv_write(kv_, k_.as<float>(), v_.as<float>(), m, kv_pages(il, batch),
+                      page_slot_.data());
         if (ring_) {
           write_back(il, batch);
           ring_->layers_done(il + 1);
@@ -478,21 +479,20 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
       dev_.rmsnorm(q, L.q_norm.data(), q, int64_t{n_tok} * c.n_head, c.head_dim, c.norm_eps);
       dev_.rmsnorm(k, L.k_norm.data(), k, int64_t{n_tok} * c.n_head_kv, c.head_dim, c.norm_eps);
     }
-    // One sequence: the rows are written by the rope's own pass.
-    const bool host = opt_.kv_mode == KvMode::Host, fused = !host && batch.size() == 1;
-    if (!host) add_pages(il, batch);
-    if (fused)
-      dev_.rope_kv_write(q, k, v, pos_.data(), n_tok, c.n_head, rope_, kv_, kv_pages(il, batch[0]),
-                         page_slot_.data());
-    else
+    // The batch's K and V rows go to their pages in the rope's own pass (host mode: attend_host).
+    const bool host = opt_.kv_mode == KvMode::Host;
+    if (host) {
       dev_.rope(q, k, pos_.data(), n_tok, c.n_head, c.n_head_kv, rope_);
+    } else {
+      add_pages(il, batch);
+      dev_.rope_kv_write(q, k, v, pos_.data(), n_tok, c.n_head, rope_, kv_, kv_pages(il, batch),
+                         page_slot_.data());
+    }
     for (size_t i = 0; i < batch.size(); ++i) {
-      if (host) {
+      if (host)
         attend_host(il, batch[i], offs[i]);
-      } else {
-        if (!fused) write_kv(il, batch[i], offs[i]);
+      else
         attend(il, batch[i], offs[i], cursor);
-      }
     }
     if (ring_) {
       write_back(il, batch);
@@ -561,18 +561,15 @@ void Engine::measure(const StepStats& st) {
   }
 }
 
-uint8_t* const* Engine::kv_pages(int32_t il, const BatchEntry& e) {
+uint8_t* const* Engine::kv_pages(int32_t il, const std::vector<BatchEntry>& batch) {
   const int32_t P = opt_.page_size;
-  const auto& fr = slots_[static_cast<size_t>(e.seq->id)].frames[static_cast<size_t>(il)];
-  for (int32_t j = 0; j < e.n; ++j)
-    dst_[static_cast<size_t>(j)] = pool_->frame(fr[static_cast<size_t>((e.seq->n_past + j) / P)]);
+  size_t t = 0;
+  for (const BatchEntry& e : batch) {
+    const auto& fr = slots_[static_cast<size_t>(e.seq->id)].frames[static_cast<size_t>(il)];
+    for (int32_t j = 0; j < e.n; ++j)
+      dst_[t++] = pool_->frame(fr[static_cast<size_t>((e.seq->n_past + j) / P)]);
+  }
   return dst_.data();
-}
-
-void Engine::write_kv(int32_t il, const BatchEntry& e, int32_t off) {
-  const int64_t kvd = cfg_.kv_dim();
-  dev_.kv_write(kv_, k_.as<float>() + off * kvd, v_.as<float>() + off * kvd, e.n, kv_pages(il, e),
-                page_slot_.data() + off);
 }
 
 // Attention of one sequence at one layer: its pages in logical order, resident ones straight

@@ -122,9 +122,8 @@ class Engine {
   void reclaim(bool wait);
   void add_pages(int32_t il, const std::vector<BatchEntry>& batch);
   std::vector<RingItem> ring_items(const std::vector<BatchEntry>& batch, bool next) const;
-  // The page frames of an entry's tokens at layer il (in dst_).
-  uint8_t* const* kv_pages(int32_t il, const BatchEntry& e);
-  void write_kv(int32_t il, const BatchEntry& e, int32_t off);
+  // The page frames of the batch's tokens at layer il, in batch order (in dst_).
+  uint8_t* const* kv_pages(int32_t il, const std::vector<BatchEntry>& batch);
   void attend(int32_t il, const BatchEntry& e, int32_t off, int32_t& cursor);
   void write_back(int32_t il, const std::vector<BatchEntry>& batch);
   void attend_host(int32_t il, const BatchEntry& e, int32_t off);

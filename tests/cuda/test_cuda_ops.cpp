@@ -201,6 +201,96 @@ TEST(CudaOps, MatvecEightBShapes) {
   }
 }
 
+// A random matrix of n_out rows of n_in in format t, its bytes kept in `store`.
+Matrix quant_matrix(DType t, int64_t n_in, int64_t n_out, uint32_t seed,
+                    std::vector<std::vector<uint8_t>>& store) {
+  const auto f = rnd(static_cast<size_t>(n_in * n_out), seed);
+  const size_t rb = row_bytes(t, n_in);
+  std::vector<uint8_t>& q = store.emplace_back(rb * static_cast<size_t>(n_out));
+  for (int64_t r = 0; r < n_out; ++r)
+    quantize_row(t, f.data() + r * n_in, q.data() + static_cast<size_t>(r) * rb, n_in);
+  return Matrix{t, n_in, n_out, rb, q.data()};
+}
+
+// A layer's products with the RMSNorm and SwiGLU after them (matmuls_then), which the integer
+// kernel folds into its pass: the products after them get the same bits as with the RMSNorm
+// and SwiGLU launched on their own; the RMSNorm's floats (written by the next product, or by
+// the RMSNorm itself when something else reads them first) are its floats; and all agree with
+// the CPU. SmolLM2's shape and an 8B-like one (8 rows a warp for 4-bit rows), 1 to 5 tokens
+// (other rows a warp, one or two warps to each).
+TEST(CudaOps, ProductsThenNormAndSwiglu) {
+  NEED_GPU();
+  for (DType t : {DType::Q4_0, DType::Q8_0, DType::Q4_1}) {
+    for (const auto& [d, ff] : {std::pair<int64_t, int64_t>{576, 1536}, {4096, 5120}}) {
+      std::vector<std::vector<uint8_t>> store;
+      Weights hw;
+      hw.layers.resize(1);
+      LayerWeights& L = hw.layers[0];
+      L.wo = quant_matrix(t, d, d, 41, store), L.wq = quant_matrix(t, d, d, 42, store);
+      L.gate = quant_matrix(t, d, ff, 43, store), L.up = quant_matrix(t, d, ff, 44, store);
+      L.down = quant_matrix(t, ff, d, 45, store);
+      L.wk = L.wv = L.wq;
+      hw.tok_embd = hw.output = L.wq;
+      const Weights cw = cpu->place_weights(hw), gw = gpu->place_weights(hw);
+      gpu->reserve(gw, 8, 8, 0, 1, 64);  // the quantized copies' buffers, as the engine does
+      const auto w1 = rnd(static_cast<size_t>(d), 46), w2 = rnd(static_cast<size_t>(d), 47);
+      Buf w1g(*gpu, w1), w2g(*gpu, w2);
+      for (int64_t n_tok : {1, 3, 5}) {
+        const size_t nd = static_cast<size_t>(n_tok * d), nf = static_cast<size_t>(n_tok * ff);
+        const auto att = rnd(nd, 48), x0 = rnd(nd, 49);
+        const std::string at = std::string(dtype_name(t)) + " d " + std::to_string(d) + " n_tok " +
+                               std::to_string(n_tok);
+        // The layer: x += wo att; h = norm(x); gate = swiglu(W_gate h, W_up h);
+        // x += down gate; h2 = norm(x); q = wq h2. mode 0: matmuls_then; 1: the RMSNorm and
+        // SwiGLU on their own; 2: matmuls_then, but h read (added into z) before its product.
+        struct Out {
+          std::vector<float> x, h, gate, h2, q;
+        };
+        const auto layer = [&](Device& dev, const Weights& w, int mode, const float* n1,
+                               const float* n2) {
+          Buf a(dev, att), x(dev, x0), h(dev, nd), g(dev, nf), u(dev, nf), h2(dev, nd), q(dev, nd),
+              z(dev, nd);
+          const LayerWeights& l = w.layers[0];
+          const MatJob out{&l.wo, x.f(), nullptr, true}, down{&l.down, x.f(), nullptr, true};
+          const MatJob ffn[] = {{&l.gate, g.f()}, {&l.up, u.f()}};
+          if (mode == 1) {
+            dev.matmuls(a.f(), n_tok, &out, 1);
+            dev.rmsnorm(x.f(), n1, h.f(), n_tok, d, 1e-5f);
+            dev.matmuls(h.f(), n_tok, ffn, 2);
+            dev.swiglu(g.f(), u.f(), static_cast<int64_t>(nf));
+            dev.matmuls(g.f(), n_tok, &down, 1);
+            dev.rmsnorm(x.f(), n2, h2.f(), n_tok, d, 1e-5f);
+          } else {
+            dev.matmuls_then(a.f(), n_tok, &out, 1, {NextOp::Norm, n1, h.f(), 1e-5f});
+            if (mode == 2) dev.add(z.f(), h.f(), static_cast<int64_t>(nd));
+            dev.matmuls_then(h.f(), n_tok, ffn, 2, {NextOp::SwiGlu});
+            dev.matmuls_then(g.f(), n_tok, &down, 1, {NextOp::Norm, n2, h2.f(), 1e-5f});
+          }
+          dev.matmul(l.wq, h2.f(), q.f(), n_tok, nullptr);
+          return Out{x.get(), h.get(), g.get(), h2.get(), q.get()};
+        };
+        const Out c = layer(*cpu, cw, 0, w1.data(), w2.data());
+        const Out f = layer(*gpu, gw, 0, w1g.f(), w2g.f());
+        const Out p = layer(*gpu, gw, 1, w1g.f(), w2g.f());
+        const Out r = layer(*gpu, gw, 2, w1g.f(), w2g.f());
+        EXPECT_EQ(f.gate, p.gate) << at;
+        EXPECT_EQ(f.x, p.x) << at;
+        EXPECT_EQ(f.q, p.q) << at;
+        EXPECT_LT(max_rel(p.h, f.h), 1e-6) << at;
+        EXPECT_LT(max_rel(p.h2, f.h2), 1e-6) << at;
+        // h read first: the RMSNorm's own floats, which its product then quantizes.
+        EXPECT_EQ(r.h, p.h) << at;
+        EXPECT_LT(max_rel(f.gate, r.gate), 1e-4) << at;
+        EXPECT_LT(max_rel(f.q, r.q), 1e-4) << at;
+        EXPECT_LT(max_rel(c.h, f.h), 1e-4) << at;
+        EXPECT_LT(max_rel(c.gate, f.gate), 5e-4) << at;
+        EXPECT_LT(max_rel(c.x, f.x), 5e-4) << at;
+        EXPECT_LT(max_rel(c.q, f.q), 1e-3) << at;
+      }
+    }
+  }
+}
+
 TEST(CudaOps, NormsRopeActivations) {
   NEED_GPU();
   const int n_tok = 5, n_head = 4, d = 64;

@@ -27,8 +27,7 @@ void run_variant(Ctx& c, const char* tn, const Shape& sh, std::vector<std::vecto
       for (size_t j = 0; j < sh.outs.size(); ++j) {
         jobs[j] = MatJob{&ws[i % ws.size()][j], y + j * 200000, nullptr, false};
       }
-      launch_q<T, 1, R, U, P>(c, jobs, static_cast<int>(sh.outs.size()), split, xq, xm, sh.n_in,
-                              Group{});
+      launch_q<T, 1, R, U, P>(c, jobs, static_cast<int>(sh.outs.size()), split, xq, xm, sh.n_in);
     };
     for (int i = 0; i < 10; ++i) go(i);
     cudaEvent_t a, b;

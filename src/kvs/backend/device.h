@@ -75,16 +75,6 @@ struct MatJob {
   bool add = false;
 };
 
-// What follows a group of products, which a backend may fuse into their pass: an RMSNorm of
-// the first job's output rows into y (Norm), or SwiGLU of the first two jobs' outputs (SwiGlu:
-// the first job's y = silu(that y) * the second's).
-struct NextOp {
-  enum Kind { Norm, SwiGlu } kind = Norm;
-  const float* w = nullptr;  // Norm: weights of the job's n_out
-  float* y = nullptr;        // Norm: [n_tok][n_out]
-  float eps = 0.0f;
-};
-
 // Streams: the compute stream runs the kernels; two copy streams move pages host-to-device
 // (the ring) and device-to-host (write-back) concurrently with it.
 enum class Stream : int { Compute = 0, CopyIn = 1, CopyOut = 2 };
@@ -129,9 +119,6 @@ class Device {
                        float eps) = 0;
   // For each job: y[t][n_out] (+)= W x[t][n_in] (+ bias), t < n_tok; every W has n_in columns.
   virtual void matmuls(const float* x, int64_t n_tok, const MatJob* jobs, int n_jobs) = 0;
-  // matmuls, then `next` over their output.
-  virtual void matmuls_then(const float* x, int64_t n_tok, const MatJob* jobs, int n_jobs,
-                            const NextOp& next);
   void matmul(const Matrix& w, const float* x, float* y, int64_t n_tok, const float* bias) {
     const MatJob j{&w, y, bias, false};
     matmuls(x, n_tok, &j, 1);

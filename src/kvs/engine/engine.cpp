@@ -469,11 +469,9 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
   if (capture.dev) dev_.begin_step();
   dev_.embed(w_.tok_embd, ids_.data(), n_tok, x);
   int32_t cursor = 0;  // next ring item
-  // Each RMSNorm and the SwiGLU follow the product before them in one call (matmuls_then), so
-  // a backend may fold them into its pass; the first layer's input norm runs on its own.
-  dev_.rmsnorm(x, w_.layers[0].attn_norm.data(), h, n_tok, d, c.norm_eps);
   for (int32_t il = 0; il < c.n_layer; ++il) {
     const LayerWeights& L = w_.layers[static_cast<size_t>(il)];
+    dev_.rmsnorm(x, L.attn_norm.data(), h, n_tok, d, c.norm_eps);
     const auto bias = [](const Vec& b) { return b.empty() ? nullptr : b.data(); };
     const MatJob qkv[] = {{&L.wq, q, bias(L.bq)}, {&L.wk, k, bias(L.bk)}, {&L.wv, v, bias(L.bv)}};
     dev_.matmuls(h, n_tok, qkv, 3);
@@ -501,16 +499,14 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
       ring_->layers_done(il + 1);
     }
     const MatJob out{&L.wo, x, nullptr, true};
-    dev_.matmuls_then(att, n_tok, &out, 1, {NextOp::Norm, L.ffn_norm.data(), h, c.norm_eps});
+    dev_.matmuls(att, n_tok, &out, 1);
+
+    dev_.rmsnorm(x, L.ffn_norm.data(), h, n_tok, d, c.norm_eps);
     const MatJob ffn[] = {{&L.gate, gate}, {&L.up, up}};
-    dev_.matmuls_then(h, n_tok, ffn, 2, {NextOp::SwiGlu});
+    dev_.matmuls(h, n_tok, ffn, 2);
+    dev_.swiglu(gate, up, int64_t{n_tok} * c.n_ff);
     const MatJob down{&L.down, x, nullptr, true};
-    if (il + 1 < c.n_layer)
-      dev_.matmuls_then(
-          gate, n_tok, &down, 1,
-          {NextOp::Norm, w_.layers[static_cast<size_t>(il) + 1].attn_norm.data(), h, c.norm_eps});
-    else
-      dev_.matmuls(gate, n_tok, &down, 1);
+    dev_.matmuls(gate, n_tok, &down, 1);
   }
   KVS_CHECK(!ring_ || cursor == ring_->n_items(), "ring: ", ring_->n_items() - cursor,
             " streamed pages were not read");

@@ -287,24 +287,13 @@ __device__ __forceinline__ float warp_max(float v) {
 
 // x quantized for the integer matrix-vector kernel (matmul.cu), per 32-element block:
 // x ~ dx (h + l / 254) with int8 h and l, and the block's sum of that. The buffer of n blocks
-// holds n XBlocks, n XMetas, then n floats (XQ::part: for an RMSNorm's output, below).
+// holds n XBlocks, then n XMetas.
 struct XBlock {
   int8_t h[32], l[32];
 };
 struct XMeta {
   float dx, sum;  // sum = sum(h + l / 254), for the offsets of q4_0 and the mins of q4_1
 };
-struct XQ {
-  XBlock* b = nullptr;
-  XMeta* m = nullptr;
-  float* part = nullptr;
-};
-inline XQ xq_at(uint8_t* buf, size_t n_blocks) {
-  if (!buf) return {};
-  XBlock* b = reinterpret_cast<XBlock*>(buf);
-  XMeta* m = reinterpret_cast<XMeta*>(b + n_blocks);
-  return {b, m, reinterpret_cast<float*>(m + n_blocks)};
-}
 
 // One block, held by a warp (lane = element): the rounding of h leaves |r| <= 1/2, which l
 // keeps to 1/508 of dx. The same arithmetic wherever x is quantized (RMSNorm, SwiGLU, alone).
@@ -317,22 +306,6 @@ __device__ __forceinline__ void quantize_x_block(float v, int lane, XBlock* xb, 
   xb->l[lane] = static_cast<int8_t>(l);
   const float sum = warp_sum(__fmaf_rn(l, 1.0f / 254.0f, h));
   if (lane == 0) *xm = XMeta{dx, sum};
-}
-
-// RMSNorm's output y = x s w as a product's input, s = rsqrt(mean(x^2) + eps): its blocks hold
-// x w, not yet scaled (quantizing is blind to a block's scale but for rounding), and `part`
-// the block's sum of x^2; the product scales each token's sums by s at its end (matmul.cu).
-// So the warp that completes 32 elements of x in the kernel before can quantize them without
-// waiting for the whole row, and every writer gives the same bits.
-__device__ __forceinline__ void quantize_norm_block(float x, float w, int lane, XBlock* xb,
-                                                    XMeta* xm, float* part) {
-  const float ss = warp_sum(__fmul_rn(x, x));
-  if (lane == 0) *part = ss;
-  quantize_x_block(__fmul_rn(x, w), lane, xb, xm);
-}
-// SwiGLU of one element, with explicit roundings: the same bits in every kernel.
-__device__ __forceinline__ float silu_mul(float a, float u) {
-  return __fmul_rn(__fdiv_rn(a, __fadd_rn(1.0f, expf(-a))), u);
 }
 
 }  // namespace kvs::cuda

@@ -28,17 +28,13 @@
 namespace kvs {
 namespace cuda {
 
-DeviceBuffer& Ctx::grow(DeviceBuffer& b, size_t bytes, const char* what, int fill) {
+DeviceBuffer& Ctx::grow(DeviceBuffer& b, size_t bytes, const char* what) {
   if (b.size() < bytes) {
     if (pause) pause();
     KVS_CUDA_CHECK(cudaStreamSynchronize(stream));  // the old buffer may still be read
     if (side) KVS_CUDA_CHECK(cudaStreamSynchronize(side));
     b.reset();
     b = dev->alloc(bytes + bytes / 4, what);
-    if (fill >= 0) {
-      KVS_CUDA_CHECK(cudaMemsetAsync(b.as(), fill, b.size(), stream));
-      KVS_CUDA_CHECK(cudaStreamSynchronize(stream));
-    }
     if (resume) resume();
   }
   return b;
@@ -227,9 +223,7 @@ class CudaDevice final : public Device {
     ctx_.w16.reset();
     ctx_.x16.reset();
     ctx_.part.reset();
-    ctx_.xq[0].reset();
-    ctx_.xq[1].reset();
-    ctx_.fin.reset();
+    ctx_.xq.reset();
     weights_.reset();
     vectors_.reset();
     for (cudaEvent_t e : fences_) cudaEventDestroy(e);
@@ -328,13 +322,11 @@ class CudaDevice final : public Device {
   size_t capacity() const override { return capacity_; }
   size_t used() const override { return used_; }
   void upload(void* dst, const void* src, size_t n) override {
-    settle();
     quantized_ = {};
     KVS_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, streams_[0]));
     KVS_CUDA_CHECK(cudaStreamSynchronize(streams_[0]));
   }
   void download(void* dst, const void* src, size_t n) override {
-    settle();
     KVS_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, streams_[0]));
     KVS_CUDA_CHECK(cudaStreamSynchronize(streams_[0]));
   }
@@ -342,12 +334,9 @@ class CudaDevice final : public Device {
   void reserve(const Weights& w, int64_t n_tok, int64_t n_out_tok, int64_t max_spans,
                int32_t n_head, int32_t head_dim) override {
     // Products of more than kMaxVecTok rows go through f16 tiles of the whole matrix.
-    size_t w16 = 0, x16 = 0, xq = 0, fin = 0;
+    size_t w16 = 0, x16 = 0, xq = 0;
     const auto need = [&](const Matrix& m, int64_t rows) {
-      xq = std::max(
-          xq, cuda::xq_bytes(std::max(m.n_in, m.n_out), std::min<int64_t>(rows, cuda::kMaxVecTok)));
-      fin = std::max(fin,
-                     static_cast<size_t>(2 * m.n_out * std::min<int64_t>(rows, cuda::kMaxVecTok)));
+      xq = std::max(xq, cuda::xq_bytes(m.n_in, std::min<int64_t>(rows, cuda::kMaxVecTok)));
       if (rows <= cuda::kMaxVecTok || m.n_out == 0) return;
       w16 = std::max(w16, static_cast<size_t>(m.n_in) * static_cast<size_t>(m.n_out));
       x16 = std::max(x16, static_cast<size_t>(m.n_in) * static_cast<size_t>(rows));
@@ -356,8 +345,7 @@ class CudaDevice final : public Device {
       for (const Matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down}) need(*m, n_tok);
     need(w.output, n_out_tok);
     if (w16) ctx_.scratch_w(w16), ctx_.scratch_x(x16);
-    if (xq) ctx_.scratch_xq(xq, 0), ctx_.scratch_xq(xq, 1);
-    if (fin) ctx_.scratch_fin(fin);
+    if (xq) ctx_.scratch_xq(xq);
     if (max_spans > 0) ctx_.scratch_part(static_cast<size_t>(max_spans) * n_head * (head_dim + 3));
     if (max_spans > 0 && n_tok > cuda::kMaxVecTok)
       ctx_.scratch_kv16(cuda::kKv16Bytes), ctx_.scratch_spans16(cuda::kMaxSpans16);
@@ -434,17 +422,23 @@ class CudaDevice final : public Device {
                float eps) override {
     const float* dw = dv(w);
     const bool q = quantizing(rows, n);
-    key(2, x, dw, y, rows, n, eps, q, fuse_then_);
-    const bool norm = q && rows <= cuda::kExtTok && fuse_then_;  // XNorm form for ext kernels
-    run("rmsnorm", [=, this] { cuda::rmsnorm(ctx_, x, dw, y, rows, n, eps, xq(q), norm); });
-    if (q) quantized_ = {y, rows * n, 0, norm, eps};
+    key(2, x, dw, y, rows, n, eps, q);
+    run("rmsnorm", [=, this] { cuda::rmsnorm(ctx_, x, dw, y, rows, n, eps, xq(q)); });
+    if (q) quantized_ = {y, rows * n};
   }
   void matmuls(const float* x, int64_t n_tok, const MatJob* jobs, int n_jobs) override {
-    product(x, n_tok, jobs, n_jobs, nullptr);
-  }
-  void matmuls_then(const float* x, int64_t n_tok, const MatJob* jobs, int n_jobs,
-                    const NextOp& next) override {
-    product(x, n_tok, jobs, n_jobs, &next);
+    KVS_CHECK(n_jobs >= 1 && n_jobs <= 8, "cuda: ", n_jobs, " matrices in one group");
+    std::array<MatJob, 8> j;
+    const bool q = quantized_.x == x && quantized_.n == n_tok * jobs[0].w->n_in;
+    key(3, x, n_tok, n_jobs, q);
+    for (int i = 0; i < n_jobs; ++i) {
+      j[i] = jobs[i];
+      if (j[i].bias) j[i].bias = dv(j[i].bias);
+      const Matrix& m = *j[i].w;
+      key(m.data, m.type, m.n_in, m.n_out, m.row_bytes, j[i].y, j[i].bias, j[i].add);
+    }
+    run(n_tok <= cuda::kMaxVecTok ? "matvec" : "gemm",
+        [=, this] { cuda::matmuls(ctx_, x, n_tok, j.data(), n_jobs, xq(q)); });
   }
   void rope(float* q, float* k, const int32_t* pos, int32_t n_tok, int32_t n_head,
             int32_t n_head_kv, const RopeParams& p) override {
@@ -461,7 +455,7 @@ class CudaDevice final : public Device {
     const bool q = quantizing(1, n);
     key(5, gate, up, n, q);
     run("swiglu", [=, this] { cuda::swiglu(ctx_, gate, up, n, xq(q)); });
-    if (q) quantized_ = {gate, n, 0, false, 0.0f};
+    if (q) quantized_ = {gate, n};
   }
   void add(float* x, const float* y, int64_t n) override {
     key(6, x, y, n);
@@ -503,12 +497,11 @@ class CudaDevice final : public Device {
     key_layout(b.kv);
     run(a.n_tok == 1 ? "attention decode" : "attention prefill",
         [=, this] { cuda::attention(ctx_, b, xq(q), by_warp); });
-    if (q) quantized_ = {b.out, static_cast<int64_t>(a.n_head) * a.kv.head_dim, 0, false, 0.0f};
+    if (q) quantized_ = {b.out, static_cast<int64_t>(a.n_head) * a.kv.head_dim};
   }
 
   // Copies on the copy streams are timed by a pair of events each, for busy_seconds().
   void copy(Stream s, void* dst, const void* src, size_t n) override {
-    settle();
     cut();
     quantized_ = {};
     if (s == Stream::Compute) {
@@ -558,7 +551,6 @@ class CudaDevice final : public Device {
     return s == Stream::Compute ? 0.0 : finished(copy_times_[static_cast<int>(s)]);
   }
   void sync() override {
-    settle();
     for (cudaStream_t s : streams_) KVS_CUDA_CHECK(cudaStreamSynchronize(s));
     KVS_CUDA_CHECK(cudaStreamSynchronize(ctx_.side));
     prof_.collect();
@@ -579,10 +571,6 @@ class CudaDevice final : public Device {
   }
   void end_step(bool run) override {
     if (!recording_) return;
-    if (run)
-      settle();
-    else
-      pending_ = {};
     recording_ = false;
     std::vector<std::function<void()>> calls = std::move(calls_);
     calls_.clear();
@@ -706,7 +694,6 @@ class CudaDevice final : public Device {
   // An operation: launched now, or kept for the end of the recorded step.
   template <class F>
   void run(const char* name, F&& f) {
-    settle();
     quantized_ = {};  // whatever it writes, the quantized copy is of no use after it
     if (recording_) {
       calls_.emplace_back(std::forward<F>(f));
@@ -723,80 +710,9 @@ class CudaDevice final : public Device {
   // recorded operations run later, maybe after it grew.
   bool quantizing(int64_t rows, int64_t n) const {
     return fuse_ && n % 32 == 0 && rows <= cuda::kMaxVecTok &&
-           ctx_.xq[0].size() >= cuda::xq_bytes(n, rows);
+           ctx_.xq.size() >= cuda::xq_bytes(n, rows);
   }
-  uint8_t* xq(bool q) { return q ? ctx_.xq[0].as() : nullptr; }
-
-  // Products, and what follows them (next) fused into their kernel where it can be: the
-  // integer kernel for up to kExtTok tokens, rows in groups of 32. A fused RMSNorm leaves
-  // its output quantized only (quantized_), its floats pending_: the next product of that
-  // output writes them, or settle() runs the RMSNorm before any other operation.
-  void product(const float* x, int64_t n_tok, const MatJob* jobs, int n_jobs, const NextOp* next) {
-    KVS_CHECK(n_jobs >= 1 && n_jobs <= 8, "cuda: ", n_jobs, " matrices in one group");
-    const bool vec = n_tok <= cuda::kMaxVecTok && cuda::integer_types(jobs, n_jobs);
-    const bool ext = n_tok <= cuda::kExtTok && vec;  // the kernel variant with Then steps
-    const bool q = quantized_.x == x && quantized_.n == n_tok * jobs[0].w->n_in;
-    Pending p{};  // the pending RMSNorm whose floats this launch writes
-    if (pending_.y == x && vec && q && quantized_.norm) std::swap(p, pending_);
-    settle();
-    const int64_t n_out = jobs[0].w->n_out;
-    const int in_buf = q ? quantized_.buf : 0, out_buf = 1 - in_buf;
-    cuda::XNorm in{};
-    if (q && quantized_.norm) in = {nullptr, quantized_.eps, p.x, p.w, p.y};
-    const bool fuse =
-        next && ext && fuse_then_ && n_out % 32 == 0 &&
-        (next->kind == NextOp::Norm
-             ? n_jobs == 1
-             : n_jobs == 2 && jobs[1].w->type == jobs[0].w->type && jobs[1].w->n_out == n_out);
-    cuda::Then then{};
-    if (fuse)
-      then = {next->kind == NextOp::Norm ? cuda::Then::Norm : cuda::Then::SwiGlu,
-              next->kind == NextOp::Norm ? dv(next->w) : nullptr, nullptr};
-    std::array<MatJob, 8> j;
-    key(3, x, n_tok, n_jobs, q, in_buf, in.eps, in.x, in.w, in.y, then.kind, then.w);
-    for (int i = 0; i < n_jobs; ++i) {
-      j[i] = jobs[i];
-      if (j[i].bias) j[i].bias = dv(j[i].bias);
-      const Matrix& m = *j[i].w;
-      key(m.data, m.type, m.n_in, m.n_out, m.row_bytes, j[i].y, j[i].bias, j[i].add);
-    }
-    const bool norm_in = q && quantized_.norm;
-    run(n_tok <= cuda::kMaxVecTok ? "matvec" : "gemm", [=, this] {
-      // The buffers' addresses as they are when it runs (they may have grown).
-      cuda::XNorm i = in;
-      const size_t n_blocks = static_cast<size_t>(n_tok * j[0].w->n_in / 32);
-      if (norm_in) i.part = cuda::xq_at(ctx_.xq[in_buf].as(), n_blocks).part;
-      cuda::Then t = then;
-      if (t.kind != cuda::Then::None)
-        t.out = ctx_.scratch_xq(cuda::xq_bytes(n_out, n_tok), out_buf);
-      cuda::matmuls(ctx_, x, n_tok, j.data(), n_jobs, q ? ctx_.xq[in_buf].as() : nullptr, i, t);
-    });
-    if (!next) return;
-    if (!fuse) {
-      if (next->kind == NextOp::Norm)
-        rmsnorm(jobs[0].y, next->w, next->y, n_tok, n_out, next->eps);
-      else
-        swiglu(jobs[0].y, jobs[1].y, n_tok * n_out);
-      return;
-    }
-    if (next->kind == NextOp::Norm) {
-      pending_ = {jobs[0].y, dv(next->w), next->y, n_tok, n_out, next->eps};
-      quantized_ = {next->y, n_tok * n_out, out_buf, true, next->eps};
-    } else {
-      quantized_ = {jobs[0].y, n_tok * n_out, out_buf, false, 0.0f};
-    }
-  }
-  // The pending RMSNorm's floats, before anything else may read them (the quantized copy
-  // stays valid: it is what the kernel writes too).
-  void settle() {
-    if (!pending_.y) return;
-    const Pending p = pending_;
-    pending_ = {};
-    const auto kept = quantized_;
-    key(2, p.x, p.w, p.y, p.rows, p.n, p.eps, false);
-    run("rmsnorm", [=, this] { cuda::rmsnorm(ctx_, p.x, p.w, p.y, p.rows, p.n, p.eps); });
-    quantized_ = kept;
-  }
+  uint8_t* xq(bool q) { return q ? ctx_.xq.as() : nullptr; }
 
   // What an operation launches, appended to the recorded step's key.
   template <class... T>
@@ -868,27 +784,13 @@ class CudaDevice final : public Device {
   Profile prof_;
   bool graphs_ = !prof_.on() && !(std::getenv("KVS_CUDA_GRAPHS") &&
                                   std::string(std::getenv("KVS_CUDA_GRAPHS")) == "0");
-  // The activations that the last operation also wrote quantized into ctx_.xq[buf] (n
-  // elements), as an RMSNorm's output (norm: cuda::XNorm) or plain.
+  // The activations that the last operation also wrote quantized into ctx_.xq (n elements).
   struct {
     const float* x = nullptr;
     int64_t n = 0;
-    int buf = 0;
-    bool norm = false;
-    float eps = 0.0f;
   } quantized_;
-  struct Pending {  // an RMSNorm fused into a product, y not yet written
-    const float* x = nullptr;
-    const float* w = nullptr;  // device address
-    float* y = nullptr;
-    int64_t rows = 0, n = 0;
-    float eps = 0.0f;
-  } pending_;
   bool fuse_ =
       !(std::getenv("KVS_FUSE_QUANT") && std::string(std::getenv("KVS_FUSE_QUANT")) == "0");
-  // KVS_FUSE_THEN=0: the RMSNorm and SwiGLU after products launched on their own (to compare).
-  bool fuse_then_ =
-      fuse_ && !(std::getenv("KVS_FUSE_THEN") && std::string(std::getenv("KVS_FUSE_THEN")) == "0");
   cudaGraphExec_t exec_ = nullptr;  // the last whole step, updated in place by the next
   bool partial_ = false;            // the step being captured was cut by a pause
   bool recording_ = false;

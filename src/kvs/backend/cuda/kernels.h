@@ -13,9 +13,6 @@
 namespace kvs::cuda {
 
 constexpr int kMaxVecTok = 8;  // tokens up to which matmul is a matrix-vector product
-// Tokens up to which an RMSNorm's output is quantized in its own form (XNorm) and the products
-// take Then steps (decode of one or two sequences): a kernel variant each, kept few.
-constexpr int kExtTok = 2;
 // Prefill attention on a quantized cache converts it to f16 in chunks of at most half this
 // much, the next chunk converting while the last is attended to (reserved with the other
 // scratch buffers; a larger page takes its own size).
@@ -32,7 +29,7 @@ struct Ctx {
   // far), converted[b] and consumed[b] (scratch half b written, and read).
   cudaStream_t side = nullptr;
   cudaEvent_t side_ready = nullptr, converted[2] = {}, consumed[2] = {};
-  DeviceBuffer w16, x16, part, xq[2], kv16, spans16, fin;
+  DeviceBuffer w16, x16, part, xq, kv16, spans16;
   int n_sm = 0;          // the GPU's multiprocessors
   int decode_warp = -1;  // KVS_DECODE_WARP: 1, 0 force decode_by_warp's answer; -1: its own
 
@@ -49,20 +46,12 @@ struct Ctx {
   float* scratch_part(size_t n) {
     return grow(part, n * sizeof(float), "attention partials").as<float>();
   }
-  // Two buffers of quantized activations: a product reads one while its Then step writes
-  // the other.
-  uint8_t* scratch_xq(size_t bytes, int i) {
-    return grow(xq[i], bytes, "quantized activations").as();
-  }
-  // Rows handed between the warps of a product with a Then step, all bits set between uses.
-  float* scratch_fin(size_t n) {
-    return grow(fin, n * sizeof(float), "row hand-offs", 0xFF).as<float>();
-  }
+  uint8_t* scratch_xq(size_t bytes) { return grow(xq, bytes, "quantized activations").as(); }
   __half* scratch_kv16(size_t bytes) { return grow(kv16, bytes, "f16 K/V chunks").as<__half>(); }
   Span* scratch_spans16(size_t n) {
     return grow(spans16, n * sizeof(Span), "f16 K/V chunk spans").as<Span>();
   }
-  DeviceBuffer& grow(DeviceBuffer& b, size_t bytes, const char* what, int fill = -1);
+  DeviceBuffer& grow(DeviceBuffer& b, size_t bytes, const char* what);
 };
 
 // Copies n bytes (a multiple of 16, both addresses 16-byte aligned) from host memory to dst
@@ -70,38 +59,14 @@ struct Ctx {
 void stage_bytes(cudaStream_t stream, uint8_t* dst, const uint8_t* src, size_t n);
 // Bytes of x quantized for the integer matrix-vector kernel (n_tok rows of n_in).
 size_t xq_bytes(int64_t n_in, int64_t n_tok);
-// Whether every job's weights are of a type of that kernel (q4_0, q4_1, q8_0).
-bool integer_types(const MatJob* jobs, int n);
-
-// x quantized as an RMSNorm's output (common.cuh: quantize_norm_block): part, its blocks' sums
-// of squares, by which the product scales its sums; y: where the product also writes the
-// RMSNorm's output as floats, from its input rows x and weights w (null: not).
-struct XNorm {
-  const float* part = nullptr;
-  float eps = 0.0f;
-  const float* x = nullptr;
-  const float* w = nullptr;
-  float* y = nullptr;
-};
-// What the integer kernel does after a group's rows, for the operation after the products
-// (Device::matmuls_then), its output quantized into `out` (xq_bytes of job 0's rows): an
-// RMSNorm of job 0's output with weights w (as an XNorm input), or SwiGLU of jobs 0 and 1.
-struct Then {
-  enum Kind { None, Norm, SwiGlu } kind = None;
-  const float* w = nullptr;
-  uint8_t* out = nullptr;
-};
-
 // Jobs' matrices are in the device layout of place_weights; biases are device pointers.
-// x_quantized: x already quantized for the integer kernel (xq_bytes), by rmsnorm, swiglu or a
-// Then step; in: how (the norm, for an RMSNorm's output).
+// x_quantized: x already quantized for the integer kernel (xq_bytes), by rmsnorm or swiglu.
 void matmuls(Ctx& c, const float* x, int64_t n_tok, const MatJob* jobs, int n_jobs,
-             const uint8_t* x_quantized = nullptr, const XNorm& in = {}, const Then& then = {});
+             const uint8_t* x_quantized = nullptr);
 void embed(Ctx& c, const Matrix& emb, const int32_t* ids, int32_t n, float* x);
-// xq: where to write y quantized for the integer matrix-vector kernel too (n a multiple of 32),
-// in the form of an XNorm input with norm_form (up to kExtTok rows), else as y.
+// xq: where to write y quantized for the integer matrix-vector kernel too (n a multiple of 32).
 void rmsnorm(Ctx& c, const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps,
-             uint8_t* xq = nullptr, bool norm_form = false);
+             uint8_t* xq = nullptr);
 // inv[i] = base^(-2i / rope_dim), computed on the host in double as the CPU backend does.
 void rope(Ctx& c, float* q, float* k, const int32_t* pos, int32_t n_tok, int32_t n_head,
           int32_t n_head_kv, const RopeParams& p, const double* inv);

@@ -33,13 +33,6 @@ struct Group {
   bool add[kMaxJobs];
   int n;
   int split;  // warps that share a pair of rows, each taking every split-th group
-  XNorm in;   // integer kernel: x quantized as an RMSNorm's output (in.part set)
-  // Integer kernel: the step that follows (Then), into `out`; fin: every row's final value
-  // handed to the warp that does it, [NT][first[n]] (kUnset between launches).
-  Then::Kind then;
-  const float* then_w;
-  XQ out;
-  float* fin;
 };
 
 template <DType T>
@@ -77,31 +70,10 @@ struct Lane {
   }
 };
 
-// A relaxed (not cached in L1) load and store: the hand-off of Group::fin between warps.
-constexpr uint32_t kUnset = 0xFFFFFFFFu;  // a NaN no arithmetic produces
-__device__ __forceinline__ float load_relaxed(const float* p) {
-  float v;
-  asm volatile("ld.relaxed.gpu.global.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void store_relaxed(float* p, float v) {
-  asm volatile("st.relaxed.gpu.global.f32 [%0], %1;" ::"l"(p), "f"(v) : "memory");
-}
-
-// Row `row` of job j, token t: y = s (+ bias) (+ y); with a Then step (kExt) also handed to
-// `fin` (SwiGlu: only there, its last warp writes gate and up).
-template <bool kExt = false>
 __device__ __forceinline__ void store(const Group& g, int j, int row, int t, float s) {
   const size_t i = static_cast<size_t>(t) * g.n_out[j] + row;
   const float v = s + (g.bias[j] ? g.bias[j][row] : 0.0f);
-  if constexpr (!kExt) {
-    g.y[j][i] = g.add[j] ? g.y[j][i] + v : v;
-  } else {
-    const float o = g.add[j] ? g.y[j][i] + v : v;
-    if (g.then != Then::SwiGlu) g.y[j][i] = o;
-    if (g.then != Then::None)
-      store_relaxed(g.fin + static_cast<size_t>(t) * g.first[g.n] + g.first[j] + row, o);
-  }
+  g.y[j][i] = g.add[j] ? g.y[j][i] + v : v;
 }
 
 // A warp per block of x.
@@ -113,109 +85,24 @@ __global__ void quantize_x(const float* __restrict__ x, XBlock* __restrict__ xq,
   quantize_x_block(x[static_cast<size_t>(b) * 32 + lane], lane, xq + b, xm + b);
 }
 
-// After a warp stored rows [row0, row0 + R) of job j for its NT tokens: the step that follows
-// the products (Then) for their group of 32 rows, by the warp that holds the group's last rows
-// of the last job. The other rows' warps are in blocks before its own (or in it), so it waits
-// for their values in `fin` without holding them up; they pay no fence or atomic. It resets
-// them to kUnset for the next launch. Norm: job 0's rows (the residual x) quantized as
-// RMSNorm's output (quantize_norm_block); SwiGlu: gate = silu(gate) up over jobs 0 and 1.
-template <int R, int NT>
-__device__ __forceinline__ void then_step(const Group& g, int j, int row0) {
-  if (g.then == Then::None || j != g.n - 1 || (row0 + R) % 32 != 0) return;
-  const int lane = threadIdx.x % 32, grp = row0 / 32, n_out = g.n_out[0], nb = n_out / 32;
-  const int e = grp * 32 + lane;
-  __syncwarp();  // the warp's own stores, before its lanes read them
-  const auto take = [](float* p) {
-    float v = load_relaxed(p);
-    while (__float_as_uint(v) == kUnset) {
-      __nanosleep(32);
-      v = load_relaxed(p);
-    }
-    store_relaxed(p, __uint_as_float(kUnset));
-    return v;
-  };
-#pragma unroll
-  for (int t = 0; t < NT; ++t) {
-    float* f = g.fin + static_cast<size_t>(t) * g.first[g.n] + e;
-    const size_t i = static_cast<size_t>(t) * n_out + e;
-    const int b = t * nb + grp;
-    if (g.then == Then::Norm) {
-      quantize_norm_block(take(f + g.first[0]), g.then_w[e], lane, g.out.b + b, g.out.m + b,
-                          g.out.part + b);
-    } else {
-      const float a = take(f + g.first[0]), u = take(f + g.first[1]), v = silu_mul(a, u);
-      g.y[0][i] = v, g.y[1][i] = u;
-      quantize_x_block(v, lane, g.out.b + b, g.out.m + b);
-    }
-  }
-}
-
-// A lane's share of each token's RMSNorm parts (XNorm), loaded right after pdl_wait and summed
-// at the end, so that their latency hides behind the product's loads; summed in one order
-// (b = lane, lane + 32, ...) by every warp and kernel, so every product sees the same scale.
-template <int NT>
-struct NormParts {
-  static constexpr int kK = 4;
-  float v[NT][kK];
-
-  __device__ __forceinline__ void load(const XNorm& in, int nb, int lane) {
-#pragma unroll
-    for (int t = 0; t < NT; ++t)
-#pragma unroll
-      for (int k = 0; k < kK; ++k) {
-        const int b = lane + 32 * k;
-        v[t][k] = in.part && b < nb ? in.part[t * nb + b] : 0.0f;
-      }
-  }
-  // Each token's scale rsqrt(sum / n + eps) (1 without parts).
-  __device__ __forceinline__ void scale(const XNorm& in, int nb, int n, int lane,
-                                        float (&s)[NT]) const {
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      if (!in.part) {
-        s[t] = 1.0f;
-        continue;
-      }
-      float a = v[t][0];
-#pragma unroll
-      for (int k = 1; k < kK; ++k) a += v[t][k];
-      for (int b = lane + 32 * kK; b < nb; b += 32) a += in.part[t * nb + b];
-      s[t] = rsqrtf(warp_sum(a) / static_cast<float>(n) + in.eps);
-    }
-  }
-};
-
 // The end of a product kernel: each lane's sums over the lanes, then stored by lane 0 (split
 // == 1), or, with split warps to each R rows, added up in warp order through shared memory by
-// the first of them. With split > 1 the whole block must arrive here. kExt: the sums times each
-// token's RMSNorm scale s (x an RMSNorm's output), and the step that follows.
-template <int R, int NT, bool kExt = false>
+// the first of them. With split > 1 the whole block must arrive here.
+template <int R, int NT>
 __device__ __forceinline__ void finish(const Group& g, int j, int row0, float (&acc)[R][NT],
-                                       float (&red)[kWarps][R][NT], int split, int n_in,
-                                       const float (&s)[NT]) {
+                                       float (&red)[kWarps][R][NT], int split) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_out = g.n_out[j];
-  if (kExt && g.in.y) {  // the RMSNorm's output as floats, by the grid's live warps in turn
-    const int gw = blockIdx.x * kWarps + warp, live = g.first[g.n] / R * split;
-    for (int e = gw * 32 + lane; e < n_in; e += live * 32)
-#pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        const size_t i = static_cast<size_t>(t) * n_in + e;
-        g.in.y[i] = g.in.x[i] * s[t] * g.in.w[e];
-      }
-  }
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
-    for (int t = 0; t < NT; ++t)
-      acc[r][t] = kExt ? warp_sum(acc[r][t]) * s[t] : warp_sum(acc[r][t]);
+    for (int t = 0; t < NT; ++t) acc[r][t] = warp_sum(acc[r][t]);
   if (split == 1) {
     if (lane == 0)
 #pragma unroll
       for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int t = 0; t < NT; ++t)
-          if (row0 + r < n_out) store<kExt>(g, j, row0 + r, t, acc[r][t]);
-    if constexpr (kExt) then_step<R, NT>(g, j, row0);
+          if (row0 + r < n_out) store(g, j, row0 + r, t, acc[r][t]);
     return;
   }
   if (lane == 0)
@@ -224,14 +111,11 @@ __device__ __forceinline__ void finish(const Group& g, int j, int row0, float (&
 #pragma unroll
       for (int t = 0; t < NT; ++t) red[warp][r][t] = acc[r][t];
   __syncthreads();
-  if (warp % split == 0) {
-    if (lane < R * NT) {
-      const int r = lane / NT, t = lane % NT;
-      float v = 0.0f;
-      for (int w = 0; w < split; ++w) v += red[warp + w][r][t];
-      if (row0 + r < n_out) store<kExt>(g, j, row0 + r, t, v);
-    }
-    if constexpr (kExt) then_step<R, NT>(g, j, row0);
+  if (warp % split == 0 && lane < R * NT) {
+    const int r = lane / NT, t = lane % NT;
+    float v = 0.0f;
+    for (int w = 0; w < split; ++w) v += red[warp + w][r][t];
+    if (row0 + r < n_out) store(g, j, row0 + r, t, v);
   }
 }
 
@@ -321,9 +205,7 @@ struct QChunk {
 // summed through shared memory). The first chunk's weights are loaded before pdl_wait(): no
 // kernel writes them, so their latency overlaps the kernel before. kPipe: the next chunk is
 // loaded before the current one is used (twice the registers, no gap between the loads).
-// kExt: x may be an RMSNorm's output (Group::in) and a Then step may follow (Group::then): a
-// variant of its own, so the plain kernel keeps its registers.
-template <DType T, int NT, int R, int U, bool kPipe, bool kExt>
+template <DType T, int NT, int R, int U, bool kPipe>
 __global__ void __launch_bounds__(kWarps * 32)
     matvec_q(Group g, const XBlock* __restrict__ xq, const XMeta* __restrict__ xm, int n_in) {
   using C = QChunk<T, R, U>;
@@ -344,8 +226,6 @@ __global__ void __launch_bounds__(kWarps * 32)
   if (live) c.load(rows, part * U, lane, n_blocks);
   pdl_wait();
   if (!live) return;
-  NormParts<NT> parts;
-  if constexpr (kExt) parts.load(g.in, n_blocks, lane);
   float acc[R][NT] = {};
   for (int g0 = part * U; g0 < n_groups; g0 += step) {
     if constexpr (kPipe) {
@@ -358,9 +238,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       c.template dot<NT>(xq, xm, g0, lane, n_blocks, acc);
     }
   }
-  float s[NT] = {};
-  if constexpr (kExt) parts.scale(g.in, n_blocks, n_in, lane, s);
-  finish<R, NT, kExt>(g, j, row0, acc, red, split, n_in, s);
+  finish<R, NT>(g, j, row0, acc, red, split);
 }
 
 // f16 and bf16 rows: two per warp, lanes over the elements.
@@ -410,10 +288,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     }
   }
-  float s[NT];
-#pragma unroll
-  for (int t = 0; t < NT; ++t) s[t] = 1.0f;
-  finish<kRows, NT>(g, j, row0, acc, red, split, n_in, s);
+  finish<kRows, NT>(g, j, row0, acc, red, split);
 }
 
 // Any format: a warp per row, each lane decoding whole sub-blocks.
@@ -523,19 +398,12 @@ Group make_group(const MatJob* jobs, int n, int per) {
 
 template <DType T, int NT, int R, int U, bool P>
 void launch_q(Ctx& c, const MatJob* jobs, int n, int split, const XBlock* xq, const XMeta* xm,
-              int n_in, const Group& g0) {
+              int n_in) {
   Group g = make_group(jobs, n, R);
   g.split = split;
-  g.in = g0.in, g.then = g0.then, g.then_w = g0.then_w, g.out = g0.out, g.fin = g0.fin;
   const int per_block = kWarps / split * R;
-  const unsigned grid = static_cast<unsigned>((g.first[n] + per_block - 1) / per_block);
-  if (g.in.part || g.then != Then::None) {
-    if constexpr (NT <= kExtTok)
-      return launch(matvec_q<T, NT, R, U, P, true>, grid, kWarps * 32, 0, c.stream, g, xq, xm,
-                    n_in);
-    fail("cuda: a norm's input or a Then step for ", NT, " tokens");
-  }
-  launch(matvec_q<T, NT, R, U, P, false>, grid, kWarps * 32, 0, c.stream, g, xq, xm, n_in);
+  launch(matvec_q<T, NT, R, U, P>, (g.first[n] + per_block - 1) / per_block, kWarps * 32, 0,
+         c.stream, g, xq, xm, n_in);
 }
 
 // The integer kernel's shape for rows of n_in (rows in all, n_tok tokens, quant bytes per
@@ -558,28 +426,27 @@ QShape q_shape(int rows, int n_in, int64_t n_tok, int quant) {
 
 template <DType T, int NT>
 void matvec_q_any(Ctx& c, const MatJob* jobs, int n, const XBlock* xq, const XMeta* xm, int n_in,
-                  QShape s, const Group& g0) {
+                  QShape s) {
   if constexpr (NT > 4) {
-    launch_q<T, NT, 1, 2, false>(c, jobs, n, s.split, xq, xm, n_in, g0);
+    launch_q<T, NT, 1, 2, false>(c, jobs, n, s.split, xq, xm, n_in);
   } else if constexpr (NT > 2) {
-    launch_q<T, NT, 2, 2, false>(c, jobs, n, s.split, xq, xm, n_in, g0);
+    launch_q<T, NT, 2, 2, false>(c, jobs, n, s.split, xq, xm, n_in);
   } else {
     if constexpr (packed(T).quant == 16) {
       if (s.r == 8)
-        return s.pipe ? launch_q<T, NT, 8, 1, true>(c, jobs, n, s.split, xq, xm, n_in, g0)
-                      : launch_q<T, NT, 8, 2, false>(c, jobs, n, s.split, xq, xm, n_in, g0);
+        return s.pipe ? launch_q<T, NT, 8, 1, true>(c, jobs, n, s.split, xq, xm, n_in)
+                      : launch_q<T, NT, 8, 2, false>(c, jobs, n, s.split, xq, xm, n_in);
     }
     if (s.pipe)
-      launch_q<T, NT, 4, 1, true>(c, jobs, n, s.split, xq, xm, n_in, g0);
+      launch_q<T, NT, 4, 1, true>(c, jobs, n, s.split, xq, xm, n_in);
     else
-      launch_q<T, NT, 4, 2, false>(c, jobs, n, s.split, xq, xm, n_in, g0);
+      launch_q<T, NT, 4, 2, false>(c, jobs, n, s.split, xq, xm, n_in);
   }
 }
 
-// One launch for jobs [0, n) of one weight type; xq/xm hold x quantized for matvec_q, and g0
-// what the integer kernel does besides (Group::in, then, out, fin).
+// One launch for jobs [0, n) of one weight type; xq/xm hold x quantized for matvec_q.
 void matvec(Ctx& c, const float* x, int64_t n_tok, const MatJob* jobs, int n, const XBlock* xq,
-            const XMeta* xm, const Group& g0) {
+            const XMeta* xm) {
   const DType type = jobs[0].w->type;
   const int n_in = static_cast<int>(jobs[0].w->n_in);
   int rows = 0;
@@ -590,7 +457,7 @@ void matvec(Ctx& c, const float* x, int64_t n_tok, const MatJob* jobs, int n, co
       switch (n_tok) {
 #define KVS_NT(N) \
   case N:         \
-    return matvec_q_any<T, N>(c, jobs, n, xq, xm, n_in, s, g0);
+    return matvec_q_any<T, N>(c, jobs, n, xq, xm, n_in, s);
         KVS_NT(1) KVS_NT(2) KVS_NT(3) KVS_NT(4) KVS_NT(5) KVS_NT(6) KVS_NT(7) KVS_NT(8)
 #undef KVS_NT
       }
@@ -644,18 +511,12 @@ void gemm(Ctx& c, const float* x, int64_t n_tok, const MatJob& job) {
 
 }  // namespace
 
-bool integer_types(const MatJob* jobs, int n) {
-  bool all = true;
-  for (int i = 0; i < n; ++i) dispatch(jobs[i].w->type, [&]<DType T>() { all = all && kQuant<T>; });
-  return all;
-}
-
 size_t xq_bytes(int64_t n_in, int64_t n_tok) {
-  return static_cast<size_t>(n_tok * n_in / 32) * (sizeof(XBlock) + sizeof(XMeta) + sizeof(float));
+  return static_cast<size_t>(n_tok * n_in / 32) * (sizeof(XBlock) + sizeof(XMeta));
 }
 
 void matmuls(Ctx& c, const float* x, int64_t n_tok, const MatJob* jobs, int n_jobs,
-             const uint8_t* x_quantized, const XNorm& in, const Then& then) {
+             const uint8_t* x_quantized) {
   for (int i = 0; i < n_jobs; ++i) {
     const Matrix& w = *jobs[i].w;
     KVS_CHECK(w.n_in % 32 == 0, "cuda: matrix rows of ", w.n_in,
@@ -666,40 +527,30 @@ void matmuls(Ctx& c, const float* x, int64_t n_tok, const MatJob* jobs, int n_jo
     for (int i = 0; i < n_jobs; ++i) gemm(c, x, n_tok, jobs[i]);
     return;
   }
-  Group g0{};
-  g0.in = in;
-  if (then.kind != Then::None) {
-    const int n_out = static_cast<int>(jobs[0].w->n_out);
-    KVS_CHECK(
-        n_jobs == (then.kind == Then::Norm ? 1 : 2) && n_out % 32 == 0 && then.out &&
-            integer_types(jobs, n_jobs) &&
-            (n_jobs == 1 || (jobs[1].w->type == jobs[0].w->type && jobs[1].w->n_out == n_out)),
-        "cuda: a product's following step cannot be fused into it");
-    g0.then = then.kind, g0.then_w = then.w;
-    g0.out = xq_at(then.out, static_cast<size_t>(n_tok * n_out / 32));
-    g0.fin = c.scratch_fin(static_cast<size_t>(n_tok * n_out * n_jobs));
-  }
   // x quantized once for the integer kernel, if any job needs it and its producer has not.
   const int n_blocks = static_cast<int>(n_tok * jobs[0].w->n_in / 32);
-  XQ xq;
-  for (int i = 0; i < n_jobs && !xq.b; ++i)
+  const XBlock* xq = nullptr;
+  const XMeta* xm = nullptr;
+  for (int i = 0; i < n_jobs && !xq; ++i)
     dispatch(jobs[i].w->type, [&]<DType T>() {
       if constexpr (kQuant<T>) {
         const uint8_t* buf = x_quantized;
         if (!buf) {
-          uint8_t* b = c.scratch_xq(xq_bytes(jobs[0].w->n_in, n_tok), 0);
-          const XQ q = xq_at(b, static_cast<size_t>(n_blocks));
-          launch(quantize_x, (n_blocks + 7) / 8, 256, 0, c.stream, x, q.b, q.m, n_blocks);
+          uint8_t* b = c.scratch_xq(xq_bytes(jobs[0].w->n_in, n_tok));
+          launch(quantize_x, (n_blocks + 7) / 8, 256, 0, c.stream, x, reinterpret_cast<XBlock*>(b),
+                 reinterpret_cast<XMeta*>(b + static_cast<size_t>(n_blocks) * sizeof(XBlock)),
+                 n_blocks);
           buf = b;
         }
-        xq = xq_at(const_cast<uint8_t*>(buf), static_cast<size_t>(n_blocks));
+        xq = reinterpret_cast<const XBlock*>(buf);
+        xm = reinterpret_cast<const XMeta*>(buf + static_cast<size_t>(n_blocks) * sizeof(XBlock));
       }
     });
   // Runs of jobs with one weight type share a launch.
   for (int i = 0; i < n_jobs;) {
     int n = 1;
     while (i + n < n_jobs && n < kMaxJobs && jobs[i + n].w->type == jobs[i].w->type) ++n;
-    matvec(c, x, n_tok, jobs + i, n, xq.b, xq.m, g0);
+    matvec(c, x, n_tok, jobs + i, n, xq, xm);
     i += n;
   }
 }

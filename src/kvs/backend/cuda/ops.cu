@@ -29,10 +29,10 @@ __global__ void embed_k(const uint8_t* __restrict__ emb, size_t row_bytes, const
   for (int j = 0; j < 32; ++j) o[j] = v[j];
 }
 
-// xq: y quantized too (n a multiple of 32: each warp's 32 elements are one block), as
-// quantize_norm_block with xq.part, else as y.
+// xq, xm: y quantized too (n a multiple of 32: each warp's 32 elements are one block).
 __global__ void rmsnorm_k(const float* __restrict__ x, const float* __restrict__ w,
-                          float* __restrict__ y, int n, float eps, XQ xq) {
+                          float* __restrict__ y, int n, float eps, XBlock* __restrict__ xq,
+                          XMeta* __restrict__ xm) {
   pdl_wait();
   const float* xr = x + static_cast<size_t>(blockIdx.x) * n;
   float* yr = y + static_cast<size_t>(blockIdx.x) * n;
@@ -51,13 +51,12 @@ __global__ void rmsnorm_k(const float* __restrict__ x, const float* __restrict__
   const float scale = rsqrtf(part[0] / static_cast<float>(n) + eps);
   // x and y may be the same rows (q/k norms): each element is read and written by one thread.
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    const float xi = xr[i], v = xi * scale * w[i];
+    const float v = xr[i] * scale * w[i];
     yr[i] = v;
-    const size_t b = (static_cast<size_t>(blockIdx.x) * n + i) / 32;
-    if (xq.part)
-      quantize_norm_block(xi, w[i], threadIdx.x % 32, xq.b + b, xq.m + b, xq.part + b);
-    else if (xq.b)
-      quantize_x_block(v, threadIdx.x % 32, xq.b + b, xq.m + b);
+    if (xq) {
+      const size_t b = (static_cast<size_t>(blockIdx.x) * n + i) / 32;
+      quantize_x_block(v, threadIdx.x % 32, xq + b, xm + b);
+    }
   }
 }
 
@@ -68,7 +67,7 @@ __global__ void rmsnorm_k(const float* __restrict__ x, const float* __restrict__
 constexpr int kNormThreads = 256, kNormPart = 2 * kNormThreads;
 __global__ void __launch_bounds__(kNormThreads)
     rmsnorm_wide(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y,
-                 int n, float eps, XQ xq) {
+                 int n, float eps, XBlock* __restrict__ xq, XMeta* __restrict__ xm) {
   const int tid = threadIdx.x, p0 = blockIdx.y * kNormPart;
   const float w0 = w[p0 + tid], w1 = w[p0 + kNormThreads + tid];
   pdl_wait();
@@ -90,13 +89,12 @@ __global__ void __launch_bounds__(kNormThreads)
 #pragma unroll
   for (int it = 0; it < 2; ++it) {
     const int e = p0 + it * kNormThreads + tid;
-    const float xe = xr[e], we = it ? w1 : w0, v = xe * scale * we;
+    const float v = xr[e] * scale * (it ? w1 : w0);
     y[static_cast<size_t>(blockIdx.x) * n + e] = v;
-    const size_t b = (static_cast<size_t>(blockIdx.x) * n + e) / 32;
-    if (xq.part)
-      quantize_norm_block(xe, we, tid % 32, xq.b + b, xq.m + b, xq.part + b);
-    else if (xq.b)
-      quantize_x_block(v, tid % 32, xq.b + b, xq.m + b);
+    if (xq) {
+      const size_t b = (static_cast<size_t>(blockIdx.x) * n + e) / 32;
+      quantize_x_block(v, tid % 32, xq + b, xm + b);
+    }
   }
 }
 
@@ -147,13 +145,14 @@ __global__ void rope_k(float* __restrict__ q, float* __restrict__ k,
              is_k ? n_head_k : n_head_q, head_dim, half, neox, cs);
 }
 
-__global__ void swiglu_k(float* __restrict__ g, const float* __restrict__ u, size_t n, XQ xq) {
+__global__ void swiglu_k(float* __restrict__ g, const float* __restrict__ u, size_t n,
+                         XBlock* __restrict__ xq, XMeta* __restrict__ xm) {
   pdl_wait();
   const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) {  // with xq, n is a multiple of 32: whole warps pass
-    const float v = silu_mul(g[i], u[i]);
+    const float a = g[i], v = a / (1.0f + expf(-a)) * u[i];
     g[i] = v;
-    if (xq.b) quantize_x_block(v, threadIdx.x % 32, xq.b + i / 32, xq.m + i / 32);
+    if (xq) quantize_x_block(v, threadIdx.x % 32, xq + i / 32, xm + i / 32);
   }
 }
 
@@ -313,20 +312,25 @@ void embed(Ctx& c, const Matrix& emb, const int32_t* ids, int32_t n, float* x) {
   });
 }
 
+// The two parts of a buffer of x quantized (n elements).
+static std::pair<XBlock*, XMeta*> xq_parts(uint8_t* xq, size_t n) {
+  if (!xq) return {nullptr, nullptr};
+  return {reinterpret_cast<XBlock*>(xq), reinterpret_cast<XMeta*>(xq + n / 32 * sizeof(XBlock))};
+}
+
 void rmsnorm(Ctx& c, const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps,
-             uint8_t* xq, bool norm_form) {
+             uint8_t* xq) {
   KVS_CHECK(!xq || n % 32 == 0, "cuda: rmsnorm quantizing rows of ", n, " elements");
-  XQ q = xq_at(xq, static_cast<size_t>(rows * n / 32));
-  if (!norm_form) q.part = nullptr;
+  const auto [xb, xm] = xq_parts(xq, static_cast<size_t>(rows * n));
   // Few rows, not in place (the blocks of a row all read it whole).
   if (x != y && rows <= kMaxVecTok && n % kNormPart == 0 && n >= 4 * kNormPart) {
     launch(rmsnorm_wide, dim3(static_cast<unsigned>(rows), static_cast<unsigned>(n / kNormPart)),
-           kNormThreads, 0, c.stream, x, w, y, static_cast<int>(n), eps, q);
+           kNormThreads, 0, c.stream, x, w, y, static_cast<int>(n), eps, xb, xm);
     return;
   }
   const unsigned t = n >= 1024 ? 1024 : (n >= 256 ? 256 : 64);
   launch(rmsnorm_k, static_cast<unsigned>(rows), t, 0, c.stream, x, w, y, static_cast<int>(n), eps,
-         q);
+         xb, xm);
 }
 
 void rope(Ctx& c, float* q, float* k, const int32_t* pos, int32_t n_tok, int32_t n_head,
@@ -372,8 +376,9 @@ void rope_kv_write(Ctx& c, float* q, float* k, const float* v, const int32_t* po
 
 void swiglu(Ctx& c, float* gate, const float* up, int64_t n, uint8_t* xq) {
   KVS_CHECK(!xq || n % 32 == 0, "cuda: swiglu quantizing ", n, " elements");
+  const auto [xb, xm] = xq_parts(xq, static_cast<size_t>(n));
   launch(swiglu_k, blocks(static_cast<size_t>(n), 256), 256, 0, c.stream, gate, up,
-         static_cast<size_t>(n), xq_at(xq, static_cast<size_t>(n / 32)));
+         static_cast<size_t>(n), xb, xm);
 }
 
 void add(Ctx& c, float* x, const float* y, int64_t n) {

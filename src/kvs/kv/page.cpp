@@ -26,12 +26,12 @@ KvLayout KvLayout::make(DType k, DType v, int32_t page_size, int32_t n_head_kv, 
 namespace {
 constexpr size_t kMaxBlock = 34;  // bytes of a q8_0 block, the largest KV block
 
-// A quantized head slice of d values (page.h) and the blocks of its type (an f16 scale, then
-// `quants` bytes): where block b's scale and quants sit in the slice.
+// A quantized head slice of d values (page.h) and the blocks of its type, q8_0 or q4_0 (an f16
+// scale, then `quants` bytes): where block b's scale and quants sit in the slice.
 struct Slice {
   size_t quants;
   int32_t nb;
-  Slice(DType t, int32_t d) : quants(row_bytes(t, 32) - 2), nb(d / 32) {}
+  Slice(DType t, int32_t d) : quants(t == DType::Q4_0 ? 16 : 32), nb(d / 32) {}
   size_t scale(int32_t b) const { return 2 * static_cast<size_t>(b); }
   size_t quant(int32_t b) const { return 2 * static_cast<size_t>(nb) + quants * b; }
 };
@@ -51,12 +51,7 @@ void kv_quantize_head(DType t, const float* x, uint8_t* dst, int32_t d) {
 void kv_dequantize_head(DType t, const uint8_t* src, float* y, int32_t d) {
   if (t == DType::F16) return dequantize_row(t, src, y, d);
   const Slice s(t, d);
-  uint8_t blk[kMaxBlock];
-  for (int32_t b = 0; b < s.nb; ++b) {
-    std::memcpy(blk, src + s.scale(b), 2);
-    std::memcpy(blk + 2, src + s.quant(b), s.quants);
-    dequantize_row(t, blk, y + 32 * b, 32);
-  }
+  dequantize_split(t, src + s.scale(0), src + s.quant(0), y, s.nb);
 }
 
 DType parse_kv_type(const char* text, const char* flag) {

@@ -45,17 +45,24 @@ void deq_bf16(const uint8_t* x, float* y, int64_t n) {
   }
 }
 
-// 32-blocks: bytes 8g .. 8g+7 of qs hold elements 8g.. (low nibbles) and 16 + 8g.. (high).
-void deq_q4_0(const BlockQ4_0* b, float* y, int64_t nb) {
+// One q4_0 block from its scale d and quants qs: bytes 8g .. 8g+7 of qs hold elements 8g..
+// (low nibbles) and 16 + 8g.. (high).
+inline void block_q4_0(const uint8_t* d, const uint8_t* qs, float* y) {
   const __m256i eight = _mm256_set1_epi32(8);
-  for (int64_t i = 0; i < nb; ++i, y += QK) {
-    const __m256 d = bcast_f16(b[i].d);
-    for (int g = 0; g < 2; ++g) {
-      const __m256i v = u8_lanes(b[i].qs + 8 * g);
-      put(y + 8 * g, _mm256_sub_epi32(low4(v), eight), d);
-      put(y + 16 + 8 * g, _mm256_sub_epi32(high4(v), eight), d);
-    }
+  const __m256 dv = bcast_f16(d);
+  for (int g = 0; g < 2; ++g) {
+    const __m256i v = u8_lanes(qs + 8 * g);
+    put(y + 8 * g, _mm256_sub_epi32(low4(v), eight), dv);
+    put(y + 16 + 8 * g, _mm256_sub_epi32(high4(v), eight), dv);
   }
+}
+inline void block_q8_0(const uint8_t* d, const int8_t* qs, float* y) {
+  const __m256 dv = bcast_f16(d);
+  for (int g = 0; g < 4; ++g) put(y + 8 * g, i8_lanes(qs + 8 * g), dv);
+}
+
+void deq_q4_0(const BlockQ4_0* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, y += QK) block_q4_0(b[i].d, b[i].qs, y);
 }
 
 void deq_q4_1(const BlockQ4_1* b, float* y, int64_t nb) {
@@ -99,10 +106,7 @@ void deq_q5_1(const BlockQ5_1* b, float* y, int64_t nb) {
 }
 
 void deq_q8_0(const BlockQ8_0* b, float* y, int64_t nb) {
-  for (int64_t i = 0; i < nb; ++i, y += QK) {
-    const __m256 d = bcast_f16(b[i].d);
-    for (int g = 0; g < 4; ++g) put(y + 8 * g, i8_lanes(b[i].qs + 8 * g), d);
-  }
+  for (int64_t i = 0; i < nb; ++i, y += QK) block_q8_0(b[i].d, b[i].qs, y);
 }
 
 // k-quants: 32 bytes of qs per pair of sub-blocks (s: low nibbles, s + 1: high nibbles).
@@ -163,6 +167,20 @@ void deq_q6_k(const BlockQ6_K* b, float* y, int64_t nb) {
 }
 
 }  // namespace
+
+void dequantize_split(DType t, const uint8_t* scales, const uint8_t* quants, float* y, int64_t nb) {
+  switch (t) {
+    case DType::Q4_0:
+      for (int64_t i = 0; i < nb; ++i) block_q4_0(scales + 2 * i, quants + 16 * i, y + QK * i);
+      return;
+    case DType::Q8_0:
+      for (int64_t i = 0; i < nb; ++i)
+        block_q8_0(scales + 2 * i, reinterpret_cast<const int8_t*>(quants) + 32 * i, y + QK * i);
+      return;
+    default:
+      unsupported("dequantize_split", t);
+  }
+}
 
 void dequantize_row(DType t, const void* x, float* y, int64_t n) {
   const int64_t nb = check_blocks("dequantize_row", t, n);

@@ -66,6 +66,10 @@ bool is_supported(DType t);
 // Reference CPU kernels. n is a multiple of the type's block size.
 // y[0..n) = dequantized x.
 void dequantize_row(DType t, const void* x, float* y, int64_t n);
+// y[0..32 nb) = nb q4_0 or q8_0 blocks whose f16 scales (scales[0..2 nb)) are stored apart from
+// their quants (quants, 16 or 32 bytes a block), as a KV head slice keeps them; the values
+// dequantize_row gives for the same blocks.
+void dequantize_split(DType t, const uint8_t* scales, const uint8_t* quants, float* y, int64_t nb);
 // Quantizes y into t's blocks (round to nearest, as ggml's reference quantizers do).
 void quantize_row(DType t, const float* x, void* y, int64_t n);
 // sum_i dequant(w)[i] * x[i], accumulated in float.

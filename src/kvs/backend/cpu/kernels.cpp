@@ -212,27 +212,83 @@ inline void merge(Acc& acc, float m, float l, const float* o, int32_t d) {
   acc.m = mm;
 }
 
-// Partial of one query head over the first `n` rows of a dequantized span (K, V [n][d]).
-// Returns false when the span has no key at or before the query.
-inline bool span_partial(const float* q, const float* k, const float* v, int32_t n, int32_t d,
-                         float scale, float* s, float* m_out, float* l_out, float* o) {
-  if (n <= 0) return false;
-  float m = -INFINITY;
-  for (int32_t j = 0; j < n; ++j) {
-    s[j] = dot(q, k + static_cast<int64_t>(j) * d, d) * scale;
-    m = std::max(m, s[j]);
+// s[g * ld] = dot(q + g d, k, d) * scale for the H query heads g < H: each dot()'s arithmetic,
+// the heads' chains interleaved so that they overlap.
+template <int H>
+inline void scores(const float* q, const float* k, int32_t d, float scale, float* s, int64_t ld) {
+  __m256 acc[H];
+  for (int g = 0; g < H; ++g) acc[g] = _mm256_setzero_ps();
+  int32_t i = 0;
+  for (; i + 8 <= d; i += 8) {
+    const __m256 kv = _mm256_loadu_ps(k + i);
+    for (int g = 0; g < H; ++g)
+      acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * d + i), kv, acc[g]);
   }
-  float l = 0.0f;
-  std::fill(o, o + d, 0.0f);
-  for (int32_t j = 0; j < n; ++j) {
-    const float p = std::exp(s[j] - m);
-    l += p;
-    const float* vj = v + static_cast<int64_t>(j) * d;
-    for (int32_t i = 0; i < d; ++i) o[i] = std::fma(p, vj[i], o[i]);
+  for (int g = 0; g < H; ++g) {
+    float v = hsum(acc[g]);
+    for (int32_t t = i; t < d; ++t) v = std::fma(q[g * d + t], k[t], v);
+    s[g * ld] = v * scale;
   }
-  *m_out = m;
-  *l_out = l;
-  return true;
+}
+
+// o[0 .. 8 C) = fma(p[j], v[j d + i], o[i]) for the keys j < n in order: each element's chain
+// of fmas, C vectors of 8 at once, kept in registers over the keys.
+template <int C>
+inline void accumulate(float* o, const float* p, const float* v, int32_t d, int32_t n) {
+  __m256 acc[C];
+  for (int c = 0; c < C; ++c) acc[c] = _mm256_loadu_ps(o + 8 * c);
+  for (int32_t j = 0; j < n; ++j) {
+    const __m256 pj = _mm256_set1_ps(p[j]);
+    for (int c = 0; c < C; ++c)
+      acc[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + j * d + 8 * c), acc[c]);
+  }
+  for (int c = 0; c < C; ++c) _mm256_storeu_ps(o + 8 * c, acc[c]);
+}
+
+// The partials of `group` query heads (q, q + d, ...) over the first n rows of a dequantized
+// span (k, v: [n][d]), into out + g * ostride: [max, sum, non-empty, output[d]]. Per head: the
+// scores s_j = dot(q, k_j) * scale, their max m, p_j = exp(s_j - m) summed in key order, and
+// output = sum of p_j v_j by one fma per key in key order (the arithmetic of every decode and
+// prefill call, whatever the span). The heads share each K and V row while it is in cache.
+// s: group * n floats of scratch.
+void partials(const float* q, int32_t group, const float* k, const float* v, int32_t n, int32_t d,
+              float scale, float* s, float* out, int64_t ostride) {
+  if (n <= 0) {
+    for (int32_t g = 0; g < group; ++g) out[g * ostride + 2] = 0.0f;
+    return;
+  }
+  for (int32_t j = 0; j < n; ++j) {
+    const float* kj = k + static_cast<int64_t>(j) * d;
+    int32_t g = 0;
+    for (; g + 4 <= group; g += 4) scores<4>(q + g * d, kj, d, scale, s + g * n + j, n);
+    switch (group - g) {
+      case 3:
+        scores<3>(q + g * d, kj, d, scale, s + g * n + j, n);
+        break;
+      case 2:
+        scores<2>(q + g * d, kj, d, scale, s + g * n + j, n);
+        break;
+      case 1:
+        scores<1>(q + g * d, kj, d, scale, s + g * n + j, n);
+        break;
+    }
+  }
+  for (int32_t g = 0; g < group; ++g) {
+    float* p = s + g * n;  // the scores become the probabilities
+    float m = -INFINITY, sum = 0.0f;
+    for (int32_t j = 0; j < n; ++j) m = std::max(m, p[j]);
+    for (int32_t j = 0; j < n; ++j) sum += (p[j] = std::exp(p[j] - m));
+    float* o = out + g * ostride;
+    o[0] = m, o[1] = sum, o[2] = 1.0f;
+    o += 3;
+    std::fill(o, o + d, 0.0f);
+    int32_t i = 0;
+    for (; i + 64 <= d; i += 64) accumulate<8>(o + i, p, v + i, d, n);
+    for (; i + 32 <= d; i += 32) accumulate<4>(o + i, p, v + i, d, n);
+    for (; i < d; ++i)
+      for (int32_t j = 0; j < n; ++j)
+        o[i] = std::fma(p[j], v[static_cast<int64_t>(j) * d + i], o[i]);
+  }
 }
 
 // Dequantizes rows [0, n) of head h of a span's K and V into k, v ([n][d] f32).
@@ -264,7 +320,7 @@ void attention(const AttentionArgs& a) {
     };
     thread_pool().parallel_for(
         static_cast<int64_t>(ns) * l.n_head_kv, 1, [&](int64_t b, int64_t e) {
-          std::vector<float>& buf = scratch(static_cast<size_t>(2 * P * d + P));
+          std::vector<float>& buf = scratch(static_cast<size_t>(2 * P * d + group * P));
           for (int64_t task = b; task < e; ++task) {
             const int32_t s = static_cast<int32_t>(task / l.n_head_kv),
                           hk = static_cast<int32_t>(task % l.n_head_kv);
@@ -272,12 +328,8 @@ void attention(const AttentionArgs& a) {
             const int32_t n = std::min(sp.n, pos - sp.start + 1);
             float *k = buf.data(), *v = k + P * d, *sc = v + P * d;
             if (n > 0) load_span(l, sp, hk, n, k, v);
-            for (int32_t g = 0; g < group; ++g) {
-              const int32_t h = hk * group + g;
-              float* p = at(s, h);
-              p[2] = span_partial(a.q + h * d, k, v, n, d, a.scale, sc, &p[0], &p[1], p + 3) ? 1.0f
-                                                                                             : 0.0f;
-            }
+            partials(a.q + hk * group * d, group, k, v, n, d, a.scale, sc, at(s, hk * group),
+                     d + 3);
           }
         });
     for (int32_t h = 0; h < a.n_head; ++h) {
@@ -295,12 +347,13 @@ void attention(const AttentionArgs& a) {
     const int32_t n_tiles = (a.n_tok + kQTile - 1) / kQTile;
     thread_pool().parallel_for(
         static_cast<int64_t>(n_tiles) * l.n_head_kv, 1, [&](int64_t b, int64_t e) {
-          std::vector<float>& buf = scratch(static_cast<size_t>(2 * P * d + P + d));
+          std::vector<float>& buf =
+              scratch(static_cast<size_t>(2 * P * d + group * P + group * (d + 3)));
           for (int64_t task = b; task < e; ++task) {
             const int32_t tile = static_cast<int32_t>(task / l.n_head_kv),
                           hk = static_cast<int32_t>(task % l.n_head_kv);
             const int32_t t0 = tile * kQTile, t1 = std::min(a.n_tok, t0 + kQTile);
-            float *k = buf.data(), *v = k + P * d, *sc = v + P * d, *po = sc + P;
+            float *k = buf.data(), *v = k + P * d, *sc = v + P * d, *po = sc + group * P;
             int32_t max_pos = 0;
             for (int32_t t = t0; t < t1; ++t) max_pos = std::max(max_pos, a.pos[t]);
             for (int32_t s = 0; s < a.n_spans; ++s) {
@@ -310,15 +363,15 @@ void attention(const AttentionArgs& a) {
               load_span(l, sp, hk, nload, k, v);
               for (int32_t t = t0; t < t1; ++t) {
                 const int32_t n = std::min(sp.n, a.pos[t] - sp.start + 1);
+                if (n <= 0) continue;
+                partials(a.q + t * qstride + hk * group * d, group, k, v, n, d, a.scale, sc, po,
+                         d + 3);
                 for (int32_t g = 0; g < group; ++g) {
                   const int32_t h = hk * group + g;
-                  float m, lsum;
-                  if (!span_partial(a.q + t * qstride + h * d, k, v, n, d, a.scale, sc, &m, &lsum,
-                                    po))
-                    continue;
+                  const float* pg = po + g * (d + 3);
                   float* st = a.acc + 2 * (int64_t{t} * a.n_head + h);
                   Acc acc{st[0], st[1], a.out + t * qstride + h * d};
-                  merge(acc, m, lsum, po, d);
+                  merge(acc, pg[0], pg[1], pg + 3, d);
                   st[0] = acc.m;
                   st[1] = acc.l;
                 }

@@ -245,6 +245,26 @@ inline void accumulate(float* o, const float* p, const float* v, int32_t d, int3
   for (int c = 0; c < C; ++c) _mm256_storeu_ps(o + 8 * c, acc[c]);
 }
 
+// std::max over p[0 .. n) in order, 8 lanes at a time. Only zeros compare equal with other bits
+// (where the order picks the first one's sign): a maximum of zero is taken again in order.
+inline float max_of(const float* p, int32_t n) {
+  float m = -INFINITY;
+  int32_t j = 0;
+  if (n >= 16) {
+    __m256 v = _mm256_set1_ps(-INFINITY);
+    for (; j + 8 <= n; j += 8) v = _mm256_max_ps(_mm256_loadu_ps(p + j), v);  // v if p is NaN
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, v);
+    for (const float x : lanes) m = std::max(m, x);
+  }
+  for (; j < n; ++j) m = std::max(m, p[j]);
+  if (m == 0.0f) {
+    m = -INFINITY;
+    for (j = 0; j < n; ++j) m = std::max(m, p[j]);
+  }
+  return m;
+}
+
 // The partials of `group` query heads (q, q + d, ...) over the first n rows of a dequantized
 // span (k, v: [n][d]), into out + g * ostride: [max, sum, non-empty, output[d]]. Per head: the
 // scores s_j = dot(q, k_j) * scale, their max m, p_j = exp(s_j - m) summed in key order, and
@@ -275,8 +295,8 @@ void partials(const float* q, int32_t group, const float* k, const float* v, int
   }
   for (int32_t g = 0; g < group; ++g) {
     float* p = s + g * n;  // the scores become the probabilities
-    float m = -INFINITY, sum = 0.0f;
-    for (int32_t j = 0; j < n; ++j) m = std::max(m, p[j]);
+    const float m = max_of(p, n);
+    float sum = 0.0f;
     for (int32_t j = 0; j < n; ++j) sum += (p[j] = std::exp(p[j] - m));
     float* o = out + g * ostride;
     o[0] = m, o[1] = sum, o[2] = 1.0f;

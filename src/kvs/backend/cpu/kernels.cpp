@@ -67,6 +67,22 @@ inline void dot4x2(const float* w, int64_t ld, const float* x0, const float* x1,
   for (int r = 0; r < 4; ++r) out[r][0] = s[r][0], out[r][1] = s[r][1];
 }
 
+// 4 rows x 1 token (decode), same per-output arithmetic as dot(): the rows' chains interleaved.
+inline void dot4x1(const float* w, int64_t ld, const float* x, int64_t n, float out[4]) {
+  __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                 _mm256_setzero_ps()};
+  int64_t k = 0;
+  for (; k + 8 <= n; k += 8) {
+    const __m256 u = _mm256_loadu_ps(x + k);
+    for (int r = 0; r < 4; ++r) a[r] = _mm256_fmadd_ps(_mm256_loadu_ps(w + r * ld + k), u, a[r]);
+  }
+  for (int r = 0; r < 4; ++r) {
+    float s = hsum(a[r]);
+    for (int64_t kk = k; kk < n; ++kk) s = std::fma(w[r * ld + kk], x[kk], s);
+    out[r] = s;
+  }
+}
+
 std::vector<float>& scratch(size_t n) {
   thread_local std::vector<float> buf;
   if (buf.size() < n) buf.resize(n);
@@ -121,9 +137,12 @@ void matmul(const Matrix& w, const float* x, float* y, int64_t n_tok, const floa
           y[(t + 1) * n_out + r0 + r] = dot(buf.data() + r * n, x1, n);
         }
       }
-      for (; t < n_tok; ++t)
-        for (int64_t r = 0; r < nr; ++r)
-          y[t * n_out + r0 + r] = dot(buf.data() + r * n, x + t * n, n);
+      for (; t < n_tok; ++t) {
+        int64_t r = 0;
+        for (; r + 4 <= nr; r += 4)
+          dot4x1(buf.data() + r * n, n, x + t * n, n, y + t * n_out + r0 + r);
+        for (; r < nr; ++r) y[t * n_out + r0 + r] = dot(buf.data() + r * n, x + t * n, n);
+      }
       if (bias)
         for (int64_t tt = 0; tt < n_tok; ++tt)
           for (int64_t r = 0; r < nr; ++r) y[tt * n_out + r0 + r] += bias[r0 + r];

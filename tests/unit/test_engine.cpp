@@ -55,7 +55,7 @@ TEST_P(EngineExact, BatchSizeDoesNotChangeLogits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, EngineExact,
-                         ::testing::Values("tiny", "tiny-qwen2", "tiny-qwen3:q4_0"));
+                         ::testing::Values("tiny", "tiny-qwen2", "tiny-qwen3:q4_0", "tiny:q4_1"));
 
 TEST(Engine, ContextLimitIsAClearError) {
   auto m = Model::load("synthetic:tiny");

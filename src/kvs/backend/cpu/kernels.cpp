@@ -6,6 +6,8 @@
 #include <cmath>
 #include <vector>
 
+#include "kvs/quant/blocks.h"
+#include "kvs/quant/simd.h"
 #include "kvs/util/error.h"
 #include "kvs/util/threadpool.h"
 
@@ -83,6 +85,74 @@ inline void dot4x1(const float* w, int64_t ld, const float* x, int64_t n, float 
   }
 }
 
+// The 32 weights of a q8_0, q4_0 or q4_1 block as 4 vectors of 8, the values dequantize_row
+// gives (d q, d q + m: a multiply, then an add, never fused).
+template <DType T>
+inline void block_weights(const uint8_t* p, __m256 w[4]) {
+  using namespace quant;
+  if constexpr (T == DType::Q8_0) {
+    const auto* b = reinterpret_cast<const BlockQ8_0*>(p);
+    const __m256 d = _mm256_set1_ps(load_f16(b->d));
+    for (int c = 0; c < 4; ++c) w[c] = _mm256_mul_ps(d, to_ps(i8_lanes(b->qs + 8 * c)));
+  } else {
+    const auto* b = reinterpret_cast<const BlockQ4_0*>(p);  // q4_1: d, m, then the same qs
+    constexpr bool k1 = T == DType::Q4_1;
+    const uint8_t* qs = k1 ? reinterpret_cast<const BlockQ4_1*>(p)->qs : b->qs;
+    const __m256 d = _mm256_set1_ps(load_f16(b->d));
+    const __m256i off = _mm256_set1_epi32(k1 ? 0 : 8);
+    for (int g = 0; g < 2; ++g) {  // elements 8g.. in low nibbles, 16 + 8g.. in high ones
+      const __m256i v = u8_lanes(qs + 8 * g);
+      w[g] = _mm256_mul_ps(d, to_ps(_mm256_sub_epi32(low4(v), off)));
+      w[2 + g] = _mm256_mul_ps(d, to_ps(_mm256_sub_epi32(high4(v), off)));
+    }
+    if constexpr (k1) {
+      const __m256 m = _mm256_set1_ps(load_f16(reinterpret_cast<const BlockQ4_1*>(p)->m));
+      for (int c = 0; c < 4; ++c) w[c] = _mm256_add_ps(w[c], m);
+    }
+  }
+}
+
+// R rows x 1 token (decode) straight from q8_0, q4_0 or q4_1 rows (n a multiple of 32): the
+// weights dequantize_row gives and each row's chain as dot()'s on them, without the f32 tile.
+template <DType T, int R>
+inline void dot_blocks(const uint8_t* w, size_t ld, const float* x, int64_t n, float* out) {
+  constexpr size_t kBlock = T == DType::Q8_0   ? sizeof(quant::BlockQ8_0)
+                            : T == DType::Q4_0 ? sizeof(quant::BlockQ4_0)
+                                               : sizeof(quant::BlockQ4_1);
+  __m256 a[R];
+  for (int r = 0; r < R; ++r) a[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < n / 32; ++b) {
+    __m256 u[4];
+    for (int c = 0; c < 4; ++c) u[c] = _mm256_loadu_ps(x + 32 * b + 8 * c);
+    for (int r = 0; r < R; ++r) {
+      __m256 wv[4];
+      block_weights<T>(w + r * ld + b * kBlock, wv);
+      for (int c = 0; c < 4; ++c) a[r] = _mm256_fmadd_ps(wv[c], u[c], a[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = hsum(a[r]);
+}
+
+// One token's product for q8_0, q4_0 and q4_1 rows by dot_blocks; false for other types.
+bool matvec_blocks(const Matrix& w, const float* x, float* y, int64_t r0, int64_t nr) {
+  const auto run = [&]<DType T>() {
+    int64_t r = 0;
+    for (; r + 4 <= nr; r += 4) dot_blocks<T, 4>(w.row(r0 + r), w.row_bytes, x, w.n_in, y + r0 + r);
+    for (; r < nr; ++r) dot_blocks<T, 1>(w.row(r0 + r), w.row_bytes, x, w.n_in, y + r0 + r);
+    return true;
+  };
+  switch (w.type) {
+    case DType::Q8_0:
+      return run.template operator()<DType::Q8_0>();
+    case DType::Q4_0:
+      return run.template operator()<DType::Q4_0>();
+    case DType::Q4_1:
+      return run.template operator()<DType::Q4_1>();
+    default:
+      return false;
+  }
+}
+
 std::vector<float>& scratch(size_t n) {
   thread_local std::vector<float> buf;
   if (buf.size() < n) buf.resize(n);
@@ -119,6 +189,11 @@ void matmul(const Matrix& w, const float* x, float* y, int64_t n_tok, const floa
     std::vector<float>& buf = scratch(static_cast<size_t>(kTile * n));
     for (int64_t tile = tb; tile < te; ++tile) {
       const int64_t r0 = tile * kTile, nr = std::min(kTile, n_out - r0);
+      if (n_tok == 1 && matvec_blocks(w, x, y, r0, nr)) {
+        if (bias)
+          for (int64_t r = 0; r < nr; ++r) y[r0 + r] += bias[r0 + r];
+        continue;
+      }
       for (int64_t r = 0; r < nr; ++r) dequantize_row(w.type, w.row(r0 + r), buf.data() + r * n, n);
       int64_t t = 0;
       for (; t + 2 <= n_tok; t += 2) {

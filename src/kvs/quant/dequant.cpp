@@ -22,10 +22,6 @@ inline void put_sub(float* y, __m256i q, __m256 d, __m256 m) {
   _mm256_storeu_ps(y, _mm256_sub_ps(_mm256_mul_ps(d, to_ps(q)), m));
 }
 
-__m256 bcast_f16(const uint8_t* p) {
-  return _mm256_set1_ps(load_f16(p));
-}
-
 void deq_f16(const uint8_t* x, float* y, int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_cvtph_ps(load16(x + 2 * i)));
@@ -45,16 +41,12 @@ void deq_bf16(const uint8_t* x, float* y, int64_t n) {
   }
 }
 
-// One q4_0 block from its scale d and quants qs: bytes 8g .. 8g+7 of qs hold elements 8g..
-// (low nibbles) and 16 + 8g.. (high).
+// One q4_0 block from its scale d and quants qs.
 inline void block_q4_0(const uint8_t* d, const uint8_t* qs, float* y) {
-  const __m256i eight = _mm256_set1_epi32(8);
   const __m256 dv = bcast_f16(d);
-  for (int g = 0; g < 2; ++g) {
-    const __m256i v = u8_lanes(qs + 8 * g);
-    put(y + 8 * g, _mm256_sub_epi32(low4(v), eight), dv);
-    put(y + 16 + 8 * g, _mm256_sub_epi32(high4(v), eight), dv);
-  }
+  __m256i q[4];
+  q4_levels(qs, _mm256_set1_epi32(8), q);
+  for (int c = 0; c < 4; ++c) put(y + 8 * c, q[c], dv);
 }
 inline void block_q8_0(const uint8_t* d, const int8_t* qs, float* y) {
   const __m256 dv = bcast_f16(d);
@@ -68,22 +60,10 @@ void deq_q4_0(const BlockQ4_0* b, float* y, int64_t nb) {
 void deq_q4_1(const BlockQ4_1* b, float* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, y += QK) {
     const __m256 d = bcast_f16(b[i].d), m = bcast_f16(b[i].m);
-    for (int g = 0; g < 2; ++g) {
-      const __m256i v = u8_lanes(b[i].qs + 8 * g);
-      put_add(y + 8 * g, low4(v), d, m);
-      put_add(y + 16 + 8 * g, high4(v), d, m);
-    }
+    __m256i q[4];
+    q4_levels(b[i].qs, _mm256_setzero_si256(), q);
+    for (int c = 0; c < 4; ++c) put_add(y + 8 * c, q[c], d, m);
   }
-}
-
-// The 32 five-bit levels of a q5 block as 4 vectors of 8, in element order.
-inline void q5_levels(const uint8_t* qs, const uint8_t* qhp, __m256i q[4]) {
-  const __m256i qh = _mm256_set1_epi32(static_cast<int>(load_u32(qhp)));
-  const __m256i v0 = u8_lanes(qs), v1 = u8_lanes(qs + 8);
-  q[0] = _mm256_or_si256(low4(v0), q5_bit4<0>(qh));
-  q[1] = _mm256_or_si256(low4(v1), q5_bit4<8>(qh));
-  q[2] = _mm256_or_si256(high4(v0), q5_bit4<16>(qh));
-  q[3] = _mm256_or_si256(high4(v1), q5_bit4<24>(qh));
 }
 
 void deq_q5_0(const BlockQ5_0* b, float* y, int64_t nb) {

@@ -22,10 +22,6 @@ inline __m256 sum32(const float* x) {
   return _mm256_add_ps(_mm256_add_ps(ld(x), ld(x + 8)), _mm256_add_ps(ld(x + 16), ld(x + 24)));
 }
 
-__m256 bcast_f16(const uint8_t* p) {
-  return _mm256_set1_ps(load_f16(p));
-}
-
 float dot_f32(const float* w, const float* x, int64_t n) {
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   int64_t i = 0;
@@ -69,11 +65,12 @@ float dot_half(const uint8_t* w, const float* x, int64_t n) {
 
 // sum q x over a 4-bit 32-block (off subtracted from the levels).
 inline __m256 dot_q4(const uint8_t* qs, const float* x, __m256i off) {
-  const __m256i v0 = u8_lanes(qs), v1 = u8_lanes(qs + 8);
-  __m256 s = _mm256_mul_ps(to_ps(_mm256_sub_epi32(low4(v0), off)), ld(x));
-  s = fma_q(_mm256_sub_epi32(low4(v1), off), x + 8, s);
-  s = fma_q(_mm256_sub_epi32(high4(v0), off), x + 16, s);
-  return fma_q(_mm256_sub_epi32(high4(v1), off), x + 24, s);
+  __m256i q[4];
+  q4_levels(qs, off, q);
+  __m256 s = _mm256_mul_ps(to_ps(q[0]), ld(x));
+  s = fma_q(q[1], x + 8, s);
+  s = fma_q(q[2], x + 16, s);
+  return fma_q(q[3], x + 24, s);
 }
 
 float dot_q4_0(const BlockQ4_0* b, const float* x, int64_t nb) {
@@ -96,16 +93,12 @@ float dot_q4_1(const BlockQ4_1* b, const float* x, int64_t nb) {
 }
 
 inline __m256 dot_q5(const uint8_t* qs, const uint8_t* qhp, const float* x, __m256i off) {
-  const __m256i qh = _mm256_set1_epi32(static_cast<int>(load_u32(qhp)));
-  const __m256i v0 = u8_lanes(qs), v1 = u8_lanes(qs + 8);
-  const __m256i q0 = _mm256_or_si256(low4(v0), q5_bit4<0>(qh));
-  const __m256i q1 = _mm256_or_si256(low4(v1), q5_bit4<8>(qh));
-  const __m256i q2 = _mm256_or_si256(high4(v0), q5_bit4<16>(qh));
-  const __m256i q3 = _mm256_or_si256(high4(v1), q5_bit4<24>(qh));
-  __m256 s = _mm256_mul_ps(to_ps(_mm256_sub_epi32(q0, off)), ld(x));
-  s = fma_q(_mm256_sub_epi32(q1, off), x + 8, s);
-  s = fma_q(_mm256_sub_epi32(q2, off), x + 16, s);
-  return fma_q(_mm256_sub_epi32(q3, off), x + 24, s);
+  __m256i q[4];
+  q5_levels(qs, qhp, q);
+  __m256 s = _mm256_mul_ps(to_ps(_mm256_sub_epi32(q[0], off)), ld(x));
+  s = fma_q(_mm256_sub_epi32(q[1], off), x + 8, s);
+  s = fma_q(_mm256_sub_epi32(q[2], off), x + 16, s);
+  return fma_q(_mm256_sub_epi32(q[3], off), x + 24, s);
 }
 
 float dot_q5_0(const BlockQ5_0* b, const float* x, int64_t nb) {

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kvs/quant/blocks.h"
+
 namespace kvs::quant {
 
 inline __m128i load16(const void* p) {
@@ -35,6 +37,21 @@ inline __m256i high4(__m256i v) {
   return _mm256_srli_epi32(v, 4);
 }  // v < 256
 
+// A block's f16 scale (or min) in every lane.
+inline __m256 bcast_f16(const uint8_t* p) {
+  return _mm256_set1_ps(load_f16(p));
+}
+
+// The levels of a 4-bit 32-block (qs: element j in the low nibble of byte j, j + 16 in the high
+// one) minus off, as 4 vectors of 8 in element order.
+inline void q4_levels(const uint8_t* qs, __m256i off, __m256i q[4]) {
+  const __m256i v0 = u8_lanes(qs), v1 = u8_lanes(qs + 8);
+  q[0] = _mm256_sub_epi32(low4(v0), off);
+  q[1] = _mm256_sub_epi32(low4(v1), off);
+  q[2] = _mm256_sub_epi32(high4(v0), off);
+  q[3] = _mm256_sub_epi32(high4(v1), off);
+}
+
 // The fifth bits of elements e0 .. e0+7 of a q5_0/q5_1 block (qh broadcast), as 0x10 per lane.
 template <int e0>
 inline __m256i q5_bit4(__m256i qh) {
@@ -42,6 +59,16 @@ inline __m256i q5_bit4(__m256i qh) {
       _mm256_setr_epi32(e0, e0 + 1, e0 + 2, e0 + 3, e0 + 4, e0 + 5, e0 + 6, e0 + 7);
   const __m256i bit = _mm256_and_si256(_mm256_srlv_epi32(qh, shift), _mm256_set1_epi32(1));
   return _mm256_slli_epi32(bit, 4);
+}
+
+// The 32 five-bit levels of a q5 block as 4 vectors of 8, in element order.
+inline void q5_levels(const uint8_t* qs, const uint8_t* qhp, __m256i q[4]) {
+  const __m256i qh = _mm256_set1_epi32(static_cast<int>(load_u32(qhp)));
+  const __m256i v0 = u8_lanes(qs), v1 = u8_lanes(qs + 8);
+  q[0] = _mm256_or_si256(low4(v0), q5_bit4<0>(qh));
+  q[1] = _mm256_or_si256(low4(v1), q5_bit4<8>(qh));
+  q[2] = _mm256_or_si256(high4(v0), q5_bit4<16>(qh));
+  q[3] = _mm256_or_si256(high4(v1), q5_bit4<24>(qh));
 }
 
 // Group g of a q6_k half (128 elements): q[k] = levels of elements 32k + 8g .. 32k + 8g + 7,

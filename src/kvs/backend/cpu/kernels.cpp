@@ -14,13 +14,7 @@
 namespace kvs::cpu {
 namespace {
 
-inline float hsum(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-  return _mm_cvtss_f32(lo);
-}
+using quant::hsum;
 
 // One dot product: lanes accumulate k in steps of 8, then a fixed horizontal sum, then the
 // scalar tail. Every blocked kernel below performs exactly this sequence per output.
@@ -90,25 +84,20 @@ inline void dot4x1(const float* w, int64_t ld, const float* x, int64_t n, float 
 template <DType T>
 inline void block_weights(const uint8_t* p, __m256 w[4]) {
   using namespace quant;
+  __m256i q[4];
   if constexpr (T == DType::Q8_0) {
     const auto* b = reinterpret_cast<const BlockQ8_0*>(p);
-    const __m256 d = _mm256_set1_ps(load_f16(b->d));
-    for (int c = 0; c < 4; ++c) w[c] = _mm256_mul_ps(d, to_ps(i8_lanes(b->qs + 8 * c)));
+    for (int c = 0; c < 4; ++c) q[c] = i8_lanes(b->qs + 8 * c);
+  } else if constexpr (T == DType::Q4_0) {
+    q4_levels(reinterpret_cast<const BlockQ4_0*>(p)->qs, _mm256_set1_epi32(8), q);
   } else {
-    const auto* b = reinterpret_cast<const BlockQ4_0*>(p);  // q4_1: d, m, then the same qs
-    constexpr bool k1 = T == DType::Q4_1;
-    const uint8_t* qs = k1 ? reinterpret_cast<const BlockQ4_1*>(p)->qs : b->qs;
-    const __m256 d = _mm256_set1_ps(load_f16(b->d));
-    const __m256i off = _mm256_set1_epi32(k1 ? 0 : 8);
-    for (int g = 0; g < 2; ++g) {  // elements 8g.. in low nibbles, 16 + 8g.. in high ones
-      const __m256i v = u8_lanes(qs + 8 * g);
-      w[g] = _mm256_mul_ps(d, to_ps(_mm256_sub_epi32(low4(v), off)));
-      w[2 + g] = _mm256_mul_ps(d, to_ps(_mm256_sub_epi32(high4(v), off)));
-    }
-    if constexpr (k1) {
-      const __m256 m = _mm256_set1_ps(load_f16(reinterpret_cast<const BlockQ4_1*>(p)->m));
-      for (int c = 0; c < 4; ++c) w[c] = _mm256_add_ps(w[c], m);
-    }
+    q4_levels(reinterpret_cast<const BlockQ4_1*>(p)->qs, _mm256_setzero_si256(), q);
+  }
+  const __m256 d = bcast_f16(p);  // every block type starts with its f16 scale
+  for (int c = 0; c < 4; ++c) w[c] = _mm256_mul_ps(d, to_ps(q[c]));
+  if constexpr (T == DType::Q4_1) {
+    const __m256 m = bcast_f16(reinterpret_cast<const BlockQ4_1*>(p)->m);
+    for (int c = 0; c < 4; ++c) w[c] = _mm256_add_ps(w[c], m);
   }
 }
 

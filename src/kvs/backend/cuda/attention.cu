@@ -10,8 +10,6 @@
 // CUDA cores for head sizes 32 and 256); a tile never crosses a span, so the sequence of operations
 // does not depend on how the spans were split into calls.
 #include <algorithm>
-#include <mutex>
-#include <unordered_map>
 #include <utility>
 
 #include "kvs/backend/cuda/common.cuh"
@@ -32,6 +30,7 @@ struct Geo {
   bool first, last;
   uint8_t* xq = nullptr;       // decode, last call: where the fold also writes out quantized
   bool fold_in_place = false;  // decode of one span on tensor cores: no separate fold
+  bool early = false;          // decode: pdl_trigger() first (Ctx::pdl_early)
 };
 
 // A decode partial of one (span, query head): [max, sum, non-empty, unused, output[d]], rows
@@ -434,6 +433,7 @@ __global__ void __launch_bounds__(32) decode_fold(Geo g, const float* part) {
   __shared__ __align__(16) float so[kFoldStages][kFold][32];  // the chunk's outputs
   __shared__ __align__(16) float4 sm[kFoldStages][kFold];     // max, sum, non-empty
   __shared__ float4 sf[kFold];  // the chunk's factors: ea, eb and the sum's term
+  if (g.early) pdl_trigger();
   pdl_wait();
   const int h = blockIdx.x, lane = threadIdx.x, i = blockIdx.y * 32 + lane, n = g.n_spans;
   const size_t stride = part_stride(g.d), step = stride * g.n_head;
@@ -1161,6 +1161,7 @@ __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks)
     decode_tc(Geo g, float* part, int n_kv, int kst, int vst, int cw) {
   static_assert(head_bytes<K, D>() % (D / 16) == 0 && head_bytes<V, D>() % (D / 16) == 0,
                 "heads start (D / 16)-byte aligned in shared memory (ld4, ld_scales)");
+  if (g.early) pdl_trigger();
   pdl_wait();
   constexpr int kSt = dt_stages<K, V, D>(), kB = D / 32;
   constexpr bool kQK = K != DType::F16, kQV = V != DType::F16;
@@ -1452,20 +1453,6 @@ __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks)
   finish(red, sml, sml + 2 * ng, threadIdx.x, blockDim.x);
 }
 
-// Dynamic shared memory above 48 KiB has to be allowed once per kernel.
-template <class F>
-void allow_smem(F* kernel, size_t bytes) {
-  // Kernels of one signature share F, so the sizes are kept per kernel address.
-  static std::mutex mu;
-  static std::unordered_map<const void*, size_t> allowed;
-  const std::lock_guard<std::mutex> lock(mu);
-  size_t& a = allowed[reinterpret_cast<const void*>(kernel)];
-  if (bytes <= a) return;
-  KVS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(bytes)));
-  a = bytes;
-}
-
 // The widest cp.async every K and V row of the layout allows (frames are 256-byte aligned).
 int copy_width(const Geo& g) {
   const auto aligned = [&](size_t w) {
@@ -1587,6 +1574,7 @@ void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq, bool by_warp) {
         l.k_head,  l.v_head, l.v_offset(),
         a.scale,   a.first,  a.last};
   g.xq = a.n_tok == 1 && a.last ? xq : nullptr;
+  g.early = c.pdl_early;
   KVS_CHECK(g.group >= 1 && g.group <= kMaxGroup, "cuda attention: ", g.group,
             " query heads per kv head (at most ", kMaxGroup, ")");
   if (a.n_tok == 1) {

@@ -352,8 +352,8 @@ __global__ void __launch_bounds__(kStWarps * 32)
 #pragma unroll
     for (int r = 0; r < R; ++r)
       bulk_copy(dst + r * pk.stride(),
-                src + static_cast<size_t>(min(row0 + r, g.n_out[j] - 1)) * g.pitch[j],
-                pk.stride(), b);
+                src + static_cast<size_t>(min(row0 + r, g.n_out[j] - 1)) * g.pitch[j], pk.stride(),
+                b);
   };
   if (lane == 0) {
     for (int i = 0; i < stages; ++i) bar_init(bar + i);
@@ -594,8 +594,7 @@ StShape st_shape(const Ctx& c, const MatJob* jobs, int n, int quant_stride, StSh
   if (s.r == 0) s.r = uneven(4) > 1.15 && uneven(2) < uneven(4) ? 2 : 4;
   if (s.stages == 0) {
     const size_t budget =
-        std::min<size_t>({size_t{200} << 10, c.smem_sm - 2048, c.smem_block * s.per_sm}) /
-        s.per_sm;
+        std::min<size_t>({size_t{200} << 10, c.smem_sm - 2048, c.smem_block * s.per_sm}) / s.per_sm;
     const size_t per = static_cast<size_t>(kStWarps) * s.r * quant_stride + kStWarps * 8;
     s.stages = static_cast<int>(std::clamp<size_t>((budget - 128) / per, 2, 8));
   }
@@ -603,12 +602,12 @@ StShape st_shape(const Ctx& c, const MatJob* jobs, int n, int quant_stride, StSh
 }
 
 template <DType T, int R>
-void launch_staged_r(Ctx& c, const MatJob* jobs, int n, const XBlock* xq, const XMeta* xm,
-                     int n_in, int per_sm, int stages) {
+void launch_staged_r(Ctx& c, const MatJob* jobs, int n, const XBlock* xq, const XMeta* xm, int n_in,
+                     int per_sm, int stages) {
   Group g = make_group(jobs, n, R);
   g.split = 1;
-  const size_t smem = staged_bars(stages) +
-                      static_cast<size_t>(kStWarps) * stages * R * packed(T).stride();
+  const size_t smem =
+      staged_bars(stages) + static_cast<size_t>(kStWarps) * stages * R * packed(T).stride();
   allow_smem(matvec_staged<T, R>, smem);
   const int sets = g.first[n] / R;
   const int grid = std::min(c.n_sm * per_sm, (sets + kStWarps - 1) / kStWarps);
@@ -616,8 +615,8 @@ void launch_staged_r(Ctx& c, const MatJob* jobs, int n, const XBlock* xq, const 
 }
 
 template <DType T>
-void launch_staged(Ctx& c, const MatJob* jobs, int n, const XBlock* xq, const XMeta* xm,
-                   int n_in, StShape s = {0, 1, 0}) {
+void launch_staged(Ctx& c, const MatJob* jobs, int n, const XBlock* xq, const XMeta* xm, int n_in,
+                   StShape s = {0, 1, 0}) {
   s = st_shape(c, jobs, n, packed(T).stride(), s);
   if (s.r == 2)
     launch_staged_r<T, 2>(c, jobs, n, xq, xm, n_in, s.per_sm, s.stages);

@@ -229,6 +229,8 @@ void trial_times(Ctx& c, const char* tn, const std::vector<Shape>& shapes, float
     const auto staged = [&](StShape s) {
       MatJob probe[3];
       const StShape e = st_shape(c, probe, jobs_of(0, probe), pk.stride(), s);
+      const size_t smem = staged_smem(e.r, e.stages, pk.stride());
+      if (smem > c.smem_block || smem * e.per_sm > c.smem_sm) return;  // does not fit
       char name[64];
       snprintf(name, sizeof name, "staged R=%d%s per_sm=%d st=%d%s", e.r, s.r ? "" : "*", e.per_sm,
                e.stages, s.stages ? "" : "*");

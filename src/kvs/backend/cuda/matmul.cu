@@ -318,6 +318,10 @@ __host__ __device__ constexpr size_t staged_bars(int stages) {
   return (static_cast<size_t>(kStWarps) * stages * 8 + 127) / 128 * 128;
 }
 
+__host__ __device__ constexpr size_t staged_smem(int r, int stages, int stride) {
+  return staged_bars(stages) + static_cast<size_t>(kStWarps) * stages * r * stride;
+}
+
 template <DType T, int R>
 __global__ void __launch_bounds__(kStWarps * 32)
     matvec_staged(Group g, const XBlock* __restrict__ xq, const XMeta* __restrict__ xm, int n_in,
@@ -606,8 +610,10 @@ void launch_staged_r(Ctx& c, const MatJob* jobs, int n, const XBlock* xq, const 
                      int per_sm, int stages) {
   Group g = make_group(jobs, n, R);
   g.split = 1;
-  const size_t smem =
-      staged_bars(stages) + static_cast<size_t>(kStWarps) * stages * R * packed(T).stride();
+  const size_t smem = staged_smem(R, stages, packed(T).stride());
+  KVS_CHECK(smem <= c.smem_block && smem * per_sm <= c.smem_sm, "cuda: matvec_staged with ", stages,
+            " stages of ", R, " rows and ", per_sm, " blocks an SM needs ", smem,
+            " bytes of shared memory a block");
   allow_smem(matvec_staged<T, R>, smem);
   const int sets = g.first[n] / R;
   const int grid = std::min(c.n_sm * per_sm, (sets + kStWarps - 1) / kStWarps);

@@ -4,6 +4,7 @@
 # OUT receives the logs and one bench JSON per configuration (default out/gpu). Extra
 # arguments replace the depths (default 0,32k,128k). KVS_MODEL_DIR may hold SmolLM2.
 set -uo pipefail
+export KVS_SOURCE_DIR=${KVS_SOURCE_DIR:-$PWD}  # the tests' data: this checkout
 bin=${KVS_BIN:-build/cuda}
 out=${OUT:-out/gpu}
 depths=${1:-0,32k,128k}

@@ -12,6 +12,7 @@
 # build/sm90); OUT: where the logs and JSON go (default out/trial); KVS_MODEL_DIR may hold
 # SmolLM2 for the model tests.
 set -uo pipefail
+export KVS_SOURCE_DIR=${KVS_SOURCE_DIR:-$PWD}  # the tests' data: this checkout
 bin=${KVS_BIN:-build/sm90}
 out=${OUT:-out/trial}
 mode=${1:-}

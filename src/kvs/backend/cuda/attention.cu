@@ -429,10 +429,22 @@ __device__ __forceinline__ void cp_async_cg16(void* dst, const void* src) {
   const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
 }
+// What the scan of a chunk gives lane s (span s0 + s): the max of the chunk's live spans up to
+// it (-inf if none), how many of them are live, and its own head.
+struct FoldScan {
+  float after;
+  int taken;
+  float pm, pl;
+  bool live;
+};
+// kPipe (KVS_FOLD=pipe, a trial): the scan of chunk c + 1 is issued before the serial part of
+// chunk c (the factors double-buffered), so a warp's shuffles and its chain of multiply-adds
+// overlap instead of following each other; the same operations on the same values.
+template <bool kPipe>
 __global__ void __launch_bounds__(32) decode_fold(Geo g, const float* part) {
   __shared__ __align__(16) float so[kFoldStages][kFold][32];  // the chunk's outputs
   __shared__ __align__(16) float4 sm[kFoldStages][kFold];     // max, sum, non-empty
-  __shared__ float4 sf[kFold];  // the chunk's factors: ea, eb and the sum's term
+  __shared__ float4 sf[kPipe ? 2 : 1][kFold];  // the chunk's factors: ea, eb and the sum's term
   if (g.early) pdl_trigger();
   pdl_wait();
   const int h = blockIdx.x, lane = threadIdx.x, i = blockIdx.y * 32 + lane, n = g.n_spans;
@@ -459,46 +471,101 @@ __global__ void __launch_bounds__(32) decode_fold(Geo g, const float* part) {
     }
     cp_commit();
   };
-#pragma unroll
-  for (int c = 0; c < kFoldStages - 1; ++c) issue(c);
-  for (int c = 0; c < n_chunks; ++c) {
-    issue(c + kFoldStages - 1);  // into the stage read in the last pass
-    cp_wait<kFoldStages - 1>();  // chunk c has landed
-    __syncwarp();
+  // The chunk's maxima scanned over the lanes (nothing of the state needed yet).
+  const auto scan = [&](int c) {
     const int s0 = c * kFold, st = c % kFoldStages;
     const bool in = s0 + lane < n;
     const float4 head = in ? sm[st][lane] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    const float pm = head.x, pl = head.y;
-    const bool live = in && head.z != 0.0f;  // an empty span's other values are garbage
-    // Lane s: the max after span s0 + s, the max before it, whether any span came before.
-    float after = live ? pm : -INFINITY;
-    int taken = live ? 1 : 0;
+    FoldScan r;
+    r.pm = head.x, r.pl = head.y;
+    r.live = in && head.z != 0.0f;  // an empty span's other values are garbage
+    r.after = r.live ? r.pm : -INFINITY;
+    r.taken = r.live ? 1 : 0;
 #pragma unroll
     for (int k = 1; k < 32; k *= 2) {
-      const float x = __shfl_up_sync(0xffffffffu, after, k);
-      const int y = __shfl_up_sync(0xffffffffu, taken, k);
-      if (lane >= k) after = fmaxf(after, x), taken += y;
+      const float x = __shfl_up_sync(0xffffffffu, r.after, k);
+      const int y = __shfl_up_sync(0xffffffffu, r.taken, k);
+      if (lane >= k) r.after = fmaxf(r.after, x), r.taken += y;
     }
-    after = fmaxf(after, run_max);
+    return r;
+  };
+  // Lane s: the max after span s0 + s, the max before it, whether any span came before; the
+  // chunk's factors into sf[b], and the state's max and flag moved past the chunk.
+  const auto factors = [&](const FoldScan& r, int b) {
+    const float after = fmaxf(r.after, run_max);
     float before = __shfl_up_sync(0xffffffffu, after, 1);
-    int prior = __shfl_up_sync(0xffffffffu, taken, 1);
+    int prior = __shfl_up_sync(0xffffffffu, r.taken, 1);
     if (lane == 0) before = run_max, prior = 0;
-    const FoldStep f = fold_step(live, !any && prior == 0, before, after, pm);
-    const float lb = live ? pl * f.eb : 0.0f;
+    const FoldStep f = fold_step(r.live, !any && prior == 0, before, after, r.pm);
+    const float lb = r.live ? r.pl * f.eb : 0.0f;
     run_max = __shfl_sync(0xffffffffu, after, 31);
-    any = any || __shfl_sync(0xffffffffu, taken, 31) > 0;
-    sf[lane] = make_float4(f.ea, f.eb, lb, 0.0f);
-    __syncwarp();
-    // The serial part: one multiply-add per span for the sum and for the output, the span's
-    // factors one broadcast load (a skipped span's output, never copied, is not read: its eb
-    // is 0).
+    any = any || __shfl_sync(0xffffffffu, r.taken, 31) > 0;
+    sf[b][lane] = make_float4(f.ea, f.eb, lb, 0.0f);
+  };
+  // The serial part: one multiply-add per span for the sum and for the output, the span's
+  // factors one broadcast load (a skipped span's output, never copied, is not read: its eb
+  // is 0).
+  const auto serial = [&](int c, int b) {
+    const int st = c % kFoldStages;
 #pragma unroll
     for (int s = 0; s < kFold; ++s) {
-      const float4 x = sf[s];
+      const float4 x = sf[b][s];
       l = fmaf(l, x.x, x.z);
       o = fold_out(o, FoldStep{x.x, x.y}, so[st][s][lane]);
     }
-    __syncwarp();  // the stage is refilled by the next pass
+  };
+#pragma unroll
+  for (int c = 0; c < kFoldStages - 1; ++c) issue(c);
+  if constexpr (kPipe) {
+    cp_wait<kFoldStages - 2>();  // chunk 0 has landed
+    __syncwarp();
+    FoldScan r = scan(0);
+    for (int c = 0; c < n_chunks; ++c) {
+      factors(r, c & 1);
+      issue(c + kFoldStages - 1);  // into the stage read in the last pass
+      cp_wait<kFoldStages - 2>();  // chunk c + 1 has landed
+      __syncwarp();
+      r = scan(c + 1);  // past the last chunk: no lane reads
+      serial(c, c & 1);
+      __syncwarp();  // the stage and the factors are refilled by later passes
+    }
+  } else {  // as measured before the trial (the same code, so the same machine code)
+    for (int c = 0; c < n_chunks; ++c) {
+      issue(c + kFoldStages - 1);  // into the stage read in the last pass
+      cp_wait<kFoldStages - 1>();  // chunk c has landed
+      __syncwarp();
+      const int s0 = c * kFold, st = c % kFoldStages;
+      const bool in = s0 + lane < n;
+      const float4 head = in ? sm[st][lane] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      const float pm = head.x, pl = head.y;
+      const bool live = in && head.z != 0.0f;  // an empty span's other values are garbage
+      // Lane s: the max after span s0 + s, the max before it, whether any span came before.
+      float after = live ? pm : -INFINITY;
+      int taken = live ? 1 : 0;
+#pragma unroll
+      for (int k = 1; k < 32; k *= 2) {
+        const float x = __shfl_up_sync(0xffffffffu, after, k);
+        const int y = __shfl_up_sync(0xffffffffu, taken, k);
+        if (lane >= k) after = fmaxf(after, x), taken += y;
+      }
+      after = fmaxf(after, run_max);
+      float before = __shfl_up_sync(0xffffffffu, after, 1);
+      int prior = __shfl_up_sync(0xffffffffu, taken, 1);
+      if (lane == 0) before = run_max, prior = 0;
+      const FoldStep f = fold_step(live, !any && prior == 0, before, after, pm);
+      const float lb = live ? pl * f.eb : 0.0f;
+      run_max = __shfl_sync(0xffffffffu, after, 31);
+      any = any || __shfl_sync(0xffffffffu, taken, 31) > 0;
+      sf[0][lane] = make_float4(f.ea, f.eb, lb, 0.0f);
+      __syncwarp();
+#pragma unroll
+      for (int s = 0; s < kFold; ++s) {
+        const float4 x = sf[0][s];
+        l = fmaf(l, x.x, x.z);
+        o = fold_out(o, FoldStep{x.x, x.y}, so[st][s][lane]);
+      }
+      __syncwarp();  // the stage is refilled by the next pass
+    }
   }
   fold_write(g, h, i, any ? run_max : m, l, o);
 }
@@ -1578,6 +1645,7 @@ void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq, bool by_warp) {
   KVS_CHECK(g.group >= 1 && g.group <= kMaxGroup, "cuda attention: ", g.group,
             " query heads per kv head (at most ", kMaxGroup, ")");
   if (a.n_tok == 1) {
+    const auto fold = c.fold_pipe ? decode_fold<true> : decode_fold<false>;
     if (a.n_spans > 0) {
       float* part = c.scratch_part(static_cast<size_t>(a.n_spans) * a.n_head * part_stride(d));
       DecTile t;
@@ -1619,9 +1687,9 @@ void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq, bool by_warp) {
             run(decode_partials<K, V, 8, 8>);
         });
       });
-      if (!g.fold_in_place) launch(decode_fold, fold_grid(g), 32, 0, c.stream, g, part);
+      if (!g.fold_in_place) launch(fold, fold_grid(g), 32, 0, c.stream, g, part);
     } else {
-      launch(decode_fold, fold_grid(g), 32, 0, c.stream, g, nullptr);
+      launch(fold, fold_grid(g), 32, 0, c.stream, g, nullptr);
     }
     return;
   }

@@ -211,6 +211,11 @@ class CudaDevice final : public Device {
       ctx_.matvec_staged = v == "staged";
     }
     if (const char* e = std::getenv("KVS_PDL_EARLY")) ctx_.pdl_early = std::string(e) == "1";
+    if (const char* f = std::getenv("KVS_FOLD")) {
+      const std::string v = f;
+      KVS_CHECK(v == "pipe" || v == "chunk", "KVS_FOLD=", v, ": expected chunk or pipe");
+      ctx_.fold_pipe = v == "pipe";
+    }
     KVS_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_.side, cudaStreamNonBlocking));
     for (cudaEvent_t* e : {&ctx_.side_ready, &ctx_.converted[0], &ctx_.converted[1],
                            &ctx_.consumed[0], &ctx_.consumed[1]})

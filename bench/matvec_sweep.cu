@@ -242,7 +242,7 @@ void trial_times(Ctx& c, const char* tn, const std::vector<Shape>& shapes, float
     staged({0, 1, 0});
     for (int r : {2, 4})
       for (int per_sm : {1, 2, 3}) staged({r, per_sm, 0});
-    for (int st : {4, 6, 8}) staged({0, 1, st});
+    for (int st : {4, 8, 12, 16}) staged({0, 1, st});
     fflush(stdout);
   }
 }

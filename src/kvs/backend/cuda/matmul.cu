@@ -578,7 +578,7 @@ void launch_q(Ctx& c, const MatJob* jobs, int n, int split, const XBlock* xq, co
 }
 
 // The staged kernel's shape: R rows a set (4, or 2 where 4 leaves the warps unevenly loaded),
-// per_sm blocks an SM, and as many stages (2 to 8) as ~200 KiB of shared memory an SM holds.
+// per_sm blocks an SM, and as many stages (2 to 16) as ~200 KiB of shared memory an SM holds.
 // stages == 0: that many; r == 0: that R.
 struct StShape {
   int r, per_sm, stages;
@@ -600,7 +600,7 @@ StShape st_shape(const Ctx& c, const MatJob* jobs, int n, int quant_stride, StSh
     const size_t budget =
         std::min<size_t>({size_t{200} << 10, c.smem_sm - 2048, c.smem_block * s.per_sm}) / s.per_sm;
     const size_t per = static_cast<size_t>(kStWarps) * s.r * quant_stride + kStWarps * 8;
-    s.stages = static_cast<int>(std::clamp<size_t>((budget - 128) / per, 2, 8));
+    s.stages = static_cast<int>(std::clamp<size_t>((budget - 128) / per, 2, 16));
   }
   return s;
 }

@@ -25,6 +25,23 @@ struct Shape {
   std::vector<int> outs;
 };
 
+// Mean time of f over 100 runs after 10, in microseconds (f(i): the i-th run).
+template <class F>
+double time_us(Ctx& c, F&& f) {
+  for (int i = 0; i < 10; ++i) f(i);
+  cudaEvent_t a, b;
+  cudaEventCreate(&a), cudaEventCreate(&b);
+  const int n = 100;
+  cudaEventRecord(a, c.stream);
+  for (int i = 0; i < n; ++i) f(i);
+  cudaEventRecord(b, c.stream);
+  KVS_CUDA_CHECK(cudaEventSynchronize(b));
+  float ms = 0;
+  cudaEventElapsedTime(&ms, a, b);
+  cudaEventDestroy(a), cudaEventDestroy(b);
+  return ms * 1000.0 / n;
+}
+
 template <DType T, int R, int U, bool P>
 void run_variant(Ctx& c, const char* tn, const Shape& sh, std::vector<std::vector<Matrix>>& ws,
                  float* y, const XBlock* xq, const XMeta* xm, double bytes) {
@@ -36,17 +53,7 @@ void run_variant(Ctx& c, const char* tn, const Shape& sh, std::vector<std::vecto
       }
       launch_q<T, 1, R, U, P>(c, jobs, static_cast<int>(sh.outs.size()), split, xq, xm, sh.n_in);
     };
-    for (int i = 0; i < 10; ++i) go(i);
-    cudaEvent_t a, b;
-    cudaEventCreate(&a), cudaEventCreate(&b);
-    const int n = 100;
-    cudaEventRecord(a, c.stream);
-    for (int i = 0; i < n; ++i) go(i);
-    cudaEventRecord(b, c.stream);
-    KVS_CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    const double us = ms * 1000.0 / n;
+    const double us = time_us(c, go);
     printf("%-6s %-8s R=%d U=%d pipe=%d split=%d  %7.2f us  %6.0f GB/s\n", tn, sh.name, R, U, P,
            split, us, bytes / us / 1e3);
   }
@@ -180,23 +187,6 @@ int check(Ctx& c, const char* tn, float* y, uint8_t* xbuf) {
   }
   fflush(stdout);
   return bad;
-}
-
-// Mean time of f over 100 runs after 10, in microseconds (f(i): the i-th run).
-template <class F>
-double time_us(Ctx& c, F&& f) {
-  for (int i = 0; i < 10; ++i) f(i);
-  cudaEvent_t a, b;
-  cudaEventCreate(&a), cudaEventCreate(&b);
-  const int n = 100;
-  cudaEventRecord(a, c.stream);
-  for (int i = 0; i < n; ++i) f(i);
-  cudaEventRecord(b, c.stream);
-  KVS_CUDA_CHECK(cudaEventSynchronize(b));
-  float ms = 0;
-  cudaEventElapsedTime(&ms, a, b);
-  cudaEventDestroy(a), cudaEventDestroy(b);
-  return ms * 1000.0 / n;
 }
 
 template <DType T>

@@ -366,6 +366,11 @@ __global__ void __launch_bounds__(kStWarps * 32)
   }
   __syncwarp();
   pdl_wait();
+  // x of the lane's block in the next stage's group, loaded a stage ahead (after the wait: the
+  // kernel before writes it), so its latency is off each stage's chain.
+  int nh[8] = {}, nl[8] = {};
+  float2 nm = make_float2(0.0f, 0.0f);
+  if (total > 0 && lane < n_blocks) nm = load_x(xq, xm, lane, nh, nl);
   float acc[R];
   int j = 0, row0 = 0;
   for (int k = 0; k < total; ++k) {
@@ -375,12 +380,16 @@ __global__ void __launch_bounds__(kStWarps * 32)
 #pragma unroll
       for (int r = 0; r < R; ++r) acc[r] = 0.0f;
     }
+    int xh[8], xl[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) xh[i] = nh[i], xl[i] = nl[i];
+    const float2 m = nm;
+    const int bn = (k + 1) % n_groups * 32 + lane;
+    if (k + 1 < total && bn < n_blocks) nm = load_x(xq, xm, bn, nh, nl);
     bar_wait(bar + k % stages, static_cast<uint32_t>(k / stages) & 1u);
     const uint8_t* st = ring + static_cast<size_t>(k % stages) * kStage;
     const int b = gi * 32 + lane;
     if (b < n_blocks) {  // past the row's end: zero-padded blocks, skipped as matvec_q does
-      int xh[8], xl[8];
-      const float2 m = load_x(xq, xm, b, xh, xl);
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         const uint8_t* grp = st + r * pk.stride();

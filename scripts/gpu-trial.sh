@@ -8,8 +8,10 @@
 #                                       on, the last logits of 700 one-token steps compared
 #                                       across the trials, KVS_PROFILE's times at depth 0
 #   scripts/gpu-trial.sh ab CFG...      decode at depths 0, 32K and 128K of llama3-8b q4_0
-#                                       (q8_0 K/V) for each CFG = MATVEC:EARLY:FOLD (e.g.
-#                                       q:0:chunk staged:1:pipe), every CFG twice, alternating
+#                                       (q8_0 K/V) for each CFG = MATVEC:EARLY:FOLD[:WARP]
+#                                       (e.g. q:0:chunk staged:1:pipe q:0:chunk:1; WARP sets
+#                                       KVS_DECODE_WARP), every CFG twice, alternating;
+#                                       KVS_DEPTHS replaces the depths
 # KVS_BIN: the folder with kvstream, kvs_matvec_sweep and the CUDA test binaries (default
 # build/sm90); OUT: where the logs and JSON go (default out/trial); KVS_MODEL_DIR may hold
 # SmolLM2 for the model tests.
@@ -67,12 +69,14 @@ print('logits staged against q: max |diff| %.3g of max |logit| %.3g' % (abs(a - 
     done
     ;;
   ab)
-    [ $# -gt 0 ] || { echo "usage: $0 ab MATVEC:EARLY:FOLD..." >&2; exit 2; }
+    [ $# -gt 0 ] || { echo "usage: $0 ab MATVEC:EARLY:FOLD[:WARP]..." >&2; exit 2; }
     for round in 1 2; do
       for cfg in "$@"; do
-        IFS=: read -r mv ea fo <<< "$cfg"
-        f="$out/ab-$mv-$ea-$fo-$round"
-        KVS_MATVEC=$mv KVS_PDL_EARLY=$ea KVS_FOLD=$fo timeout 150 "${bench8b[@]}" \
+        IFS=: read -r mv ea fo wp <<< "$cfg"
+        f="$out/ab-${cfg//:/-}-$round"
+        dw=()
+        [ -n "$wp" ] && dw=(KVS_DECODE_WARP="$wp")
+        env "${dw[@]}" KVS_MATVEC=$mv KVS_PDL_EARLY=$ea KVS_FOLD=$fo timeout 150 "${bench8b[@]}" \
           --depths "${KVS_DEPTHS:-0,32k,128k}" --n-gen 64 --json "$f.json" > "$f.txt" 2>&1
         echo "$cfg round $round (exit $?): $(grep -E '^\| synthetic' "$f.txt" |
           awk -F'|' '{printf "depth%s tg%s |", $5, $7}')"
@@ -80,7 +84,7 @@ print('logits staged against q: max |diff| %.3g of max |logit| %.3g' % (abs(a - 
     done
     ;;
   *)
-    echo "usage: $0 checks | ab MATVEC:EARLY:FOLD..." >&2
+    echo "usage: $0 checks | ab MATVEC:EARLY:FOLD[:WARP]..." >&2
     exit 2
     ;;
 esac

@@ -5,7 +5,9 @@
 //   largest value, about f32's rounding of the old float kernel), and lane l of a warp takes
 //   block l of each 1024-element group of R rows at once (R and the loads in flight: q_shape):
 //   one 16- or 32-byte load of quants per row, integer dot products with __dp4a, one float
-//   scale per block. About one instruction per weight, so the loads set the speed.
+//   scale per block. About one instruction per weight, so the loads set the speed. A trial
+//   (KVS_MATVEC=staged, one token, compute capability 9.0 on): the same sums with the weights
+//   brought into shared memory by bulk copies, many stages ahead (matvec_staged).
 // - f16, bf16: lanes read 4 elements per 128, x coalesced, two rows per warp, f32 products.
 // - the other formats: a simpler warp-per-row kernel.
 // The jobs of a group with one weight type are one launch. More tokens: the matrix is

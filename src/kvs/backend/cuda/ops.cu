@@ -233,9 +233,11 @@ struct RopeKv {
   uint8_t* const* pages;
   const int32_t* slots;
   size_t v_offset, k_row, v_row, k_head, v_head;
+  bool early;  // pdl_trigger() first (Ctx::pdl_early)
 };
 template <DType K, DType V>
 __global__ void rope_kv_k(const RopeKv a) {
+  if (a.early) pdl_trigger();
   pdl_wait();
   extern __shared__ float cs[];  // [half][2], then the kv head's k [head_dim]
   const int t = blockIdx.x, qb = (a.n_head + kRopeHeads - 1) / kRopeHeads, d = a.head_dim;
@@ -366,7 +368,8 @@ void rope_kv_write(Ctx& c, float* q, float* k, const float* v, const int32_t* po
                  l.k_row,
                  l.v_row,
                  l.k_head,
-                 l.v_head};
+                 l.v_head,
+                 c.pdl_early};
   const dim3 grid(static_cast<unsigned>(n_tok),
                   static_cast<unsigned>((n_head + kRopeHeads - 1) / kRopeHeads + l.n_head_kv));
   const size_t smem = sizeof(float) * (2 * static_cast<size_t>(a.half) + l.head_dim);

@@ -10,7 +10,7 @@
 #     mkdir -p /tmp/kvs/bin /tmp/kvs/models && tar xzf .carry/kvs-sm90.tar.gz -C /tmp/kvs/bin &&
 #     cat /tmp/kvs/model.00 .carry/model.01 > /tmp/kvs/models/SmolLM2-135M-Instruct.Q4_1.gguf &&
 #     KVS_BIN=/tmp/kvs/bin KVS_MODEL_DIR=/tmp/kvs/models OUT=$OUT scripts/gpu-bench.sh
-# (or scripts/gpu-trial.sh checks); later calls carry only the tarball, or nothing while the
+# (or scripts/gpu-ab.sh); later calls carry only the tarball, or nothing while the
 # machine is warm (/tmp/kvs stays).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -10,6 +10,8 @@
 // CUDA cores for head sizes 32 and 256); a tile never crosses a span, so the sequence of operations
 // does not depend on how the spans were split into calls.
 #include <algorithm>
+#include <mutex>
+#include <unordered_map>
 #include <utility>
 
 #include "kvs/backend/cuda/common.cuh"
@@ -30,7 +32,6 @@ struct Geo {
   bool first, last;
   uint8_t* xq = nullptr;       // decode, last call: where the fold also writes out quantized
   bool fold_in_place = false;  // decode of one span on tensor cores: no separate fold
-  bool early = false;          // decode: pdl_trigger() first (Ctx::pdl_early)
 };
 
 // A decode partial of one (span, query head): [max, sum, non-empty, unused, output[d]], rows
@@ -429,23 +430,10 @@ __device__ __forceinline__ void cp_async_cg16(void* dst, const void* src) {
   const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
 }
-// What the scan of a chunk gives lane s (span s0 + s): the max of the chunk's live spans up to
-// it (-inf if none), how many of them are live, and its own head.
-struct FoldScan {
-  float after;
-  int taken;
-  float pm, pl;
-  bool live;
-};
-// kPipe (KVS_FOLD=pipe, a trial): the scan of chunk c + 1 is issued before the serial part of
-// chunk c (the factors double-buffered), so a warp's shuffles and its chain of multiply-adds
-// overlap instead of following each other; the same operations on the same values.
-template <bool kPipe>
 __global__ void __launch_bounds__(32) decode_fold(Geo g, const float* part) {
   __shared__ __align__(16) float so[kFoldStages][kFold][32];  // the chunk's outputs
   __shared__ __align__(16) float4 sm[kFoldStages][kFold];     // max, sum, non-empty
-  __shared__ float4 sf[kPipe ? 2 : 1][kFold];  // the chunk's factors: ea, eb and the sum's term
-  if (g.early) pdl_trigger();
+  __shared__ float4 sf[kFold];  // the chunk's factors: ea, eb and the sum's term
   pdl_wait();
   const int h = blockIdx.x, lane = threadIdx.x, i = blockIdx.y * 32 + lane, n = g.n_spans;
   const size_t stride = part_stride(g.d), step = stride * g.n_head;
@@ -471,101 +459,46 @@ __global__ void __launch_bounds__(32) decode_fold(Geo g, const float* part) {
     }
     cp_commit();
   };
-  // The chunk's maxima scanned over the lanes (nothing of the state needed yet).
-  const auto scan = [&](int c) {
+#pragma unroll
+  for (int c = 0; c < kFoldStages - 1; ++c) issue(c);
+  for (int c = 0; c < n_chunks; ++c) {
+    issue(c + kFoldStages - 1);  // into the stage read in the last pass
+    cp_wait<kFoldStages - 1>();  // chunk c has landed
+    __syncwarp();
     const int s0 = c * kFold, st = c % kFoldStages;
     const bool in = s0 + lane < n;
     const float4 head = in ? sm[st][lane] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    FoldScan r;
-    r.pm = head.x, r.pl = head.y;
-    r.live = in && head.z != 0.0f;  // an empty span's other values are garbage
-    r.after = r.live ? r.pm : -INFINITY;
-    r.taken = r.live ? 1 : 0;
+    const float pm = head.x, pl = head.y;
+    const bool live = in && head.z != 0.0f;  // an empty span's other values are garbage
+    // Lane s: the max after span s0 + s, the max before it, whether any span came before.
+    float after = live ? pm : -INFINITY;
+    int taken = live ? 1 : 0;
 #pragma unroll
     for (int k = 1; k < 32; k *= 2) {
-      const float x = __shfl_up_sync(0xffffffffu, r.after, k);
-      const int y = __shfl_up_sync(0xffffffffu, r.taken, k);
-      if (lane >= k) r.after = fmaxf(r.after, x), r.taken += y;
+      const float x = __shfl_up_sync(0xffffffffu, after, k);
+      const int y = __shfl_up_sync(0xffffffffu, taken, k);
+      if (lane >= k) after = fmaxf(after, x), taken += y;
     }
-    return r;
-  };
-  // Lane s: the max after span s0 + s, the max before it, whether any span came before; the
-  // chunk's factors into sf[b], and the state's max and flag moved past the chunk.
-  const auto factors = [&](const FoldScan& r, int b) {
-    const float after = fmaxf(r.after, run_max);
+    after = fmaxf(after, run_max);
     float before = __shfl_up_sync(0xffffffffu, after, 1);
-    int prior = __shfl_up_sync(0xffffffffu, r.taken, 1);
+    int prior = __shfl_up_sync(0xffffffffu, taken, 1);
     if (lane == 0) before = run_max, prior = 0;
-    const FoldStep f = fold_step(r.live, !any && prior == 0, before, after, r.pm);
-    const float lb = r.live ? r.pl * f.eb : 0.0f;
+    const FoldStep f = fold_step(live, !any && prior == 0, before, after, pm);
+    const float lb = live ? pl * f.eb : 0.0f;
     run_max = __shfl_sync(0xffffffffu, after, 31);
-    any = any || __shfl_sync(0xffffffffu, r.taken, 31) > 0;
-    sf[b][lane] = make_float4(f.ea, f.eb, lb, 0.0f);
-  };
-  // The serial part: one multiply-add per span for the sum and for the output, the span's
-  // factors one broadcast load (a skipped span's output, never copied, is not read: its eb
-  // is 0).
-  const auto serial = [&](int c, int b) {
-    const int st = c % kFoldStages;
+    any = any || __shfl_sync(0xffffffffu, taken, 31) > 0;
+    sf[lane] = make_float4(f.ea, f.eb, lb, 0.0f);
+    __syncwarp();
+    // The serial part: one multiply-add per span for the sum and for the output, the span's
+    // factors one broadcast load (a skipped span's output, never copied, is not read: its eb
+    // is 0).
 #pragma unroll
     for (int s = 0; s < kFold; ++s) {
-      const float4 x = sf[b][s];
+      const float4 x = sf[s];
       l = fmaf(l, x.x, x.z);
       o = fold_out(o, FoldStep{x.x, x.y}, so[st][s][lane]);
     }
-  };
-#pragma unroll
-  for (int c = 0; c < kFoldStages - 1; ++c) issue(c);
-  if constexpr (kPipe) {
-    cp_wait<kFoldStages - 2>();  // chunk 0 has landed
-    __syncwarp();
-    FoldScan r = scan(0);
-    for (int c = 0; c < n_chunks; ++c) {
-      factors(r, c & 1);
-      issue(c + kFoldStages - 1);  // into the stage read in the last pass
-      cp_wait<kFoldStages - 2>();  // chunk c + 1 has landed
-      __syncwarp();
-      r = scan(c + 1);  // past the last chunk: no lane reads
-      serial(c, c & 1);
-      __syncwarp();  // the stage and the factors are refilled by later passes
-    }
-  } else {  // as measured before the trial (the same code, so the same machine code)
-    for (int c = 0; c < n_chunks; ++c) {
-      issue(c + kFoldStages - 1);  // into the stage read in the last pass
-      cp_wait<kFoldStages - 1>();  // chunk c has landed
-      __syncwarp();
-      const int s0 = c * kFold, st = c % kFoldStages;
-      const bool in = s0 + lane < n;
-      const float4 head = in ? sm[st][lane] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      const float pm = head.x, pl = head.y;
-      const bool live = in && head.z != 0.0f;  // an empty span's other values are garbage
-      // Lane s: the max after span s0 + s, the max before it, whether any span came before.
-      float after = live ? pm : -INFINITY;
-      int taken = live ? 1 : 0;
-#pragma unroll
-      for (int k = 1; k < 32; k *= 2) {
-        const float x = __shfl_up_sync(0xffffffffu, after, k);
-        const int y = __shfl_up_sync(0xffffffffu, taken, k);
-        if (lane >= k) after = fmaxf(after, x), taken += y;
-      }
-      after = fmaxf(after, run_max);
-      float before = __shfl_up_sync(0xffffffffu, after, 1);
-      int prior = __shfl_up_sync(0xffffffffu, taken, 1);
-      if (lane == 0) before = run_max, prior = 0;
-      const FoldStep f = fold_step(live, !any && prior == 0, before, after, pm);
-      const float lb = live ? pl * f.eb : 0.0f;
-      run_max = __shfl_sync(0xffffffffu, after, 31);
-      any = any || __shfl_sync(0xffffffffu, taken, 31) > 0;
-      sf[0][lane] = make_float4(f.ea, f.eb, lb, 0.0f);
-      __syncwarp();
-#pragma unroll
-      for (int s = 0; s < kFold; ++s) {
-        const float4 x = sf[0][s];
-        l = fmaf(l, x.x, x.z);
-        o = fold_out(o, FoldStep{x.x, x.y}, so[st][s][lane]);
-      }
-      __syncwarp();  // the stage is refilled by the next pass
-    }
+    __syncwarp();  // the stage is refilled by the next pass
   }
   fold_write(g, h, i, any ? run_max : m, l, o);
 }
@@ -1228,7 +1161,6 @@ __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks)
     decode_tc(Geo g, float* part, int n_kv, int kst, int vst, int cw) {
   static_assert(head_bytes<K, D>() % (D / 16) == 0 && head_bytes<V, D>() % (D / 16) == 0,
                 "heads start (D / 16)-byte aligned in shared memory (ld4, ld_scales)");
-  if (g.early) pdl_trigger();
   pdl_wait();
   constexpr int kSt = dt_stages<K, V, D>(), kB = D / 32;
   constexpr bool kQK = K != DType::F16, kQV = V != DType::F16;
@@ -1520,6 +1452,20 @@ __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks)
   finish(red, sml, sml + 2 * ng, threadIdx.x, blockDim.x);
 }
 
+// Dynamic shared memory above 48 KiB has to be allowed once per kernel.
+template <class F>
+void allow_smem(F* kernel, size_t bytes) {
+  // Kernels of one signature share F, so the sizes are kept per kernel address.
+  static std::mutex mu;
+  static std::unordered_map<const void*, size_t> allowed;
+  const std::lock_guard<std::mutex> lock(mu);
+  size_t& a = allowed[reinterpret_cast<const void*>(kernel)];
+  if (bytes <= a) return;
+  KVS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(bytes)));
+  a = bytes;
+}
+
 // The widest cp.async every K and V row of the layout allows (frames are 256-byte aligned).
 int copy_width(const Geo& g) {
   const auto aligned = [&](size_t w) {
@@ -1641,11 +1587,9 @@ void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq, bool by_warp) {
         l.k_head,  l.v_head, l.v_offset(),
         a.scale,   a.first,  a.last};
   g.xq = a.n_tok == 1 && a.last ? xq : nullptr;
-  g.early = c.pdl_early;
   KVS_CHECK(g.group >= 1 && g.group <= kMaxGroup, "cuda attention: ", g.group,
             " query heads per kv head (at most ", kMaxGroup, ")");
   if (a.n_tok == 1) {
-    const auto fold = c.fold_pipe ? decode_fold<true> : decode_fold<false>;
     if (a.n_spans > 0) {
       float* part = c.scratch_part(static_cast<size_t>(a.n_spans) * a.n_head * part_stride(d));
       DecTile t;
@@ -1687,9 +1631,9 @@ void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq, bool by_warp) {
             run(decode_partials<K, V, 8, 8>);
         });
       });
-      if (!g.fold_in_place) launch(fold, fold_grid(g), 32, 0, c.stream, g, part);
+      if (!g.fold_in_place) launch(decode_fold, fold_grid(g), 32, 0, c.stream, g, part);
     } else {
-      launch(fold, fold_grid(g), 32, 0, c.stream, g, nullptr);
+      launch(decode_fold, fold_grid(g), 32, 0, c.stream, g, nullptr);
     }
     return;
   }

@@ -8,8 +8,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <mutex>
-#include <unordered_map>
 #include <utility>
 
 #include "kvs/quant/types.h"
@@ -37,16 +35,6 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
-// Lets the next kernel launch before this one reaches pdl_wait() (KVS_PDL_EARLY=1, the short
-// kernels between two products): the product after it is then launched while the one before
-// still runs, and its blocks take each SM that one leaves and start loading weights. Scheduling
-// only: the next kernel's pdl_wait() still waits for this whole kernel.
-__device__ __forceinline__ void pdl_trigger() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
 // Whether launches use it: set once by the device (the GPU's compute capability, KVS_PDL=0).
 inline bool& pdl_enabled() {
   static bool on = false;
@@ -63,20 +51,6 @@ void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream
   cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = stream;
   cfg.attrs = at, cfg.numAttrs = pdl_enabled() ? 1 : 0;
   KVS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...));
-}
-
-// Dynamic shared memory above 48 KiB has to be allowed once per kernel.
-template <class F>
-void allow_smem(F* kernel, size_t bytes) {
-  // Kernels of one signature share F, so the sizes are kept per kernel address.
-  static std::mutex mu;
-  static std::unordered_map<const void*, size_t> allowed;
-  const std::lock_guard<std::mutex> lock(mu);
-  size_t& a = allowed[reinterpret_cast<const void*>(kernel)];
-  if (bytes <= a) return;
-  KVS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(bytes)));
-  a = bytes;
 }
 
 __device__ __forceinline__ float h2f(const uint8_t* p) {

@@ -201,21 +201,6 @@ class CudaDevice final : public Device {
     ctx_.stream = streams_[0];
     ctx_.n_sm = prop.multiProcessorCount;
     if (const char* w = std::getenv("KVS_DECODE_WARP")) ctx_.decode_warp = std::atoi(w) != 0;
-    ctx_.smem_sm = prop.sharedMemPerMultiprocessor;
-    ctx_.smem_block = prop.sharedMemPerBlockOptin;
-    if (const char* m = std::getenv("KVS_MATVEC")) {
-      const std::string v = m;
-      KVS_CHECK(v == "q" || v == "staged", "KVS_MATVEC=", v, ": expected q or staged");
-      KVS_CHECK(v == "q" || prop.major >= 9, "KVS_MATVEC=staged needs compute capability 9.0 ",
-                "or newer (bulk copies); this GPU has ", prop.major, ".", prop.minor);
-      ctx_.matvec_staged = v == "staged";
-    }
-    if (const char* e = std::getenv("KVS_PDL_EARLY")) ctx_.pdl_early = std::string(e) == "1";
-    if (const char* f = std::getenv("KVS_FOLD")) {
-      const std::string v = f;
-      KVS_CHECK(v == "pipe" || v == "chunk", "KVS_FOLD=", v, ": expected chunk or pipe");
-      ctx_.fold_pipe = v == "pipe";
-    }
     KVS_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_.side, cudaStreamNonBlocking));
     for (cudaEvent_t* e : {&ctx_.side_ready, &ctx_.converted[0], &ctx_.converted[1],
                            &ctx_.consumed[0], &ctx_.consumed[1]})

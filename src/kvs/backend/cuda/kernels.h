@@ -32,12 +32,6 @@ struct Ctx {
   DeviceBuffer w16, x16, part, xq, kv16, spans16;
   int n_sm = 0;          // the GPU's multiprocessors
   int decode_warp = -1;  // KVS_DECODE_WARP: 1, 0 force decode_by_warp's answer; -1: its own
-  // Trials, off by default (docs/benchmarks.md): KVS_MATVEC=staged routes one-token integer
-  // products to matvec_staged (compute capability 9.0 on); KVS_PDL_EARLY=1 lets the short
-  // kernels between products launch the next kernel first (pdl_trigger); KVS_FOLD=pipe
-  // overlaps the decode fold's scan of a chunk with the serial part of the one before.
-  bool matvec_staged = false, pdl_early = false, fold_pipe = false;
-  size_t smem_sm = 0, smem_block = 0;  // shared memory of an SM, and the most a block may have
 
   // While a step is being recorded as a graph, a scratch buffer that must grow first runs and
   // waits for what was recorded so far (pause: the old buffer may be in use), then recording

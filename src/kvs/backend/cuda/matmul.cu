@@ -5,17 +5,12 @@
 //   largest value, about f32's rounding of the old float kernel), and lane l of a warp takes
 //   block l of each 1024-element group of R rows at once (R and the loads in flight: q_shape):
 //   one 16- or 32-byte load of quants per row, integer dot products with __dp4a, one float
-//   scale per block. About one instruction per weight, so the loads set the speed. A trial
-//   (KVS_MATVEC=staged, one token, compute capability 9.0 on): the same sums with the weights
-//   brought into shared memory by bulk copies, many stages ahead (matvec_staged).
+//   scale per block. About one instruction per weight, so the loads set the speed.
 // - f16, bf16: lanes read 4 elements per 128, x coalesced, two rows per warp, f32 products.
 // - the other formats: a simpler warp-per-row kernel.
 // The jobs of a group with one weight type are one launch. More tokens: the matrix is
 // dequantized to f16 and multiplied by cuBLAS with f32 accumulation (prefill).
 #include <cublas_v2.h>
-
-#include <algorithm>
-#include <cmath>
 
 #include "kvs/backend/cuda/common.cuh"
 #include "kvs/backend/cuda/kernels.h"
@@ -124,53 +119,6 @@ __device__ __forceinline__ void finish(const Group& g, int j, int row0, float (&
   }
 }
 
-// acc plus the dot product of one block of quants q (kWords words), scale d and min mn with
-// a block of x (xh, xl: its two int8 planes as words; m: dx and the block's sum). Every
-// integer kernel calls this, so they give the same bits for the same order of blocks.
-template <DType T>
-__device__ __forceinline__ float block_dot(const uint32_t* q, float d, float mn, const int (&xh)[8],
-                                           const int (&xl)[8], float2 m, float acc) {
-  int sh = 0, sl = 0;
-  if constexpr (T == DType::Q8_0) {
-#pragma unroll
-    for (int w = 0; w < 8; ++w) {
-      sh = __dp4a(static_cast<int>(q[w]), xh[w], sh);
-      sl = __dp4a(static_cast<int>(q[w]), xl[w], sl);
-    }
-  } else {  // byte j: element j in the low nibble, j + 16 in the high one
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      const int lo = static_cast<int>(q[w] & 0x0F0F0F0Fu);
-      const int hi = static_cast<int>((q[w] >> 4) & 0x0F0F0F0Fu);
-      sh = __dp4a(lo, xh[w], sh), sh = __dp4a(hi, xh[w + 4], sh);
-      sl = __dp4a(lo, xl[w], sl), sl = __dp4a(hi, xl[w + 4], sl);
-    }
-  }
-  const float f = fmaf(static_cast<float>(sl), 1.0f / 254.0f, static_cast<float>(sh));
-  if constexpr (T == DType::Q4_0)
-    return fmaf(d * m.x, fmaf(-8.0f, m.y, f), acc);
-  else if constexpr (T == DType::Q4_1)
-    return fmaf(m.x, fmaf(d, f, mn * m.y), acc);
-  else
-    return fmaf(d * m.x, f, acc);
-}
-
-// x's block b of token t: its int8 planes as words, and dx with the block's sum.
-__device__ __forceinline__ float2 load_x(const XBlock* __restrict__ xq,
-                                         const XMeta* __restrict__ xm, size_t i, int (&xh)[8],
-                                         int (&xl)[8]) {
-  const XBlock* xb = xq + i;
-  const int4 h0 = __ldg(reinterpret_cast<const int4*>(xb->h)),
-             h1 = __ldg(reinterpret_cast<const int4*>(xb->h) + 1);
-  const int4 l0 = __ldg(reinterpret_cast<const int4*>(xb->l)),
-             l1 = __ldg(reinterpret_cast<const int4*>(xb->l) + 1);
-  xh[0] = h0.x, xh[1] = h0.y, xh[2] = h0.z, xh[3] = h0.w;
-  xh[4] = h1.x, xh[5] = h1.y, xh[6] = h1.z, xh[7] = h1.w;
-  xl[0] = l0.x, xl[1] = l0.y, xl[2] = l0.z, xl[3] = l0.w;
-  xl[4] = l1.x, xl[5] = l1.y, xl[6] = l1.z, xl[7] = l1.w;
-  return __ldg(reinterpret_cast<const float2*>(xm + i));
-}
-
 // The quants and scales of U groups of R rows, as one lane loads them.
 template <DType T, int R, int U>
 struct QChunk {
@@ -213,11 +161,41 @@ struct QChunk {
       if (b >= n_blocks) continue;  // its quants and scales are zero
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
-        int xh[8], xl[8];
-        const float2 m = load_x(xq, xm, static_cast<size_t>(t) * n_blocks + b, xh, xl);
+        const XBlock* xb = xq + static_cast<size_t>(t) * n_blocks + b;
+        const int4 h0 = __ldg(reinterpret_cast<const int4*>(xb->h)),
+                   h1 = __ldg(reinterpret_cast<const int4*>(xb->h) + 1);
+        const int4 l0 = __ldg(reinterpret_cast<const int4*>(xb->l)),
+                   l1 = __ldg(reinterpret_cast<const int4*>(xb->l) + 1);
+        const float2 m =
+            __ldg(reinterpret_cast<const float2*>(xm + static_cast<size_t>(t) * n_blocks + b));
+        const int xh[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+        const int xl[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
 #pragma unroll
-        for (int r = 0; r < R; ++r)
-          acc[r][t] = block_dot<T>(q[u][r], d[u][r], mn[u][r], xh, xl, m, acc[r][t]);
+        for (int r = 0; r < R; ++r) {
+          int sh = 0, sl = 0;
+          if constexpr (T == DType::Q8_0) {
+#pragma unroll
+            for (int w = 0; w < 8; ++w) {
+              sh = __dp4a(static_cast<int>(q[u][r][w]), xh[w], sh);
+              sl = __dp4a(static_cast<int>(q[u][r][w]), xl[w], sl);
+            }
+          } else {  // byte j: element j in the low nibble, j + 16 in the high one
+#pragma unroll
+            for (int w = 0; w < 4; ++w) {
+              const int lo = static_cast<int>(q[u][r][w] & 0x0F0F0F0Fu);
+              const int hi = static_cast<int>((q[u][r][w] >> 4) & 0x0F0F0F0Fu);
+              sh = __dp4a(lo, xh[w], sh), sh = __dp4a(hi, xh[w + 4], sh);
+              sl = __dp4a(lo, xl[w], sl), sl = __dp4a(hi, xl[w + 4], sl);
+            }
+          }
+          const float f = fmaf(static_cast<float>(sl), 1.0f / 254.0f, static_cast<float>(sh));
+          if constexpr (T == DType::Q4_0)
+            acc[r][t] = fmaf(d[u][r] * m.x, fmaf(-8.0f, m.y, f), acc[r][t]);
+          else if constexpr (T == DType::Q4_1)
+            acc[r][t] = fmaf(m.x, fmaf(d[u][r], f, mn[u][r] * m.y), acc[r][t]);
+          else
+            acc[r][t] = fmaf(d[u][r] * m.x, f, acc[r][t]);
+        }
       }
     }
   }
@@ -261,166 +239,6 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
   }
   finish<R, NT>(g, j, row0, acc, red, split);
-}
-
-// One-token products of q4_0, q4_1 and q8_0 rows whose weights reach the warps through
-// shared memory (KVS_MATVEC=staged, a trial; compute capability 9.0 on). A warp takes row sets
-// w, w + W, ... (R rows of one job; W warps in the grid, at most a few blocks an SM) and walks
-// each a group of 1024 elements at a time: a stage is one group of the set's R rows, copied by
-// the SM's bulk-copy unit into the warp's ring of `stages` slots (cp.async.bulk; completion by
-// the slot's mbarrier, which counts the bytes), and refilled with the stage `stages` ahead
-// once every lane has used it. The first stages are requested before pdl_wait() (no kernel
-// writes weights): the ring holds up to ~200 KiB of weights an SM in flight, where matvec_q
-// holds what its registers take, so small matrices arrive whole and large ones start while
-// the kernel before runs. Each lane's sums and the warp's reduction are matvec_q's with one
-// warp a row set (split 1), in the same order: the same bits.
-constexpr int kStWarps = 8;
-
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void bar_init(uint64_t* bar) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(bar)) : "memory");
-}
-// The barriers' initialisation made visible to the bulk-copy unit.
-__device__ __forceinline__ void bar_init_fence() {
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-// The one arrival of the slot's phase, which also waits for `bytes` of copies.
-__device__ __forceinline__ void bar_expect(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)),
-               "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void bar_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        " selp.u32 %0, 1, 0, p;\n}"
-        : "=r"(done)
-        : "r"(smem_u32(bar)), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-// bytes (a multiple of 16, both addresses 16-byte aligned) from global to shared memory.
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes,
-                                          uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
-          "r"(smem_u32(dst)),
-      "l"(src), "r"(bytes), "r"(smem_u32(bar))
-      : "memory");
-}
-#endif
-
-// Dynamic shared memory: the barriers (kStWarps x stages), then the rings.
-__host__ __device__ constexpr size_t staged_bars(int stages) {
-  return (static_cast<size_t>(kStWarps) * stages * 8 + 127) / 128 * 128;
-}
-
-__host__ __device__ constexpr size_t staged_smem(int r, int stages, int stride) {
-  return staged_bars(stages) + static_cast<size_t>(kStWarps) * stages * r * stride;
-}
-
-template <DType T, int R>
-__global__ void __launch_bounds__(kStWarps * 32)
-    matvec_staged(Group g, const XBlock* __restrict__ xq, const XMeta* __restrict__ xm, int n_in,
-                  int stages) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr Packed pk = packed(T);
-  constexpr int kWords = pk.quant / 4, kStage = R * pk.stride();
-  extern __shared__ __align__(128) uint8_t st_smem[];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  uint64_t* bar = reinterpret_cast<uint64_t*>(st_smem) + warp * stages;
-  uint8_t* ring = st_smem + staged_bars(stages) + static_cast<size_t>(warp) * stages * kStage;
-  const int n_blocks = n_in / 32, n_groups = (n_blocks + 31) / 32;
-  const int n_sets = g.first[g.n] / R, w = blockIdx.x * kStWarps + warp;
-  const int n_warps = gridDim.x * kStWarps;
-  const int total = (w < n_sets ? (n_sets - w + n_warps - 1) / n_warps : 0) * n_groups;
-  // Where row set s starts: its job and first row.
-  const auto locate = [&](int s, int& j, int& row0) {
-    const int r0 = s * R;
-    j = 0;
-    while (j + 1 < g.n && r0 >= g.first[j + 1]) ++j;
-    row0 = r0 - g.first[j];
-  };
-  // Stage k of the warp into slot k % stages (lane 0). A row past the job's end re-reads its
-  // last row, as matvec_q does; it is not stored.
-  const auto request = [&](int k) {
-    int j, row0;
-    locate(w + k / n_groups * n_warps, j, row0);
-    uint64_t* b = bar + k % stages;
-    uint8_t* dst = ring + static_cast<size_t>(k % stages) * kStage;
-    const uint8_t* src = g.w[j] + static_cast<size_t>(k % n_groups) * pk.stride();
-    bar_expect(b, kStage);
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-      bulk_copy(dst + r * pk.stride(),
-                src + static_cast<size_t>(min(row0 + r, g.n_out[j] - 1)) * g.pitch[j], pk.stride(),
-                b);
-  };
-  if (lane == 0) {
-    for (int i = 0; i < stages; ++i) bar_init(bar + i);
-    bar_init_fence();
-    for (int k = 0; k < min(stages, total); ++k) request(k);
-  }
-  __syncwarp();
-  pdl_wait();
-  // x of the lane's block in the next stage's group, loaded a stage ahead (after the wait: the
-  // kernel before writes it), so its latency is off each stage's chain.
-  int nh[8] = {}, nl[8] = {};
-  float2 nm = make_float2(0.0f, 0.0f);
-  if (total > 0 && lane < n_blocks) nm = load_x(xq, xm, lane, nh, nl);
-  float acc[R];
-  int j = 0, row0 = 0;
-  for (int k = 0; k < total; ++k) {
-    const int gi = k % n_groups;
-    if (gi == 0) {
-      locate(w + k / n_groups * n_warps, j, row0);
-#pragma unroll
-      for (int r = 0; r < R; ++r) acc[r] = 0.0f;
-    }
-    int xh[8], xl[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) xh[i] = nh[i], xl[i] = nl[i];
-    const float2 m = nm;
-    const int bn = (k + 1) % n_groups * 32 + lane;
-    if (k + 1 < total && bn < n_blocks) nm = load_x(xq, xm, bn, nh, nl);
-    bar_wait(bar + k % stages, static_cast<uint32_t>(k / stages) & 1u);
-    const uint8_t* st = ring + static_cast<size_t>(k % stages) * kStage;
-    const int b = gi * 32 + lane;
-    if (b < n_blocks) {  // past the row's end: zero-padded blocks, skipped as matvec_q does
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const uint8_t* grp = st + r * pk.stride();
-        uint32_t q[kWords];
-#pragma unroll
-        for (int i = 0; i < kWords / 4; ++i) {
-          const uint4 v = reinterpret_cast<const uint4*>(grp + pk.quant * lane)[i];
-          q[4 * i] = v.x, q[4 * i + 1] = v.y, q[4 * i + 2] = v.z, q[4 * i + 3] = v.w;
-        }
-        const __half* sc = reinterpret_cast<const __half*>(grp + 32 * pk.quant) + lane;
-        const float d = __half2float(sc[0]);
-        const float mn = T == DType::Q4_1 ? __half2float(sc[32]) : 0.0f;
-        acc[r] = block_dot<T>(q, d, mn, xh, xl, m, acc[r]);
-      }
-    }
-    __syncwarp();  // every lane is done with the slot
-    if (lane == 0 && k + stages < total) request(k + stages);
-    if (gi == n_groups - 1) {
-#pragma unroll
-      for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
-      if (lane == 0)
-#pragma unroll
-        for (int r = 0; r < R; ++r)
-          if (row0 + r < g.n_out[j]) store(g, j, row0 + r, 0, acc[r]);
-    }
-  }
-#else
-  (void)g, (void)xq, (void)xm, (void)n_in, (void)stages;
-#endif
 }
 
 // f16 and bf16 rows: two per warp, lanes over the elements.
@@ -588,59 +406,6 @@ void launch_q(Ctx& c, const MatJob* jobs, int n, int split, const XBlock* xq, co
          c.stream, g, xq, xm, n_in);
 }
 
-// The staged kernel's shape: R rows a set (4, or 2 where 4 leaves the warps unevenly loaded),
-// per_sm blocks an SM, and as many stages (2 to 16) as ~200 KiB of shared memory an SM holds.
-// stages == 0: that many; r == 0: that R.
-struct StShape {
-  int r, per_sm, stages;
-};
-StShape st_shape(const Ctx& c, const MatJob* jobs, int n, int quant_stride, StShape s) {
-  const auto sets = [&](int r) {
-    int k = 0;
-    for (int j = 0; j < n; ++j) k += (static_cast<int>(jobs[j].w->n_out) + r - 1) / r;
-    return k;
-  };
-  const int w = c.n_sm * s.per_sm * kStWarps;
-  // The busiest warp's sets over the mean, for R rows a set.
-  const auto uneven = [&](int r) {
-    const double k = sets(r);
-    return k >= w ? std::ceil(k / w) / (k / w) : 1.0;
-  };
-  if (s.r == 0) s.r = uneven(4) > 1.15 && uneven(2) < uneven(4) ? 2 : 4;
-  if (s.stages == 0) {
-    const size_t budget =
-        std::min<size_t>({size_t{200} << 10, c.smem_sm - 2048, c.smem_block * s.per_sm}) / s.per_sm;
-    const size_t per = static_cast<size_t>(kStWarps) * s.r * quant_stride + kStWarps * 8;
-    s.stages = static_cast<int>(std::clamp<size_t>((budget - 128) / per, 2, 16));
-  }
-  return s;
-}
-
-template <DType T, int R>
-void launch_staged_r(Ctx& c, const MatJob* jobs, int n, const XBlock* xq, const XMeta* xm, int n_in,
-                     int per_sm, int stages) {
-  Group g = make_group(jobs, n, R);
-  g.split = 1;
-  const size_t smem = staged_smem(R, stages, packed(T).stride());
-  KVS_CHECK(smem <= c.smem_block && smem * per_sm <= c.smem_sm, "cuda: matvec_staged with ", stages,
-            " stages of ", R, " rows and ", per_sm, " blocks an SM needs ", smem,
-            " bytes of shared memory a block");
-  allow_smem(matvec_staged<T, R>, smem);
-  const int sets = g.first[n] / R;
-  const int grid = std::min(c.n_sm * per_sm, (sets + kStWarps - 1) / kStWarps);
-  launch(matvec_staged<T, R>, grid, kStWarps * 32, smem, c.stream, g, xq, xm, n_in, stages);
-}
-
-template <DType T>
-void launch_staged(Ctx& c, const MatJob* jobs, int n, const XBlock* xq, const XMeta* xm, int n_in,
-                   StShape s = {0, 1, 0}) {
-  s = st_shape(c, jobs, n, packed(T).stride(), s);
-  if (s.r == 2)
-    launch_staged_r<T, 2>(c, jobs, n, xq, xm, n_in, s.per_sm, s.stages);
-  else
-    launch_staged_r<T, 4>(c, jobs, n, xq, xm, n_in, s.per_sm, s.stages);
-}
-
 // The integer kernel's shape for rows of n_in (rows in all, n_tok tokens, quant bytes per
 // block): R rows per warp share x's loads; U groups per chunk, kPipe, and split warps per R rows
 // set the loads in flight and the warps on the GPU. Chosen by timing the variants on the H200
@@ -688,7 +453,6 @@ void matvec(Ctx& c, const float* x, int64_t n_tok, const MatJob* jobs, int n, co
   for (int j = 0; j < n; ++j) rows += static_cast<int>(jobs[j].w->n_out);
   dispatch(type, [&]<DType T>() {
     if constexpr (kQuant<T>) {
-      if (n_tok == 1 && c.matvec_staged) return launch_staged<T>(c, jobs, n, xq, xm, n_in);
       const QShape s = q_shape(rows, n_in, n_tok, packed(T).quant);
       switch (n_tok) {
 #define KVS_NT(N) \

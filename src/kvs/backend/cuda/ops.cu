@@ -67,8 +67,7 @@ __global__ void rmsnorm_k(const float* __restrict__ x, const float* __restrict__
 constexpr int kNormThreads = 256, kNormPart = 2 * kNormThreads;
 __global__ void __launch_bounds__(kNormThreads)
     rmsnorm_wide(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y,
-                 int n, float eps, XBlock* __restrict__ xq, XMeta* __restrict__ xm, bool early) {
-  if (early) pdl_trigger();
+                 int n, float eps, XBlock* __restrict__ xq, XMeta* __restrict__ xm) {
   const int tid = threadIdx.x, p0 = blockIdx.y * kNormPart;
   const float w0 = w[p0 + tid], w1 = w[p0 + kNormThreads + tid];
   pdl_wait();
@@ -147,8 +146,7 @@ __global__ void rope_k(float* __restrict__ q, float* __restrict__ k,
 }
 
 __global__ void swiglu_k(float* __restrict__ g, const float* __restrict__ u, size_t n,
-                         XBlock* __restrict__ xq, XMeta* __restrict__ xm, bool early) {
-  if (early) pdl_trigger();
+                         XBlock* __restrict__ xq, XMeta* __restrict__ xm) {
   pdl_wait();
   const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) {  // with xq, n is a multiple of 32: whole warps pass
@@ -233,11 +231,9 @@ struct RopeKv {
   uint8_t* const* pages;
   const int32_t* slots;
   size_t v_offset, k_row, v_row, k_head, v_head;
-  bool early;  // pdl_trigger() first (Ctx::pdl_early)
 };
 template <DType K, DType V>
 __global__ void rope_kv_k(const RopeKv a) {
-  if (a.early) pdl_trigger();
   pdl_wait();
   extern __shared__ float cs[];  // [half][2], then the kv head's k [head_dim]
   const int t = blockIdx.x, qb = (a.n_head + kRopeHeads - 1) / kRopeHeads, d = a.head_dim;
@@ -329,7 +325,7 @@ void rmsnorm(Ctx& c, const float* x, const float* w, float* y, int64_t rows, int
   // Few rows, not in place (the blocks of a row all read it whole).
   if (x != y && rows <= kMaxVecTok && n % kNormPart == 0 && n >= 4 * kNormPart) {
     launch(rmsnorm_wide, dim3(static_cast<unsigned>(rows), static_cast<unsigned>(n / kNormPart)),
-           kNormThreads, 0, c.stream, x, w, y, static_cast<int>(n), eps, xb, xm, c.pdl_early);
+           kNormThreads, 0, c.stream, x, w, y, static_cast<int>(n), eps, xb, xm);
     return;
   }
   const unsigned t = n >= 1024 ? 1024 : (n >= 256 ? 256 : 64);
@@ -368,8 +364,7 @@ void rope_kv_write(Ctx& c, float* q, float* k, const float* v, const int32_t* po
                  l.k_row,
                  l.v_row,
                  l.k_head,
-                 l.v_head,
-                 c.pdl_early};
+                 l.v_head};
   const dim3 grid(static_cast<unsigned>(n_tok),
                   static_cast<unsigned>((n_head + kRopeHeads - 1) / kRopeHeads + l.n_head_kv));
   const size_t smem = sizeof(float) * (2 * static_cast<size_t>(a.half) + l.head_dim);
@@ -383,7 +378,7 @@ void swiglu(Ctx& c, float* gate, const float* up, int64_t n, uint8_t* xq) {
   KVS_CHECK(!xq || n % 32 == 0, "cuda: swiglu quantizing ", n, " elements");
   const auto [xb, xm] = xq_parts(xq, static_cast<size_t>(n));
   launch(swiglu_k, blocks(static_cast<size_t>(n), 256), 256, 0, c.stream, gate, up,
-         static_cast<size_t>(n), xb, xm, c.pdl_early);
+         static_cast<size_t>(n), xb, xm);
 }
 
 void add(Ctx& c, float* x, const float* y, int64_t n) {

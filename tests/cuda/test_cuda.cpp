@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "common.h"
@@ -103,6 +104,7 @@ TEST(CudaVsCpu, EveryArchitectureWeightFormatAndKvType) {
                           "q5_0", "q5_1", "q4_k", "q5_k", "q6_k"};
   const DType kv[] = {DType::F16, DType::Q8_0, DType::Q4_0};
   double worst = 0;
+  std::string worst_at = "-";
   for (const char* arch : archs)
     for (const char* wt : wtypes) {
       auto m = Model::load(std::string("synthetic:") + arch + ":" + wt);
@@ -118,12 +120,14 @@ TEST(CudaVsCpu, EveryArchitectureWeightFormatAndKvType) {
           const Trace want = run(*m, *cpu, o, prompt, 12);
           const Trace got = replay(*m, *gpu, o, prompt, want.greedy);
           const double d = rel_diff(want, got);
-          worst = std::max(worst, d);
-          EXPECT_LT(d, kTol) << arch << ":" << wt << " kv " << dtype_name(kt) << "/"
-                             << dtype_name(vt);
+          const std::string at =
+              std::string(arch) + ":" + wt + " kv " + dtype_name(kt) + "/" + dtype_name(vt);
+          if (d > worst) worst = d, worst_at = at;
+          EXPECT_LT(d, kTol) << at;
         }
     }
-  std::printf("worst relative logit difference: %.3g (tolerance %.3g)\n", worst, kTol);
+  std::printf("worst relative logit difference: %.3g (tolerance %.3g), %s\n", worst, kTol,
+              worst_at.c_str());
 }
 
 TEST(CudaVsCpu, HeadSize64ShapesOfRealModels) {

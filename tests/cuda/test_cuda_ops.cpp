@@ -383,8 +383,9 @@ TEST(CudaOps, EmbedKvWriteAndAttention) {
 // Decode over many short spans (the fold's chunks of 32, a last span cut short, one span past
 // the query that must count for nothing): against the CPU, and the same spans in three calls
 // (the running state carried, as a ring's chunks are; the call of one span folds in place)
-// bit-identical to one call. Both ways to split the work, forced: a block per span (what a
-// short context takes) and a warp per span (a long one).
+// bit-identical to one call. Every way to split the work, forced: a block per span (what a
+// short context takes), a warp per span (a long one), and a warp per half or quarter of a span
+// (pages of 64 keys there, so the parts hold keys; the cut-short span's last quarters none).
 TEST(CudaOps, DecodeAttentionManySpans) {
   NEED_GPU();
   struct Case {
@@ -395,12 +396,14 @@ TEST(CudaOps, DecodeAttentionManySpans) {
                         {DType::F16, DType::Q4_0, 128, 2, 16},
                         {DType::Q4_0, DType::F16, 64, 3, 3},
                         {DType::Q8_0, DType::Q4_0, 64, 4, 12}};
-  for (const char* by_warp : {"0", "1"}) {
-    setenv("KVS_DECODE_WARP", by_warp, 1);
+  for (const char* split : {"0", "1", "2", "4"}) {
+    setenv("KVS_DECODE_WARP", split, 1);
     gpu = make_cuda_device(0);
     unsetenv("KVS_DECODE_WARP");
+    const bool parts = split[0] > '1';
     for (const Case& cs : cases) {
-      const int P = 16, ctx = 1500, d = cs.d, n_kv = cs.n_kv, n_head = cs.n_head;
+      // 1500 = 93 x 16 + 12 = 23 x 64 + 28
+      const int P = parts ? 64 : 16, ctx = 1500, d = cs.d, n_kv = cs.n_kv, n_head = cs.n_head;
       const KvLayout l = KvLayout::make(cs.k, cs.v, P, n_kv, d);
       const int pages = (ctx + P - 1) / P + 1;  // the last page starts past the query
       std::vector<uint8_t> hc(pages * l.page_bytes(), 0);
@@ -417,7 +420,7 @@ TEST(CudaOps, DecodeAttentionManySpans) {
       const std::vector<int32_t> pos{ctx - 1};
       std::vector<Span> sc, sg;
       for (int p = 0; p < pages; ++p) {
-        const int n = p == pages - 2 ? ctx - p * P : P;  // 1500 = 93 x 16 + 12
+        const int n = p == pages - 2 ? ctx - p * P : P;
         sc.push_back({hc.data() + p * l.page_bytes(), p * P, n});
         sg.push_back({gp.as() + p * l.page_bytes(), p * P, n});
       }
@@ -432,9 +435,12 @@ TEST(CudaOps, DecodeAttentionManySpans) {
       const auto one = og.get();
       const std::string what = std::string(dtype_name(cs.k)) + "/" + dtype_name(cs.v) + " d " +
                                std::to_string(d) + " group " + std::to_string(n_head / n_kv) +
-                               (by_warp[0] == '1' ? ", a warp per span" : ", a block per span");
+                               (split[0] == '0'   ? ", a block per span"
+                                : split[0] == '1' ? ", a warp per span"
+                                                  : std::string(", a warp per 1/") + split +
+                                                        " span");
       EXPECT_LT(max_rel(oc, one), 4e-3) << what;
-      const int cuts[] = {0, 40, 41, pages};
+      const int cuts[] = {0, parts ? 10 : 40, parts ? 11 : 41, pages};
       for (int c = 0; c < 3; ++c) {
         a.spans = sg.data() + cuts[c], a.n_spans = cuts[c + 1] - cuts[c];
         a.first = c == 0, a.last = c == 2;

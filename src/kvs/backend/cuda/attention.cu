@@ -1149,16 +1149,17 @@ __host__ __device__ constexpr int dt_warp_bytes(int stages, int kst, int vst, in
   return ((tiles > partial ? tiles : partial) + 15) / 16 * 16;
 }
 
-// Two ways to split the work (kByWarp, decode_by_warp): a block per (span, kv head), each
+// Two ways to split the work (kByWarp, decode_split): a block per (span, kv head), each
 // warp a quarter of the span's keys, merged in warp order (many warps for a short context),
-// or a warp per (span, kv head), 4 to a block, each walking the whole span and writing (or
-// folding) its partial itself: no merge, no barrier (a split span spends a third of its time
-// starting and merging at a page of 256 keys; from 24K tokens of 8 kv heads on, a warp per span
-// is faster on the H200, 3-9 % up to 48K and 8 % at 128K). Either way the keys of a span a warp
-// takes depend on the span alone.
+// or a warp per (part, kv head), 4 to a block, a part being the whole span or one of its
+// `parts` runs of keys in order, each warp writing (or folding) its partial itself: no merge,
+// no barrier (a split span spends a third of its time starting and merging at a page of 256
+// keys; from 24K tokens of 8 kv heads on, a warp per span is faster on the H200, 3-9 % up to
+// 48K and 8 % at 128K). The parts of a span are spans of their own to the fold. Either way the
+// keys a warp takes depend on the span and the split alone.
 template <DType K, DType V, int D, bool kByWarp>
 __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks)
-    decode_tc(Geo g, float* part, int n_kv, int kst, int vst, int cw) {
+    decode_tc(Geo g, float* part, int n_kv, int kst, int vst, int cw, int parts) {
   static_assert(head_bytes<K, D>() % (D / 16) == 0 && head_bytes<V, D>() % (D / 16) == 0,
                 "heads start (D / 16)-byte aligned in shared memory (ld4, ld_scales)");
   pdl_wait();
@@ -1167,14 +1168,15 @@ __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks)
   extern __shared__ __align__(16) uint8_t dt_smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, t4 = lane % 4;
   const int ng = g.group, item = kByWarp ? blockIdx.x * kDtWarps + warp : blockIdx.x;
-  if (item >= g.n_spans * n_kv) return;  // (by warp: whole warps)
-  const int s = item / n_kv, hk = item % n_kv;
+  if (item >= g.n_spans * parts * n_kv) return;  // (by warp: whole warps)
+  const int sp_i = item / n_kv, hk = item % n_kv;  // the part, in span order
+  const int s = sp_i / parts, piece = sp_i % parts;
   const int stage_bytes = kDtKeys * (kst + vst);
   // [kSt][kDtKeys][kst], [kDtKeys][vst]; after the tiles, the partials
   uint8_t* raw = dt_smem + warp * dt_warp_bytes(kSt, kst, vst, ng, D);
   const Span sp = g.spans[s];
   const size_t stride = part_stride(D);
-  float* pout = part + (static_cast<size_t>(s) * g.n_head + hk * ng) * stride;
+  float* pout = part + (static_cast<size_t>(sp_i) * g.n_head + hk * ng) * stride;
   // The only span of the call folded into the state here, as decode_fold would (the same
   // steps on the same values, so how spans fall into calls does not change the result): by
   // the threads t0, t0 + nt, ... < ng * D, from the span's [ng][D] output o and its [ng] maxima
@@ -1222,11 +1224,16 @@ __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks)
       for (int r = t0; r < ng; r += nt) pout[r * stride + 2] = 0.0f;
     return;
   }
-  // This warp's keys: the span, or a quarter of it in whole tiles.
+  // This warp's keys: the span, or a quarter (block) or a part (warp) of it in whole tiles.
   int k_lo = 0, k_hi = n;
-  if (!kByWarp) {
-    const int per = ((n + kDtWarps - 1) / kDtWarps + kDtKeys - 1) / kDtKeys * kDtKeys;
-    k_lo = min(n, warp * per), k_hi = min(n, k_lo + per);
+  if (!kByWarp || parts > 1) {
+    const int k = kByWarp ? parts : kDtWarps, i = kByWarp ? piece : warp;
+    const int per = ((n + k - 1) / k + kDtKeys - 1) / kDtKeys * kDtKeys;
+    k_lo = min(n, i * per), k_hi = min(n, k_lo + per);
+  }
+  if (kByWarp && k_hi == k_lo) {  // a part past the keys (never folded in place: parts > 1)
+    for (int r = lane; r < ng; r += 32) pout[r * stride + 2] = 0.0f;
+    return;
   }
   const int n_tiles = (k_hi - k_lo + kDtKeys - 1) / kDtKeys;
 
@@ -1564,17 +1571,17 @@ void launch_prefill(Ctx& c, const Geo& g, const KvLayout& l) {
 
 }  // namespace
 
-bool decode_by_warp(const Ctx& c, const KvLayout& l, int64_t n_ctx) {
-  if (c.decode_warp >= 0) return c.decode_warp != 0;
+int decode_split(const Ctx& c, const KvLayout& l, int64_t n_ctx) {
+  if (c.decode_split >= 0) return c.decode_split;
   // A warp per span once the context has a (span, kv head) pair for each warp of one block an
   // SM: 16.5K tokens of 8 kv heads at pages of 256 on the H200. There, with q8_0 K and q8_0 or
   // q4_0 V, a block per span was 2 % faster at 8K, the two equal at 16K, a warp per span 6 %,
   // 3 % and 8 % faster at 24K, 32K and 48K.
   const int64_t items = (n_ctx + l.page_size - 1) / l.page_size * l.n_head_kv;
-  return items >= int64_t{kDtWarps} * c.n_sm;
+  return items >= int64_t{kDtWarps} * c.n_sm ? 1 : 0;
 }
 
-void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq, bool by_warp) {
+void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq, int split) {
   const KvLayout& l = a.kv;
   const int d = l.head_dim, P = l.page_size;
   KVS_CHECK(d == 32 || d == 64 || d == 128 || d == 256, "cuda attention: head size ", d,
@@ -1591,7 +1598,10 @@ void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq, bool by_warp) {
             " query heads per kv head (at most ", kMaxGroup, ")");
   if (a.n_tok == 1) {
     if (a.n_spans > 0) {
-      float* part = c.scratch_part(static_cast<size_t>(a.n_spans) * a.n_head * part_stride(d));
+      // The partials: a span's, or each of its parts' (a warp per part, split > 1).
+      const int parts = split > 1 && (d == 64 || d == 128) ? split : 1;
+      float* part =
+          c.scratch_part(static_cast<size_t>(a.n_spans) * parts * a.n_head * part_stride(d));
       DecTile t;
       t.keys = d <= 128 ? 64 : 32;
       t.kst = static_cast<int>((l.k_head + 15) / 16 * 16);
@@ -1603,6 +1613,7 @@ void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq, bool by_warp) {
           const dim3 grid(a.n_spans, l.n_head_kv);
           if (d == 64 || d == 128) {  // tensor cores
             const auto [kst, vst, cw] = head_copies(g, l.n_head_kv);
+            const bool by_warp = split > 0;
             const auto tc =
                 d == 64 ? (by_warp ? decode_tc<K, V, 64, true> : decode_tc<K, V, 64, false>)
                         : (by_warp ? decode_tc<K, V, 128, true> : decode_tc<K, V, 128, false>);
@@ -1610,11 +1621,13 @@ void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq, bool by_warp) {
             const size_t tc_smem =
                 kDtWarps * static_cast<size_t>(dt_warp_bytes(stages, kst, vst, g.group, d));
             allow_smem(tc, tc_smem);
-            // One span (a short context, or a ring chunk of one page): its block folds it.
-            g.fold_in_place = a.n_spans == 1;
-            const int items = a.n_spans * l.n_head_kv;  // (span, kv head): a warp or block each
+            // One span in one part (a short context, or a ring chunk of one page): its block or
+            // warp folds it.
+            g.fold_in_place = a.n_spans == 1 && parts == 1;
+            // (part, kv head): a warp or block each
+            const int items = a.n_spans * parts * l.n_head_kv;
             launch(tc, dim3(by_warp ? (items + kDtWarps - 1) / kDtWarps : items), 32 * kDtWarps,
-                   tc_smem, c.stream, g, part, l.n_head_kv, kst, vst, cw);
+                   tc_smem, c.stream, g, part, l.n_head_kv, kst, vst, cw, parts);
             return;
           }
           const auto run = [&](auto kernel) {
@@ -1631,7 +1644,11 @@ void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq, bool by_warp) {
             run(decode_partials<K, V, 8, 8>);
         });
       });
-      if (!g.fold_in_place) launch(decode_fold, fold_grid(g), 32, 0, c.stream, g, part);
+      if (!g.fold_in_place) {
+        Geo f = g;  // the fold sees each part as a span
+        f.n_spans = a.n_spans * parts;
+        launch(decode_fold, fold_grid(f), 32, 0, c.stream, f, part);
+      }
     } else {
       launch(decode_fold, fold_grid(g), 32, 0, c.stream, g, nullptr);
     }

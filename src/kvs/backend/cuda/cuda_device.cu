@@ -200,7 +200,12 @@ class CudaDevice final : public Device {
     ctx_.dev = this;
     ctx_.stream = streams_[0];
     ctx_.n_sm = prop.multiProcessorCount;
-    if (const char* w = std::getenv("KVS_DECODE_WARP")) ctx_.decode_warp = std::atoi(w) != 0;
+    if (const char* w = std::getenv("KVS_DECODE_WARP")) {
+      const int k = std::atoi(w);
+      KVS_CHECK(k == 0 || k == 1 || k == 2 || k == 4, "KVS_DECODE_WARP=", w,
+                ": 0 (a block per span), 1, 2 or 4 (a warp per span, half, quarter)");
+      ctx_.decode_split = k;
+    }
     KVS_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_.side, cudaStreamNonBlocking));
     for (cudaEvent_t* e : {&ctx_.side_ready, &ctx_.converted[0], &ctx_.converted[1],
                            &ctx_.consumed[0], &ctx_.consumed[1]})
@@ -491,12 +496,12 @@ class CudaDevice final : public Device {
     b.pos = stage(a.pos, a.n_tok);
     const bool q =
         a.n_tok == 1 && a.last && quantizing(1, static_cast<int64_t>(a.n_head) * a.kv.head_dim);
-    const bool by_warp = a.n_tok == 1 && cuda::decode_by_warp(ctx_, a.kv, int64_t{a.pos[0]} + 1);
+    const int split = a.n_tok == 1 ? cuda::decode_split(ctx_, a.kv, int64_t{a.pos[0]} + 1) : 0;
     key(8, b.q, b.out, b.acc, b.pos, b.n_tok, b.spans, b.n_spans, b.n_head, b.scale, b.first,
-        b.last, q, by_warp);
+        b.last, q, split);
     key_layout(b.kv);
     run(a.n_tok == 1 ? "attention decode" : "attention prefill",
-        [=, this] { cuda::attention(ctx_, b, xq(q), by_warp); });
+        [=, this] { cuda::attention(ctx_, b, xq(q), split); });
     if (q) quantized_ = {b.out, static_cast<int64_t>(a.n_head) * a.kv.head_dim};
   }
 

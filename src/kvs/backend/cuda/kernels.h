@@ -31,7 +31,7 @@ struct Ctx {
   cudaEvent_t side_ready = nullptr, converted[2] = {}, consumed[2] = {};
   DeviceBuffer w16, x16, part, xq, kv16, spans16;
   int n_sm = 0;          // the GPU's multiprocessors
-  int decode_warp = -1;  // KVS_DECODE_WARP: 1, 0 force decode_by_warp's answer; -1: its own
+  int decode_split = -1;  // KVS_DECODE_WARP: forces decode_split's answer; -1: its own
 
   // While a step is being recorded as a graph, a scratch buffer that must grow first runs and
   // waits for what was recorded so far (pause: the old buffer may be in use), then recording
@@ -78,12 +78,14 @@ void swiglu(Ctx& c, float* gate, const float* up, int64_t n, uint8_t* xq = nullp
 void add(Ctx& c, float* x, const float* y, int64_t n);
 void kv_write(Ctx& c, const KvLayout& l, const float* k, const float* v, int32_t n_tok,
               uint8_t* const* pages, const int32_t* slots);
-// Whether the decode attention of a sequence that sees n_ctx keys runs a warp per (span, kv
-// head) rather than a block: decided by the whole context, never by the spans of one call, so a
-// streamed run (the ring's chunks) and a resident one (all spans at once) take the same path.
-bool decode_by_warp(const Ctx& c, const KvLayout& l, int64_t n_ctx);
+// How the decode attention of a sequence that sees n_ctx keys splits its work: 0, a block per
+// (span, kv head), its warps' quarters of the span merged; k >= 1, a warp per (k-th of a span,
+// kv head), each k-th a partial of its own (head sizes 64 and 128; the others take 0 and 1
+// alike). Decided by the whole context, never by the spans of one call, so a streamed run (the
+// ring's chunks) and a resident one (all spans at once) take the same path.
+int decode_split(const Ctx& c, const KvLayout& l, int64_t n_ctx);
 // a.spans and a.pos point to device copies. xq: a decode's last call also writes its output
-// quantized there (as rmsnorm does). by_warp: decode_by_warp's answer for the sequence.
-void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq = nullptr, bool by_warp = false);
+// quantized there (as rmsnorm does). split: decode_split's answer for the sequence.
+void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq = nullptr, int split = 0);
 
 }  // namespace kvs::cuda

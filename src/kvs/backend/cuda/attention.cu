@@ -417,23 +417,23 @@ __device__ __forceinline__ void fold_write(const Geo& g, int h, int i, float m, 
 // Decode, step 2: fold the partials of every span into the running state, in span order. A
 // warp per (head, 32 output dimensions), a lane per dimension. The state's max only grows, so
 // the max after each span is a prefix max, and the factors that rescale the state and the
-// span's partial depend on maxima alone: the warp computes them for a chunk of 32 spans at once
-// (a scan over its lanes, the same expf of the same differences as a one-by-one fold), and the
-// only serial work left is the sum and the output, one multiply-add per span. A span is merged
-// (o * ea + cur * eb), taken as the first (nothing before it) or skipped (empty). The fold reads
-// every partial once (megabytes a layer at long contexts) and does little with it, so its
-// speed is the bytes in flight: the chunks come by cp.async into a ring of kFoldStages.
-constexpr int kFold = 32;
-constexpr int kFoldStages = 8;
-
+// span's partial depend on maxima alone: the warp computes them for a chunk of kChunk spans at
+// once (a scan over its lanes, kChunk / 32 spans a lane, the same expf of the same differences
+// as a one-by-one fold, so the chunk's size does not change the result), and the only serial
+// work left is the sum and the output, one multiply-add per span. A span is merged (o * ea +
+// cur * eb), taken as the first (nothing before it) or skipped (empty). The fold reads every
+// partial once (megabytes a layer at long contexts) and does little with it, so its speed is
+// the bytes in flight: the chunks come by cp.async into a ring of 256 / kChunk stages.
 __device__ __forceinline__ void cp_async_cg16(void* dst, const void* src) {
   const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
 }
+template <int kChunk>
 __global__ void __launch_bounds__(32) decode_fold(Geo g, const float* part) {
-  __shared__ __align__(16) float so[kFoldStages][kFold][32];  // the chunk's outputs
-  __shared__ __align__(16) float4 sm[kFoldStages][kFold];     // max, sum, non-empty
-  __shared__ float4 sf[kFold];  // the chunk's factors: ea, eb and the sum's term
+  constexpr int kPer = kChunk / 32, kStages = 256 / kChunk;
+  __shared__ __align__(16) float so[kStages][kChunk][32];  // the chunk's outputs
+  __shared__ __align__(16) float4 sm[kStages][kChunk];     // max, sum, non-empty
+  __shared__ float4 sf[kChunk];  // the chunk's factors: ea, eb and the sum's term
   pdl_wait();
   const int h = blockIdx.x, lane = threadIdx.x, i = blockIdx.y * 32 + lane, n = g.n_spans;
   const size_t stride = part_stride(g.d), step = stride * g.n_head;
@@ -443,16 +443,20 @@ __global__ void __launch_bounds__(32) decode_fold(Geo g, const float* part) {
   float run_max = l != 0.0f ? m : -INFINITY;
   bool any = l != 0.0f;
   const float* base = part + h * stride;
-  const int n_chunks = (n + kFold - 1) / kFold;
-  // Chunk c into stage c % kFoldStages, one commit group each (empty past the end): the
-  // lane's span's head, and 16-byte pieces of the outputs, 8 a span.
+  const int n_chunks = (n + kChunk - 1) / kChunk;
+  // Chunk c into stage c % kStages, one commit group each (empty past the end): the heads of
+  // the lane's spans, and 16-byte pieces of the outputs, 8 a span.
   const auto issue = [&](int c) {
     if (c < n_chunks) {
-      const int s0 = c * kFold, st = c % kFoldStages;
-      if (s0 + lane < n) cp_async_cg16(&sm[st][lane], base + (s0 + lane) * step);
+      const int s0 = c * kChunk, st = c % kStages;
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) {
+        const int s = kPer * lane + j;
+        if (s0 + s < n) cp_async_cg16(&sm[st][s], base + (s0 + s) * step);
+      }
       const float* src = base + kPartO + blockIdx.y * 32 + 4 * (lane % 8);
 #pragma unroll
-      for (int j = 0; j < kFold / 4; ++j) {
+      for (int j = 0; j < kChunk / 4; ++j) {
         const int s = lane / 8 + 4 * j;
         if (s0 + s < n) cp_async_cg16(&so[st][s][4 * (lane % 8)], src + (s0 + s) * step);
       }
@@ -460,40 +464,57 @@ __global__ void __launch_bounds__(32) decode_fold(Geo g, const float* part) {
     cp_commit();
   };
 #pragma unroll
-  for (int c = 0; c < kFoldStages - 1; ++c) issue(c);
+  for (int c = 0; c < kStages - 1; ++c) issue(c);
   for (int c = 0; c < n_chunks; ++c) {
-    issue(c + kFoldStages - 1);  // into the stage read in the last pass
-    cp_wait<kFoldStages - 1>();  // chunk c has landed
+    issue(c + kStages - 1);  // into the stage read in the last pass
+    cp_wait<kStages - 1>();  // chunk c has landed
     __syncwarp();
-    const int s0 = c * kFold, st = c % kFoldStages;
-    const bool in = s0 + lane < n;
-    const float4 head = in ? sm[st][lane] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    const float pm = head.x, pl = head.y;
-    const bool live = in && head.z != 0.0f;  // an empty span's other values are garbage
-    // Lane s: the max after span s0 + s, the max before it, whether any span came before.
-    float after = live ? pm : -INFINITY;
-    int taken = live ? 1 : 0;
+    const int s0 = c * kChunk, st = c % kStages;
+    // The lane's spans kPer lane + j: their maxima and sums, and the running max and count of
+    // the live ones within the lane's run.
+    float pm[kPer], pl[kPer], run[kPer];
+    bool live[kPer];
+    int cnt[kPer];
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int s = kPer * lane + j;
+      const bool in = s0 + s < n;
+      const float4 head = in ? sm[st][s] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      pm[j] = head.x, pl[j] = head.y;
+      live[j] = in && head.z != 0.0f;  // an empty span's other values are garbage
+      const float r = j ? run[j - 1] : -INFINITY;
+      run[j] = live[j] ? fmaxf(r, pm[j]) : r;
+      cnt[j] = (j ? cnt[j - 1] : 0) + (live[j] ? 1 : 0);
+    }
+    // Over the lanes: the max and count of the runs up to the lane's (inclusive), then those
+    // before it joined with the state's max.
+    float after = run[kPer - 1];
+    int taken = cnt[kPer - 1];
 #pragma unroll
     for (int k = 1; k < 32; k *= 2) {
       const float x = __shfl_up_sync(0xffffffffu, after, k);
       const int y = __shfl_up_sync(0xffffffffu, taken, k);
       if (lane >= k) after = fmaxf(after, x), taken += y;
     }
-    after = fmaxf(after, run_max);
     float before = __shfl_up_sync(0xffffffffu, after, 1);
     int prior = __shfl_up_sync(0xffffffffu, taken, 1);
-    if (lane == 0) before = run_max, prior = 0;
-    const FoldStep f = fold_step(live, !any && prior == 0, before, after, pm);
-    const float lb = live ? pl * f.eb : 0.0f;
-    run_max = __shfl_sync(0xffffffffu, after, 31);
+    if (lane == 0) before = -INFINITY, prior = 0;
+    before = fmaxf(before, run_max);
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {  // span kPer lane + j: the max before and after it
+      const float b = j ? fmaxf(before, run[j - 1]) : before, a = fmaxf(before, run[j]);
+      const int p = prior + (j ? cnt[j - 1] : 0);
+      const FoldStep f = fold_step(live[j], !any && p == 0, b, a, pm[j]);
+      sf[kPer * lane + j] = make_float4(f.ea, f.eb, live[j] ? pl[j] * f.eb : 0.0f, 0.0f);
+    }
+    run_max = fmaxf(run_max, __shfl_sync(0xffffffffu, after, 31));
     any = any || __shfl_sync(0xffffffffu, taken, 31) > 0;
-    sf[lane] = make_float4(f.ea, f.eb, lb, 0.0f);
     __syncwarp();
     // The serial part: one multiply-add per span for the sum and for the output, the span's
     // factors one broadcast load (a skipped span's output, never copied, is not read: its eb
     // is 0).
 #pragma unroll
-    for (int s = 0; s < kFold; ++s) {
+    for (int s = 0; s < kChunk; ++s) {
       const float4 x = sf[s];
       l = fmaf(l, x.x, x.z);
       o = fold_out(o, FoldStep{x.x, x.y}, so[st][s][lane]);
@@ -1168,7 +1189,7 @@ __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks)
   extern __shared__ __align__(16) uint8_t dt_smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, t4 = lane % 4;
   const int ng = g.group, item = kByWarp ? blockIdx.x * kDtWarps + warp : blockIdx.x;
-  if (item >= g.n_spans * parts * n_kv) return;  // (by warp: whole warps)
+  if (item >= g.n_spans * parts * n_kv) return;    // (by warp: whole warps)
   const int sp_i = item / n_kv, hk = item % n_kv;  // the part, in span order
   const int s = sp_i / parts, piece = sp_i % parts;
   const int stage_bytes = kDtKeys * (kst + vst);
@@ -1647,10 +1668,11 @@ void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq, int split) {
       if (!g.fold_in_place) {
         Geo f = g;  // the fold sees each part as a span
         f.n_spans = a.n_spans * parts;
-        launch(decode_fold, fold_grid(f), 32, 0, c.stream, f, part);
+        launch(c.fold_chunk == 64 ? decode_fold<64> : decode_fold<32>, fold_grid(f), 32, 0,
+               c.stream, f, part);
       }
     } else {
-      launch(decode_fold, fold_grid(g), 32, 0, c.stream, g, nullptr);
+      launch(decode_fold<32>, fold_grid(g), 32, 0, c.stream, g, nullptr);
     }
     return;
   }

@@ -206,6 +206,10 @@ class CudaDevice final : public Device {
                 ": 0 (a block per span), 1, 2 or 4 (a warp per span, half, quarter)");
       ctx_.decode_split = k;
     }
+    if (const char* f = std::getenv("KVS_FOLD_CHUNK")) {
+      ctx_.fold_chunk = std::atoi(f);
+      KVS_CHECK(ctx_.fold_chunk == 32 || ctx_.fold_chunk == 64, "KVS_FOLD_CHUNK=", f, ": 32 or 64");
+    }
     KVS_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_.side, cudaStreamNonBlocking));
     for (cudaEvent_t* e : {&ctx_.side_ready, &ctx_.converted[0], &ctx_.converted[1],
                            &ctx_.consumed[0], &ctx_.consumed[1]})

@@ -30,8 +30,9 @@ struct Ctx {
   cudaStream_t side = nullptr;
   cudaEvent_t side_ready = nullptr, converted[2] = {}, consumed[2] = {};
   DeviceBuffer w16, x16, part, xq, kv16, spans16;
-  int n_sm = 0;          // the GPU's multiprocessors
+  int n_sm = 0;           // the GPU's multiprocessors
   int decode_split = -1;  // KVS_DECODE_WARP: forces decode_split's answer; -1: its own
+  int fold_chunk = 32;    // KVS_FOLD_CHUNK: spans a pass of the decode fold takes (32 or 64)
 
   // While a step is being recorded as a graph, a scratch buffer that must grow first runs and
   // waits for what was recorded so far (pause: the old buffer may be in use), then recording

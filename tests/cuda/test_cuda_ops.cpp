@@ -387,7 +387,8 @@ TEST(CudaOps, EmbedKvWriteAndAttention) {
 // bit-identical to one call. Every way to split the work, forced: a block per span (what a
 // short context takes), a warp per span (a long one), and a warp per half or quarter of a span
 // (pages of 64 keys there, so the parts hold keys; the cut-short span's last quarters none);
-// each with the fold's passes of 32 and 64 spans, which give the same bits.
+// each with the fold inside the attention's launch (a warp per span or part) and as a launch
+// of its own, with passes of 32 and 64 spans, which all give the same bits.
 TEST(CudaOps, DecodeAttentionManySpans) {
   NEED_GPU();
   struct Case {
@@ -398,72 +399,82 @@ TEST(CudaOps, DecodeAttentionManySpans) {
                         {DType::F16, DType::Q4_0, 128, 2, 16},
                         {DType::Q4_0, DType::F16, 64, 3, 3},
                         {DType::Q8_0, DType::Q4_0, 64, 4, 12}};
-  std::map<std::string, std::vector<float>> chunk32;  // by split and case
-  for (const char* split : {"0", "1", "2", "4"})
-    for (const char* chunk : {"32", "64"}) {
-      setenv("KVS_DECODE_WARP", split, 1);
-      setenv("KVS_FOLD_CHUNK", chunk, 1);
-      gpu = make_cuda_device(0);
-      unsetenv("KVS_DECODE_WARP");
-      unsetenv("KVS_FOLD_CHUNK");
-      const bool parts = split[0] > '1';
-      for (const Case& cs : cases) {
-        // 1500 = 93 x 16 + 12 = 23 x 64 + 28
-        const int P = parts ? 64 : 16, ctx = 1500, d = cs.d, n_kv = cs.n_kv, n_head = cs.n_head;
-        const KvLayout l = KvLayout::make(cs.k, cs.v, P, n_kv, d);
-        const int pages = (ctx + P - 1) / P + 1;  // the last page starts past the query
-        std::vector<uint8_t> hc(pages * l.page_bytes(), 0);
-        const auto k = rnd(static_cast<size_t>(pages) * P * n_kv * d, 41);
-        const auto v = rnd(static_cast<size_t>(pages) * P * n_kv * d, 42);
-        std::vector<uint8_t*> dc(pages * P);
-        std::vector<int32_t> slots(pages * P);
-        for (int t = 0; t < pages * P; ++t)
-          dc[t] = hc.data() + (t / P) * l.page_bytes(), slots[t] = t % P;
-        cpu->kv_write(l, k.data(), v.data(), pages * P, dc.data(), slots.data());
-        DeviceBuffer gp = gpu->alloc(hc.size(), "pages");
-        gpu->upload(gp.as(), hc.data(), hc.size());
-        const auto q = rnd(static_cast<size_t>(n_head) * d, 43, 3.0f);  // peaked softmax
-        const std::vector<int32_t> pos{ctx - 1};
-        std::vector<Span> sc, sg;
-        for (int p = 0; p < pages; ++p) {
-          const int n = p == pages - 2 ? ctx - p * P : P;
-          sc.push_back({hc.data() + p * l.page_bytes(), p * P, n});
-          sg.push_back({gp.as() + p * l.page_bytes(), p * P, n});
-        }
-        AttentionArgs a = attention_args(l, pos, n_head, 1.0f / std::sqrt(static_cast<float>(d)));
-        std::vector<float> oc(q.size()), accc(static_cast<size_t>(n_head) * 2);
-        a.q = q.data(), a.out = oc.data(), a.acc = accc.data(), a.spans = sc.data(),
-        a.n_spans = pages;
-        cpu->attention(a);
-        Buf qg(*gpu, q), og(*gpu, q.size()), ag(*gpu, accc.size());
-        a.q = qg.f(), a.out = og.f(), a.acc = ag.f(), a.spans = sg.data();
-        gpu->attention(a);
-        const auto one = og.get();
-        const std::string what =
-            std::string(dtype_name(cs.k)) + "/" + dtype_name(cs.v) + " d " + std::to_string(d) +
-            " group " + std::to_string(n_head / n_kv) +
-            (split[0] == '0'   ? ", a block per span"
-             : split[0] == '1' ? ", a warp per span"
-                               : std::string(", a warp per 1/") + split + " span") +
-            ", fold passes of " + chunk;
-        EXPECT_LT(max_rel(oc, one), 4e-3) << what;
-        std::vector<float>& base = chunk32[std::string(split) + what.substr(0, what.find(','))];
-        if (chunk[0] == '3')
-          base = one;
-        else
-          EXPECT_EQ(0, std::memcmp(base.data(), one.data(), one.size() * sizeof(float)))
-              << what << ": differs from passes of 32, by " << max_rel(base, one);
-        const int cuts[] = {0, parts ? 10 : 40, parts ? 11 : 41, pages};
-        for (int c = 0; c < 3; ++c) {
-          a.spans = sg.data() + cuts[c], a.n_spans = cuts[c + 1] - cuts[c];
-          a.first = c == 0, a.last = c == 2;
-          gpu->attention(a);
-        }
-        const auto three = og.get();
-        EXPECT_EQ(0, std::memcmp(one.data(), three.data(), one.size() * sizeof(float)))
-            << what << ": three calls differ from one, by " << max_rel(one, three);
+  struct Config {
+    const char *split, *chunk, *inline_fold;
+  };
+  const Config configs[] = {{"0", "32", "1"}, {"0", "64", "1"}, {"1", "32", "1"},
+                            {"1", "32", "0"}, {"1", "64", "0"}, {"2", "32", "1"},
+                            {"2", "64", "0"}, {"4", "32", "1"}, {"4", "64", "0"}};
+  std::map<std::string, std::vector<float>> first;  // by split and case: its first config's
+  for (const Config& cf : configs) {
+    const char* split = cf.split;
+    setenv("KVS_DECODE_WARP", split, 1);
+    setenv("KVS_FOLD_CHUNK", cf.chunk, 1);
+    setenv("KVS_FOLD_INLINE", cf.inline_fold, 1);
+    gpu = make_cuda_device(0);
+    unsetenv("KVS_DECODE_WARP");
+    unsetenv("KVS_FOLD_CHUNK");
+    unsetenv("KVS_FOLD_INLINE");
+    const bool parts = split[0] > '1';
+    for (const Case& cs : cases) {
+      // 1500 = 93 x 16 + 12 = 23 x 64 + 28
+      const int P = parts ? 64 : 16, ctx = 1500, d = cs.d, n_kv = cs.n_kv, n_head = cs.n_head;
+      const KvLayout l = KvLayout::make(cs.k, cs.v, P, n_kv, d);
+      const int pages = (ctx + P - 1) / P + 1;  // the last page starts past the query
+      std::vector<uint8_t> hc(pages * l.page_bytes(), 0);
+      const auto k = rnd(static_cast<size_t>(pages) * P * n_kv * d, 41);
+      const auto v = rnd(static_cast<size_t>(pages) * P * n_kv * d, 42);
+      std::vector<uint8_t*> dc(pages * P);
+      std::vector<int32_t> slots(pages * P);
+      for (int t = 0; t < pages * P; ++t)
+        dc[t] = hc.data() + (t / P) * l.page_bytes(), slots[t] = t % P;
+      cpu->kv_write(l, k.data(), v.data(), pages * P, dc.data(), slots.data());
+      DeviceBuffer gp = gpu->alloc(hc.size(), "pages");
+      gpu->upload(gp.as(), hc.data(), hc.size());
+      const auto q = rnd(static_cast<size_t>(n_head) * d, 43, 3.0f);  // peaked softmax
+      const std::vector<int32_t> pos{ctx - 1};
+      std::vector<Span> sc, sg;
+      for (int p = 0; p < pages; ++p) {
+        const int n = p == pages - 2 ? ctx - p * P : P;
+        sc.push_back({hc.data() + p * l.page_bytes(), p * P, n});
+        sg.push_back({gp.as() + p * l.page_bytes(), p * P, n});
       }
+      AttentionArgs a = attention_args(l, pos, n_head, 1.0f / std::sqrt(static_cast<float>(d)));
+      std::vector<float> oc(q.size()), accc(static_cast<size_t>(n_head) * 2);
+      a.q = q.data(), a.out = oc.data(), a.acc = accc.data(), a.spans = sc.data(),
+      a.n_spans = pages;
+      cpu->attention(a);
+      Buf qg(*gpu, q), og(*gpu, q.size()), ag(*gpu, accc.size());
+      a.q = qg.f(), a.out = og.f(), a.acc = ag.f(), a.spans = sg.data();
+      gpu->attention(a);
+      const auto one = og.get();
+      const std::string what =
+          std::string(dtype_name(cs.k)) + "/" + dtype_name(cs.v) + " d " + std::to_string(d) +
+          " group " + std::to_string(n_head / n_kv) +
+          (split[0] == '0'   ? ", a block per span"
+           : split[0] == '1' ? ", a warp per span"
+                             : std::string(", a warp per 1/") + split + " span") +
+          (cf.inline_fold[0] == '1' ? ", the fold in its launch" : ", the fold apart") +
+          ", passes of " + cf.chunk;
+      EXPECT_LT(max_rel(oc, one), 4e-3) << what;
+      const std::string key = std::string(split) + what.substr(0, what.find(','));
+      if (!first.count(key))
+        first[key] = one;
+      else
+        EXPECT_EQ(0, std::memcmp(first[key].data(), one.data(), one.size() * sizeof(float)))
+            << what << ": differs from the split's first configuration, by "
+            << max_rel(first[key], one);
+      const int cuts[] = {0, parts ? 10 : 40, parts ? 11 : 41, pages};
+      for (int c = 0; c < 3; ++c) {
+        a.spans = sg.data() + cuts[c], a.n_spans = cuts[c + 1] - cuts[c];
+        a.first = c == 0, a.last = c == 2;
+        gpu->attention(a);
+      }
+      const auto three = og.get();
+      EXPECT_EQ(0, std::memcmp(one.data(), three.data(), one.size() * sizeof(float)))
+          << what << ": three calls differ from one, by " << max_rel(one, three);
     }
+  }
 }
 
 // Prefill attention on a quantized cache larger than the f16 conversion scratch (128 MiB): the

@@ -423,19 +423,27 @@ __device__ __forceinline__ void fold_write(const Geo& g, int h, int i, float m, 
 // work left is the sum and the output, one multiply-add per span. A span is merged (o * ea +
 // cur * eb), taken as the first (nothing before it) or skipped (empty). The fold reads every
 // partial once (megabytes a layer at long contexts) and does little with it, so its speed is
-// the bytes in flight: the chunks come by cp.async into a ring of 256 / kChunk stages.
+// the bytes in flight: the chunks come by cp.async into a ring of kStages. It runs as a kernel
+// of its own (decode_fold) or inside the attention's launch, behind its spans (decode_tc).
 __device__ __forceinline__ void cp_async_cg16(void* dst, const void* src) {
   const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
 }
-template <int kChunk>
-__global__ void __launch_bounds__(32) decode_fold(Geo g, const float* part) {
-  constexpr int kPer = kChunk / 32, kStages = 256 / kChunk;
-  __shared__ __align__(16) float so[kStages][kChunk][32];  // the chunk's outputs
-  __shared__ __align__(16) float4 sm[kStages][kChunk];     // max, sum, non-empty
-  __shared__ float4 sf[kChunk];  // the chunk's factors: ea, eb and the sum's term
-  pdl_wait();
-  const int h = blockIdx.x, lane = threadIdx.x, i = blockIdx.y * 32 + lane, n = g.n_spans;
+// Shared memory of one fold warp: outputs [kStages][kChunk][32] floats, span heads
+// [kStages][kChunk] and the chunk's factors [kChunk], float4 each.
+__host__ __device__ constexpr int fold_bytes(int chunk, int stages) {
+  return stages * chunk * (32 * 4 + 16) + chunk * 16;
+}
+// The fold of head h, dimensions [32 db, 32 db + 32), by one warp; ready(c) returns once the
+// partials of chunk c are written (the attention's launch) or at once (a launch of its own).
+template <int kChunk, int kStages, class Ready>
+__device__ __forceinline__ void fold_run(const Geo& g, const float* part, int h, int db,
+                                         uint8_t* smem, Ready ready) {
+  constexpr int kPer = kChunk / 32;
+  auto so = reinterpret_cast<float(*)[kChunk][32]>(smem);  // the chunk's outputs
+  auto sm = reinterpret_cast<float4(*)[kChunk]>(smem + kStages * kChunk * 32 * 4);
+  float4* sf = reinterpret_cast<float4*>(smem + kStages * kChunk * (32 * 4 + 16));
+  const int lane = threadIdx.x % 32, i = db * 32 + lane, n = g.n_spans;
   const size_t stride = part_stride(g.d), step = stride * g.n_head;
   float m = g.first ? 0.0f : g.acc[2 * h], l = g.first ? 0.0f : g.acc[2 * h + 1];
   float o = l != 0.0f ? g.out[h * g.d + i] : 0.0f;
@@ -448,13 +456,14 @@ __global__ void __launch_bounds__(32) decode_fold(Geo g, const float* part) {
   // the lane's spans, and 16-byte pieces of the outputs, 8 a span.
   const auto issue = [&](int c) {
     if (c < n_chunks) {
+      ready(c);
       const int s0 = c * kChunk, st = c % kStages;
 #pragma unroll
       for (int j = 0; j < kPer; ++j) {
         const int s = kPer * lane + j;
         if (s0 + s < n) cp_async_cg16(&sm[st][s], base + (s0 + s) * step);
       }
-      const float* src = base + kPartO + blockIdx.y * 32 + 4 * (lane % 8);
+      const float* src = base + kPartO + db * 32 + 4 * (lane % 8);
 #pragma unroll
       for (int j = 0; j < kChunk / 4; ++j) {
         const int s = lane / 8 + 4 * j;
@@ -464,9 +473,8 @@ __global__ void __launch_bounds__(32) decode_fold(Geo g, const float* part) {
     cp_commit();
   };
 #pragma unroll
-  for (int c = 0; c < kStages - 1; ++c) issue(c);
+  for (int c = 0; c < kStages; ++c) issue(c);
   for (int c = 0; c < n_chunks; ++c) {
-    issue(c + kStages - 1);  // into the stage read in the last pass
     cp_wait<kStages - 1>();  // chunk c has landed
     __syncwarp();
     const int s0 = c * kChunk, st = c % kStages;
@@ -519,9 +527,17 @@ __global__ void __launch_bounds__(32) decode_fold(Geo g, const float* part) {
       l = fmaf(l, x.x, x.z);
       o = fold_out(o, FoldStep{x.x, x.y}, so[st][s][lane]);
     }
-    __syncwarp();  // the stage is refilled by the next pass
+    __syncwarp();  // the stage is refilled now
+    issue(c + kStages);
   }
   fold_write(g, h, i, any ? run_max : m, l, o);
+}
+template <int kChunk>
+__global__ void __launch_bounds__(32) decode_fold(Geo g, const float* part) {
+  constexpr int kStages = 256 / kChunk;
+  __shared__ __align__(16) uint8_t smem[fold_bytes(kChunk, kStages)];
+  pdl_wait();
+  fold_run<kChunk, kStages>(g, part, blockIdx.x, blockIdx.y, smem, [](int) {});
 }
 
 // The fold's grid: a warp per head and 32 dimensions.
@@ -1170,6 +1186,27 @@ __host__ __device__ constexpr int dt_warp_bytes(int stages, int kst, int vst, in
   return ((tiles > partial ? tiles : partial) + 15) / 16 * 16;
 }
 
+// The fold inside a by-warp decode launch (blocks > 0): its warps are the blocks after the
+// spans' and wait for each chunk's partials by their flags ([part][kv head]), which each span's
+// warp sets to the launch's number once its partial is written. The number is ctl[0] + 1, read
+// by every warp at its start; the last fold warp to finish (ctl[1] counts them) stores it in
+// ctl[0] for the next launch, after every warp of this one has read it. The fold's blocks come
+// last, so they take the places the spans' last wave leaves free.
+struct FoldSync {
+  int* flags;
+  int* ctl;
+  int blocks;
+};
+__device__ __forceinline__ int ld_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_release(int* p, int v) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+constexpr int kInlineFoldStages = 2;
+
 // Two ways to split the work (kByWarp, decode_split): a block per (span, kv head), each
 // warp a quarter of the span's keys, merged in warp order (many warps for a short context),
 // or a warp per (part, kv head), 4 to a block, a part being the whole span or one of its
@@ -1180,7 +1217,7 @@ __host__ __device__ constexpr int dt_warp_bytes(int stages, int kst, int vst, in
 // keys a warp takes depend on the span and the split alone.
 template <DType K, DType V, int D, bool kByWarp>
 __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks)
-    decode_tc(Geo g, float* part, int n_kv, int kst, int vst, int cw, int parts) {
+    decode_tc(Geo g, float* part, int n_kv, int kst, int vst, int cw, int parts, FoldSync fs) {
   static_assert(head_bytes<K, D>() % (D / 16) == 0 && head_bytes<V, D>() % (D / 16) == 0,
                 "heads start (D / 16)-byte aligned in shared memory (ld4, ld_scales)");
   pdl_wait();
@@ -1189,12 +1226,48 @@ __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks)
   extern __shared__ __align__(16) uint8_t dt_smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, t4 = lane % 4;
   const int ng = g.group, item = kByWarp ? blockIdx.x * kDtWarps + warp : blockIdx.x;
-  if (item >= g.n_spans * parts * n_kv) return;    // (by warp: whole warps)
+  const int n_items = g.n_spans * parts * n_kv;
+  // [kSt][kDtKeys][kst], [kDtKeys][vst]; after the tiles, the partials (or the fold's ring)
+  uint8_t* raw = dt_smem + warp * dt_warp_bytes(kSt, kst, vst, ng, D);
+  int tok = 0;  // this launch's number, with the fold inside it (FoldSync)
+  if (kByWarp && fs.blocks > 0) {
+    tok = *reinterpret_cast<volatile int*>(fs.ctl) + 1;
+    const int spans_blocks = (n_items + kDtWarps - 1) / kDtWarps;
+    if (static_cast<int>(blockIdx.x) >= spans_blocks) {  // a fold warp: (head, 32 dimensions)
+      const int fi = (blockIdx.x - spans_blocks) * kDtWarps + warp, n_fold = g.n_head * (D / 32);
+      if (fi >= n_fold) return;
+      const int h = fi / (D / 32), hf = h / ng;
+      Geo f = g;
+      f.n_spans = g.n_spans * parts;  // the parts are spans to the fold
+      fold_run<32, kInlineFoldStages>(f, part, h, fi % (D / 32), raw, [&](int c) {
+        const int sp = c * 32 + lane;
+        if (sp < f.n_spans)
+          while (ld_acquire(fs.flags + sp * n_kv + hf) != tok) __nanosleep(128);
+        __syncwarp();
+      });
+      __syncwarp();
+      if (lane == 0) {
+        __threadfence();
+        if (atomicAdd(fs.ctl + 1, 1) == n_fold - 1) {  // the last: number the next launch
+          fs.ctl[1] = 0;
+          __threadfence();
+          atomicExch(fs.ctl, tok);
+        }
+      }
+      return;
+    }
+  }
+  if (item >= n_items) return;                     // (by warp: whole warps)
   const int sp_i = item / n_kv, hk = item % n_kv;  // the part, in span order
   const int s = sp_i / parts, piece = sp_i % parts;
   const int stage_bytes = kDtKeys * (kst + vst);
-  // [kSt][kDtKeys][kst], [kDtKeys][vst]; after the tiles, the partials
-  uint8_t* raw = dt_smem + warp * dt_warp_bytes(kSt, kst, vst, ng, D);
+  // This warp's partial is written: its flag for the fold in this launch.
+  const auto signal = [&] {
+    if (!kByWarp || fs.blocks == 0) return;
+    __threadfence();
+    __syncwarp();
+    if (lane == 0) st_release(fs.flags + item, tok);
+  };
   const Span sp = g.spans[s];
   const size_t stride = part_stride(D);
   float* pout = part + (static_cast<size_t>(sp_i) * g.n_head + hk * ng) * stride;
@@ -1243,6 +1316,7 @@ __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks)
       fold_here(false, nullptr, nullptr, reinterpret_cast<float*>(kByWarp ? raw : dt_smem), t0, nt);
     else
       for (int r = t0; r < ng; r += nt) pout[r * stride + 2] = 0.0f;
+    signal();
     return;
   }
   // This warp's keys: the span, or a quarter (block) or a part (warp) of it in whole tiles.
@@ -1254,6 +1328,7 @@ __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks)
   }
   if (kByWarp && k_hi == k_lo) {  // a part past the keys (never folded in place: parts > 1)
     for (int r = lane; r < ng; r += 32) pout[r * stride + 2] = 0.0f;
+    signal();
     return;
   }
   const int n_tiles = (k_hi - k_lo + kDtKeys - 1) / kDtKeys;
@@ -1447,7 +1522,8 @@ __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks)
   }
   if constexpr (kByWarp) {
     __syncwarp();
-    return finish(red, ml, ml + 2 * ng, lane, 32);
+    finish(red, ml, ml + 2 * ng, lane, 32);
+    return signal();
   }
   // A block per span: the warps' partials merge in warp order into the span's, in the space
   // of warp 0's output (each row's max over the warps and each warp's factor once; a warp
@@ -1623,6 +1699,7 @@ void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq, int split) {
       const int parts = split > 1 && (d == 64 || d == 128) ? split : 1;
       float* part =
           c.scratch_part(static_cast<size_t>(a.n_spans) * parts * a.n_head * part_stride(d));
+      bool fold_launched = false;  // by the attention's launch
       DecTile t;
       t.keys = d <= 128 ? 64 : 32;
       t.kst = static_cast<int>((l.k_head + 15) / 16 * 16);
@@ -1647,8 +1724,19 @@ void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq, int split) {
             g.fold_in_place = a.n_spans == 1 && parts == 1;
             // (part, kv head): a warp or block each
             const int items = a.n_spans * parts * l.n_head_kv;
-            launch(tc, dim3(by_warp ? (items + kDtWarps - 1) / kDtWarps : items), 32 * kDtWarps,
-                   tc_smem, c.stream, g, part, l.n_head_kv, kst, vst, cw, parts);
+            // The fold inside the launch when its warps fit a decode warp's shared memory and
+            // half the GPU's blocks hold them twice over.
+            FoldSync fs{};
+            const int fold_blocks = (a.n_head * (d / 32) + kDtWarps - 1) / kDtWarps;
+            if (by_warp && !g.fold_in_place && c.fold_inline &&
+                dt_warp_bytes(stages, kst, vst, g.group, d) >= fold_bytes(32, kInlineFoldStages) &&
+                2 * fold_blocks <= c.n_sm * kDtBlocks) {
+              int* buf = c.scratch_flags(2 + static_cast<size_t>(items));
+              fs = {buf + 2, buf, fold_blocks};
+              fold_launched = true;
+            }
+            launch(tc, dim3(by_warp ? (items + kDtWarps - 1) / kDtWarps + fs.blocks : items),
+                   32 * kDtWarps, tc_smem, c.stream, g, part, l.n_head_kv, kst, vst, cw, parts, fs);
             return;
           }
           const auto run = [&](auto kernel) {
@@ -1665,7 +1753,7 @@ void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq, int split) {
             run(decode_partials<K, V, 8, 8>);
         });
       });
-      if (!g.fold_in_place) {
+      if (!g.fold_in_place && !fold_launched) {
         Geo f = g;  // the fold sees each part as a span
         f.n_spans = a.n_spans * parts;
         launch(c.fold_chunk == 64 ? decode_fold<64> : decode_fold<32>, fold_grid(f), 32, 0,

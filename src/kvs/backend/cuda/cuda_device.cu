@@ -28,13 +28,17 @@
 namespace kvs {
 namespace cuda {
 
-DeviceBuffer& Ctx::grow(DeviceBuffer& b, size_t bytes, const char* what) {
+DeviceBuffer& Ctx::grow(DeviceBuffer& b, size_t bytes, const char* what, bool zero) {
   if (b.size() < bytes) {
     if (pause) pause();
     KVS_CUDA_CHECK(cudaStreamSynchronize(stream));  // the old buffer may still be read
     if (side) KVS_CUDA_CHECK(cudaStreamSynchronize(side));
     b.reset();
     b = dev->alloc(bytes + bytes / 4, what);
+    if (zero) {
+      KVS_CUDA_CHECK(cudaMemsetAsync(b.as(), 0, b.size(), stream));
+      KVS_CUDA_CHECK(cudaStreamSynchronize(stream));
+    }
     if (resume) resume();
   }
   return b;
@@ -206,6 +210,7 @@ class CudaDevice final : public Device {
                 ": 0 (a block per span), 1, 2 or 4 (a warp per span, half, quarter)");
       ctx_.decode_split = k;
     }
+    if (const char* f = std::getenv("KVS_FOLD_INLINE")) ctx_.fold_inline = std::string(f) != "0";
     if (const char* f = std::getenv("KVS_FOLD_CHUNK")) {
       ctx_.fold_chunk = std::atoi(f);
       KVS_CHECK(ctx_.fold_chunk == 32 || ctx_.fold_chunk == 64, "KVS_FOLD_CHUNK=", f, ": 32 or 64");

@@ -29,10 +29,11 @@ struct Ctx {
   // far), converted[b] and consumed[b] (scratch half b written, and read).
   cudaStream_t side = nullptr;
   cudaEvent_t side_ready = nullptr, converted[2] = {}, consumed[2] = {};
-  DeviceBuffer w16, x16, part, xq, kv16, spans16;
-  int n_sm = 0;           // the GPU's multiprocessors
-  int decode_split = -1;  // KVS_DECODE_WARP: forces decode_split's answer; -1: its own
-  int fold_chunk = 32;    // KVS_FOLD_CHUNK: spans a pass of the decode fold takes (32 or 64)
+  DeviceBuffer w16, x16, part, xq, kv16, spans16, flags;
+  int n_sm = 0;             // the GPU's multiprocessors
+  int decode_split = -1;    // KVS_DECODE_WARP: forces decode_split's answer; -1: its own
+  int fold_chunk = 32;      // KVS_FOLD_CHUNK: spans a pass of the decode fold takes (32 or 64)
+  bool fold_inline = true;  // KVS_FOLD_INLINE=0: the decode fold always a launch of its own
 
   // While a step is being recorded as a graph, a scratch buffer that must grow first runs and
   // waits for what was recorded so far (pause: the old buffer may be in use), then recording
@@ -48,11 +49,15 @@ struct Ctx {
     return grow(part, n * sizeof(float), "attention partials").as<float>();
   }
   uint8_t* scratch_xq(size_t bytes) { return grow(xq, bytes, "quantized activations").as(); }
+  // Zeroed whenever it grows (the decode fold's flags and launch numbers start over).
+  int* scratch_flags(size_t n) {
+    return grow(flags, n * sizeof(int), "attention flags", true).as<int>();
+  }
   __half* scratch_kv16(size_t bytes) { return grow(kv16, bytes, "f16 K/V chunks").as<__half>(); }
   Span* scratch_spans16(size_t n) {
     return grow(spans16, n * sizeof(Span), "f16 K/V chunk spans").as<Span>();
   }
-  DeviceBuffer& grow(DeviceBuffer& b, size_t bytes, const char* what);
+  DeviceBuffer& grow(DeviceBuffer& b, size_t bytes, const char* what, bool zero = false);
 };
 
 // Copies n bytes (a multiple of 16, both addresses 16-byte aligned) from host memory to dst

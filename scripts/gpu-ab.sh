@@ -17,7 +17,7 @@ mode=${1:-}
 shift || true
 [ $# -gt 0 ] || { echo "usage: $0 bench|exact CFG..." >&2; exit 2; }
 mkdir -p "$out"
-name() { local n=${1// /_}; echo "${n:-default}"; }
+name() { local n=${1// /_}; n=${n//=/-}; echo "${n:-default}"; }  # names the device returns
 
 case "$mode" in
   bench)

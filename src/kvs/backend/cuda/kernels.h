@@ -32,7 +32,7 @@ struct Ctx {
   DeviceBuffer w16, x16, part, xq, kv16, spans16, flags;
   int n_sm = 0;             // the GPU's multiprocessors
   int decode_split = -1;    // KVS_DECODE_WARP: forces decode_split's answer; -1: its own
-  int fold_chunk = 32;      // KVS_FOLD_CHUNK: spans a pass of the decode fold takes (32 or 64)
+  int fold_chunk = 64;      // KVS_FOLD_CHUNK: spans a pass of the decode fold takes (32 or 64)
   bool fold_inline = true;  // KVS_FOLD_INLINE=0: the decode fold always a launch of its own
 
   // While a step is being recorded as a graph, a scratch buffer that must grow first runs and

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -169,31 +170,38 @@ TEST(CudaStream, StreamedAndUnifiedLogitsAreBitIdenticalToResident) {
   EXPECT_GE(several, 6);
 }
 
-// Larger rings and chunks of many pages on a model with real head sizes.
+// Larger rings and chunks of many pages on a model with real head sizes; the decode attention
+// as the context chooses (a block per span here) and forced to a warp per span, whose fold runs
+// inside the attention's launch unless the ring's chunk is one page.
 TEST(CudaStream, StreamedLogitsAreBitIdenticalToResident) {
   NEED_GPU(gpu);
   auto m = Model::load("synthetic:tiny-qwen3:q4_0");
   const auto prompt = tokens(5, 200, m->config.n_vocab);
-  for (DType kt : {DType::F16, DType::Q8_0})
-    for (DType vt : {DType::F16, DType::Q4_0}) {
-      EngineOptions o;
-      o.n_ctx = 512;
-      o.n_batch = 48;
-      o.page_size = 8;
-      o.k_type = kt;
-      o.v_type = vt;
-      o.kv_mode = KvMode::Resident;
-      const Trace want = run(*m, *gpu, o, prompt, 40);
-      o.kv_mode = KvMode::Stream;
-      o.ring_chunk_bytes = 4096;
-      const Trace got = run(*m, *gpu, o, prompt, 40);
-      ASSERT_EQ(want.logits.size(), got.logits.size());
-      for (size_t i = 0; i < want.logits.size(); ++i)
-        ASSERT_EQ(std::memcmp(want.logits[i].data(), got.logits[i].data(),
-                              want.logits[i].size() * sizeof(float)),
-                  0)
-            << "step " << i << " kv " << dtype_name(kt) << "/" << dtype_name(vt);
-    }
+  setenv("KVS_DECODE_WARP", "1", 1);
+  auto by_warp = make_cuda_device(0);
+  unsetenv("KVS_DECODE_WARP");
+  for (Device* dev : {gpu.get(), by_warp.get()})
+    for (DType kt : {DType::F16, DType::Q8_0})
+      for (DType vt : {DType::F16, DType::Q4_0}) {
+        EngineOptions o;
+        o.n_ctx = 512;
+        o.n_batch = 48;
+        o.page_size = 8;
+        o.k_type = kt;
+        o.v_type = vt;
+        o.kv_mode = KvMode::Resident;
+        const Trace want = run(*m, *dev, o, prompt, 40);
+        o.kv_mode = KvMode::Stream;
+        o.ring_chunk_bytes = 4096;
+        const Trace got = run(*m, *dev, o, prompt, 40);
+        ASSERT_EQ(want.logits.size(), got.logits.size());
+        for (size_t i = 0; i < want.logits.size(); ++i)
+          ASSERT_EQ(std::memcmp(want.logits[i].data(), got.logits[i].data(),
+                                want.logits[i].size() * sizeof(float)),
+                    0)
+              << "step " << i << " kv " << dtype_name(kt) << "/" << dtype_name(vt)
+              << (dev == gpu.get() ? "" : ", a warp per span");
+      }
 }
 
 TEST(CudaVsCpu, SmolLM2LogitsAndGreedyText) {

@@ -4,7 +4,8 @@
 // Decode: one warp (decode_tc, tensor cores, head sizes 64 and 128) or block (decode_partials,
 // CUDA cores, the others) per (span, kv head) computes the partial of every query head of the
 // group, then a warp per (head, 32 dimensions) folds the partials into the state in span order
-// (decode_fold; a call of one span on tensor cores folds in its own warp). Prefill: blocks of query
+// (decode_fold; inside decode_tc's launch when it takes a warp per span; a call of one span on
+// tensor cores folds in its own warp). Prefill: blocks of query
 // rows (query, head) of one kv head walk the spans in tiles with an online softmax over tiles
 // (prefill_tc on tensor cores over f16 tiles, a quantized cache converted to f16 first; prefill on
 // CUDA cores for head sizes 32 and 256); a tile never crosses a span, so the sequence of operations
@@ -1192,17 +1193,18 @@ __host__ __device__ constexpr int dt_warp_bytes(int stages, int kst, int vst, in
 // by every warp at its start; the last fold warp to finish (ctl[1] counts them) stores it in
 // ctl[0] for the next launch, after every warp of this one has read it. The fold's blocks come
 // last, so they take the places the spans' last wave leaves free.
+// The numbers are unsigned: they wrap after 2^32 launches (days of decoding) without harm.
 struct FoldSync {
-  int* flags;
-  int* ctl;
+  unsigned* flags;
+  unsigned* ctl;
   int blocks;
 };
-__device__ __forceinline__ int ld_acquire(const int* p) {
-  int v;
+__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
+  unsigned v;
   asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
-__device__ __forceinline__ void st_release(int* p, int v) {
+__device__ __forceinline__ void st_release(unsigned* p, unsigned v) {
   asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
 constexpr int kInlineFoldStages = 2;
@@ -1229,9 +1231,9 @@ __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks)
   const int n_items = g.n_spans * parts * n_kv;
   // [kSt][kDtKeys][kst], [kDtKeys][vst]; after the tiles, the partials (or the fold's ring)
   uint8_t* raw = dt_smem + warp * dt_warp_bytes(kSt, kst, vst, ng, D);
-  int tok = 0;  // this launch's number, with the fold inside it (FoldSync)
+  unsigned tok = 0;  // this launch's number, with the fold inside it (FoldSync)
   if (kByWarp && fs.blocks > 0) {
-    tok = *reinterpret_cast<volatile int*>(fs.ctl) + 1;
+    tok = *reinterpret_cast<volatile unsigned*>(fs.ctl) + 1u;
     const int spans_blocks = (n_items + kDtWarps - 1) / kDtWarps;
     if (static_cast<int>(blockIdx.x) >= spans_blocks) {  // a fold warp: (head, 32 dimensions)
       const int fi = (blockIdx.x - spans_blocks) * kDtWarps + warp, n_fold = g.n_head * (D / 32);
@@ -1248,8 +1250,8 @@ __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks)
       __syncwarp();
       if (lane == 0) {
         __threadfence();
-        if (atomicAdd(fs.ctl + 1, 1) == n_fold - 1) {  // the last: number the next launch
-          fs.ctl[1] = 0;
+        if (atomicAdd(fs.ctl + 1, 1u) == static_cast<unsigned>(n_fold - 1)) {  // the last:
+          fs.ctl[1] = 0;  // number the next launch
           __threadfence();
           atomicExch(fs.ctl, tok);
         }
@@ -1731,7 +1733,7 @@ void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq, int split) {
             if (by_warp && !g.fold_in_place && c.fold_inline &&
                 dt_warp_bytes(stages, kst, vst, g.group, d) >= fold_bytes(32, kInlineFoldStages) &&
                 2 * fold_blocks <= c.n_sm * kDtBlocks) {
-              int* buf = c.scratch_flags(2 + static_cast<size_t>(items));
+              unsigned* buf = c.scratch_flags(2 + static_cast<size_t>(items));
               fs = {buf + 2, buf, fold_blocks};
               fold_launched = true;
             }

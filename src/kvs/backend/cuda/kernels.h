@@ -50,8 +50,8 @@ struct Ctx {
   }
   uint8_t* scratch_xq(size_t bytes) { return grow(xq, bytes, "quantized activations").as(); }
   // Zeroed whenever it grows (the decode fold's flags and launch numbers start over).
-  int* scratch_flags(size_t n) {
-    return grow(flags, n * sizeof(int), "attention flags", true).as<int>();
+  unsigned* scratch_flags(size_t n) {
+    return grow(flags, n * sizeof(unsigned), "attention flags", true).as<unsigned>();
   }
   __half* scratch_kv16(size_t bytes) { return grow(kv16, bytes, "f16 K/V chunks").as<__half>(); }
   Span* scratch_spans16(size_t n) {

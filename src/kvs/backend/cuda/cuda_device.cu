@@ -215,6 +215,17 @@ class CudaDevice final : public Device {
       ctx_.fold_chunk = std::atoi(f);
       KVS_CHECK(ctx_.fold_chunk == 32 || ctx_.fold_chunk == 64, "KVS_FOLD_CHUNK=", f, ": 32 or 64");
     }
+    if (const char* f = std::getenv("KVS_L2_NEXT")) {
+      const int mb = std::atoi(f);
+      KVS_CHECK(mb >= 0 && mb <= 64, "KVS_L2_NEXT=", f,
+                ": MiB of the next product's weights (0-64)");
+      l2_next_bytes_ = static_cast<size_t>(mb) << 20;
+    }
+    if (const char* f = std::getenv("KVS_L2_NEXT_AT")) {
+      const std::string at = f;
+      KVS_CHECK(at == "start" || at == "end", "KVS_L2_NEXT_AT=", f, ": start or end");
+      l2_next_at_ = at == "start" ? 1 : 2;
+    }
     KVS_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_.side, cudaStreamNonBlocking));
     for (cudaEvent_t* e : {&ctx_.side_ready, &ctx_.converted[0], &ctx_.converted[1],
                            &ctx_.consumed[0], &ctx_.consumed[1]})
@@ -451,8 +462,11 @@ class CudaDevice final : public Device {
       const Matrix& m = *j[i].w;
       key(m.data, m.type, m.n_in, m.n_out, m.row_bytes, j[i].y, j[i].bias, j[i].add);
     }
-    run(n_tok <= cuda::kMaxVecTok ? "matvec" : "gemm",
-        [=, this] { cuda::matmuls(ctx_, x, n_tok, j.data(), n_jobs, xq(q)); });
+    const int at = next_product(j.data(), n_jobs, n_tok);
+    run(n_tok <= cuda::kMaxVecTok ? "matvec" : "gemm", [=, this] {
+      if (at >= 0) ctx_.next = next_[static_cast<size_t>(at)];
+      cuda::matmuls(ctx_, x, n_tok, j.data(), n_jobs, xq(q));
+    });
   }
   void rope(float* q, float* k, const int32_t* pos, int32_t n_tok, int32_t n_head,
             int32_t n_head_kv, const RopeParams& p) override {
@@ -506,6 +520,7 @@ class CudaDevice final : public Device {
     const bool q =
         a.n_tok == 1 && a.last && quantizing(1, static_cast<int64_t>(a.n_head) * a.kv.head_dim);
     const int split = a.n_tok == 1 ? cuda::decode_split(ctx_, a.kv, int64_t{a.pos[0]} + 1) : 0;
+    between_ += static_cast<size_t>(a.n_spans) * a.kv.page_bytes();
     key(8, b.q, b.out, b.acc, b.pos, b.n_tok, b.spans, b.n_spans, b.n_head, b.scale, b.first,
         b.last, q, split);
     key_layout(b.kv);
@@ -581,6 +596,7 @@ class CudaDevice final : public Device {
     stage_off_ = flushed_ = 0;
     recording_ = true;
     calls_.clear();
+    next_.clear();
     key_.assign(1, gen_);
   }
   void end_step(bool run) override {
@@ -717,6 +733,28 @@ class CudaDevice final : public Device {
     const Timed t(prof_, ctx_.stream, name);
     f();
   }
+  // In a recorded step, the matrix-vector product before this one (n_tok <= kMaxVecTok) gets
+  // this one's first l2_next_bytes_ as its L2 prefetch, unless the attention between them reads
+  // more than L2 would keep. Returns this product's index in next_ (-1: not recorded).
+  int next_product(const MatJob* jobs, int n_jobs, int64_t n_tok) {
+    if (!recording_ || n_tok > cuda::kMaxVecTok || l2_next_bytes_ == 0) return -1;
+    if (!next_.empty() && between_ <= (size_t{24} << 20)) {
+      cuda::L2Next& nx = next_.back();
+      size_t left = l2_next_bytes_;
+      for (int i = 0; i < n_jobs && i < 4 && left > 0; ++i) {
+        const Matrix& m = *jobs[i].w;
+        const uintptr_t a = reinterpret_cast<uintptr_t>(m.data) & ~uintptr_t{127};
+        const size_t bytes = std::min(left, static_cast<size_t>(m.n_out) * m.row_bytes);
+        nx.p[nx.n] = reinterpret_cast<const uint8_t*>(a);
+        nx.lines[nx.n++] = static_cast<uint32_t>((bytes + 127) / 128);
+        left -= bytes;
+      }
+      nx.at = l2_next_at_;
+    }
+    between_ = 0;
+    next_.push_back({});
+    return static_cast<int>(next_.size()) - 1;
+  }
   // Whether an operation writing rows <= kMaxVecTok of n elements also writes them quantized
   // into ctx_.xq for the integer matrix-vector kernel, which then skips quantizing its x (a
   // launch saved per product): when the buffer is that large already (it only grows, so it
@@ -809,8 +847,14 @@ class CudaDevice final : public Device {
   bool partial_ = false;            // the step being captured was cut by a pause
   bool recording_ = false;
   std::vector<std::function<void()>> calls_;  // the recorded step's operations
-  std::vector<uint64_t> key_, last_key_;      // what they launch; last_key_: what exec_ runs
-  uint64_t gen_ = 0;                          // bumped by every allocation and free
+  // KVS_L2_NEXT (MiB), KVS_L2_NEXT_AT: what a product asks L2 to fetch of the next one, when;
+  // next_: the recorded step's products' requests; between_: K/V bytes attended since the last.
+  size_t l2_next_bytes_ = 0;
+  int l2_next_at_ = 2;
+  std::vector<cuda::L2Next> next_;
+  size_t between_ = 0;
+  std::vector<uint64_t> key_, last_key_;  // what they launch; last_key_: what exec_ runs
+  uint64_t gen_ = 0;                      // bumped by every allocation and free
   std::map<std::pair<float, int32_t>, DeviceBuffer> inv_freq_;
   void* stage_h_ = nullptr;
   void* stage_d_ = nullptr;

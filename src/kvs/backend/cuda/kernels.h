@@ -19,6 +19,16 @@ constexpr int kMaxVecTok = 8;  // tokens up to which matmul is a matrix-vector p
 constexpr size_t kKv16Bytes = size_t{128} << 20;
 constexpr int kMaxSpans16 = 4096;
 
+// Weights of the next matrix-vector product that the current one asks L2 to fetch, so that
+// the memory works while the small kernels between the two run: up to 4 byte ranges in the
+// order the next product reads them, as 128-byte lines.
+struct L2Next {
+  const uint8_t* p[4] = {};
+  uint32_t lines[4] = {};
+  int n = 0;
+  int at = 0;  // 0: none; 1: before the product's wait for the kernel before; 2: at its end
+};
+
 // What the kernels share: the stream, cuBLAS, and scratch buffers that grow on demand.
 struct Ctx {
   Device* dev = nullptr;
@@ -34,6 +44,7 @@ struct Ctx {
   int decode_split = -1;    // KVS_DECODE_WARP: forces decode_split's answer; -1: its own
   int fold_chunk = 64;      // KVS_FOLD_CHUNK: spans a pass of the decode fold takes (32 or 64)
   bool fold_inline = true;  // KVS_FOLD_INLINE=0: the decode fold always a launch of its own
+  L2Next next;              // for the next matmuls call's last launch (set by the device)
 
   // While a step is being recorded as a graph, a scratch buffer that must grow first runs and
   // waits for what was recorded so far (pause: the old buffer may be in use), then recording

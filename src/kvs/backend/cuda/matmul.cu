@@ -201,13 +201,28 @@ struct QChunk {
   }
 };
 
+// This warp's share of the next product's lines, asked of L2 (no registers, no wait).
+__device__ __forceinline__ void prefetch_next(const L2Next& nx, int lane) {
+  uint32_t total = 0;
+  for (int r = 0; r < nx.n; ++r) total += nx.lines[r];
+  const uint32_t parts = gridDim.x * kWarps, per = (total + parts - 1) / parts;
+  const uint32_t a = (blockIdx.x * kWarps + threadIdx.x / 32) * per, b = min(total, a + per);
+  for (uint32_t i = a + lane; i < b; i += 32) {
+    int r = 0;
+    uint32_t off = i;
+    while (r + 1 < nx.n && off >= nx.lines[r]) off -= nx.lines[r++];
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(nx.p[r] + static_cast<size_t>(off) * 128));
+  }
+}
+
 // R rows per warp, g.split warps per R rows (each taking every split-th chunk of U groups,
 // summed through shared memory). The first chunk's weights are loaded before pdl_wait(): no
 // kernel writes them, so their latency overlaps the kernel before. kPipe: the next chunk is
 // loaded before the current one is used (twice the registers, no gap between the loads).
 template <DType T, int NT, int R, int U, bool kPipe>
 __global__ void __launch_bounds__(kWarps * 32)
-    matvec_q(Group g, const XBlock* __restrict__ xq, const XMeta* __restrict__ xm, int n_in) {
+    matvec_q(Group g, const XBlock* __restrict__ xq, const XMeta* __restrict__ xm, int n_in,
+             L2Next nx) {
   using C = QChunk<T, R, U>;
   __shared__ float red[kWarps][R][NT];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, split = g.split;
@@ -224,6 +239,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         g.w[j] + static_cast<size_t>(min(row0 + r, n_out - 1)) * g.pitch[j] + C::pk.quant * lane;
   C c;
   if (live) c.load(rows, part * U, lane, n_blocks);
+  if (nx.at == 1) prefetch_next(nx, lane);
   pdl_wait();
   if (!live) return;
   float acc[R][NT] = {};
@@ -238,6 +254,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       c.template dot<NT>(xq, xm, g0, lane, n_blocks, acc);
     }
   }
+  if (nx.at == 2) prefetch_next(nx, lane);
   finish<R, NT>(g, j, row0, acc, red, split);
 }
 
@@ -403,7 +420,7 @@ void launch_q(Ctx& c, const MatJob* jobs, int n, int split, const XBlock* xq, co
   g.split = split;
   const int per_block = kWarps / split * R;
   launch(matvec_q<T, NT, R, U, P>, (g.first[n] + per_block - 1) / per_block, kWarps * 32, 0,
-         c.stream, g, xq, xm, n_in);
+         c.stream, g, xq, xm, n_in, c.next);
 }
 
 // The integer kernel's shape for rows of n_in (rows in all, n_tok tokens, quant bytes per
@@ -546,13 +563,16 @@ void matmuls(Ctx& c, const float* x, int64_t n_tok, const MatJob* jobs, int n_jo
         xm = reinterpret_cast<const XMeta*>(buf + static_cast<size_t>(n_blocks) * sizeof(XBlock));
       }
     });
-  // Runs of jobs with one weight type share a launch.
+  // Runs of jobs with one weight type share a launch; the last asks for the next product.
+  const L2Next next = c.next;
   for (int i = 0; i < n_jobs;) {
     int n = 1;
     while (i + n < n_jobs && n < kMaxJobs && jobs[i + n].w->type == jobs[i].w->type) ++n;
+    c.next = i + n == n_jobs ? next : L2Next{};
     matvec(c, x, n_tok, jobs + i, n, xq, xm);
     i += n;
   }
+  c.next = {};
 }
 
 }  // namespace kvs::cuda

@@ -1,5 +1,6 @@
 // Times the integer matrix-vector kernel's variants (rows per warp, groups per chunk, one
-// chunk ahead or not, warps per row) on the matrix shapes of the 8B models, q4_0 and q8_0:
+// chunk ahead or not, warps per row; and the walking kernel of KVS_MATVEC=walk) on the matrix
+// shapes of the 8B models, q4_0 and q8_0:
 // the numbers behind q_shape() in matmul.cu (bench/results/h200-matvec-sweep.txt). Built with
 // the CUDA backend as kvs_matvec_sweep; run it on the GPU machine (PDL=0: without programmatic
 // dependent launch). Each variant runs 100 times over copies of the matrices larger than the
@@ -45,10 +46,39 @@ void run_variant(Ctx& c, const char* tn, const Shape& sh, std::vector<std::vecto
   }
 }
 
+// matvec_walk (KVS_MATVEC=walk): R rows a warp, U groups a chunk, the sums split as matvec_q's
+// `split` warps would (1 or 2).
+template <DType T, int R, int U>
+void run_walk(Ctx& c, const char* tn, const Shape& sh, std::vector<std::vector<Matrix>>& ws,
+              float* y, const XBlock* xq, const XMeta* xm, double bytes) {
+  for (int split : {1, 2}) {
+    auto go = [&](int i) {
+      MatJob jobs[3];
+      for (size_t j = 0; j < sh.outs.size(); ++j)
+        jobs[j] = MatJob{&ws[i % ws.size()][j], y + j * 200000, nullptr, false};
+      launch_walk<T, 1, R, U>(c, jobs, static_cast<int>(sh.outs.size()), split, xq, xm, sh.n_in);
+    };
+    for (int i = 0; i < 10; ++i) go(i);
+    cudaEvent_t a, b;
+    cudaEventCreate(&a), cudaEventCreate(&b);
+    const int n = 100;
+    cudaEventRecord(a, c.stream);
+    for (int i = 0; i < n; ++i) go(i);
+    cudaEventRecord(b, c.stream);
+    KVS_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    const double us = ms * 1000.0 / n;
+    printf("%-6s %-8s walk R=%d U=%d split=%d  %7.2f us  %6.0f GB/s\n", tn, sh.name, R, U, split,
+           us, bytes / us / 1e3);
+  }
+}
+
 int main() {
   pdl_enabled() = getenv("PDL") ? atoi(getenv("PDL")) : 1;
   Ctx c;
   KVS_CUDA_CHECK(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking));
+  KVS_CUDA_CHECK(cudaDeviceGetAttribute(&c.n_sm, cudaDevAttrMultiProcessorCount, 0));
   std::vector<Shape> shapes = {{"qkv", 4096, {4096, 1024, 1024}}, {"wo", 4096, {4096}},
                                {"gateup", 4096, {14336, 14336}},  {"down", 14336, {4096}},
                                {"q3gu", 4096, {12288, 12288}},    {"q3down", 12288, {4096}},
@@ -97,6 +127,9 @@ int main() {
       run_variant<T, 4, 4, false>(c, tn, sh, ws, y, xq, xm, bytes);
       run_variant<T, 2, 1, true>(c, tn, sh, ws, y, xq, xm, bytes);
       run_variant<T, 4, 1, true>(c, tn, sh, ws, y, xq, xm, bytes);
+      run_walk<T, 4, 1>(c, tn, sh, ws, y, xq, xm, bytes);
+      run_walk<T, 4, 2>(c, tn, sh, ws, y, xq, xm, bytes);
+      run_walk<T, 2, 2>(c, tn, sh, ws, y, xq, xm, bytes);
       if constexpr (packed(T).quant == 16) {  // 8 rows of 8-bit quants would spill
         run_variant<T, 8, 2, false>(c, tn, sh, ws, y, xq, xm, bytes);
         run_variant<T, 8, 1, true>(c, tn, sh, ws, y, xq, xm, bytes);

@@ -104,6 +104,15 @@ AttentionArgs attention_args(const KvLayout& l, const std::vector<int32_t>& pos,
   if (!gpu) GTEST_SKIP() << "no CUDA device"; \
   auto cpu = make_cpu_device(0);
 
+// A CUDA device with the one-token products by warps walking their row sets (a trial), whose
+// sums must equal the default kernel's bit for bit.
+std::unique_ptr<Device> walking_device() {
+  setenv("KVS_MATVEC", "walk", 1);
+  auto d = make_cuda_device(0);
+  unsetenv("KVS_MATVEC");
+  return d;
+}
+
 TEST(CudaOps, MatmulEveryFormat) {
   NEED_GPU();
   for (const char* wt :
@@ -130,13 +139,16 @@ TEST(CudaOps, MatmulEveryFormat) {
 }
 
 // The integer matrix-vector kernel on rows of several 1024-element groups and a partial one
-// (SmolLM2's shape: 576 and 1536 columns), with the residual add and a bias.
+// (SmolLM2's shape: 576 and 1536 columns), with the residual add and a bias; the walking warps'
+// products (up to two tokens) bit-identical to it.
 TEST(CudaOps, MatvecLongRowsAddAndBias) {
   NEED_GPU();
+  auto walk = walking_device();
   for (const char* wt : {"q8_0", "q4_0", "q4_1"}) {
     auto m = Model::load(std::string("synthetic:smollm2-135m:") + wt);
     const Weights wc = cpu->place_weights(m->weights);
     const Weights wg = gpu->place_weights(m->weights);
+    const Weights ww = walk->place_weights(m->weights);
     for (int which = 0; which < 2; ++which) {
       const Matrix& mc = which ? wc.layers[1].down : wc.layers[1].up;
       const Matrix& mg = which ? wg.layers[1].down : wg.layers[1].up;
@@ -151,8 +163,17 @@ TEST(CudaOps, MatvecLongRowsAddAndBias) {
         Buf xg(*gpu, x), yg(*gpu, y0);
         const MatJob jg{&mg, yg.f(), bg.f(), true};
         gpu->matmuls(xg.f(), n_tok, &jg, 1);
-        EXPECT_LT(max_rel(yc, yg.get()), 2e-4)
+        const auto y = yg.get();
+        EXPECT_LT(max_rel(yc, y), 2e-4)
             << wt << " n_in " << mc.n_in << " n_tok " << n_tok << " rows " << mc.n_out;
+        const Matrix& mw = which ? ww.layers[1].down : ww.layers[1].up;
+        Buf bw(*walk, bias), xw(*walk, x), yw(*walk, y0);
+        const MatJob jw{&mw, yw.f(), bw.f(), true};
+        walk->matmuls(xw.f(), n_tok, &jw, 1);
+        const auto w = yw.get();
+        EXPECT_EQ(0, std::memcmp(y.data(), w.data(), y.size() * sizeof(float)))
+            << wt << " n_in " << mc.n_in << " n_tok " << n_tok << ": the walking warps differ by "
+            << max_rel(y, w);
       }
     }
   }
@@ -174,9 +195,11 @@ TEST(CudaOps, RmsnormWideRows) {
 
 // The 8B models' shapes, against the CPU: rows of 14336 columns (the down product: the kernel
 // keeps a group of loads ahead), 4096 rows of 4096 (4 rows a warp, two warps to each 4), 6144
-// rows (8 rows a warp for 4-bit formats).
+// rows (8 rows a warp for 4-bit formats); the walking warps' products (one and two tokens)
+// bit-identical to them.
 TEST(CudaOps, MatvecEightBShapes) {
   NEED_GPU();
+  auto walk = walking_device();
   for (DType t : {DType::Q4_0, DType::Q8_0, DType::Q4_1}) {
     for (const auto& [n_in, n_out] :
          {std::pair<int64_t, int64_t>{14336, 4608}, {4096, 4096}, {4096, 6144}}) {
@@ -188,15 +211,23 @@ TEST(CudaOps, MatvecEightBShapes) {
       Weights hw;
       hw.tok_embd = Matrix{t, n_in, n_out, rb, q.data()};
       hw.output = hw.tok_embd;  // tied: placed once
-      const Weights cw = cpu->place_weights(hw), gw = gpu->place_weights(hw);
+      const Weights cw = cpu->place_weights(hw), gw = gpu->place_weights(hw),
+                    ww = walk->place_weights(hw);
       for (int64_t n_tok : {1, 2}) {
         const auto x = rnd(static_cast<size_t>(n_in * n_tok), 24);
         std::vector<float> yc(static_cast<size_t>(n_out * n_tok));
         cpu->matmul(cw.tok_embd, x.data(), yc.data(), n_tok, nullptr);
         Buf xg(*gpu, x), yg(*gpu, yc.size());
         gpu->matmul(gw.tok_embd, xg.f(), yg.f(), n_tok, nullptr);
-        EXPECT_LT(max_rel(yc, yg.get()), 2e-4)
+        const auto y = yg.get();
+        EXPECT_LT(max_rel(yc, y), 2e-4)
             << dtype_name(t) << " " << n_out << " x " << n_in << " n_tok " << n_tok;
+        Buf xw(*walk, x), yw(*walk, yc.size());
+        walk->matmul(ww.tok_embd, xw.f(), yw.f(), n_tok, nullptr);
+        const auto w = yw.get();
+        EXPECT_EQ(0, std::memcmp(y.data(), w.data(), y.size() * sizeof(float)))
+            << dtype_name(t) << " " << n_out << " x " << n_in << " n_tok " << n_tok
+            << ": the walking warps differ by " << max_rel(y, w);
       }
     }
   }
@@ -387,8 +418,8 @@ TEST(CudaOps, EmbedKvWriteAndAttention) {
 // bit-identical to one call. Every way to split the work, forced: a block per span (what a
 // short context takes), a warp per span (a long one), and a warp per half or quarter of a span
 // (pages of 64 keys there, so the parts hold keys; the cut-short span's last quarters none);
-// each with the fold inside the attention's launch and as a launch of its own, with passes of
-// 32 and 64 spans, which all give the same bits.
+// each with the fold inside the attention's launch (for a block per span: KVS_FOLD_INLINE=2)
+// and as a launch of its own, with passes of 32 and 64 spans, which all give the same bits.
 TEST(CudaOps, DecodeAttentionManySpans) {
   NEED_GPU();
   struct Case {
@@ -402,7 +433,7 @@ TEST(CudaOps, DecodeAttentionManySpans) {
   struct Config {
     const char *split, *chunk, *inline_fold;
   };
-  const Config configs[] = {{"0", "32", "1"}, {"0", "32", "0"}, {"0", "64", "0"}, {"1", "32", "1"},
+  const Config configs[] = {{"0", "32", "2"}, {"0", "32", "0"}, {"0", "64", "0"}, {"1", "32", "1"},
                             {"1", "32", "0"}, {"1", "64", "0"}, {"2", "32", "1"}, {"2", "64", "0"},
                             {"4", "32", "1"}, {"4", "64", "0"}};
   std::map<std::string, std::vector<float>> first;  // by split and case: its first config's
@@ -454,7 +485,7 @@ TEST(CudaOps, DecodeAttentionManySpans) {
           (split[0] == '0'   ? ", a block per span"
            : split[0] == '1' ? ", a warp per span"
                              : std::string(", a warp per 1/") + split + " span") +
-          (cf.inline_fold[0] == '1' ? ", the fold in its launch" : ", the fold apart") +
+          (cf.inline_fold[0] != '0' ? ", the fold in its launch" : ", the fold apart") +
           ", passes of " + cf.chunk;
       EXPECT_LT(max_rel(oc, one), 4e-3) << what;
       const std::string key = std::string(split) + what.substr(0, what.find(','));

@@ -1734,7 +1734,7 @@ void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq, int split) {
             // half the GPU's blocks hold them twice over.
             FoldSync fs{};
             const int fold_blocks = (a.n_head * (d / 32) + kDtWarps - 1) / kDtWarps;
-            if (!g.fold_in_place && c.fold_inline &&
+            if (!g.fold_in_place && c.fold_inline > (by_warp ? 0 : 1) &&
                 dt_warp_bytes(stages, kst, vst, g.group, d) >= fold_bytes(32, kInlineFoldStages) &&
                 2 * fold_blocks <= c.n_sm * kDtBlocks) {
               unsigned* buf = c.scratch_flags(2 + static_cast<size_t>(items));

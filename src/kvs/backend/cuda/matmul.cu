@@ -202,16 +202,21 @@ struct QChunk {
 };
 
 // This warp's share of the next product's lines, asked of L2 (no registers, no wait).
+// The ranges are indexed by constants only (unused ones have no lines), so the parameter
+// stays in constant memory instead of a copy on the stack.
 __device__ __forceinline__ void prefetch_next(const L2Next& nx, int lane) {
-  uint32_t total = 0;
-  for (int r = 0; r < nx.n; ++r) total += nx.lines[r];
+  const uint32_t total = nx.lines[0] + nx.lines[1] + nx.lines[2] + nx.lines[3];
   const uint32_t parts = gridDim.x * kWarps, per = (total + parts - 1) / parts;
   const uint32_t a = (blockIdx.x * kWarps + threadIdx.x / 32) * per, b = min(total, a + per);
   for (uint32_t i = a + lane; i < b; i += 32) {
-    int r = 0;
+    const uint8_t* p = nx.p[0];
     uint32_t off = i;
-    while (r + 1 < nx.n && off >= nx.lines[r]) off -= nx.lines[r++];
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(nx.p[r] + static_cast<size_t>(off) * 128));
+    int at = 0;  // the range of off
+#pragma unroll
+    for (int r = 0; r < 3; ++r)
+      if (at == r && off >= nx.lines[r] && nx.lines[r + 1] > 0)
+        off -= nx.lines[r], p = nx.p[r + 1], at = r + 1;
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p + static_cast<size_t>(off) * 128));
   }
 }
 
@@ -219,7 +224,9 @@ __device__ __forceinline__ void prefetch_next(const L2Next& nx, int lane) {
 // summed through shared memory). The first chunk's weights are loaded before pdl_wait(): no
 // kernel writes them, so their latency overlaps the kernel before. kPipe: the next chunk is
 // loaded before the current one is used (twice the registers, no gap between the loads).
-template <DType T, int NT, int R, int U, bool kPipe>
+// kNext: asks L2 for the next product's first weights (nx; a trial, one token only), a
+// variant of its own so that the others' code stays as it was.
+template <DType T, int NT, int R, int U, bool kPipe, bool kNext = false>
 __global__ void __launch_bounds__(kWarps * 32)
     matvec_q(Group g, const XBlock* __restrict__ xq, const XMeta* __restrict__ xm, int n_in,
              L2Next nx) {
@@ -239,7 +246,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         g.w[j] + static_cast<size_t>(min(row0 + r, n_out - 1)) * g.pitch[j] + C::pk.quant * lane;
   C c;
   if (live) c.load(rows, part * U, lane, n_blocks);
-  if (nx.at == 1) prefetch_next(nx, lane);
+  if (kNext && nx.at == 1) prefetch_next(nx, lane);
   pdl_wait();
   if (!live) return;
   float acc[R][NT] = {};
@@ -254,8 +261,88 @@ __global__ void __launch_bounds__(kWarps * 32)
       c.template dot<NT>(xq, xm, g0, lane, n_blocks, acc);
     }
   }
-  if (nx.at == 2) prefetch_next(nx, lane);
+  if (kNext && nx.at == 2) prefetch_next(nx, lane);
   finish<R, NT>(g, j, row0, acc, red, split);
+}
+
+// A trial against matvec_q's warp (or split warps) per row set (KVS_MATVEC=walk): as many
+// blocks as the GPU holds at once, warp w of W walking row sets w, w + W, ... of R rows a
+// chunk of U groups at a time, the next chunk's loads (of this set, or the first of its next
+// set) issued before the current chunk's dot, so that a warp has loads in flight from its start
+// to its end instead of a block's start and end around each. The same sums in the same order
+// as matvec_q with `split` warps to a row set: chunk k of a set is part k % split's (the
+// parts' sums swap places after each chunk), and the parts are added as finish() adds them.
+template <DType T, int NT, int R, int U>
+__global__ void __launch_bounds__(kWarps * 32)
+    matvec_walk(Group g, const XBlock* __restrict__ xq, const XMeta* __restrict__ xm, int n_in,
+                L2Next nx) {
+  using C = QChunk<T, R, U>;
+  const int lane = threadIdx.x % 32, n_sets = g.first[g.n] / R;
+  const int W = gridDim.x * kWarps, n_blocks = n_in / 32, n_groups = (n_blocks + 31) / 32;
+  struct Rows {
+    const uint8_t* p[R];
+    int j, row0;
+  };
+  const auto rows_of = [&](int set, Rows& r) {
+    const int r0 = set * R;
+    int j = 0;
+    while (j + 1 < g.n && r0 >= g.first[j + 1]) ++j;
+    r.j = j, r.row0 = r0 - g.first[j];
+#pragma unroll
+    for (int k = 0; k < R; ++k)  // a row past the end re-reads the last one; not stored
+      r.p[k] = g.w[j] + static_cast<size_t>(min(r.row0 + k, g.n_out[j] - 1)) * g.pitch[j] +
+               C::pk.quant * lane;
+  };
+  int set = blockIdx.x * kWarps + threadIdx.x / 32;
+  Rows cur;
+  C c;
+  if (set < n_sets) {
+    rows_of(set, cur);
+    c.load(cur.p, 0, lane, n_blocks);
+  }
+  if (nx.at == 1) prefetch_next(nx, lane);
+  pdl_wait();
+  if (set < n_sets) {
+    float acc[R][NT] = {}, other[R][NT] = {};  // the current chunk's part, the other part
+    int g0 = 0, k = 0;                         // the chunk's first group, its index in the set
+    for (;;) {
+      int ng0 = g0 + U, nset = set;
+      Rows nxt = cur;
+      if (ng0 >= n_groups) {
+        ng0 = 0, nset += W;
+        if (nset < n_sets) rows_of(nset, nxt);
+      }
+      C n;
+      if (nset < n_sets) n.load(nxt.p, ng0, lane, n_blocks);
+      c.template dot<NT>(xq, xm, g0, lane, n_blocks, acc);
+      ++k;
+      if (g.split == 2) {
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+          for (int t = 0; t < NT; ++t) {
+            const float a = acc[r][t];
+            acc[r][t] = other[r][t], other[r][t] = a;
+          }
+      }
+      if (ng0 == 0) {  // the set is done: part 0's sums are in acc after an even count
+        const bool even = k % 2 == 0;
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+          for (int t = 0; t < NT; ++t) {
+            float v = warp_sum(g.split == 2 && !even ? other[r][t] : acc[r][t]);
+            if (g.split == 2) v = (0.0f + v) + warp_sum(even ? other[r][t] : acc[r][t]);
+            if (lane == 0 && cur.row0 + r < g.n_out[cur.j]) store(g, cur.j, cur.row0 + r, t, v);
+            acc[r][t] = 0.0f, other[r][t] = 0.0f;
+          }
+        if (nset >= n_sets) break;
+        set = nset, cur = nxt, k = 0;
+      }
+      c = n, g0 = ng0;
+    }
+  }
+  if (nx.at == 2) prefetch_next(nx, lane);
 }
 
 // f16 and bf16 rows: two per warp, lanes over the elements.
@@ -418,8 +505,26 @@ void launch_q(Ctx& c, const MatJob* jobs, int n, int split, const XBlock* xq, co
               int n_in) {
   Group g = make_group(jobs, n, R);
   g.split = split;
-  const int per_block = kWarps / split * R;
-  launch(matvec_q<T, NT, R, U, P>, (g.first[n] + per_block - 1) / per_block, kWarps * 32, 0,
+  const int per_block = kWarps / split * R, blocks = (g.first[n] + per_block - 1) / per_block;
+  if constexpr (NT == 1)
+    if (c.next.at != 0)
+      return launch(matvec_q<T, NT, R, U, P, true>, blocks, kWarps * 32, 0, c.stream, g, xq, xm,
+                    n_in, c.next);
+  launch(matvec_q<T, NT, R, U, P>, blocks, kWarps * 32, 0, c.stream, g, xq, xm, n_in, L2Next{});
+}
+
+// matvec_walk with R rows a warp and q_shape's chunks and split: as many blocks as fit the GPU.
+template <DType T, int NT, int R, int U>
+void launch_walk(Ctx& c, const MatJob* jobs, int n, int split, const XBlock* xq, const XMeta* xm,
+                 int n_in) {
+  Group g = make_group(jobs, n, R);
+  g.split = split;
+  static int per_sm = 0;  // blocks an SM holds, for this kernel
+  if (per_sm == 0)
+    KVS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, matvec_walk<T, NT, R, U>,
+                                                                 kWarps * 32, 0));
+  const int sets = g.first[n] / R, need = (sets + kWarps - 1) / kWarps;
+  launch(matvec_walk<T, NT, R, U>, std::min(need, std::max(1, per_sm) * c.n_sm), kWarps * 32, 0,
          c.stream, g, xq, xm, n_in, c.next);
 }
 
@@ -444,6 +549,11 @@ QShape q_shape(int rows, int n_in, int64_t n_tok, int quant) {
 template <DType T, int NT>
 void matvec_q_any(Ctx& c, const MatJob* jobs, int n, const XBlock* xq, const XMeta* xm, int n_in,
                   QShape s) {
+  if constexpr (NT <= 2) {
+    if (c.walk && s.split <= 2)
+      return s.u == 1 ? launch_walk<T, NT, 4, 1>(c, jobs, n, s.split, xq, xm, n_in)
+                      : launch_walk<T, NT, 4, 2>(c, jobs, n, s.split, xq, xm, n_in);
+  }
   if constexpr (NT > 4) {
     launch_q<T, NT, 1, 2, false>(c, jobs, n, s.split, xq, xm, n_in);
   } else if constexpr (NT > 2) {

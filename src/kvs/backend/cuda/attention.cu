@@ -1187,9 +1187,9 @@ __host__ __device__ constexpr int dt_warp_bytes(int stages, int kst, int vst, in
   return ((tiles > partial ? tiles : partial) + 15) / 16 * 16;
 }
 
-// The fold inside a decode launch (blocks > 0): its warps are the blocks after the spans' and
-// wait for each chunk's partials by their flags ([part][kv head]), which each span's warp (or
-// block) sets to the launch's number once its partial is written. The number is ctl[0] + 1, read
+// The fold inside a by-warp decode launch (blocks > 0): its warps are the blocks after the
+// spans' and wait for each chunk's partials by their flags ([part][kv head]), which each span's
+// warp sets to the launch's number once its partial is written. The number is ctl[0] + 1, read
 // by every warp at its start; the last fold warp to finish (ctl[1] counts them) stores it in
 // ctl[0] for the next launch, after every warp of this one has read it. The fold's blocks come
 // last, so they take the places the spans' last wave leaves free.
@@ -1232,9 +1232,9 @@ __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks)
   // [kSt][kDtKeys][kst], [kDtKeys][vst]; after the tiles, the partials (or the fold's ring)
   uint8_t* raw = dt_smem + warp * dt_warp_bytes(kSt, kst, vst, ng, D);
   unsigned tok = 0;  // this launch's number, with the fold inside it (FoldSync)
-  if (fs.blocks > 0) {
+  if (kByWarp && fs.blocks > 0) {
     tok = *reinterpret_cast<volatile unsigned*>(fs.ctl) + 1u;
-    const int spans_blocks = kByWarp ? (n_items + kDtWarps - 1) / kDtWarps : n_items;
+    const int spans_blocks = (n_items + kDtWarps - 1) / kDtWarps;
     if (static_cast<int>(blockIdx.x) >= spans_blocks) {  // a fold warp: (head, 32 dimensions)
       const int fi = (blockIdx.x - spans_blocks) * kDtWarps + warp, n_fold = g.n_head * (D / 32);
       if (fi >= n_fold) return;
@@ -1263,15 +1263,12 @@ __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks)
   const int sp_i = item / n_kv, hk = item % n_kv;  // the part, in span order
   const int s = sp_i / parts, piece = sp_i % parts;
   const int stage_bytes = kDtKeys * (kst + vst);
-  // This warp's (block's) partial is written: its flag for the fold in this launch.
+  // This warp's partial is written: its flag for the fold in this launch.
   const auto signal = [&] {
-    if (fs.blocks == 0) return;
+    if (!kByWarp || fs.blocks == 0) return;
     __threadfence();
-    if constexpr (kByWarp)
-      __syncwarp();
-    else
-      __syncthreads();
-    if ((kByWarp ? lane : threadIdx.x) == 0) st_release(fs.flags + item, tok);
+    __syncwarp();
+    if (lane == 0) st_release(fs.flags + item, tok);
   };
   const Span sp = g.spans[s];
   const size_t stride = part_stride(D);
@@ -1559,7 +1556,6 @@ __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks)
   }
   __syncthreads();
   finish(red, sml, sml + 2 * ng, threadIdx.x, blockDim.x);
-  signal();
 }
 
 // Dynamic shared memory above 48 KiB has to be allowed once per kernel.
@@ -1734,14 +1730,14 @@ void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq, int split) {
             // half the GPU's blocks hold them twice over.
             FoldSync fs{};
             const int fold_blocks = (a.n_head * (d / 32) + kDtWarps - 1) / kDtWarps;
-            if (!g.fold_in_place && c.fold_inline > (by_warp ? 0 : 1) &&
+            if (by_warp && !g.fold_in_place && c.fold_inline &&
                 dt_warp_bytes(stages, kst, vst, g.group, d) >= fold_bytes(32, kInlineFoldStages) &&
                 2 * fold_blocks <= c.n_sm * kDtBlocks) {
               unsigned* buf = c.scratch_flags(2 + static_cast<size_t>(items));
               fs = {buf + 2, buf, fold_blocks};
               fold_launched = true;
             }
-            launch(tc, dim3((by_warp ? (items + kDtWarps - 1) / kDtWarps : items) + fs.blocks),
+            launch(tc, dim3(by_warp ? (items + kDtWarps - 1) / kDtWarps + fs.blocks : items),
                    32 * kDtWarps, tc_smem, c.stream, g, part, l.n_head_kv, kst, vst, cw, parts, fs);
             return;
           }

@@ -210,11 +210,7 @@ class CudaDevice final : public Device {
                 ": 0 (a block per span), 1, 2 or 4 (a warp per span, half, quarter)");
       ctx_.decode_split = k;
     }
-    if (const char* f = std::getenv("KVS_FOLD_INLINE")) {
-      ctx_.fold_inline = std::atoi(f);
-      KVS_CHECK(std::string(f) == "0" || std::string(f) == "1" || std::string(f) == "2",
-                "KVS_FOLD_INLINE=", f, ": 0 (apart), 1 (a warp per span) or 2 (a block too)");
-    }
+    if (const char* f = std::getenv("KVS_FOLD_INLINE")) ctx_.fold_inline = std::string(f) != "0";
     if (const char* f = std::getenv("KVS_FOLD_CHUNK")) {
       ctx_.fold_chunk = std::atoi(f);
       KVS_CHECK(ctx_.fold_chunk == 32 || ctx_.fold_chunk == 64, "KVS_FOLD_CHUNK=", f, ": 32 or 64");

@@ -27,6 +27,9 @@ struct L2Next {
   uint32_t lines[4] = {};
   int n = 0;
   int at = 0;  // 0: none; 1: before the product's wait for the kernel before; 2: at its end
+  // Only the blocks from this one ask (the product's last wave: what earlier waves asked for
+  // would leave L2 again under the later waves' weights). Set by the launch.
+  int from_block = 0;
 };
 
 // What the kernels share: the stream, cuBLAS, and scratch buffers that grow on demand.
@@ -40,12 +43,12 @@ struct Ctx {
   cudaStream_t side = nullptr;
   cudaEvent_t side_ready = nullptr, converted[2] = {}, consumed[2] = {};
   DeviceBuffer w16, x16, part, xq, kv16, spans16, flags;
-  int n_sm = 0;           // the GPU's multiprocessors
-  int decode_split = -1;  // KVS_DECODE_WARP: forces decode_split's answer; -1: its own
-  int fold_chunk = 64;    // KVS_FOLD_CHUNK: spans a pass of the decode fold takes (32 or 64)
+  int n_sm = 0;             // the GPU's multiprocessors
+  int decode_split = -1;    // KVS_DECODE_WARP: forces decode_split's answer; -1: its own
+  int fold_chunk = 64;      // KVS_FOLD_CHUNK: spans a pass of the decode fold takes (32 or 64)
   bool fold_inline = true;  // KVS_FOLD_INLINE=0: the decode fold always a launch of its own
-  L2Next next;        // for the next matmuls call's last launch (set by the device)
-  bool walk = false;  // KVS_MATVEC=walk: one-token products by matvec_walk (a trial)
+  L2Next next;              // for the next matmuls call's last launch (set by the device)
+  bool walk = false;        // KVS_MATVEC=walk: one-token products by matvec_walk (a trial)
 
   // While a step is being recorded as a graph, a scratch buffer that must grow first runs and
   // waits for what was recorded so far (pause: the old buffer may be in use), then recording

@@ -205,9 +205,11 @@ struct QChunk {
 // The ranges are indexed by constants only (unused ones have no lines), so the parameter
 // stays in constant memory instead of a copy on the stack.
 __device__ __forceinline__ void prefetch_next(const L2Next& nx, int lane) {
+  if (static_cast<int>(blockIdx.x) < nx.from_block) return;
   const uint32_t total = nx.lines[0] + nx.lines[1] + nx.lines[2] + nx.lines[3];
-  const uint32_t parts = gridDim.x * kWarps, per = (total + parts - 1) / parts;
-  const uint32_t a = (blockIdx.x * kWarps + threadIdx.x / 32) * per, b = min(total, a + per);
+  const uint32_t parts = (gridDim.x - nx.from_block) * kWarps, per = (total + parts - 1) / parts;
+  const uint32_t a = ((blockIdx.x - nx.from_block) * kWarps + threadIdx.x / 32) * per,
+                 b = min(total, a + per);
   for (uint32_t i = a + lane; i < b; i += 32) {
     const uint8_t* p = nx.p[0];
     uint32_t off = i;
@@ -507,9 +509,16 @@ void launch_q(Ctx& c, const MatJob* jobs, int n, int split, const XBlock* xq, co
   g.split = split;
   const int per_block = kWarps / split * R, blocks = (g.first[n] + per_block - 1) / per_block;
   if constexpr (NT == 1)
-    if (c.next.at != 0)
+    if (c.next.at != 0) {
+      static int per_sm = 0;  // blocks an SM holds, for this kernel
+      if (per_sm == 0)
+        KVS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &per_sm, matvec_q<T, NT, R, U, P, true>, kWarps * 32, 0));
+      L2Next nx = c.next;
+      nx.from_block = std::max(0, blocks - std::max(1, per_sm) * c.n_sm);
       return launch(matvec_q<T, NT, R, U, P, true>, blocks, kWarps * 32, 0, c.stream, g, xq, xm,
-                    n_in, c.next);
+                    n_in, nx);
+    }
   launch(matvec_q<T, NT, R, U, P>, blocks, kWarps * 32, 0, c.stream, g, xq, xm, n_in, L2Next{});
 }
 

@@ -19,28 +19,41 @@ struct Shape {
   std::vector<int> outs;
 };
 
+// Microseconds a launch, over 100 launches back to back after 10 untimed; go(i) launches on
+// the i-th copy of the matrices.
+template <class F>
+double time_us(Ctx& c, F go) {
+  for (int i = 0; i < 10; ++i) go(i);
+  cudaEvent_t a, b;
+  cudaEventCreate(&a), cudaEventCreate(&b);
+  const int n = 100;
+  cudaEventRecord(a, c.stream);
+  for (int i = 0; i < n; ++i) go(i);
+  cudaEventRecord(b, c.stream);
+  KVS_CUDA_CHECK(cudaEventSynchronize(b));
+  float ms = 0;
+  cudaEventElapsedTime(&ms, a, b);
+  cudaEventDestroy(a), cudaEventDestroy(b);
+  return ms * 1000.0 / n;
+}
+
+// The jobs of a shape on copy i of its matrices.
+void jobs_of(const Shape& sh, std::vector<std::vector<Matrix>>& ws, float* y, int i,
+             MatJob (&jobs)[3]) {
+  for (size_t j = 0; j < sh.outs.size(); ++j)
+    jobs[j] = MatJob{&ws[i % ws.size()][j], y + j * 200000, nullptr, false};
+}
+
 template <DType T, int R, int U, bool P>
 void run_variant(Ctx& c, const char* tn, const Shape& sh, std::vector<std::vector<Matrix>>& ws,
                  float* y, const XBlock* xq, const XMeta* xm, double bytes) {
+  const int n = static_cast<int>(sh.outs.size());
   for (int split : {1, 2, 4}) {
-    auto go = [&](int i) {
+    const double us = time_us(c, [&](int i) {
       MatJob jobs[3];
-      for (size_t j = 0; j < sh.outs.size(); ++j) {
-        jobs[j] = MatJob{&ws[i % ws.size()][j], y + j * 200000, nullptr, false};
-      }
-      launch_q<T, 1, R, U, P>(c, jobs, static_cast<int>(sh.outs.size()), split, xq, xm, sh.n_in);
-    };
-    for (int i = 0; i < 10; ++i) go(i);
-    cudaEvent_t a, b;
-    cudaEventCreate(&a), cudaEventCreate(&b);
-    const int n = 100;
-    cudaEventRecord(a, c.stream);
-    for (int i = 0; i < n; ++i) go(i);
-    cudaEventRecord(b, c.stream);
-    KVS_CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    const double us = ms * 1000.0 / n;
+      jobs_of(sh, ws, y, i, jobs);
+      launch_q<T, 1, R, U, P>(c, jobs, n, split, xq, xm, sh.n_in);
+    });
     printf("%-6s %-8s R=%d U=%d pipe=%d split=%d  %7.2f us  %6.0f GB/s\n", tn, sh.name, R, U, P,
            split, us, bytes / us / 1e3);
   }
@@ -51,24 +64,13 @@ void run_variant(Ctx& c, const char* tn, const Shape& sh, std::vector<std::vecto
 template <DType T, int R, int U>
 void run_walk(Ctx& c, const char* tn, const Shape& sh, std::vector<std::vector<Matrix>>& ws,
               float* y, const XBlock* xq, const XMeta* xm, double bytes) {
+  const int n = static_cast<int>(sh.outs.size());
   for (int split : {1, 2}) {
-    auto go = [&](int i) {
+    const double us = time_us(c, [&](int i) {
       MatJob jobs[3];
-      for (size_t j = 0; j < sh.outs.size(); ++j)
-        jobs[j] = MatJob{&ws[i % ws.size()][j], y + j * 200000, nullptr, false};
-      launch_walk<T, 1, R, U>(c, jobs, static_cast<int>(sh.outs.size()), split, xq, xm, sh.n_in);
-    };
-    for (int i = 0; i < 10; ++i) go(i);
-    cudaEvent_t a, b;
-    cudaEventCreate(&a), cudaEventCreate(&b);
-    const int n = 100;
-    cudaEventRecord(a, c.stream);
-    for (int i = 0; i < n; ++i) go(i);
-    cudaEventRecord(b, c.stream);
-    KVS_CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    const double us = ms * 1000.0 / n;
+      jobs_of(sh, ws, y, i, jobs);
+      launch_walk<T, 1, R, U>(c, jobs, n, split, xq, xm, sh.n_in);
+    });
     printf("%-6s %-8s walk R=%d U=%d split=%d  %7.2f us  %6.0f GB/s\n", tn, sh.name, R, U, split,
            us, bytes / us / 1e3);
   }

@@ -59,9 +59,9 @@ void run_variant(Ctx& c, const char* tn, const Shape& sh, std::vector<std::vecto
   }
 }
 
-// matvec_walk (KVS_MATVEC=walk): R rows a warp, U groups a chunk, the sums split as matvec_q's
-// `split` warps would (1 or 2).
-template <DType T, int R, int U>
+// matvec_walk (KVS_MATVEC=walk): R rows a warp, U groups a chunk, kAhead chunks in flight, the
+// sums split as matvec_q's `split` warps would (1 or 2; chunks of 2 groups).
+template <DType T, int R, int U, int kAhead>
 void run_walk(Ctx& c, const char* tn, const Shape& sh, std::vector<std::vector<Matrix>>& ws,
               float* y, const XBlock* xq, const XMeta* xm, double bytes) {
   const int n = static_cast<int>(sh.outs.size());
@@ -69,10 +69,10 @@ void run_walk(Ctx& c, const char* tn, const Shape& sh, std::vector<std::vector<M
     const double us = time_us(c, [&](int i) {
       MatJob jobs[3];
       jobs_of(sh, ws, y, i, jobs);
-      launch_walk<T, 1, R, U>(c, jobs, n, split, xq, xm, sh.n_in);
+      launch_walk<T, 1, R, U, kAhead>(c, jobs, n, split, 2, xq, xm, sh.n_in);
     });
-    printf("%-6s %-8s walk R=%d U=%d split=%d  %7.2f us  %6.0f GB/s\n", tn, sh.name, R, U, split,
-           us, bytes / us / 1e3);
+    printf("%-6s %-8s walk R=%d U=%d ahead=%d split=%d  %7.2f us  %6.0f GB/s\n", tn, sh.name, R, U,
+           kAhead, split, us, bytes / us / 1e3);
   }
 }
 
@@ -129,9 +129,11 @@ int main() {
       run_variant<T, 4, 4, false>(c, tn, sh, ws, y, xq, xm, bytes);
       run_variant<T, 2, 1, true>(c, tn, sh, ws, y, xq, xm, bytes);
       run_variant<T, 4, 1, true>(c, tn, sh, ws, y, xq, xm, bytes);
-      run_walk<T, 4, 1>(c, tn, sh, ws, y, xq, xm, bytes);
-      run_walk<T, 4, 2>(c, tn, sh, ws, y, xq, xm, bytes);
-      run_walk<T, 2, 2>(c, tn, sh, ws, y, xq, xm, bytes);
+      run_walk<T, 4, 1, 2>(c, tn, sh, ws, y, xq, xm, bytes);
+      run_walk<T, 4, 1, 1>(c, tn, sh, ws, y, xq, xm, bytes);
+      run_walk<T, 4, 2, 1>(c, tn, sh, ws, y, xq, xm, bytes);
+      run_walk<T, 2, 1, 2>(c, tn, sh, ws, y, xq, xm, bytes);
+      if constexpr (packed(T).quant == 16) run_walk<T, 8, 1, 2>(c, tn, sh, ws, y, xq, xm, bytes);
       if constexpr (packed(T).quant == 16) {  // 8 rows of 8-bit quants would spill
         run_variant<T, 8, 2, false>(c, tn, sh, ws, y, xq, xm, bytes);
         run_variant<T, 8, 1, true>(c, tn, sh, ws, y, xq, xm, bytes);

@@ -602,6 +602,7 @@ class CudaDevice final : public Device {
     recording_ = true;
     calls_.clear();
     next_.clear();
+    between_ = 0;
     key_.assign(1, gen_);
   }
   void end_step(bool run) override {

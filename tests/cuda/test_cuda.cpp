@@ -207,21 +207,22 @@ TEST(CudaStream, StreamedLogitsAreBitIdenticalToResident) {
 
 // The switches of trials that must not change a bit (each a device of its own): the products
 // asking L2 for the next product's weights, at their start or end (only in recorded decode
-// steps); products by warps walking their row sets. Prompt and decode logits, bit for bit
-// against the defaults.
+// steps); products by warps walking their row sets; the decode fold inside the attention's
+// launch for a block per span. Prompt and decode logits, bit for bit against the defaults.
 TEST(CudaSwitches, TrialsKeepTheBits) {
   NEED_GPU(gpu);
   const std::vector<std::vector<std::pair<const char*, const char*>>> trials = {
       {{"KVS_L2_NEXT", "16"}},
       {{"KVS_L2_NEXT", "1"}, {"KVS_L2_NEXT_AT", "start"}},
       {{"KVS_MATVEC", "walk"}},
-      {{"KVS_MATVEC", "walk"}, {"KVS_L2_NEXT", "4"}}};
+      {{"KVS_MATVEC", "walk"}, {"KVS_L2_NEXT", "4"}},
+      {{"KVS_FOLD_INLINE", "2"}}};
   for (const char* spec : {"tiny-qwen3:q4_0", "smollm2-135m:q8_0", "tiny:q4_1"}) {
     auto m = Model::load(std::string("synthetic:") + spec);
     const auto prompt = tokens(11, 300, m->config.n_vocab);
     EngineOptions o;
     o.n_ctx = 1024;
-    o.page_size = 16;
+    o.page_size = 16;  // 19 spans and more: a block per span, the fold over many
     o.k_type = DType::Q8_0;
     o.v_type = DType::Q4_0;
     const Trace want = run(*m, *gpu, o, prompt, 24);

@@ -1187,9 +1187,9 @@ __host__ __device__ constexpr int dt_warp_bytes(int stages, int kst, int vst, in
   return ((tiles > partial ? tiles : partial) + 15) / 16 * 16;
 }
 
-// The fold inside a by-warp decode launch (blocks > 0): its warps are the blocks after the
-// spans' and wait for each chunk's partials by their flags ([part][kv head]), which each span's
-// warp sets to the launch's number once its partial is written. The number is ctl[0] + 1, read
+// The fold inside a decode launch (blocks > 0): its warps are the blocks after the spans' and
+// wait for each chunk's partials by their flags ([part][kv head]), which each span's warp (or
+// block) sets to the launch's number once its partial is written. The number is ctl[0] + 1, read
 // by every warp at its start; the last fold warp to finish (ctl[1] counts them) stores it in
 // ctl[0] for the next launch, after every warp of this one has read it. The fold's blocks come
 // last, so they take the places the spans' last wave leaves free.
@@ -1216,8 +1216,10 @@ constexpr int kInlineFoldStages = 2;
 // no barrier (a split span spends a third of its time starting and merging at a page of 256
 // keys; from 24K tokens of 8 kv heads on, a warp per span is faster on the H200, 3-9 % up to
 // 48K and 8 % at 128K). The parts of a span are spans of their own to the fold. Either way the
-// keys a warp takes depend on the span and the split alone.
-template <DType K, DType V, int D, bool kByWarp>
+// keys a warp takes depend on the span and the split alone. kFold: the kernel may hold the
+// fold (FoldSync); a block per span has it as a variant of its own (KVS_FOLD_INLINE=2, a trial),
+// so the default's code stays as measured.
+template <DType K, DType V, int D, bool kByWarp, bool kFold = kByWarp>
 __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks)
     decode_tc(Geo g, float* part, int n_kv, int kst, int vst, int cw, int parts, FoldSync fs) {
   static_assert(head_bytes<K, D>() % (D / 16) == 0 && head_bytes<V, D>() % (D / 16) == 0,
@@ -1232,9 +1234,9 @@ __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks)
   // [kSt][kDtKeys][kst], [kDtKeys][vst]; after the tiles, the partials (or the fold's ring)
   uint8_t* raw = dt_smem + warp * dt_warp_bytes(kSt, kst, vst, ng, D);
   unsigned tok = 0;  // this launch's number, with the fold inside it (FoldSync)
-  if (kByWarp && fs.blocks > 0) {
+  if (kFold && fs.blocks > 0) {
     tok = *reinterpret_cast<volatile unsigned*>(fs.ctl) + 1u;
-    const int spans_blocks = (n_items + kDtWarps - 1) / kDtWarps;
+    const int spans_blocks = kByWarp ? (n_items + kDtWarps - 1) / kDtWarps : n_items;
     if (static_cast<int>(blockIdx.x) >= spans_blocks) {  // a fold warp: (head, 32 dimensions)
       const int fi = (blockIdx.x - spans_blocks) * kDtWarps + warp, n_fold = g.n_head * (D / 32);
       if (fi >= n_fold) return;
@@ -1263,12 +1265,15 @@ __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks)
   const int sp_i = item / n_kv, hk = item % n_kv;  // the part, in span order
   const int s = sp_i / parts, piece = sp_i % parts;
   const int stage_bytes = kDtKeys * (kst + vst);
-  // This warp's partial is written: its flag for the fold in this launch.
+  // This warp's (block's) partial is written: its flag for the fold in this launch.
   const auto signal = [&] {
-    if (!kByWarp || fs.blocks == 0) return;
+    if (!kFold || fs.blocks == 0) return;
     __threadfence();
-    __syncwarp();
-    if (lane == 0) st_release(fs.flags + item, tok);
+    if constexpr (kByWarp)
+      __syncwarp();
+    else
+      __syncthreads();
+    if ((kByWarp ? lane : threadIdx.x) == 0) st_release(fs.flags + item, tok);
   };
   const Span sp = g.spans[s];
   const size_t stride = part_stride(D);
@@ -1556,6 +1561,7 @@ __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks)
   }
   __syncthreads();
   finish(red, sml, sml + 2 * ng, threadIdx.x, blockDim.x);
+  signal();
 }
 
 // Dynamic shared memory above 48 KiB has to be allowed once per kernel.
@@ -1713,10 +1719,13 @@ void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq, int split) {
           const dim3 grid(a.n_spans, l.n_head_kv);
           if (d == 64 || d == 128) {  // tensor cores
             const auto [kst, vst, cw] = head_copies(g, l.n_head_kv);
-            const bool by_warp = split > 0;
-            const auto tc =
-                d == 64 ? (by_warp ? decode_tc<K, V, 64, true> : decode_tc<K, V, 64, false>)
-                        : (by_warp ? decode_tc<K, V, 128, true> : decode_tc<K, V, 128, false>);
+            const bool by_warp = split > 0, block_fold = !by_warp && c.fold_inline == 2;
+            const auto tc = d == 64 ? (by_warp      ? decode_tc<K, V, 64, true>
+                                       : block_fold ? decode_tc<K, V, 64, false, true>
+                                                    : decode_tc<K, V, 64, false>)
+                                    : (by_warp      ? decode_tc<K, V, 128, true>
+                                       : block_fold ? decode_tc<K, V, 128, false, true>
+                                                    : decode_tc<K, V, 128, false>);
             const int stages = d == 64 ? dt_stages<K, V, 64>() : dt_stages<K, V, 128>();
             const size_t tc_smem =
                 kDtWarps * static_cast<size_t>(dt_warp_bytes(stages, kst, vst, g.group, d));
@@ -1730,14 +1739,14 @@ void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq, int split) {
             // half the GPU's blocks hold them twice over.
             FoldSync fs{};
             const int fold_blocks = (a.n_head * (d / 32) + kDtWarps - 1) / kDtWarps;
-            if (by_warp && !g.fold_in_place && c.fold_inline &&
+            if ((by_warp || block_fold) && !g.fold_in_place && c.fold_inline > 0 &&
                 dt_warp_bytes(stages, kst, vst, g.group, d) >= fold_bytes(32, kInlineFoldStages) &&
                 2 * fold_blocks <= c.n_sm * kDtBlocks) {
               unsigned* buf = c.scratch_flags(2 + static_cast<size_t>(items));
               fs = {buf + 2, buf, fold_blocks};
               fold_launched = true;
             }
-            launch(tc, dim3(by_warp ? (items + kDtWarps - 1) / kDtWarps + fs.blocks : items),
+            launch(tc, dim3((by_warp ? (items + kDtWarps - 1) / kDtWarps : items) + fs.blocks),
                    32 * kDtWarps, tc_smem, c.stream, g, part, l.n_head_kv, kst, vst, cw, parts, fs);
             return;
           }

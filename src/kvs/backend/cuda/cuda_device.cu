@@ -210,7 +210,13 @@ class CudaDevice final : public Device {
                 ": 0 (a block per span), 1, 2 or 4 (a warp per span, half, quarter)");
       ctx_.decode_split = k;
     }
-    if (const char* f = std::getenv("KVS_FOLD_INLINE")) ctx_.fold_inline = std::string(f) != "0";
+    if (const char* f = std::getenv("KVS_FOLD_INLINE")) {
+      const std::string v = f;
+      KVS_CHECK(
+          v == "0" || v == "1" || v == "2", "KVS_FOLD_INLINE=", f,
+          ": 0 (a launch of its own), 1 (inside a warp per span's launch) or 2 (a block's too)");
+      ctx_.fold_inline = std::stoi(v);
+    }
     if (const char* f = std::getenv("KVS_FOLD_CHUNK")) {
       ctx_.fold_chunk = std::atoi(f);
       KVS_CHECK(ctx_.fold_chunk == 32 || ctx_.fold_chunk == 64, "KVS_FOLD_CHUNK=", f, ": 32 or 64");

@@ -43,12 +43,14 @@ struct Ctx {
   cudaStream_t side = nullptr;
   cudaEvent_t side_ready = nullptr, converted[2] = {}, consumed[2] = {};
   DeviceBuffer w16, x16, part, xq, kv16, spans16, flags;
-  int n_sm = 0;             // the GPU's multiprocessors
-  int decode_split = -1;    // KVS_DECODE_WARP: forces decode_split's answer; -1: its own
-  int fold_chunk = 64;      // KVS_FOLD_CHUNK: spans a pass of the decode fold takes (32 or 64)
-  bool fold_inline = true;  // KVS_FOLD_INLINE=0: the decode fold always a launch of its own
-  L2Next next;              // for the next matmuls call's last launch (set by the device)
-  bool walk = false;        // KVS_MATVEC=walk: one-token products by matvec_walk (a trial)
+  int n_sm = 0;           // the GPU's multiprocessors
+  int decode_split = -1;  // KVS_DECODE_WARP: forces decode_split's answer; -1: its own
+  int fold_chunk = 64;    // KVS_FOLD_CHUNK: spans a pass of the decode fold takes (32 or 64)
+  // KVS_FOLD_INLINE: where the decode fold runs: 0, a launch of its own; 1, inside the
+  // attention's launch for a warp per span; 2, for a block per span too (a trial).
+  int fold_inline = 1;
+  L2Next next;        // for the next matmuls call's last launch (set by the device)
+  bool walk = false;  // KVS_MATVEC=walk: one-token products by matvec_walk (a trial)
 
   // While a step is being recorded as a graph, a scratch buffer that must grow first runs and
   // waits for what was recorded so far (pause: the old buffer may be in use), then recording

@@ -222,8 +222,9 @@ class CudaDevice final : public Device {
       KVS_CHECK(ctx_.fold_chunk == 32 || ctx_.fold_chunk == 64, "KVS_FOLD_CHUNK=", f, ": 32 or 64");
     }
     if (const char* f = std::getenv("KVS_MATVEC")) {
-      KVS_CHECK(std::string(f) == "walk" || std::string(f) == "block", "KVS_MATVEC=", f,
-                ": block (a block per row sets) or walk (warps walking row sets)");
+      KVS_CHECK(
+          std::string(f) == "walk" || std::string(f) == "block", "KVS_MATVEC=", f,
+          ": block (the default: a warp or two per row set) or walk (warps walking row sets)");
       ctx_.walk = std::string(f) == "walk";
     }
     if (const char* f = std::getenv("KVS_L2_NEXT")) {
@@ -475,7 +476,7 @@ class CudaDevice final : public Device {
     }
     const int at = next_product(j.data(), n_jobs, n_tok);
     run(n_tok <= cuda::kMaxVecTok ? "matvec" : "gemm", [=, this] {
-      if (at >= 0) ctx_.next = next_[static_cast<size_t>(at)];
+      ctx_.next = at >= 0 ? next_[static_cast<size_t>(at)] : cuda::L2Next{};
       cuda::matmuls(ctx_, x, n_tok, j.data(), n_jobs, xq(q));
     });
   }

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # On the GPU machine: environment switches compared in one call (machines lent for different
 # calls differ by up to 8 %, so a change is only compared with another in the same call).
-#   scripts/gpu-ab.sh bench CFG...   decode of llama3-8b q4_0 (q8_0 K, KVS_CTV V: default q8_0)
-#                                    at KVS_DEPTHS (default 0,32k,128k), 64 tokens, every CFG
-#                                    twice, alternating
+#   scripts/gpu-ab.sh bench CFG...   decode of KVS_AB_MODEL (default llama3-8b:q4_0; q8_0 K,
+#                                    KVS_CTV V: default q8_0) at KVS_DEPTHS (default
+#                                    0,32k,128k), 64 tokens, every CFG twice, alternating
 #   scripts/gpu-ab.sh exact CFG...   the last logits of 700 prompt tokens taken one at a time
 #                                    (one-token steps: the matrix-vector products, the decode
 #                                    attention over pages of 16 and its fold) under every CFG,
@@ -25,7 +25,7 @@ case "$mode" in
       for cfg in "$@"; do
         f="$out/$(name "$cfg")-$round"
         # shellcheck disable=SC2086  # the assignments split on spaces
-        env $cfg timeout 200 "$bin/kvstream" bench -m synthetic:llama3-8b:q4_0 -ctk q8_0 \
+        env $cfg timeout 200 "$bin/kvstream" bench -m "synthetic:${KVS_AB_MODEL:-llama3-8b:q4_0}" -ctk q8_0 \
           -ctv "${KVS_CTV:-q8_0}" --backend cuda --fill random -p 0 --modes resident \
           --depths "${KVS_DEPTHS:-0,32k,128k}" --n-gen 64 --json "$f.json" > "$f.txt" 2>&1
         echo "[$cfg] round $round (exit $?): $(grep -E '^\| synthetic' "$f.txt" |

@@ -208,15 +208,14 @@ TEST(CudaStream, StreamedLogitsAreBitIdenticalToResident) {
 // The switches of trials that must not change a bit (each a device of its own): the products
 // asking L2 for the next product's weights, at their start or end (only in recorded decode
 // steps); products by warps walking their row sets; the decode fold inside the attention's
-// launch for a block per span. Prompt and decode logits, bit for bit against the defaults.
+// launch for a block per span; qwen3's head norms in the rope's launch. Prompt and decode
+// logits, bit for bit against the defaults.
 TEST(CudaSwitches, TrialsKeepTheBits) {
   NEED_GPU(gpu);
   const std::vector<std::vector<std::pair<const char*, const char*>>> trials = {
-      {{"KVS_L2_NEXT", "16"}},
-      {{"KVS_L2_NEXT", "1"}, {"KVS_L2_NEXT_AT", "start"}},
-      {{"KVS_MATVEC", "walk"}},
-      {{"KVS_MATVEC", "walk"}, {"KVS_L2_NEXT", "4"}},
-      {{"KVS_FOLD_INLINE", "2"}}};
+      {{"KVS_L2_NEXT", "16"}},    {{"KVS_L2_NEXT", "1"}, {"KVS_L2_NEXT_AT", "start"}},
+      {{"KVS_MATVEC", "walk"}},   {{"KVS_MATVEC", "walk"}, {"KVS_L2_NEXT", "4"}},
+      {{"KVS_FOLD_INLINE", "2"}}, {{"KVS_FUSE_QK_NORM", "1"}}};
   for (const char* spec : {"tiny-qwen3:q4_0", "smollm2-135m:q8_0", "tiny:q4_1"}) {
     auto m = Model::load(std::string("synthetic:") + spec);
     const auto prompt = tokens(11, 300, m->config.n_vocab);

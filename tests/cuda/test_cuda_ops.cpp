@@ -324,6 +324,51 @@ TEST(CudaOps, RopeKvWriteFused) {
       }
 }
 
+// Qwen3's q and k head norms inside the rope's launch (KVS_FUSE_QK_NORM=1, a trial) against
+// two rmsnorm launches before it: the same q, k and page bytes.
+TEST(CudaOps, RopeKvWriteWithHeadNorms) {
+  NEED_GPU();
+  setenv("KVS_FUSE_QK_NORM", "1", 1);
+  auto fused = make_cuda_device(0);
+  unsetenv("KVS_FUSE_QK_NORM");
+  const int n_tok = 3, n_head = 7, n_kv = 3, P = 16;  // 7 q heads: a block of 3
+  const std::vector<int32_t> pos{5, 16, 4000}, slots{5, 0, 3};
+  for (const int d : {64, 128})
+    for (const auto& [kt, vt] : {std::pair{DType::F16, DType::F16}, {DType::Q8_0, DType::Q4_0}}) {
+      RopeParams p;
+      p.mode = RopeMode::Neox;
+      p.head_dim = d;
+      p.rope_dim = d;
+      p.base = 1000000.0f;
+      const KvLayout l = KvLayout::make(kt, vt, P, n_kv, d);
+      const auto q = rnd(n_tok * n_head * d, 11, 4.0f), k = rnd(n_tok * n_kv * d, 12, 4.0f),
+                 v = rnd(n_tok * n_kv * d, 13), qw = rnd(d, 14), kw = rnd(d, 15);
+      std::vector<uint8_t> pages[2];
+      std::vector<float> qs[2], ks[2];
+      for (int f = 0; f < 2; ++f) {
+        Device& dev = f ? *fused : *gpu;
+        DeviceBuffer pg = dev.alloc(2 * l.page_bytes(), "pages");
+        std::vector<uint8_t> h(2 * l.page_bytes(), 0);
+        dev.upload(pg.as(), h.data(), h.size());
+        const std::vector<uint8_t*> dst{pg.as(), pg.as() + l.page_bytes(),
+                                        pg.as() + l.page_bytes()};
+        Buf qg(dev, q), kg(dev, k), vg(dev, v), qn(dev, qw), kn(dev, kw);
+        const QkNorm norm{qn.f(), kn.f(), 1e-6f};
+        dev.rope_kv_write(qg.f(), kg.f(), vg.f(), pos.data(), n_tok, n_head, p, l, dst.data(),
+                          slots.data(), &norm);
+        dev.sync();
+        dev.download(h.data(), pg.as(), h.size());
+        pages[f] = h;
+        qs[f] = qg.get(), ks[f] = kg.get();
+      }
+      const std::string what =
+          std::string(dtype_name(kt)) + "/" + dtype_name(vt) + " d " + std::to_string(d);
+      EXPECT_EQ(qs[0], qs[1]) << what;
+      EXPECT_EQ(ks[0], ks[1]) << what;
+      EXPECT_EQ(pages[0], pages[1]) << what;
+    }
+}
+
 TEST(CudaOps, EmbedKvWriteAndAttention) {
   NEED_GPU();
   auto m = Model::load("synthetic:tiny-qwen3:q8_0");

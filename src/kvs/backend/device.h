@@ -66,6 +66,13 @@ struct AttentionArgs {
   bool first = true, last = true;
 };
 
+// Qwen3's RMSNorm of every q and k head before the rope: weights of head_dim each.
+struct QkNorm {
+  const float* q = nullptr;
+  const float* k = nullptr;
+  float eps = 0.0f;
+};
+
 // One product of a group that shares its input rows: y = W x (+ bias), or y += W x with `add`
 // (the residual). A backend may run the jobs of a group as one kernel.
 struct MatJob {
@@ -132,11 +139,17 @@ class Device {
   virtual void kv_write(const KvLayout& l, const float* k, const float* v, int32_t n_tok,
                         uint8_t* const* pages, const int32_t* slots) = 0;
   virtual void attention(const AttentionArgs& a) = 0;
-  // rope(q, k, ...) and then kv_write(l, k, v, ...) of the rotated rows (l.n_head_kv kv heads):
-  // one pass where a backend fuses them.
+  // With norm, rmsnorm of every q and k head in place first; rope(q, k, ...) and then
+  // kv_write(l, k, v, ...) of the rotated rows (l.n_head_kv kv heads): one pass where a backend
+  // fuses them.
   virtual void rope_kv_write(float* q, float* k, const float* v, const int32_t* pos, int32_t n_tok,
                              int32_t n_head, const RopeParams& p, const KvLayout& l,
-                             uint8_t* const* pages, const int32_t* slots) {
+                             uint8_t* const* pages, const int32_t* slots,
+                             const QkNorm* norm = nullptr) {
+    if (norm) {
+      rmsnorm(q, norm->q, q, int64_t{n_tok} * n_head, p.head_dim, norm->eps);
+      rmsnorm(k, norm->k, k, int64_t{n_tok} * l.n_head_kv, p.head_dim, norm->eps);
+    }
     rope(q, k, pos, n_tok, n_head, l.n_head_kv, p);
     kv_write(l, k, v, n_tok, pages, slots);
   }

@@ -475,18 +475,20 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
     const auto bias = [](const Vec& b) { return b.empty() ? nullptr : b.data(); };
     const MatJob qkv[] = {{&L.wq, q, bias(L.bq)}, {&L.wk, k, bias(L.bk)}, {&L.wv, v, bias(L.bv)}};
     dev_.matmuls(h, n_tok, qkv, 3);
-    if (c.qk_norm) {
-      dev_.rmsnorm(q, L.q_norm.data(), q, int64_t{n_tok} * c.n_head, c.head_dim, c.norm_eps);
-      dev_.rmsnorm(k, L.k_norm.data(), k, int64_t{n_tok} * c.n_head_kv, c.head_dim, c.norm_eps);
-    }
-    // The batch's K and V rows go to their pages in the rope's own pass (host mode: attend_host).
+    // The batch's K and V rows go to their pages in the rope's own pass (host mode: attend_host),
+    // which normalizes the q and k heads first where the model has it.
     const bool host = opt_.kv_mode == KvMode::Host;
+    const QkNorm norm{L.q_norm.data(), L.k_norm.data(), c.norm_eps};
     if (host) {
+      if (c.qk_norm) {
+        dev_.rmsnorm(q, norm.q, q, int64_t{n_tok} * c.n_head, c.head_dim, c.norm_eps);
+        dev_.rmsnorm(k, norm.k, k, int64_t{n_tok} * c.n_head_kv, c.head_dim, c.norm_eps);
+      }
       dev_.rope(q, k, pos_.data(), n_tok, c.n_head, c.n_head_kv, rope_);
     } else {
       add_pages(il, batch);
       dev_.rope_kv_write(q, k, v, pos_.data(), n_tok, c.n_head, rope_, kv_, kv_pages(il, batch),
-                         page_slot_.data());
+                         page_slot_.data(), c.qk_norm ? &norm : nullptr);
     }
     for (size_t i = 0; i < batch.size(); ++i) {
       if (host)

@@ -221,6 +221,7 @@ class CudaDevice final : public Device {
       ctx_.fold_chunk = std::atoi(f);
       KVS_CHECK(ctx_.fold_chunk == 32 || ctx_.fold_chunk == 64, "KVS_FOLD_CHUNK=", f, ": 32 or 64");
     }
+    if (const char* f = std::getenv("KVS_FUSE_QK_NORM")) fuse_qk_norm_ = std::string(f) == "1";
     if (const char* f = std::getenv("KVS_MATVEC")) {
       KVS_CHECK(
           std::string(f) == "walk" || std::string(f) == "block", "KVS_MATVEC=", f,
@@ -509,9 +510,18 @@ class CudaDevice final : public Device {
     key_layout(l);
     run("kv_write", [=, this] { cuda::kv_write(ctx_, l, k, v, n_tok, d_pages, d_slots); });
   }
+  // The q and k heads' norms in the same launch with KVS_FUSE_QK_NORM=1 (a trial; heads of 64
+  // or 128), else as two rmsnorm launches before it.
   void rope_kv_write(float* q, float* k, const float* v, const int32_t* pos, int32_t n_tok,
                      int32_t n_head, const RopeParams& p, const KvLayout& l, uint8_t* const* pages,
-                     const int32_t* slots) override {
+                     const int32_t* slots, const QkNorm* norm) override {
+    QkNorm n{};
+    if (norm && fuse_qk_norm_ && (p.head_dim == 64 || p.head_dim == 128)) {
+      n = {dv(norm->q), dv(norm->k), norm->eps};
+    } else if (norm) {
+      rmsnorm(q, norm->q, q, int64_t{n_tok} * n_head, p.head_dim, norm->eps);
+      rmsnorm(k, norm->k, k, int64_t{n_tok} * l.n_head_kv, p.head_dim, norm->eps);
+    }
     RopeParams r = p;
     if (r.freq_factors) r.freq_factors = dv(r.freq_factors);
     const double* inv = inv_freq(r.base, r.rope_dim);
@@ -519,10 +529,10 @@ class CudaDevice final : public Device {
     uint8_t* const* d_pages = stage(pages, n_tok);
     const int32_t* d_slots = stage(slots, n_tok);
     key(9, q, k, v, d_pos, n_tok, n_head, r.mode, r.head_dim, r.rope_dim, r.base, r.linear_scale,
-        r.freq_factors, inv, d_pages, d_slots);
+        r.freq_factors, inv, d_pages, d_slots, n.q, n.k, n.eps);
     key_layout(l);
     run("rope_kv_write", [=, this] {
-      cuda::rope_kv_write(ctx_, q, k, v, d_pos, n_tok, n_head, r, inv, l, d_pages, d_slots);
+      cuda::rope_kv_write(ctx_, q, k, v, d_pos, n_tok, n_head, r, inv, l, d_pages, d_slots, n);
     });
   }
   void attention(const AttentionArgs& a) override {
@@ -862,6 +872,7 @@ class CudaDevice final : public Device {
   std::vector<std::function<void()>> calls_;  // the recorded step's operations
   // KVS_L2_NEXT (MiB), KVS_L2_NEXT_AT: what a product asks L2 to fetch of the next one, when;
   // next_: the recorded step's products' requests; between_: K/V bytes attended since the last.
+  bool fuse_qk_norm_ = false;  // KVS_FUSE_QK_NORM=1: qwen3's head norms in the rope's launch
   size_t l2_next_bytes_ = 0;
   int l2_next_at_ = 2;
   std::vector<cuda::L2Next> next_;

@@ -93,10 +93,11 @@ void rmsnorm(Ctx& c, const float* x, const float* w, float* y, int64_t rows, int
 // inv[i] = base^(-2i / rope_dim), computed on the host in double as the CPU backend does.
 void rope(Ctx& c, float* q, float* k, const int32_t* pos, int32_t n_tok, int32_t n_head,
           int32_t n_head_kv, const RopeParams& p, const double* inv);
-// rope, then kv_write of the rotated k and v, in one launch.
+// rope, then kv_write of the rotated k and v, in one launch; with norm.q (device weights, heads
+// of 64 or 128) the q and k heads normalized in place first, as rmsnorm does.
 void rope_kv_write(Ctx& c, float* q, float* k, const float* v, const int32_t* pos, int32_t n_tok,
                    int32_t n_head, const RopeParams& p, const double* inv, const KvLayout& l,
-                   uint8_t* const* pages, const int32_t* slots);
+                   uint8_t* const* pages, const int32_t* slots, const QkNorm& norm = {});
 void swiglu(Ctx& c, float* gate, const float* up, int64_t n, uint8_t* xq = nullptr);
 void add(Ctx& c, float* x, const float* y, int64_t n);
 void kv_write(Ctx& c, const KvLayout& l, const float* k, const float* v, int32_t n_tok,

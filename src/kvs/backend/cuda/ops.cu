@@ -215,9 +215,40 @@ __global__ void kv_write_k(const float* __restrict__ k, const float* __restrict_
                       lane);
 }
 
+// Rows [0, nr) of n <= 128 elements at x normalized in place, by a block of 128 threads two
+// rows at a time, as rmsnorm_k computes them with 64 threads a row (each thread's sum of squares
+// over the same elements, the same warp sums and the same sum of the two warps' sums: the same
+// bits).
+__device__ void head_norms(float* x, int nr, int n, const float* __restrict__ w, float eps) {
+  __shared__ float part[4], tot[2];
+  const int tid = threadIdx.x, r = tid / 64, lt = tid % 64;
+  for (int r0 = 0; r0 < nr; r0 += 2) {
+    const bool on = r0 + r < nr;
+    float* xr = x + static_cast<size_t>(r0 + r) * n;
+    float ss = 0.0f;
+    if (on)
+      for (int i = lt; i < n; i += 64) ss = fmaf(xr[i], xr[i], ss);
+    ss = warp_sum(ss);
+    if (tid % 32 == 0) part[tid / 32] = ss;
+    __syncthreads();
+    if (lt < 32) {
+      float s = lt < 2 ? part[2 * r + lt] : 0.0f;
+      s = warp_sum(s);
+      if (lt == 0) tot[r] = s;
+    }
+    __syncthreads();
+    if (on) {
+      const float scale = rsqrtf(tot[r] / static_cast<float>(n) + eps);
+      for (int i = lt; i < n; i += 64) xr[i] = xr[i] * scale * w[i];
+    }
+    __syncthreads();  // the rows are read by other threads next; part and tot are reused
+  }
+}
+
 // Rope and the KV write in one launch: blocks [0, qb) of token blockIdx.x rotate q's heads as
 // rope_k does; block qb + h takes kv head h, rotates its k in shared memory (and in k, as rope
 // leaves it) and writes it and v into the page, a warp per 32-element block as kv_write_k.
+// kNorm: the heads are normalized in place first (qwen3's q and k norms, weights qn and kn).
 struct RopeKv {
   float* q;
   float* k;
@@ -232,18 +263,24 @@ struct RopeKv {
   const int32_t* slots;
   size_t v_offset, k_row, v_row, k_head, v_head;
 };
-template <DType K, DType V>
-__global__ void rope_kv_k(const RopeKv a) {
+template <DType K, DType V, bool kNorm>
+__global__ void rope_kv_k(const RopeKv a, const float* __restrict__ qn,
+                          const float* __restrict__ kn, float eps) {
   pdl_wait();
   extern __shared__ float cs[];  // [half][2], then the kv head's k [head_dim]
   const int t = blockIdx.x, qb = (a.n_head + kRopeHeads - 1) / kRopeHeads, d = a.head_dim;
   rope_angles(cs, a.pos[t], a.half, a.linear_scale, a.inv, a.factors);
   if (static_cast<int>(blockIdx.y) < qb) {
+    const int h0 = blockIdx.y * kRopeHeads;
+    if constexpr (kNorm)
+      head_norms(a.q + (static_cast<size_t>(t) * a.n_head + h0) * d, min(kRopeHeads, a.n_head - h0),
+                 d, qn, eps);
     __syncthreads();
-    return rope_heads(a.q, t, blockIdx.y * kRopeHeads, a.n_head, d, a.half, a.neox, cs);
+    return rope_heads(a.q, t, h0, a.n_head, d, a.half, a.neox, cs);
   }
   const int h = blockIdx.y - qb, nb = d / 32, lane = threadIdx.x % 32;
   const size_t row = static_cast<size_t>(t) * a.n_head_kv + h;
+  if constexpr (kNorm) head_norms(a.k + row * d, 1, d, kn, eps);
   float* ks = cs + 2 * a.half;
   for (int i = threadIdx.x; i < d; i += blockDim.x) ks[i] = a.k[row * d + i];
   __syncthreads();
@@ -345,7 +382,9 @@ void rope(Ctx& c, float* q, float* k, const int32_t* pos, int32_t n_tok, int32_t
 
 void rope_kv_write(Ctx& c, float* q, float* k, const float* v, const int32_t* pos, int32_t n_tok,
                    int32_t n_head, const RopeParams& p, const double* inv, const KvLayout& l,
-                   uint8_t* const* pages, const int32_t* slots) {
+                   uint8_t* const* pages, const int32_t* slots, const QkNorm& norm) {
+  KVS_CHECK(!norm.q || l.head_dim == 64 || l.head_dim == 128, "cuda: q/k norms of heads of ",
+            l.head_dim, " in the rope's launch (64 or 128)");
   const RopeKv a{q,
                  k,
                  v,
@@ -369,8 +408,12 @@ void rope_kv_write(Ctx& c, float* q, float* k, const float* v, const int32_t* po
                   static_cast<unsigned>((n_head + kRopeHeads - 1) / kRopeHeads + l.n_head_kv));
   const size_t smem = sizeof(float) * (2 * static_cast<size_t>(a.half) + l.head_dim);
   dispatch_kv(l.k_type, [&]<DType K>() {
-    dispatch_kv(l.v_type,
-                [&]<DType V>() { launch(rope_kv_k<K, V>, grid, 128, smem, c.stream, a); });
+    dispatch_kv(l.v_type, [&]<DType V>() {
+      if (norm.q)
+        launch(rope_kv_k<K, V, true>, grid, 128, smem, c.stream, a, norm.q, norm.k, norm.eps);
+      else
+        launch(rope_kv_k<K, V, false>, grid, 128, smem, c.stream, a, nullptr, nullptr, 0.0f);
+    });
   });
 }
 

@@ -206,16 +206,29 @@ TEST(CudaStream, StreamedLogitsAreBitIdenticalToResident) {
 }
 
 // The switches of trials that must not change a bit (each a device of its own): the products
-// asking L2 for the next product's weights, at their start or end (only in recorded decode
+// asking L2 for the next product's weights, at their end or start (only in recorded decode
 // steps); products by warps walking their row sets; the decode fold inside the attention's
-// launch for a block per span; qwen3's head norms in the rope's launch. Prompt and decode
-// logits, bit for bit against the defaults.
+// launch for a block per span; qwen3's head norms in the rope's launch; a warp per span issuing
+// its first copies before its wait (recorded steps; against a warp per span without it, whose
+// partials differ from a block's). Prompt and decode logits, bit for bit.
 TEST(CudaSwitches, TrialsKeepTheBits) {
   NEED_GPU(gpu);
-  const std::vector<std::vector<std::pair<const char*, const char*>>> trials = {
-      {{"KVS_L2_NEXT", "16"}},    {{"KVS_L2_NEXT", "1"}, {"KVS_L2_NEXT_AT", "start"}},
-      {{"KVS_MATVEC", "walk"}},   {{"KVS_MATVEC", "walk"}, {"KVS_L2_NEXT", "4"}},
-      {{"KVS_FOLD_INLINE", "2"}}, {{"KVS_FUSE_QK_NORM", "1"}}};
+  using Env = std::vector<std::pair<const char*, const char*>>;
+  const auto device = [](const Env& env, std::string& what) {
+    for (const auto& [k, v] : env) setenv(k, v, 1), what += std::string(" ") + k + "=" + v;
+    auto dev = make_cuda_device(0);
+    for (const auto& [k, v] : env) unsetenv(k);
+    return dev;
+  };
+  const std::vector<std::pair<Env, Env>> trials = {
+      // (base, trial)
+      {{}, {{"KVS_L2_NEXT", "16"}}},
+      {{}, {{"KVS_L2_NEXT", "1"}, {"KVS_L2_NEXT_AT", "start"}}},
+      {{}, {{"KVS_MATVEC", "walk"}}},
+      {{}, {{"KVS_MATVEC", "walk"}, {"KVS_L2_NEXT", "4"}}},
+      {{}, {{"KVS_FOLD_INLINE", "2"}}},
+      {{}, {{"KVS_FUSE_QK_NORM", "1"}}},
+      {{{"KVS_DECODE_WARP", "1"}}, {{"KVS_DECODE_WARP", "1"}, {"KVS_ATTN_EARLY", "1"}}}};
   for (const char* spec : {"tiny-qwen3:q4_0", "smollm2-135m:q8_0", "tiny:q4_1"}) {
     auto m = Model::load(std::string("synthetic:") + spec);
     const auto prompt = tokens(11, 300, m->config.n_vocab);
@@ -224,13 +237,11 @@ TEST(CudaSwitches, TrialsKeepTheBits) {
     o.page_size = 16;  // 19 spans and more: a block per span, the fold over many
     o.k_type = DType::Q8_0;
     o.v_type = DType::Q4_0;
-    const Trace want = run(*m, *gpu, o, prompt, 24);
-    for (const auto& env : trials) {
-      std::string what = spec;
-      for (const auto& [k, v] : env) setenv(k, v, 1), what += std::string(" ") + k + "=" + v;
-      auto dev = make_cuda_device(0);
-      for (const auto& [k, v] : env) unsetenv(k);
-      const Trace got = run(*m, *dev, o, prompt, 24);
+    const Trace plain = run(*m, *gpu, o, prompt, 24);
+    for (const auto& [base, trial] : trials) {
+      std::string what = spec, base_what;
+      const Trace want = base.empty() ? plain : run(*m, *device(base, base_what), o, prompt, 24);
+      const Trace got = run(*m, *device(trial, what), o, prompt, 24);
       ASSERT_EQ(want.logits.size(), got.logits.size()) << what;
       for (size_t i = 0; i < want.logits.size(); ++i)
         ASSERT_EQ(std::memcmp(want.logits[i].data(), got.logits[i].data(),

@@ -1218,13 +1218,17 @@ constexpr int kInlineFoldStages = 2;
 // 48K and 8 % at 128K). The parts of a span are spans of their own to the fold. Either way the
 // keys a warp takes depend on the span and the split alone. kFold: the kernel may hold the
 // fold (FoldSync); a block per span has it as a variant of its own (KVS_FOLD_INLINE=2, a trial),
-// so the default's code stays as measured.
-template <DType K, DType V, int D, bool kByWarp, bool kFold = kByWarp>
+// so the default's code stays as measured. kEarly (KVS_ATTN_EARLY=1, a trial, recorded steps
+// only): a warp whose span is not the call's last issues its first copies before pdl_wait().
+// Only q and the last span's new row come from the kernel before; everything older is done when
+// a kernel launched early starts, the staged span table and positions included (a recorded
+// step copies them before its first kernel).
+template <DType K, DType V, int D, bool kByWarp, bool kFold = kByWarp, bool kEarly = false>
 __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks)
     decode_tc(Geo g, float* part, int n_kv, int kst, int vst, int cw, int parts, FoldSync fs) {
   static_assert(head_bytes<K, D>() % (D / 16) == 0 && head_bytes<V, D>() % (D / 16) == 0,
                 "heads start (D / 16)-byte aligned in shared memory (ld4, ld_scales)");
-  pdl_wait();
+  if constexpr (!kEarly) pdl_wait();
   constexpr int kSt = dt_stages<K, V, D>(), kB = D / 32;
   constexpr bool kQK = K != DType::F16, kQV = V != DType::F16;
   extern __shared__ __align__(16) uint8_t dt_smem[];
@@ -1238,6 +1242,7 @@ __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks)
     tok = *reinterpret_cast<volatile unsigned*>(fs.ctl) + 1u;
     const int spans_blocks = kByWarp ? (n_items + kDtWarps - 1) / kDtWarps : n_items;
     if (static_cast<int>(blockIdx.x) >= spans_blocks) {  // a fold warp: (head, 32 dimensions)
+      if constexpr (kEarly) pdl_wait();
       const int fi = (blockIdx.x - spans_blocks) * kDtWarps + warp, n_fold = g.n_head * (D / 32);
       if (fi >= n_fold) return;
       const int h = fi / (D / 32), hf = h / ng;
@@ -1318,6 +1323,7 @@ __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks)
   // The keys the query sees (none past its position: an empty partial).
   const int n = min(sp.n, g.pos[0] - sp.start + 1);
   if (n <= 0) {
+    if constexpr (kEarly) pdl_wait();
     const int t0 = kByWarp ? lane : threadIdx.x, nt = kByWarp ? 32 : blockDim.x;
     if (g.fold_in_place)
       fold_here(false, nullptr, nullptr, reinterpret_cast<float*>(kByWarp ? raw : dt_smem), t0, nt);
@@ -1369,14 +1375,21 @@ __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks)
   };
   // Q^T as the B operand: column gr is head hk * ng + gr (zero past the group), k-step ks holds
   // dimensions 16 ks + 4 t4 + {0, 1} (qb[ks][0]) and + {2, 3} (qb[ks][1]), K's map. Loaded
-  // before the copies are issued, so its latency overlaps theirs.
+  // before the copies are issued, so its latency overlaps theirs (kEarly: after them, but for
+  // the last span, whose new row the kernel before writes).
+  const bool early = kEarly && s + 1 < g.n_spans;
+  if (early)
+#pragma unroll
+    for (int t = 0; t < kSt - 1; ++t) issue(t);
+  if constexpr (kEarly) pdl_wait();
   float4 qf[D / 16];
 #pragma unroll
   for (int ks = 0; ks < D / 16; ++ks)
     qf[ks] = gr < ng ? *reinterpret_cast<const float4*>(g.q + (hk * ng + gr) * D + 16 * ks + 4 * t4)
                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (!early)
 #pragma unroll
-  for (int t = 0; t < kSt - 1; ++t) issue(t);
+    for (int t = 0; t < kSt - 1; ++t) issue(t);
   uint32_t qb[D / 16][2];
 #pragma unroll
   for (int ks = 0; ks < D / 16; ++ks)
@@ -1720,10 +1733,13 @@ void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq, int split) {
           if (d == 64 || d == 128) {  // tensor cores
             const auto [kst, vst, cw] = head_copies(g, l.n_head_kv);
             const bool by_warp = split > 0, block_fold = !by_warp && c.fold_inline == 2;
-            const auto tc = d == 64 ? (by_warp      ? decode_tc<K, V, 64, true>
+            const bool early = by_warp && c.attn_early && c.staged;
+            const auto tc = d == 64 ? (early        ? decode_tc<K, V, 64, true, true, true>
+                                       : by_warp    ? decode_tc<K, V, 64, true>
                                        : block_fold ? decode_tc<K, V, 64, false, true>
                                                     : decode_tc<K, V, 64, false>)
-                                    : (by_warp      ? decode_tc<K, V, 128, true>
+                                    : (early        ? decode_tc<K, V, 128, true, true, true>
+                                       : by_warp    ? decode_tc<K, V, 128, true>
                                        : block_fold ? decode_tc<K, V, 128, false, true>
                                                     : decode_tc<K, V, 128, false>);
             const int stages = d == 64 ? dt_stages<K, V, 64>() : dt_stages<K, V, 128>();

@@ -222,6 +222,7 @@ class CudaDevice final : public Device {
       KVS_CHECK(ctx_.fold_chunk == 32 || ctx_.fold_chunk == 64, "KVS_FOLD_CHUNK=", f, ": 32 or 64");
     }
     if (const char* f = std::getenv("KVS_FUSE_QK_NORM")) fuse_qk_norm_ = std::string(f) == "1";
+    if (const char* f = std::getenv("KVS_ATTN_EARLY")) ctx_.attn_early = std::string(f) == "1";
     if (const char* f = std::getenv("KVS_MATVEC")) {
       KVS_CHECK(
           std::string(f) == "walk" || std::string(f) == "block", "KVS_MATVEC=", f,
@@ -822,7 +823,14 @@ class CudaDevice final : public Device {
       KVS_CUDA_CHECK(
           cudaMemcpyAsync(stage_d_, stage_h_, stage_off_, cudaMemcpyHostToDevice, streams_[0]));
     flushed_ = stage_off_;
-    for (const auto& f : calls) f();
+    ctx_.staged = true;
+    try {
+      for (const auto& f : calls) f();
+    } catch (...) {
+      ctx_.staged = false;
+      throw;
+    }
+    ctx_.staged = false;
   }
   // base^(-2i/d) for i < d/2 in double, computed here as the CPU backend does, once per
   // (base, d); rope multiplies it by the position.

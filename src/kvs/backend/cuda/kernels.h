@@ -51,6 +51,10 @@ struct Ctx {
   int fold_inline = 1;
   L2Next next;        // for the next matmuls call's last launch (set by the device)
   bool walk = false;  // KVS_MATVEC=walk: one-token products by matvec_walk (a trial)
+  // KVS_ATTN_EARLY=1: a warp per span issues its first copies before waiting for the kernel
+  // before (a trial), while `staged`: the operations of a recorded step run, whose staged
+  // inputs were copied before its first kernel.
+  bool attn_early = false, staged = false;
 
   // While a step is being recorded as a graph, a scratch buffer that must grow first runs and
   // waits for what was recorded so far (pause: the old buffer may be in use), then recording

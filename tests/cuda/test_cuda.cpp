@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common.h"
+#include "cuda/cuda_env.h"
 #include "kvs/backend/device.h"
 #include "kvs/engine/engine.h"
 #include "kvs/model/model.h"
@@ -96,6 +97,27 @@ Trace replay(const Model& m, Device& dev, EngineOptions o, const std::vector<int
   return r;
 }
 
+// Every step's logits of got equal want's, bit for bit.
+void expect_same_bits(const Trace& want, const Trace& got, const std::string& what) {
+  ASSERT_EQ(want.logits.size(), got.logits.size()) << what;
+  for (size_t i = 0; i < want.logits.size(); ++i)
+    ASSERT_EQ(std::memcmp(want.logits[i].data(), got.logits[i].data(),
+                          want.logits[i].size() * sizeof(float)),
+              0)
+        << what << ": step " << i << " differs by " << rel_diff(want, got);
+}
+
+// A test's engine options: context, batch, page and K/V types; the KV mode as the default.
+EngineOptions options(int32_t n_ctx, int32_t n_batch, int32_t page_size, DType kt, DType vt) {
+  EngineOptions o;
+  o.n_ctx = n_ctx;
+  o.n_batch = n_batch;
+  o.page_size = page_size;
+  o.k_type = kt;
+  o.v_type = vt;
+  return o;
+}
+
 constexpr double kTol = 2e-2;  // max |cuda - cpu| relative to max |cpu logit|
 
 TEST(CudaVsCpu, EveryArchitectureWeightFormatAndKvType) {
@@ -113,12 +135,7 @@ TEST(CudaVsCpu, EveryArchitectureWeightFormatAndKvType) {
       const auto prompt = tokens(7, 150, m->config.n_vocab);
       for (DType kt : kv)
         for (DType vt : kv) {
-          EngineOptions o;
-          o.n_ctx = 512;
-          o.n_batch = 64;
-          o.page_size = 32;
-          o.k_type = kt;
-          o.v_type = vt;
+          const EngineOptions o = options(512, 64, 32, kt, vt);
           const Trace want = run(*m, *cpu, o, prompt, 12);
           const Trace got = replay(*m, *gpu, o, prompt, want.greedy);
           const double d = rel_diff(want, got);
@@ -178,30 +195,19 @@ TEST(CudaStream, StreamedLogitsAreBitIdenticalToResident) {
   NEED_GPU(gpu);
   auto m = Model::load("synthetic:tiny-qwen3:q4_0");
   const auto prompt = tokens(5, 200, m->config.n_vocab);
-  setenv("KVS_DECODE_WARP", "1", 1);
-  auto by_warp = make_cuda_device(0);
-  unsetenv("KVS_DECODE_WARP");
+  auto by_warp = test::cuda_device_with({{"KVS_DECODE_WARP", "1"}});
   for (Device* dev : {gpu.get(), by_warp.get()})
     for (DType kt : {DType::F16, DType::Q8_0})
       for (DType vt : {DType::F16, DType::Q4_0}) {
-        EngineOptions o;
-        o.n_ctx = 512;
-        o.n_batch = 48;
-        o.page_size = 8;
-        o.k_type = kt;
-        o.v_type = vt;
+        EngineOptions o = options(512, 48, 8, kt, vt);
         o.kv_mode = KvMode::Resident;
         const Trace want = run(*m, *dev, o, prompt, 40);
         o.kv_mode = KvMode::Stream;
         o.ring_chunk_bytes = 4096;
         const Trace got = run(*m, *dev, o, prompt, 40);
-        ASSERT_EQ(want.logits.size(), got.logits.size());
-        for (size_t i = 0; i < want.logits.size(); ++i)
-          ASSERT_EQ(std::memcmp(want.logits[i].data(), got.logits[i].data(),
-                                want.logits[i].size() * sizeof(float)),
-                    0)
-              << "step " << i << " kv " << dtype_name(kt) << "/" << dtype_name(vt)
-              << (dev == gpu.get() ? "" : ", a warp per span");
+        expect_same_bits(want, got,
+                         std::string("kv ") + dtype_name(kt) + "/" + dtype_name(vt) +
+                             (dev == gpu.get() ? "" : ", a warp per span"));
       }
 }
 
@@ -213,13 +219,7 @@ TEST(CudaStream, StreamedLogitsAreBitIdenticalToResident) {
 // partials differ from a block's). Prompt and decode logits, bit for bit.
 TEST(CudaSwitches, TrialsKeepTheBits) {
   NEED_GPU(gpu);
-  using Env = std::vector<std::pair<const char*, const char*>>;
-  const auto device = [](const Env& env, std::string& what) {
-    for (const auto& [k, v] : env) setenv(k, v, 1), what += std::string(" ") + k + "=" + v;
-    auto dev = make_cuda_device(0);
-    for (const auto& [k, v] : env) unsetenv(k);
-    return dev;
-  };
+  using test::Env;
   const std::vector<std::pair<Env, Env>> trials = {
       // (base, trial)
       {{}, {{"KVS_L2_NEXT", "16"}}},
@@ -232,22 +232,15 @@ TEST(CudaSwitches, TrialsKeepTheBits) {
   for (const char* spec : {"tiny-qwen3:q4_0", "smollm2-135m:q8_0", "tiny:q4_1"}) {
     auto m = Model::load(std::string("synthetic:") + spec);
     const auto prompt = tokens(11, 300, m->config.n_vocab);
-    EngineOptions o;
-    o.n_ctx = 1024;
-    o.page_size = 16;  // 19 spans and more: a block per span, the fold over many
-    o.k_type = DType::Q8_0;
-    o.v_type = DType::Q4_0;
+    // 19 spans and more: a block per span, the fold over many
+    const EngineOptions o = options(1024, 512, 16, DType::Q8_0, DType::Q4_0);
     const Trace plain = run(*m, *gpu, o, prompt, 24);
     for (const auto& [base, trial] : trials) {
-      std::string what = spec, base_what;
-      const Trace want = base.empty() ? plain : run(*m, *device(base, base_what), o, prompt, 24);
-      const Trace got = run(*m, *device(trial, what), o, prompt, 24);
-      ASSERT_EQ(want.logits.size(), got.logits.size()) << what;
-      for (size_t i = 0; i < want.logits.size(); ++i)
-        ASSERT_EQ(std::memcmp(want.logits[i].data(), got.logits[i].data(),
-                              want.logits[i].size() * sizeof(float)),
-                  0)
-            << what << ": step " << i << " differs by " << rel_diff(want, got);
+      std::string what = spec;
+      for (const auto& [k, v] : trial) what += std::string(" ") + k + "=" + v;
+      const Trace want =
+          base.empty() ? plain : run(*m, *test::cuda_device_with(base), o, prompt, 24);
+      expect_same_bits(want, run(*m, *test::cuda_device_with(trial), o, prompt, 24), what);
     }
   }
 }

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "cuda/cuda_env.h"
 #include "kvs/backend/device.h"
 #include "kvs/model/model.h"
 #include "kvs/quant/types.h"
@@ -107,10 +108,7 @@ AttentionArgs attention_args(const KvLayout& l, const std::vector<int32_t>& pos,
 // A CUDA device with the one-token products by warps walking their row sets (a trial), whose
 // sums must equal the default kernel's bit for bit.
 std::unique_ptr<Device> walking_device() {
-  setenv("KVS_MATVEC", "walk", 1);
-  auto d = make_cuda_device(0);
-  unsetenv("KVS_MATVEC");
-  return d;
+  return test::cuda_device_with({{"KVS_MATVEC", "walk"}});
 }
 
 TEST(CudaOps, MatmulEveryFormat) {
@@ -328,9 +326,7 @@ TEST(CudaOps, RopeKvWriteFused) {
 // two rmsnorm launches before it: the same q, k and page bytes.
 TEST(CudaOps, RopeKvWriteWithHeadNorms) {
   NEED_GPU();
-  setenv("KVS_FUSE_QK_NORM", "1", 1);
-  auto fused = make_cuda_device(0);
-  unsetenv("KVS_FUSE_QK_NORM");
+  auto fused = test::cuda_device_with({{"KVS_FUSE_QK_NORM", "1"}});
   const int n_tok = 3, n_head = 7, n_kv = 3, P = 16;  // 7 q heads: a block of 3
   const std::vector<int32_t> pos{5, 16, 4000}, slots{5, 0, 3};
   for (const int d : {64, 128})
@@ -485,13 +481,9 @@ TEST(CudaOps, DecodeAttentionManySpans) {
   std::map<std::string, std::vector<float>> first;  // by split and case: its first config's
   for (const Config& cf : configs) {
     const char* split = cf.split;
-    setenv("KVS_DECODE_WARP", split, 1);
-    setenv("KVS_FOLD_CHUNK", cf.chunk, 1);
-    setenv("KVS_FOLD_INLINE", cf.inline_fold, 1);
-    gpu = make_cuda_device(0);
-    unsetenv("KVS_DECODE_WARP");
-    unsetenv("KVS_FOLD_CHUNK");
-    unsetenv("KVS_FOLD_INLINE");
+    gpu = test::cuda_device_with({{"KVS_DECODE_WARP", split},
+                                  {"KVS_FOLD_CHUNK", cf.chunk},
+                                  {"KVS_FOLD_INLINE", cf.inline_fold}});
     const bool parts = split[0] > '1';
     for (const Case& cs : cases) {
       // 1500 = 93 x 16 + 12 = 23 x 64 + 28

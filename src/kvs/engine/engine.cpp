@@ -69,7 +69,8 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt)
   const int32_t P = opt.page_size, L = cfg_.n_layer;
   max_pages_ = (opt.n_ctx + P - 1) / P;
   slots_.resize(static_cast<size_t>(opt.n_seq));
-  for (Slot& s : slots_) s.frames.resize(static_cast<size_t>(L));
+  for (Slot& s : slots_)
+    s.frames.resize(static_cast<size_t>(L)), s.spans.resize(static_cast<size_t>(L));
 
   const size_t b = static_cast<size_t>(opt.n_batch), f = sizeof(float);
   x_ = dev.alloc(b * cfg_.n_embd * f, "activations");
@@ -82,6 +83,9 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt)
   gate_ = dev.alloc(b * cfg_.n_ff * f, "activations");
   up_ = dev.alloc(b * cfg_.n_ff * f, "activations");
   logits_ = dev.alloc(static_cast<size_t>(opt.n_seq) * cfg_.n_vocab * f, "logits");
+  // Pinned, so the step's last copy runs at the bus's speed (a pageable one goes through the
+  // driver's staging buffers, on the step's critical path).
+  hlogits_ = dev.alloc_host(static_cast<size_t>(opt.n_seq) * cfg_.n_vocab * f, "logits (host)");
   ids_.resize(b);
   pos_.resize(b);
   page_slot_.resize(b);
@@ -201,6 +205,7 @@ void Engine::close_sequence(Sequence& s) {
       if (f >= 0 && pool_) pool_->give(f);
     layer.clear();
   }
+  ++frames_epoch_;
   sl.live = false;
   sl.n_past = 0;
   plan_dirty_ = true;
@@ -220,7 +225,7 @@ const float* Engine::eval(Sequence& s, const int32_t* tokens, int32_t n) {
 }
 
 const float* Engine::logits(int32_t i) const {
-  return hlogits_.data() + static_cast<size_t>(i) * cfg_.n_vocab;
+  return hlogits_.as<float>() + static_cast<size_t>(i) * cfg_.n_vocab;
 }
 
 void Engine::fill_random(Sequence& s, int32_t n, uint32_t seed) {
@@ -333,6 +338,7 @@ void Engine::replan(const std::vector<BatchEntry>& batch) {
 void Engine::apply(const Plan& p) {
   dev_.sync();
   reclaim(true);
+  ++frames_epoch_;
   const int32_t L = cfg_.n_layer, P = opt_.page_size;
   const int32_t boundary = pool_->n_frames() - p.ring_frames();
   for (size_t s = 0; s < slots_.size(); ++s) {
@@ -390,7 +396,7 @@ void Engine::add_pages(int32_t il, const std::vector<BatchEntry>& batch) {
   for (const BatchEntry& e : batch) {
     auto& fr = slots_[static_cast<size_t>(e.seq->id)].frames[static_cast<size_t>(il)];
     const int32_t last = (e.seq->n_past + e.n - 1) / P;
-    while (static_cast<int32_t>(fr.size()) <= last) fr.push_back(take_frame());
+    while (static_cast<int32_t>(fr.size()) <= last) fr.push_back(take_frame()), ++frames_epoch_;
   }
 }
 
@@ -523,8 +529,8 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
     dev_.end_step(true);
   }
   last_.issue_s = now() - t0;
-  hlogits_.resize(batch.size() * static_cast<size_t>(c.n_vocab));
-  dev_.download(hlogits_.data(), logits_.as<float>(), hlogits_.size() * sizeof(float));
+  dev_.download(hlogits_.as(), logits_.as<float>(),
+                batch.size() * static_cast<size_t>(c.n_vocab) * sizeof(float));
   for (const BatchEntry& e : batch) {
     e.seq->n_past += e.n;
     slots_[static_cast<size_t>(e.seq->id)].n_past = e.seq->n_past;
@@ -591,6 +597,29 @@ void Engine::attend(int32_t il, const BatchEntry& e, int32_t off, int32_t& curso
   a.n_head = cfg_.n_head;
   a.scale = scale_;
   a.first = true;
+  // Every page resident: the layer's spans as last built, the last one lengthened (pages
+  // before the last are full).
+  SpanCache& sc = slots_[static_cast<size_t>(s)].spans[static_cast<size_t>(il)];
+  const int32_t n_pages = (total + P - 1) / P;
+  if (sc.epoch != frames_epoch_ || sc.pages != n_pages) {
+    sc.epoch = frames_epoch_;
+    sc.pages = n_pages;
+    sc.spans.clear();
+    sc.resident = static_cast<int32_t>(fr.size()) >= n_pages;
+    for (int32_t p = 0; p < n_pages && sc.resident; ++p) {
+      const int32_t f = fr[static_cast<size_t>(p)];
+      sc.resident = f >= 0;
+      if (sc.resident) sc.spans.push_back({pool_->frame(f), p * P, std::min(P, total - p * P)});
+    }
+  }
+  if (sc.resident) {
+    sc.spans.back().n = total - (n_pages - 1) * P;
+    a.spans = sc.spans.data();
+    a.n_spans = n_pages;
+    a.last = true;
+    dev_.attention(a);
+    return;
+  }
   spans_.clear();
   int32_t chunk = -1;  // the ring chunk whose pages are in spans_
   auto flush = [&](bool last) {
@@ -641,6 +670,7 @@ void Engine::write_back(int32_t il, const std::vector<BatchEntry>& batch) {
       if (p >= cap(s, il)) {
         pending_.push_back(f);
         fr[static_cast<size_t>(p)] = -1;
+        ++frames_epoch_;
       }
     }
   }

@@ -108,10 +108,20 @@ class Engine {
   const EngineStats& totals() const { return totals_; }
 
  private:
+  // A layer's spans as the last attend() built them, while every page had a frame: a decode
+  // step only lengthens the last one, so it is kept instead of rebuilt (at 128K, 513 spans a
+  // layer were half the host's time for a step).
+  struct SpanCache {
+    uint64_t epoch = 0;  // frames_epoch_ when built; 0: never
+    int32_t pages = 0;   // the sequence's pages then
+    bool resident = false;
+    std::vector<Span> spans;
+  };
   struct Slot {
     bool live = false;
     int32_t n_past = 0;
     std::vector<std::vector<int32_t>> frames;  // [layer][page] -> pool frame, -1: host only
+    std::vector<SpanCache> spans;              // [layer]
   };
   int32_t cap(int32_t seq, int32_t layer) const {
     return resident_cap(plan_, static_cast<size_t>(seq), layer);
@@ -139,6 +149,7 @@ class Engine {
   int32_t max_pages_ = 0;  // per layer and sequence
   int32_t fixed_frames_ = 0;
   std::vector<Slot> slots_;
+  uint64_t frames_epoch_ = 1;  // bumped whenever any slot's frames change
 
   std::unique_ptr<HostStore> host_;
   std::unique_ptr<DevicePool> pool_;
@@ -157,7 +168,7 @@ class Engine {
   std::vector<Span> spans_;
   // Host mode: activations on the host.
   std::vector<float> hq_, hk_, hv_, hatt_, hacc_;
-  std::vector<float> hlogits_;  // the logits, on the host
+  DeviceBuffer hlogits_;  // the logits, on the host (pinned: [n_seq][n_vocab])
 
   StepStats last_;
   EngineStats totals_;

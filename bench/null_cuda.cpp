@@ -1,0 +1,239 @@
+// A null GPU for measuring the host's share of a step (bench/host-overhead.sh): a library that,
+// preloaded (LD_PRELOAD) into a CUDA build of kvstream, answers every CUDA runtime and cuBLAS
+// call the binary makes without a GPU. Memory is host memory (reserved, not committed, until
+// written), copies are real, kernels, graphs, events and GEMMs do nothing. So everything the
+// host does for a step (the engine's bookkeeping, the recording of the step, its key and
+// staged inputs, the graph's relaunch) runs as it would on the GPU machine, and its time is
+// what `kvstream bench` reports as host_issue_s_per_token; what the GPU would do takes no time.
+// Figures from it are host-side only, and the logits are garbage.
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <sys/mman.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+
+namespace {
+
+std::mutex mu;
+std::unordered_map<void*, size_t>& maps() {
+  static std::unordered_map<void*, size_t> m;
+  return m;
+}
+
+// Anonymous memory reserved without commitment: a 100 GiB arena costs only what is written.
+cudaError_t map(void** p, size_t n) {
+  n = n == 0 ? 1 : n;
+  void* a =
+      mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (a == MAP_FAILED) return cudaErrorMemoryAllocation;
+  const std::lock_guard<std::mutex> l(mu);
+  maps()[a] = n;
+  *p = a;
+  return cudaSuccess;
+}
+cudaError_t unmap(void* p) {
+  if (!p) return cudaSuccess;
+  const std::lock_guard<std::mutex> l(mu);
+  auto it = maps().find(p);
+  if (it == maps().end()) return cudaErrorInvalidValue;
+  munmap(it->first, it->second);
+  maps().erase(it);
+  return cudaSuccess;
+}
+
+// Distinct handles for streams, events, graphs.
+template <class T>
+T handle() {
+  static std::mutex m;
+  static uintptr_t next = 0x1000;
+  const std::lock_guard<std::mutex> l(m);
+  next += 16;
+  return reinterpret_cast<T>(next);
+}
+
+constexpr size_t kTotal = size_t{144} << 30, kFree = size_t{140} << 30;
+bool capturing = false;
+
+}  // namespace
+
+extern "C" {
+
+void** __cudaRegisterFatBinary(void*) {
+  static void* h = nullptr;
+  return &h;
+}
+void __cudaRegisterFatBinaryEnd(void**) {}
+void __cudaUnregisterFatBinary(void**) {}
+void __cudaRegisterFunction(void**, const char*, char*, const char*, int, uint3*, uint3*, dim3*,
+                            dim3*, int*) {}
+cudaError_t __cudaGetKernel(cudaKernel_t* k, const void* f) {
+  *k = reinterpret_cast<cudaKernel_t>(const_cast<void*>(f));
+  return cudaSuccess;
+}
+cudaError_t __cudaLaunchKernel(cudaKernel_t, dim3, dim3, void**, size_t, cudaStream_t) {
+  return cudaSuccess;
+}
+cudaError_t __cudaPopCallConfiguration(dim3*, dim3*, size_t*, void*) {
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceCount(int* n) {
+  *n = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int) {
+  return cudaSuccess;
+}
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int) {
+  std::memset(p, 0, sizeof(*p));
+  std::snprintf(p->name, sizeof(p->name), "null GPU (bench/null_cuda.cpp)");
+  p->major = 9, p->minor = 0, p->multiProcessorCount = 132, p->warpSize = 32;
+  p->totalGlobalMem = kTotal, p->l2CacheSize = 50 << 20;
+  p->sharedMemPerBlock = 48 << 10, p->sharedMemPerBlockOptin = 227 << 10;
+  p->sharedMemPerMultiprocessor = 228 << 10, p->regsPerBlock = 65536;
+  p->regsPerMultiprocessor = 65536, p->maxThreadsPerBlock = 1024;
+  p->maxThreadsPerMultiProcessor = 2048, p->maxBlocksPerMultiProcessor = 32;
+  return cudaSuccess;
+}
+cudaError_t cudaMemGetInfo(size_t* free_b, size_t* total) {
+  *free_b = kFree, *total = kTotal;
+  return cudaSuccess;
+}
+const char* cudaGetErrorString(cudaError_t) {
+  return "an error of the null GPU";
+}
+cudaError_t cudaGetLastError() {
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceSynchronize() {
+  return cudaSuccess;
+}
+cudaError_t cudaFuncSetAttribute(const void*, cudaFuncAttribute, int) {
+  return cudaSuccess;
+}
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* n, const void*, int, size_t,
+                                                                   unsigned) {
+  *n = 3;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMalloc(void** p, size_t n) {
+  return map(p, n);
+}
+cudaError_t cudaMallocManaged(void** p, size_t n, unsigned) {
+  return map(p, n);
+}
+cudaError_t cudaHostAlloc(void** p, size_t n, unsigned) {
+  return map(p, n);
+}
+cudaError_t cudaFree(void* p) {
+  return unmap(p);
+}
+cudaError_t cudaFreeHost(void* p) {
+  return unmap(p);
+}
+cudaError_t cudaMemcpy(void* d, const void* s, size_t n, cudaMemcpyKind) {
+  std::memcpy(d, s, n);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void* d, const void* s, size_t n, cudaMemcpyKind, cudaStream_t) {
+  std::memcpy(d, s, n);
+  return cudaSuccess;
+}
+// Not written: a memset would commit the pages of every buffer it clears, and no kernel reads.
+cudaError_t cudaMemsetAsync(void*, int, size_t, cudaStream_t) {
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) {
+  *s = handle<cudaStream_t>();
+  return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t) {
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t) {
+  return cudaSuccess;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) {
+  return cudaSuccess;
+}
+cudaError_t cudaStreamBeginCapture(cudaStream_t, cudaStreamCaptureMode) {
+  capturing = true;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t, cudaGraph_t* g) {
+  capturing = false;
+  *g = handle<cudaGraph_t>();
+  return cudaSuccess;
+}
+cudaError_t cudaStreamIsCapturing(cudaStream_t, cudaStreamCaptureStatus* s) {
+  *s = capturing ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* e, cudaGraph_t, unsigned long long) {
+  *e = handle<cudaGraphExec_t>();
+  return cudaSuccess;
+}
+cudaError_t cudaGraphExecUpdate(cudaGraphExec_t, cudaGraph_t, cudaGraphExecUpdateResultInfo*) {
+  return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t, cudaStream_t) {
+  return cudaSuccess;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t) {
+  return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t) {
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t* e) {
+  *e = handle<cudaEvent_t>();
+  return cudaSuccess;
+}
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) {
+  return cudaEventCreate(e);
+}
+cudaError_t cudaEventDestroy(cudaEvent_t) {
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) {
+  return cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t) {
+  return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t) {
+  return cudaSuccess;
+}
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) {
+  *ms = 0.0f;
+  return cudaSuccess;
+}
+cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t*, const void*, void**) {
+  return cudaSuccess;
+}
+
+cublasStatus_t cublasCreate_v2(cublasHandle_t* h) {
+  *h = handle<cublasHandle_t>();
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasDestroy_v2(cublasHandle_t) {
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetStream_v2(cublasHandle_t, cudaStream_t) {
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
+                            const void*, const void*, cudaDataType, int, const void*, cudaDataType,
+                            int, const void*, void*, cudaDataType, int, cublasComputeType_t,
+                            cublasGemmAlgo_t) {
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+}  // extern "C"

@@ -3,6 +3,7 @@
 // relies on the same property of the span partials.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -77,6 +78,48 @@ TEST(Engine, ContextLimitIsAClearError) {
   Sequence s2 = e.open_sequence();  // the frames came back: a full context fits again
   std::vector<int32_t> full(16, 5);
   EXPECT_NO_THROW(e.eval(s2, full.data(), 16));
+}
+
+// Decode steps reuse a layer's spans while its frames stay: a slot reopened for another
+// sequence, and two sequences taking frames in turn, still attend over their own pages.
+TEST(Engine, SequencesTakingTurnsDecodeExactly) {
+  auto m = Model::load("synthetic:tiny");
+  const int32_t V = m->config.n_vocab;
+  const auto a = prompt_of(37, V), b = prompt_of(29, V + 1), c = prompt_of(41, V - 1);
+  const auto fresh = [&](const std::vector<int32_t>& p) {
+    return logits_of(*m, p, 512, 8, DType::Q8_0, DType::Q8_0);
+  };
+  auto dev = make_cpu_device(0);
+  EngineOptions o;
+  o.n_ctx = 64;
+  o.page_size = 8;
+  o.n_seq = 2;
+  o.k_type = o.v_type = DType::Q8_0;
+  Engine e(*m, *dev, o);
+  const auto same = [&](const float* got, const std::vector<float>& want, const char* what) {
+    EXPECT_EQ(std::memcmp(got, want.data(), want.size() * sizeof(float)), 0) << what;
+  };
+  Sequence s = e.open_sequence();
+  for (int32_t t : a) e.eval(s, &t, 1);
+  same(e.logits(0), fresh(a), "the first sequence");
+  e.close_sequence(s);
+  Sequence x = e.open_sequence(), y = e.open_sequence();  // x takes the first one's slot
+  for (size_t i = 0; i < std::max(b.size(), c.size()); ++i) {
+    if (i < b.size()) e.eval(x, &b[i], 1);
+    if (i < c.size()) e.eval(y, &c[i], 1);
+  }
+  const float* lx = e.eval(x, &c[0], 1);
+  auto bx = b;
+  bx.push_back(c[0]);
+  same(lx, fresh(bx), "the slot reopened");
+  same(
+      e.eval(y, &b[0], 1),
+      [&] {
+        auto cy = c;
+        cy.push_back(b[0]);
+        return fresh(cy);
+      }(),
+      "the second slot");
 }
 
 TEST(Engine, DeviceCapacityIsAClearError) {

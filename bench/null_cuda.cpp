@@ -5,13 +5,18 @@
 // host does for a step (the engine's bookkeeping, the recording of the step, its key and
 // staged inputs, the graph's relaunch) runs as it would on the GPU machine, and its time is
 // what `kvstream bench` reports as host_issue_s_per_token; what the GPU would do takes no time.
-// Figures from it are host-side only, and the logits are garbage.
+// Figures from it are host-side only, and the logits are garbage. KVS_NULL_GPU picks the card it
+// claims to be: h200 (the default), rtx4080 (sm_89, 16 GiB) or rtx3090 (sm_86, 24 GiB); like a
+// real one it refuses a kernel more dynamic shared memory than the card gives a block, or more
+// than 48 KiB not first allowed by cudaFuncSetAttribute, so the host's choices for consumer
+// cards are checked too.
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <sys/mman.h>
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <unordered_map>
@@ -55,8 +60,30 @@ T handle() {
   return reinterpret_cast<T>(next);
 }
 
-constexpr size_t kTotal = size_t{144} << 30, kFree = size_t{140} << 30;
+struct Card {
+  const char* name;
+  int major, minor, sms;
+  size_t memory;
+  int smem_optin, smem_sm;  // KiB: a block's opt-in maximum, an SM's
+};
+const Card& card() {
+  static const Card cards[] = {{"h200", 9, 0, 132, size_t{144} << 30, 227, 228},
+                               {"rtx4080", 8, 9, 76, size_t{16} << 30, 99, 100},
+                               {"rtx3090", 8, 6, 82, size_t{24} << 30, 99, 100}};
+  static const Card& c = []() -> const Card& {
+    const char* e = std::getenv("KVS_NULL_GPU");
+    for (const Card& k : cards)
+      if (!e || std::strcmp(e, k.name) == 0) return k;
+    std::fprintf(stderr, "KVS_NULL_GPU=%s: h200, rtx4080 or rtx3090\n", e);
+    std::abort();
+  }();
+  return c;
+}
 bool capturing = false;
+std::unordered_map<const void*, int>& allowed() {  // kernel -> dynamic shared memory allowed
+  static std::unordered_map<const void*, int> m;
+  return m;
+}
 
 }  // namespace
 
@@ -90,21 +117,25 @@ cudaError_t cudaSetDevice(int) {
 }
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int) {
   std::memset(p, 0, sizeof(*p));
-  std::snprintf(p->name, sizeof(p->name), "null GPU (bench/null_cuda.cpp)");
-  p->major = 9, p->minor = 0, p->multiProcessorCount = 132, p->warpSize = 32;
-  p->totalGlobalMem = kTotal, p->l2CacheSize = 50 << 20;
-  p->sharedMemPerBlock = 48 << 10, p->sharedMemPerBlockOptin = 227 << 10;
-  p->sharedMemPerMultiprocessor = 228 << 10, p->regsPerBlock = 65536;
+  const Card& c = card();
+  std::snprintf(p->name, sizeof(p->name), "null GPU as %s (bench/null_cuda.cpp)", c.name);
+  p->major = c.major, p->minor = c.minor, p->multiProcessorCount = c.sms, p->warpSize = 32;
+  p->totalGlobalMem = c.memory, p->l2CacheSize = 48 << 20, p->sharedMemPerBlock = 48 << 10;
+  p->sharedMemPerBlockOptin = static_cast<size_t>(c.smem_optin) << 10;
+  p->sharedMemPerMultiprocessor = static_cast<size_t>(c.smem_sm) << 10, p->regsPerBlock = 65536;
   p->regsPerMultiprocessor = 65536, p->maxThreadsPerBlock = 1024;
   p->maxThreadsPerMultiProcessor = 2048, p->maxBlocksPerMultiProcessor = 32;
   return cudaSuccess;
 }
 cudaError_t cudaMemGetInfo(size_t* free_b, size_t* total) {
-  *free_b = kFree, *total = kTotal;
+  *total = card().memory, *free_b = *total - (size_t{1} << 30);
   return cudaSuccess;
 }
-const char* cudaGetErrorString(cudaError_t) {
-  return "an error of the null GPU";
+const char* cudaGetErrorString(cudaError_t e) {
+  return e == cudaErrorInvalidValue           ? "invalid argument (null GPU)"
+         : e == cudaErrorInvalidConfiguration ? "invalid configuration argument (null GPU)"
+         : e == cudaErrorMemoryAllocation     ? "out of memory (null GPU)"
+                                              : "an error of the null GPU";
 }
 cudaError_t cudaGetLastError() {
   return cudaSuccess;
@@ -112,7 +143,11 @@ cudaError_t cudaGetLastError() {
 cudaError_t cudaDeviceSynchronize() {
   return cudaSuccess;
 }
-cudaError_t cudaFuncSetAttribute(const void*, cudaFuncAttribute, int) {
+cudaError_t cudaFuncSetAttribute(const void* f, cudaFuncAttribute a, int v) {
+  if (a != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaSuccess;
+  if (v < 0 || v > card().smem_optin << 10) return cudaErrorInvalidValue;
+  const std::lock_guard<std::mutex> l(mu);
+  allowed()[f] = v;
   return cudaSuccess;
 }
 cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* n, const void*, int, size_t,
@@ -215,7 +250,16 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) {
   *ms = 0.0f;
   return cudaSuccess;
 }
-cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t*, const void*, void**) {
+cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t* c, const void* f, void**) {
+  const dim3 b = c->blockDim;
+  if (b.x * b.y * b.z > 1024 || c->gridDim.x == 0 || c->gridDim.y == 0 || c->gridDim.z == 0)
+    return cudaErrorInvalidConfiguration;
+  if (c->dynamicSmemBytes > 48 << 10) {
+    const std::lock_guard<std::mutex> l(mu);
+    const auto it = allowed().find(f);
+    if (it == allowed().end() || c->dynamicSmemBytes > static_cast<size_t>(it->second))
+      return cudaErrorInvalidValue;
+  }
   return cudaSuccess;
 }
 

@@ -87,6 +87,16 @@ std::unordered_map<const void*, int>& allowed() {  // kernel -> dynamic shared m
 
 }  // namespace
 
+// Calls that only answer success.
+#define OK(decl)        \
+  cudaError_t decl {    \
+    return cudaSuccess; \
+  }
+#define OK_BLAS(decl)             \
+  cublasStatus_t decl {           \
+    return CUBLAS_STATUS_SUCCESS; \
+  }
+
 extern "C" {
 
 void** __cudaRegisterFatBinary(void*) {
@@ -101,20 +111,14 @@ cudaError_t __cudaGetKernel(cudaKernel_t* k, const void* f) {
   *k = reinterpret_cast<cudaKernel_t>(const_cast<void*>(f));
   return cudaSuccess;
 }
-cudaError_t __cudaLaunchKernel(cudaKernel_t, dim3, dim3, void**, size_t, cudaStream_t) {
-  return cudaSuccess;
-}
-cudaError_t __cudaPopCallConfiguration(dim3*, dim3*, size_t*, void*) {
-  return cudaSuccess;
-}
+OK(__cudaLaunchKernel(cudaKernel_t, dim3, dim3, void**, size_t, cudaStream_t))
+OK(__cudaPopCallConfiguration(dim3*, dim3*, size_t*, void*))
 
 cudaError_t cudaGetDeviceCount(int* n) {
   *n = 1;
   return cudaSuccess;
 }
-cudaError_t cudaSetDevice(int) {
-  return cudaSuccess;
-}
+OK(cudaSetDevice(int))
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int) {
   std::memset(p, 0, sizeof(*p));
   const Card& c = card();
@@ -137,12 +141,8 @@ const char* cudaGetErrorString(cudaError_t e) {
          : e == cudaErrorMemoryAllocation     ? "out of memory (null GPU)"
                                               : "an error of the null GPU";
 }
-cudaError_t cudaGetLastError() {
-  return cudaSuccess;
-}
-cudaError_t cudaDeviceSynchronize() {
-  return cudaSuccess;
-}
+OK(cudaGetLastError())
+OK(cudaDeviceSynchronize())
 cudaError_t cudaFuncSetAttribute(const void* f, cudaFuncAttribute a, int v) {
   if (a != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaSuccess;
   if (v < 0 || v > card().smem_optin << 10) return cudaErrorInvalidValue;
@@ -180,23 +180,15 @@ cudaError_t cudaMemcpyAsync(void* d, const void* s, size_t n, cudaMemcpyKind, cu
   return cudaSuccess;
 }
 // Not written: a memset would commit the pages of every buffer it clears, and no kernel reads.
-cudaError_t cudaMemsetAsync(void*, int, size_t, cudaStream_t) {
-  return cudaSuccess;
-}
+OK(cudaMemsetAsync(void*, int, size_t, cudaStream_t))
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) {
   *s = handle<cudaStream_t>();
   return cudaSuccess;
 }
-cudaError_t cudaStreamDestroy(cudaStream_t) {
-  return cudaSuccess;
-}
-cudaError_t cudaStreamSynchronize(cudaStream_t) {
-  return cudaSuccess;
-}
-cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) {
-  return cudaSuccess;
-}
+OK(cudaStreamDestroy(cudaStream_t))
+OK(cudaStreamSynchronize(cudaStream_t))
+OK(cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned))
 cudaError_t cudaStreamBeginCapture(cudaStream_t, cudaStreamCaptureMode) {
   capturing = true;
   return cudaSuccess;
@@ -214,18 +206,10 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t* e, cudaGraph_t, unsigned long 
   *e = handle<cudaGraphExec_t>();
   return cudaSuccess;
 }
-cudaError_t cudaGraphExecUpdate(cudaGraphExec_t, cudaGraph_t, cudaGraphExecUpdateResultInfo*) {
-  return cudaSuccess;
-}
-cudaError_t cudaGraphLaunch(cudaGraphExec_t, cudaStream_t) {
-  return cudaSuccess;
-}
-cudaError_t cudaGraphDestroy(cudaGraph_t) {
-  return cudaSuccess;
-}
-cudaError_t cudaGraphExecDestroy(cudaGraphExec_t) {
-  return cudaSuccess;
-}
+OK(cudaGraphExecUpdate(cudaGraphExec_t, cudaGraph_t, cudaGraphExecUpdateResultInfo*))
+OK(cudaGraphLaunch(cudaGraphExec_t, cudaStream_t))
+OK(cudaGraphDestroy(cudaGraph_t))
+OK(cudaGraphExecDestroy(cudaGraphExec_t))
 
 cudaError_t cudaEventCreate(cudaEvent_t* e) {
   *e = handle<cudaEvent_t>();
@@ -234,18 +218,10 @@ cudaError_t cudaEventCreate(cudaEvent_t* e) {
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) {
   return cudaEventCreate(e);
 }
-cudaError_t cudaEventDestroy(cudaEvent_t) {
-  return cudaSuccess;
-}
-cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) {
-  return cudaSuccess;
-}
-cudaError_t cudaEventQuery(cudaEvent_t) {
-  return cudaSuccess;
-}
-cudaError_t cudaEventSynchronize(cudaEvent_t) {
-  return cudaSuccess;
-}
+OK(cudaEventDestroy(cudaEvent_t))
+OK(cudaEventRecord(cudaEvent_t, cudaStream_t))
+OK(cudaEventQuery(cudaEvent_t))
+OK(cudaEventSynchronize(cudaEvent_t))
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) {
   *ms = 0.0f;
   return cudaSuccess;
@@ -267,17 +243,10 @@ cublasStatus_t cublasCreate_v2(cublasHandle_t* h) {
   *h = handle<cublasHandle_t>();
   return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasDestroy_v2(cublasHandle_t) {
-  return CUBLAS_STATUS_SUCCESS;
-}
-cublasStatus_t cublasSetStream_v2(cublasHandle_t, cudaStream_t) {
-  return CUBLAS_STATUS_SUCCESS;
-}
-cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
-                            const void*, const void*, cudaDataType, int, const void*, cudaDataType,
-                            int, const void*, void*, cudaDataType, int, cublasComputeType_t,
-                            cublasGemmAlgo_t) {
-  return CUBLAS_STATUS_SUCCESS;
-}
+OK_BLAS(cublasDestroy_v2(cublasHandle_t))
+OK_BLAS(cublasSetStream_v2(cublasHandle_t, cudaStream_t))
+OK_BLAS(cublasGemmEx(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
+                     const void*, const void*, cudaDataType, int, const void*, cudaDataType, int,
+                     const void*, void*, cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t))
 
 }  // extern "C"

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -22,6 +23,7 @@ struct BenchArgs {
   std::string model, depths = "0", modes = "auto", ctk = "f16", ctv = "f16", backend = "cpu";
   std::string kv_arena, vram_limit, json_out, ring_chunk = "16M", pair, fill = "prefill";
   int32_t n_gen = 32, n_batch = 512, n_prompt = -1, page_size = 256, threads = 0, ring_slots = 0;
+  int32_t reps = 1;
   std::string command;
 };
 
@@ -53,6 +55,29 @@ EngineOptions options(const BenchArgs& a, const std::string& mode) {
   o.ring_slots = a.ring_slots;
   if (!a.kv_arena.empty()) o.kv_arena = parse_size(a.kv_arena, "--kv-arena");
   return o;
+}
+
+// The mean and the sample standard deviation of repeated measurements (llama-bench's avg and
+// stddev).
+struct Stat {
+  double mean = 0, std = 0;
+};
+Stat stat(const std::vector<double>& v) {
+  Stat s;
+  for (double x : v) s.mean += x / static_cast<double>(v.size());
+  if (v.size() > 1) {
+    for (double x : v) s.std += (x - s.mean) * (x - s.mean);
+    s.std = std::sqrt(s.std / static_cast<double>(v.size() - 1));
+  }
+  return s;
+}
+std::string show(const Stat& s, size_t n) {
+  char b[64];
+  if (n > 1)
+    std::snprintf(b, sizeof(b), "%.2f ± %.2f", s.mean, s.std);
+  else
+    std::snprintf(b, sizeof(b), "%.2f", s.mean);
+  return b;
 }
 
 int32_t argmax(const float* l, int32_t n) {
@@ -215,7 +240,8 @@ void bench(const BenchArgs& a) {
     }
     if (a.depths.empty()) continue;
     EngineOptions o = options(a, mode_s);
-    o.n_ctx = static_cast<int32_t>(max_depth + 1 + a.n_gen + std::max(n_prompt, a.n_batch));
+    o.n_ctx = static_cast<int32_t>(max_depth + 1 + int64_t{a.reps} * a.n_gen +
+                                   std::max(int64_t{a.reps} * n_prompt, int64_t{a.n_batch}));
     auto dev = make_device(a.backend, vram);
     device_name = dev->name();
     Engine eng(*model, *dev, o);
@@ -252,52 +278,71 @@ void bench(const BenchArgs& a) {
       // and captures the step's graph), as llama-bench warms up.
       const int32_t warm = random_tokens(1)[0];
       eng.eval(s, &warm, 1);
-      // Decode at the depth (+1).
+      // Decode at the depth (+1), -r times; each repetition continues the sequence.
       const EngineStats before = eng.totals();
-      const auto gen = random_tokens(a.n_gen);
-      const double t0 = now();
-      for (int32_t i = 0; i < a.n_gen; ++i) eng.eval(s, &gen[static_cast<size_t>(i)], 1);
-      const double tg_s = now() - t0;
+      std::vector<double> tg_r, pp_r;
+      double tg_s = 0;
+      for (int32_t r = 0; r < a.reps; ++r) {
+        const auto gen = random_tokens(a.n_gen);
+        const double t0 = now();
+        for (int32_t i = 0; i < a.n_gen; ++i) eng.eval(s, &gen[static_cast<size_t>(i)], 1);
+        const double dt = now() - t0;
+        tg_s += dt;
+        tg_r.push_back(a.n_gen / dt);
+      }
       const EngineStats after = eng.totals();
-      // Prefill of -p tokens (default one batch), right after (at depth + 1 + n_gen).
-      const auto pp = random_tokens(n_prompt);
-      const double t1 = now();
-      if (n_prompt > 0) eng.eval(s, pp.data(), n_prompt);
-      const double pp_s = now() - t1;
+      // Prefills of -p tokens (default one batch), right after, -r times.
+      for (int32_t r = 0; r < a.reps && n_prompt > 0; ++r) {
+        const auto pp = random_tokens(n_prompt);
+        const double t1 = now();
+        eng.eval(s, pp.data(), n_prompt);
+        pp_r.push_back(n_prompt / (now() - t1));
+      }
 
-      const double tg = a.n_gen / tg_s, ppt = n_prompt > 0 ? n_prompt / pp_s : 0.0;
+      const Stat tg = stat(tg_r), ppt = stat(pp_r);
+      const int64_t n_tg = int64_t{a.reps} * a.n_gen;  // timed decode tokens
       // Bytes a decode step reads: every weight once and the KV at its mean depth.
       const double kv_tok = static_cast<double>(eng.kv_bytes_per_token()) *
-                            (static_cast<double>(depth) + 1 + (a.n_gen - 1) / 2.0);
+                            (static_cast<double>(depth) + 1 + (n_tg - 1) / 2.0);
       const double bytes = static_cast<double>(weights) + kv_tok;
-      const double streamed = static_cast<double>(after.bytes_in - before.bytes_in) / a.n_gen;
+      const double streamed =
+          static_cast<double>(after.bytes_in - before.bytes_in) / static_cast<double>(n_tg);
       const double busy = after.copy_busy_s - before.copy_busy_s;
       const double h2d =
           busy > 0 ? static_cast<double>(after.bytes_in - before.bytes_in) / busy : 0;
       const std::string kv = a.ctk + "/" + a.ctv;
-      std::printf("| %s | %s | %s | %lld | tg%d | %.2f | %.3g | %.1f | %.3g |\n", a.model.c_str(),
-                  mode_s.c_str(), kv.c_str(), static_cast<long long>(depth), a.n_gen, tg, bytes,
-                  bytes * tg / 1e9, streamed);
+      std::printf("| %s | %s | %s | %lld | tg%d | %s | %.3g | %.1f | %.3g |\n", a.model.c_str(),
+                  mode_s.c_str(), kv.c_str(), static_cast<long long>(depth), a.n_gen,
+                  show(tg, tg_r.size()).c_str(), bytes, bytes * tg.mean / 1e9, streamed);
       if (n_prompt > 0)
-        std::printf("| %s | %s | %s | %lld | pp%d | %.2f | | | |\n", a.model.c_str(),
-                    mode_s.c_str(), kv.c_str(), static_cast<long long>(depth), n_prompt, ppt);
+        std::printf("| %s | %s | %s | %lld | pp%d | %s | | | |\n", a.model.c_str(), mode_s.c_str(),
+                    kv.c_str(), static_cast<long long>(depth), n_prompt,
+                    show(ppt, pp_r.size()).c_str());
       std::fflush(stdout);
       nlohmann::json r;
       r["mode"] = mode_s;
       r["depth"] = depth;
       r["cache_type_k"] = a.ctk;
       r["cache_type_v"] = a.ctv;
+      r["repetitions"] = a.reps;
       r["tg_tokens"] = a.n_gen;
-      r["tg_tokens_per_s"] = tg;
+      r["tg_tokens_per_s"] = tg.mean;
+      r["tg_tokens_per_s_std"] = tg.std;
+      r["tg_tokens_per_s_reps"] = tg_r;
       r["tg_bytes_per_token"] = bytes;
       r["tg_weight_bytes"] = weights;
       r["tg_kv_bytes_per_token"] = kv_tok;
-      r["tg_achieved_gb_per_s"] = bytes * tg / 1e9;
+      r["tg_achieved_gb_per_s"] = bytes * tg.mean / 1e9;
       r["pp_tokens"] = n_prompt;
-      if (n_prompt > 0) r["pp_tokens_per_s"] = ppt;
+      if (n_prompt > 0) {
+        r["pp_tokens_per_s"] = ppt.mean;
+        r["pp_tokens_per_s_std"] = ppt.std;
+        r["pp_tokens_per_s_reps"] = pp_r;
+      }
       r["streamed_bytes_per_token"] = streamed;
-      r["ready_wait_s_per_token"] = (after.ready_wait_s - before.ready_wait_s) / a.n_gen;
-      r["host_issue_s_per_token"] = (after.issue_s - before.issue_s) / a.n_gen;
+      r["ready_wait_s_per_token"] =
+          (after.ready_wait_s - before.ready_wait_s) / static_cast<double>(n_tg);
+      r["host_issue_s_per_token"] = (after.issue_s - before.issue_s) / static_cast<double>(n_tg);
       r["copy_busy_fraction"] = tg_s > 0 ? busy / tg_s : 0.0;
       r["h2d_bytes_per_s"] = h2d;
       if (h2d > 0) {
@@ -332,6 +377,11 @@ void register_bench(CLI::App& app, std::string command) {
   c->add_option("--cache-type-k", a->ctk, "K cache type: f16, q8_0, q4_0")->capture_default_str();
   c->add_option("--cache-type-v", a->ctv, "V cache type: f16, q8_0, q4_0")->capture_default_str();
   c->add_option("--n-gen", a->n_gen, "Tokens decoded at each depth")->capture_default_str();
+  c->add_option("-r,--repetitions", a->reps,
+                "Timed decodes and prefills at each depth, reported as mean ± standard "
+                "deviation (each continues the sequence)")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
   c->add_option("-b,--batch-size", a->n_batch, "Tokens per forward pass")->capture_default_str();
   c->add_option("-p,--n-prompt", a->n_prompt,
                 "Prompt tokens prefilled (timed) at each depth (default: one -b batch; 0: none)")

@@ -190,6 +190,22 @@ TEST(BenchCli, DepthSweepAndPairOnTheCpu) {
   ASSERT_EQ(r.json["runs"].size(), 3u) << r.out;
   EXPECT_GT(r.json["runs"][2]["streamed_bytes_per_token"].get<double>(), 0.0);
   EXPECT_TRUE(r.json["pairs"][0]["same_tokens_as_alone"].get<bool>());
+  // -r: each figure the mean of its repetitions, with their standard deviation.
+  const Outcome reps = kvstream(
+      "bench -m synthetic:tiny --depths 0,40 --n-gen 3 -b 16 --page-size 16 -r 3", "bench_r");
+  ASSERT_EQ(reps.status, 0) << reps.err;
+  for (const auto& run : reps.json["runs"]) {
+    EXPECT_EQ(run["repetitions"].get<int>(), 3);
+    for (const char* t : {"tg", "pp"}) {
+      const auto v = run[std::string(t) + "_tokens_per_s_reps"].get<std::vector<double>>();
+      ASSERT_EQ(v.size(), 3u) << t;
+      const double mean = (v[0] + v[1] + v[2]) / 3;
+      EXPECT_NEAR(run[std::string(t) + "_tokens_per_s"].get<double>(), mean, 1e-9 * mean) << t;
+      EXPECT_GE(run[std::string(t) + "_tokens_per_s_std"].get<double>(), 0.0) << t;
+    }
+  }
+  EXPECT_NE(reps.out.find(" ± "), std::string::npos) << reps.out;
+  EXPECT_NE(kvstream("bench -m synthetic:tiny -r 0", "bench_r0").status, 0);
   const Outcome bad = kvstream("bench -m synthetic:tiny --fill zeros", "bench_bad_fill");
   EXPECT_NE(bad.status, 0);
   EXPECT_NE(bad.err.find("--fill"), std::string::npos) << bad.err;

@@ -19,7 +19,7 @@ for cfg in "llama3-8b:q4_0 q8_0 q8_0" "llama3-8b:q4_0 q8_0 q4_0" "qwen3-8b:q8_0 
   set -- $cfg
   name="${1/:/-}-k$2-v$3"
   timeout "${KVS_BENCH_TIMEOUT:-600}" "$bin/kvstream" bench -m "synthetic:$1" -ctk "$2" -ctv "$3" \
-    --backend cuda --fill random --depths "$depths" --n-gen 32 --modes resident \
+    --backend cuda --fill random --depths "$depths" --n-gen 32 -r 3 --modes resident \
     --json "$out/h200-$name.json" 2>&1 |
     grep -E '^\| synthetic' | tee "$out/$name.md"
 done

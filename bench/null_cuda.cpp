@@ -5,7 +5,10 @@
 // host does for a step (the engine's bookkeeping, the recording of the step, its key and
 // staged inputs, the graph's relaunch) runs as it would on the GPU machine, and its time is
 // what `kvstream bench` reports as host_issue_s_per_token; what the GPU would do takes no time.
-// Figures from it are host-side only, and the logits are garbage. KVS_NULL_GPU picks the card it
+// Figures from it are host-side only, and the logits are garbage. KVS_NULL_GPU_REPORT=FILE
+// writes at exit, as JSON, how many kernels, graph captures, instantiations, updates and
+// launches the process made (tests/nullgpu checks that decode steps relaunch one graph).
+// KVS_NULL_GPU picks the card it
 // claims to be: h200 (the default), rtx4080 (sm_89, 16 GiB) or rtx3090 (sm_86, 24 GiB); like a
 // real one it refuses a kernel more dynamic shared memory than the card gives a block, or more
 // than 48 KiB not first allowed by cudaFuncSetAttribute, so the host's choices for consumer
@@ -14,6 +17,7 @@
 #include <cuda_runtime_api.h>
 #include <sys/mman.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -80,6 +84,23 @@ const Card& card() {
   return c;
 }
 bool capturing = false;
+
+// What the process launched, for KVS_NULL_GPU_REPORT.
+struct Counts {
+  std::atomic<long> kernels{0}, captures{0}, instantiations{0}, updates{0}, graph_launches{0};
+  ~Counts() {
+    const char* f = std::getenv("KVS_NULL_GPU_REPORT");
+    if (!f) return;
+    if (FILE* o = std::fopen(f, "w")) {
+      std::fprintf(o,
+                   "{\"kernels\": %ld, \"captures\": %ld, \"instantiations\": %ld, "
+                   "\"updates\": %ld, \"graph_launches\": %ld}\n",
+                   kernels.load(), captures.load(), instantiations.load(), updates.load(),
+                   graph_launches.load());
+      std::fclose(o);
+    }
+  }
+} counts;
 std::unordered_map<const void*, int>& allowed() {  // kernel -> dynamic shared memory allowed
   static std::unordered_map<const void*, int> m;
   return m;
@@ -111,7 +132,10 @@ cudaError_t __cudaGetKernel(cudaKernel_t* k, const void* f) {
   *k = reinterpret_cast<cudaKernel_t>(const_cast<void*>(f));
   return cudaSuccess;
 }
-OK(__cudaLaunchKernel(cudaKernel_t, dim3, dim3, void**, size_t, cudaStream_t))
+cudaError_t __cudaLaunchKernel(cudaKernel_t, dim3, dim3, void**, size_t, cudaStream_t) {
+  ++counts.kernels;
+  return cudaSuccess;
+}
 OK(__cudaPopCallConfiguration(dim3*, dim3*, size_t*, void*))
 
 cudaError_t cudaGetDeviceCount(int* n) {
@@ -190,6 +214,7 @@ OK(cudaStreamDestroy(cudaStream_t))
 OK(cudaStreamSynchronize(cudaStream_t))
 OK(cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned))
 cudaError_t cudaStreamBeginCapture(cudaStream_t, cudaStreamCaptureMode) {
+  ++counts.captures;
   capturing = true;
   return cudaSuccess;
 }
@@ -203,11 +228,18 @@ cudaError_t cudaStreamIsCapturing(cudaStream_t, cudaStreamCaptureStatus* s) {
   return cudaSuccess;
 }
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t* e, cudaGraph_t, unsigned long long) {
+  ++counts.instantiations;
   *e = handle<cudaGraphExec_t>();
   return cudaSuccess;
 }
-OK(cudaGraphExecUpdate(cudaGraphExec_t, cudaGraph_t, cudaGraphExecUpdateResultInfo*))
-OK(cudaGraphLaunch(cudaGraphExec_t, cudaStream_t))
+cudaError_t cudaGraphExecUpdate(cudaGraphExec_t, cudaGraph_t, cudaGraphExecUpdateResultInfo*) {
+  ++counts.updates;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t, cudaStream_t) {
+  ++counts.graph_launches;
+  return cudaSuccess;
+}
 OK(cudaGraphDestroy(cudaGraph_t))
 OK(cudaGraphExecDestroy(cudaGraphExec_t))
 
@@ -236,6 +268,7 @@ cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t* c, const void* f, void
     if (it == allowed().end() || c->dynamicSmemBytes > static_cast<size_t>(it->second))
       return cudaErrorInvalidValue;
   }
+  ++counts.kernels;
   return cudaSuccess;
 }
 

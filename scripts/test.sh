@@ -19,11 +19,14 @@ build/tsan/tests/kvs_unit_test_device
 build/tsan/tests/kvs_unit_test_threadpool
 build/tsan/tests/kvs_unit_test_stream
 
-# The CUDA backend compiles for sm_86, sm_89, sm_90 and sm_120 (build/cuda, not run here).
+# The CUDA backend compiles for sm_86, sm_89, sm_90 and sm_120 (build/cuda; its tests/cuda need
+# a GPU), and its host side runs under the null GPU (tests/nullgpu: launches on the H200 and on
+# two consumer cards, graph relaunch, streaming, the switches).
 if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH="$PATH:/usr/local/cuda/bin"
   cmake --preset cuda -G Ninja >/dev/null
   cmake --build build/cuda -j "$(nproc)"
+  ctest --test-dir build/cuda --output-on-failure -L nullgpu
 else
   echo "test.sh: no nvcc, the CUDA build is skipped"
 fi

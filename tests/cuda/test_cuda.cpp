@@ -165,6 +165,27 @@ TEST(CudaVsCpu, HeadSize64ShapesOfRealModels) {
   }
 }
 
+// The 8B models' heads (128, 4 to a kv head) through the whole engine: the tensor-core decode
+// attention with a block per span and with a warp per span, over several pages.
+TEST(CudaVsCpu, HeadSize128ShapeOfThe8BModels) {
+  NEED_GPU(gpu);
+  auto cpu = make_cpu_device(0);
+  auto by_warp = test::cuda_device_with({{"KVS_DECODE_WARP", "1"}});
+  for (const char* spec : {"tiny-h128:q4_0", "tiny-h128:q8_0"}) {
+    auto m = Model::load(std::string("synthetic:") + spec);
+    const auto prompt = tokens(13, 300, m->config.n_vocab);
+    for (DType vt : {DType::Q8_0, DType::Q4_0}) {
+      const EngineOptions o = options(1024, 128, 64, DType::Q8_0, vt);
+      const Trace want = run(*m, *cpu, o, prompt, 8);
+      for (Device* dev : {gpu.get(), by_warp.get()}) {
+        const Trace got = replay(*m, *dev, o, prompt, want.greedy);
+        EXPECT_LT(rel_diff(want, got), kTol)
+            << spec << " kv q8_0/" << dtype_name(vt) << (dev == gpu.get() ? "" : ", by warp");
+      }
+    }
+  }
+}
+
 // The CPU exactness cases on the GPU: random models, page sizes, cache types, arenas, rings and
 // 1-4 sequences decoded together, prefill and decode; streamed (auto or stream) logits equal
 // resident ones bit for bit, and so do unified ones (the same kernels over managed memory).
@@ -229,7 +250,7 @@ TEST(CudaSwitches, TrialsKeepTheBits) {
       {{}, {{"KVS_FOLD_INLINE", "2"}}},
       {{}, {{"KVS_FUSE_QK_NORM", "1"}}},
       {{{"KVS_DECODE_WARP", "1"}}, {{"KVS_DECODE_WARP", "1"}, {"KVS_ATTN_EARLY", "1"}}}};
-  for (const char* spec : {"tiny-qwen3:q4_0", "smollm2-135m:q8_0", "tiny:q4_1"}) {
+  for (const char* spec : {"tiny-qwen3:q4_0", "smollm2-135m:q8_0", "tiny:q4_1", "tiny-h128:q4_0"}) {
     auto m = Model::load(std::string("synthetic:") + spec);
     const auto prompt = tokens(11, 300, m->config.n_vocab);
     // 19 spans and more: a block per span, the fold over many

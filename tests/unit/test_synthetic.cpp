@@ -39,6 +39,8 @@ const Expected kExpected[] = {
      false, true},
     {"tiny-qwen3", Arch::Qwen3, 2, 128, 384, 4, 2, 64, 512, 1e6f, 1e-6f, RopeMode::Neox, false,
      true, false},
+    {"tiny-h128", Arch::Llama, 2, 256, 512, 4, 1, 128, 512, 500000.0f, 1e-5f, RopeMode::Norm, false,
+     false, false},
     {"smollm2-135m", Arch::Llama, 30, 576, 1536, 9, 3, 64, 49152, 100000.0f, 1e-5f, RopeMode::Norm,
      false, false, true},
     {"llama3-8b", Arch::Llama, 32, 4096, 14336, 32, 8, 128, 128256, 500000.0f, 1e-5f,

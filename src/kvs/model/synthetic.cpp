@@ -34,6 +34,9 @@ const Preset kPresets[] = {
      1000000.0f, true, false, true},
     {"tiny-qwen3", Arch::Qwen3, "Synthetic Tiny Qwen3", 2, 128, 384, 4, 2, 64, 512, 4096, 1e-6f,
      1000000.0f, false, true, false},
+    // The 8B models' head size (128) and group (4 heads a kv head) at a tiny size.
+    {"tiny-h128", Arch::Llama, "Synthetic Tiny Llama, heads of 128", 2, 256, 512, 4, 1, 128, 512,
+     4096, 1e-5f, 500000.0f, false, false, false},
     {"smollm2-135m", Arch::Llama, "SmolLM2 135M (synthetic)", 30, 576, 1536, 9, 3, 0, 49152, 8192,
      1e-5f, 100000.0f, false, false, true},
     {"llama3-8b", Arch::Llama, "Llama 3 8B (synthetic)", 32, 4096, 14336, 32, 8, 0, 128256, 8192,
@@ -314,8 +317,8 @@ size_t synthetic_matrix_bytes(std::string_view spec) {
   };
   const int64_t d = c.n_embd;
   size_t n = m(d, c.n_vocab);  // the output matrix, or the tied embedding
-  n += static_cast<size_t>(c.n_layer) * (m(d, c.q_dim()) + 2 * m(d, c.kv_dim()) +
-                                         m(c.q_dim(), d) + 2 * m(d, c.n_ff) + m(c.n_ff, d));
+  n += static_cast<size_t>(c.n_layer) *
+       (m(d, c.q_dim()) + 2 * m(d, c.kv_dim()) + m(c.q_dim(), d) + 2 * m(d, c.n_ff) + m(c.n_ff, d));
   return n;
 }
 

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The CUDA backend's host side without a GPU (ctest -L nullgpu, in the CUDA build): kvstream
+# with the null GPU of bench/null_cuda.cpp preloaded, which answers every CUDA call on the host
+# and refuses launches a real card would (dynamic shared memory over its limit, or over 48 KiB
+# not allowed first). Checked: every architecture, K/V type pair and mode launches on the H200
+# and on two consumer cards (sm_89 with 16 GiB, sm_86) without an error, streaming included;
+# decode steps relaunch one recorded graph; the trial switches' host paths run; `kvstream run`
+# works. The values are garbage: tests/cuda checks them on a GPU.
+#   tests/nullgpu/launches.sh KVSTREAM LIBKVS_NULL_CUDA
+set -uo pipefail
+bin=$1
+lib=$2
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failed=0
+# Runs kvstream as CARD with ENV (assignments) and ARGS; the report of its launches in $tmp/r.
+k() {
+  local card=$1 env=$2
+  shift 2
+  # shellcheck disable=SC2086  # the assignments split on spaces
+  if ! env $env KVS_NULL_GPU="$card" KVS_NULL_GPU_REPORT="$tmp/r" LD_PRELOAD="$lib" \
+    "$bin" "$@" --json "$tmp/j" >"$tmp/out" 2>&1; then
+    echo "FAILED: [$card $env] kvstream $*"
+    tail -5 "$tmp/out"
+    failed=1
+    return 1
+  fi
+}
+# field EXPR FILE: EXPR (a Python suffix) of the JSON in FILE.
+field() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))$1)" "$2"; }
+
+for card in h200 rtx4080 rtx3090; do
+  for model in tiny tiny-qwen2 tiny-qwen3:q4_0 tiny-h128:q4_0 smollm2-135m:q4_1; do
+    for kv in "f16 f16" "q8_0 q8_0" "q8_0 q4_0" "q4_0 q4_0"; do
+      set -- $kv
+      k "$card" "" bench -m "synthetic:$model" -ctk "$1" -ctv "$2" --backend cuda \
+        --depths 0,300,2000 --n-gen 4 -b 128 --page-size 64 --modes resident,stream \
+        --ring-chunk 256K &&
+        [ "$(field "['runs'].__len__()" "$tmp/j")" = 6 ] ||
+        { echo "FAILED: $card $model $kv: not 6 runs"; failed=1; }
+    done
+  done
+done
+echo "every model, K/V pair and mode on every card: done"
+
+# A decode step recorded once relaunches as one graph: 32 timed tokens, a few captures.
+k h200 "" bench -m synthetic:tiny --backend cuda --depths 0 --n-gen 32 -p 0 --modes resident &&
+  python3 - "$tmp/r" <<'EOF' || failed=1
+import json, sys
+r = json.load(open(sys.argv[1]))
+ok = r["graph_launches"] >= 32 and r["captures"] <= 4
+print(("" if ok else "FAILED: ") + f"graph relaunch: {r}")
+sys.exit(0 if ok else 1)
+EOF
+# Streaming steps are not recorded (their copies and fences cut them): they launch kernels.
+k rtx4080 "" bench -m synthetic:tiny --backend cuda --depths 300 --n-gen 8 -p 0 --modes auto \
+  --kv-arena 160k --page-size 16 -b 64 &&
+  [ "$(field "['runs'][0]['streamed_bytes_per_token'] > 0" "$tmp/j")" = True ] ||
+  { echo "FAILED: stream mode streamed nothing"; failed=1; }
+
+# The switches' host paths (their bits are tests/cuda's).
+for env in "KVS_CUDA_GRAPHS=0" "KVS_PDL=0" "KVS_FUSE_QUANT=0" "KVS_DECODE_WARP=1" \
+  "KVS_DECODE_WARP=2" "KVS_FOLD_INLINE=0" "KVS_FOLD_INLINE=2" "KVS_FOLD_CHUNK=32" \
+  "KVS_L2_NEXT=16" "KVS_L2_NEXT=16 KVS_L2_NEXT_AT=start" "KVS_MATVEC=walk" \
+  "KVS_ATTN_EARLY=1 KVS_DECODE_WARP=1" "KVS_FUSE_QK_NORM=1"; do
+  k h200 "$env" bench -m synthetic:tiny-qwen3 -ctk q8_0 -ctv q4_0 --backend cuda \
+    --depths 0,700 --n-gen 8 -b 128 --page-size 64 || true
+done
+echo "switches: done"
+
+k rtx3090 "" run -m synthetic:smollm2-135m -p "hello" -n 8 --backend cuda --temp 0 || true
+[ "$failed" = 0 ] && echo "all passed"
+exit "$failed"

@@ -18,6 +18,7 @@ shift || true
 [ $# -gt 0 ] || { echo "usage: $0 bench|exact CFG..." >&2; exit 2; }
 mkdir -p "$out"
 name() { local n=${1// /_}; n=${n//=/-}; echo "${n:-default}"; }  # names the device returns
+synth="$(dirname "$0")/synth-model.sh"  # the model written once as GGUF, then mapped
 
 case "$mode" in
   bench)
@@ -25,10 +26,11 @@ case "$mode" in
       for cfg in "$@"; do
         f="$out/$(name "$cfg")-$round"
         # shellcheck disable=SC2086  # the assignments split on spaces
-        env $cfg timeout 200 "$bin/kvstream" bench -m "synthetic:${KVS_AB_MODEL:-llama3-8b:q4_0}" -ctk q8_0 \
+        env $cfg timeout 200 "$bin/kvstream" bench \
+          -m "$("$synth" "$bin" "${KVS_AB_MODEL:-llama3-8b:q4_0}")" -ctk q8_0 \
           -ctv "${KVS_CTV:-q8_0}" --backend cuda --fill random -p 0 --modes resident \
           --depths "${KVS_DEPTHS:-0,32k,128k}" --n-gen 64 --json "$f.json" > "$f.txt" 2>&1
-        echo "[$cfg] round $round (exit $?): $(grep -E '^\| synthetic' "$f.txt" |
+        echo "[$cfg] round $round (exit $?): $(grep -E '\| tg[0-9]+ \|' "$f.txt" |
           awk -F'|' '{printf "depth%s tg%s |", $5, $7}')"
       done
     done
@@ -39,9 +41,9 @@ case "$mode" in
     for cfg in "$@"; do
       f="$out/logits-$(name "$cfg")"
       # shellcheck disable=SC2086
-      env $cfg timeout 150 "$bin/kvstream" run -m synthetic:llama3-8b:q4_0 --backend cuda \
-        --tokens "$ids" -b 1 --page-size 16 -n 0 --cache-type-k q8_0 --cache-type-v q8_0 \
-        --logits-out "$f.npy" > "$f.txt" 2>&1 || echo "[$cfg]: failed (exit $?)"
+      env $cfg timeout 150 "$bin/kvstream" run -m "$("$synth" "$bin" llama3-8b:q4_0)" \
+        --backend cuda --tokens "$ids" -b 1 --page-size 16 -n 0 --cache-type-k q8_0 \
+        --cache-type-v q8_0 --logits-out "$f.npy" > "$f.txt" 2>&1 || echo "[$cfg]: failed (exit $?)"
       if [ -z "$first" ]; then
         first=$f
       elif cmp -s "$first.npy" "$f.npy"; then

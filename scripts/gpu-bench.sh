@@ -10,6 +10,7 @@ out=${OUT:-out/gpu}
 depths=${1:-0,32k,128k}
 mkdir -p "$out"
 find_bin() { [ -x "$bin/$1" ] && echo "$bin/$1" || echo "$bin/tests/$1"; }
+synth="$(dirname "$0")/synth-model.sh"  # the model written once as GGUF, then mapped
 for t in kvs_cuda_test_cuda_ops kvs_cuda_test_cuda; do
   KVS_BINARY="$bin/kvstream" timeout 300 "$(find_bin $t)" > "$out/$t.txt" 2>&1
   echo "$t: exit $? | $(grep -E '^\[  (PASSED|FAILED) ' "$out/$t.txt" | tr '\n' ' ')"
@@ -18,8 +19,9 @@ done
 for cfg in "llama3-8b:q4_0 q8_0 q8_0" "llama3-8b:q4_0 q8_0 q4_0" "qwen3-8b:q8_0 q8_0 q8_0"; do
   set -- $cfg
   name="${1/:/-}-k$2-v$3"
-  timeout "${KVS_BENCH_TIMEOUT:-600}" "$bin/kvstream" bench -m "synthetic:$1" -ctk "$2" -ctv "$3" \
+  timeout "${KVS_BENCH_TIMEOUT:-600}" "$bin/kvstream" bench -m "$("$synth" "$bin" "$1")" \
+    -ctk "$2" -ctv "$3" \
     --backend cuda --fill random --depths "$depths" --n-gen 32 -r 3 --modes resident \
     --json "$out/h200-$name.json" 2>&1 |
-    grep -E '^\| synthetic' | tee "$out/$name.md"
+    grep -E '\| (tg|pp)[0-9]+ \|' | tee "$out/$name.md"
 done

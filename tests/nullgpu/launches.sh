@@ -5,11 +5,14 @@
 # not allowed first). Checked: every architecture, K/V type pair and mode launches on the H200
 # and on two consumer cards (sm_89 with 16 GiB, sm_86) without an error, streaming included;
 # decode steps relaunch one recorded graph; the trial switches' host paths run; `kvstream run`
-# works. The values are garbage: tests/cuda checks them on a GPU.
-#   tests/nullgpu/launches.sh KVSTREAM LIBKVS_NULL_CUDA
+# works; and every launch of tests/cuda's operation tests (head sizes 32 to 256, every K/V
+# type, prefill and decode) is one the consumer cards take. The values are garbage: tests/cuda
+# checks them on a GPU.
+#   tests/nullgpu/launches.sh KVSTREAM LIBKVS_NULL_CUDA [KVS_CUDA_TEST_CUDA_OPS]
 set -uo pipefail
 bin=$1
 lib=$2
+ops=${3:-}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 failed=0
@@ -69,5 +72,19 @@ done
 echo "switches: done"
 
 k rtx3090 "" run -m synthetic:smollm2-135m -p "hello" -n 8 --backend cuda --temp 0 || true
+
+# The operation tests' launches on the consumer cards: their values fail here (no GPU), but a
+# launch or allocation the card would refuse shows as an error naming the null GPU.
+if [ -n "$ops" ]; then
+  for card in rtx4080 rtx3090; do
+    KVS_NULL_GPU="$card" LD_PRELOAD="$lib" "$ops" >"$tmp/ops" 2>&1
+    if grep -q "null GPU)" "$tmp/ops"; then
+      echo "FAILED: $card refuses a launch of the operation tests:"
+      grep -B2 "null GPU)" "$tmp/ops" | head -12
+      failed=1
+    fi
+  done
+  echo "the operation tests' launches on consumer cards: done"
+fi
 [ "$failed" = 0 ] && echo "all passed"
 exit "$failed"

@@ -552,19 +552,25 @@ constexpr int kTK = 32;
 
 template <int D>
 struct Tile {
-  static constexpr int kRows = D == 256 ? 32 : 64;  // query rows (query, head) per block
-  static constexpr int kRI = kRows / 16;            // consecutive rows per thread
-  static constexpr int kDJ = D / 8;                 // consecutive output dimensions per thread
+  // Query rows (query, head) per block. Heads of 256 take 16: their tile's 91 KiB of shared
+  // memory fit the 99 KiB a block may have on the consumer cards (sm_86, sm_89, sm_120), which
+  // 32 rows (110 KiB) did not (the null GPU of bench/null_cuda.cpp refused the launch).
+  static constexpr int kRows = D == 256 ? 16 : 64;
+  static constexpr int kRI = kRows / 16;  // consecutive rows per thread
+  static constexpr int kDJ = D / 8;       // consecutive output dimensions per thread
   // Q and P are stored transposed, so a thread reads its rows (and K its keys) as one vector.
   static constexpr int kQS = kRows + 4, kKS = kTK + 4, kVS = D + 4, kPS = kRows + 4;
   static constexpr size_t kSmem =
       sizeof(float) * (D * kQS + D * kKS + kTK * kVS + kTK * kPS + 4 * kRows);
+  static_assert(kSmem <= 99 * 1024, "a block's shared memory on sm_86, sm_89 and sm_120");
 };
 
 // kN consecutive floats of shared memory (16- or 8-byte aligned) into registers.
 template <int kN>
 __device__ __forceinline__ void lds(const float* p, float* v) {
-  if constexpr (kN == 4) {
+  if constexpr (kN == 1) {
+    v[0] = *p;
+  } else if constexpr (kN == 4) {
     const float4 f = *reinterpret_cast<const float4*>(p);
     v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
   } else {
@@ -672,7 +678,7 @@ __global__ void __launch_bounds__(kPreThreads) prefill(Geo g) {
         }
       }
       __syncthreads();
-      // Online softmax: two threads per row (64 rows), or four (32 rows).
+      // Online softmax: two threads per row (64 rows), or eight (16 rows).
       {
         constexpr int kPer = kPreThreads / T::kRows;
         const int r = tid / kPer, part = tid % kPer;

@@ -17,6 +17,7 @@
 #include <cuda_runtime_api.h>
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
@@ -152,7 +153,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int) {
   p->sharedMemPerBlockOptin = static_cast<size_t>(c.smem_optin) << 10;
   p->sharedMemPerMultiprocessor = static_cast<size_t>(c.smem_sm) << 10, p->regsPerBlock = 65536;
   p->regsPerMultiprocessor = 65536, p->maxThreadsPerBlock = 1024;
-  p->maxThreadsPerMultiProcessor = 2048, p->maxBlocksPerMultiProcessor = 32;
+  p->maxThreadsPerMultiProcessor = c.major == 9 ? 2048 : 1536, p->maxBlocksPerMultiProcessor = 32;
   return cudaSuccess;
 }
 cudaError_t cudaMemGetInfo(size_t* free_b, size_t* total) {
@@ -174,9 +175,14 @@ cudaError_t cudaFuncSetAttribute(const void* f, cudaFuncAttribute a, int v) {
   allowed()[f] = v;
   return cudaSuccess;
 }
-cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* n, const void*, int, size_t,
-                                                                   unsigned) {
-  *n = 3;
+// Without the kernel's registers: at most 3 blocks (what the kernels' launch bounds ask), fewer
+// where the card's threads or shared memory (1 KiB of it reserved a block) hold fewer.
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* n, const void*, int threads,
+                                                                   size_t smem, unsigned) {
+  const Card& c = card();
+  const int by_threads = (c.major == 9 ? 2048 : 1536) / (threads > 0 ? threads : 1);
+  const int by_smem = static_cast<int>((static_cast<size_t>(c.smem_sm) << 10) / (smem + 1024));
+  *n = std::max(1, std::min({3, by_threads, by_smem}));
   return cudaSuccess;
 }
 

@@ -11,6 +11,7 @@
 // CUDA cores for head sizes 32 and 256); a tile never crosses a span, so the sequence of operations
 // does not depend on how the spans were split into calls.
 #include <algorithm>
+#include <map>
 #include <mutex>
 #include <unordered_map>
 #include <utility>
@@ -1597,6 +1598,19 @@ void allow_smem(F* kernel, size_t bytes) {
   a = bytes;
 }
 
+// Blocks of a kernel an SM holds at once with that much dynamic shared memory (the H200 holds 3
+// decode blocks, a consumer card's 100 KiB one or two), asked once per kernel and size.
+template <class F>
+int resident(F* kernel, int threads, size_t smem) {
+  static std::mutex mu;
+  static std::map<std::pair<const void*, size_t>, int> known;
+  const std::lock_guard<std::mutex> lock(mu);
+  int& n = known[{reinterpret_cast<const void*>(kernel), smem}];
+  if (n == 0)
+    KVS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
+  return n;
+}
+
 // The widest cp.async every K and V row of the layout allows (frames are 256-byte aligned).
 int copy_width(const Geo& g) {
   const auto aligned = [&](size_t w) {
@@ -1758,12 +1772,13 @@ void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq, int split) {
             // (part, kv head): a warp or block each
             const int items = a.n_spans * parts * l.n_head_kv;
             // The fold inside the launch when its warps fit a decode warp's shared memory and
-            // half the GPU's blocks hold them twice over.
+            // half the blocks the GPU holds at once hold them twice over (its warps wait for the
+            // spans' flags: the spans' blocks must always find room).
             FoldSync fs{};
             const int fold_blocks = (a.n_head * (d / 32) + kDtWarps - 1) / kDtWarps;
             if ((by_warp || block_fold) && !g.fold_in_place && c.fold_inline > 0 &&
                 dt_warp_bytes(stages, kst, vst, g.group, d) >= fold_bytes(32, kInlineFoldStages) &&
-                2 * fold_blocks <= c.n_sm * kDtBlocks) {
+                2 * fold_blocks <= c.n_sm * resident(tc, 32 * kDtWarps, tc_smem)) {
               unsigned* buf = c.scratch_flags(2 + static_cast<size_t>(items));
               fs = {buf + 2, buf, fold_blocks};
               fold_launched = true;

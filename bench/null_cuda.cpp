@@ -8,11 +8,11 @@
 // Figures from it are host-side only, and the logits are garbage. KVS_NULL_GPU_REPORT=FILE
 // writes at exit, as JSON, how many kernels, graph captures, instantiations, updates and
 // launches the process made (tests/nullgpu checks that decode steps relaunch one graph).
-// KVS_NULL_GPU picks the card it
-// claims to be: h200 (the default), rtx4080 (sm_89, 16 GiB) or rtx3090 (sm_86, 24 GiB); like a
-// real one it refuses a kernel more dynamic shared memory than the card gives a block, or more
-// than 48 KiB not first allowed by cudaFuncSetAttribute, so the host's choices for consumer
-// cards are checked too.
+// KVS_NULL_GPU picks the card it claims to be: h200 (the default), rtx4080 (sm_89, 16 GiB),
+// rtx3090 (sm_86, 24 GiB) or rtx5070ti (sm_120, 16 GiB, the card of the streaming prototype);
+// like a real one it refuses a kernel more dynamic shared memory than the card gives a block,
+// or more than 48 KiB not first allowed by cudaFuncSetAttribute, so the host's choices for
+// consumer cards are checked too.
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <sys/mman.h>
@@ -74,12 +74,13 @@ struct Card {
 const Card& card() {
   static const Card cards[] = {{"h200", 9, 0, 132, size_t{144} << 30, 227, 228},
                                {"rtx4080", 8, 9, 76, size_t{16} << 30, 99, 100},
-                               {"rtx3090", 8, 6, 82, size_t{24} << 30, 99, 100}};
+                               {"rtx3090", 8, 6, 82, size_t{24} << 30, 99, 100},
+                               {"rtx5070ti", 12, 0, 70, size_t{16} << 30, 99, 100}};
   static const Card& c = []() -> const Card& {
     const char* e = std::getenv("KVS_NULL_GPU");
     for (const Card& k : cards)
       if (!e || std::strcmp(e, k.name) == 0) return k;
-    std::fprintf(stderr, "KVS_NULL_GPU=%s: h200, rtx4080 or rtx3090\n", e);
+    std::fprintf(stderr, "KVS_NULL_GPU=%s: h200, rtx4080, rtx3090 or rtx5070ti\n", e);
     std::abort();
   }();
   return c;
@@ -180,7 +181,7 @@ cudaError_t cudaFuncSetAttribute(const void* f, cudaFuncAttribute a, int v) {
 cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* n, const void*, int threads,
                                                                    size_t smem, unsigned) {
   const Card& c = card();
-  const int by_threads = (c.major == 9 ? 2048 : 1536) / (threads > 0 ? threads : 1);
+  const int by_threads = (c.major == 9 ? 2048 : 1536) / (threads > 0 ? threads : 1);  // per SM
   const int by_smem = static_cast<int>((static_cast<size_t>(c.smem_sm) << 10) / (smem + 1024));
   *n = std::max(1, std::min({3, by_threads, by_smem}));
   return cudaSuccess;

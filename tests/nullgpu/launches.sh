@@ -3,11 +3,11 @@
 # with the null GPU of bench/null_cuda.cpp preloaded, which answers every CUDA call on the host
 # and refuses launches a real card would (dynamic shared memory over its limit, or over 48 KiB
 # not allowed first). Checked: every architecture, K/V type pair and mode launches on the H200
-# and on two consumer cards (sm_89 with 16 GiB, sm_86) without an error, streaming included;
-# decode steps relaunch one recorded graph; the trial switches' host paths run; `kvstream run`
-# works; and every launch of tests/cuda's operation tests (head sizes 32 to 256, every K/V
-# type, prefill and decode) is one the consumer cards take. The values are garbage: tests/cuda
-# checks them on a GPU.
+# and on three consumer cards (sm_89 and sm_120 with 16 GiB, sm_86) without an error, streaming
+# included; decode steps relaunch one recorded graph; the trial switches' host paths run;
+# `kvstream run` works; and every launch of tests/cuda's operation tests (head sizes 32 to 256,
+# every K/V type, prefill and decode) is one the consumer cards take. The values are garbage:
+# tests/cuda checks them on a GPU.
 #   tests/nullgpu/launches.sh KVSTREAM LIBKVS_NULL_CUDA [KVS_CUDA_TEST_CUDA_OPS]
 set -uo pipefail
 bin=$1
@@ -32,7 +32,7 @@ k() {
 # field EXPR FILE: EXPR (a Python suffix) of the JSON in FILE.
 field() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))$1)" "$2"; }
 
-for card in h200 rtx4080 rtx3090; do
+for card in h200 rtx4080 rtx3090 rtx5070ti; do
   for model in tiny tiny-qwen2 tiny-qwen3:q4_0 tiny-h128:q4_0 smollm2-135m:q4_1; do
     for kv in "f16 f16" "q8_0 q8_0" "q8_0 q4_0" "q4_0 q4_0"; do
       set -- $kv
@@ -76,7 +76,7 @@ k rtx3090 "" run -m synthetic:smollm2-135m -p "hello" -n 8 --backend cuda --temp
 # The operation tests' launches on the consumer cards: their values fail here (no GPU), but a
 # launch or allocation the card would refuse shows as an error naming the null GPU.
 if [ -n "$ops" ]; then
-  for card in rtx4080 rtx3090; do
+  for card in rtx4080 rtx3090 rtx5070ti; do
     KVS_NULL_GPU="$card" LD_PRELOAD="$lib" "$ops" >"$tmp/ops" 2>&1
     if grep -q "null GPU)" "$tmp/ops"; then
       echo "FAILED: $card refuses a launch of the operation tests:"

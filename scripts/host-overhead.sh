@@ -7,8 +7,8 @@
 # the real calls' cost) before each step, since a token needs the last one's logits.
 #   scripts/host-overhead.sh [MODEL] [DEPTHS]    default synthetic:llama3-8b:q4_0, 0,32k,128k
 # KVS_BIN: the CUDA build folder (default build/sm90, built here first); 3 runs, 2000 tokens.
-# KVS_NULL_GPU=rtx4080|rtx3090: the null GPU claims that consumer card instead of the H200 (its
-# memory, SMs and shared-memory limits, which it enforces on every launch).
+# KVS_NULL_GPU=rtx4080|rtx3090|rtx5070ti: the null GPU claims that consumer card instead of the
+# H200 (its memory, SMs and shared-memory limits, which it enforces on every launch).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=${KVS_BIN:-build/sm90}

@@ -21,7 +21,7 @@ build/tsan/tests/kvs_unit_test_stream
 
 # The CUDA backend compiles for sm_86, sm_89, sm_90 and sm_120 (build/cuda; its tests/cuda need
 # a GPU), and its host side runs under the null GPU (tests/nullgpu: launches on the H200 and on
-# two consumer cards, graph relaunch, streaming, the switches).
+# three consumer cards, graph relaunch, streaming, the switches).
 if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH="$PATH:/usr/local/cuda/bin"
   cmake --preset cuda -G Ninja >/dev/null

@@ -11,7 +11,6 @@
 // CUDA cores for head sizes 32 and 256); a tile never crosses a span, so the sequence of operations
 // does not depend on how the spans were split into calls.
 #include <algorithm>
-#include <map>
 #include <mutex>
 #include <unordered_map>
 #include <utility>
@@ -1596,19 +1595,6 @@ void allow_smem(F* kernel, size_t bytes) {
   KVS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(bytes)));
   a = bytes;
-}
-
-// Blocks of a kernel an SM holds at once with that much dynamic shared memory (the H200 holds 3
-// decode blocks, a consumer card's 100 KiB one or two), asked once per kernel and size.
-template <class F>
-int resident(F* kernel, int threads, size_t smem) {
-  static std::mutex mu;
-  static std::map<std::pair<const void*, size_t>, int> known;
-  const std::lock_guard<std::mutex> lock(mu);
-  int& n = known[{reinterpret_cast<const void*>(kernel), smem}];
-  if (n == 0)
-    KVS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
-  return n;
 }
 
 // The widest cp.async every K and V row of the layout allows (frames are 256-byte aligned).

@@ -7,7 +7,10 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <utility>
 
 #include "kvs/quant/types.h"
@@ -51,6 +54,20 @@ void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream
   cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = stream;
   cfg.attrs = at, cfg.numAttrs = pdl_enabled() ? 1 : 0;
   KVS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...));
+}
+
+// Blocks of a kernel an SM holds at once with that much dynamic shared memory (the H200 holds 3
+// decode blocks, a consumer card's 100 KiB one or two), asked of the GPU once per kernel and
+// size.
+template <class F>
+int resident(F* kernel, int threads, size_t smem) {
+  static std::mutex mu;
+  static std::map<std::pair<const void*, size_t>, int> known;
+  const std::lock_guard<std::mutex> lock(mu);
+  int& n = known[{reinterpret_cast<const void*>(kernel), smem}];
+  if (n == 0)
+    KVS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
+  return std::max(1, n);
 }
 
 __device__ __forceinline__ float h2f(const uint8_t* p) {

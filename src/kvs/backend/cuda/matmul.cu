@@ -534,12 +534,9 @@ void launch_q(Ctx& c, const MatJob* jobs, int n, int split, const XBlock* xq, co
   const int per_block = kWarps / split * R, blocks = (g.first[n] + per_block - 1) / per_block;
   if constexpr (NT == 1)
     if (c.next.at != 0) {
-      static int per_sm = 0;  // blocks an SM holds, for this kernel
-      if (per_sm == 0)
-        KVS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &per_sm, matvec_q<T, NT, R, U, P, true>, kWarps * 32, 0));
       L2Next nx = c.next;
-      nx.from_block = std::max(0, blocks - std::max(1, per_sm) * c.n_sm);
+      nx.from_block =
+          std::max(0, blocks - resident(matvec_q<T, NT, R, U, P, true>, kWarps * 32, 0) * c.n_sm);
       return launch(matvec_q<T, NT, R, U, P, true>, blocks, kWarps * 32, 0, c.stream, g, xq, xm,
                     n_in, nx);
     }
@@ -553,12 +550,9 @@ void launch_walk(Ctx& c, const MatJob* jobs, int n, int split, int part_groups, 
                  const XMeta* xm, int n_in) {
   Group g = make_group(jobs, n, R);
   g.split = split;
-  static int per_sm = 0;  // blocks an SM holds, for this kernel
-  if (per_sm == 0)
-    KVS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &per_sm, matvec_walk<T, NT, R, U, kAhead>, kWarps * 32, 0));
   const int sets = g.first[n] / R, need = (sets + kWarps - 1) / kWarps;
-  launch(matvec_walk<T, NT, R, U, kAhead>, std::min(need, std::max(1, per_sm) * c.n_sm),
+  launch(matvec_walk<T, NT, R, U, kAhead>,
+         std::min(need, resident(matvec_walk<T, NT, R, U, kAhead>, kWarps * 32, 0) * c.n_sm),
          kWarps * 32, 0, c.stream, g, xq, xm, n_in, part_groups, c.next);
 }
 

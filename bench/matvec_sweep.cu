@@ -1,6 +1,5 @@
 // Times the integer matrix-vector kernel's variants (rows per warp, groups per chunk, one
-// chunk ahead or not, warps per row; and the walking kernel of KVS_MATVEC=walk) on the matrix
-// shapes of the 8B models, q4_0 and q8_0:
+// chunk ahead or not, warps per row) on the matrix shapes of the 8B models, q4_0 and q8_0:
 // the numbers behind q_shape() in matmul.cu (bench/results/h200-matvec-sweep.txt). Built with
 // the CUDA backend as kvs_matvec_sweep; run it on the GPU machine (PDL=0: without programmatic
 // dependent launch). Each variant runs 100 times over copies of the matrices larger than the
@@ -59,23 +58,6 @@ void run_variant(Ctx& c, const char* tn, const Shape& sh, std::vector<std::vecto
   }
 }
 
-// matvec_walk (KVS_MATVEC=walk): R rows a warp, U groups a chunk, kAhead chunks in flight, the
-// sums split as matvec_q's `split` warps would (1 or 2; chunks of 2 groups).
-template <DType T, int R, int U, int kAhead>
-void run_walk(Ctx& c, const char* tn, const Shape& sh, std::vector<std::vector<Matrix>>& ws,
-              float* y, const XBlock* xq, const XMeta* xm, double bytes) {
-  const int n = static_cast<int>(sh.outs.size());
-  for (int split : {1, 2}) {
-    const double us = time_us(c, [&](int i) {
-      MatJob jobs[3];
-      jobs_of(sh, ws, y, i, jobs);
-      launch_walk<T, 1, R, U, kAhead>(c, jobs, n, split, 2, xq, xm, sh.n_in);
-    });
-    printf("%-6s %-8s walk R=%d U=%d ahead=%d split=%d  %7.2f us  %6.0f GB/s\n", tn, sh.name, R, U,
-           kAhead, split, us, bytes / us / 1e3);
-  }
-}
-
 int main() {
   pdl_enabled() = getenv("PDL") ? atoi(getenv("PDL")) : 1;
   Ctx c;
@@ -129,11 +111,6 @@ int main() {
       run_variant<T, 4, 4, false>(c, tn, sh, ws, y, xq, xm, bytes);
       run_variant<T, 2, 1, true>(c, tn, sh, ws, y, xq, xm, bytes);
       run_variant<T, 4, 1, true>(c, tn, sh, ws, y, xq, xm, bytes);
-      run_walk<T, 4, 1, 2>(c, tn, sh, ws, y, xq, xm, bytes);
-      run_walk<T, 4, 1, 1>(c, tn, sh, ws, y, xq, xm, bytes);
-      run_walk<T, 4, 2, 1>(c, tn, sh, ws, y, xq, xm, bytes);
-      run_walk<T, 2, 1, 2>(c, tn, sh, ws, y, xq, xm, bytes);
-      if constexpr (packed(T).quant == 16) run_walk<T, 8, 1, 2>(c, tn, sh, ws, y, xq, xm, bytes);
       if constexpr (packed(T).quant == 16) {  // 8 rows of 8-bit quants would spill
         run_variant<T, 8, 2, false>(c, tn, sh, ws, y, xq, xm, bytes);
         run_variant<T, 8, 1, true>(c, tn, sh, ws, y, xq, xm, bytes);

@@ -1224,8 +1224,8 @@ constexpr int kInlineFoldStages = 2;
 // 48K and 8 % at 128K). The parts of a span are spans of their own to the fold. Either way the
 // keys a warp takes depend on the span and the split alone. kFold: the kernel may hold the
 // fold (FoldSync); a block per span has it as a variant of its own (KVS_FOLD_INLINE=2, a trial),
-// so the default's code stays as measured. kEarly (KVS_ATTN_EARLY=1, a trial, recorded steps
-// only): a warp whose span is not the call's last issues its first copies before pdl_wait().
+// so the default's code stays as measured. kEarly (recorded steps only; KVS_ATTN_EARLY=0: off):
+// a warp whose span is not the call's last issues its first copies before pdl_wait().
 // Only q and the last span's new row come from the kernel before; everything older is done when
 // a kernel launched early starts, the staged span table and positions included (a recorded
 // step copies them before its first kernel).

@@ -252,24 +252,15 @@ class CudaDevice final : public Device {
       ctx_.fold_chunk = std::atoi(f);
       KVS_CHECK(ctx_.fold_chunk == 32 || ctx_.fold_chunk == 64, "KVS_FOLD_CHUNK=", f, ": 32 or 64");
     }
-    if (const char* f = std::getenv("KVS_FUSE_QK_NORM")) fuse_qk_norm_ = std::string(f) == "1";
-    if (const char* f = std::getenv("KVS_ATTN_EARLY")) ctx_.attn_early = std::string(f) == "1";
-    if (const char* f = std::getenv("KVS_MATVEC")) {
-      KVS_CHECK(
-          std::string(f) == "walk" || std::string(f) == "block", "KVS_MATVEC=", f,
-          ": block (the default: a warp or two per row set) or walk (warps walking row sets)");
-      ctx_.walk = std::string(f) == "walk";
-    }
+    // Switches that were trials, on since measured (bench/results/h100-trials-e1074bc): "0"
+    // turns one off, for comparisons and the tests that hold them to the same bits.
+    if (const char* f = std::getenv("KVS_FUSE_QK_NORM")) fuse_qk_norm_ = std::string(f) != "0";
+    if (const char* f = std::getenv("KVS_ATTN_EARLY")) ctx_.attn_early = std::string(f) != "0";
     if (const char* f = std::getenv("KVS_L2_NEXT")) {
       const int mb = std::atoi(f);
       KVS_CHECK(mb >= 0 && mb <= 64, "KVS_L2_NEXT=", f,
                 ": MiB of the next product's weights (0-64)");
       l2_next_bytes_ = static_cast<size_t>(mb) << 20;
-    }
-    if (const char* f = std::getenv("KVS_L2_NEXT_AT")) {
-      const std::string at = f;
-      KVS_CHECK(at == "start" || at == "end", "KVS_L2_NEXT_AT=", f, ": start or end");
-      l2_next_at_ = at == "start" ? 1 : 2;
     }
     KVS_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_.side, cudaStreamNonBlocking));
     for (cudaEvent_t* e : {&ctx_.side_ready, &ctx_.converted[0], &ctx_.converted[1],
@@ -542,8 +533,8 @@ class CudaDevice final : public Device {
     key_layout(l);
     run("kv_write", [=, this] { cuda::kv_write(ctx_, l, k, v, n_tok, d_pages, d_slots); });
   }
-  // The q and k heads' norms in the same launch with KVS_FUSE_QK_NORM=1 (a trial; heads of 64
-  // or 128), else as two rmsnorm launches before it.
+  // The q and k heads' norms in the same launch (heads of 64 or 128; KVS_FUSE_QK_NORM=0: not),
+  // else as two rmsnorm launches before it.
   void rope_kv_write(float* q, float* k, const float* v, const int32_t* pos, int32_t n_tok,
                      int32_t n_head, const RopeParams& p, const KvLayout& l, uint8_t* const* pages,
                      const int32_t* slots, const QkNorm* norm) override {
@@ -804,7 +795,6 @@ class CudaDevice final : public Device {
         nx.lines[nx.n++] = static_cast<uint32_t>((bytes + 127) / 128);
         left -= bytes;
       }
-      nx.at = l2_next_at_;
     }
     between_ = 0;
     next_.push_back({});
@@ -913,11 +903,11 @@ class CudaDevice final : public Device {
   bool partial_ = false;            // the step being captured was cut by a pause
   bool recording_ = false;
   Calls calls_, held_;  // the recorded step's operations; those being launched
-  // KVS_L2_NEXT (MiB), KVS_L2_NEXT_AT: what a product asks L2 to fetch of the next one, when;
-  // next_: the recorded step's products' requests; between_: K/V bytes attended since the last.
-  bool fuse_qk_norm_ = false;  // KVS_FUSE_QK_NORM=1: qwen3's head norms in the rope's launch
-  size_t l2_next_bytes_ = 0;
-  int l2_next_at_ = 2;
+  // KVS_L2_NEXT (MiB; 4 measured best of 2-16 on an H100): what a product asks L2 to fetch of
+  // the next one at its end; next_: the recorded step's products' requests; between_: K/V
+  // bytes attended since the last.
+  bool fuse_qk_norm_ = true;  // qwen3's head norms in the rope's launch (KVS_FUSE_QK_NORM=0: not)
+  size_t l2_next_bytes_ = size_t{4} << 20;
   std::vector<cuda::L2Next> next_;
   size_t between_ = 0;
   std::vector<uint64_t> key_, last_key_;  // what they launch; last_key_: what exec_ runs

@@ -26,7 +26,6 @@ struct L2Next {
   const uint8_t* p[4] = {};
   uint32_t lines[4] = {};
   int n = 0;
-  int at = 0;  // 0: none; 1: before the product's wait for the kernel before; 2: at its end
   // Only the blocks from this one ask (the product's last wave: what earlier waves asked for
   // would leave L2 again under the later waves' weights). Set by the launch.
   int from_block = 0;
@@ -49,12 +48,11 @@ struct Ctx {
   // KVS_FOLD_INLINE: where the decode fold runs: 0, a launch of its own; 1, inside the
   // attention's launch for a warp per span; 2, for a block per span too (a trial).
   int fold_inline = 1;
-  L2Next next;        // for the next matmuls call's last launch (set by the device)
-  bool walk = false;  // KVS_MATVEC=walk: one-token products by matvec_walk (a trial)
-  // KVS_ATTN_EARLY=1: a warp per span issues its first copies before waiting for the kernel
-  // before (a trial), while `staged`: the operations of a recorded step run, whose staged
-  // inputs were copied before its first kernel.
-  bool attn_early = false, staged = false;
+  L2Next next;  // for the next matmuls call's last launch (set by the device)
+  // A warp per span issues its first copies before waiting for the kernel before
+  // (KVS_ATTN_EARLY=0: after), while `staged`: the operations of a recorded step run, whose
+  // staged inputs were copied before its first kernel.
+  bool attn_early = true, staged = false;
 
   // While a step is being recorded as a graph, a scratch buffer that must grow first runs and
   // waits for what was recorded so far (pause: the old buffer may be in use), then recording

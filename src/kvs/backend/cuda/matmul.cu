@@ -226,8 +226,8 @@ __device__ __forceinline__ void prefetch_next(const L2Next& nx, int lane) {
 // summed through shared memory). The first chunk's weights are loaded before pdl_wait(): no
 // kernel writes them, so their latency overlaps the kernel before. kPipe: the next chunk is
 // loaded before the current one is used (twice the registers, no gap between the loads).
-// kNext: asks L2 for the next product's first weights (nx; a trial, one token only), a
-// variant of its own so that the others' code stays as it was.
+// kNext: at its end, asks L2 for the next product's first weights (nx; one token, in a
+// recorded step), so the memory works while the small kernels between the two run.
 template <DType T, int NT, int R, int U, bool kPipe, bool kNext = false>
 __global__ void __launch_bounds__(kWarps * 32)
     matvec_q(Group g, const XBlock* __restrict__ xq, const XMeta* __restrict__ xm, int n_in,
@@ -248,7 +248,6 @@ __global__ void __launch_bounds__(kWarps * 32)
         g.w[j] + static_cast<size_t>(min(row0 + r, n_out - 1)) * g.pitch[j] + C::pk.quant * lane;
   C c;
   if (live) c.load(rows, part * U, lane, n_blocks);
-  if (kNext && nx.at == 1) prefetch_next(nx, lane);
   pdl_wait();
   if (!live) return;
   float acc[R][NT] = {};
@@ -263,112 +262,8 @@ __global__ void __launch_bounds__(kWarps * 32)
       c.template dot<NT>(xq, xm, g0, lane, n_blocks, acc);
     }
   }
-  if (kNext && nx.at == 2) prefetch_next(nx, lane);
+  if (kNext) prefetch_next(nx, lane);
   finish<R, NT>(g, j, row0, acc, red, split);
-}
-
-// A trial against matvec_q's warp (or split warps) per row set (KVS_MATVEC=walk): as many
-// blocks as the GPU holds at once, warp w of W walking row sets w, w + W, ... of R rows a
-// chunk of U groups at a time, kAhead chunks' loads in flight (of its set, or the first of its
-// next set) while it takes the dot of the one before, so that a warp keeps loads in flight
-// from its start to its end instead of a block's start and end around each row set. The sums
-// are matvec_q's with chunks of `part_groups` (a multiple of U) and `split` warps to a row set:
-// group g is part (g / part_groups) % split's (the parts' sums swap places where that changes)
-// and the parts are added as finish() adds them, so the bits are the default kernel's.
-template <DType T, int NT, int R, int U, int kAhead>
-__global__ void __launch_bounds__(kWarps * 32)
-    matvec_walk(Group g, const XBlock* __restrict__ xq, const XMeta* __restrict__ xm, int n_in,
-                int part_groups, L2Next nx) {
-  static_assert(kAhead == 1 || kAhead == 2);
-  using C = QChunk<T, R, U>;
-  const int lane = threadIdx.x % 32, n_sets = g.first[g.n] / R;
-  const int W = gridDim.x * kWarps, n_blocks = n_in / 32, n_groups = (n_blocks + 31) / 32;
-  struct Item {  // chunk g0 of row set `set` (set >= n_sets: past the warp's last)
-    int set, g0;
-  };
-  const auto next_of = [&](Item it) {
-    it.g0 += U;
-    if (it.g0 >= n_groups) it.g0 = 0, it.set += W;
-    return it;
-  };
-  const auto job_of = [&](int set, int& j, int& row0) {
-    const int r0 = set * R;
-    j = 0;
-    while (j + 1 < g.n && r0 >= g.first[j + 1]) ++j;
-    row0 = r0 - g.first[j];
-  };
-  const auto load = [&](C& c, Item it) {
-    if (it.set >= n_sets) return;
-    int j, row0;
-    job_of(it.set, j, row0);
-    const uint8_t* rows[R];
-#pragma unroll
-    for (int k = 0; k < R; ++k)  // a row past the end re-reads the last one; not stored
-      rows[k] = g.w[j] + static_cast<size_t>(min(row0 + k, g.n_out[j] - 1)) * g.pitch[j] +
-                C::pk.quant * lane;
-    c.load(rows, it.g0, lane, n_blocks);
-  };
-  float acc[R][NT] = {}, other[R][NT] = {};  // the current part's sums, the other part's
-  int part = 0;                              // the part in acc
-  // The dot of chunk c (item it) into its part; at a set's end its sums stored. False: past
-  // the warp's last set.
-  const auto consume = [&](const C& c, Item it) {
-    if (it.set >= n_sets) return false;
-    if ((it.g0 / part_groups) % g.split != part) {
-      part ^= 1;
-#pragma unroll
-      for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int t = 0; t < NT; ++t) {
-          const float a = acc[r][t];
-          acc[r][t] = other[r][t], other[r][t] = a;
-        }
-    }
-    c.template dot<NT>(xq, xm, it.g0, lane, n_blocks, acc);
-    if (it.g0 + U < n_groups) return true;
-    int j, row0;
-    job_of(it.set, j, row0);
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        float v = warp_sum(part == 0 ? acc[r][t] : other[r][t]);
-        if (g.split == 2) v = (0.0f + v) + warp_sum(part == 0 ? other[r][t] : acc[r][t]);
-        if (lane == 0 && row0 + r < g.n_out[j]) store(g, j, row0 + r, t, v);
-        acc[r][t] = 0.0f, other[r][t] = 0.0f;
-      }
-    part = 0;
-    return true;
-  };
-  Item a{static_cast<int>(blockIdx.x) * kWarps + static_cast<int>(threadIdx.x) / 32, 0};
-  Item b = next_of(a);
-  C ca, cb, cc;
-  load(ca, a);
-  if constexpr (kAhead == 2) load(cb, b);
-  if (nx.at == 1) prefetch_next(nx, lane);
-  pdl_wait();
-  // The chunks rotate through the buffers; each is loaded kAhead chunks before its dot.
-  for (;;) {
-    if constexpr (kAhead == 1) {
-      load(cb, b);
-      if (!consume(ca, a)) break;
-      a = next_of(b);
-      load(ca, a);
-      if (!consume(cb, b)) break;
-      b = next_of(a);
-    } else {
-      const Item c = next_of(b);
-      load(cc, c);
-      if (!consume(ca, a)) break;
-      a = next_of(c);
-      load(ca, a);
-      if (!consume(cb, b)) break;
-      b = next_of(a);
-      load(cb, b);
-      if (!consume(cc, c)) break;
-    }
-  }
-  if (nx.at == 2) prefetch_next(nx, lane);
 }
 
 // f16 and bf16 rows: two per warp, lanes over the elements.
@@ -533,7 +428,7 @@ void launch_q(Ctx& c, const MatJob* jobs, int n, int split, const XBlock* xq, co
   g.split = split;
   const int per_block = kWarps / split * R, blocks = (g.first[n] + per_block - 1) / per_block;
   if constexpr (NT == 1)
-    if (c.next.at != 0) {
+    if (c.next.n != 0) {
       L2Next nx = c.next;
       nx.from_block =
           std::max(0, blocks - resident(matvec_q<T, NT, R, U, P, true>, kWarps * 32, 0) * c.n_sm);
@@ -541,19 +436,6 @@ void launch_q(Ctx& c, const MatJob* jobs, int n, int split, const XBlock* xq, co
                     n_in, nx);
     }
   launch(matvec_q<T, NT, R, U, P>, blocks, kWarps * 32, 0, c.stream, g, xq, xm, n_in, L2Next{});
-}
-
-// matvec_walk with R rows a warp, chunks of U groups, kAhead of them in flight, and q_shape's
-// chunks (part_groups) and split for the bits: as many blocks as fit the GPU.
-template <DType T, int NT, int R, int U, int kAhead>
-void launch_walk(Ctx& c, const MatJob* jobs, int n, int split, int part_groups, const XBlock* xq,
-                 const XMeta* xm, int n_in) {
-  Group g = make_group(jobs, n, R);
-  g.split = split;
-  const int sets = g.first[n] / R, need = (sets + kWarps - 1) / kWarps;
-  launch(matvec_walk<T, NT, R, U, kAhead>,
-         std::min(need, resident(matvec_walk<T, NT, R, U, kAhead>, kWarps * 32, 0) * c.n_sm),
-         kWarps * 32, 0, c.stream, g, xq, xm, n_in, part_groups, c.next);
 }
 
 // The integer kernel's shape for rows of n_in (rows in all, n_tok tokens, quant bytes per
@@ -577,10 +459,6 @@ QShape q_shape(int rows, int n_in, int64_t n_tok, int quant) {
 template <DType T, int NT>
 void matvec_q_any(Ctx& c, const MatJob* jobs, int n, const XBlock* xq, const XMeta* xm, int n_in,
                   QShape s) {
-  if constexpr (NT <= 2) {
-    if (c.walk && s.split <= 2)
-      return launch_walk<T, NT, 4, 1, 2>(c, jobs, n, s.split, s.u, xq, xm, n_in);
-  }
   if constexpr (NT > 4) {
     launch_q<T, NT, 1, 2, false>(c, jobs, n, s.split, xq, xm, n_in);
   } else if constexpr (NT > 2) {

@@ -234,9 +234,8 @@ TEST(CudaStream, StreamedLogitsAreBitIdenticalToResident) {
 
 // The switches that must not change a bit (each a device of its own): the products asking L2
 // for the next product's weights (only in recorded decode steps; the default 4 MiB against none
-// and 16); the decode fold inside the attention's launch for a block per span (a trial);
-// qwen3's head norms in the rope's launch; a warp per span issuing its first copies before its
-// wait (recorded steps; against a warp per span without it, whose partials differ from a
+// and 16); qwen3's head norms in the rope's launch; a warp per span issuing its first copies before
+// its wait (recorded steps; against a warp per span without it, whose partials differ from a
 // block's). Prompt and decode logits, bit for bit.
 TEST(CudaSwitches, TrialsKeepTheBits) {
   NEED_GPU(gpu);
@@ -245,7 +244,6 @@ TEST(CudaSwitches, TrialsKeepTheBits) {
       // (base, trial)
       {{}, {{"KVS_L2_NEXT", "0"}}},
       {{}, {{"KVS_L2_NEXT", "16"}}},
-      {{}, {{"KVS_FOLD_INLINE", "2"}}},
       {{}, {{"KVS_FUSE_QK_NORM", "0"}}},
       {{{"KVS_DECODE_WARP", "1"}}, {{"KVS_DECODE_WARP", "1"}, {"KVS_ATTN_EARLY", "0"}}}};
   for (const char* spec : {"tiny-qwen3:q4_0", "smollm2-135m:q8_0", "tiny:q4_1", "tiny-h128:q4_0"}) {

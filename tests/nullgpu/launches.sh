@@ -63,7 +63,7 @@ k rtx4080 "" bench -m synthetic:tiny --backend cuda --depths 300 --n-gen 8 -p 0 
 
 # The switches' host paths (their bits are tests/cuda's).
 for env in "KVS_CUDA_GRAPHS=0" "KVS_PDL=0" "KVS_FUSE_QUANT=0" "KVS_DECODE_WARP=1" \
-  "KVS_DECODE_WARP=2" "KVS_FOLD_INLINE=0" "KVS_FOLD_INLINE=2" "KVS_FOLD_CHUNK=32" \
+  "KVS_DECODE_WARP=2" "KVS_FOLD_INLINE=0" "KVS_FOLD_CHUNK=32" \
   "KVS_L2_NEXT=0" "KVS_L2_NEXT=16" "KVS_ATTN_EARLY=0 KVS_DECODE_WARP=1" \
   "KVS_FUSE_QK_NORM=0"; do
   k h200 "$env" bench -m synthetic:tiny-qwen3 -ctk q8_0 -ctv q4_0 --backend cuda \

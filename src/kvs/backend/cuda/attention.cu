@@ -1222,14 +1222,14 @@ constexpr int kInlineFoldStages = 2;
 // no barrier (a split span spends a third of its time starting and merging at a page of 256
 // keys; from 24K tokens of 8 kv heads on, a warp per span is faster on the H200, 3-9 % up to
 // 48K and 8 % at 128K). The parts of a span are spans of their own to the fold. Either way the
-// keys a warp takes depend on the span and the split alone. kFold: the kernel may hold the
-// fold (FoldSync); a block per span has it as a variant of its own (KVS_FOLD_INLINE=2, a trial),
-// so the default's code stays as measured. kEarly (recorded steps only; KVS_ATTN_EARLY=0: off):
-// a warp whose span is not the call's last issues its first copies before pdl_wait().
+// keys a warp takes depend on the span and the split alone. A warp per span may hold the fold
+// (FoldSync; for a block per span it lost 2 % at 16K on the H200). kEarly (recorded steps
+// only; KVS_ATTN_EARLY=0: off): a warp whose span is not the call's last issues its first
+// copies before pdl_wait().
 // Only q and the last span's new row come from the kernel before; everything older is done when
 // a kernel launched early starts, the staged span table and positions included (a recorded
 // step copies them before its first kernel).
-template <DType K, DType V, int D, bool kByWarp, bool kFold = kByWarp, bool kEarly = false>
+template <DType K, DType V, int D, bool kByWarp, bool kEarly = false>
 __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks)
     decode_tc(Geo g, float* part, int n_kv, int kst, int vst, int cw, int parts, FoldSync fs) {
   static_assert(head_bytes<K, D>() % (D / 16) == 0 && head_bytes<V, D>() % (D / 16) == 0,
@@ -1244,7 +1244,7 @@ __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks)
   // [kSt][kDtKeys][kst], [kDtKeys][vst]; after the tiles, the partials (or the fold's ring)
   uint8_t* raw = dt_smem + warp * dt_warp_bytes(kSt, kst, vst, ng, D);
   unsigned tok = 0;  // this launch's number, with the fold inside it (FoldSync)
-  if (kFold && fs.blocks > 0) {
+  if (kByWarp && fs.blocks > 0) {
     tok = *reinterpret_cast<volatile unsigned*>(fs.ctl) + 1u;
     const int spans_blocks = kByWarp ? (n_items + kDtWarps - 1) / kDtWarps : n_items;
     if (static_cast<int>(blockIdx.x) >= spans_blocks) {  // a fold warp: (head, 32 dimensions)
@@ -1278,13 +1278,10 @@ __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks)
   const int stage_bytes = kDtKeys * (kst + vst);
   // This warp's (block's) partial is written: its flag for the fold in this launch.
   const auto signal = [&] {
-    if (!kFold || fs.blocks == 0) return;
+    if (!kByWarp || fs.blocks == 0) return;
     __threadfence();
-    if constexpr (kByWarp)
-      __syncwarp();
-    else
-      __syncthreads();
-    if ((kByWarp ? lane : threadIdx.x) == 0) st_release(fs.flags + item, tok);
+    __syncwarp();
+    if (lane == 0) st_release(fs.flags + item, tok);
   };
   const Span sp = g.spans[s];
   const size_t stride = part_stride(D);
@@ -1738,16 +1735,13 @@ void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq, int split) {
           const dim3 grid(a.n_spans, l.n_head_kv);
           if (d == 64 || d == 128) {  // tensor cores
             const auto [kst, vst, cw] = head_copies(g, l.n_head_kv);
-            const bool by_warp = split > 0, block_fold = !by_warp && c.fold_inline == 2;
-            const bool early = by_warp && c.attn_early && c.staged;
-            const auto tc = d == 64 ? (early        ? decode_tc<K, V, 64, true, true, true>
-                                       : by_warp    ? decode_tc<K, V, 64, true>
-                                       : block_fold ? decode_tc<K, V, 64, false, true>
-                                                    : decode_tc<K, V, 64, false>)
-                                    : (early        ? decode_tc<K, V, 128, true, true, true>
-                                       : by_warp    ? decode_tc<K, V, 128, true>
-                                       : block_fold ? decode_tc<K, V, 128, false, true>
-                                                    : decode_tc<K, V, 128, false>);
+            const bool by_warp = split > 0, early = by_warp && c.attn_early && c.staged;
+            const auto tc = d == 64 ? (early     ? decode_tc<K, V, 64, true, true>
+                                       : by_warp ? decode_tc<K, V, 64, true>
+                                                 : decode_tc<K, V, 64, false>)
+                                    : (early     ? decode_tc<K, V, 128, true, true>
+                                       : by_warp ? decode_tc<K, V, 128, true>
+                                                 : decode_tc<K, V, 128, false>);
             const int stages = d == 64 ? dt_stages<K, V, 64>() : dt_stages<K, V, 128>();
             const size_t tc_smem =
                 kDtWarps * static_cast<size_t>(dt_warp_bytes(stages, kst, vst, g.group, d));
@@ -1762,7 +1756,7 @@ void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq, int split) {
             // spans' flags: the spans' blocks must always find room).
             FoldSync fs{};
             const int fold_blocks = (a.n_head * (d / 32) + kDtWarps - 1) / kDtWarps;
-            if ((by_warp || block_fold) && !g.fold_in_place && c.fold_inline > 0 &&
+            if (by_warp && !g.fold_in_place && c.fold_inline &&
                 dt_warp_bytes(stages, kst, vst, g.group, d) >= fold_bytes(32, kInlineFoldStages) &&
                 2 * fold_blocks <= c.n_sm * resident(tc, 32 * kDtWarps, tc_smem)) {
               unsigned* buf = c.scratch_flags(2 + static_cast<size_t>(items));

@@ -243,10 +243,9 @@ class CudaDevice final : public Device {
     }
     if (const char* f = std::getenv("KVS_FOLD_INLINE")) {
       const std::string v = f;
-      KVS_CHECK(
-          v == "0" || v == "1" || v == "2", "KVS_FOLD_INLINE=", f,
-          ": 0 (a launch of its own), 1 (inside a warp per span's launch) or 2 (a block's too)");
-      ctx_.fold_inline = std::stoi(v);
+      KVS_CHECK(v == "0" || v == "1", "KVS_FOLD_INLINE=", f,
+                ": 0 (a launch of its own) or 1 (inside a warp per span's launch)");
+      ctx_.fold_inline = v == "1";
     }
     if (const char* f = std::getenv("KVS_FOLD_CHUNK")) {
       ctx_.fold_chunk = std::atoi(f);

@@ -45,9 +45,9 @@ struct Ctx {
   int n_sm = 0;           // the GPU's multiprocessors
   int decode_split = -1;  // KVS_DECODE_WARP: forces decode_split's answer; -1: its own
   int fold_chunk = 64;    // KVS_FOLD_CHUNK: spans a pass of the decode fold takes (32 or 64)
-  // KVS_FOLD_INLINE: where the decode fold runs: 0, a launch of its own; 1, inside the
-  // attention's launch for a warp per span; 2, for a block per span too (a trial).
-  int fold_inline = 1;
+  // Whether the decode fold of a warp per span runs inside the attention's launch
+  // (KVS_FOLD_INLINE=0: a launch of its own).
+  bool fold_inline = true;
   L2Next next;  // for the next matmuls call's last launch (set by the device)
   // A warp per span issues its first copies before waiting for the kernel before
   // (KVS_ATTN_EARLY=0: after), while `staged`: the operations of a recorded step run, whose

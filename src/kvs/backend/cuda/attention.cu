@@ -1276,7 +1276,7 @@ __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks)
   const int sp_i = item / n_kv, hk = item % n_kv;  // the part, in span order
   const int s = sp_i / parts, piece = sp_i % parts;
   const int stage_bytes = kDtKeys * (kst + vst);
-  // This warp's (block's) partial is written: its flag for the fold in this launch.
+  // This warp's partial is written: its flag for the fold in this launch (a warp per span).
   const auto signal = [&] {
     if (!kByWarp || fs.blocks == 0) return;
     __threadfence();

@@ -1808,4 +1808,8 @@ void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq, int split) {
   });
 }
 
+#ifdef KVS_TRACE
+KVS_TRACE_BIND(trace_bind_attention)
+#endif
+
 }  // namespace kvs::cuda

@@ -32,9 +32,62 @@ namespace kvs::cuda {
 // touches memory that earlier work writes: that waits until the kernel before has finished
 // and its writes are visible (a no-op when launched without the attribute). It then lets the
 // next kernel launch. Weights and other inputs that no kernel writes may be read before it.
+#ifdef KVS_TRACE
+// A timing build only (cmake -DKVS_TRACE=ON; never the default, whose kernels it would
+// change): thread 0 of every block records when it reached pdl_wait() and when the kernel
+// before had finished, into a ring the device writes out at its end (KVS_TRACE=FILE), so that
+// a step's chain is timed inside its graph at the GPU's own clocks (scripts/trace-chain.py).
+struct TraceRec {
+  unsigned long long grid, arrive, go;  // %gridid (one launch); %globaltimer, ns
+  unsigned block, sm, blocks, threads;
+};
+struct Trace {
+  TraceRec* rec = nullptr;
+  unsigned long long* count = nullptr;
+  unsigned long long cap = 0;
+};
+static __device__ Trace g_trace;  // one per translation unit, each set by its trace_bind_*
+
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ __forceinline__ void trace_block(unsigned long long arrive) {
+  if (threadIdx.x + threadIdx.y + threadIdx.z != 0 || g_trace.rec == nullptr) return;
+  const unsigned long long go = global_ns();
+  unsigned long long grid;
+  unsigned sm;
+  asm volatile("mov.u64 %0, %%gridid;" : "=l"(grid));
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+  const unsigned long long i = atomicAdd(g_trace.count, 1ull) % g_trace.cap;
+  g_trace.rec[i] = {grid,
+                    arrive,
+                    go,
+                    blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z),
+                    sm,
+                    gridDim.x * gridDim.y * gridDim.z,
+                    blockDim.x * blockDim.y * blockDim.z};
+}
+#define KVS_TRACE_BIND(fn)                                     \
+  void fn(const Trace& t) {                                    \
+    KVS_CUDA_CHECK(cudaMemcpyToSymbol(g_trace, &t, sizeof t)); \
+  }
+void trace_bind_attention(const Trace& t);
+void trace_bind_matmul(const Trace& t);
+void trace_bind_ops(const Trace& t);
+#endif
+
 __device__ __forceinline__ void pdl_wait() {
+#ifdef KVS_TRACE
+  const unsigned long long arrive = global_ns();
+#endif
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+#ifdef KVS_TRACE
+  trace_block(arrive);
 #endif
 }
 

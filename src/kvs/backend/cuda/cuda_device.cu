@@ -208,6 +208,59 @@ void pack_row(DType t, const uint8_t* src, uint8_t* dst, int64_t n_in, size_t pi
   }
 }
 
+#ifdef KVS_TRACE
+// The ring of a timing build (common.cuh): bound to the kernels when KVS_TRACE names a file,
+// written there at the end as "KVSTRACE", the count of records ever written and the ring's
+// size (u64 each), then the ring.
+class TraceRing {
+ public:
+  TraceRing() {
+    const char* f = std::getenv("KVS_TRACE");
+    if (!f) return;
+    path_ = f;
+    t_.cap = size_t{1} << 21;  // the last 2M blocks: about 18 one-token steps of an 8B model
+    KVS_CUDA_CHECK(cudaMalloc(&t_.rec, t_.cap * sizeof(cuda::TraceRec)));
+    KVS_CUDA_CHECK(cudaMalloc(&t_.count, sizeof(unsigned long long)));
+    KVS_CUDA_CHECK(cudaMemset(t_.count, 0, sizeof(unsigned long long)));
+    for (auto bind : {cuda::trace_bind_attention, cuda::trace_bind_matmul, cuda::trace_bind_ops})
+      bind(t_);
+  }
+  TraceRing(const TraceRing&) = delete;
+  TraceRing& operator=(const TraceRing&) = delete;
+  ~TraceRing() {
+    if (!t_.rec) return;
+    write();
+    cudaFree(t_.rec);
+    cudaFree(t_.count);
+  }
+
+ private:
+  void write() const {
+    unsigned long long n = 0;
+    std::vector<cuda::TraceRec> rec(t_.cap);
+    if (cudaDeviceSynchronize() != cudaSuccess ||
+        cudaMemcpy(&n, t_.count, sizeof n, cudaMemcpyDeviceToHost) != cudaSuccess ||
+        cudaMemcpy(rec.data(), t_.rec, rec.size() * sizeof rec[0], cudaMemcpyDeviceToHost) !=
+            cudaSuccess) {
+      std::fprintf(stderr, "KVS_TRACE: reading the trace failed\n");
+      return;
+    }
+    std::FILE* f = std::fopen(path_.c_str(), "wb");
+    if (!f) {
+      std::fprintf(stderr, "KVS_TRACE: cannot write %s\n", path_.c_str());
+      return;
+    }
+    const unsigned long long head[2] = {n, t_.cap};
+    const bool ok = std::fwrite("KVSTRACE", 1, 8, f) == 8 && std::fwrite(head, 8, 2, f) == 2 &&
+                    std::fwrite(rec.data(), sizeof rec[0], rec.size(), f) == rec.size();
+    if (std::fclose(f) != 0 || !ok)
+      std::fprintf(stderr, "KVS_TRACE: writing %s failed\n", path_.c_str());
+  }
+  cuda::Trace t_;
+  std::string path_;
+};
+#endif
+
 class CudaDevice final : public Device {
  public:
   explicit CudaDevice(size_t limit) {
@@ -889,6 +942,9 @@ class CudaDevice final : public Device {
   CopyTimes copy_times_[kStreams];
   EventPool copy_events_;
   Profile prof_;
+#ifdef KVS_TRACE
+  TraceRing trace_;
+#endif
   bool graphs_ = !prof_.on() && !(std::getenv("KVS_CUDA_GRAPHS") &&
                                   std::string(std::getenv("KVS_CUDA_GRAPHS")) == "0");
   // The activations that the last operation also wrote quantized into ctx_.xq (n elements).

@@ -590,4 +590,8 @@ void matmuls(Ctx& c, const float* x, int64_t n_tok, const MatJob* jobs, int n_jo
   c.next = {};
 }
 
+#ifdef KVS_TRACE
+KVS_TRACE_BIND(trace_bind_matmul)
+#endif
+
 }  // namespace kvs::cuda

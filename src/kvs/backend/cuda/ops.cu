@@ -441,4 +441,8 @@ void kv_write(Ctx& c, const KvLayout& l, const float* k, const float* v, int32_t
   });
 }
 
+#ifdef KVS_TRACE
+KVS_TRACE_BIND(trace_bind_ops)
+#endif
+
 }  // namespace kvs::cuda

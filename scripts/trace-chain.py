@@ -43,16 +43,24 @@ def load(path):
 
 def launches(rec):
     """One row per launch, in the order they finished waiting: blocks, threads, recorded
-    blocks, first arrive, first go, last go."""
-    rec = rec[np.argsort(rec["grid"], kind="stable")]
-    cut = np.concatenate([[0], np.flatnonzero(np.diff(rec["grid"])) + 1, [len(rec)]])
+    blocks, first arrive, first go, last go. A graph's node keeps its %gridid from replay to
+    replay, so a node's records split into launches where their go times jump by a gap no
+    launch's blocks spread over (the steps of a recorded graph are further apart)."""
+    gap = 200_000  # ns
+    rec = rec[np.lexsort((rec["go"], rec["grid"]))]
+    go = rec["go"].astype(np.int64)
+    new = np.concatenate([[True], (np.diff(rec["grid"]) != 0) | (np.diff(go) > gap)])
+    cut = np.concatenate([np.flatnonzero(new), [len(rec)]])
     out = []
     for a, b in zip(cut[:-1], cut[1:]):
         r = rec[a:b]
         out.append((int(r["blocks"][0]), int(r["threads"][0]), len(r), int(r["arrive"].min()),
                     int(r["go"].min()), int(r["go"].max())))
     out.sort(key=lambda l: l[4])
-    return out[1:]  # the oldest launch may have lost blocks to the ring
+    # The oldest launches may have lost blocks to the ring.
+    while out and out[0][2] < out[0][0]:
+        out.pop(0)
+    return out
 
 
 def period(sig):

@@ -54,21 +54,27 @@ __device__ __forceinline__ unsigned long long global_ns() {
   return t;
 }
 
-__device__ __forceinline__ void trace_block(unsigned long long arrive) {
-  if (threadIdx.x + threadIdx.y + threadIdx.z != 0 || g_trace.rec == nullptr) return;
+// Thread 0's slot in the ring, asked for before the wait so that the atomic's round trip
+// overlaps it (after it, the block's first warp would stall on it); ~0 for the other threads.
+__device__ __forceinline__ unsigned long long trace_slot() {
+  if (threadIdx.x + threadIdx.y + threadIdx.z != 0 || g_trace.rec == nullptr) return ~0ull;
+  return atomicAdd(g_trace.count, 1ull) & (g_trace.cap - 1);  // cap: a power of two
+}
+
+__device__ __forceinline__ void trace_block(unsigned long long slot, unsigned long long arrive) {
+  if (slot == ~0ull) return;
   const unsigned long long go = global_ns();
   unsigned long long grid;
   unsigned sm;
   asm volatile("mov.u64 %0, %%gridid;" : "=l"(grid));
   asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-  const unsigned long long i = atomicAdd(g_trace.count, 1ull) % g_trace.cap;
-  g_trace.rec[i] = {grid,
-                    arrive,
-                    go,
-                    blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z),
-                    sm,
-                    gridDim.x * gridDim.y * gridDim.z,
-                    blockDim.x * blockDim.y * blockDim.z};
+  g_trace.rec[slot] = {grid,
+                       arrive,
+                       go,
+                       blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z),
+                       sm,
+                       gridDim.x * gridDim.y * gridDim.z,
+                       blockDim.x * blockDim.y * blockDim.z};
 }
 #define KVS_TRACE_BIND(fn)                                     \
   void fn(const Trace& t) {                                    \
@@ -81,13 +87,13 @@ void trace_bind_ops(const Trace& t);
 
 __device__ __forceinline__ void pdl_wait() {
 #ifdef KVS_TRACE
-  const unsigned long long arrive = global_ns();
+  const unsigned long long arrive = global_ns(), slot = trace_slot();
 #endif
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 #ifdef KVS_TRACE
-  trace_block(arrive);
+  trace_block(slot, arrive);
 #endif
 }
 

@@ -27,6 +27,9 @@ if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
   cmake --preset cuda -G Ninja >/dev/null
   cmake --build build/cuda -j "$(nproc)"
   ctest --test-dir build/cuda --output-on-failure -L nullgpu
+  # The timing build (KVS_TRACE, sm_90 only) compiles too.
+  cmake --preset trace-sm90 -G Ninja >/dev/null
+  cmake --build build/trace -j "$(nproc)" --target kvstream
 else
   echo "test.sh: no nvcc, the CUDA build is skipped"
 fi

@@ -26,12 +26,6 @@
 
 namespace kvs::cuda {
 
-// Programmatic dependent launch (compute capability 9.0 on): every kernel is launched so that
-// it may start while the kernel before it on the stream finishes (its blocks load and wait
-// instead of the GPU idling between two kernels), and every kernel calls pdl_wait() before it
-// touches memory that earlier work writes: that waits until the kernel before has finished
-// and its writes are visible (a no-op when launched without the attribute). It then lets the
-// next kernel launch. Weights and other inputs that no kernel writes may be read before it.
 #ifdef KVS_TRACE
 // A timing build only (cmake -DKVS_TRACE=ON; never the default, whose kernels it would
 // change): thread 0 of every block records when it reached pdl_wait() and when the kernel
@@ -85,6 +79,12 @@ void trace_bind_matmul(const Trace& t);
 void trace_bind_ops(const Trace& t);
 #endif
 
+// Programmatic dependent launch (compute capability 9.0 on): every kernel is launched so that
+// it may start while the kernel before it on the stream finishes (its blocks load and wait
+// instead of the GPU idling between two kernels), and every kernel calls pdl_wait() before it
+// touches memory that earlier work writes: that waits until the kernel before has finished
+// and its writes are visible (a no-op when launched without the attribute). It then lets the
+// next kernel launch. Weights and other inputs that no kernel writes may be read before it.
 __device__ __forceinline__ void pdl_wait() {
 #ifdef KVS_TRACE
   const unsigned long long arrive = global_ns(), slot = trace_slot();

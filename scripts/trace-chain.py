@@ -15,8 +15,10 @@ Prints, for each kernel of a layer (by its place in the layer; kernels are named
 and block sizes, as the trace cannot name them): the mean time from the kernel before's end to
 its own ("chain"), how long its first block waited for the kernel before ("early": its weights
 load meanwhile), and how long after that its last block started ("late": blocks of later
-waves); then the step's parts outside the layers and the step's mean time. LAUNCHES.csv, if
-given, receives every launch's figures (the same order).
+waves); then the step's parts outside the layers and the step's mean time. The step's last
+launch (the output product) is timed to the next step's first kernel, so its chain also holds
+the gap between the two steps (the host's turn: the logits' copy, the next step's launch).
+LAUNCHES.csv, if given, receives every launch's figures (the same order).
 """
 import sys
 
@@ -126,6 +128,8 @@ def main():
         b, t = seq[i]
         print(f"| step {i} | {b} x {t} | {per[i][0]:.2f} | {per[i][1]:.2f} | {per[i][2]:.2f} | "
               f"{100 * per[i][0] / mean:.1f} % |")
+    print("(the last launch's chain runs to the next step's first kernel: it holds the gap "
+          "between steps)")
 
 
 if __name__ == "__main__":

@@ -114,7 +114,7 @@ nlohmann::json pair_run(const BenchArgs& a, const Model& model, const std::strin
   o.n_seq = 2;
   KVS_CHECK(d[0] >= 0 && d[1] >= 0, "--pair: negative depth");
   o.n_ctx = context_of(std::max(d[0], d[1]) + a.n_gen + 1, "--pair and --n-gen");
-  auto dev = make_device(a.backend, vram);
+  auto dev = device_of(a.s, a.backend, vram);
   Engine eng(model, *dev, o);
   const int32_t V = model.config.n_vocab;
   // Each sequence's fill tokens depend only on its index, so the alone runs repeat them.
@@ -249,7 +249,7 @@ void bench(BenchArgs& a) {
     o.n_ctx = context_of(max_depth + 1 + int64_t{a.reps} * a.n_gen +
                              std::max(int64_t{a.reps} * n_prompt, int64_t{a.n_batch}),
                          "--depths, --n-gen, -p and -r");
-    auto dev = make_device(a.backend, vram);
+    auto dev = device_of(a.s, a.backend, vram);
     device_name = dev->name();
     Engine eng(*model, *dev, o);
     const size_t weights = model->weights.matrix_bytes();

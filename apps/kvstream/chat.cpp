@@ -253,7 +253,7 @@ void chat_session(const SharedArgs& s, const GenArgs& g, const std::string& firs
     std::fprintf(stderr,
                  "kvstream: warning: the model has no chat template kvstream knows; turns are "
                  "written as 'role: text' lines\n");
-  auto dev = make_device(backend, vram);
+  auto dev = device_of(s, backend, vram);
   Engine eng(*model, *dev, eo);
   Chat chat(s, g, *model, eng);
   const bool terminal = isatty(STDIN_FILENO) != 0;

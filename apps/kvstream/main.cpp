@@ -50,6 +50,18 @@ int main(int argc, char** argv) {
   std::string line;
   for (int i = 0; i < argc; ++i) line += (i ? " " : "") + std::string(argv[i]);
   kvs::cli::register_bench(app, line);
+  if (argc > 1 && argv[1][0] != '-') {  // CLI11 would only say that a subcommand is required
+    std::string names;
+    bool known = false;
+    for (const CLI::App* sub : app.get_subcommands({})) {
+      known |= sub->get_name() == argv[1];
+      names += (names.empty() ? "" : ", ") + sub->get_name();
+    }
+    if (!known) {
+      std::fprintf(stderr, "kvstream: error: '%s' is not a command (%s)\n", argv[1], names.c_str());
+      return 1;
+    }
+  }
   // CLI11 takes the arguments in reverse order.
   std::vector<std::string> args = kvs::cli::rewrite_llama_flags(argc, argv);
   std::reverse(args.begin(), args.end());

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "commands.h"
 #include "kvs/kv/page.h"
 #include "kvs/util/error.h"
 #include "kvs/util/parse.h"
@@ -164,6 +165,17 @@ std::string backend_of(const SharedArgs& a) {
                ngl);
   return "cpu";
 #endif
+}
+
+std::unique_ptr<Device> device_of(const SharedArgs& a, const std::string& backend, size_t vram) {
+  if (backend != "cuda" || !a.backend.empty()) return make_device(backend, vram);
+  try {
+    return make_device(backend, vram);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kvstream: warning: -ngl %d: %s; running on the CPU\n", a.n_gpu_layers,
+                 e.what());
+    return make_device("cpu", vram);
+  }
 }
 
 void check_flash_attn(const SharedArgs& a) {

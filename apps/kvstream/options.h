@@ -5,9 +5,11 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "kvs/backend/device.h"
 #include "kvs/engine/engine.h"
 #include "kvs/engine/sampler.h"
 #include "kvs/model/config.h"
@@ -59,6 +61,9 @@ void add_generation(CLI::App* c, GenArgs& g);
 EngineOptions engine_options(const SharedArgs& a, const ModelConfig& c);
 // --backend, or -ngl's choice (N > 0: cuda where built, with a warning on a CPU-only build).
 std::string backend_of(const SharedArgs& a);
+// The device of backend_of(a); where -ngl chose cuda and no GPU answers, the CPU with a warning
+// (as llama.cpp runs without a GPU).
+std::unique_ptr<Device> device_of(const SharedArgs& a, const std::string& backend, size_t vram);
 // Sets the thread pool from -t, capped at the hardware's threads with a warning; checks -fa.
 void apply_threads(const SharedArgs& a);
 void check_flash_attn(const SharedArgs& a);

@@ -181,7 +181,7 @@ void run(const RunArgs& a) {
   const auto prompts = prompts_of(a, *model, eo, n_predict);
   const int32_t N = eo.n_seq;
 
-  auto dev = make_device(backend, vram);
+  auto dev = device_of(a.s, backend, vram);
   Engine eng(*model, *dev, eo);
   std::vector<Sampler> samplers;
   for (int32_t i = 0; i < N; ++i) {

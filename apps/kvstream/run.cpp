@@ -167,6 +167,9 @@ void run(const RunArgs& a) {
     return;
   }
   KVS_CHECK(given == 1, "give exactly one of -p/--prompt, -f/--file and --tokens");
+  if (!a.g.system.empty() && !a.chat)
+    std::fprintf(stderr,
+                 "kvstream: warning: -sys/--system-prompt is for --chat and -cnv; ignored\n");
   int64_t n_predict = n_predict_of(a.g);
   const std::string backend = backend_of(a.s);
   check_flash_attn(a.s);
@@ -395,6 +398,7 @@ void register_run(CLI::App& app) {
   c->add_option("--json", a->json_out, "Write tokens, text and timings as JSON to this file");
   c->callback([a, c] {
     a->has_prompt = c->count("--prompt") > 0;
+    if (a->conversation && c->count("--n-predict") == 0) a->g.n_predict = "-1";  // as chat's
     run(*a);
   });
 }

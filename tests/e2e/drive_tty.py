@@ -2,7 +2,7 @@
 """Drives the kvstream binary as a person at a terminal would, for tests/e2e/test_llama_flags.cpp.
 
   drive_tty.py chat BINARY MODEL   a chat in a pty: a line, a second line interrupted by Ctrl-C
-                                   during its answer, a third line, then Ctrl-D
+                                   during its answer, a third line, Ctrl-C at the prompt, Ctrl-D
   drive_tty.py sigint BINARY ARGS  `kvstream ARGS` with Ctrl-C (SIGINT) once text comes out
   drive_tty.py progress BINARY ARGS  `kvstream ARGS` with stderr on a pty
 
@@ -74,6 +74,11 @@ def chat(binary, model):
     steps["stopped"] = read_until(fd, b"\n> ", 30, buf)
     os.write(fd, b"Say hello.\n")
     steps["answer3"] = read_until(fd, b"\n> ", 60, buf)
+    # Ctrl-C at the prompt drops the line being typed; the chat goes on.
+    os.write(fd, b"half a line")
+    time.sleep(0.2)
+    os.write(fd, b"\x03")
+    steps["prompt_after_ctrl_c"] = read_until(fd, b"\n> ", 10, buf)
     os.write(fd, b"\x04")
     status = wait_exit(pid, fd, buf, 30)
     return {"status": status, "steps": steps, "output": buf.decode("utf-8", "replace")}

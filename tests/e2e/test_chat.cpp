@@ -128,11 +128,13 @@ TEST_F(Chat, AFullContextIsSaidAndTheSessionGoesOn) {
 TEST_F(Chat, CtrlCStopsAnAnswerAndCtrlDQuits) {
   const nlohmann::json r = test::drive_tty("chat", test::smollm2());
   EXPECT_EQ(r["status"], 0) << r.dump();
-  for (const char* step : {"prompt1", "answer1", "answer2_started", "stopped", "answer3"})
+  for (const char* step :
+       {"prompt1", "answer1", "answer2_started", "stopped", "answer3", "prompt_after_ctrl_c"})
     EXPECT_TRUE(r["steps"][step].get<bool>()) << step << "\n" << r.dump();
   const std::string out = r["output"];
   EXPECT_TRUE(contains(out, "answer stopped (Ctrl-C)")) << out;
-  EXPECT_EQ(count(out, "\n> "), 4) << out;  // the first prompt, then one after each answer
+  // The first prompt, one after each answer and one after the Ctrl-C at the prompt.
+  EXPECT_EQ(count(out, "\n> "), 5) << out;
 }
 
 }  // namespace

@@ -114,6 +114,7 @@ nlohmann::json pair_run(const BenchArgs& a, const Model& model, const std::strin
   o.n_seq = 2;
   KVS_CHECK(d[0] >= 0 && d[1] >= 0, "--pair: negative depth");
   o.n_ctx = context_of(std::max(d[0], d[1]) + a.n_gen + 1, "--pair and --n-gen");
+  check_host_kv(o, model.config, a.backend, cat("--pair ", a.pair, " x 2 sequences"));
   auto dev = device_of(a.s, a.backend, vram);
   Engine eng(model, *dev, o);
   const int32_t V = model.config.n_vocab;
@@ -249,6 +250,8 @@ void bench(BenchArgs& a) {
     o.n_ctx = context_of(max_depth + 1 + int64_t{a.reps} * a.n_gen +
                              std::max(int64_t{a.reps} * n_prompt, int64_t{a.n_batch}),
                          "--depths, --n-gen, -p and -r");
+    check_host_kv(o, c, a.backend,
+                  cat("a context of ", o.n_ctx, " tokens (--depths, --n-gen, -p, -r)"));
     auto dev = device_of(a.s, a.backend, vram);
     device_name = dev->name();
     Engine eng(*model, *dev, o);
@@ -322,8 +325,8 @@ void bench(BenchArgs& a) {
                   mode_s.c_str(), kv.c_str(), static_cast<long long>(depth), a.n_gen,
                   show(tg, tg_r.size()).c_str(), bytes, bytes * tg.mean / 1e9, streamed);
       if (n_prompt > 0)
-        std::printf("| %s | %s | %s | %lld | pp%d | %s | | | |\n", a.s.model.c_str(), mode_s.c_str(),
-                    kv.c_str(), static_cast<long long>(depth), n_prompt,
+        std::printf("| %s | %s | %s | %lld | pp%d | %s | | | |\n", a.s.model.c_str(),
+                    mode_s.c_str(), kv.c_str(), static_cast<long long>(depth), n_prompt,
                     show(ppt, pp_r.size()).c_str());
       std::fflush(stdout);
       nlohmann::json r;
@@ -381,7 +384,9 @@ void register_bench(CLI::App& app, std::string command) {
                             ->capture_default_str();
   c->add_option("--modes", a->modes, "KV modes: auto, resident, stream, host, unified")
       ->capture_default_str();
-  c->add_option("--n-gen", a->n_gen_text, "Tokens decoded at each depth")->capture_default_str();
+  c->add_option("--n-gen", a->n_gen_text, "Tokens decoded at each depth")
+      ->type_name("N")
+      ->capture_default_str();
   c->add_option("-r,--repetitions", a->reps,
                 "Timed decodes and prefills at each depth, reported as mean ± standard "
                 "deviation (each continues the sequence)")

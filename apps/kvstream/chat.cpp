@@ -66,8 +66,13 @@ struct TurnStats {
 class Chat {
  public:
   Chat(const SharedArgs& s, const GenArgs& g, const Model& model, Engine& eng)
-      : s_(s), g_(g), model_(model), tok_(*model.tokenizer), eng_(eng),
-        n_predict_(n_predict_of(g)), sampler_(params(g)) {
+      : s_(s),
+        g_(g),
+        model_(model),
+        tok_(*model.tokenizer),
+        eng_(eng),
+        n_predict_(n_predict_of(g)),
+        sampler_(params(g)) {
     clear();
   }
 
@@ -87,7 +92,8 @@ class Chat {
     }
     // The KV holds the conversation so far exactly when its tokens begin the new prompt; else
     // (a reply that re-tokenizes differently, a cut turn) the conversation is evaluated anew.
-    const bool keep = kv_.size() <= target.size() && std::equal(kv_.begin(), kv_.end(), target.begin());
+    const bool keep =
+        kv_.size() <= target.size() && std::equal(kv_.begin(), kv_.end(), target.begin());
     if (!keep) reset_kv();
     TurnStats st;
     st.reused_tokens = static_cast<int64_t>(kv_.size());
@@ -100,7 +106,8 @@ class Chat {
     const float* logits = nullptr;
     while (kv_.size() < target.size() && !interrupted()) {
       const size_t at = kv_.size();
-      const int32_t m = static_cast<int32_t>(std::min<size_t>(static_cast<size_t>(b), target.size() - at));
+      const int32_t m =
+          static_cast<int32_t>(std::min<size_t>(static_cast<size_t>(b), target.size() - at));
       logits = eng_.eval(seq_, target.data() + at, m);
       kv_.insert(kv_.end(), target.begin() + static_cast<long>(at),
                  target.begin() + static_cast<long>(at) + m);
@@ -165,15 +172,16 @@ class Chat {
 
   void stats() const {
     const auto& t = last_;
-    std::printf("context: %s of -c %d used | last answer: %s in %.2f s, %.1f tok/s (prompt %s, "
-                "%.1f tok/s, %s reused) | streamed: %s this answer, %s in all\n",
-                count_of(static_cast<int64_t>(kv_.size()), "token").c_str(), eng_.options().n_ctx,
-                count_of(t.answer_tokens, "token").c_str(), t.answer_s,
-                t.answer_s > 0 ? static_cast<double>(t.answer_tokens) / t.answer_s : 0.0,
-                count_of(t.prompt_tokens, "token").c_str(),
-                t.prompt_s > 0 ? static_cast<double>(t.prompt_tokens) / t.prompt_s : 0.0,
-                count_of(t.reused_tokens, "token").c_str(), format_bytes(t.bytes_streamed).c_str(),
-                format_bytes(eng_.totals().bytes_in).c_str());
+    std::printf(
+        "context: %s of -c %d used | last answer: %s in %.2f s, %.1f tok/s (prompt %s, "
+        "%.1f tok/s, %s reused) | streamed: %s this answer, %s in all\n",
+        count_of(static_cast<int64_t>(kv_.size()), "token").c_str(), eng_.options().n_ctx,
+        count_of(t.answer_tokens, "token").c_str(), t.answer_s,
+        t.answer_s > 0 ? static_cast<double>(t.answer_tokens) / t.answer_s : 0.0,
+        count_of(t.prompt_tokens, "token").c_str(),
+        t.prompt_s > 0 ? static_cast<double>(t.prompt_tokens) / t.prompt_s : 0.0,
+        count_of(t.reused_tokens, "token").c_str(), format_bytes(t.bytes_streamed).c_str(),
+        format_bytes(eng_.totals().bytes_in).c_str());
     std::fflush(stdout);
   }
 
@@ -253,6 +261,7 @@ void chat_session(const SharedArgs& s, const GenArgs& g, const std::string& firs
     std::fprintf(stderr,
                  "kvstream: warning: the model has no chat template kvstream knows; turns are "
                  "written as 'role: text' lines\n");
+  check_host_kv(eo, model->config, backend);
   auto dev = device_of(s, backend, vram);
   Engine eng(*model, *dev, eo);
   Chat chat(s, g, *model, eng);

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <climits>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <thread>
@@ -23,14 +24,19 @@ void add_shared(CLI::App* c, SharedArgs& a, unsigned flags) {
     c->add_option("-c,--ctx-size", a.ctx,
                   "Context size in tokens per sequence (32k = 32768; 0: the model's trained "
                   "context)")
+        ->type_name("N")
         ->capture_default_str();
   if (flags & kParallel)
     c->add_option("--parallel", a.parallel, "Sequences decoded together, -np")
+        ->type_name("N")
         ->capture_default_str();
   if (flags & kCache) {
     c->add_option("-b,--batch-size", a.batch, "Prompt tokens per forward pass")
+        ->type_name("N")
         ->capture_default_str();
-    c->add_option("--page-size", a.page_size, "Tokens per KV page")->capture_default_str();
+    c->add_option("--page-size", a.page_size, "Tokens per KV page")
+        ->type_name("N")
+        ->capture_default_str();
     c->add_option("--cache-type-k", a.ctk, "K cache type, -ctk: f16, q8_0, q4_0")
         ->capture_default_str();
     c->add_option("--cache-type-v", a.ctv, "V cache type, -ctv: f16, q8_0, q4_0")
@@ -54,10 +60,13 @@ void add_shared(CLI::App* c, SharedArgs& a, unsigned flags) {
     c->add_option("--kv-mode", a.kv_mode, "KV placement: auto, resident, stream, host, unified")
         ->capture_default_str();
   if (flags & kMemory) {
-    c->add_option("--kv-arena", a.kv_arena, "Device memory for the KV cache, e.g. 512M, 2.2G");
+    c->add_option("--kv-arena", a.kv_arena, "Device memory for the KV cache, e.g. 512M, 2.2G")
+        ->type_name("SIZE");
     c->add_option("--vram-limit", a.vram_limit,
-                  "Behave as if the device had only this much memory (weights, buffers, arena)");
+                  "Behave as if the device had only this much memory (weights, buffers, arena)")
+        ->type_name("SIZE");
     c->add_option("--ring-chunk", a.ring_chunk, "Smallest ring slot (copy size), at most 4G")
+        ->type_name("SIZE")
         ->capture_default_str();
     c->add_option("--ring-slots", a.ring_slots,
                   "Fewest ring slots when streaming (0: the planner's bandwidth-delay estimate)")
@@ -75,8 +84,10 @@ void add_generation(CLI::App* c, GenArgs& g) {
   c->add_option("-n,--n-predict", g.n_predict,
                 "Tokens to generate (-1: until the end of generation or a full context; 0: only "
                 "evaluate the prompt)")
+      ->type_name("N")
       ->capture_default_str();
-  c->add_option("--system-prompt,--system", g.system, "System prompt for the chat template, -sys");
+  c->add_option("--system-prompt,--system", g.system,
+                "System prompt, -sys (for chat, -cnv and --chat)");
   c->add_flag("--ignore-eos", g.ignore_eos, "Keep generating past end-of-generation tokens");
   c->add_option("--temp", g.sp.temp, "Temperature (0: greedy)")->capture_default_str();
   c->add_option("--top-k", g.sp.top_k, "Top-k (0: off)")->capture_default_str();
@@ -128,17 +139,31 @@ EngineOptions engine_options(const SharedArgs& a, const ModelConfig& c) {
     KVS_CHECK(o.kv_arena > 0, "--kv-arena must be more than 0");
   }
   o.ring_chunk_bytes = parse_size(a.ring_chunk, "--ring-chunk");
-  KVS_CHECK(o.ring_chunk_bytes >= 1 && o.ring_chunk_bytes <= (size_t{4} << 30),
-            "--ring-chunk ", a.ring_chunk, " is out of range (1 byte to 4G)");
+  KVS_CHECK(o.ring_chunk_bytes >= 1 && o.ring_chunk_bytes <= (size_t{4} << 30), "--ring-chunk ",
+            a.ring_chunk, " is out of range (1 byte to 4G)");
   o.ring_slots = a.ring_slots;
   KVS_CHECK(a.h2d_gbps >= 0, "--h2d-gbps must be 0 or more");
   o.h2d_bytes_per_s = a.h2d_gbps * 1e9;
   // Buffers that -b and -np size, checked here so a huge value is a message, not bad_alloc.
   const size_t act = Engine::activation_bytes(c, o), ram = physical_memory();
-  KVS_CHECK(act <= ram, "-b/--batch-size ", o.n_batch, " with -np/--parallel ", o.n_seq,
-            " needs ", format_bytes(act), " of activations, more than this machine's memory (",
+  KVS_CHECK(act <= ram, "-b/--batch-size ", o.n_batch, " with -np/--parallel ", o.n_seq, " needs ",
+            format_bytes(act), " of activations, more than this machine's memory (",
             format_bytes(ram), ")");
   return o;
+}
+
+void check_host_kv(const EngineOptions& o, const ModelConfig& c, const std::string& backend,
+                   std::string flags) {
+  if (backend != "cpu") return;
+  if (flags.empty()) flags = cat("-c/--ctx-size ", o.n_ctx, " x -np/--parallel ", o.n_seq);
+  const KvLayout kv = KvLayout::make(o.k_type, o.v_type, o.page_size, c.n_head_kv, c.head_dim);
+  const double pages = std::ceil(static_cast<double>(o.n_ctx) / o.page_size);
+  const double bytes = pages * static_cast<double>(kv.page_bytes()) * c.n_layer * o.n_seq;
+  const size_t ram = physical_memory();
+  KVS_CHECK(bytes <= static_cast<double>(ram), flags, " needs ",
+            format_bytes(static_cast<uint64_t>(bytes)),
+            " of KV cache, more than this machine's memory (", format_bytes(ram),
+            "); lower them, or use smaller -ctk/-ctv types");
 }
 
 size_t vram_limit_of(const SharedArgs& a) {
@@ -200,8 +225,8 @@ std::vector<std::string> rewrite_llama_flags(int argc, char** argv) {
       {"-cnv", "--conversation"}, {"-ctk", "--cache-type-k"}, {"-ctv", "--cache-type-v"},
   };
   // Options whose value is free text: a value that looks like a flag stays as it is.
-  static const char* kText[] = {"-p", "--prompt", "-sys", "--system-prompt", "--system",
-                                "-f", "--file",   "--json", "-m",          "--model"};
+  static const char* kText[] = {"-p",     "--prompt", "-sys", "--system-prompt", "--system", "-f",
+                                "--file", "--json",   "-m",   "--model"};
   std::vector<std::string> out;
   for (int i = 1; i < argc; ++i) {
     std::string s = argv[i];

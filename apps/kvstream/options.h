@@ -26,7 +26,7 @@ struct SharedArgs {
   int32_t ring_slots = 0;
   double h2d_gbps = 0;
   int32_t threads = 0;
-  std::string backend;     // empty: -ngl decides, else cpu
+  std::string backend;        // empty: -ngl decides, else cpu
   int32_t n_gpu_layers = -1;  // -1: not given
   std::string flash_attn = "auto";
   bool verbose = false;
@@ -59,6 +59,10 @@ void add_generation(CLI::App* c, GenArgs& g);
 // The engine options of the shared flags for this model, every limit checked first (-c 0: the
 // trained context).
 EngineOptions engine_options(const SharedArgs& a, const ModelConfig& c);
+// On the CPU backend the whole KV cache is host memory: fails naming `flags` (default: -c and
+// -np) when it cannot fit this machine.
+void check_host_kv(const EngineOptions& o, const ModelConfig& c, const std::string& backend,
+                   std::string flags = "");
 // --backend, or -ngl's choice (N > 0: cuda where built, with a warning on a CPU-only build).
 std::string backend_of(const SharedArgs& a);
 // The device of backend_of(a); where -ngl chose cuda and no GPU answers, the CPU with a warning
@@ -82,7 +86,7 @@ void catch_interrupt(bool once);
 bool interrupted();
 void clear_interrupt();
 
-double now();                                   // seconds, monotonic
+double now();                                       // seconds, monotonic
 std::string count_of(int64_t n, const char* noun);  // "1 token", "2 tokens"
 std::string format_duration(double seconds);        // "2m 05s"
 size_t physical_memory();                           // bytes of RAM

@@ -73,8 +73,8 @@ std::vector<std::vector<int32_t>> prompts_of(const RunArgs& a, const Model& mode
       std::string line;
       while (std::getline(in, line))
         if (!line.empty()) out.push_back(encode(line));
-      KVS_CHECK(static_cast<int32_t>(out.size()) == parallel, "-np/--parallel ", parallel,
-                ": -f '", a.file, "' has ", out.size(), " non-empty lines, one prompt per sequence");
+      KVS_CHECK(static_cast<int32_t>(out.size()) == parallel, "-np/--parallel ", parallel, ": -f '",
+                a.file, "' has ", out.size(), " non-empty lines, one prompt per sequence");
     }
   } else {
     out.assign(static_cast<size_t>(parallel), encode(a.prompt));
@@ -184,6 +184,7 @@ void run(const RunArgs& a) {
   const auto prompts = prompts_of(a, *model, eo, n_predict);
   const int32_t N = eo.n_seq;
 
+  check_host_kv(eo, model->config, backend);
   auto dev = device_of(a.s, backend, vram);
   Engine eng(*model, *dev, eo);
   std::vector<Sampler> samplers;
@@ -205,8 +206,7 @@ void run(const RunArgs& a) {
                a.s.model.c_str(), model->config.arch_name.c_str(), model->config.n_layer,
                count_of(static_cast<int64_t>(prompt_tokens), "prompt token").c_str(),
                N > 1 ? cat(" in ", N, " sequences").c_str() : "", thread_pool().size(),
-               a.s.ctk.c_str(), a.s.ctv.c_str(),
-               format_bytes(eng.kv_bytes_per_token()).c_str(),
+               a.s.ctk.c_str(), a.s.ctv.c_str(), format_bytes(eng.kv_bytes_per_token()).c_str(),
                static_cast<unsigned long long>(samplers[0].seed()));
   std::fprintf(stderr, "kvstream: kv-mode %s, arena %s (%s pages), KV at -c %d: %s per sequence\n",
                kv_mode_name(eo.kv_mode), format_bytes(eng.arena_bytes()).c_str(),
@@ -315,9 +315,10 @@ void run(const RunArgs& a) {
   const double tg = n_dec > 0 ? static_cast<double>(n_dec) / t_decode : 0.0;
   if (interrupted())
     std::fprintf(stderr, "kvstream: interrupted (Ctrl-C)%s\n",
-                 prefilled ? "" : cat(" during the prefill, after ",
-                                      count_of(prefill.tokens, "token"), " of ", prompt_tokens)
-                                      .c_str());
+                 prefilled ? ""
+                           : cat(" during the prefill, after ", count_of(prefill.tokens, "token"),
+                                 " of ", prompt_tokens)
+                                 .c_str());
   std::fprintf(stderr,
                "kvstream: load %.2f s | prefill %s %.2f s, %.1f tok/s | decode %s %.2f s, %.1f "
                "tok/s | peak memory %s\n",

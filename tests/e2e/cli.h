@@ -35,8 +35,8 @@ inline Outcome kvstream(const std::string& args, const std::string& input = "") 
   const std::string n = std::to_string(counter++);
   const auto in = dir / ("in" + n), out = dir / ("out" + n), err = dir / ("err" + n);
   std::ofstream(in, std::ios::binary) << input;
-  const std::string cmd = binary() + " " + args + " <" + in.string() + " >" + out.string() +
-                          " 2>" + err.string();
+  const std::string cmd =
+      binary() + " " + args + " <" + in.string() + " >" + out.string() + " 2>" + err.string();
   const int rc = std::system(cmd.c_str());
   Outcome o;
   o.status = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
@@ -47,8 +47,8 @@ inline Outcome kvstream(const std::string& args, const std::string& input = "") 
 
 // tests/e2e/drive_tty.py MODE BINARY ARGS: its JSON report.
 inline nlohmann::json drive_tty(const std::string& mode, const std::string& args) {
-  const std::string cmd = python() + " " + source_dir() + "/tests/e2e/drive_tty.py " + mode +
-                          " " + binary() + " " + args;
+  const std::string cmd = python() + " " + source_dir() + "/tests/e2e/drive_tty.py " + mode + " " +
+                          binary() + " " + args;
   const auto out = temp_dir("cli") / ("drive_" + mode + ".json");
   const int rc = std::system((cmd + " >" + out.string()).c_str());
   if (rc != 0) return nlohmann::json{{"status", -2}, {"error", "drive_tty.py failed"}};

@@ -73,8 +73,8 @@ TEST_F(Chat, SecondTurnContinuesTheKvExactly) {
     list += std::to_string(id);
   }
   const auto js = test::temp_dir("cli") / "whole.json";
-  const Outcome run = kvstream("run" + m + "--tokens " + list + " -n 24 -c 1024 --temp 0 --json " +
-                               js.string());
+  const Outcome run =
+      kvstream("run" + m + "--tokens " + list + " -n 24 -c 1024 --temp 0 --json " + js.string());
   ASSERT_EQ(run.status, 0) << run.err;
   const auto r = nlohmann::json::parse(test::slurp(js));
   EXPECT_EQ(r["text"], j["messages"][3]["content"]);

@@ -154,6 +154,8 @@ TEST(CliLimits, HugeValuesAreClearErrors) {
   expect_error(kTiny + "-n 1 -b 2000000000", "-b/--batch-size");
   expect_error(kTiny + "-n 1 -c 3000000000", "-c/--ctx-size");
   expect_error(kTiny + "-n 1 -c 2000000000", "-c/--ctx-size");
+  expect_error(kTiny + "-n 1 -c 2000000000 --kv-mode resident", "-c/--ctx-size");
+  expect_error(kTiny + "-n 1 -c 1000000000 -np 64 -b 64", "-np/--parallel 64");
   expect_error(kTiny + "-n 1 --page-size 100000", "--page-size");
   expect_error(kTiny + "-n 1 --ring-chunk 100G", "--ring-chunk");
   expect_error(kTiny + "-n 1 --ring-slots 2000000", "--ring-slots");

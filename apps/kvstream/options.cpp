@@ -221,8 +221,10 @@ void apply_threads(const SharedArgs& a) {
 
 std::vector<std::string> rewrite_llama_flags(int argc, char** argv) {
   static const std::pair<const char*, const char*> kLong[] = {
-      {"-ngl", "--n-gpu-layers"}, {"-np", "--parallel"},      {"-sys", "--system-prompt"},
-      {"-cnv", "--conversation"}, {"-ctk", "--cache-type-k"}, {"-ctv", "--cache-type-v"},
+      {"-ngl", "--n-gpu-layers"},       {"-np", "--parallel"},
+      {"-sys", "--system-prompt"},      {"-cnv", "--conversation"},
+      {"-no-cnv", "--no-conversation"}, {"-ctk", "--cache-type-k"},
+      {"-ctv", "--cache-type-v"},
   };
   // Options whose value is free text: a value that looks like a flag stays as it is.
   static const char* kText[] = {"-p",     "--prompt", "-sys", "--system-prompt", "--system", "-f",

@@ -25,7 +25,7 @@ struct RunArgs {
   SharedArgs s;
   GenArgs g;
   std::string prompt, file, tokens, logits_out, json_out;
-  bool has_prompt = false, chat = false, conversation = false;
+  bool has_prompt = false, chat = false, conversation = false, no_conversation = false;
 };
 
 std::string read_file(const std::string& path) {
@@ -166,7 +166,9 @@ void run(const RunArgs& a) {
     chat_session(a.s, a.g, a.has_prompt ? a.prompt : "", a.json_out);
     return;
   }
-  KVS_CHECK(given == 1, "give exactly one of -p/--prompt, -f/--file and --tokens");
+  KVS_CHECK(given == 1,
+            "give exactly one of -p/--prompt, -f/--file and --tokens (or none, or -cnv, for a "
+            "conversation)");
   if (!a.g.system.empty() && !a.chat)
     std::fprintf(stderr,
                  "kvstream: warning: -sys/--system-prompt is for --chat and -cnv; ignored\n");
@@ -392,13 +394,19 @@ void register_run(CLI::App& app) {
   add_generation(c, a->g);
   c->add_flag("--chat", a->chat, "Wrap the prompt in the model's chat template");
   c->add_flag("--conversation,-i,--interactive", a->conversation,
-              "-cnv: interactive chat, as `kvstream chat` (-p: the first message)");
+              "-cnv: interactive chat, as `kvstream chat` (-p: the first message); also when "
+              "no -p, -f or --tokens is given");
+  c->add_flag("--no-conversation", a->no_conversation,
+              "-no-cnv: never start a conversation (a missing prompt is an error)");
   add_shared(c, a->s, kAllShared & ~kModel);
   c->add_option("--logits-out", a->logits_out,
                 "Save the logits at the last prompt token (.npy, float32)");
   c->add_option("--json", a->json_out, "Write tokens, text and timings as JSON to this file");
   c->callback([a, c] {
     a->has_prompt = c->count("--prompt") > 0;
+    // No prompt at all: a conversation, as llama-cli starts one.
+    if (!a->has_prompt && a->file.empty() && a->tokens.empty() && !a->no_conversation)
+      a->conversation = true;
     if (a->conversation && c->count("--n-predict") == 0) a->g.n_predict = "-1";  // as chat's
     run(*a);
   });

@@ -100,11 +100,17 @@ TEST_F(Chat, SystemPromptAndRunConversation) {
   EXPECT_EQ(j["messages"][0]["content"], "You are a pirate.");
   // run -cnv / -i is the same chat.
   const Outcome plain = chat("--temp 0 -n 8 -c 512", "Hi\nBye\n", &j);
-  for (const char* flag : {"-cnv", "-i", "--conversation", "--interactive"}) {
+  // llama-cli's `llama-cli -m model.gguf`: no prompt starts the conversation too.
+  for (const char* flag : {"-cnv", "-i", "--conversation", "--interactive", ""}) {
     const Outcome o = kvstream("run" + m + flag + " --temp 0 -n 8 -c 512", "Hi\nBye\n");
     EXPECT_EQ(o.status, 0) << flag << "\n" << o.err;
     EXPECT_EQ(o.out, plain.out) << flag;
   }
+  // llama-cli -m model.gguf -sys "You are a helpful assistant"
+  const Outcome helpful =
+      kvstream("run" + m + "-sys \"You are a helpful assistant\" -n 8 -c 512", "Hi\n");
+  EXPECT_EQ(helpful.status, 0) << helpful.err;
+  EXPECT_FALSE(helpful.out.empty());
   // -p with -cnv is the first message.
   const Outcome first = kvstream("run" + m + "-cnv -p Hi --temp 0 -n 8 -c 512", "Bye\n");
   EXPECT_EQ(first.status, 0) << first.err;

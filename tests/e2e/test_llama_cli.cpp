@@ -53,6 +53,10 @@ TEST_F(SmolLM2, LlamaCppCommandLinesRunUnchanged) {
   expect_ok(plain, "plain");
   EXPECT_EQ(o.out, plain.out);
 
+  o = kvstream("run" + m + "-p \"I believe the meaning of life is\" -n 32 -no-cnv --temp 0");
+  expect_ok(o, "-no-cnv");
+  EXPECT_EQ(o.out, plain.out);
+  expect_error("run -m synthetic:tiny -no-cnv -n 1", "exactly one");
   expect_ok(kvstream("run" + m + "-p \"Hello\" -n 8 -ctk q8_0 -ctv q4_0 -c 512"), "-ctk -ctv");
   expect_ok(kvstream("run" + m + "-p \"Hello\" -n 8 -ngl 0 -fa -c 512"), "-fa without value");
   o = kvstream("run" + m + "-p \"Hello\" -n -1 -c 256 --temp 0");

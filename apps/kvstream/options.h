@@ -77,8 +77,9 @@ int64_t count_arg(const std::string& text, const char* flag, int64_t lo, int64_t
 // -n: a count, or -1 (returned as -1).
 int64_t n_predict_of(const GenArgs& g);
 
-// llama.cpp's multi-letter flags (-ngl, -fa, -np, -sys, -cnv, -no-cnv, -ctk, -ctv), which CLI11 reads
-// as a short flag with a value, become their long names; -fa takes an optional on|off|auto.
+// llama.cpp's multi-letter flags (-ngl, -fa, -np, -sys, -cnv, -no-cnv, -ctk, -ctv), which
+// CLI11 reads as a short flag with a value, become their long names; -fa takes an optional
+// on|off|auto.
 std::vector<std::string> rewrite_llama_flags(int argc, char** argv);
 
 // Ctrl-C: sets a flag the loops look at. With `once`, a second Ctrl-C kills the process.

@@ -1,8 +1,6 @@
 // kvstream bench: prefill and decode speed at chosen depths and KV modes, as a table like
 // llama-bench's and as JSON with every figure.
-#include <unistd.h>
-
-#include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -20,17 +18,16 @@ namespace kvs::cli {
 namespace {
 
 struct BenchArgs {
-  std::string model, depths = "0", modes = "auto", ctk = "f16", ctv = "f16", backend = "cpu";
-  std::string kv_arena, vram_limit, json_out, ring_chunk = "16M", pair, fill = "prefill";
-  int32_t n_gen = 32, n_batch = 512, n_prompt = -1, page_size = 256, threads = 0, ring_slots = 0;
+  SharedArgs s;
+  std::string depths = "0", modes = "auto", json_out, pair, fill = "prefill";
+  std::string n_gen_text = "32", n_prompt_text;
   int32_t reps = 1;
   std::string command;
+  // Resolved from the text above and the model.
+  std::string backend;
+  EngineOptions base;
+  int32_t n_gen = 32, n_batch = 512;
 };
-
-double now() {
-  using namespace std::chrono;
-  return duration<double>(steady_clock::now().time_since_epoch()).count();
-}
 
 std::vector<std::string> split(const std::string& s) {
   std::vector<std::string> out;
@@ -45,16 +42,15 @@ std::vector<std::string> split(const std::string& s) {
 }
 
 EngineOptions options(const BenchArgs& a, const std::string& mode) {
-  EngineOptions o;
+  EngineOptions o = a.base;
   o.kv_mode = parse_kv_mode(mode.c_str());
-  o.n_batch = a.n_batch;
-  o.page_size = a.page_size;
-  o.k_type = parse_kv_type(a.ctk.c_str(), "-ctk/--cache-type-k");
-  o.v_type = parse_kv_type(a.ctv.c_str(), "-ctv/--cache-type-v");
-  o.ring_chunk_bytes = parse_size(a.ring_chunk, "--ring-chunk");
-  o.ring_slots = a.ring_slots;
-  if (!a.kv_arena.empty()) o.kv_arena = parse_size(a.kv_arena, "--kv-arena");
   return o;
+}
+
+// The context a run needs, checked against the engine's int32 positions.
+int32_t context_of(int64_t n, const char* what) {
+  KVS_CHECK(n <= INT32_MAX, what, " need a context of ", n, " tokens, more than 2^31-1");
+  return static_cast<int32_t>(n);
 }
 
 // The mean and the sample standard deviation of repeated measurements (llama-bench's avg and
@@ -95,17 +91,16 @@ void fill(const BenchArgs& a, Engine& eng, Sequence& s, int64_t depth, const std
   if (depth <= from) return;
   const bool prefill = a.fill == "prefill";
   const auto t = prefill ? random_tokens(depth - from) : std::vector<int32_t>{};
+  Progress progress(what + " fill", depth - from, true);
   for (int64_t i = from; i < depth; i += b) {
     const int32_t m = static_cast<int32_t>(std::min<int64_t>(b, depth - i));
     if (prefill)
       eng.eval(s, t.data() + (i - from), m);
     else
       eng.fill_random(s, m, seed + static_cast<uint32_t>(i / b));
-    if (isatty(STDERR_FILENO))
-      std::fprintf(stderr, "\rkvstream bench: %s: filling %lld/%lld", what.c_str(),
-                   static_cast<long long>(i + m), static_cast<long long>(depth));
+    progress.update(i + m - from);
   }
-  if (isatty(STDERR_FILENO)) std::fputc('\n', stderr);
+  progress.finish();
 }
 
 // --pair D1,D2: two sequences filled to different depths decode n_gen greedy tokens together
@@ -117,8 +112,10 @@ nlohmann::json pair_run(const BenchArgs& a, const Model& model, const std::strin
   KVS_CHECK(d.size() == 2, "--pair: two depths, e.g. 32k,128k");
   EngineOptions o = options(a, mode);
   o.n_seq = 2;
-  o.n_ctx = static_cast<int32_t>(std::max(d[0], d[1]) + a.n_gen + 1);
-  auto dev = make_device(a.backend, vram);
+  KVS_CHECK(d[0] >= 0 && d[1] >= 0, "--pair: negative depth");
+  o.n_ctx = context_of(std::max(d[0], d[1]) + a.n_gen + 1, "--pair and --n-gen");
+  check_host_kv(o, model.config, a.backend, cat("--pair ", a.pair, " x 2 sequences"));
+  auto dev = device_of(a.s, a.backend, vram);
   Engine eng(model, *dev, o);
   const int32_t V = model.config.n_vocab;
   // Each sequence's fill tokens depend only on its index, so the alone runs repeat them.
@@ -173,7 +170,7 @@ nlohmann::json pair_run(const BenchArgs& a, const Model& model, const std::strin
   const bool same = together[0] == alone[0] && together[1] == alone[1];
   const double tps = 2.0 * a.n_gen / t_together;
   std::printf("| %s | %s | %s/%s | %lld+%lld | pair tg%d | %.2f (alone %.2f, %.2f) | | | %s |\n",
-              a.model.c_str(), mode.c_str(), a.ctk.c_str(), a.ctv.c_str(),
+              a.s.model.c_str(), mode.c_str(), a.s.ctk.c_str(), a.s.ctv.c_str(),
               static_cast<long long>(d[0]), static_cast<long long>(d[1]), a.n_gen, tps,
               a.n_gen / t_alone[0], a.n_gen / t_alone[1],
               same ? "same tokens as alone" : "TOKENS DIFFER FROM ALONE");
@@ -181,8 +178,8 @@ nlohmann::json pair_run(const BenchArgs& a, const Model& model, const std::strin
   nlohmann::json r;
   r["mode"] = mode;
   r["depths"] = d;
-  r["cache_type_k"] = a.ctk;
-  r["cache_type_v"] = a.ctv;
+  r["cache_type_k"] = a.s.ctk;
+  r["cache_type_v"] = a.s.ctv;
   r["tg_tokens"] = a.n_gen;
   r["combined_tokens_per_s"] = tps;
   r["alone_tokens_per_s"] = {a.n_gen / t_alone[0], a.n_gen / t_alone[1]};
@@ -193,15 +190,25 @@ nlohmann::json pair_run(const BenchArgs& a, const Model& model, const std::strin
   return r;
 }
 
-void bench(const BenchArgs& a) {
-  if (a.threads > 0) set_thread_count(a.threads);
+void bench(BenchArgs& a) {
   const std::vector<int64_t> depths =
       a.depths.empty() ? std::vector<int64_t>{} : parse_count_list(a.depths, "--depths");
-  KVS_CHECK(a.n_gen >= 1, "--n-gen must be at least 1");
-  const int32_t n_prompt = a.n_prompt < 0 ? a.n_batch : a.n_prompt;
-  const size_t vram = a.vram_limit.empty() ? 0 : parse_size(a.vram_limit, "--vram-limit");
-  auto model = Model::load(a.model);
+  a.n_gen = static_cast<int32_t>(count_arg(a.n_gen_text, "--n-gen", 1, 1 << 24));
+  for (const std::string& m : split(a.modes))
+    KVS_CHECK(m == "auto" || m == "resident" || m == "stream" || m == "host" || m == "unified",
+              "--modes: '", m, "' is not a mode (auto, resident, stream, host, unified)");
+  a.backend = backend_of(a.s);
+  check_flash_attn(a.s);
+  apply_threads(a.s);
+  const size_t vram = vram_limit_of(a.s);
+  auto model = Model::load(a.s.model);
   const ModelConfig& c = model->config;
+  a.base = engine_options(a.s, c);
+  a.n_batch = a.base.n_batch;
+  const int32_t n_prompt =
+      a.n_prompt_text.empty()
+          ? a.n_batch
+          : static_cast<int32_t>(count_arg(a.n_prompt_text, "-p/--n-prompt", 0, 1 << 24));
   int64_t max_depth = 0;
   for (int64_t d : depths) {
     KVS_CHECK(d >= 0, "--depths: negative depth");
@@ -213,13 +220,13 @@ void bench(const BenchArgs& a) {
   const auto save = [&] {
     if (a.json_out.empty()) return;
     nlohmann::json j;
-    j["model"] = a.model;
+    j["model"] = a.s.model;
     j["device"] = device_name;
     j["backend"] = a.backend;
     j["build"] = {{"version", KVS_VERSION}, {"compiler", __VERSION__}, {"date", __DATE__}};
     j["command"] = a.command;
     j["threads"] = thread_pool().size();
-    j["page_size"] = a.page_size;
+    j["page_size"] = a.base.page_size;
     j["batch"] = a.n_batch;
     j["fill"] = a.fill;
     j["vram_limit"] = vram;
@@ -240,9 +247,12 @@ void bench(const BenchArgs& a) {
     }
     if (a.depths.empty()) continue;
     EngineOptions o = options(a, mode_s);
-    o.n_ctx = static_cast<int32_t>(max_depth + 1 + int64_t{a.reps} * a.n_gen +
-                                   std::max(int64_t{a.reps} * n_prompt, int64_t{a.n_batch}));
-    auto dev = make_device(a.backend, vram);
+    o.n_ctx = context_of(max_depth + 1 + int64_t{a.reps} * a.n_gen +
+                             std::max(int64_t{a.reps} * n_prompt, int64_t{a.n_batch}),
+                         "--depths, --n-gen, -p and -r");
+    check_host_kv(o, c, a.backend,
+                  cat("a context of ", o.n_ctx, " tokens (--depths, --n-gen, -p, -r)"));
+    auto dev = device_of(a.s, a.backend, vram);
     device_name = dev->name();
     Engine eng(*model, *dev, o);
     const size_t weights = model->weights.matrix_bytes();
@@ -310,20 +320,20 @@ void bench(const BenchArgs& a) {
       const double busy = after.copy_busy_s - before.copy_busy_s;
       const double h2d =
           busy > 0 ? static_cast<double>(after.bytes_in - before.bytes_in) / busy : 0;
-      const std::string kv = a.ctk + "/" + a.ctv;
-      std::printf("| %s | %s | %s | %lld | tg%d | %s | %.3g | %.1f | %.3g |\n", a.model.c_str(),
+      const std::string kv = a.s.ctk + "/" + a.s.ctv;
+      std::printf("| %s | %s | %s | %lld | tg%d | %s | %.3g | %.1f | %.3g |\n", a.s.model.c_str(),
                   mode_s.c_str(), kv.c_str(), static_cast<long long>(depth), a.n_gen,
                   show(tg, tg_r.size()).c_str(), bytes, bytes * tg.mean / 1e9, streamed);
       if (n_prompt > 0)
-        std::printf("| %s | %s | %s | %lld | pp%d | %s | | | |\n", a.model.c_str(), mode_s.c_str(),
-                    kv.c_str(), static_cast<long long>(depth), n_prompt,
+        std::printf("| %s | %s | %s | %lld | pp%d | %s | | | |\n", a.s.model.c_str(),
+                    mode_s.c_str(), kv.c_str(), static_cast<long long>(depth), n_prompt,
                     show(ppt, pp_r.size()).c_str());
       std::fflush(stdout);
       nlohmann::json r;
       r["mode"] = mode_s;
       r["depth"] = depth;
-      r["cache_type_k"] = a.ctk;
-      r["cache_type_v"] = a.ctv;
+      r["cache_type_k"] = a.s.ctk;
+      r["cache_type_v"] = a.s.ctv;
       r["repetitions"] = a.reps;
       r["tg_tokens"] = a.n_gen;
       r["tg_tokens_per_s"] = tg.mean;
@@ -368,33 +378,23 @@ void register_bench(CLI::App& app, std::string command) {
   auto a = std::make_shared<BenchArgs>();
   a->command = std::move(command);
   CLI::App* c = app.add_subcommand("bench", "Measure prefill and decode speed at depths");
-  c->add_option("-m,--model", a->model, "GGUF file, or synthetic:PRESET[:TYPE]")->required();
+  add_shared(c, a->s, kModel);
   CLI::Option* depths = c->add_option("--depths", a->depths,
                                       "Context depths, e.g. 0,4k,32k (default 0 unless --pair)")
                             ->capture_default_str();
   c->add_option("--modes", a->modes, "KV modes: auto, resident, stream, host, unified")
       ->capture_default_str();
-  c->add_option("--cache-type-k", a->ctk, "K cache type: f16, q8_0, q4_0")->capture_default_str();
-  c->add_option("--cache-type-v", a->ctv, "V cache type: f16, q8_0, q4_0")->capture_default_str();
-  c->add_option("--n-gen", a->n_gen, "Tokens decoded at each depth")->capture_default_str();
+  c->add_option("--n-gen", a->n_gen_text, "Tokens decoded at each depth")
+      ->type_name("N")
+      ->capture_default_str();
   c->add_option("-r,--repetitions", a->reps,
                 "Timed decodes and prefills at each depth, reported as mean ± standard "
                 "deviation (each continues the sequence)")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
-  c->add_option("-b,--batch-size", a->n_batch, "Tokens per forward pass")->capture_default_str();
-  c->add_option("-p,--n-prompt", a->n_prompt,
-                "Prompt tokens prefilled (timed) at each depth (default: one -b batch; 0: none)")
-      ->check(CLI::Range(0, 1 << 24));
-  c->add_option("--page-size", a->page_size, "Tokens per KV page")->capture_default_str();
-  c->add_option("--backend", a->backend, "Backend: cpu or cuda")->capture_default_str();
-  c->add_option("--kv-arena", a->kv_arena, "Device memory for the KV cache");
-  c->add_option("--vram-limit", a->vram_limit, "Device memory for weights, buffers and the arena");
-  c->add_option("--ring-chunk", a->ring_chunk, "Smallest ring slot")->capture_default_str();
-  c->add_option("--ring-slots", a->ring_slots,
-                "Fewest ring slots when streaming (0: the planner's bandwidth-delay estimate)")
-      ->check(CLI::Range(0, 1 << 20));
-  c->add_option("-t,--threads", a->threads, "CPU threads");
+  c->add_option("-p,--n-prompt", a->n_prompt_text,
+                "Prompt tokens prefilled (timed) at each depth (default: one -b batch; 0: none)");
+  add_shared(c, a->s, kCache | kDevice | kMemory);
   c->add_option("--pair", a->pair,
                 "Two depths, e.g. 32k,128k: two sequences decode together, then each alone; "
                 "checks the tokens agree and reports the combined tokens/s");

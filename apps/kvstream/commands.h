@@ -7,6 +7,7 @@
 #include <string>
 
 #include "kvs/backend/device.h"
+#include "options.h"
 
 namespace kvs::cli {
 
@@ -20,6 +21,11 @@ void register_run(CLI::App& app);
 void register_info(CLI::App& app);
 void register_synth(CLI::App& app);
 void register_plan(CLI::App& app);
+void register_chat(CLI::App& app);
 void register_bench(CLI::App& app, std::string command);  // command: the line, for the JSON
+
+// The interactive chat of `chat` and `run -cnv`; `first`, when not empty, is the first message.
+void chat_session(const SharedArgs& s, const GenArgs& g, const std::string& first,
+                  const std::string& json_out);
 
 }  // namespace kvs::cli

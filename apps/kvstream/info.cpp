@@ -82,15 +82,13 @@ void print_info(const std::string& spec, const std::string& ctk, const std::stri
 }  // namespace
 
 void register_info(CLI::App& app) {
-  struct Opts {
-    std::string model, ctk = "f16", ctv = "f16";
-  };
-  auto o = std::make_shared<Opts>();
+  auto o = std::make_shared<SharedArgs>();
   CLI::App* sub = app.add_subcommand("info", "Print a model's metadata, shape and memory needs");
-  sub->add_option("-m,--model", o->model, "model: a .gguf path or synthetic:PRESET[:TYPE]")
-      ->required();
-  sub->add_option("--ctk,--cache-type-k", o->ctk, "K cache type (default f16)");
-  sub->add_option("--ctv,--cache-type-v", o->ctv, "V cache type (default f16)");
+  add_shared(sub, *o, kModel);
+  sub->add_option("--ctk,--cache-type-k", o->ctk, "K cache type, -ctk: f16, q8_0, q4_0")
+      ->capture_default_str();
+  sub->add_option("--ctv,--cache-type-v", o->ctv, "V cache type, -ctv: f16, q8_0, q4_0")
+      ->capture_default_str();
   sub->callback([o] { print_info(o->model, o->ctk, o->ctv); });
 }
 

@@ -1,5 +1,6 @@
 // kvstream: command-line entry point.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -35,34 +36,45 @@ std::unique_ptr<Device> make_device(const std::string& backend, size_t vram_limi
 }  // namespace kvs::cli
 
 int main(int argc, char** argv) {
-  CLI::App app{"kvstream: LLM inference with KV cache streaming"};
+  CLI::App app{"kvstream: LLM inference with KV cache streaming", "kvstream"};
   app.set_version_flag("--version", KVS_VERSION);
   app.require_subcommand(1);
+  app.failure_message([](const CLI::App*, const CLI::Error& e) {
+    return std::string("kvstream: error: ") + e.what() + "\nRun with --help for the options.\n";
+  });
   kvs::cli::register_run(app);
+  kvs::cli::register_chat(app);
   kvs::cli::register_info(app);
   kvs::cli::register_synth(app);
   kvs::cli::register_plan(app);
   std::string line;
   for (int i = 0; i < argc; ++i) line += (i ? " " : "") + std::string(argv[i]);
   kvs::cli::register_bench(app, line);
-  // llama.cpp's multi-letter short flags, which CLI11 cannot declare, become their long names.
-  std::vector<std::string> args;
-  for (int i = argc - 1; i >= 1; --i) {
-    std::string s = argv[i];
-    if (s == "-ctk")
-      s = "--cache-type-k";
-    else if (s == "-ctv")
-      s = "--cache-type-v";
-    args.push_back(s);
+  if (argc > 1 && argv[1][0] != '-') {  // CLI11 would only say that a subcommand is required
+    std::string names;
+    bool known = false;
+    for (const CLI::App* sub : app.get_subcommands({})) {
+      known |= sub->get_name() == argv[1];
+      names += (names.empty() ? "" : ", ") + sub->get_name();
+    }
+    if (!known) {
+      std::fprintf(stderr, "kvstream: error: '%s' is not a command (%s)\n", argv[1], names.c_str());
+      return 1;
+    }
   }
+  // CLI11 takes the arguments in reverse order.
+  std::vector<std::string> args = kvs::cli::rewrite_llama_flags(argc, argv);
+  std::reverse(args.begin(), args.end());
   try {
     app.parse(args);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version exit 0; every parse error is a user error, status 1.
+    if (app.exit(e) == 0) return 0;
+    return 1;
   } catch (const std::exception& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "kvstream: error: %s\n", e.what());
     return 1;
   }
-  return 0;
+  return kvs::cli::interrupted() ? 130 : 0;
 }

@@ -17,16 +17,14 @@ namespace kvs::cli {
 namespace {
 
 struct PlanArgs {
-  std::string model, ctx = "4096", kv_arena, vram_limit, ring_chunk = "16M", json_out;
-  std::string ctk = "f16", ctv = "f16", kv_mode = "auto";
-  int32_t parallel = 1, page_size = 256, n_batch = 512, ring_slots = 0;
-  double h2d_gbps = 55, hbm_gbps = 4400;
+  SharedArgs s;
+  std::string json_out;
+  double hbm_gbps = 4400;
 };
 
-void plan_cmd(const PlanArgs& a) {
-  const int64_t ctx = parse_count(a.ctx, "-c/--ctx-size");
-  KVS_CHECK(ctx >= 1 && ctx <= INT32_MAX, "-c/--ctx-size must be 1 to 2^31-1");
-  KVS_CHECK(a.h2d_gbps > 0 && a.hbm_gbps > 0, "--h2d-gbps and --hbm-gbps must be more than 0");
+void plan_cmd(const PlanArgs& pa) {
+  const SharedArgs& a = pa.s;
+  KVS_CHECK(a.h2d_gbps > 0 && pa.hbm_gbps > 0, "--h2d-gbps and --hbm-gbps must be more than 0");
   KVS_CHECK(a.kv_arena.empty() || a.vram_limit.empty(),
             "give --kv-arena or --vram-limit, not both");
   // The shape and the bytes of the weights, from the file's header or the synthetic preset.
@@ -42,23 +40,17 @@ void plan_cmd(const PlanArgs& a) {
     c = ModelConfig::from_gguf(*f);
     weights = Weights::from_gguf(*f, c).matrix_bytes();
   }
-  EngineOptions o;
-  o.n_ctx = static_cast<int32_t>(ctx);
-  o.n_batch = a.n_batch;
-  o.page_size = a.page_size;
-  o.n_seq = a.parallel;
-  o.k_type = parse_kv_type(a.ctk.c_str(), "-ctk/--cache-type-k");
-  o.v_type = parse_kv_type(a.ctv.c_str(), "-ctv/--cache-type-v");
-  o.kv_mode = parse_kv_mode(a.kv_mode.c_str());
+  const EngineOptions o = engine_options(a, c);
+  const int64_t ctx = o.n_ctx;
+  const int32_t parallel = o.n_seq;
   KVS_CHECK(o.kv_mode == KvMode::Auto || o.kv_mode == KvMode::Stream,
             "kvstream plan: --kv-mode is auto or stream");
-  KVS_CHECK(a.parallel >= 1 && a.parallel <= o.n_batch, "--parallel must be 1 to -b");
   const KvLayout kv = KvLayout::make(o.k_type, o.v_type, o.page_size, c.n_head_kv, c.head_dim);
   const int32_t fixed = Engine::fixed_frames(c, o);
   const size_t page = kv.page_bytes();
   const int32_t pages = static_cast<int32_t>((ctx + o.page_size - 1) / o.page_size);
   const size_t kv_token = static_cast<size_t>(c.n_layer) * (kv.k_row + kv.v_row);
-  const size_t kv_all = static_cast<size_t>(pages) * c.n_layer * a.parallel * page;
+  const size_t kv_all = static_cast<size_t>(pages) * c.n_layer * parallel * page;
   const size_t buffers = Engine::activation_bytes(c, o);
 
   size_t arena = kv_all + static_cast<size_t>(fixed) * page;
@@ -75,36 +67,36 @@ void plan_cmd(const PlanArgs& a) {
     arena_from = cat("--vram-limit ", format_bytes(limit), " less weights and buffers");
   }
   // T_gpu: a decode step reads every weight once and each sequence's whole KV.
-  const double hbm = a.hbm_gbps * 1e9, h2d = a.h2d_gbps * 1e9;
+  const double hbm = pa.hbm_gbps * 1e9, h2d = a.h2d_gbps * 1e9;
   const double gpu_s = (static_cast<double>(weights) +
-                        static_cast<double>(kv_token) * static_cast<double>(ctx) * a.parallel) /
+                        static_cast<double>(kv_token) * static_cast<double>(ctx) * parallel) /
                        hbm;
   PlanInput in;
   in.arena_bytes = arena;
   in.page_bytes = page;
   in.n_layer = c.n_layer;
   in.fixed_frames = fixed;
-  in.seq_pages.assign(static_cast<size_t>(a.parallel), pages);
+  in.seq_pages.assign(static_cast<size_t>(parallel), pages);
   in.h2d_bytes_per_s = h2d;
   in.layer_s = gpu_s / c.n_layer;
-  in.min_chunk_bytes = parse_size(a.ring_chunk, "--ring-chunk");
+  in.min_chunk_bytes = o.ring_chunk_bytes;
   in.min_slots = a.ring_slots;
   in.force_ring = o.kv_mode == KvMode::Stream;
   const Plan p = plan(in);
 
-  const double tok_s = a.parallel / p.predicted_step_s;
-  const size_t per_token = p.streamed_bytes / static_cast<size_t>(a.parallel);
+  const double tok_s = parallel / p.predicted_step_s;
+  const size_t per_token = p.streamed_bytes / static_cast<size_t>(parallel);
   int64_t resident_pages = 0;
   for (size_t s = 0; s < p.resident.size(); ++s)
     for (int32_t l = 0; l < c.n_layer; ++l)
       resident_pages += std::min(pages, resident_cap(p, s, l));
   const double resident_frac =
-      static_cast<double>(resident_pages) / (static_cast<double>(pages) * c.n_layer * a.parallel);
+      static_cast<double>(resident_pages) / (static_cast<double>(pages) * c.n_layer * parallel);
   std::printf("model      %s: %d layers, weights %s, KV %s/%s %s per token\n", a.model.c_str(),
               c.n_layer, format_bytes(weights).c_str(), a.ctk.c_str(), a.ctv.c_str(),
               format_bytes(kv_token).c_str());
   std::printf("context    %lld tokens x %d sequence(s): KV %s in %d pages of %s per layer\n",
-              static_cast<long long>(ctx), a.parallel, format_bytes(kv_all).c_str(), pages,
+              static_cast<long long>(ctx), parallel, format_bytes(kv_all).c_str(), pages,
               format_bytes(page).c_str());
   std::printf("arena      %s (%s); %d frames for the pages being written\n",
               format_bytes(arena).c_str(), arena_from.c_str(), fixed);
@@ -122,12 +114,12 @@ void plan_cmd(const PlanArgs& a) {
   std::printf(
       "bound      T_gpu %.3f ms (at %.0f GB/s), S/B %.3f ms (at %.1f GB/s): %.3f ms per "
       "step, %.1f tokens/s\n",
-      p.gpu_s * 1e3, a.hbm_gbps, p.copy_s * 1e3, a.h2d_gbps, p.predicted_step_s * 1e3, tok_s);
-  if (!a.json_out.empty()) {
+      p.gpu_s * 1e3, pa.hbm_gbps, p.copy_s * 1e3, a.h2d_gbps, p.predicted_step_s * 1e3, tok_s);
+  if (!pa.json_out.empty()) {
     nlohmann::json j;
     j["model"] = a.model;
     j["ctx"] = ctx;
-    j["parallel"] = a.parallel;
+    j["parallel"] = parallel;
     j["weights_bytes"] = weights;
     j["kv_bytes_per_token"] = kv_token;
     j["kv_bytes"] = kv_all;
@@ -146,8 +138,8 @@ void plan_cmd(const PlanArgs& a) {
     j["predicted_step_s"] = p.predicted_step_s;
     j["predicted_tokens_per_s"] = tok_s;
     j["h2d_gbps"] = a.h2d_gbps;
-    j["hbm_gbps"] = a.hbm_gbps;
-    write_json(a.json_out, j);
+    j["hbm_gbps"] = pa.hbm_gbps;
+    write_json(pa.json_out, j);
   }
 }
 
@@ -155,25 +147,10 @@ void plan_cmd(const PlanArgs& a) {
 
 void register_plan(CLI::App& app) {
   auto a = std::make_shared<PlanArgs>();
+  a->s.h2d_gbps = 55;
   CLI::App* c =
       app.add_subcommand("plan", "Show the KV partition and predicted decode speed at a context");
-  c->add_option("-m,--model", a->model, "GGUF file, or synthetic:PRESET[:TYPE]")->required();
-  c->add_option("-c,--ctx-size", a->ctx, "Context in tokens (32k = 32768)")->capture_default_str();
-  c->add_option("--parallel", a->parallel, "Sequences decoded together")->capture_default_str();
-  c->add_option("--kv-arena", a->kv_arena, "Device memory for the KV cache");
-  c->add_option("--vram-limit", a->vram_limit, "Device memory for weights, buffers and the arena");
-  c->add_option("--cache-type-k", a->ctk, "K cache type: f16, q8_0, q4_0")->capture_default_str();
-  c->add_option("--cache-type-v", a->ctv, "V cache type: f16, q8_0, q4_0")->capture_default_str();
-  c->add_option("--page-size", a->page_size, "Tokens per KV page")->capture_default_str();
-  c->add_option("-b,--batch-size", a->n_batch, "Tokens per forward pass")->capture_default_str();
-  c->add_option("--kv-mode", a->kv_mode, "auto or stream")->capture_default_str();
-  c->add_option("--ring-chunk", a->ring_chunk, "Smallest ring slot (copy size)")
-      ->capture_default_str();
-  c->add_option("--ring-slots", a->ring_slots,
-                "Fewest ring slots when streaming (0: the planner's bandwidth-delay estimate)")
-      ->check(CLI::Range(0, 1 << 20));
-  c->add_option("--h2d-gbps", a->h2d_gbps, "Host-to-device bandwidth B, GB/s")
-      ->capture_default_str();
+  add_shared(c, a->s, kModel | kContext | kParallel | kCache | kMemory | kKvMode);
   c->add_option("--hbm-gbps", a->hbm_gbps, "Device memory bandwidth for T_gpu, GB/s")
       ->capture_default_str();
   c->add_option("--json", a->json_out, "Also write the plan as JSON to this file");

@@ -1,10 +1,8 @@
 // kvstream run: generate text from a prompt, streaming it to stdout.
 #include <sys/resource.h>
-#include <unistd.h>
 
 #include <algorithm>
 
-#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -24,22 +22,11 @@ namespace kvs::cli {
 namespace {
 
 struct RunArgs {
-  std::string model, prompt, file, tokens, logits_out, json_out, system;
-  bool has_prompt = false;
-  int32_t n_predict = 128;
-  bool chat = false, ignore_eos = false, verbose = false;
-  int32_t n_ctx = 4096, n_batch = 512, page_size = 256, threads = 0, parallel = 1, ring_slots = 0;
-  std::string ctk = "f16", ctv = "f16", backend = "cpu", kv_mode = "auto";
-  std::string kv_arena, vram_limit, ring_chunk = "16M";
-  double h2d_gbps = 0;
-  SamplerParams sp;
-  int64_t seed = -1;
+  SharedArgs s;
+  GenArgs g;
+  std::string prompt, file, tokens, logits_out, json_out;
+  bool has_prompt = false, chat = false, conversation = false, no_conversation = false;
 };
-
-double now() {
-  using namespace std::chrono;
-  return duration<double>(steady_clock::now().time_since_epoch()).count();
-}
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -56,12 +43,15 @@ size_t peak_rss() {
 }
 
 // The prompts: one, or with --parallel N one per line of -f (or the same -p/--tokens N times).
-std::vector<std::vector<int32_t>> prompts_of(const RunArgs& a, const Model& model) {
+// With -n -1, n_predict becomes what the longest prompt leaves of the context.
+std::vector<std::vector<int32_t>> prompts_of(const RunArgs& a, const Model& model,
+                                             const EngineOptions& eo, int64_t& n_predict) {
   const Tokenizer& tok = *model.tokenizer;
+  const int32_t parallel = eo.n_seq;
   auto encode = [&](std::string text) {
     if (a.chat) {
       std::vector<ChatMessage> msgs;
-      if (!a.system.empty()) msgs.push_back({"system", a.system});
+      if (!a.g.system.empty()) msgs.push_back({"system", a.g.system});
       msgs.push_back({"user", text});
       text = tok.apply_chat(msgs);
     }
@@ -73,28 +63,35 @@ std::vector<std::vector<int32_t>> prompts_of(const RunArgs& a, const Model& mode
     for (int32_t id : ids)
       KVS_CHECK(id >= 0 && id < model.config.n_vocab, "--tokens: id ", id,
                 " is out of range (vocab ", model.config.n_vocab, ")");
-    out.assign(static_cast<size_t>(a.parallel), ids);
+    out.assign(static_cast<size_t>(parallel), ids);
   } else if (!a.file.empty()) {
     const std::string text = read_file(a.file);
-    if (a.parallel == 1) {
+    if (parallel == 1) {
       out.push_back(encode(text));
     } else {
       std::istringstream in(text);
       std::string line;
       while (std::getline(in, line))
         if (!line.empty()) out.push_back(encode(line));
-      KVS_CHECK(static_cast<int32_t>(out.size()) == a.parallel, "--parallel ", a.parallel, ": -f '",
+      KVS_CHECK(static_cast<int32_t>(out.size()) == parallel, "-np/--parallel ", parallel, ": -f '",
                 a.file, "' has ", out.size(), " non-empty lines, one prompt per sequence");
     }
   } else {
-    out.assign(static_cast<size_t>(a.parallel), encode(a.prompt));
+    out.assign(static_cast<size_t>(parallel), encode(a.prompt));
   }
+  int64_t longest = 0;
   for (size_t i = 0; i < out.size(); ++i) {
-    KVS_CHECK(!out[i].empty(), "prompt ", i + 1, " is empty");
-    KVS_CHECK(static_cast<int64_t>(out[i].size()) + a.n_predict <= a.n_ctx, "prompt ", i + 1, " (",
-              out[i].size(), " tokens) plus -n ", a.n_predict, " exceeds the context size -c ",
-              a.n_ctx);
+    const int64_t n = static_cast<int64_t>(out[i].size());
+    KVS_CHECK(n > 0, "prompt ", i + 1, " is empty");
+    longest = std::max(longest, n);
+    if (n_predict < 0)
+      KVS_CHECK(n < eo.n_ctx, "prompt ", i + 1, " (", count_of(n, "token"),
+                ") leaves no room in the context size -c ", eo.n_ctx);
+    else
+      KVS_CHECK(n + n_predict <= eo.n_ctx, "prompt ", i + 1, " (", count_of(n, "token"),
+                ") plus -n ", n_predict, " exceeds the context size -c ", eo.n_ctx);
   }
+  if (n_predict < 0) n_predict = eo.n_ctx - longest;
   return out;
 }
 
@@ -160,44 +157,44 @@ void print_step(const char* phase, int64_t i, const StepStats& s, const Engine& 
 }
 
 void run(const RunArgs& a) {
-  if (a.threads > 0) set_thread_count(a.threads);
   int given =
       int(!a.prompt.empty() || a.has_prompt) + int(!a.file.empty()) + int(!a.tokens.empty());
-  KVS_CHECK(given == 1, "give exactly one of -p/--prompt, -f/--file and --tokens");
-  KVS_CHECK(a.n_predict >= 0, "-n/--n-predict must be 0 or more");
-  KVS_CHECK(a.parallel >= 1, "--parallel must be at least 1");
-  EngineOptions eo;
-  eo.n_ctx = a.n_ctx;
-  eo.n_batch = a.n_batch;
-  eo.page_size = a.page_size;
-  eo.k_type = parse_kv_type(a.ctk.c_str(), "-ctk/--cache-type-k");
-  eo.v_type = parse_kv_type(a.ctv.c_str(), "-ctv/--cache-type-v");
-  eo.n_seq = a.parallel;
-  eo.kv_mode = parse_kv_mode(a.kv_mode.c_str());
-  if (!a.kv_arena.empty()) eo.kv_arena = parse_size(a.kv_arena, "--kv-arena");
-  KVS_CHECK(a.kv_arena.empty() || eo.kv_arena > 0, "--kv-arena must be more than 0");
-  eo.ring_chunk_bytes = parse_size(a.ring_chunk, "--ring-chunk");
-  eo.ring_slots = a.ring_slots;
-  KVS_CHECK(a.h2d_gbps >= 0, "--h2d-gbps must be 0 or more");
-  eo.h2d_bytes_per_s = a.h2d_gbps * 1e9;
-  const size_t vram = a.vram_limit.empty() ? 0 : parse_size(a.vram_limit, "--vram-limit");
-  KVS_CHECK(a.vram_limit.empty() || vram > 0, "--vram-limit must be more than 0");
+  if (a.conversation) {
+    KVS_CHECK(a.file.empty() && a.tokens.empty() && a.logits_out.empty(),
+              "-cnv/--conversation takes -p (the first message), not -f, --tokens or "
+              "--logits-out");
+    chat_session(a.s, a.g, a.has_prompt ? a.prompt : "", a.json_out);
+    return;
+  }
+  KVS_CHECK(given == 1,
+            "give exactly one of -p/--prompt, -f/--file and --tokens (or none, or -cnv, for a "
+            "conversation)");
+  if (!a.g.system.empty() && !a.chat)
+    std::fprintf(stderr,
+                 "kvstream: warning: -sys/--system-prompt is for --chat and -cnv; ignored\n");
+  int64_t n_predict = n_predict_of(a.g);
+  const std::string backend = backend_of(a.s);
+  check_flash_attn(a.s);
+  apply_threads(a.s);
+  const size_t vram = vram_limit_of(a.s);
 
   const double t_load = now();
-  auto model = Model::load(a.model);
+  auto model = Model::load(a.s.model);
+  const EngineOptions eo = engine_options(a.s, model->config);
   const Tokenizer& tok = *model->tokenizer;
   const int32_t n_vocab = model->config.n_vocab;
-  const auto prompts = prompts_of(a, *model);
-  const int32_t N = a.parallel;
+  const auto prompts = prompts_of(a, *model, eo, n_predict);
+  const int32_t N = eo.n_seq;
 
-  auto dev = make_device(a.backend, vram);
+  check_host_kv(eo, model->config, backend);
+  auto dev = device_of(a.s, backend, vram);
   Engine eng(*model, *dev, eo);
   std::vector<Sampler> samplers;
   for (int32_t i = 0; i < N; ++i) {
-    SamplerParams sp = a.sp;
-    if (a.seed >= 0) sp.seed = static_cast<uint64_t>(a.seed) + static_cast<uint64_t>(i);
+    SamplerParams sp = a.g.sp;
+    if (a.g.seed >= 0) sp.seed = static_cast<uint64_t>(a.g.seed) + static_cast<uint64_t>(i);
     samplers.emplace_back(sp);
-    if (i > 0 && a.seed < 0) {  // one random seed for the run, printed; sequence i uses seed + i
+    if (i > 0 && a.g.seed < 0) {  // one random seed for the run, printed; sequence i uses seed + i
       sp.seed = samplers[0].seed() + static_cast<uint64_t>(i);
       samplers.back() = Sampler(sp);
     }
@@ -206,41 +203,45 @@ void run(const RunArgs& a) {
   size_t prompt_tokens = 0;
   for (const auto& p : prompts) prompt_tokens += p.size();
   std::fprintf(stderr,
-               "kvstream: %s (%s, %d layers), %zu prompt tokens%s, %d threads, KV %s/%s %s per "
-               "token, seed %llu\n",
-               a.model.c_str(), model->config.arch_name.c_str(), model->config.n_layer,
-               prompt_tokens, N > 1 ? cat(" in ", N, " sequences").c_str() : "",
-               thread_pool().size(), a.ctk.c_str(), a.ctv.c_str(),
-               format_bytes(eng.kv_bytes_per_token()).c_str(),
+               "kvstream: %s (%s, %d layers), %s%s, %d threads, KV %s/%s %s per token, seed "
+               "%llu\n",
+               a.s.model.c_str(), model->config.arch_name.c_str(), model->config.n_layer,
+               count_of(static_cast<int64_t>(prompt_tokens), "prompt token").c_str(),
+               N > 1 ? cat(" in ", N, " sequences").c_str() : "", thread_pool().size(),
+               a.s.ctk.c_str(), a.s.ctv.c_str(), format_bytes(eng.kv_bytes_per_token()).c_str(),
                static_cast<unsigned long long>(samplers[0].seed()));
   std::fprintf(stderr, "kvstream: kv-mode %s, arena %s (%s pages), KV at -c %d: %s per sequence\n",
                kv_mode_name(eo.kv_mode), format_bytes(eng.arena_bytes()).c_str(),
-               format_bytes(eng.kv_layout().page_bytes()).c_str(), a.n_ctx,
-               format_bytes(eng.kv_bytes_per_token() * static_cast<size_t>(a.n_ctx)).c_str());
+               format_bytes(eng.kv_layout().page_bytes()).c_str(), eo.n_ctx,
+               format_bytes(eng.kv_bytes_per_token() * static_cast<size_t>(eo.n_ctx)).c_str());
 
-  // Prefill, one sequence after another, in chunks of -b tokens (progress on a terminal).
+  // Prefill, one sequence after another, in chunks of -b tokens (progress on a terminal); Ctrl-C
+  // stops it, or the decode, and the summary tells what was done.
+  catch_interrupt(true);
   std::vector<Sequence> seqs;
   std::vector<std::vector<float>> first_logits;
   Phase prefill, decode;
+  const int32_t n_batch = eo.n_batch;
   const double t0 = now();
-  for (int32_t i = 0; i < N; ++i) {
+  Progress progress("prefill", static_cast<int64_t>(prompt_tokens),
+                    static_cast<int64_t>(prompt_tokens) > 2 * int64_t{n_batch});
+  for (int32_t i = 0; i < N && !interrupted(); ++i) {
     const auto& prompt = prompts[static_cast<size_t>(i)];
     seqs.push_back(eng.open_sequence());
     const int32_t n_prompt = static_cast<int32_t>(prompt.size());
-    const bool progress = n_prompt > 2 * a.n_batch && isatty(STDERR_FILENO);
     const float* logits = nullptr;
-    for (int32_t j = 0; j < n_prompt; j += a.n_batch) {
-      const int32_t m = std::min(a.n_batch, n_prompt - j);
+    for (int32_t j = 0; j < n_prompt && !interrupted(); j += n_batch) {
+      const int32_t m = std::min(n_batch, n_prompt - j);
       logits = eng.eval(seqs.back(), prompt.data() + j, m);
       prefill.add(eng.last_step());
-      if (a.verbose) print_step("prefill", prefill.steps, eng.last_step(), eng);
-      if (progress) std::fprintf(stderr, "\rkvstream: prefill %d/%d", j + m, n_prompt);
+      if (a.s.verbose) print_step("prefill", prefill.steps, eng.last_step(), eng);
+      progress.update(prefill.tokens);
     }
-    if (progress) std::fputc('\n', stderr);
-    first_logits.emplace_back(logits, logits + n_vocab);
+    if (!interrupted()) first_logits.emplace_back(logits, logits + n_vocab);
   }
+  progress.finish();
   const double t_prefill = now() - t0;
-  if (!a.logits_out.empty()) {
+  if (!a.logits_out.empty() && !interrupted()) {
     std::vector<float> all;
     for (const auto& l : first_logits) all.insert(all.end(), l.begin(), l.end());
     if (N == 1)
@@ -248,7 +249,7 @@ void run(const RunArgs& a) {
     else
       write_npy(a.logits_out, all.data(), {static_cast<int64_t>(N), static_cast<int64_t>(n_vocab)});
   }
-  if (a.verbose) std::fprintf(stderr, "kvstream: plan: %s\n", plan_text(eng).c_str());
+  if (a.s.verbose) std::fprintf(stderr, "kvstream: plan: %s\n", plan_text(eng).c_str());
 
   // Decode: every unfinished sequence in one batch per step; a finished one gives its pages
   // back at once.
@@ -257,14 +258,14 @@ void run(const RunArgs& a) {
   std::vector<StreamDecoder> decoders;
   for (int32_t i = 0; i < N; ++i) decoders.emplace_back(tok);
   std::vector<int32_t> next(static_cast<size_t>(N));
-  std::vector<bool> live(static_cast<size_t>(N), a.n_predict > 0);
+  const bool prefilled = !interrupted();
+  std::vector<bool> live(static_cast<size_t>(N), n_predict > 0 && prefilled);
   std::vector<const float*> cur(static_cast<size_t>(N));
-  for (int32_t i = 0; i < N; ++i)
-    cur[static_cast<size_t>(i)] = first_logits[static_cast<size_t>(i)].data();
+  for (size_t i = 0; i < first_logits.size(); ++i) cur[i] = first_logits[i].data();
   const bool stream_text = N == 1;
   const double t1 = now();
   int64_t n_dec = 0;
-  for (int32_t step = 0; step < a.n_predict; ++step) {
+  for (int64_t step = 0; step < n_predict && prefilled && !interrupted(); ++step) {
     std::vector<BatchEntry> batch;
     std::vector<int32_t> who;
     for (int32_t i = 0; i < N; ++i) {
@@ -272,8 +273,8 @@ void run(const RunArgs& a) {
       if (!live[u]) continue;
       const int32_t id = samplers[u].sample(cur[u], n_vocab);  // also adds it to the history
       out[u].push_back(id);
-      bool done = (!a.ignore_eos && tok.is_eog(id)) || step + 1 == a.n_predict;
-      if (!(!a.ignore_eos && tok.is_eog(id))) {
+      bool done = (!a.g.ignore_eos && tok.is_eog(id)) || step + 1 == n_predict;
+      if (!(!a.g.ignore_eos && tok.is_eog(id))) {
         std::string piece = decoders[u].push(id);
         texts[u] += piece;
         if (stream_text) {
@@ -294,7 +295,7 @@ void run(const RunArgs& a) {
     eng.step(batch);
     decode.add(eng.last_step());
     n_dec += static_cast<int64_t>(batch.size());
-    if (a.verbose) print_step("decode", decode.steps, eng.last_step(), eng);
+    if (a.s.verbose) print_step("decode", decode.steps, eng.last_step(), eng);
     for (size_t j = 0; j < who.size(); ++j)
       cur[static_cast<size_t>(who[j])] = eng.logits(static_cast<int32_t>(j));
   }
@@ -304,23 +305,29 @@ void run(const RunArgs& a) {
     texts[u] += rest;
     if (stream_text) {
       std::fwrite(rest.data(), 1, rest.size(), stdout);
-      if (a.n_predict > 0) std::fputc('\n', stdout);
-    } else if (a.n_predict > 0) {
+      if (n_predict > 0 && prefilled) std::fputc('\n', stdout);
+    } else if (n_predict > 0 && prefilled) {
       std::printf("[%d] %s\n", i + 1, texts[u].c_str());
     }
-    if (seqs[u].id >= 0) eng.close_sequence(seqs[u]);
+    if (u < seqs.size() && seqs[u].id >= 0) eng.close_sequence(seqs[u]);
   }
   std::fflush(stdout);
   const double t_decode = now() - t1;
-  const double pp = static_cast<double>(prompt_tokens) / t_prefill;
+  const double pp = static_cast<double>(prefill.tokens) / t_prefill;
   const double tg = n_dec > 0 ? static_cast<double>(n_dec) / t_decode : 0.0;
+  if (interrupted())
+    std::fprintf(stderr, "kvstream: interrupted (Ctrl-C)%s\n",
+                 prefilled ? ""
+                           : cat(" during the prefill, after ", count_of(prefill.tokens, "token"),
+                                 " of ", prompt_tokens)
+                                 .c_str());
   std::fprintf(stderr,
-               "kvstream: load %.2f s | prefill %zu tokens %.2f s, %.1f tok/s | decode %lld "
-               "tokens %.2f s, %.1f tok/s | peak memory %s\n",
-               t0 - t_load, prompt_tokens, t_prefill, pp, static_cast<long long>(n_dec), t_decode,
-               tg, format_bytes(peak_rss()).c_str());
+               "kvstream: load %.2f s | prefill %s %.2f s, %.1f tok/s | decode %s %.2f s, %.1f "
+               "tok/s | peak memory %s\n",
+               t0 - t_load, count_of(prefill.tokens, "token").c_str(), t_prefill, pp,
+               count_of(n_dec, "token").c_str(), t_decode, tg, format_bytes(peak_rss()).c_str());
   const EngineStats& tot = eng.totals();
-  if (a.verbose || tot.bytes_in > 0)
+  if (a.s.verbose || tot.bytes_in > 0)
     std::fprintf(
         stderr,
         "kvstream: streamed %s (%s per decode token), written back %s, ready wait %.1f "
@@ -332,10 +339,11 @@ void run(const RunArgs& a) {
         static_cast<long long>(tot.repartitions));
   if (!a.json_out.empty()) {
     nlohmann::json j;
-    j["model"] = a.model;
+    j["model"] = a.s.model;
     j["parallel"] = N;
     if (N == 1) {
       j["prompt_tokens"] = prompts[0];
+      j["interrupted"] = interrupted();
       j["tokens"] = out[0];
       j["text"] = texts[0];
     }
@@ -353,7 +361,7 @@ void run(const RunArgs& a) {
     j["kv_bytes_per_token"] = eng.kv_bytes_per_token();
     nlohmann::json kv;
     kv["mode"] = kv_mode_name(eo.kv_mode);
-    kv["page_size"] = a.page_size;
+    kv["page_size"] = eo.page_size;
     kv["page_bytes"] = eng.kv_layout().page_bytes();
     kv["arena_bytes"] = eng.arena_bytes();
     kv["fixed_frames"] = eng.fixed_frames();
@@ -379,53 +387,27 @@ void run(const RunArgs& a) {
 void register_run(CLI::App& app) {
   auto a = std::make_shared<RunArgs>();
   CLI::App* c = app.add_subcommand("run", "Generate text from a prompt");
-  c->add_option("-m,--model", a->model, "GGUF file, or synthetic:PRESET[:TYPE]")->required();
+  add_shared(c, a->s, kModel);
   c->add_option("-p,--prompt", a->prompt, "Prompt text");
   c->add_option("-f,--file", a->file, "Read the prompt from a file");
   c->add_option("--tokens", a->tokens, "Prompt as token ids: 1,2,3");
-  c->add_option("-n,--n-predict", a->n_predict, "Tokens to generate (0: only evaluate the prompt)")
-      ->capture_default_str();
+  add_generation(c, a->g);
   c->add_flag("--chat", a->chat, "Wrap the prompt in the model's chat template");
-  c->add_option("--system", a->system, "System message for --chat");
-  c->add_flag("--ignore-eos", a->ignore_eos, "Keep generating past end-of-generation tokens");
-  c->add_option("-c,--ctx-size", a->n_ctx, "Context size in tokens")->capture_default_str();
-  c->add_option("-b,--batch-size", a->n_batch, "Prompt tokens per forward pass")
-      ->capture_default_str();
-  c->add_option("--cache-type-k", a->ctk, "K cache type: f16, q8_0, q4_0")->capture_default_str();
-  c->add_option("--cache-type-v", a->ctv, "V cache type: f16, q8_0, q4_0")->capture_default_str();
-  c->add_option("--page-size", a->page_size, "Tokens per KV page")->capture_default_str();
+  c->add_flag("--conversation,-i,--interactive", a->conversation,
+              "-cnv: interactive chat, as `kvstream chat` (-p: the first message); also when "
+              "no -p, -f or --tokens is given");
+  c->add_flag("--no-conversation", a->no_conversation,
+              "-no-cnv: never start a conversation (a missing prompt is an error)");
+  add_shared(c, a->s, kAllShared & ~kModel);
   c->add_option("--logits-out", a->logits_out,
                 "Save the logits at the last prompt token (.npy, float32)");
   c->add_option("--json", a->json_out, "Write tokens, text and timings as JSON to this file");
-  c->add_option("-t,--threads", a->threads, "CPU threads (default: all cores, or KVS_THREADS)");
-  c->add_option("--backend", a->backend, "Backend: cpu or cuda")->capture_default_str();
-  c->add_option("--temp", a->sp.temp, "Temperature (0: greedy)")->capture_default_str();
-  c->add_option("--top-k", a->sp.top_k, "Top-k (0: off)")->capture_default_str();
-  c->add_option("--top-p", a->sp.top_p, "Top-p (1: off)")->capture_default_str();
-  c->add_option("--min-p", a->sp.min_p, "Min-p (0: off)")->capture_default_str();
-  c->add_option("--repeat-penalty", a->sp.repeat_penalty, "Repetition penalty (1: off)")
-      ->capture_default_str();
-  c->add_option("--repeat-last-n", a->sp.repeat_last_n, "Tokens the penalty looks back (-1: all)")
-      ->capture_default_str();
-  c->add_option("-s,--seed", a->seed, "Random seed (default: random, printed)");
-  c->add_option("--parallel", a->parallel,
-                "Sequences decoded together (prompts: one per line of -f)")
-      ->capture_default_str();
-  c->add_option("--kv-mode", a->kv_mode, "KV placement: auto, resident, stream, host")
-      ->capture_default_str();
-  c->add_option("--kv-arena", a->kv_arena, "Device memory for the KV cache, e.g. 512M, 2.2G");
-  c->add_option("--vram-limit", a->vram_limit,
-                "Behave as if the device had only this much memory (weights, buffers, arena)");
-  c->add_option("--ring-chunk", a->ring_chunk, "Smallest ring slot (copy size)")
-      ->capture_default_str();
-  c->add_option("--ring-slots", a->ring_slots,
-                "Fewest ring slots when streaming (0: the planner's bandwidth-delay estimate)")
-      ->check(CLI::Range(0, 1 << 20));
-  c->add_option("--h2d-gbps", a->h2d_gbps,
-                "Host-to-device GB/s the planner assumes until measured");
-  c->add_flag("-v,--verbose", a->verbose, "Print every step's streaming statistics");
   c->callback([a, c] {
     a->has_prompt = c->count("--prompt") > 0;
+    // No prompt at all: a conversation, as llama-cli starts one.
+    if (!a->has_prompt && a->file.empty() && a->tokens.empty() && !a->no_conversation)
+      a->conversation = true;
+    if (a->conversation && c->count("--n-predict") == 0) a->g.n_predict = "-1";  // as chat's
     run(*a);
   });
 }

@@ -18,6 +18,9 @@ TEST(Parse, Sizes) {
 
 TEST(Parse, Counts) {
   EXPECT_EQ(parse_count("32k", "--d"), 32768);
+  EXPECT_EQ(parse_count("32K", "--d"), 32768);
+  EXPECT_EQ(parse_count("1m", "--d"), 1048576);
+  EXPECT_EQ(parse_count("1.5k", "--d"), 1536);
   EXPECT_EQ(parse_count("0", "--d"), 0);
   EXPECT_EQ(parse_count_list("0,4k,128k", "--d"), (std::vector<int64_t>{0, 4096, 131072}));
   EXPECT_EQ(parse_int_list("1,2,3", "--t"), (std::vector<int32_t>{1, 2, 3}));

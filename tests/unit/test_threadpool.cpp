@@ -44,5 +44,16 @@ TEST(ThreadPool, ManyShortRegionsAndNesting) {
   EXPECT_EQ(total.load(), 5000 * 4 * 2);
 }
 
+TEST(ThreadPool, ThreadCountIsCappedAtTheHardware) {
+  const int hw = hardware_threads();
+  EXPECT_GE(hw, 1);
+  set_thread_count(hw * 1000);
+  EXPECT_EQ(thread_pool().size(), hw);
+  set_thread_count(1);
+  EXPECT_EQ(thread_pool().size(), 1);
+  set_thread_count(0);  // the default
+  EXPECT_LE(thread_pool().size(), hw);
+}
+
 }  // namespace
 }  // namespace kvs

@@ -2,6 +2,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <memory>
@@ -128,13 +129,17 @@ std::mutex& pool_mu() {
 }
 }  // namespace
 
+int hardware_threads() {
+  const unsigned hc = std::thread::hardware_concurrency();
+  return hc == 0 ? 1 : static_cast<int>(hc);
+}
+
 int default_thread_count() {
   if (const char* e = std::getenv("KVS_THREADS")) {
     int n = std::atoi(e);
-    if (n > 0) return n;
+    if (n > 0) return std::min(n, hardware_threads());
   }
-  unsigned hc = std::thread::hardware_concurrency();
-  return hc == 0 ? 1 : static_cast<int>(hc);
+  return hardware_threads();
 }
 
 ThreadPool& thread_pool() {
@@ -147,7 +152,7 @@ ThreadPool& thread_pool() {
 void set_thread_count(int n) {
   std::lock_guard<std::mutex> lock(pool_mu());
   auto& p = pool_slot();
-  if (n <= 0) n = default_thread_count();
+  n = n <= 0 ? default_thread_count() : std::min(n, hardware_threads());
   if (p && p->size() == n) return;
   p = std::make_unique<ThreadPool>(n);
 }

@@ -44,9 +44,11 @@ class ThreadPool {
 };
 
 // The process-wide pool used by the CPU backend. Sized by set_thread_count (the -t flag) or,
-// by default, the KVS_THREADS environment variable or the number of hardware threads.
+// by default, the KVS_THREADS environment variable or the number of hardware threads; never
+// more than the hardware's threads (spinning workers beyond them starve each other).
 ThreadPool& thread_pool();
 void set_thread_count(int n);
 int default_thread_count();
+int hardware_threads();
 
 }  // namespace kvs

@@ -1,0 +1,228 @@
+// The command line as people arriving from llama.cpp type it: its multi-letter flags, size
+// suffixes, -n -1, -c 0, the thread cap, limits before allocations, exit codes, the prefill
+// progress line and Ctrl-C during a run.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "cli.h"
+
+namespace kvs {
+namespace {
+
+using test::contains;
+using test::kvstream;
+using test::Outcome;
+
+const std::string kTiny = "run -m synthetic:tiny --tokens 1,2,3 --temp 0 ";
+
+void expect_ok(const Outcome& o, const std::string& what) {
+  EXPECT_EQ(o.status, 0) << what << "\n" << o.err;
+}
+void expect_error(const std::string& args, const std::string& needle) {
+  const Outcome o = kvstream(args);
+  EXPECT_EQ(o.status, 1) << args << "\n" << o.err;
+  EXPECT_TRUE(contains(o.err, needle)) << args << "\nstderr: " << o.err;
+}
+
+class SmolLM2 : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!std::filesystem::exists(test::smollm2())) GTEST_SKIP() << "no " << test::smollm2();
+  }
+  const std::string m = " -m " + test::smollm2() + " ";
+};
+
+// Command lines from llama.cpp's README (llama-cli), with kvstream run for llama-cli.
+TEST_F(SmolLM2, LlamaCppCommandLinesRunUnchanged) {
+  Outcome o = kvstream("run" + m +
+                       "-p \"I believe the meaning of life is\" -n 32 -ngl 99 -fa on -c 4096 -t 2 "
+                       "--temp 0");
+  expect_ok(o, "-ngl 99 -fa on");
+  EXPECT_FALSE(o.out.empty());
+  const bool cpu_only =
+      contains(kvstream("run -m synthetic:tiny --tokens 1 -n 1 --backend cuda").err, "no CUDA");
+  if (cpu_only) {
+    EXPECT_TRUE(contains(o.err, "-ngl 99")) << "a CPU build says -ngl runs on the CPU\n" << o.err;
+  }
+  // The same greedy text as without the llama.cpp flags.
+  const Outcome plain =
+      kvstream("run" + m + "-p \"I believe the meaning of life is\" -n 32 -c 4096 --temp 0");
+  expect_ok(plain, "plain");
+  EXPECT_EQ(o.out, plain.out);
+
+  o = kvstream("run" + m + "-p \"I believe the meaning of life is\" -n 32 -no-cnv --temp 0");
+  expect_ok(o, "-no-cnv");
+  EXPECT_EQ(o.out, plain.out);
+  expect_error("run -m synthetic:tiny -no-cnv -n 1", "exactly one");
+  expect_ok(kvstream("run" + m + "-p \"Hello\" -n 8 -ctk q8_0 -ctv q4_0 -c 512"), "-ctk -ctv");
+  expect_ok(kvstream("run" + m + "-p \"Hello\" -n 8 -ngl 0 -fa -c 512"), "-fa without value");
+  o = kvstream("run" + m + "-p \"Hello\" -n -1 -c 256 --temp 0");
+  expect_ok(o, "-n -1 -c 256");
+  o = kvstream("run" + m + "-p \"Hello\" -n 4 -c 0");
+  expect_ok(o, "-c 0");
+  EXPECT_TRUE(contains(o.err, "KV at -c 8192")) << "-c 0: SmolLM2's trained context\n" << o.err;
+  o = kvstream("run" + m + "-p \"Hello\" -n 4 -np 2 -c 256 --temp 0");
+  expect_ok(o, "-np 2");
+  EXPECT_TRUE(contains(o.out, "[1] ") && contains(o.out, "[2] ")) << o.out;
+}
+
+TEST_F(SmolLM2, SystemPromptFlagsAgree) {
+  auto prompt_tokens = [&](const std::string& flags) {
+    const auto js = test::temp_dir("cli") / "sys.json";
+    const Outcome o = kvstream("run" + m + "--chat -p hi -n 0 " + flags + " --json " + js.string());
+    EXPECT_EQ(o.status, 0) << flags << "\n" << o.err;
+    return nlohmann::json::parse(test::slurp(js))["prompt_tokens"];
+  };
+  const auto none = prompt_tokens("");
+  const auto sys = prompt_tokens("-sys \"You are a pirate.\"");
+  EXPECT_GT(sys.size(), none.size());
+  EXPECT_EQ(prompt_tokens("--system-prompt \"You are a pirate.\""), sys);
+  EXPECT_EQ(prompt_tokens("--system \"You are a pirate.\""), sys);
+}
+
+TEST(LlamaFlags, GpuLayersChooseTheBackend) {
+  expect_ok(kvstream(kTiny + "-n 2 -ngl 0"), "-ngl 0");
+  expect_ok(kvstream(kTiny + "-n 2 --n-gpu-layers 0 --backend cpu"), "--n-gpu-layers 0");
+  expect_error(kTiny + "-n 2 -ngl 99 --backend cpu", "-ngl 99");
+  expect_error(kTiny + "-n 2 -ngl 0 --backend cuda", "--backend cuda");
+  expect_error(kTiny + "-n 2 -ngl -5", "-ngl");
+  const Outcome help = kvstream("run --help");
+  EXPECT_TRUE(contains(help.out, "-ngl N")) << help.out;
+}
+
+TEST(LlamaFlags, FlashAttentionIsAccepted) {
+  for (const char* v : {"-fa", "-fa on", "-fa auto", "--flash-attn", "--flash-attn on"})
+    expect_ok(kvstream(kTiny + "-n 2 " + v), v);
+  const Outcome off = kvstream(kTiny + "-n 2 -fa off");
+  expect_ok(off, "-fa off");
+  EXPECT_TRUE(contains(off.err, "-fa off is ignored")) << off.err;
+  expect_error(kTiny + "-n 2 --flash-attn=maybe", "--flash-attn");
+  // -fa before another flag takes no value from it.
+  expect_ok(kvstream("run -m synthetic:tiny -fa -n 2 --tokens 1,2"), "-fa -n");
+}
+
+TEST(LlamaFlags, ParallelAndCacheTypesEverywhere) {
+  expect_ok(kvstream(kTiny + "-n 2 -np 2"), "run -np 2");
+  expect_ok(kvstream(kTiny + "-n 2 --parallel 2"), "run --parallel 2");
+  Outcome o = kvstream("plan -m synthetic:tiny -c 8k -np 3 -ctk q8_0 -ctv q4_0");
+  expect_ok(o, "plan -np -ctk -ctv");
+  EXPECT_TRUE(contains(o.out, "8192 tokens x 3 sequence(s)")) << o.out;
+  EXPECT_TRUE(contains(o.out, "q8_0/q4_0")) << o.out;
+  o = kvstream("bench -m synthetic:tiny --depths 0 --n-gen 2 -p 8 -ctk q8_0 -ctv q8_0 -ngl 0 -fa");
+  expect_ok(o, "bench -ctk -ctv -ngl -fa");
+  EXPECT_TRUE(contains(o.out, "q8_0/q8_0")) << o.out;
+  expect_ok(kvstream("info -m synthetic:tiny -ctk q8_0 -ctv q4_0"), "info -ctk -ctv");
+}
+
+TEST(LlamaFlags, SizeSuffixesWhereverTokensAreCounted) {
+  Outcome o = kvstream(kTiny + "-n 1k -c 32k -b 1k --page-size 1k --ignore-eos");
+  expect_ok(o, "run suffixes");
+  EXPECT_TRUE(contains(o.err, "KV at -c 32768")) << o.err;
+  EXPECT_TRUE(contains(o.err, "decode 1023 tokens")) << o.err;
+  o = kvstream("bench -m synthetic:tiny --depths 1k --n-gen 1k -p 1k -b 1k");
+  expect_ok(o, "bench suffixes");
+  EXPECT_TRUE(contains(o.out, "| 1024 | tg1024 |")) << o.out;
+  EXPECT_TRUE(contains(o.out, "| pp1024 |")) << o.out;
+  o = kvstream("plan -m synthetic:tiny -c 1m -b 2k --page-size 512");
+  expect_ok(o, "plan suffixes");
+  EXPECT_TRUE(contains(o.out, "1048576 tokens")) << o.out;
+  expect_error(kTiny + "-n 1 -c 32q", "-c/--ctx-size");
+}
+
+TEST(LlamaFlags, PredictUntilTheEndAndTrainedContext) {
+  // -n -1: until the context is full (the prompt's 3 tokens leave 61 of -c 64).
+  Outcome o = kvstream(kTiny + "-n -1 -c 64 --ignore-eos");
+  expect_ok(o, "-n -1");
+  EXPECT_TRUE(contains(o.err, "decode 60 tokens")) << o.err;
+  expect_error(kTiny + "-n -2", "-n/--n-predict");
+  expect_error(kTiny + "-n -1 -c 3", "leaves no room");
+  // -c 0: the model's trained context (synthetic:tiny says 4096).
+  o = kvstream(kTiny + "-n 1 -c 0");
+  expect_ok(o, "-c 0");
+  EXPECT_TRUE(contains(o.err, "KV at -c 4096")) << o.err;
+}
+
+TEST(LlamaFlags, ThreadsAreCappedAtTheHardware) {
+  const Outcome o = kvstream(kTiny + "-n 4 -t 10000");
+  expect_ok(o, "-t 10000");
+  EXPECT_TRUE(contains(o.err, "-t 10000 is more than the")) << o.err;
+  EXPECT_FALSE(contains(o.err, "10000 threads")) << o.err;
+}
+
+TEST(CliLimits, HugeValuesAreClearErrors) {
+  expect_error(kTiny + "-n 1 --parallel 2147483647", "4096");
+  expect_error(kTiny + "-n 1 -np 2147483647", "--parallel");
+  expect_error(kTiny + "-n 1 -b 2000000000", "-b/--batch-size");
+  expect_error(kTiny + "-n 1 -c 3000000000", "-c/--ctx-size");
+  expect_error(kTiny + "-n 1 -c 2000000000", "-c/--ctx-size");
+  expect_error(kTiny + "-n 1 -c 2000000000 --kv-mode resident", "-c/--ctx-size");
+  expect_error(kTiny + "-n 1 -c 1000000000 -np 64 -b 64", "-np/--parallel 64");
+  expect_error(kTiny + "-n 1 --page-size 100000", "--page-size");
+  expect_error(kTiny + "-n 1 --ring-chunk 100G", "--ring-chunk");
+  expect_error(kTiny + "-n 1 --ring-slots 2000000", "--ring-slots");
+  expect_error("bench -m synthetic:tiny --depths 2000000000 --n-gen 1m -r 200", "--depths");
+  expect_error("bench -m synthetic:tiny --n-gen 100m", "--n-gen");
+  expect_error("plan -m synthetic:tiny -np 2147483647", "--parallel");
+}
+
+TEST(CliLimits, ExitCodesAndUsage) {
+  expect_error("run -m synthetic:tiny --bogus", "--bogus");
+  expect_error("run -p hi", "--model");
+  expect_error("", "subcommand");
+  expect_error("nosuch", "'nosuch' is not a command (run, chat");
+  expect_error("bench -m synthetic:tiny --modes bogus", "--modes");
+  expect_error("bench -m synthetic:tiny -r 0", "--repetitions");
+  for (const char* sub : {"run", "chat", "bench", "plan", "info", "synth"}) {
+    const Outcome o = kvstream(std::string(sub) + " --help");
+    EXPECT_EQ(o.status, 0) << sub;
+    EXPECT_TRUE(contains(o.out, std::string("Usage: kvstream ") + sub + " ")) << o.out;
+  }
+  EXPECT_EQ(kvstream("--help").status, 0);
+  EXPECT_EQ(kvstream("--version").status, 0);
+}
+
+TEST(CliLimits, OneTokenIsSingular) {
+  const Outcome o = kvstream("run -m synthetic:tiny --tokens 1 -n 2 --temp 0 --ignore-eos");
+  expect_ok(o, "one token");
+  EXPECT_TRUE(contains(o.err, "1 prompt token,")) << o.err;
+  EXPECT_TRUE(contains(o.err, "prefill 1 token ")) << o.err;
+  EXPECT_TRUE(contains(o.err, "decode 1 token ")) << o.err;
+  EXPECT_FALSE(contains(o.err, " 1 tokens")) << o.err;
+}
+
+std::string long_prompt() {
+  const auto path = test::temp_dir("cli") / "long.txt";
+  std::ofstream f(path);
+  for (int i = 0; i < 600; ++i) f << "word ";
+  return path.string();
+}
+
+TEST(Progress, PrefillShowsProgressOnATerminalOnly) {
+  const std::string args = "run -m synthetic:tiny -f " + long_prompt() + " -n 1 -b 16";
+  const nlohmann::json tty = test::drive_tty("progress", args);
+  ASSERT_EQ(tty["status"], 0) << tty.dump();
+  const std::string err = tty["stderr"];
+  EXPECT_TRUE(contains(err, "kvstream: prefill ")) << err;
+  EXPECT_TRUE(contains(err, "tok/s, ETA ")) << err;
+  const Outcome file = kvstream(args);
+  expect_ok(file, "stderr to a file");
+  EXPECT_FALSE(contains(file.err, "ETA")) << file.err;
+  EXPECT_FALSE(contains(file.err, "\r")) << file.err;
+}
+
+TEST_F(SmolLM2, CtrlCStopsARunWithItsSummary) {
+  const nlohmann::json r =
+      test::drive_tty("sigint", "run" + m + "-p \"Tell me a story.\" -n 2000 -c 2100 --ignore-eos");
+  EXPECT_EQ(r["status"], 130) << r.dump();
+  const std::string err = r["stderr"];
+  EXPECT_TRUE(contains(err, "interrupted (Ctrl-C)")) << err;
+  EXPECT_TRUE(contains(err, "kvstream: load ")) << err;
+  EXPECT_TRUE(contains(err, "| decode ")) << err;
+  EXPECT_FALSE(contains(err, "decode 1999 tokens")) << err;
+}
+
+}  // namespace
+}  // namespace kvs

@@ -16,7 +16,7 @@
 
 #include <unistd.h>
 
-#include "kvs/kv/page.h"
+#include "kvs/quant/kv_page.h"
 #include "kvs/quant/ref.h"
 #include "kvs/quant/types.h"
 #include "kvs/util/error.h"
@@ -391,7 +391,7 @@ TEST(Quant, Q8_0RoundsHalfAwayFromZero) {
   EXPECT_EQ(qs[5], 0);
 }
 
-// A KV head's slice (page.h): the blocks' scales first, then their quants, each byte the one
+// A KV head's slice (kv_page.h): the blocks' scales first, then their quants, each byte the one
 // quantize_row writes for the same values; back to the values dequantize_row gives.
 TEST(Quant, KvHeadLayout) {
   std::mt19937 rng(11);

@@ -257,7 +257,8 @@ TEST_P(QuantFormat, QuantizeFastMatchesReference) {
 // Worst-case error of one element of a 32-block: b is the block's largest magnitude, lo/hi
 // its range. The 1.01 factors cover the f16 rounding of the scales.
 double element_bound(DType t, float lo, float hi, float amax) {
-  const double a = amax, range = static_cast<double>(hi) - static_cast<double>(lo);
+  const double a = static_cast<double>(amax);
+  const double range = static_cast<double>(hi) - static_cast<double>(lo);
   const double m = std::max(std::fabs(static_cast<double>(lo)), std::fabs(static_cast<double>(hi)));
   switch (t) {
     case DType::Q8_0:

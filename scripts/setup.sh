@@ -1,21 +1,24 @@
 #!/usr/bin/env bash
-# Installs what kvstream needs on Debian 12 (build tools, libraries, a Python venv for the
-# reference and the tokenizer cross-checks) and fetches the test model. Safe to run again.
+# Installs what kvstream needs on Debian 12 (build tools, libraries, clang for the second
+# compiler's build in scripts/test.sh, ccache, a Python venv for the reference and the tokenizer
+# cross-checks) and fetches the test model. Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 PKGS=(build-essential cmake ninja-build pkg-config libgtest-dev libcli11-dev nlohmann-json3-dev
-      libpcre2-dev python3 python3-venv unzip)
+      libpcre2-dev python3 python3-venv unzip clang ccache)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}" >&2
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+  # Waits up to 10 minutes for another apt-get (unattended upgrades) to let go of the lock.
+  apt=(apt-get -o DPkg::Lock::Timeout=600)
+  $SUDO "${apt[@]}" update -qq
+  $SUDO env DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y -qq "${missing[@]}" >/dev/null
 fi
 
 # Python for tools/reference.py and the tokenizer cross-check.

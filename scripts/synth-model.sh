@@ -2,8 +2,8 @@
 # A synthetic model written once as GGUF and reused: prints the file for SPEC (e.g.
 # llama3-8b:q4_0), made with BIN/kvstream synth under KVS_SYNTH_DIR (default /tmp/kvs-synth) if
 # missing, or synthetic:SPEC if it cannot be written. The same bytes as -m synthetic:SPEC, but
-# mapped instead of built: an 8B model's random weights took 33 s a run on the 2-core machine,
-# loading its file 3 s, and an A/B runs the model a dozen times.
+# mapped instead of built: a large model's random weights take far longer to make than its file
+# to load, and a comparison runs the model many times.
 #   scripts/synth-model.sh BIN SPEC
 set -uo pipefail
 dir=${KVS_SYNTH_DIR:-/tmp/kvs-synth}

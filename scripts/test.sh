@@ -1,35 +1,128 @@
 #!/usr/bin/env bash
-# The whole test suite on the CPU backend: set-up, build, ctest; then, where nvcc is installed,
-# the CUDA build for every target architecture (its tests need a GPU: tests/cuda, run on the GPU
-# machine). Extra arguments go to ctest (e.g. -L unit, -R gguf).
-set -euo pipefail
+# The whole test suite, stage by stage, every build with -Werror and ccache where installed:
+#   cpu tests       build/cpu, then ctest (extra arguments go to it: -L unit, -R gguf)
+#   sanitizers      the streams, fences, thread pool and the streaming engine (ring,
+#                   write-back, smallest rings) under ThreadSanitizer (build/tsan)
+#   clang build     the library and kvstream compiled with clang (build/clang; not run: the
+#                   second compiler is there for its warnings)
+#   cuda build      the CUDA backend for every target architecture (build/cuda; tests/cuda need
+#                   a GPU and run on the GPU machine)
+#   null-gpu tests  the CUDA backend's host side under the null GPU (tests/nullgpu)
+#   timing build    the timing build (KVS_TRACE, sm_90 only) compiles (build/trace)
+# The last three need nvcc. A stage's output goes to build/logs/STAGE.log, its last lines shown
+# when it fails; the stages after a failure still run, and the script ends with one summary
+# and a last line "test.sh: N passed, N failed, N skipped", exiting 1 if any stage failed.
+set -uo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
-cmake --preset cpu -G Ninja >/dev/null
-cmake --build --preset cpu -j "$(nproc)"
-ctest --test-dir build/cpu --output-on-failure -j "$(nproc)" "$@"
+export PATH="$PATH:/usr/local/cuda/bin"
+jobs=$(nproc)
+logs=build/logs
+mkdir -p "$logs"
+ctest_args=("$@")
 
-# The streams, fences, thread pool and the streaming engine (ring, write-back, smallest rings)
-# again under ThreadSanitizer (build/tsan).
-cmake --preset tsan -G Ninja >/dev/null
-cmake --build build/tsan -j "$(nproc)" \
-  --target kvs_unit_test_device kvs_unit_test_threadpool kvs_unit_test_stream
-export TSAN_OPTIONS="halt_on_error=1"
-build/tsan/tests/kvs_unit_test_device
-build/tsan/tests/kvs_unit_test_threadpool
-build/tsan/tests/kvs_unit_test_stream
-
-# The CUDA backend compiles for sm_86, sm_89, sm_90 and sm_120 (build/cuda; its tests/cuda need
-# a GPU), and its host side runs under the null GPU (tests/nullgpu: launches on the H200 and on
-# three consumer cards, graph relaunch, streaming, the switches).
-if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
-  export PATH="$PATH:/usr/local/cuda/bin"
-  cmake --preset cuda -G Ninja >/dev/null
-  cmake --build build/cuda -j "$(nproc)"
-  ctest --test-dir build/cuda --output-on-failure -L nullgpu
-  # The timing build (KVS_TRACE, sm_90 only) compiles too.
-  cmake --preset trace-sm90 -G Ninja >/dev/null
-  cmake --build build/trace -j "$(nproc)" --target kvstream
-else
-  echo "test.sh: no nvcc, the CUDA build is skipped"
+cfg=(-G Ninja -DKVS_WERROR=ON)
+if command -v ccache >/dev/null 2>&1; then
+  cfg+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 fi
+cuda_cfg=("${cfg[@]}")
+command -v ccache >/dev/null 2>&1 && cuda_cfg+=(-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+
+names=() results=() times=() notes=()
+record() {  # NAME RESULT SECONDS NOTE
+  names+=("$1") results+=("$2") times+=("$3") notes+=("$4")
+}
+mmss() { printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); }
+# stage NAME LOG FUNCTION: runs FUNCTION with its output in build/logs/LOG.log.
+stage() {
+  local name=$1 log="$logs/$2.log" t0=$SECONDS result=passed
+  echo "test.sh: $name ($log)"
+  "$3" >"$log" 2>&1 || result=failed
+  local dt=$((SECONDS - t0))
+  echo "test.sh: $name $result in $(mmss "$dt")"
+  if [ "$result" = failed ]; then
+    tail -n 40 "$log" | sed 's/^/    | /'
+  fi
+  record "$name" "$result" "$dt" "$log"
+}
+skip() {  # NAME WHY
+  echo "test.sh: $1 skipped: $2"
+  record "$1" skipped 0 "$2"
+}
+
+setup() { scripts/setup.sh; }
+cpu_tests() {
+  cmake --preset cpu "${cfg[@]}" &&
+    cmake --build build/cpu -j "$jobs" &&
+    ctest --test-dir build/cpu --output-on-failure -j "$jobs" "${ctest_args[@]}"
+}
+sanitizers() {
+  export TSAN_OPTIONS="halt_on_error=1"
+  cmake --preset tsan "${cfg[@]}" &&
+    cmake --build build/tsan -j "$jobs" \
+      --target kvs_unit_test_device kvs_unit_test_threadpool kvs_unit_test_stream &&
+    build/tsan/tests/kvs_unit_test_device &&
+    build/tsan/tests/kvs_unit_test_threadpool &&
+    build/tsan/tests/kvs_unit_test_stream
+}
+# Without optimisation, which clang's warnings do not depend on.
+clang_build() {
+  CC=clang CXX=clang++ cmake -S . -B build/clang "${cfg[@]}" -DKVS_CUDA=OFF -DKVS_TESTS=OFF \
+    -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-O0 &&
+    cmake --build build/clang -j "$jobs" --target kvstream
+}
+# Every target but the CPU test binaries, which build/cpu has built and run already.
+cuda_build() {
+  cmake --preset cuda "${cuda_cfg[@]}" || return 1
+  local targets
+  targets=$(cmake --build build/cuda --target help | sed -n 's/^\([A-Za-z0-9_]*\): phony$/\1/p' |
+    grep -Ev '^(kvs_unit_|kvs_e2e_|all$|clean$|help$|test$|edit_cache$|rebuild_cache$|install)')
+  # shellcheck disable=SC2086  # one target a word
+  cmake --build build/cuda -j "$jobs" --target $targets
+}
+nullgpu_tests() { ctest --test-dir build/cuda --output-on-failure -L nullgpu; }
+timing_build() {
+  cmake --preset trace-sm90 "${cuda_cfg[@]}" && cmake --build build/trace -j "$jobs" --target kvstream
+}
+
+start=$SECONDS
+stage "setup" setup setup
+stage "cpu tests" cpu cpu_tests
+stage "sanitizers" tsan sanitizers
+if command -v clang++ >/dev/null 2>&1; then
+  stage "clang build" clang clang_build
+else
+  skip "clang build" "no clang++ (scripts/setup.sh installs it)"
+fi
+if command -v nvcc >/dev/null 2>&1; then
+  stage "cuda build" cuda cuda_build
+  if [ "${results[-1]}" = passed ]; then
+    stage "null-gpu tests" nullgpu nullgpu_tests
+  else
+    skip "null-gpu tests" "the cuda build failed"
+  fi
+  stage "timing build" trace timing_build
+else
+  for s in "cuda build" "null-gpu tests" "timing build"; do skip "$s" "no nvcc"; done
+fi
+
+# ctest's own count, for the summary.
+ctest_count=$(grep -Eo '[0-9]+% tests passed, [0-9]+ tests? failed out of [0-9]+' "$logs/cpu.log" |
+  tail -n 1 || true)
+passed=0 failed=0 skipped=0
+echo
+echo "==================== test.sh summary ===================="
+for i in "${!names[@]}"; do
+  r=${results[$i]} note=${notes[$i]}
+  case "$r" in
+    passed) passed=$((passed + 1)) ;;
+    failed) failed=$((failed + 1)) ;;
+    skipped) skipped=$((skipped + 1)) ;;
+  esac
+  [ "${names[$i]}" = "cpu tests" ] && [ -n "$ctest_count" ] && note="$ctest_count; $note"
+  t=$(mmss "${times[$i]}")
+  [ "$r" = skipped ] && t=""
+  printf '  %-15s %-8s %7s  %s\n' "${names[$i]}" "$r" "$t" "$note"
+done
+printf '  %-15s %-8s %7s\n' "total" "" "$(mmss $((SECONDS - start)))"
+echo "test.sh: $passed passed, $failed failed, $skipped skipped"
+[ "$failed" -eq 0 ]

@@ -16,7 +16,7 @@
 
 #include <unistd.h>
 
-#include "kvs/kv/page.h"
+#include "kvs/quant/kv_page.h"
 #include "kvs/quant/ref.h"
 #include "kvs/quant/types.h"
 #include "kvs/util/error.h"
@@ -257,7 +257,8 @@ TEST_P(QuantFormat, QuantizeFastMatchesReference) {
 // Worst-case error of one element of a 32-block: b is the block's largest magnitude, lo/hi
 // its range. The 1.01 factors cover the f16 rounding of the scales.
 double element_bound(DType t, float lo, float hi, float amax) {
-  const double a = amax, range = static_cast<double>(hi) - static_cast<double>(lo);
+  const double a = static_cast<double>(amax);
+  const double range = static_cast<double>(hi) - static_cast<double>(lo);
   const double m = std::max(std::fabs(static_cast<double>(lo)), std::fabs(static_cast<double>(hi)));
   switch (t) {
     case DType::Q8_0:
@@ -391,7 +392,7 @@ TEST(Quant, Q8_0RoundsHalfAwayFromZero) {
   EXPECT_EQ(qs[5], 0);
 }
 
-// A KV head's slice (page.h): the blocks' scales first, then their quants, each byte the one
+// A KV head's slice (kv_page.h): the blocks' scales first, then their quants, each byte the one
 // quantize_row writes for the same values; back to the values dequantize_row gives.
 TEST(Quant, KvHeadLayout) {
   std::mt19937 rng(11);

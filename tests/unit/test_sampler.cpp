@@ -76,7 +76,7 @@ size_t reference_kept(const std::vector<float>& logits, const SamplerParams& p) 
   std::sort(l.begin(), l.end(), std::greater<>());
   size_t n = l.size();
   if (p.top_k > 0) n = std::min(n, static_cast<size_t>(p.top_k));
-  const double mx = l[0];
+  const double mx = static_cast<double>(l[0]);
   double z = 0.0;
   for (size_t i = 0; i < n; ++i) z += static_cast<double>(std::exp(l[i] - l[0]));
   size_t keep_p = n;

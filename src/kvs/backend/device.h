@@ -8,7 +8,7 @@
 #include <memory>
 #include <string>
 
-#include "kvs/kv/page.h"
+#include "kvs/quant/kv_page.h"
 #include "kvs/model/config.h"
 #include "kvs/model/weights.h"
 

@@ -5,7 +5,6 @@
 #include <cmath>
 #include <string_view>
 
-#include "kvs/backend/cpu/kernels.h"
 #include "kvs/util/error.h"
 #include "kvs/util/parse.h"
 
@@ -101,6 +100,7 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt)
   const size_t free_bytes = dev.capacity() == 0 ? SIZE_MAX : dev.capacity() - dev.used();
   if (opt.kv_mode == KvMode::Host) {
     host_ = std::make_unique<HostStore>(dev, page, L, opt.n_seq, max_pages_);
+    host_dev_ = make_cpu_device(0);
     const size_t hb = b * static_cast<size_t>(std::max(cfg_.q_dim(), cfg_.kv_dim()));
     hq_.resize(hb);
     hk_.resize(hb);
@@ -251,7 +251,7 @@ void Engine::fill_random(Sequence& s, int32_t n, uint32_t seed) {
       for (int32_t il = 0; il < cfg_.n_layer; ++il) {
         for (int32_t j = 0; j < m; ++j)
           dst_[static_cast<size_t>(j)] = host_->page(s.id, il, (s.n_past + j) / P);
-        cpu::kv_write(kv_, hk.data(), hv.data(), m, dst_.data(), page_slot_.data());
+        host_dev_->kv_write(kv_, hk.data(), hv.data(), m, dst_.data(), page_slot_.data());
       }
     } else {
       dev_.upload(k_.as(), hk.data(), rows * sizeof(float));
@@ -679,7 +679,7 @@ void Engine::write_back(int32_t il, const std::vector<BatchEntry>& batch) {
   ring_->after_writeback(wb_);
 }
 
-// Host mode: K/V rows and attention on the host over the host store, with the CPU kernels.
+// Host mode: K/V rows and attention on the host over the host store, by the CPU backend.
 void Engine::attend_host(int32_t il, const BatchEntry& e, int32_t off) {
   const int32_t P = opt_.page_size, s = e.seq->id;
   const int64_t qd = cfg_.q_dim(), kvd = cfg_.kv_dim();
@@ -690,7 +690,7 @@ void Engine::attend_host(int32_t il, const BatchEntry& e, int32_t off) {
   dev_.download(hv_.data(), v_.as<float>() + off * kvd, static_cast<size_t>(e.n * kvd) * f);
   for (int32_t j = 0; j < e.n; ++j)
     dst_[static_cast<size_t>(j)] = host_->page(s, il, (e.seq->n_past + j) / P);
-  cpu::kv_write(kv_, hk_.data(), hv_.data(), e.n, dst_.data(), page_slot_.data() + off);
+  host_dev_->kv_write(kv_, hk_.data(), hv_.data(), e.n, dst_.data(), page_slot_.data() + off);
   spans_.clear();
   const int32_t total = e.seq->n_past + e.n;
   for (int32_t p = 0; p * P < total; ++p)
@@ -706,7 +706,7 @@ void Engine::attend_host(int32_t il, const BatchEntry& e, int32_t off) {
   a.kv = kv_;
   a.n_head = cfg_.n_head;
   a.scale = scale_;
-  cpu::attention(a);
+  host_dev_->attention(a);
   dev_.upload(att_.as<float>() + off * qd, hatt_.data(), static_cast<size_t>(e.n * qd) * f);
 }
 

@@ -11,7 +11,7 @@
 #include "kvs/backend/device.h"
 #include "kvs/kv/device_pool.h"
 #include "kvs/kv/host_store.h"
-#include "kvs/kv/page.h"
+#include "kvs/quant/kv_page.h"
 #include "kvs/kv/planner.h"
 #include "kvs/kv/ring.h"
 #include "kvs/model/model.h"
@@ -109,8 +109,8 @@ class Engine {
 
  private:
   // A layer's spans as the last attend() built them, while every page had a frame: a decode
-  // step only lengthens the last one, so it is kept instead of rebuilt (at 128K, 513 spans a
-  // layer were half the host's time for a step).
+  // step only lengthens the last one, so it is kept instead of rebuilt, which at long contexts
+  // would take much of the host's time for a step.
   struct SpanCache {
     uint64_t epoch = 0;  // frames_epoch_ when built; 0: never
     int32_t pages = 0;   // the sequence's pages then
@@ -166,6 +166,8 @@ class Engine {
   std::vector<int32_t> ids_, pos_, page_slot_;
   std::vector<uint8_t*> dst_;
   std::vector<Span> spans_;
+  // Host mode: the CPU backend writes and attends over the host store, whatever dev_ is.
+  std::unique_ptr<Device> host_dev_;
   // Host mode: activations on the host.
   std::vector<float> hq_, hk_, hv_, hatt_, hacc_;
   DeviceBuffer hlogits_;  // the logits, on the host (pinned: [n_seq][n_vocab])

@@ -145,7 +145,7 @@ int32_t Sampler::sample(const float* logits, int32_t n_vocab) {
   // top-p and min-p both keep a prefix of the top-k survivors in cmp order, measured on their
   // temperature-1 softmax; so the result is the shorter prefix, whatever the order of the two.
   // Normaliser of that softmax, over all top-k survivors (before min-p removes any); float exp
-  // (twice as fast), double sums.
+  // (the cheaper one), double sums.
   double z = 0.0;
   if (p_.top_p < 1.0f) {
     if (sorted) {

@@ -191,7 +191,7 @@ class Reader {
         v.v = get<int64_t>("i64 value");
         break;
       case ValueType::F32:
-        v.v = double{get<float>("f32 value")};
+        v.v = static_cast<double>(get<float>("f32 value"));
         break;
       case ValueType::F64:
         v.v = get<double>("f64 value");

@@ -35,7 +35,7 @@ struct Value {
   static Value u64(uint64_t x) { return {ValueType::U64, x, {}}; }
   static Value i64(int64_t x) { return {ValueType::I64, x, {}}; }
   static Value f64(double x) { return {ValueType::F64, x, {}}; }
-  static Value f32(float x) { return {ValueType::F32, double{x}, {}}; }
+  static Value f32(float x) { return {ValueType::F32, static_cast<double>(x), {}}; }
   static Value boolean(bool x) { return {ValueType::BOOL, x, {}}; }
   static Value str(std::string x) { return {ValueType::STRING, std::move(x), {}}; }
   static Value array(ValueType elem, Array a) { return {ValueType::ARRAY, std::move(a), elem}; }

@@ -9,8 +9,10 @@
 namespace kvs {
 
 inline float f16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
+// The vector form of _cvtss_sh, which clang defines as a macro with a compound literal.
 inline uint16_t f32_to_f16(float f) {
-  return static_cast<uint16_t>(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT));
+  const __m128i h = _mm_cvtps_ph(_mm_set_ss(f), _MM_FROUND_TO_NEAREST_INT);
+  return static_cast<uint16_t>(_mm_extract_epi16(h, 0));
 }
 
 inline float bf16_to_f32(uint16_t b) {

@@ -1,4 +1,4 @@
-#include "kvs/kv/page.h"
+#include "kvs/quant/kv_page.h"
 
 #include <cstring>
 #include <string_view>
@@ -26,7 +26,7 @@ KvLayout KvLayout::make(DType k, DType v, int32_t page_size, int32_t n_head_kv, 
 namespace {
 constexpr size_t kMaxBlock = 34;  // bytes of a q8_0 block, the largest KV block
 
-// A quantized head slice of d values (page.h) and the blocks of its type, q8_0 or q4_0 (an f16
+// A quantized head slice of d values (kv_page.h) and the blocks of its type, q8_0 or q4_0 (an f16
 // scale, then `quants` bytes): where block b's scale and quants sit in the slice.
 struct Slice {
   size_t quants;

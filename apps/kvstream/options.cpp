@@ -10,7 +10,7 @@
 #include <thread>
 
 #include "commands.h"
-#include "kvs/kv/page.h"
+#include "kvs/quant/kv_page.h"
 #include "kvs/util/error.h"
 #include "kvs/util/parse.h"
 #include "kvs/util/threadpool.h"

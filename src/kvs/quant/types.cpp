@@ -89,6 +89,10 @@ DType parse_dtype(std::string_view name, std::string_view what) {
   fail(what, ": unknown type '", name, "' (accepted: ", supported_names(), ")");
 }
 
+std::string supported_dtype_names() {
+  return supported_names();
+}
+
 bool is_supported(DType t) {
   const DTypeTraits* tr = dtype_traits(static_cast<uint32_t>(t));
   return tr != nullptr && tr->supported;

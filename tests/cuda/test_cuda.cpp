@@ -124,8 +124,8 @@ TEST(CudaVsCpu, EveryArchitectureWeightFormatAndKvType) {
   NEED_GPU(gpu);
   auto cpu = make_cpu_device(0);
   const char* archs[] = {"tiny", "tiny-qwen2", "tiny-qwen3"};
-  const char* wtypes[] = {"f32",  "f16",  "bf16", "q8_0", "q4_0", "q4_1",
-                          "q5_0", "q5_1", "q4_k", "q5_k", "q6_k"};
+  const char* wtypes[] = {"f32",  "f16",  "bf16", "q8_0", "q4_0", "q4_1",   "q5_0",
+                          "q5_1", "q4_k", "q5_k", "q6_k", "q3_k", "iq4_xs"};
   const DType kv[] = {DType::F16, DType::Q8_0, DType::Q4_0};
   double worst = 0;
   std::string worst_at = "-";

@@ -107,9 +107,10 @@ AttentionArgs attention_args(const KvLayout& l, const std::vector<int32_t>& pos,
 
 TEST(CudaOps, MatmulEveryFormat) {
   NEED_GPU();
-  for (const char* wt :
-       {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k"}) {
-    auto m = Model::load(std::string("synthetic:tiny-qwen3:") + wt);
+  // tiny-h128's rows are all multiples of 256: no fallback from the K and IQ4_XS blocks.
+  for (const char* wt : {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k",
+                         "q5_k", "q6_k", "iq4_nl", "h128:iq4_xs", "h128:q3_k", "h128:q2_k"}) {
+    auto m = Model::load(std::string("synthetic:tiny-") + (wt[0] == 'h' ? "" : "qwen3:") + wt);
     const Weights wc = cpu->place_weights(m->weights);
     const Weights wg = gpu->place_weights(m->weights);
     for (int which = 0; which < 2; ++which) {

@@ -372,6 +372,10 @@ TEST(Gguf, BadTensors) {
   expect_error(one_tensor("w", {uint64_t{1} << 32, uint64_t{1} << 32}, 0, 0), {"overflows"});
   expect_error(one_tensor("w", {uint64_t{1} << 62}, 0, 0), {"tensor 'w'", "overflows"});
   expect_error(one_tensor("w", {33}, 2, 0), {"tensor 'w'", "not a multiple", "q4_0", "32"});
+  expect_error(one_tensor("w", {128, 2}, 23, 0), {"tensor 'w'", "not a multiple", "iq4_xs", "256"});
+  expect_error(one_tensor("w", {384}, 11, 0), {"tensor 'w'", "not a multiple", "q3_k", "256"});
+  expect_error(one_tensor("w", {200}, 10, 0), {"tensor 'w'", "not a multiple", "q2_k", "256"});
+  expect_error(one_tensor("w", {48}, 20, 0), {"tensor 'w'", "not a multiple", "iq4_nl", "32"});
   expect_error(one_tensor("w", {4}, 0, 4), {"tensor 'w'", "not a multiple of the alignment 32"});
   expect_error(one_tensor("w", {4}, 0, 256), {"tensor 'w'", "extends past the end"});
   expect_error(one_tensor("w", {128}, 0, 0), {"tensor 'w'", "[offset 0, 512 bytes]"});
@@ -532,7 +536,8 @@ TEST(GgufTypes, Table) {
   EXPECT_EQ(parse_dtype("Q4_K", "--type"), DType::Q4_K);
   EXPECT_EQ(parse_dtype("bf16", "--type"), DType::BF16);
   EXPECT_TRUE(is_supported(DType::Q5_1));
-  EXPECT_FALSE(is_supported(DType::Q2_K));
+  EXPECT_TRUE(is_supported(DType::Q2_K));
+  EXPECT_FALSE(is_supported(DType::IQ2_XXS));
   try {
     parse_dtype("q9", "--type");
     FAIL();
@@ -541,7 +546,8 @@ TEST(GgufTypes, Table) {
     EXPECT_NE(msg.find("--type"), std::string::npos) << msg;
     EXPECT_NE(msg.find("q4_k"), std::string::npos) << msg;
   }
-  EXPECT_THROW(parse_dtype("q2_k", "--type"), Error);  // known but not supported
+  EXPECT_EQ(parse_dtype("IQ4_XS", "--type"), DType::IQ4_XS);
+  EXPECT_THROW(parse_dtype("iq3_s", "--type"), Error);  // known but not supported
 }
 
 TEST(Gguf, RealModel) {

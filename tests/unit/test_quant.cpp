@@ -42,7 +42,9 @@ const std::vector<Format>& formats() {
       {DType::Q4_0, "Q4_0", 32, 18, {0}},      {DType::Q4_1, "Q4_1", 32, 20, {0, 2}},
       {DType::Q5_0, "Q5_0", 32, 22, {0}},      {DType::Q5_1, "Q5_1", 32, 24, {0, 2}},
       {DType::Q4_K, "Q4_K", 256, 144, {0, 2}}, {DType::Q5_K, "Q5_K", 256, 176, {0, 2}},
-      {DType::Q6_K, "Q6_K", 256, 210, {208}},
+      {DType::Q6_K, "Q6_K", 256, 210, {208}},  {DType::Q2_K, "Q2_K", 256, 84, {80, 82}},
+      {DType::Q3_K, "Q3_K", 256, 110, {108}},  {DType::IQ4_NL, "IQ4_NL", 32, 18, {0}},
+      {DType::IQ4_XS, "IQ4_XS", 256, 136, {0}},
   };
   return f;
 }
@@ -272,13 +274,17 @@ double element_bound(DType t, float lo, float hi, float amax) {
       return 0.51 * range / 15 + m * 0x1p-10;
     case DType::Q5_1:
       return 0.51 * range / 31 + m * 0x1p-10;
+    // Levels at most 24 apart, the largest magnitude near -127 (the least-squares scale moves it
+    // a little); the mirror image clips 14 past 113.
+    case DType::IQ4_NL:
+      return 0.125 * a;
     default:
       return 0.0;
   }
 }
 
 // Bound on the row's RMS error relative to its RMS value for random_input (measured values
-// with ~25% margin; Q4_K/Q5_K/Q6_K use our simple quantizers).
+// with ~25% margin; the K-quants and IQ4 use our simple quantizers).
 double max_rms_error(DType t) {
   switch (t) {
     case DType::F32:
@@ -301,6 +307,14 @@ double max_rms_error(DType t) {
       return 0.06;
     case DType::Q6_K:
       return 0.035;
+    case DType::IQ4_NL:
+      return 0.12;
+    case DType::IQ4_XS:
+      return 0.125;
+    case DType::Q3_K:
+      return 0.29;
+    case DType::Q2_K:
+      return 0.47;
     default:
       return 0.0;
   }
@@ -346,7 +360,7 @@ TEST_P(QuantFormat, QuantizeRoundTrip) {
 
 TEST_P(QuantFormat, QuantizeMatchesGguf) {
   const Format& f = GetParam();
-  if (f.t == DType::Q4_K || f.t == DType::Q5_K || f.t == DType::Q6_K) {
+  if (f.block == 256 || f.t == DType::IQ4_NL) {
     GTEST_SKIP() << "gguf-py has no " << f.gguf << " quantizer (ours is simpler than ggml's)";
   }
   if (python() == nullptr) GTEST_SKIP() << "KVS_PYTHON is not set";
@@ -426,17 +440,38 @@ TEST(Quant, UnsupportedTypeFails) {
   uint8_t w[256] = {};
   float y[256], x[256] = {};
   try {
-    dequantize_row(DType::Q2_K, w, y, 256);
+    dequantize_row(DType::IQ2_XXS, w, y, 256);
     FAIL() << "no error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("q2_k"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("iq2_xxs"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(dot_row(DType::IQ4_NL, w, x, 32), Error);
-  EXPECT_THROW(quantize_row(DType::Q3_K, x, w, 256), Error);
+  EXPECT_THROW(dot_row(DType::IQ3_S, w, x, 256), Error);
+  EXPECT_THROW(quantize_row(DType::IQ3_XXS, x, w, 256), Error);
   EXPECT_THROW(dequantize_row_ref(DType::TQ1_0, w, y, 256), Error);
+  EXPECT_FALSE(is_supported(DType::IQ2_XS));
   // Not a whole number of blocks.
   EXPECT_THROW(dequantize_row(DType::Q4_0, w, y, 48), Error);
   EXPECT_THROW(dot_row(DType::Q6_K, w, x, 128), Error);
+}
+
+// A row that the format's blocks do not divide is refused, naming the format.
+TEST(Quant, PartialBlockNamesFormat) {
+  uint8_t w[1024] = {};
+  float y[512], x[512] = {};
+  for (const DType t : {DType::Q2_K, DType::Q3_K, DType::IQ4_XS, DType::IQ4_NL}) {
+    const int64_t n = traits(t).block + 16;
+    for (int op = 0; op < 4; ++op) {
+      try {
+        if (op == 0) dequantize_row(t, w, y, n);
+        if (op == 1) dot_row(t, w, x, n);
+        if (op == 2) quantize_row(t, x, w, n);
+        if (op == 3) (void)row_bytes(t, n);
+        FAIL() << dtype_name(t) << " op " << op << ": no error";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(dtype_name(t)), std::string::npos) << e.what();
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -152,7 +152,8 @@ TEST(Synthetic, SmolLM2Q4_0BuildsAndLoads) {
 
 TEST(Synthetic, EveryWeightType) {
   for (const char* t :
-       {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k"}) {
+       {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k",
+        "q2_k", "q3_k", "iq4_nl", "iq4_xs"}) {
     SCOPED_TRACE(t);
     std::unique_ptr<gguf::File> f = make_synthetic(std::string("tiny:") + t);
     const ModelConfig c = ModelConfig::from_gguf(*f);
@@ -171,6 +172,14 @@ TEST(Synthetic, EveryWeightType) {
   // A shape the K blocks divide keeps the K type.
   std::unique_ptr<gguf::File> f = make_synthetic("tiny-qwen3:q4_k");
   EXPECT_EQ(f->tensor("blk.0.attn_output.weight").type, DType::Q4_K);  // n_in = q_dim 256
+  // q2_k, q3_k and iq4_xs fall back to iq4_nl, as in llama.cpp; tiny-h128's rows are all 256s.
+  f = make_synthetic("tiny:iq4_xs");
+  EXPECT_EQ(f->tensor("blk.0.attn_q.weight").type, DType::IQ4_NL);
+  for (const DType t : {DType::Q2_K, DType::Q3_K, DType::IQ4_XS}) {
+    f = make_synthetic(std::string("tiny-h128:") + dtype_name(t));
+    EXPECT_EQ(f->tensor("blk.0.attn_q.weight").type, t);
+    EXPECT_EQ(f->tensor("blk.1.ffn_down.weight").type, t);
+  }
 }
 
 TEST(Synthetic, Deterministic) {

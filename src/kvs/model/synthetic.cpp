@@ -94,12 +94,20 @@ uint32_t file_type(DType t) {
       return 8;
     case DType::Q5_1:
       return 9;
+    case DType::Q2_K:
+      return 10;
+    case DType::Q3_K:
+      return 11;  // Q3_K_S
     case DType::Q4_K:
       return 14;  // Q4_K_S
     case DType::Q5_K:
       return 16;  // Q5_K_S
     case DType::Q6_K:
       return 18;
+    case DType::IQ4_NL:
+      return 25;
+    case DType::IQ4_XS:
+      return 30;
     case DType::BF16:
       return 32;
     default:
@@ -115,6 +123,8 @@ DType fit_type(DType t, int64_t n_in) {
     f = DType::Q5_0;
   else if (t == DType::Q5_K)
     f = DType::Q5_1;
+  else if (t == DType::Q2_K || t == DType::Q3_K || t == DType::IQ4_XS)
+    f = DType::IQ4_NL;
   if (n_in % traits(f).block == 0) return f;
   return DType::F16;
 }

@@ -16,8 +16,7 @@ Matrix matrix(const gguf::File& f, const std::string& name, int64_t n_in, int64_
             name, "' has shape ", t.dims.size() > 0 ? t.dims[0] : 0, "x",
             t.dims.size() > 1 ? t.dims[1] : 0, ", expected ", n_in, "x", n_out);
   KVS_CHECK(is_supported(t.type), f.name(), ": tensor '", name, "' has type ", dtype_name(t.type),
-            ", which kvstream cannot compute with (supported: f32, f16, bf16, q8_0, q4_0, q4_1, "
-            "q5_0, q5_1, q4_k, q5_k, q6_k)");
+            ", which kvstream cannot compute with (supported: ", supported_dtype_names(), ")");
   Matrix m;
   m.type = t.type;
   m.n_in = n_in;

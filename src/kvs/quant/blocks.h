@@ -55,6 +55,41 @@ struct BlockQ6_K {
   int8_t scales[QK_K / 16];
   uint8_t d[2];
 };
+// 16 sub-blocks of 16; scales[j]: 4-bit scale (low nibble) and min (high nibble) of sub-block j.
+// Element 32k + l of half h (128 elements) is bits 2k, 2k+1 of qs[32h + l].
+struct BlockQ2_K {
+  uint8_t scales[QK_K / 16];
+  uint8_t qs[QK_K / 4];
+  uint8_t d[2], dmin[2];
+};
+// 16 sub-blocks of 16 with 6-bit scales (minus 32) packed in `scales`; levels -4..3: the low two
+// bits as in q2_k, the third in bit 4h + k of hmask[l], set for the non-negative levels.
+struct BlockQ3_K {
+  uint8_t hmask[QK_K / 8];
+  uint8_t qs[QK_K / 4];
+  uint8_t scales[12];
+  uint8_t d[2];
+};
+// Non-linear 4-bit: the nibbles index kIq4nlValues; nibble packing as in q4_0.
+struct BlockIQ4_NL {
+  uint8_t d[2];
+  uint8_t qs[QK / 2];
+};
+// 8 iq4_nl sub-blocks of 32 under one f16 scale, each with a 6-bit scale (minus 32): the low 4
+// bits in scales_l (sub-block 2i low nibble, 2i + 1 high), the high 2 in bits 2j, 2j+1 of scales_h.
+struct BlockIQ4_XS {
+  uint8_t d[2];
+  uint8_t scales_h[2];
+  uint8_t scales_l[QK_K / 64];
+  uint8_t qs[QK_K / 2];  // sub-block j: qs[16j .. 16j + 16), packed as in q4_0
+};
+static_assert(sizeof(BlockQ2_K) == 84 && sizeof(BlockQ3_K) == 110 && sizeof(BlockIQ4_NL) == 18 &&
+              sizeof(BlockIQ4_XS) == 136);
+
+// ggml's kvalues_iq4nl: the 16 levels of iq4_nl and iq4_xs.
+inline constexpr int8_t kIq4nlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                            1,    13,   25,  38,  53,  69,  89,  113};
+
 static_assert(sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20 && sizeof(BlockQ5_0) == 22 &&
               sizeof(BlockQ5_1) == 24 && sizeof(BlockQ8_0) == 34 && sizeof(BlockQ4_K) == 144 &&
               sizeof(BlockQ5_K) == 176 && sizeof(BlockQ6_K) == 210);
@@ -93,6 +128,21 @@ inline void k_scales(const uint8_t* dp, const uint8_t* dminp, const uint8_t* pac
   }
 }
 
+// Scale of sub-block j (0..15) of a q3_k super-block, -32..31: the low 4 bits in the nibbles of
+// bytes 0-7 (j < 8 low, else high), the high 2 in bits 2 (j / 4) of byte 8 + j % 4.
+inline int scale_q3_k(int j, const uint8_t* packed) {
+  const int lo = (packed[j % 8] >> (4 * (j / 8))) & 0xF;
+  const int hi = (packed[8 + j % 4] >> (2 * (j / 4))) & 3;
+  return (lo | (hi << 4)) - 32;
+}
+
+// Scale of sub-block j (0..7) of an iq4_xs super-block, -32..31.
+inline int scale_iq4_xs(int j, const BlockIQ4_XS& b) {
+  const int lo = (b.scales_l[j / 2] >> (4 * (j % 2))) & 0xF;
+  const int hi = ((b.scales_h[0] | (b.scales_h[1] << 8)) >> (2 * j)) & 3;
+  return (lo | (hi << 4)) - 32;
+}
+
 // Elements per block of the formats the kernels handle; 0 for the others.
 inline int64_t block_elems(DType t) {
   switch (t) {
@@ -105,7 +155,11 @@ inline int64_t block_elems(DType t) {
     case DType::Q5_0:
     case DType::Q5_1:
     case DType::Q8_0:
+    case DType::IQ4_NL:
       return QK;
+    case DType::Q2_K:
+    case DType::Q3_K:
+    case DType::IQ4_XS:
     case DType::Q4_K:
     case DType::Q5_K:
     case DType::Q6_K:

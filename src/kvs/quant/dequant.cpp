@@ -146,6 +146,62 @@ void deq_q6_k(const BlockQ6_K* b, float* y, int64_t nb) {
   }
 }
 
+// q2_k and q3_k: element 128h + 32k + l; elements l < 16 in sub-block 8h + 2k, the others in
+// the next one.
+void deq_q2_k(const BlockQ2_K* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = load_f16(b[i].d), dmin = load_f16(b[i].dmin);
+    for (int h = 0; h < 2; ++h) {
+      for (int k = 0; k < 4; ++k, y += 32) {
+        __m256 dl[2], ml[2];
+        for (int u = 0; u < 2; ++u) {
+          const uint8_t sc = b[i].scales[8 * h + 2 * k + u];
+          dl[u] = _mm256_set1_ps(d * static_cast<float>(sc & 0xF));
+          ml[u] = _mm256_set1_ps(dmin * static_cast<float>(sc >> 4));
+        }
+        for (int g = 0; g < 4; ++g)
+          put_sub(y + 8 * g, q2_bits(b[i].qs, h, k, g), dl[g / 2], ml[g / 2]);
+      }
+    }
+  }
+}
+
+void deq_q3_k(const BlockQ3_K* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = load_f16(b[i].d);
+    for (int h = 0; h < 2; ++h) {
+      for (int k = 0; k < 4; ++k, y += 32) {
+        const int s = 8 * h + 2 * k;
+        const __m256 dl[2] = {
+            _mm256_set1_ps(d * static_cast<float>(scale_q3_k(s, b[i].scales))),
+            _mm256_set1_ps(d * static_cast<float>(scale_q3_k(s + 1, b[i].scales)))};
+        for (int g = 0; g < 4; ++g) put(y + 8 * g, q3_levels(b[i], h, k, g), dl[g / 2]);
+      }
+    }
+  }
+}
+
+void deq_iq4_nl(const BlockIQ4_NL* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, y += QK) {
+    const __m256 d = bcast_f16(b[i].d);
+    __m256i q[4];
+    iq4_levels(b[i].qs, q);
+    for (int c = 0; c < 4; ++c) put(y + 8 * c, q[c], d);
+  }
+}
+
+void deq_iq4_xs(const BlockIQ4_XS* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = load_f16(b[i].d);
+    for (int j = 0; j < QK_K / QK; ++j, y += QK) {
+      const __m256 dl = _mm256_set1_ps(d * static_cast<float>(scale_iq4_xs(j, b[i])));
+      __m256i q[4];
+      iq4_levels(b[i].qs + 16 * j, q);
+      for (int c = 0; c < 4; ++c) put(y + 8 * c, q[c], dl);
+    }
+  }
+}
+
 }  // namespace
 
 void dequantize_split(DType t, const uint8_t* scales, const uint8_t* quants, float* y, int64_t nb) {
@@ -188,6 +244,14 @@ void dequantize_row(DType t, const void* x, float* y, int64_t n) {
       return deq_q5_k(static_cast<const BlockQ5_K*>(x), y, nb);
     case DType::Q6_K:
       return deq_q6_k(static_cast<const BlockQ6_K*>(x), y, nb);
+    case DType::Q2_K:
+      return deq_q2_k(static_cast<const BlockQ2_K*>(x), y, nb);
+    case DType::Q3_K:
+      return deq_q3_k(static_cast<const BlockQ3_K*>(x), y, nb);
+    case DType::IQ4_NL:
+      return deq_iq4_nl(static_cast<const BlockIQ4_NL*>(x), y, nb);
+    case DType::IQ4_XS:
+      return deq_iq4_xs(static_cast<const BlockIQ4_XS*>(x), y, nb);
     default:
       unsupported("dequantize_row", t);
   }

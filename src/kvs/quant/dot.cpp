@@ -211,6 +211,80 @@ float dot_q6_k(const BlockQ6_K* b, const float* x, int64_t nb) {
   return hsum(acc);
 }
 
+// sum q x over 32 levels in element order.
+inline __m256 dot_levels(const __m256i q[4], const float* x) {
+  __m256 s = _mm256_mul_ps(to_ps(q[0]), ld(x));
+  s = fma_q(q[1], x + 8, s);
+  s = fma_q(q[2], x + 16, s);
+  return fma_q(q[3], x + 24, s);
+}
+
+float dot_iq4_nl(const BlockIQ4_NL* b, const float* x, int64_t nb) {
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i, x += QK) {
+    __m256i q[4];
+    iq4_levels(b[i].qs, q);
+    acc = _mm256_fmadd_ps(bcast_f16(b[i].d), dot_levels(q, x), acc);
+  }
+  return hsum(acc);
+}
+
+float dot_iq4_xs(const BlockIQ4_XS* b, const float* x, int64_t nb) {
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = load_f16(b[i].d);
+    for (int j = 0; j < QK_K / QK; ++j, x += QK) {
+      __m256i q[4];
+      iq4_levels(b[i].qs + 16 * j, q);
+      const __m256 dl = _mm256_set1_ps(d * static_cast<float>(scale_iq4_xs(j, b[i])));
+      acc = _mm256_fmadd_ps(dl, dot_levels(q, x), acc);
+    }
+  }
+  return hsum(acc);
+}
+
+// q2_k/q3_k: per sub-block of 16 (groups g = 0, 1 and 2, 3 of 32 elements), dl * sum q x, less
+// ml * sum x for q2_k.
+float dot_q2_k(const BlockQ2_K* b, const float* x, int64_t nb) {
+  __m256 acc = _mm256_setzero_ps(), accm = acc;
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = load_f16(b[i].d), dmin = load_f16(b[i].dmin);
+    for (int h = 0; h < 2; ++h) {
+      for (int k = 0; k < 4; ++k, x += 32) {
+        for (int u = 0; u < 2; ++u) {
+          const uint8_t sc = b[i].scales[8 * h + 2 * k + u];
+          const float* xu = x + 16 * u;
+          __m256 s = _mm256_mul_ps(to_ps(q2_bits(b[i].qs, h, k, 2 * u)), ld(xu));
+          s = fma_q(q2_bits(b[i].qs, h, k, 2 * u + 1), xu + 8, s);
+          acc = _mm256_fmadd_ps(_mm256_set1_ps(d * static_cast<float>(sc & 0xF)), s, acc);
+          accm = _mm256_fmadd_ps(_mm256_set1_ps(dmin * static_cast<float>(sc >> 4)),
+                                 _mm256_add_ps(ld(xu), ld(xu + 8)), accm);
+        }
+      }
+    }
+  }
+  return hsum(_mm256_sub_ps(acc, accm));
+}
+
+float dot_q3_k(const BlockQ3_K* b, const float* x, int64_t nb) {
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = load_f16(b[i].d);
+    for (int h = 0; h < 2; ++h) {
+      for (int k = 0; k < 4; ++k, x += 32) {
+        for (int u = 0; u < 2; ++u) {
+          const float* xu = x + 16 * u;
+          __m256 s = _mm256_mul_ps(to_ps(q3_levels(b[i], h, k, 2 * u)), ld(xu));
+          s = fma_q(q3_levels(b[i], h, k, 2 * u + 1), xu + 8, s);
+          const int sc = scale_q3_k(8 * h + 2 * k + u, b[i].scales);
+          acc = _mm256_fmadd_ps(_mm256_set1_ps(d * static_cast<float>(sc)), s, acc);
+        }
+      }
+    }
+  }
+  return hsum(acc);
+}
+
 }  // namespace
 
 float dot_row(DType t, const void* w, const float* x, int64_t n) {
@@ -238,6 +312,14 @@ float dot_row(DType t, const void* w, const float* x, int64_t n) {
       return dot_q5_k(static_cast<const BlockQ5_K*>(w), x, nb);
     case DType::Q6_K:
       return dot_q6_k(static_cast<const BlockQ6_K*>(w), x, nb);
+    case DType::Q2_K:
+      return dot_q2_k(static_cast<const BlockQ2_K*>(w), x, nb);
+    case DType::Q3_K:
+      return dot_q3_k(static_cast<const BlockQ3_K*>(w), x, nb);
+    case DType::IQ4_NL:
+      return dot_iq4_nl(static_cast<const BlockIQ4_NL*>(w), x, nb);
+    case DType::IQ4_XS:
+      return dot_iq4_xs(static_cast<const BlockIQ4_XS*>(w), x, nb);
     default:
       unsupported("dot_row", t);
   }

@@ -138,6 +138,55 @@ void deq_q6_k(const BlockQ6_K* b, float* y, int64_t nb) {
   }
 }
 
+void deq_q2_k(const BlockQ2_K* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = load_f16(b[i].d), dmin = load_f16(b[i].dmin);
+    for (int e = 0; e < QK_K; ++e) {
+      const int h = e / 128, k = (e % 128) / 32, l = e % 32;
+      const uint8_t sc = b[i].scales[e / 16];
+      const float dl = d * fq(sc & 0xF), ml = dmin * fq(sc >> 4);
+      const float v = dl * fq((b[i].qs[32 * h + l] >> (2 * k)) & 3);
+      y[e] = v - ml;
+    }
+    y += QK_K;
+  }
+}
+
+void deq_q3_k(const BlockQ3_K* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = load_f16(b[i].d);
+    for (int e = 0; e < QK_K; ++e) {
+      const int h = e / 128, k = (e % 128) / 32, l = e % 32;
+      const int lo = (b[i].qs[32 * h + l] >> (2 * k)) & 3;
+      const int hi = (b[i].hmask[l] >> (4 * h + k)) & 1;
+      const float dl = d * fq(scale_q3_k(e / 16, b[i].scales));
+      y[e] = dl * fq(lo - (hi ? 0 : 4));
+    }
+    y += QK_K;
+  }
+}
+
+// 32 iq4_nl elements (nibbles packed as in q4_0) with scale d.
+void deq_iq4(const uint8_t* qs, float d, float* y) {
+  for (int j = 0; j < QK / 2; ++j) {
+    y[j] = d * fq(kIq4nlValues[qs[j] & 0xF]);
+    y[j + QK / 2] = d * fq(kIq4nlValues[qs[j] >> 4]);
+  }
+}
+
+void deq_iq4_nl(const BlockIQ4_NL* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, y += QK) deq_iq4(b[i].qs, load_f16(b[i].d), y);
+}
+
+void deq_iq4_xs(const BlockIQ4_XS* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = load_f16(b[i].d);
+    for (int j = 0; j < QK_K / QK; ++j, y += QK) {
+      deq_iq4(b[i].qs + 16 * j, d * fq(scale_iq4_xs(j, b[i])), y);
+    }
+  }
+}
+
 // ---- quantize: ggml's quantize_row_*_ref for the 32-blocks ----
 
 // The element of largest magnitude, with its sign; the first one on ties.
@@ -360,6 +409,139 @@ void q_q6_k(const float* x, BlockQ6_K* b, int64_t nb) {
   }
 }
 
+// q2_k: like q4_k with 16 sub-blocks of 16, 2-bit levels and 4-bit scales and mins.
+void q_q2_k(const float* x, BlockQ2_K* b, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += QK_K) {
+    float scale[16], min[16], max_scale = 0.0f, max_min = 0.0f;
+    for (int s = 0; s < 16; ++s) {
+      float mn, mx;
+      minmax(x + 16 * s, 16, mn, mx);
+      mn = std::min(mn, 0.0f);
+      scale[s] = (mx - mn) / 3.0f;
+      min[s] = -mn;
+      max_scale = std::max(max_scale, scale[s]);
+      max_min = std::max(max_min, min[s]);
+    }
+    store_f16(b[i].d, max_scale / 15.0f);
+    store_f16(b[i].dmin, max_min / 15.0f);
+    const float d = load_f16(b[i].d), dmin = load_f16(b[i].dmin);
+    int L[QK_K];
+    for (int s = 0; s < 16; ++s) {
+      const int ls = d > 0.0f ? round_up(scale[s] / d, 15) : 0;
+      const int lm = dmin > 0.0f ? std::min(15, nearest(min[s] / dmin)) : 0;
+      b[i].scales[s] = static_cast<uint8_t>(ls | (lm << 4));
+      const float ds = d * fq(ls), dm = dmin * fq(lm);
+      for (int l = 0; l < 16; ++l) {
+        const int q = ds > 0.0f ? nearest((x[16 * s + l] + dm) / ds) : 0;
+        L[16 * s + l] = std::clamp(q, 0, 3);
+      }
+    }
+    std::memset(b[i].qs, 0, sizeof b[i].qs);
+    for (int e = 0; e < QK_K; ++e) {
+      const int h = e / 128, k = (e % 128) / 32, l = e % 32;
+      b[i].qs[32 * h + l] |= static_cast<uint8_t>(L[e] << (2 * k));
+    }
+  }
+}
+
+// q3_k: like q6_k, symmetric sub-block scales (amax maps to 3.5, levels -4..3), kept >= 0.
+void q_q3_k(const float* x, BlockQ3_K* b, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += QK_K) {
+    float scale[16], max_scale = 0.0f;
+    for (int s = 0; s < 16; ++s) {
+      scale[s] = std::fabs(signed_absmax(x + 16 * s, 16)) / 3.5f;
+      max_scale = std::max(max_scale, scale[s]);
+    }
+    store_f16(b[i].d, max_scale / 31.0f);
+    const float d = load_f16(b[i].d);
+    std::memset(b[i].scales, 0, sizeof b[i].scales);
+    int L[QK_K];
+    for (int s = 0; s < 16; ++s) {
+      const int ls = d > 0.0f ? round_up(scale[s] / d, 31) : 0;
+      const int v = ls + 32;
+      b[i].scales[s % 8] |= static_cast<uint8_t>((v & 0xF) << (4 * (s / 8)));
+      b[i].scales[8 + s % 4] |= static_cast<uint8_t>((v >> 4) << (2 * (s / 4)));
+      const float ds = d * fq(ls);
+      for (int l = 0; l < 16; ++l) {
+        const int q = ds > 0.0f ? nearest(x[16 * s + l] / ds) : 0;
+        L[16 * s + l] = std::clamp(q, -4, 3) + 4;
+      }
+    }
+    std::memset(b[i].qs, 0, sizeof b[i].qs);
+    std::memset(b[i].hmask, 0, sizeof b[i].hmask);
+    for (int e = 0; e < QK_K; ++e) {
+      const int h = e / 128, k = (e % 128) / 32, l = e % 32;
+      b[i].qs[32 * h + l] |= static_cast<uint8_t>((L[e] & 3) << (2 * k));
+      b[i].hmask[l] |= static_cast<uint8_t>((L[e] >> 2) << (4 * h + k));
+    }
+  }
+}
+
+// Index of the iq4_nl level nearest v, the lower one on a tie: the number of midpoints between
+// adjacent levels below v (the levels increase; 2v and the sums are exact). Counted without
+// branches, which a search would mispredict on every element.
+int nearest_iq4(float v) {
+  const float v2 = 2.0f * v;
+  int n = 0;
+  for (int j = 0; j < 15; ++j) n += v2 > fq(kIq4nlValues[j] + kIq4nlValues[j + 1]) ? 1 : 0;
+  return n;
+}
+
+// Levels of 32 elements for scale d (none for d = 0), packed as in q4_0.
+void pack_iq4(const float* x, float d, uint8_t* qs) {
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  for (int j = 0; j < QK / 2; ++j) {
+    qs[j] = static_cast<uint8_t>(nearest_iq4(x[j] * id) | (nearest_iq4(x[j + QK / 2] * id) << 4));
+  }
+}
+
+// The scale of a 32-block of iq4 levels: the element of largest magnitude on level -127, then
+// the least-squares scale for the levels that gives (simpler than ggml's search over scales).
+float iq4_scale(const float* x) {
+  const float d0 = signed_absmax(x, QK) / fq(kIq4nlValues[0]);
+  if (d0 == 0.0f) return 0.0f;
+  uint8_t qs[QK / 2];
+  pack_iq4(x, d0, qs);
+  float sumqx = 0.0f, sumq2 = 0.0f;
+  for (int j = 0; j < QK; ++j) {
+    const float q = fq(kIq4nlValues[j < QK / 2 ? qs[j] & 0xF : qs[j - QK / 2] >> 4]);
+    sumqx += q * x[j];
+    sumq2 += q * q;
+  }
+  return sumqx / sumq2;
+}
+
+void q_iq4_nl(const float* x, BlockIQ4_NL* b, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += QK) {
+    store_f16(b[i].d, iq4_scale(x));
+    pack_iq4(x, load_f16(b[i].d), b[i].qs);
+  }
+}
+
+// iq4_xs: iq4_nl scales per sub-block, on a 6-bit grid whose -32 is the largest of them.
+void q_iq4_xs(const float* x, BlockIQ4_XS* b, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += QK_K) {
+    float scale[8], max_scale = 0.0f;
+    for (int j = 0; j < 8; ++j) {
+      scale[j] = iq4_scale(x + QK * j);
+      if (std::fabs(scale[j]) > std::fabs(max_scale)) max_scale = scale[j];
+    }
+    store_f16(b[i].d, max_scale / -32.0f);
+    const float d = load_f16(b[i].d);
+    uint32_t sh = 0;
+    std::memset(b[i].scales_l, 0, sizeof b[i].scales_l);
+    for (int j = 0; j < 8; ++j) {
+      const int ls = d != 0.0f ? std::clamp(nearest(scale[j] / d), -32, 31) : 0;
+      const int v = ls + 32;
+      b[i].scales_l[j / 2] |= static_cast<uint8_t>((v & 0xF) << (4 * (j % 2)));
+      sh |= static_cast<uint32_t>(v >> 4) << (2 * j);
+      pack_iq4(x + QK * j, d * fq(ls), b[i].qs + 16 * j);
+    }
+    b[i].scales_h[0] = static_cast<uint8_t>(sh);
+    b[i].scales_h[1] = static_cast<uint8_t>(sh >> 8);
+  }
+}
+
 }  // namespace
 
 void dequantize_row_ref(DType t, const void* x, float* y, int64_t n) {
@@ -394,6 +576,14 @@ void dequantize_row_ref(DType t, const void* x, float* y, int64_t n) {
       return deq_q5_k(static_cast<const BlockQ5_K*>(x), y, nb);
     case DType::Q6_K:
       return deq_q6_k(static_cast<const BlockQ6_K*>(x), y, nb);
+    case DType::Q2_K:
+      return deq_q2_k(static_cast<const BlockQ2_K*>(x), y, nb);
+    case DType::Q3_K:
+      return deq_q3_k(static_cast<const BlockQ3_K*>(x), y, nb);
+    case DType::IQ4_NL:
+      return deq_iq4_nl(static_cast<const BlockIQ4_NL*>(x), y, nb);
+    case DType::IQ4_XS:
+      return deq_iq4_xs(static_cast<const BlockIQ4_XS*>(x), y, nb);
     default:
       unsupported("dequantize_row", t);
   }
@@ -430,6 +620,14 @@ void quantize_row_ref(DType t, const float* x, void* y, int64_t n) {
       return q_q5_k(x, static_cast<BlockQ5_K*>(y), nb);
     case DType::Q6_K:
       return q_q6_k(x, static_cast<BlockQ6_K*>(y), nb);
+    case DType::Q2_K:
+      return q_q2_k(x, static_cast<BlockQ2_K*>(y), nb);
+    case DType::Q3_K:
+      return q_q3_k(x, static_cast<BlockQ3_K*>(y), nb);
+    case DType::IQ4_NL:
+      return q_iq4_nl(x, static_cast<BlockIQ4_NL*>(y), nb);
+    case DType::IQ4_XS:
+      return q_iq4_xs(x, static_cast<BlockIQ4_XS*>(y), nb);
     default:
       unsupported("quantize_row", t);
   }

@@ -84,6 +84,32 @@ inline void q6_lanes(const uint8_t* ql, const uint8_t* qh, int g, __m256i q[4]) 
   for (int k = 0; k < 4; ++k) q[k] = _mm256_sub_epi32(q[k], off);
 }
 
+// The levels (kIq4nlValues) of a 32-block of iq4 nibbles, packed as in q4_0, as 4 vectors of 8
+// in element order: one byte shuffle looks up 16 nibbles.
+inline void iq4_levels(const uint8_t* qs, __m256i q[4]) {
+  const __m128i table = load16(kIq4nlValues), m = _mm_set1_epi8(0x0F);
+  const __m128i v = load16(qs);
+  const __m128i lo = _mm_shuffle_epi8(table, _mm_and_si128(v, m));
+  const __m128i hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(v, 4), m));
+  q[0] = _mm256_cvtepi8_epi32(lo);
+  q[1] = _mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8));
+  q[2] = _mm256_cvtepi8_epi32(hi);
+  q[3] = _mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8));
+}
+
+// Group g (elements 8g .. 8g+7) of lane group k of half h of a q2_k/q3_k super-block: the two
+// bits at 2k of qs[32h + 8g ..] (the block's qs).
+inline __m256i q2_bits(const uint8_t* qs, int h, int k, int g) {
+  const __m256i v = _mm256_srl_epi32(u8_lanes(qs + 32 * h + 8 * g), _mm_cvtsi32_si128(2 * k));
+  return _mm256_and_si256(v, _mm256_set1_epi32(3));
+}
+// The same elements of a q3_k super-block as levels -4..3: the high bit is bit 4h + k of hmask.
+inline __m256i q3_levels(const BlockQ3_K& b, int h, int k, int g) {
+  const __m256i m = _mm256_srl_epi32(u8_lanes(b.hmask + 8 * g), _mm_cvtsi32_si128(4 * h + k));
+  const __m256i hi = _mm256_slli_epi32(_mm256_and_si256(m, _mm256_set1_epi32(1)), 2);
+  return _mm256_sub_epi32(_mm256_or_si256(q2_bits(b.qs, h, k, g), hi), _mm256_set1_epi32(4));
+}
+
 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));

@@ -23,13 +23,13 @@ constexpr Entry kEntries[] = {
     {2, {"q4_0", 32, 18, true}},       {3, {"q4_1", 32, 20, true}},
     {6, {"q5_0", 32, 22, true}},       {7, {"q5_1", 32, 24, true}},
     {8, {"q8_0", 32, 34, true}},       {9, {"q8_1", 32, 40, false}},
-    {10, {"q2_k", 256, 84, false}},    {11, {"q3_k", 256, 110, false}},
+    {10, {"q2_k", 256, 84, true}},     {11, {"q3_k", 256, 110, true}},
     {12, {"q4_k", 256, 144, true}},    {13, {"q5_k", 256, 176, true}},
     {14, {"q6_k", 256, 210, true}},    {15, {"q8_k", 256, 292, false}},
     {16, {"iq2_xxs", 256, 66, false}}, {17, {"iq2_xs", 256, 74, false}},
     {18, {"iq3_xxs", 256, 98, false}}, {19, {"iq1_s", 256, 50, false}},
-    {20, {"iq4_nl", 32, 18, false}},   {21, {"iq3_s", 256, 110, false}},
-    {22, {"iq2_s", 256, 82, false}},   {23, {"iq4_xs", 256, 136, false}},
+    {20, {"iq4_nl", 32, 18, true}},    {21, {"iq3_s", 256, 110, false}},
+    {22, {"iq2_s", 256, 82, false}},   {23, {"iq4_xs", 256, 136, true}},
     {24, {"i8", 1, 1, false}},         {25, {"i16", 1, 2, false}},
     {26, {"i32", 1, 4, false}},        {27, {"i64", 1, 8, false}},
     {28, {"f64", 1, 8, false}},        {29, {"iq1_m", 256, 56, false}},
@@ -87,6 +87,10 @@ DType parse_dtype(std::string_view name, std::string_view what) {
     return static_cast<DType>(e.id);
   }
   fail(what, ": unknown type '", name, "' (accepted: ", supported_names(), ")");
+}
+
+std::string supported_dtype_names() {
+  return supported_names();
 }
 
 bool is_supported(DType t) {

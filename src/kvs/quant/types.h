@@ -62,6 +62,8 @@ size_t row_bytes(DType t, int64_t n);
 // "q4_0", "Q4_0", "f16", ... -> DType; fails naming `what` and listing the accepted names.
 DType parse_dtype(std::string_view name, std::string_view what);
 bool is_supported(DType t);
+// "f32, f16, q4_0, ...": the names of the supported types, for error messages.
+std::string supported_dtype_names();
 
 // Reference CPU kernels. n is a multiple of the type's block size.
 // y[0..n) = dequantized x.

@@ -145,6 +145,13 @@ __device__ __forceinline__ void scale_min(int j, const uint8_t* q, int& sc, int&
   }
 }
 
+// Level i of iq4_nl/iq4_xs (ggml's kvalues_iq4nl), from the bytes of two words: no table in
+// memory.
+__device__ __forceinline__ float iq4_value(int i) {
+  const uint64_t w = i < 8 ? 0xF6EADDCFBFAD9881ull : 0x7159453526190D01ull;
+  return static_cast<float>(static_cast<int8_t>(w >> (8 * (i & 7))));
+}
+
 // Elements [32 sb, 32 sb + 32) of a row in format T, as f32.
 template <DType T>
 __device__ __forceinline__ void load_sub(const uint8_t* row, int sb, float* v) {
@@ -251,6 +258,41 @@ __device__ __forceinline__ void load_sub(const uint8_t* row, int sb, float* v) {
       const int q = (lo | (((qh[l] >> (2 * k)) & 3) << 4)) - 32;
       v[l] = d * static_cast<float>(sc[l / 16 + 2 * k]) * static_cast<float>(q);
     }
+  } else if constexpr (T == DType::IQ4_NL || T == DType::IQ4_XS) {
+    constexpr bool xs = T == DType::IQ4_XS;
+    const uint8_t* b = xs ? row + (sb / 8) * 136 : row + sb * 18;
+    const uint8_t* qs = xs ? b + 8 + 16 * (sb % 8) : b + 2;
+    float d = h2f(b);
+    if constexpr (xs) {
+      const int j = sb % 8;
+      const int hi = ((b[2] | (b[3] << 8)) >> (2 * j)) & 3;
+      d *= static_cast<float>((((b[4 + j / 2] >> (4 * (j % 2))) & 0xF) | (hi << 4)) - 32);
+    }
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      v[j] = d * iq4_value(qs[j] & 0xF);
+      v[j + 16] = d * iq4_value(qs[j] >> 4);
+    }
+  } else if constexpr (T == DType::Q2_K || T == DType::Q3_K) {
+    // Elements 32k + l of half h: two bits at 2k of qs[32h + l], sub-block of 16 8h + 2k + l/16.
+    constexpr bool k3 = T == DType::Q3_K;
+    const uint8_t* b = row + (sb / 8) * (k3 ? 110 : 84);
+    const int s = sb % 8, h = s / 4, k = s % 4;
+    const uint8_t* qs = b + (k3 ? 32 : 16) + 32 * h;
+    const float d = h2f(b + (k3 ? 108 : 80)), dmin = k3 ? 0.0f : h2f(b + 82);
+#pragma unroll
+    for (int l = 0; l < 32; ++l) {
+      const int j = 2 * s + l / 16, q = (qs[l] >> (2 * k)) & 3;
+      if constexpr (k3) {
+        const int sc = ((b[96 + j % 8] >> (4 * (j / 8))) & 0xF) |
+                       (((b[104 + j % 4] >> (2 * (j / 4))) & 3) << 4);
+        const int hi = (b[l] >> (4 * h + k)) & 1;
+        v[l] = d * static_cast<float>(sc - 32) * static_cast<float>(q - (hi ? 0 : 4));
+      } else {
+        v[l] = d * static_cast<float>(b[j] & 0xF) * static_cast<float>(q) -
+               dmin * static_cast<float>(b[j] >> 4);
+      }
+    }
   }
 }
 
@@ -330,6 +372,14 @@ void dispatch(DType t, F&& f) {
       return f.template operator()<DType::Q5_K>();
     case DType::Q6_K:
       return f.template operator()<DType::Q6_K>();
+    case DType::Q2_K:
+      return f.template operator()<DType::Q2_K>();
+    case DType::Q3_K:
+      return f.template operator()<DType::Q3_K>();
+    case DType::IQ4_NL:
+      return f.template operator()<DType::IQ4_NL>();
+    case DType::IQ4_XS:
+      return f.template operator()<DType::IQ4_XS>();
     default:
       fail("cuda: no kernels for type ", dtype_name(t));
   }

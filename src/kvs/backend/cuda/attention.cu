@@ -533,12 +533,11 @@ __device__ __forceinline__ void fold_run(const Geo& g, const float* part, int h,
   }
   fold_write(g, h, i, any ? run_max : m, l, o);
 }
-template <int kChunk>
+constexpr int kFoldChunk = 64, kFoldStages = 4;
 __global__ void __launch_bounds__(32) decode_fold(Geo g, const float* part) {
-  constexpr int kStages = 256 / kChunk;
-  __shared__ __align__(16) uint8_t smem[fold_bytes(kChunk, kStages)];
+  __shared__ __align__(16) uint8_t smem[fold_bytes(kFoldChunk, kFoldStages)];
   pdl_wait();
-  fold_run<kChunk, kStages>(g, part, blockIdx.x, blockIdx.y, smem, [](int) {});
+  fold_run<kFoldChunk, kFoldStages>(g, part, blockIdx.x, blockIdx.y, smem, [](int) {});
 }
 
 // The fold's grid: a warp per head and 32 dimensions.
@@ -1231,7 +1230,7 @@ constexpr int kInlineFoldStages = 2;
 // step copies them before its first kernel).
 template <DType K, DType V, int D, bool kByWarp, bool kEarly = false>
 __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks)
-    decode_tc(Geo g, float* part, int n_kv, int kst, int vst, int cw, int parts, FoldSync fs) {
+    decode_tc(Geo g, float* part, int n_kv, int kst, int vst, int cw, FoldSync fs) {
   static_assert(head_bytes<K, D>() % (D / 16) == 0 && head_bytes<V, D>() % (D / 16) == 0,
                 "heads start (D / 16)-byte aligned in shared memory (ld4, ld_scales)");
   if constexpr (!kEarly) pdl_wait();
@@ -1240,7 +1239,7 @@ __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks)
   extern __shared__ __align__(16) uint8_t dt_smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, t4 = lane % 4;
   const int ng = g.group, item = kByWarp ? blockIdx.x * kDtWarps + warp : blockIdx.x;
-  const int n_items = g.n_spans * parts * n_kv;
+  const int n_items = g.n_spans * n_kv;
   // [kSt][kDtKeys][kst], [kDtKeys][vst]; after the tiles, the partials (or the fold's ring)
   uint8_t* raw = dt_smem + warp * dt_warp_bytes(kSt, kst, vst, ng, D);
   unsigned tok = 0;  // this launch's number, with the fold inside it (FoldSync)
@@ -1252,11 +1251,9 @@ __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks)
       const int fi = (blockIdx.x - spans_blocks) * kDtWarps + warp, n_fold = g.n_head * (D / 32);
       if (fi >= n_fold) return;
       const int h = fi / (D / 32), hf = h / ng;
-      Geo f = g;
-      f.n_spans = g.n_spans * parts;  // the parts are spans to the fold
-      fold_run<32, kInlineFoldStages>(f, part, h, fi % (D / 32), raw, [&](int c) {
+      fold_run<32, kInlineFoldStages>(g, part, h, fi % (D / 32), raw, [&](int c) {
         const int sp = c * 32 + lane;
-        if (sp < f.n_spans)
+        if (sp < g.n_spans)
           while (ld_acquire(fs.flags + sp * n_kv + hf) != tok) __nanosleep(128);
         __syncwarp();
       });
@@ -1273,8 +1270,7 @@ __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks)
     }
   }
   if (item >= n_items) return;                     // (by warp: whole warps)
-  const int sp_i = item / n_kv, hk = item % n_kv;  // the part, in span order
-  const int s = sp_i / parts, piece = sp_i % parts;
+  const int s = item / n_kv, hk = item % n_kv;
   const int stage_bytes = kDtKeys * (kst + vst);
   // This warp's partial is written: its flag for the fold in this launch (a warp per span).
   const auto signal = [&] {
@@ -1285,7 +1281,7 @@ __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks)
   };
   const Span sp = g.spans[s];
   const size_t stride = part_stride(D);
-  float* pout = part + (static_cast<size_t>(sp_i) * g.n_head + hk * ng) * stride;
+  float* pout = part + (static_cast<size_t>(s) * g.n_head + hk * ng) * stride;
   // The only span of the call folded into the state here, as decode_fold would (the same
   // steps on the same values, so how spans fall into calls does not change the result): by
   // the threads t0, t0 + nt, ... < ng * D, from the span's [ng][D] output o and its [ng] maxima
@@ -1335,17 +1331,11 @@ __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks)
     signal();
     return;
   }
-  // This warp's keys: the span, or a quarter (block) or a part (warp) of it in whole tiles.
+  // This warp's keys: the span (warp), or a quarter of it in whole tiles (block).
   int k_lo = 0, k_hi = n;
-  if (!kByWarp || parts > 1) {
-    const int k = kByWarp ? parts : kDtWarps, i = kByWarp ? piece : warp;
-    const int per = ((n + k - 1) / k + kDtKeys - 1) / kDtKeys * kDtKeys;
-    k_lo = min(n, i * per), k_hi = min(n, k_lo + per);
-  }
-  if (kByWarp && k_hi == k_lo) {  // a part past the keys (never folded in place: parts > 1)
-    for (int r = lane; r < ng; r += 32) pout[r * stride + 2] = 0.0f;
-    signal();
-    return;
+  if (!kByWarp) {
+    const int per = ((n + kDtWarps - 1) / kDtWarps + kDtKeys - 1) / kDtKeys * kDtKeys;
+    k_lo = min(n, warp * per), k_hi = min(n, k_lo + per);
   }
   const int n_tiles = (k_hi - k_lo + kDtKeys - 1) / kDtKeys;
 
@@ -1692,17 +1682,18 @@ void launch_prefill(Ctx& c, const Geo& g, const KvLayout& l) {
 
 }  // namespace
 
-int decode_split(const Ctx& c, const KvLayout& l, int64_t n_ctx) {
-  if (c.decode_split >= 0) return c.decode_split;
+bool decode_by_warp(const Ctx& c, const KvLayout& l, int64_t n_ctx) {
+  if (c.decode_split != CudaOptions::DecodeSplit::Auto)
+    return c.decode_split == CudaOptions::DecodeSplit::WarpPerSpan;
   // A warp per span once the context has a (span, kv head) pair for each warp of one block an
   // SM: 16.5K tokens of 8 kv heads at pages of 256 on the H200. There, with q8_0 K and q8_0 or
   // q4_0 V, a block per span was 2 % faster at 8K, the two equal at 16K, a warp per span 6 %,
   // 3 % and 8 % faster at 24K, 32K and 48K.
   const int64_t items = (n_ctx + l.page_size - 1) / l.page_size * l.n_head_kv;
-  return items >= int64_t{kDtWarps} * c.n_sm ? 1 : 0;
+  return items >= int64_t{kDtWarps} * c.n_sm;
 }
 
-void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq, int split) {
+void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq, bool by_warp) {
   const KvLayout& l = a.kv;
   const int d = l.head_dim, P = l.page_size;
   KVS_CHECK(d == 32 || d == 64 || d == 128 || d == 256, "cuda attention: head size ", d,
@@ -1719,10 +1710,7 @@ void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq, int split) {
             " query heads per kv head (at most ", kMaxGroup, ")");
   if (a.n_tok == 1) {
     if (a.n_spans > 0) {
-      // The partials: a span's, or each of its parts' (a warp per part, split > 1).
-      const int parts = split > 1 && (d == 64 || d == 128) ? split : 1;
-      float* part =
-          c.scratch_part(static_cast<size_t>(a.n_spans) * parts * a.n_head * part_stride(d));
+      float* part = c.scratch_part(static_cast<size_t>(a.n_spans) * a.n_head * part_stride(d));
       bool fold_launched = false;  // by the attention's launch
       DecTile t;
       t.keys = d <= 128 ? 64 : 32;
@@ -1735,7 +1723,7 @@ void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq, int split) {
           const dim3 grid(a.n_spans, l.n_head_kv);
           if (d == 64 || d == 128) {  // tensor cores
             const auto [kst, vst, cw] = head_copies(g, l.n_head_kv);
-            const bool by_warp = split > 0, early = by_warp && c.attn_early && c.staged;
+            const bool early = by_warp && c.attn_early && c.staged;
             const auto tc = d == 64 ? (early     ? decode_tc<K, V, 64, true, true>
                                        : by_warp ? decode_tc<K, V, 64, true>
                                                  : decode_tc<K, V, 64, false>)
@@ -1746,17 +1734,16 @@ void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq, int split) {
             const size_t tc_smem =
                 kDtWarps * static_cast<size_t>(dt_warp_bytes(stages, kst, vst, g.group, d));
             allow_smem(tc, tc_smem);
-            // One span in one part (a short context, or a ring chunk of one page): its block or
-            // warp folds it.
-            g.fold_in_place = a.n_spans == 1 && parts == 1;
-            // (part, kv head): a warp or block each
-            const int items = a.n_spans * parts * l.n_head_kv;
+            // One span (a short context, or a ring chunk of one page): its block or warp folds it.
+            g.fold_in_place = a.n_spans == 1;
+            // (span, kv head): a warp or block each
+            const int items = a.n_spans * l.n_head_kv;
             // The fold inside the launch when its warps fit a decode warp's shared memory and
             // half the blocks the GPU holds at once hold them twice over (its warps wait for the
             // spans' flags: the spans' blocks must always find room).
             FoldSync fs{};
             const int fold_blocks = (a.n_head * (d / 32) + kDtWarps - 1) / kDtWarps;
-            if (by_warp && !g.fold_in_place && c.fold_inline &&
+            if (by_warp && !g.fold_in_place &&
                 dt_warp_bytes(stages, kst, vst, g.group, d) >= fold_bytes(32, kInlineFoldStages) &&
                 2 * fold_blocks <= c.n_sm * resident(tc, 32 * kDtWarps, tc_smem)) {
               unsigned* buf = c.scratch_flags(2 + static_cast<size_t>(items));
@@ -1764,7 +1751,7 @@ void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq, int split) {
               fold_launched = true;
             }
             launch(tc, dim3((by_warp ? (items + kDtWarps - 1) / kDtWarps : items) + fs.blocks),
-                   32 * kDtWarps, tc_smem, c.stream, g, part, l.n_head_kv, kst, vst, cw, parts, fs);
+                   32 * kDtWarps, tc_smem, c.stream, g, part, l.n_head_kv, kst, vst, cw, fs);
             return;
           }
           const auto run = [&](auto kernel) {
@@ -1781,14 +1768,10 @@ void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq, int split) {
             run(decode_partials<K, V, 8, 8>);
         });
       });
-      if (!g.fold_in_place && !fold_launched) {
-        Geo f = g;  // the fold sees each part as a span
-        f.n_spans = a.n_spans * parts;
-        launch(c.fold_chunk == 64 ? decode_fold<64> : decode_fold<32>, fold_grid(f), 32, 0,
-               c.stream, f, part);
-      }
+      if (!g.fold_in_place && !fold_launched)
+        launch(decode_fold, fold_grid(g), 32, 0, c.stream, g, part);
     } else {
-      launch(decode_fold<32>, fold_grid(g), 32, 0, c.stream, g, nullptr);
+      launch(decode_fold, fold_grid(g), 32, 0, c.stream, g, nullptr);
     }
     return;
   }

@@ -53,8 +53,7 @@ using cuda::Ctx;
 
 // A recorded step's operations: each a trivially copyable closure kept by value in one buffer
 // and called through a function pointer, so recording a step allocates nothing once the
-// buffers have grown (a std::function each cost an allocation and a free per operation: a
-// fifth of the host's time for a decode step).
+// buffers have grown (a std::function would cost an allocation and a free per operation).
 class Calls {
  public:
   template <class F>
@@ -220,7 +219,9 @@ class TraceRing {
     KVS_CUDA_CHECK(cudaMalloc(&t_.rec, t_.cap * sizeof(cuda::TraceRec)));
     KVS_CUDA_CHECK(cudaMalloc(&t_.count, sizeof(unsigned long long)));
     KVS_CUDA_CHECK(cudaMemset(t_.count, 0, sizeof(unsigned long long)));
-    for (auto bind : {cuda::trace_bind_attention, cuda::trace_bind_matmul, cuda::trace_bind_ops})
+    for (auto bind : {cuda::trace_bind_attention_decode, cuda::trace_bind_attention_decode_tc,
+                      cuda::trace_bind_attention_prefill, cuda::trace_bind_matmul,
+                      cuda::trace_bind_ops})
       bind(t_);
   }
   TraceRing(const TraceRing&) = delete;

@@ -1,5 +1,5 @@
 // Host-side launchers of the CUDA kernels, grouped by operation (matmul.cu, ops.cu,
-// attention.cu). All run on the context's compute stream; pointers are device memory.
+// attention*.cu). All run on the context's compute stream; pointers are device memory.
 #pragma once
 
 #include <cublas_v2.h>

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The CUDA backend's host side without a GPU (ctest -L nullgpu, in the CUDA build): kvstream
-# with the null GPU of bench/null_cuda.cpp preloaded, which answers every CUDA call on the host
+# with the null GPU of tests/nullgpu/null_cuda.cpp preloaded, which answers every CUDA call on the host
 # and refuses launches a real card would (dynamic shared memory over its limit, or over 48 KiB
 # not allowed first). Checked: every architecture, K/V type pair and mode launches on the H200
 # and on three consumer cards (sm_89 and sm_120 with 16 GiB, sm_86) without an error, streaming

@@ -7,6 +7,10 @@
 
 namespace kvs::cuda {
 
+// Device code of internal linkage: each file's kernels inline their own copy, as they did when
+// all were in one file (the same machine code).
+namespace {
+
 // A decode partial of one (span, query head): [max, sum, non-empty, unused, output[d]], rows
 // 16-byte aligned (d % 32 == 0) so the fold copies them in 16-byte pieces.
 constexpr int kPartO = 4;
@@ -164,5 +168,7 @@ __device__ __forceinline__ void fold_run(const Geo& g, const float* part, int h,
   }
   fold_write(g, h, i, any ? run_max : m, l, o);
 }
+
+}  // namespace
 
 }  // namespace kvs::cuda

@@ -30,6 +30,10 @@ struct Geo {
   bool fold_in_place = false;  // decode of one span on tensor cores: no separate fold
 };
 
+// Device code of internal linkage: each file's kernels inline their own copy, as they did when
+// all were in one file (the same machine code).
+namespace {
+
 __device__ __forceinline__ float h2f_16(const uint16_t* p) {
   return __half2float(__ushort_as_half(*p));
 }
@@ -86,6 +90,8 @@ __device__ __forceinline__ float ex2(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
+
+}  // namespace
 
 // Dynamic shared memory above 48 KiB has to be allowed once per kernel.
 template <class F>

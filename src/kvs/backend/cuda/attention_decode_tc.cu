@@ -194,7 +194,7 @@ __host__ __device__ constexpr int dt_warp_bytes(int stages, int kst, int vst, in
 }
 
 // The fold inside a decode launch (blocks > 0): its warps are the blocks after the spans' and
-// wait for each chunk's partials by their flags ([part][kv head]), which each span's warp (or
+// wait for each chunk's partials by their flags ([span][kv head]), which each span's warp (or
 // block) sets to the launch's number once its partial is written. The number is ctl[0] + 1, read
 // by every warp at its start; the last fold warp to finish (ctl[1] counts them) stores it in
 // ctl[0] for the next launch, after every warp of this one has read it. The fold's blocks come

@@ -1,8 +1,7 @@
 // Times the integer matrix-vector kernel's variants (rows per warp, groups per chunk, one
 // chunk ahead or not, warps per row) on the matrix shapes of the 8B models, q4_0 and q8_0:
-// the numbers behind q_shape() in matmul.cu (bench/results/h200-matvec-sweep.txt). Built with
-// the CUDA backend as kvs_matvec_sweep; run it on the GPU machine (PDL=0: without programmatic
-// dependent launch). Each variant runs 100 times over copies of the matrices larger than the
+// the numbers behind q_shape() in matmul.cu. Built with the CUDA backend as kvs_matvec_sweep;
+// run it on the GPU machine (PDL=0: without programmatic dependent launch). Each variant runs 100 times over copies of the matrices larger than the
 // L2 cache; the times include the launches, back to back.
 #include "../src/kvs/backend/cuda/matmul.cu"
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine: environment switches compared in one call (machines lent for different
-# calls differ by up to 8 %, so a change is only compared with another in the same call).
+# calls differ, so a change is only compared with another in the same call).
 #   scripts/gpu-ab.sh bench CFG...   decode of KVS_AB_MODEL (default llama3-8b:q4_0; q8_0 K,
 #                                    KVS_CTV V: default q8_0) at KVS_DEPTHS (default
 #                                    0,32k,128k), 64 tokens, every CFG twice, alternating

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The host's share of a decode step, measured without a GPU: `kvstream bench` of a CUDA build
-# with the null GPU of bench/null_cuda.cpp preloaded (every CUDA and cuBLAS call answered on
+# with the null GPU of tests/nullgpu/null_cuda.cpp preloaded (every CUDA and cuBLAS call answered on
 # the host; kernels, graphs and copies' waits take no time), so a token's time is the host's
 # work alone: the engine's bookkeeping, the step's recording and key, its staged inputs, the
 # graph's relaunch and the logits' copy. On the GPU machine the GPU idles for that long (plus

@@ -24,7 +24,7 @@ std::unique_ptr<Device> make_device(const std::string& backend, size_t vram_limi
   KVS_CHECK(backend == "cpu" || backend == "cuda", "--backend ", backend,
             ": not a backend (cpu, cuda)");
 #ifdef KVS_HAVE_CUDA
-  if (backend == "cuda") return make_cuda_device(vram_limit);
+  if (backend == "cuda") return make_cuda_device(vram_limit, CudaOptions::from_env());
 #else
   KVS_CHECK(backend == "cpu",
             "--backend cuda: this build has no CUDA backend (build with cmake "

@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "common.h"
-#include "cuda/cuda_env.h"
 #include "kvs/backend/device.h"
 #include "kvs/engine/engine.h"
 #include "kvs/model/model.h"
@@ -25,7 +24,7 @@ namespace {
 
 std::unique_ptr<Device> cuda_or_skip() {
   try {
-    return make_cuda_device(0);
+    return make_cuda_device(0, CudaOptions{});
   } catch (const Error& e) {
     return nullptr;
   }
@@ -34,6 +33,13 @@ std::unique_ptr<Device> cuda_or_skip() {
 #define NEED_GPU(dev)        \
   auto dev = cuda_or_skip(); \
   if (!dev) GTEST_SKIP() << "no CUDA device";
+
+// A device whose decode attention takes a warp per span at every context length.
+std::unique_ptr<Device> cuda_by_warp() {
+  CudaOptions o;
+  o.decode_split = CudaOptions::DecodeSplit::WarpPerSpan;
+  return make_cuda_device(0, o);
+}
 
 std::vector<int32_t> tokens(uint32_t seed, int n, int vocab) {
   std::mt19937 g(seed);
@@ -170,7 +176,7 @@ TEST(CudaVsCpu, HeadSize64ShapesOfRealModels) {
 TEST(CudaVsCpu, HeadSize128ShapeOfThe8BModels) {
   NEED_GPU(gpu);
   auto cpu = make_cpu_device(0);
-  auto by_warp = test::cuda_device_with({{"KVS_DECODE_WARP", "1"}});
+  auto by_warp = cuda_by_warp();
   for (const char* spec : {"tiny-h128:q4_0", "tiny-h128:q8_0"}) {
     auto m = Model::load(std::string("synthetic:") + spec);
     const auto prompt = tokens(13, 300, m->config.n_vocab);
@@ -216,7 +222,7 @@ TEST(CudaStream, StreamedLogitsAreBitIdenticalToResident) {
   NEED_GPU(gpu);
   auto m = Model::load("synthetic:tiny-qwen3:q4_0");
   const auto prompt = tokens(5, 200, m->config.n_vocab);
-  auto by_warp = test::cuda_device_with({{"KVS_DECODE_WARP", "1"}});
+  auto by_warp = cuda_by_warp();
   for (Device* dev : {gpu.get(), by_warp.get()})
     for (DType kt : {DType::F16, DType::Q8_0})
       for (DType vt : {DType::F16, DType::Q4_0}) {
@@ -239,25 +245,29 @@ TEST(CudaStream, StreamedLogitsAreBitIdenticalToResident) {
 // block's). Prompt and decode logits, bit for bit.
 TEST(CudaSwitches, TrialsKeepTheBits) {
   NEED_GPU(gpu);
-  using test::Env;
-  const std::vector<std::pair<Env, Env>> trials = {
-      // (base, trial)
-      {{}, {{"KVS_L2_NEXT", "0"}}},
-      {{}, {{"KVS_L2_NEXT", "16"}}},
-      {{}, {{"KVS_FUSE_QK_NORM", "0"}}},
-      {{{"KVS_DECODE_WARP", "1"}}, {{"KVS_DECODE_WARP", "1"}, {"KVS_ATTN_EARLY", "0"}}}};
+  struct Trial {
+    std::string what;
+    CudaOptions base, trial;
+  };
+  std::vector<Trial> trials(4);
+  trials[0].what = "l2_next_mib 0", trials[0].trial.l2_next_mib = 0;
+  trials[1].what = "l2_next_mib 16", trials[1].trial.l2_next_mib = 16;
+  trials[2].what = "fuse_qk_norm off", trials[2].trial.fuse_qk_norm = false;
+  trials[3].what = "a warp per span, attn_early off";
+  trials[3].base.decode_split = trials[3].trial.decode_split =
+      CudaOptions::DecodeSplit::WarpPerSpan;
+  trials[3].trial.attn_early = false;
   for (const char* spec : {"tiny-qwen3:q4_0", "smollm2-135m:q8_0", "tiny:q4_1", "tiny-h128:q4_0"}) {
     auto m = Model::load(std::string("synthetic:") + spec);
     const auto prompt = tokens(11, 300, m->config.n_vocab);
     // 19 spans and more: a block per span, the fold over many
     const EngineOptions o = options(1024, 512, 16, DType::Q8_0, DType::Q4_0);
     const Trace plain = run(*m, *gpu, o, prompt, 24);
-    for (const auto& [base, trial] : trials) {
-      std::string what = spec;
-      for (const auto& [k, v] : trial) what += std::string(" ") + k + "=" + v;
+    for (const Trial& t : trials) {
       const Trace want =
-          base.empty() ? plain : run(*m, *test::cuda_device_with(base), o, prompt, 24);
-      expect_same_bits(want, run(*m, *test::cuda_device_with(trial), o, prompt, 24), what);
+          t.base == CudaOptions{} ? plain : run(*m, *make_cuda_device(0, t.base), o, prompt, 24);
+      expect_same_bits(want, run(*m, *make_cuda_device(0, t.trial), o, prompt, 24),
+                       std::string(spec) + " " + t.what);
     }
   }
 }

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The CUDA backend's host side without a GPU (ctest -L nullgpu, in the CUDA build): kvstream
-# with the null GPU of bench/null_cuda.cpp preloaded, which answers every CUDA call on the host
+# with the null GPU of tests/nullgpu/null_cuda.cpp preloaded, which answers every CUDA call on the host
 # and refuses launches a real card would (dynamic shared memory over its limit, or over 48 KiB
 # not allowed first). Checked: every architecture, K/V type pair and mode launches on the H200
 # and on three consumer cards (sm_89 and sm_120 with 16 GiB, sm_86) without an error, streaming
-# included; decode steps relaunch one recorded graph; the trial switches' host paths run;
+# included; decode steps relaunch one recorded graph; the switches' host paths run;
 # `kvstream run` works; and every launch of tests/cuda's operation tests (head sizes 32 to 256,
 # every K/V type, prefill and decode) is one the consumer cards take. The values are garbage:
 # tests/cuda checks them on a GPU.
@@ -62,9 +62,8 @@ k rtx4080 "" bench -m synthetic:tiny --backend cuda --depths 300 --n-gen 8 -p 0 
   { echo "FAILED: stream mode streamed nothing"; failed=1; }
 
 # The switches' host paths (their bits are tests/cuda's).
-for env in "KVS_CUDA_GRAPHS=0" "KVS_PDL=0" "KVS_FUSE_QUANT=0" "KVS_DECODE_WARP=1" \
-  "KVS_DECODE_WARP=2" "KVS_FOLD_INLINE=0" "KVS_FOLD_CHUNK=32" \
-  "KVS_L2_NEXT=0" "KVS_L2_NEXT=16" "KVS_ATTN_EARLY=0 KVS_DECODE_WARP=1" \
+for env in "KVS_CUDA_GRAPHS=0" "KVS_PDL=0" "KVS_PROFILE=1" "KVS_DECODE_WARP=0" \
+  "KVS_DECODE_WARP=1" "KVS_L2_NEXT=0" "KVS_L2_NEXT=16" "KVS_ATTN_EARLY=0 KVS_DECODE_WARP=1" \
   "KVS_FUSE_QK_NORM=0"; do
   k h200 "$env" bench -m synthetic:tiny-qwen3 -ctk q8_0 -ctv q4_0 --backend cuda \
     --depths 0,700 --n-gen 8 -b 128 --page-size 64 || true

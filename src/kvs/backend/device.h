@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "kvs/backend/cuda_options.h"
 #include "kvs/quant/kv_page.h"
 #include "kvs/model/config.h"
 #include "kvs/model/weights.h"
@@ -177,6 +178,6 @@ class Device {
 // The CPU backend; capacity 0 means unbounded.
 std::unique_ptr<Device> make_cpu_device(size_t capacity);
 // The CUDA backend (builds with KVS_HAVE_CUDA); capacity 0 means the GPU's free memory.
-std::unique_ptr<Device> make_cuda_device(size_t capacity);
+std::unique_ptr<Device> make_cuda_device(size_t capacity, const CudaOptions& opt);
 
 }  // namespace kvs

@@ -74,7 +74,9 @@ __device__ __forceinline__ void trace_block(unsigned long long slot, unsigned lo
   void fn(const Trace& t) {                                    \
     KVS_CUDA_CHECK(cudaMemcpyToSymbol(g_trace, &t, sizeof t)); \
   }
-void trace_bind_attention(const Trace& t);
+void trace_bind_attention_decode(const Trace& t);
+void trace_bind_attention_decode_tc(const Trace& t);
+void trace_bind_attention_prefill(const Trace& t);
 void trace_bind_matmul(const Trace& t);
 void trace_bind_ops(const Trace& t);
 #endif
@@ -115,15 +117,16 @@ void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream
   KVS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...));
 }
 
-// Blocks of a kernel an SM holds at once with that much dynamic shared memory (the H200 holds 3
-// decode blocks, a consumer card's 100 KiB one or two), asked of the GPU once per kernel and
-// size.
+// Blocks of a kernel an SM holds at once with that much dynamic shared memory (which differs
+// between cards: a consumer card's 100 KiB of shared memory holds fewer), asked of the GPU once
+// per kernel and size.
 template <class F>
 int resident(F* kernel, int threads, size_t smem) {
   static std::mutex mu;
   static std::map<std::pair<const void*, size_t>, int> known;
   const std::lock_guard<std::mutex> lock(mu);
-  int& n = known[{reinterpret_cast<const void*>(kernel), smem}];
+  const std::pair<const void*, size_t> key{reinterpret_cast<const void*>(kernel), smem};
+  int& n = known[key];
   if (n == 0)
     KVS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
   return std::max(1, n);

@@ -53,8 +53,7 @@ using cuda::Ctx;
 
 // A recorded step's operations: each a trivially copyable closure kept by value in one buffer
 // and called through a function pointer, so recording a step allocates nothing once the
-// buffers have grown (a std::function each cost an allocation and a free per operation: a
-// fifth of the host's time for a decode step).
+// buffers have grown (a std::function would cost an allocation and a free per operation).
 class Calls {
  public:
   template <class F>
@@ -106,13 +105,13 @@ class EventPool {
   std::vector<cudaEvent_t> free_;
 };
 
-// KVS_PROFILE=1: the GPU time of every Device operation, from events recorded around it on
+// CudaOptions::profile: the GPU time of every Device operation, from events recorded around it on
 // the compute stream, and the share of the time between the first and the last operation of
 // each synchronised stretch that the GPU spent idle (launch gaps); printed when the device
 // closes.
 class Profile {
  public:
-  Profile() : on_(std::getenv("KVS_PROFILE") && std::string(std::getenv("KVS_PROFILE")) == "1") {}
+  explicit Profile(bool on) : on_(on) {}
   bool on() const { return on_; }
   void begin(cudaStream_t s, const char* name) {
     open_.push_back({name, events_.take(), events_.take()});
@@ -209,20 +208,20 @@ void pack_row(DType t, const uint8_t* src, uint8_t* dst, int64_t n_in, size_t pi
 }
 
 #ifdef KVS_TRACE
-// The ring of a timing build (common.cuh): bound to the kernels when KVS_TRACE names a file,
-// written there at the end as "KVSTRACE", the count of records ever written and the ring's
+// The ring of a timing build (common.cuh): bound to the kernels when CudaOptions::trace names a
+// file, written there at the end as "KVSTRACE", the count of records ever written and the ring's
 // size (u64 each), then the ring.
 class TraceRing {
  public:
-  TraceRing() {
-    const char* f = std::getenv("KVS_TRACE");
-    if (!f) return;
-    path_ = f;
+  explicit TraceRing(const std::string& path) : path_(path) {
+    if (path_.empty()) return;
     t_.cap = size_t{1} << 21;  // the last 2M blocks: about 18 one-token steps of an 8B model
     KVS_CUDA_CHECK(cudaMalloc(&t_.rec, t_.cap * sizeof(cuda::TraceRec)));
     KVS_CUDA_CHECK(cudaMalloc(&t_.count, sizeof(unsigned long long)));
     KVS_CUDA_CHECK(cudaMemset(t_.count, 0, sizeof(unsigned long long)));
-    for (auto bind : {cuda::trace_bind_attention, cuda::trace_bind_matmul, cuda::trace_bind_ops})
+    for (auto bind : {cuda::trace_bind_attention_decode, cuda::trace_bind_attention_decode_tc,
+                      cuda::trace_bind_attention_prefill, cuda::trace_bind_matmul,
+                      cuda::trace_bind_ops})
       bind(t_);
   }
   TraceRing(const TraceRing&) = delete;
@@ -263,7 +262,14 @@ class TraceRing {
 
 class CudaDevice final : public Device {
  public:
-  explicit CudaDevice(size_t limit) {
+  CudaDevice(size_t limit, const CudaOptions& opt)
+      : prof_(opt.profile),
+#ifdef KVS_TRACE
+        trace_(opt.trace),
+#endif
+        graphs_(opt.graphs && !opt.profile),
+        fuse_qk_norm_(opt.fuse_qk_norm),
+        l2_next_bytes_(static_cast<size_t>(opt.l2_next_mib) << 20) {
     int n = 0;
     KVS_CHECK(cudaGetDeviceCount(&n) == cudaSuccess && n > 0,
               "--backend cuda: no CUDA device is visible");
@@ -281,39 +287,16 @@ class CudaDevice final : public Device {
     capacity_ = limit ? limit : usable;
     limited_ = limit != 0;
     free0_ = free_b;
-    const char* pdl = std::getenv("KVS_PDL");
-    cuda::pdl_enabled() = prop.major >= 9 && !(pdl && std::string(pdl) == "0");
+    cuda::pdl_enabled() = prop.major >= 9 && opt.pdl;
     for (cudaStream_t& s : streams_)
       KVS_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     ctx_.dev = this;
     ctx_.stream = streams_[0];
     ctx_.n_sm = prop.multiProcessorCount;
-    if (const char* w = std::getenv("KVS_DECODE_WARP")) {
-      const int k = std::atoi(w);
-      KVS_CHECK(k == 0 || k == 1 || k == 2 || k == 4, "KVS_DECODE_WARP=", w,
-                ": 0 (a block per span), 1, 2 or 4 (a warp per span, half, quarter)");
-      ctx_.decode_split = k;
-    }
-    if (const char* f = std::getenv("KVS_FOLD_INLINE")) {
-      const std::string v = f;
-      KVS_CHECK(v == "0" || v == "1", "KVS_FOLD_INLINE=", f,
-                ": 0 (a launch of its own) or 1 (inside a warp per span's launch)");
-      ctx_.fold_inline = v == "1";
-    }
-    if (const char* f = std::getenv("KVS_FOLD_CHUNK")) {
-      ctx_.fold_chunk = std::atoi(f);
-      KVS_CHECK(ctx_.fold_chunk == 32 || ctx_.fold_chunk == 64, "KVS_FOLD_CHUNK=", f, ": 32 or 64");
-    }
-    // Switches that were trials, on since measured (bench/results/h100-trials-e1074bc): "0"
-    // turns one off, for comparisons and the tests that hold them to the same bits.
-    if (const char* f = std::getenv("KVS_FUSE_QK_NORM")) fuse_qk_norm_ = std::string(f) != "0";
-    if (const char* f = std::getenv("KVS_ATTN_EARLY")) ctx_.attn_early = std::string(f) != "0";
-    if (const char* f = std::getenv("KVS_L2_NEXT")) {
-      const int mb = std::atoi(f);
-      KVS_CHECK(mb >= 0 && mb <= 64, "KVS_L2_NEXT=", f,
-                ": MiB of the next product's weights (0-64)");
-      l2_next_bytes_ = static_cast<size_t>(mb) << 20;
-    }
+    ctx_.decode_split = opt.decode_split;
+    ctx_.attn_early = opt.attn_early;
+    KVS_CHECK(opt.l2_next_mib >= 0 && opt.l2_next_mib <= 64, "CUDA options: l2_next_mib ",
+              opt.l2_next_mib, " (0-64)");
     KVS_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_.side, cudaStreamNonBlocking));
     for (cudaEvent_t* e : {&ctx_.side_ready, &ctx_.converted[0], &ctx_.converted[1],
                            &ctx_.consumed[0], &ctx_.consumed[1]})
@@ -585,8 +568,8 @@ class CudaDevice final : public Device {
     key_layout(l);
     run("kv_write", [=, this] { cuda::kv_write(ctx_, l, k, v, n_tok, d_pages, d_slots); });
   }
-  // The q and k heads' norms in the same launch (heads of 64 or 128; KVS_FUSE_QK_NORM=0: not),
-  // else as two rmsnorm launches before it.
+  // The q and k heads' norms in the same launch (heads of 64 or 128, unless
+  // CudaOptions::fuse_qk_norm is off), else as two rmsnorm launches before it.
   void rope_kv_write(float* q, float* k, const float* v, const int32_t* pos, int32_t n_tok,
                      int32_t n_head, const RopeParams& p, const KvLayout& l, uint8_t* const* pages,
                      const int32_t* slots, const QkNorm* norm) override {
@@ -616,13 +599,14 @@ class CudaDevice final : public Device {
     b.pos = stage(a.pos, a.n_tok);
     const bool q =
         a.n_tok == 1 && a.last && quantizing(1, static_cast<int64_t>(a.n_head) * a.kv.head_dim);
-    const int split = a.n_tok == 1 ? cuda::decode_split(ctx_, a.kv, int64_t{a.pos[0]} + 1) : 0;
+    const bool by_warp =
+        a.n_tok == 1 && cuda::decode_by_warp(ctx_, a.kv, int64_t{a.pos[0]} + 1);
     between_ += static_cast<size_t>(a.n_spans) * a.kv.page_bytes();
     key(8, b.q, b.out, b.acc, b.pos, b.n_tok, b.spans, b.n_spans, b.n_head, b.scale, b.first,
-        b.last, q, split);
+        b.last, q, by_warp);
     key_layout(b.kv);
     run(a.n_tok == 1 ? "attention decode" : "attention prefill",
-        [=, this] { cuda::attention(ctx_, b, xq(q), split); });
+        [=, this] { cuda::attention(ctx_, b, xq(q), by_warp); });
     if (q) quantized_ = {b.out, static_cast<int64_t>(a.n_head) * a.kv.head_dim};
   }
 
@@ -686,7 +670,7 @@ class CudaDevice final : public Device {
   // launch, and its staged inputs go over in one copy at its start. At its end a step with
   // the last step's key relaunches the last graph as it is (the usual decode step: only the
   // staged data differ, read from the same pinned addresses); any other is captured and
-  // updates the graph in place, or instantiates it. Off with KVS_CUDA_GRAPHS=0 or profiling.
+  // updates the graph in place, or instantiates it. Off by CudaOptions::graphs or profiling.
   void begin_step() override {
     if (!graphs_) return;
     KVS_CUDA_CHECK(cudaStreamSynchronize(streams_[0]));  // the last step read its staged data
@@ -858,7 +842,7 @@ class CudaDevice final : public Device {
   // still is when the operation runs). The pointer is read when the operation runs: a step's
   // recorded operations run later, maybe after it grew.
   bool quantizing(int64_t rows, int64_t n) const {
-    return fuse_ && n % 32 == 0 && rows <= cuda::kMaxVecTok &&
+    return n % 32 == 0 && rows <= cuda::kMaxVecTok &&
            ctx_.xq.size() >= cuda::xq_bytes(n, rows);
   }
   uint8_t* xq(bool q) { return q ? ctx_.xq.as() : nullptr; }
@@ -945,24 +929,20 @@ class CudaDevice final : public Device {
 #ifdef KVS_TRACE
   TraceRing trace_;
 #endif
-  bool graphs_ = !prof_.on() && !(std::getenv("KVS_CUDA_GRAPHS") &&
-                                  std::string(std::getenv("KVS_CUDA_GRAPHS")) == "0");
+  bool graphs_;
   // The activations that the last operation also wrote quantized into ctx_.xq (n elements).
   struct {
     const float* x = nullptr;
     int64_t n = 0;
   } quantized_;
-  bool fuse_ =
-      !(std::getenv("KVS_FUSE_QUANT") && std::string(std::getenv("KVS_FUSE_QUANT")) == "0");
   cudaGraphExec_t exec_ = nullptr;  // the last whole step, updated in place by the next
   bool partial_ = false;            // the step being captured was cut by a pause
   bool recording_ = false;
   Calls calls_, held_;  // the recorded step's operations; those being launched
-  // KVS_L2_NEXT (MiB; 4 measured best of 2-16 on an H100): what a product asks L2 to fetch of
-  // the next one at its end; next_: the recorded step's products' requests; between_: K/V
-  // bytes attended since the last.
-  bool fuse_qk_norm_ = true;  // qwen3's head norms in the rope's launch (KVS_FUSE_QK_NORM=0: not)
-  size_t l2_next_bytes_ = size_t{4} << 20;
+  bool fuse_qk_norm_;  // qwen3's head norms in the rope's launch
+  // What a product asks L2 to fetch of the next one at its end; next_: the recorded step's
+  // products' requests; between_: K/V bytes attended since the last.
+  size_t l2_next_bytes_;
   std::vector<cuda::L2Next> next_;
   size_t between_ = 0;
   std::vector<uint64_t> key_, last_key_;  // what they launch; last_key_: what exec_ runs
@@ -976,8 +956,8 @@ class CudaDevice final : public Device {
 
 }  // namespace
 
-std::unique_ptr<Device> make_cuda_device(size_t capacity) {
-  return std::make_unique<CudaDevice>(capacity);
+std::unique_ptr<Device> make_cuda_device(size_t capacity, const CudaOptions& opt) {
+  return std::make_unique<CudaDevice>(capacity, opt);
 }
 
 }  // namespace kvs

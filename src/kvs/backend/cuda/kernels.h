@@ -1,5 +1,5 @@
 // Host-side launchers of the CUDA kernels, grouped by operation (matmul.cu, ops.cu,
-// attention.cu). All run on the context's compute stream; pointers are device memory.
+// attention*.cu). All run on the context's compute stream; pointers are device memory.
 #pragma once
 
 #include <cublas_v2.h>
@@ -42,15 +42,12 @@ struct Ctx {
   cudaStream_t side = nullptr;
   cudaEvent_t side_ready = nullptr, converted[2] = {}, consumed[2] = {};
   DeviceBuffer w16, x16, part, xq, kv16, spans16, flags;
-  int n_sm = 0;           // the GPU's multiprocessors
-  int decode_split = -1;  // KVS_DECODE_WARP: forces decode_split's answer; -1: its own
-  int fold_chunk = 64;    // KVS_FOLD_CHUNK: spans a pass of the decode fold takes (32 or 64)
-  // Whether the decode fold of a warp per span runs inside the attention's launch
-  // (KVS_FOLD_INLINE=0: a launch of its own).
-  bool fold_inline = true;
+  int n_sm = 0;  // the GPU's multiprocessors
+  // Forces decode_by_warp's answer (CudaOptions::decode_split).
+  CudaOptions::DecodeSplit decode_split = CudaOptions::DecodeSplit::Auto;
   L2Next next;  // for the next matmuls call's last launch (set by the device)
   // A warp per span issues its first copies before waiting for the kernel before
-  // (KVS_ATTN_EARLY=0: after), while `staged`: the operations of a recorded step run, whose
+  // (CudaOptions::attn_early), while `staged`: the operations of a recorded step run, whose
   // staged inputs were copied before its first kernel.
   bool attn_early = true, staged = false;
 
@@ -104,14 +101,14 @@ void swiglu(Ctx& c, float* gate, const float* up, int64_t n, uint8_t* xq = nullp
 void add(Ctx& c, float* x, const float* y, int64_t n);
 void kv_write(Ctx& c, const KvLayout& l, const float* k, const float* v, int32_t n_tok,
               uint8_t* const* pages, const int32_t* slots);
-// How the decode attention of a sequence that sees n_ctx keys splits its work: 0, a block per
-// (span, kv head), its warps' quarters of the span merged; k >= 1, a warp per (k-th of a span,
-// kv head), each k-th a partial of its own (head sizes 64 and 128; the others take 0 and 1
-// alike). Decided by the whole context, never by the spans of one call, so a streamed run (the
-// ring's chunks) and a resident one (all spans at once) take the same path.
-int decode_split(const Ctx& c, const KvLayout& l, int64_t n_ctx);
+// How the decode attention of a sequence that sees n_ctx keys splits its work: false, a block
+// per (span, kv head), its warps' quarters of the span merged; true, a warp per (span, kv head)
+// (head sizes 64 and 128; the others take either alike). Decided by the whole context, never
+// by the spans of one call, so a streamed run (the ring's chunks) and a resident one (all spans
+// at once) take the same path.
+bool decode_by_warp(const Ctx& c, const KvLayout& l, int64_t n_ctx);
 // a.spans and a.pos point to device copies. xq: a decode's last call also writes its output
-// quantized there (as rmsnorm does). split: decode_split's answer for the sequence.
-void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq = nullptr, int split = 0);
+// quantized there (as rmsnorm does). by_warp: decode_by_warp's answer for the sequence.
+void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq = nullptr, bool by_warp = false);
 
 }  // namespace kvs::cuda

@@ -440,8 +440,8 @@ void launch_q(Ctx& c, const MatJob* jobs, int n, int split, const XBlock* xq, co
 
 // The integer kernel's shape for rows of n_in (rows in all, n_tok tokens, quant bytes per
 // block): R rows per warp share x's loads; U groups per chunk, kPipe, and split warps per R rows
-// set the loads in flight and the warps on the GPU. Chosen by timing the variants on the H200
-// for the 8B shapes (bench/matvec_sweep.cu): for one or two tokens, 8 rows per warp for 4-bit
+// set the loads in flight and the warps on the GPU. Chosen by timing the variants for the 8B
+// shapes (bench/matvec_sweep.cu): for one or two tokens, 8 rows per warp for 4-bit
 // rows (4 for 8-bit ones, whose loads are twice as large), 4 for the smallest matrices; long
 // rows (the FFN's down product) one group ahead; two warps per R rows.
 struct QShape {

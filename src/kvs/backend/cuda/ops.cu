@@ -62,7 +62,8 @@ __global__ void rmsnorm_k(const float* __restrict__ x, const float* __restrict__
 
 // RMSNorm of a row of n elements (a multiple of kNormPart) by n / kNormPart blocks: each
 // reads the whole row for the sum of squares (in one order, so all get the same sum) and
-// writes its part. One block per row waited on its loads in turn, about 6 us a row of 4096.
+// writes its part, so that a row's loads are in flight at once (one block per row would wait
+// on them in turn).
 // The part's weights are read before pdl_wait(): no kernel writes them.
 constexpr int kNormThreads = 256, kNormPart = 2 * kNormThreads;
 __global__ void __launch_bounds__(kNormThreads)

@@ -1,4 +1,5 @@
-// A null GPU for measuring the host's share of a step (bench/host-overhead.sh): a library that,
+// A null GPU for the CUDA backend's host side (tests/nullgpu/launches.sh) and for measuring the
+// host's share of a step (scripts/host-overhead.sh): a library that,
 // preloaded (LD_PRELOAD) into a CUDA build of kvstream, answers every CUDA runtime and cuBLAS
 // call the binary makes without a GPU. Memory is host memory (reserved, not committed, until
 // written), copies are real, kernels, graphs, events and GEMMs do nothing. So everything the
@@ -76,7 +77,7 @@ const Card& card() {
                                {"rtx4080", 8, 9, 76, size_t{16} << 30, 99, 100},
                                {"rtx3090", 8, 6, 82, size_t{24} << 30, 99, 100},
                                {"rtx5070ti", 12, 0, 70, size_t{16} << 30, 99, 100}};
-  static const Card& c = []() -> const Card& {
+  static const Card c = [] {
     const char* e = std::getenv("KVS_NULL_GPU");
     for (const Card& k : cards)
       if (!e || std::strcmp(e, k.name) == 0) return k;
@@ -148,7 +149,7 @@ OK(cudaSetDevice(int))
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int) {
   std::memset(p, 0, sizeof(*p));
   const Card& c = card();
-  std::snprintf(p->name, sizeof(p->name), "null GPU as %s (bench/null_cuda.cpp)", c.name);
+  std::snprintf(p->name, sizeof(p->name), "null GPU as %s (tests/nullgpu/null_cuda.cpp)", c.name);
   p->major = c.major, p->minor = c.minor, p->multiProcessorCount = c.sms, p->warpSize = 32;
   p->totalGlobalMem = c.memory, p->l2CacheSize = 48 << 20, p->sharedMemPerBlock = 48 << 10;
   p->sharedMemPerBlockOptin = static_cast<size_t>(c.smem_optin) << 10;

@@ -22,6 +22,8 @@
 
 #include "kvs/backend/cuda/common.cuh"
 #include "kvs/backend/cuda/kernels.h"
+#include "kvs/backend/cuda/profile.h"
+#include "kvs/backend/cuda/step_calls.h"
 #include "kvs/backend/device.h"
 #include "kvs/util/parse.h"
 #include "kvs/util/threadpool.h"
@@ -49,136 +51,11 @@ DeviceBuffer& Ctx::grow(DeviceBuffer& b, size_t bytes, const char* what, bool ze
 
 namespace {
 
+using cuda::Calls;
 using cuda::Ctx;
-
-// A recorded step's operations: each a trivially copyable closure kept by value in one buffer
-// and called through a function pointer, so recording a step allocates nothing once the
-// buffers have grown (a std::function would cost an allocation and a free per operation).
-class Calls {
- public:
-  template <class F>
-  void add(const F& f) {
-    static_assert(std::is_trivially_copyable_v<F> && std::is_trivially_destructible_v<F> &&
-                  alignof(F) <= kAlign);
-    const size_t off = (bytes_.size() + kAlign - 1) / kAlign * kAlign;
-    bytes_.resize(off + sizeof(F));
-    std::memcpy(bytes_.data() + off, &f, sizeof(F));
-    ops_.push_back({off, [](const std::byte* p) { (*reinterpret_cast<const F*>(p))(); }});
-  }
-  void run() const {
-    for (const Op& o : ops_) o.call(bytes_.data() + o.off);
-  }
-  void clear() { bytes_.clear(), ops_.clear(); }
-
- private:
-  static constexpr size_t kAlign = 16;  // what operator new gives the buffer
-  struct Op {
-    size_t off;
-    void (*call)(const std::byte*);
-  };
-  std::vector<std::byte> bytes_;
-  std::vector<Op> ops_;
-};
-
-// Timing events, reused: one pool each for the profile and the copy timings.
-class EventPool {
- public:
-  EventPool() = default;
-  EventPool(const EventPool&) = delete;
-  EventPool& operator=(const EventPool&) = delete;
-  ~EventPool() {
-    for (cudaEvent_t e : free_) cudaEventDestroy(e);
-  }
-  cudaEvent_t take() {
-    if (free_.empty()) {
-      cudaEvent_t e;
-      KVS_CUDA_CHECK(cudaEventCreate(&e));
-      return e;
-    }
-    const cudaEvent_t e = free_.back();
-    free_.pop_back();
-    return e;
-  }
-  void give(cudaEvent_t e) { free_.push_back(e); }
-
- private:
-  std::vector<cudaEvent_t> free_;
-};
-
-// CudaOptions::profile: the GPU time of every Device operation, from events recorded around it on
-// the compute stream, and the share of the time between the first and the last operation of
-// each synchronised stretch that the GPU spent idle (launch gaps); printed when the device
-// closes.
-class Profile {
- public:
-  explicit Profile(bool on) : on_(on) {}
-  bool on() const { return on_; }
-  void begin(cudaStream_t s, const char* name) {
-    open_.push_back({name, events_.take(), events_.take()});
-    KVS_CUDA_CHECK(cudaEventRecord(open_.back().a, s));
-  }
-  void end(cudaStream_t s) { KVS_CUDA_CHECK(cudaEventRecord(open_.back().b, s)); }
-  // Reads the finished events (after a synchronisation).
-  void collect() {
-    if (open_.empty()) return;
-    float ms = 0.0f;
-    for (const Op& o : open_) {
-      KVS_CUDA_CHECK(cudaEventElapsedTime(&ms, o.a, o.b));
-      Total& t = totals_[o.name];
-      ++t.calls;
-      t.ms += ms;
-      busy_ms_ += ms;
-    }
-    KVS_CUDA_CHECK(cudaEventElapsedTime(&ms, open_.front().a, open_.back().b));
-    span_ms_ += ms;
-    for (const Op& o : open_) events_.give(o.a), events_.give(o.b);
-    open_.clear();
-  }
-  void report() const {
-    if (!on_ || totals_.empty()) return;
-    std::fprintf(stderr, "profile: GPU busy %.2f ms of %.2f ms between operations (%.1f %% idle)\n",
-                 busy_ms_, span_ms_, span_ms_ > 0 ? 100.0 * (1.0 - busy_ms_ / span_ms_) : 0.0);
-    std::vector<std::pair<std::string, Total>> v(totals_.begin(), totals_.end());
-    std::sort(v.begin(), v.end(),
-              [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
-    for (const auto& [name, t] : v)
-      std::fprintf(stderr, "profile: %-18s %8lld calls %10.2f ms %9.2f us/call %5.1f %%\n",
-                   name.c_str(), static_cast<long long>(t.calls), t.ms, 1000.0 * t.ms / t.calls,
-                   100.0 * t.ms / busy_ms_);
-  }
-
- private:
-  struct Op {
-    const char* name;
-    cudaEvent_t a, b;
-  };
-  struct Total {
-    int64_t calls = 0;
-    double ms = 0;
-  };
-  bool on_;
-  std::vector<Op> open_;
-  EventPool events_;
-  std::map<std::string, Total> totals_;
-  double busy_ms_ = 0, span_ms_ = 0;
-};
-
-// Times one operation when profiling.
-class Timed {
- public:
-  Timed(Profile& p, cudaStream_t s, const char* name) : p_(p.on() ? &p : nullptr), s_(s) {
-    if (p_) p_->begin(s, name);
-  }
-  ~Timed() {
-    if (p_) p_->end(s_);
-  }
-  Timed(const Timed&) = delete;
-  Timed& operator=(const Timed&) = delete;
-
- private:
-  Profile* p_;
-  cudaStream_t s_;
-};
+using cuda::EventPool;
+using cuda::Profile;
+using cuda::Timed;
 
 // A row of n_in elements from the file layout to the device layout of common.cuh.
 size_t device_pitch(DType t, int64_t n_in) {
@@ -207,58 +84,6 @@ void pack_row(DType t, const uint8_t* src, uint8_t* dst, int64_t n_in, size_t pi
   }
 }
 
-#ifdef KVS_TRACE
-// The ring of a timing build (common.cuh): bound to the kernels when CudaOptions::trace names a
-// file, written there at the end as "KVSTRACE", the count of records ever written and the ring's
-// size (u64 each), then the ring.
-class TraceRing {
- public:
-  explicit TraceRing(const std::string& path) : path_(path) {
-    if (path_.empty()) return;
-    t_.cap = size_t{1} << 21;  // the last 2M blocks: about 18 one-token steps of an 8B model
-    KVS_CUDA_CHECK(cudaMalloc(&t_.rec, t_.cap * sizeof(cuda::TraceRec)));
-    KVS_CUDA_CHECK(cudaMalloc(&t_.count, sizeof(unsigned long long)));
-    KVS_CUDA_CHECK(cudaMemset(t_.count, 0, sizeof(unsigned long long)));
-    for (auto bind : {cuda::trace_bind_attention_decode, cuda::trace_bind_attention_decode_tc,
-                      cuda::trace_bind_attention_prefill, cuda::trace_bind_matmul,
-                      cuda::trace_bind_ops})
-      bind(t_);
-  }
-  TraceRing(const TraceRing&) = delete;
-  TraceRing& operator=(const TraceRing&) = delete;
-  ~TraceRing() {
-    if (!t_.rec) return;
-    write();
-    cudaFree(t_.rec);
-    cudaFree(t_.count);
-  }
-
- private:
-  void write() const {
-    unsigned long long n = 0;
-    std::vector<cuda::TraceRec> rec(t_.cap);
-    if (cudaDeviceSynchronize() != cudaSuccess ||
-        cudaMemcpy(&n, t_.count, sizeof n, cudaMemcpyDeviceToHost) != cudaSuccess ||
-        cudaMemcpy(rec.data(), t_.rec, rec.size() * sizeof rec[0], cudaMemcpyDeviceToHost) !=
-            cudaSuccess) {
-      std::fprintf(stderr, "KVS_TRACE: reading the trace failed\n");
-      return;
-    }
-    std::FILE* f = std::fopen(path_.c_str(), "wb");
-    if (!f) {
-      std::fprintf(stderr, "KVS_TRACE: cannot write %s\n", path_.c_str());
-      return;
-    }
-    const unsigned long long head[2] = {n, t_.cap};
-    const bool ok = std::fwrite("KVSTRACE", 1, 8, f) == 8 && std::fwrite(head, 8, 2, f) == 2 &&
-                    std::fwrite(rec.data(), sizeof rec[0], rec.size(), f) == rec.size();
-    if (std::fclose(f) != 0 || !ok)
-      std::fprintf(stderr, "KVS_TRACE: writing %s failed\n", path_.c_str());
-  }
-  cuda::Trace t_;
-  std::string path_;
-};
-#endif
 
 class CudaDevice final : public Device {
  public:
@@ -927,7 +752,7 @@ class CudaDevice final : public Device {
   EventPool copy_events_;
   Profile prof_;
 #ifdef KVS_TRACE
-  TraceRing trace_;
+  cuda::TraceRing trace_;
 #endif
   bool graphs_;
   // The activations that the last operation also wrote quantized into ctx_.xq (n elements).

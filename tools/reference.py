@@ -96,8 +96,9 @@ converter's ``Gemma3Model`` (conversion/gemma.py, formerly convert_hf_to_gguf.py
 * Tokenizer (``--prompt`` and the decoded text only): SentencePiece pieces
   ("\u2581" for space, <0xNN> byte pieces) merged by score as llama.cpp's
   llm_tokenizer_spm does, no space prefix (``add_space_prefix`` false), the
-  user-defined pieces (runs of newlines, spaces, tabs) split out first,
-  longest first; control tokens in the text are not parsed.
+  control and user-defined pieces (<start_of_turn>, runs of newlines,
+  spaces, tabs) split out first, longest first, as llama_tokenize does with
+  parse_special.
 """
 
 from __future__ import annotations
@@ -523,7 +524,8 @@ class SpmTokenizer:
     """SentencePiece ("llama" GGUF tokenizer model) as llama.cpp's llm_tokenizer_spm:
     the text's spaces become U+2581, adjacent pieces merge by the highest score of
     their concatenation (leftmost first on ties), a character without a piece
-    falls back to its UTF-8 bytes' <0xNN> pieces.  Offers the two calls of
+    falls back to its UTF-8 bytes' <0xNN> pieces; unknown, control and
+    user-defined pieces in the text are taken whole first.  Offers the two calls of
     ``tokenizers.Tokenizer`` that main() uses."""
 
     class Encoding:
@@ -538,13 +540,13 @@ class SpmTokenizer:
             raise NotImplementedError("SentencePiece with a space prefix is not implemented here")
         self.ids = {p: i for i, p in enumerate(self.pieces)}
         self.ttypes = ttypes
-        user = sorted((p for p, t in zip(self.pieces, ttypes) if t == 4), key=len, reverse=True)
-        self.user_re = re.compile("|".join(re.escape(p) for p in user)) if user else None
+        whole = sorted((p for p, t in zip(self.pieces, ttypes) if t in (2, 3, 4)), key=len, reverse=True)
+        self.whole_re = re.compile("|".join(re.escape(p) for p in whole)) if whole else None
 
     def encode(self, text: str, add_special_tokens: bool = False):
         out = []
         pos = 0
-        for mt in (self.user_re.finditer(text) if self.user_re else ()):
+        for mt in (self.whole_re.finditer(text) if self.whole_re else ()):
             out += self._spm(text[pos:mt.start()])
             out.append(self.ids[mt.group(0)])
             pos = mt.end()

@@ -3,9 +3,10 @@
 the model's shape and layer kinds as read from the file, the SentencePiece tokenizer on a
 sentence, and the greedy continuations and top logits of a short prompt and of one of 1,814
 tokens (3.5 sliding windows) whose answer, a word from its first sentence, only the global
-layers can still see. The expected values are the reference's own, established once and
-judged by reading the text they decode to; they pin the reference so that a change to it
-shows, and the C++ engine is compared against the reference elsewhere."""
+layers can still see. The expected values are the reference's own, established once, judged
+by reading the text they decode to and found equal to llama.cpp's tokens and greedy text for
+the same prompts; they pin the reference so that a change to it shows, and the C++ engine is
+compared against the reference elsewhere."""
 import os
 import pathlib
 import sys
@@ -70,6 +71,7 @@ def main():
     ids = [2] + tok.encode(SHORT).ids
     check(ids == SHORT_IDS, "tokens of %r: %s" % (SHORT, ids))
     check(tok.encode("a\n\nb  c").ids == [236746, 108, 236763, 138, 236755], "user-defined pieces")
+    check(tok.encode("<start_of_turn>user\n").ids == [105, 2364, 107], "control pieces")
     print("loaded in %.1f s" % (time.time() - t0))
 
     logits, out = greedy(model, SHORT_IDS, len(SHORT_GREEDY))

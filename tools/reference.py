@@ -91,8 +91,8 @@ converter's ``Gemma3Model`` (conversion/gemma.py, formerly convert_hf_to_gguf.py
   10000, with freq_scale 1.  Both NEOX mode over the whole head_dim.
 * Final logit soft-capping c * tanh(logits / c) when the file has
   ``gemma3.final_logit_softcapping`` (Gemma 3 files have none).
-* GELU: the exact tanh form in f32 (ggml's CPU backend looks it up in a table
-  indexed by the input rounded to f16; its CUDA backend computes it).
+* GELU: the exact tanh form in f32 (ggml's CPU backend instead looks it up in
+  a table indexed by the input rounded to f16).
 * Tokenizer (``--prompt`` and the decoded text only): SentencePiece pieces
   ("\u2581" for space, <0xNN> byte pieces) merged by score as llama.cpp's
   llm_tokenizer_spm does, no space prefix (``add_space_prefix`` false), the
@@ -261,9 +261,9 @@ class Model:
                 c.swa_layers = swa_layers_from(opt("attention.sliding_window_pattern", None), c.n_layer)
                 c.rope_base_swa = float(opt("rope.freq_base_swa", 10000.0))
             c.final_softcap = float(opt("final_logit_softcapping", 0.0) or 0.0)
-            c.embd_scale = np.float32(math.sqrt(c.n_embd))
+            c.embd_scale = float(np.float32(math.sqrt(c.n_embd)))
             q_div = c.n_embd // c.n_head if c.n_layer == 62 else c.head_dim
-            c.q_scale = np.float32(1.0 / math.sqrt(q_div))
+            c.q_scale = float(np.float32(1.0 / math.sqrt(q_div)))
 
         # tensors
         self.tensor_info = {t.name: t for t in r.tensors}
@@ -437,7 +437,7 @@ class Runner:
 
         x = m.w["token_embd.weight"][toks]  # (T, n_embd), f32 copy
         if c.embd_scale is not None:
-            x = x * c.embd_scale
+            x = x * np.float32(c.embd_scale)
         for il, L in enumerate(m.layers):
             local = c.swa_layers[il]
             cos, sin = rope_cs[local]
@@ -461,7 +461,7 @@ class Runner:
             q = self._rope(q, cos, sin)
             k = self._rope(k, cos, sin)
             if c.q_scale is not None:
-                q = q * c.q_scale
+                q = q * np.float32(c.q_scale)
             self.k[il][:, p0:n_ctx] = round_kv(k, self.kv_type)
             self.v[il][:, p0:n_ctx] = round_kv(v, self.kv_type)
             K = self.k[il][:, :n_ctx]   # (nkv, n_ctx, hd)
@@ -675,11 +675,14 @@ def main(argv=None) -> int:
             args.model, c.arch, c.n_layer, c.n_embd, c.n_ff, c.n_head, c.n_head_kv, c.head_dim,
             c.n_rot, c.rope_mode, c.rope_base, c.freq_scale, c.eps, c.n_vocab, model.tied,
             model.rope_freqs is not None, model.load_s))
+    if c.n_swa:
+        log("[reference] sliding window %d, global layers %s, local rope base %g" % (
+            c.n_swa, [il for il in range(c.n_layer) if not c.swa_layers[il]], c.rope_base_swa))
 
     tokenizer = None
     if args.prompt is not None:
         tokenizer = build_tokenizer(model.reader)
-        tokens = list(tokenizer.encode(args.prompt, add_special_tokens=False).ids)
+        tokens = tokenizer.encode(args.prompt, add_special_tokens=False).ids
         add_bos = args.add_bos or bool(field_value(model.reader, "tokenizer.ggml.add_bos_token", False))
         bos = field_value(model.reader, "tokenizer.ggml.bos_token_id")
         if add_bos and bos is not None:

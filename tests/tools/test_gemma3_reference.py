@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""tools/reference.py on Gemma 3 270M (models/gemma-3-270m-q4_k_m.gguf, scripts/fetch-model.sh):
+"""tools/reference.py's gemma3 on a tiny random file (the layer pattern keys, the window's
+edge) and on Gemma 3 270M (models/gemma-3-270m-q4_k_m.gguf, scripts/fetch-model.sh):
 the model's shape and layer kinds as read from the file, the SentencePiece tokenizer on a
 sentence, and the greedy continuations and top logits of a short prompt and of one of 1,814
 tokens (3.5 sliding windows) whose answer, a word from its first sentence, only the global
@@ -10,6 +11,7 @@ compared against the reference elsewhere."""
 import os
 import pathlib
 import sys
+import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -55,7 +57,82 @@ def check_top(logits, expected, tol, what):
         check(abs(v - e) <= tol, "%s logit of %d is %.4f, expected %.4f" % (what, t, v, e))
 
 
+def tiny_model(path, window, pattern, n_layer=4):
+    """A random gemma3 file of f32 tensors: 64 wide, 2 heads and 1 kv head of 32."""
+    import gguf
+    rng = np.random.default_rng(0)
+    E, H, D, F, V = 64, 2, 32, 96, 300
+    w = gguf.GGUFWriter(str(path), "gemma3")
+    w.add_embedding_length(E)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(F)
+    w.add_head_count(H)
+    w.add_head_count_kv(1)
+    w.add_key_length(D)
+    w.add_value_length(D)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(1e6)
+    w.add_sliding_window(window)
+    if pattern is not None:
+        w.add_sliding_window_pattern(pattern)
+
+    def t(*shape, one=0.0):
+        return (one + rng.standard_normal(shape) * 0.2).astype(np.float32)
+
+    w.add_tensor("token_embd.weight", t(V, E))
+    w.add_tensor("output_norm.weight", t(E, one=1))
+    for i in range(n_layer):
+        for n, shape in (("attn_q", (H * D, E)), ("attn_k", (D, E)), ("attn_v", (D, E)),
+                         ("attn_output", (E, H * D)), ("ffn_gate", (F, E)), ("ffn_up", (F, E)),
+                         ("ffn_down", (E, F))):
+            w.add_tensor("blk.%d.%s.weight" % (i, n), t(*shape))
+        for n, size in (("attn_norm", E), ("ffn_norm", E), ("post_attention_norm", E),
+                        ("post_ffw_norm", E), ("attn_q_norm", D), ("attn_k_norm", D)):
+            w.add_tensor("blk.%d.%s.weight" % (i, n), t(size, one=1))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def check_window(tmp):
+    """The layer pattern as the file gives it, and the window's edge: with W = 8 a query at
+    position 7 still sees all keys (0..7) and one at 8 no longer sees key 0."""
+    tiny_model(tmp / "p6.gguf", 8, None, n_layer=7)
+    check(reference.Model(str(tmp / "p6.gguf")).cfg.swa_layers == [True] * 5 + [False, True],
+          "default pattern")
+    tiny_model(tmp / "p3.gguf", 8, 3, n_layer=6)
+    check(reference.Model(str(tmp / "p3.gguf")).cfg.swa_layers == [True, True, False] * 2,
+          "integer pattern")
+    tiny_model(tmp / "pa.gguf", 8, [True, False, True, True])
+    m = reference.Model(str(tmp / "pa.gguf"))
+    check(m.cfg.swa_layers == [True, False, True, True], "array pattern")
+    toks = [int(t) for t in np.random.default_rng(1).integers(0, 300, 24)]
+
+    def logits(window, kinds, same_base):
+        m.cfg.n_swa, m.cfg.swa_layers = window, kinds
+        run = reference.Runner(m, kv_type="f32")
+        if same_base:
+            run.inv_freq_swa = run.inv_freq
+        return run.forward(toks, want="all")
+
+    glob = logits(8, [False] * 4, True)
+    win = logits(8, [True, False, True, True], True)
+    check(np.array_equal(win[:8], glob[:8]), "positions 0..7 inside the window")
+    check(np.abs(win[8] - glob[8]).max() > 1e-3, "position 8 past the window")
+    check(np.array_equal(logits(24, [True, False, True, True], True), glob), "a window of the context")
+    check(np.abs(logits(24, [True, False, True, True], False) - glob).max() > 1e-3, "local rope base")
+    m.cfg.n_swa, m.cfg.swa_layers = 8, [True, False, True, True]
+    run = reference.Runner(m, kv_type="f32")
+    run.inv_freq_swa = run.inv_freq
+    steps = np.stack([run.forward([t]) for t in toks])
+    check(np.abs(steps - win).max() < 1e-4, "token by token as in one batch")
+
+
 def main():
+    with tempfile.TemporaryDirectory() as d:
+        check_window(pathlib.Path(d))
+    print("tiny model: pattern and window edge OK")
     check(MODEL.is_file(), "%s is missing: run scripts/fetch-model.sh gemma3-270m" % MODEL)
     t0 = time.time()
     model = reference.Model(str(MODEL))
@@ -66,7 +143,7 @@ def main():
     glob = [il for il in range(c.n_layer) if not c.swa_layers[il]]
     check(glob == [5, 11, 17], "global layers %s" % glob)
     check((c.rope_base, c.rope_base_swa) == (1e6, 1e4), "rope bases %g/%g" % (c.rope_base, c.rope_base_swa))
-    check(c.q_scale == np.float32(1 / 16) and c.final_softcap == 0.0, "q scale / soft-cap")
+    check(c.q_scale == 1 / 16 and c.final_softcap == 0.0, "q scale / soft-cap")
     tok = reference.build_tokenizer(model.reader)
     ids = [2] + tok.encode(SHORT).ids
     check(ids == SHORT_IDS, "tokens of %r: %s" % (SHORT, ids))

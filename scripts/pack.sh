@@ -38,7 +38,7 @@ name=$(basename "$out" .tar.gz)
 dir=$(cmake --preset "$preset" -G Ninja | sed -n 's/^-- Build files have been written to: //p')
 [ -d "$dir" ] || { echo "pack: cannot find the build folder of preset $preset" >&2; exit 1; }
 cmake --build "$dir" -j "$(nproc)"
-[ "$model" = yes ] && scripts/fetch-model.sh
+[ "$model" = yes ] && scripts/fetch-model.sh smollm2
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

@@ -2,7 +2,7 @@
 """Independent NumPy reference forward pass for GGUF decoder models.
 
 Supported architectures (``general.architecture``): ``llama`` (Llama 2/3,
-Mistral, SmolLM2, ...), ``qwen2`` and ``qwen3``.  The file is read with
+Mistral, SmolLM2, ...), ``qwen2``, ``qwen3`` and ``gemma3``.  The file is read with
 ``gguf.GGUFReader``; every tensor is dequantized ONCE at load time with
 ``gguf.quants.dequantize`` and cached as a float32 matrix.  This script is
 meant as an oracle for the C++ engine's tests: it shares no code with it.
@@ -61,6 +61,44 @@ convert_hf_to_gguf.py):
 * RMSNorm eps from ``{arch}.attention.layer_norm_rms_epsilon``; FFN is SwiGLU:
   down(silu(gate(x)) * up(x)).  Output head is ``output.weight``, or the
   token embedding (tied) when it is missing.
+
+Gemma 3 (``gemma3``; checked against llama.cpp src/models/gemma3.cpp
+``llama_model_gemma3::load_arch_hparams`` and ``graph<iswa>``,
+src/llama-model.cpp ``load_swa_pattern`` / ``get_rope_freq_base``,
+src/llama-hparams.{h,cpp} ``set_swa_pattern`` / ``is_masked_swa``, and the
+converter's ``Gemma3Model`` (conversion/gemma.py, formerly convert_hf_to_gguf.py)):
+* The token embedding is multiplied by sqrtf(n_embd) (f32) before layer 0.
+* Every norm is RMSNorm with the GGUF weight as is: the converter already
+  stored Gemma's (1 + w) (``norm_shift``), so nothing is added here.
+* A layer: h = attn_norm(x); q, k, v projections (no biases); per-head
+  ``attn_q_norm`` / ``attn_k_norm`` RMSNorm; NEOX RoPE; q *= f_attention_scale
+  (then scores are NOT scaled again); attention; ``attn_output``;
+  ``post_attention_norm``; x += that.  Then ffn_norm; down(gelu(gate) * up)
+  with the tanh GELU 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)));
+  ``post_ffw_norm``; x += that.  Final ``output_norm``, tied output head.
+* f_attention_scale = 1/sqrt(head_dim) (``attention.key_length``, 256 on
+  every size = HF query_pre_attn_scalar), except the 62-layer 27B model:
+  1/sqrt(n_embd / n_head) (= 1/sqrt(168)).
+* Sliding window: W = ``gemma3.attention.sliding_window``.  Which layers are
+  local: ``gemma3.attention.sliding_window_pattern`` as one bool per layer
+  (true = local), or as an integer period n, default 6 (published files have
+  no key): local iff il % n < n - 1, so layers 5, 11, 17, ... are global.
+  A query at position p sees keys j with j <= p and p - j < W (W keys
+  including itself; ``is_masked_swa`` masks p - j >= W).  Global layers are
+  causal only.  A file without a window (or W = 0) has only global layers.
+* RoPE bases: global layers ``gemma3.rope.freq_base`` (1e6) with the file's
+  linear rope scaling; local layers ``gemma3.rope.freq_base_swa``, default
+  10000, with freq_scale 1.  Both NEOX mode over the whole head_dim.
+* Final logit soft-capping c * tanh(logits / c) when the file has
+  ``gemma3.final_logit_softcapping`` (Gemma 3 files have none).
+* GELU: the exact tanh form in f32 (ggml's CPU backend instead looks it up in
+  a table indexed by the input rounded to f16).
+* Tokenizer (``--prompt`` and the decoded text only): SentencePiece pieces
+  ("\u2581" for space, <0xNN> byte pieces) merged by score as llama.cpp's
+  llm_tokenizer_spm does, no space prefix (``add_space_prefix`` false), the
+  control and user-defined pieces (<start_of_turn>, runs of newlines,
+  spaces, tabs) split out first, longest first, as llama_tokenize does with
+  parse_special.
 """
 
 from __future__ import annotations
@@ -90,8 +128,8 @@ except ImportError as e:  # pragma: no cover
     sys.stderr.write("reference.py: the 'gguf' package is required (%s)\n" % e)
     sys.exit(2)
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")
-ROPE_MODE = {"llama": "norm", "qwen2": "neox", "qwen3": "neox"}
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
+ROPE_MODE = {"llama": "norm", "qwen2": "neox", "qwen3": "neox", "gemma3": "neox"}
 
 
 def log(msg: str) -> None:
@@ -134,6 +172,22 @@ def dequant_tensor(t) -> np.ndarray:
 
 class Config:
     pass
+
+
+def swa_layers_from(pattern, n_layer: int):
+    """Which layers are sliding-window ones: llama.cpp's set_swa_pattern(n)
+    (local iff il % n < n - 1), n = 6 without a pattern key, or the key's
+    bool per layer."""
+    if pattern is None:
+        pattern = 6
+    if isinstance(pattern, (list, tuple)):
+        if len(pattern) != n_layer:
+            raise ValueError("sliding_window_pattern has %d entries for %d layers" % (len(pattern), n_layer))
+        return [bool(b) for b in pattern]
+    n = int(pattern)
+    if n < 0:
+        raise ValueError("sliding_window_pattern %d is negative" % n)
+    return [n == 0 or il % n < n - 1 for il in range(n_layer)]
 
 
 class Model:
@@ -192,6 +246,25 @@ class Model:
         else:
             raise NotImplementedError("unknown rope scaling type %r" % stype)
 
+        # layer kinds and the Gemma 3 specifics (see the module docstring)
+        c.n_swa = 0
+        c.swa_layers = [False] * c.n_layer
+        c.rope_base_swa = c.rope_base
+        c.embd_scale = None
+        c.q_scale = None
+        c.final_softcap = 0.0
+        if arch == "gemma3":
+            c.n_swa = int(opt("attention.sliding_window", 0) or 0)
+            if c.n_swa < 0:
+                raise ValueError("gemma3.attention.sliding_window %d is negative" % c.n_swa)
+            if c.n_swa > 0:
+                c.swa_layers = swa_layers_from(opt("attention.sliding_window_pattern", None), c.n_layer)
+                c.rope_base_swa = float(opt("rope.freq_base_swa", 10000.0))
+            c.final_softcap = float(opt("final_logit_softcapping", 0.0) or 0.0)
+            c.embd_scale = float(np.float32(math.sqrt(c.n_embd)))
+            q_div = c.n_embd // c.n_head if c.n_layer == 62 else c.head_dim
+            c.q_scale = float(np.float32(1.0 / math.sqrt(q_div)))
+
         # tensors
         self.tensor_info = {t.name: t for t in r.tensors}
         self.w = {}
@@ -222,7 +295,8 @@ class Model:
                     raise ValueError("missing tensor %s%s" % (p, k))
                 L[k.split(".")[0]] = self.w[p + k]
             for k in ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias",
-                      "attn_q_norm.weight", "attn_k_norm.weight"):
+                      "attn_q_norm.weight", "attn_k_norm.weight", "post_attention_norm.weight",
+                      "post_ffw_norm.weight"):
                 v = self.w.get(p + k)
                 L[k.replace(".weight", "").replace(".", "_")] = v
             exp = {"attn_q": (q_dim, c.n_embd), "attn_k": (kv_dim, c.n_embd), "attn_v": (v_dim, c.n_embd),
@@ -232,6 +306,11 @@ class Model:
                 if L[k].shape != s:
                     raise ValueError("%s%s.weight has shape %s, expected %s" % (p, k, L[k].shape, s))
             self.layers.append(L)
+        if arch == "gemma3":
+            for il, L in enumerate(self.layers):
+                for k in ("attn_q_norm", "attn_k_norm", "post_attention_norm", "post_ffw_norm"):
+                    if L[k] is None:
+                        raise ValueError("missing tensor blk.%d.%s.weight" % (il, k))
         if arch == "qwen3" and self.layers and self.layers[0]["attn_q_norm"] is None:
             log("warning: qwen3 model without attn_q_norm")
         self.load_s = time.time() - t0
@@ -256,6 +335,11 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
 
 def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    c = np.float32(math.sqrt(2.0 / math.pi))
+    return np.float32(0.5) * x * (np.float32(1.0) + np.tanh(c * (x + np.float32(0.044715) * x * x * x)))
 
 
 def round_kv(x: np.ndarray, kv_type: str) -> np.ndarray:
@@ -293,6 +377,8 @@ class Runner:
         if model.rope_freqs is not None:
             inv = inv / model.rope_freqs[:half]
         self.inv_freq = inv * c.freq_scale
+        # sliding-window layers: their own base, no scaling, no frequency factors
+        self.inv_freq_swa = c.rope_base_swa ** (-2.0 * np.arange(half, dtype=np.float64) / c.n_rot)
 
     def _ensure(self, n: int) -> None:
         if n <= self.cap:
@@ -339,15 +425,22 @@ class Runner:
         n_ctx = p0 + T
         self._ensure(n_ctx)
         pos = np.arange(p0, n_ctx, dtype=np.float64)
-        ang = pos[:, None] * self.inv_freq[None, :]
-        cos = np.cos(ang).astype(np.float32)
-        sin = np.sin(ang).astype(np.float32)
+        rope_cs = {}
+        for local, inv in ((False, self.inv_freq), (True, self.inv_freq_swa)):
+            ang = pos[:, None] * inv[None, :]
+            rope_cs[local] = (np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32))
         nh, nkv, hd, hdv = c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v
         g = nh // nkv
-        scale = np.float32(1.0 / math.sqrt(hd))
+        # gemma3 scales q before the product instead of the scores
+        scale = np.float32(1.0) if c.q_scale is not None else np.float32(1.0 / math.sqrt(hd))
+        gemma = c.arch == "gemma3"
 
         x = m.w["token_embd.weight"][toks]  # (T, n_embd), f32 copy
+        if c.embd_scale is not None:
+            x = x * np.float32(c.embd_scale)
         for il, L in enumerate(m.layers):
+            local = c.swa_layers[il]
+            cos, sin = rope_cs[local]
             h = rms_norm(x, L["attn_norm"], c.eps)
             q = h @ L["attn_q"].T
             k = h @ L["attn_k"].T
@@ -367,6 +460,8 @@ class Runner:
                 k = rms_norm(k, L["attn_k_norm"], c.eps)
             q = self._rope(q, cos, sin)
             k = self._rope(k, cos, sin)
+            if c.q_scale is not None:
+                q = q * np.float32(c.q_scale)
             self.k[il][:, p0:n_ctx] = round_kv(k, self.kv_type)
             self.v[il][:, p0:n_ctx] = round_kv(v, self.kv_type)
             K = self.k[il][:, :n_ctx]   # (nkv, n_ctx, hd)
@@ -378,10 +473,14 @@ class Runner:
                 tc = t1 - t0
                 s = np.matmul(qg[:, :, t0:t1].reshape(nkv, g * tc, hd), K.transpose(0, 2, 1))
                 s = s.reshape(nkv, g, tc, n_ctx) * scale
-                # causal mask: query at position p0+t may see keys j <= p0+t
+                # causal mask: query at position p0+t may see keys j <= p0+t,
+                # in a sliding-window layer only the last n_swa of them
                 qpos = np.arange(p0 + t0, p0 + t1)[:, None]
                 kpos = np.arange(n_ctx)[None, :]
-                s = np.where(kpos <= qpos, s, np.float32(-np.inf))
+                seen = kpos <= qpos
+                if local:
+                    seen &= qpos - kpos < c.n_swa
+                s = np.where(seen, s, np.float32(-np.inf))
                 s -= s.max(axis=-1, keepdims=True)
                 np.exp(s, out=s)
                 s /= s.sum(axis=-1, keepdims=True)
@@ -390,15 +489,24 @@ class Runner:
             o = o @ L["attn_output"].T
             if L["attn_output_bias"] is not None:
                 o += L["attn_output_bias"]
+            if gemma:
+                o = rms_norm(o, L["post_attention_norm"], c.eps)
             x = x + o
             h = rms_norm(x, L["ffn_norm"], c.eps)
-            a = silu(h @ L["ffn_gate"].T) * (h @ L["ffn_up"].T)
-            x = x + a @ L["ffn_down"].T
+            if gemma:
+                f = (gelu_tanh(h @ L["ffn_gate"].T) * (h @ L["ffn_up"].T)) @ L["ffn_down"].T
+                f = rms_norm(f, L["post_ffw_norm"], c.eps)
+            else:
+                f = (silu(h @ L["ffn_gate"].T) * (h @ L["ffn_up"].T)) @ L["ffn_down"].T
+            x = x + f
         self.n_past = n_ctx
         if want == "last":
             x = x[-1:]
         x = rms_norm(x, m.w["output_norm.weight"], c.eps)
         logits = (x @ m.out_w.T).astype(np.float32)
+        if c.final_softcap > 0:
+            cap = np.float32(c.final_softcap)
+            logits = np.tanh(logits / cap) * cap
         return logits[0] if want == "last" else logits
 
 
@@ -412,7 +520,96 @@ _PRE_REGEX = {
 }
 
 
+class SpmTokenizer:
+    """SentencePiece ("llama" GGUF tokenizer model) as llama.cpp's llm_tokenizer_spm:
+    the text's spaces become U+2581, adjacent pieces merge by the highest score of
+    their concatenation (leftmost first on ties), a character without a piece
+    falls back to its UTF-8 bytes' <0xNN> pieces; unknown, control and
+    user-defined pieces in the text are taken whole first.  Offers the two calls of
+    ``tokenizers.Tokenizer`` that main() uses."""
+
+    class Encoding:
+        def __init__(self, ids):
+            self.ids = ids
+
+    def __init__(self, reader):
+        self.pieces = [str(t) for t in field_value(reader, "tokenizer.ggml.tokens")]
+        self.scores = [float(x) for x in field_value(reader, "tokenizer.ggml.scores")]
+        ttypes = [int(t) for t in field_value(reader, "tokenizer.ggml.token_type")]
+        if bool(field_value(reader, "tokenizer.ggml.add_space_prefix", True)):
+            raise NotImplementedError("SentencePiece with a space prefix is not implemented here")
+        self.ids = {p: i for i, p in enumerate(self.pieces)}
+        self.ttypes = ttypes
+        whole = sorted((p for p, t in zip(self.pieces, ttypes) if t in (2, 3, 4)), key=len, reverse=True)
+        self.whole_re = re.compile("|".join(re.escape(p) for p in whole)) if whole else None
+
+    def encode(self, text: str, add_special_tokens: bool = False):
+        out = []
+        pos = 0
+        for mt in (self.whole_re.finditer(text) if self.whole_re else ()):
+            out += self._spm(text[pos:mt.start()])
+            out.append(self.ids[mt.group(0)])
+            pos = mt.end()
+        out += self._spm(text[pos:])
+        return SpmTokenizer.Encoding(out)
+
+    def _spm(self, text: str):
+        import heapq
+        sym = list(text.replace(" ", "\u2581"))
+        if not sym:
+            return []
+        prev = list(range(-1, len(sym) - 1))
+        nxt = list(range(1, len(sym) + 1))
+        nxt[-1] = -1
+        heap = []
+
+        def push(a, b):
+            i = self.ids.get(sym[a] + sym[b])
+            if i is not None:
+                heapq.heappush(heap, (-self.scores[i], a, sym[a] + sym[b]))
+
+        for a in range(len(sym) - 1):
+            push(a, a + 1)
+        while heap:
+            _, a, text_ab = heapq.heappop(heap)
+            b = nxt[a]
+            if not sym[a] or b < 0 or sym[a] + sym[b] != text_ab:
+                continue  # a stale pair: one side has merged since
+            sym[a], sym[b] = text_ab, ""
+            nxt[a] = nxt[b]
+            if nxt[a] >= 0:
+                prev[nxt[a]] = a
+            if prev[a] >= 0:
+                push(prev[a], a)
+            if nxt[a] >= 0:
+                push(a, nxt[a])
+        out = []
+        a = 0
+        while a >= 0:
+            i = self.ids.get(sym[a])
+            if i is not None:
+                out.append(i)
+            else:
+                out += [self.ids["<0x%02X>" % b] for b in sym[a].encode("utf-8")]
+            a = nxt[a]
+        return out
+
+    def decode(self, ids, skip_special_tokens: bool = False):
+        buf = bytearray()
+        for i in ids:
+            p, t = self.pieces[i], self.ttypes[i]
+            if t == 6:
+                buf.append(int(p[3:5], 16))
+            elif t == 3 and skip_special_tokens:
+                continue
+            else:
+                buf += p.replace("\u2581", " ").encode("utf-8")
+        return buf.decode("utf-8", errors="replace")
+
+
 def build_tokenizer(reader):
+    if field_value(reader, "tokenizer.ggml.model") == "llama":
+        return SpmTokenizer(reader)
     from tokenizers import Tokenizer, AddedToken, Regex, decoders, models, pre_tokenizers
 
     tmodel = field_value(reader, "tokenizer.ggml.model")
@@ -452,7 +649,7 @@ def read_token_list(s: str):
 # --------------------------------------------------------------------------
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="NumPy reference forward pass for GGUF llama/qwen2/qwen3 models")
+    ap = argparse.ArgumentParser(description="NumPy reference forward pass for GGUF llama/qwen2/qwen3/gemma3 models")
     ap.add_argument("model")
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--tokens", help="comma/space separated token ids")
@@ -478,6 +675,9 @@ def main(argv=None) -> int:
             args.model, c.arch, c.n_layer, c.n_embd, c.n_ff, c.n_head, c.n_head_kv, c.head_dim,
             c.n_rot, c.rope_mode, c.rope_base, c.freq_scale, c.eps, c.n_vocab, model.tied,
             model.rope_freqs is not None, model.load_s))
+    if c.n_swa:
+        log("[reference] sliding window %d, global layers %s, local rope base %g" % (
+            c.n_swa, [il for il in range(c.n_layer) if not c.swa_layers[il]], c.rope_base_swa))
 
     tokenizer = None
     if args.prompt is not None:

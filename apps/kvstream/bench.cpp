@@ -254,6 +254,7 @@ void bench(BenchArgs& a) {
                   cat("a context of ", o.n_ctx, " tokens (--depths, --n-gen, -p, -r)"));
     auto dev = device_of(a.s, a.backend, vram);
     device_name = dev->name();
+    if (device_name == "cpu") a.backend = "cpu";  // -ngl fell back where no GPU answered
     Engine eng(*model, *dev, o);
     const size_t weights = model->weights.matrix_bytes();
     std::mt19937 rng(1);

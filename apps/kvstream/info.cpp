@@ -21,17 +21,41 @@ size_t kv_bytes_per_token(const ModelConfig& c, DType tk, DType tv) {
   return static_cast<size_t>(c.n_layer) * (row_bytes(tk, c.kv_dim()) + row_bytes(tv, c.kv_dim()));
 }
 
-void print_info(const std::string& spec, const std::string& ctk, const std::string& ctv) {
-  const DType tk = parse_dtype(ctk, "-ctk"), tv = parse_dtype(ctv, "-ctv");
-  std::unique_ptr<Model> m = Model::load(spec);
-  const gguf::File& f = *m->file;
-  const ModelConfig& c = m->config;
-
+// The file's own description: header, metadata and tensors by type.
+void print_file(const gguf::File& f) {
   std::printf("file: %s (GGUF v%u, %.1f MiB, alignment %llu)\n", f.name().c_str(), f.version(),
               mib(f.size()), static_cast<unsigned long long>(f.alignment()));
   std::printf("\nmetadata (%zu keys):\n", f.metadata().size());
   for (const auto& [k, v] : f.metadata())
     std::printf("  %s = %s\n", k.c_str(), v.to_string().c_str());
+  std::map<std::string, std::pair<size_t, uint64_t>> by_type;
+  uint64_t total = 0;
+  for (const gguf::TensorInfo& t : f.tensors()) {
+    auto& e = by_type[dtype_name(t.type)];
+    e.first += 1;
+    e.second += t.nbytes;
+    total += t.nbytes;
+  }
+  std::printf("\ntensors (%zu, %.1f MiB):\n", f.tensors().size(), mib(total));
+  for (const auto& [name, e] : by_type)
+    std::printf("  %-6s %5zu tensors  %12llu bytes  (%.1f MiB)\n", name.c_str(), e.first,
+                static_cast<unsigned long long>(e.second), mib(e.second));
+}
+
+void print_info(const std::string& spec, const std::string& ctk, const std::string& ctv) {
+  const DType tk = parse_dtype(ctk, "-ctk"), tv = parse_dtype(ctv, "-ctv");
+  std::unique_ptr<Model> m;
+  if (spec.starts_with("synthetic:")) {
+    m = Model::load(spec);
+    print_file(*m->file);
+  } else {
+    // The file is described even when kvstream cannot run it (an architecture or a format it
+    // does not know); the reason follows as the error.
+    print_file(*gguf::File::open(spec));
+    std::fflush(stdout);
+    m = Model::load(spec);
+  }
+  const ModelConfig& c = m->config;
 
   std::printf("\nconfig:\n");
   std::printf("  arch            %s (%s)\n", arch_name(c.arch), c.name.c_str());
@@ -52,20 +76,8 @@ void print_info(const std::string& spec, const std::string& ctk, const std::stri
   std::printf("  qk norm         %s\n", c.qk_norm ? "yes" : "no");
   std::printf("  tied embeddings %s\n", c.tied_embeddings ? "yes" : "no");
 
-  std::map<std::string, std::pair<size_t, uint64_t>> by_type;
-  uint64_t total = 0;
-  for (const gguf::TensorInfo& t : f.tensors()) {
-    auto& e = by_type[dtype_name(t.type)];
-    e.first += 1;
-    e.second += t.nbytes;
-    total += t.nbytes;
-  }
-  std::printf("\ntensors (%zu, %.1f MiB):\n", f.tensors().size(), mib(total));
-  for (const auto& [name, e] : by_type)
-    std::printf("  %-6s %5zu tensors  %12llu bytes  (%.1f MiB)\n", name.c_str(), e.first,
-                static_cast<unsigned long long>(e.second), mib(e.second));
   const size_t wb = m->weights.matrix_bytes();
-  std::printf("  weight matrices read per token: %zu bytes (%.1f MiB)\n", wb, mib(wb));
+  std::printf("\nweight matrices read per token: %zu bytes (%.1f MiB)\n", wb, mib(wb));
 
   std::printf("\nKV cache per token (K + V, %d layers x %d elements each):\n", c.n_layer,
               c.kv_dim());

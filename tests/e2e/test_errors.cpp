@@ -77,6 +77,16 @@ TEST(CliErrors, UnknownArchitecture) {
   w.write(p);
   expect_error("run -m " + p + " -p hi -n 1", "gptx");
   expect_error("info -m " + p, "gptx");
+  // info still describes the file it cannot run: its metadata and tensors reach stdout.
+  const auto out = test::temp_dir("errors") / "info.txt";
+  const int rc = std::system(
+      (test::binary() + " info -m " + p + " >" + out.string() + " 2>/dev/null").c_str());
+  EXPECT_EQ(WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, 1);
+  std::ifstream listing(out);
+  std::stringstream ss;
+  ss << listing.rdbuf();
+  EXPECT_NE(ss.str().find("general.architecture = gptx"), std::string::npos) << ss.str();
+  EXPECT_NE(ss.str().find("tensors ("), std::string::npos) << ss.str();
 }
 
 TEST(CliErrors, BadFlags) {

@@ -8,8 +8,10 @@
 #                                    (one-token steps: the matrix-vector products, the decode
 #                                    attention over pages of 16 and its fold) under every CFG,
 #                                    compared bit for bit with the first CFG's
-# A CFG is a quoted list of assignments, e.g. "KVS_PDL=0" "" ("": none). KVS_BIN: the folder
-# with kvstream (default build/sm90); OUT: where the logs and JSON go (default out/ab).
+# A CFG is a quoted list of assignments, e.g. "KVS_PDL=0" "" ("": none); "bin=DIR" in it runs
+# DIR/kvstream instead of KVS_BIN's, so two builds compare too: "bin=/tmp/base" "bin=build/sm90".
+# KVS_BIN: the folder with kvstream (default build/sm90); OUT: where the logs and JSON go
+# (default out/ab).
 set -uo pipefail
 bin=${KVS_BIN:-build/sm90}
 out=${OUT:-out/ab}
@@ -17,7 +19,10 @@ mode=${1:-}
 shift || true
 [ $# -gt 0 ] || { echo "usage: $0 bench|exact CFG..." >&2; exit 2; }
 mkdir -p "$out"
-name() { local n=${1// /_}; n=${n//=/-}; echo "${n:-default}"; }  # names the device returns
+name() { local n=${1// /_}; n=${n//=/-}; n=${n//\//_}; echo "${n:-default}"; }
+# CFG's binary folder and its environment assignments.
+cfg_bin() { local w; for w in $1; do [[ $w == bin=* ]] && { echo "${w#bin=}"; return; }; done; echo "$bin"; }
+cfg_env() { local w e=""; for w in $1; do [[ $w == bin=* ]] || e+="$w "; done; echo "$e"; }
 synth="$(dirname "$0")/synth-model.sh"  # the model written once as GGUF, then mapped
 
 case "$mode" in
@@ -26,7 +31,7 @@ case "$mode" in
       for cfg in "$@"; do
         f="$out/$(name "$cfg")-$round"
         # shellcheck disable=SC2086  # the assignments split on spaces
-        env $cfg timeout 200 "$bin/kvstream" bench \
+        env $(cfg_env "$cfg") timeout 200 "$(cfg_bin "$cfg")/kvstream" bench \
           -m "$("$synth" "$bin" "${KVS_AB_MODEL:-llama3-8b:q4_0}")" -ctk q8_0 \
           -ctv "${KVS_CTV:-q8_0}" --backend cuda --fill random -p 0 --modes resident \
           --depths "${KVS_DEPTHS:-0,32k,128k}" --n-gen 64 --json "$f.json" > "$f.txt" 2>&1
@@ -41,7 +46,8 @@ case "$mode" in
     for cfg in "$@"; do
       f="$out/logits-$(name "$cfg")"
       # shellcheck disable=SC2086
-      env $cfg timeout 150 "$bin/kvstream" run -m "$("$synth" "$bin" llama3-8b:q4_0)" \
+      env $(cfg_env "$cfg") timeout 150 "$(cfg_bin "$cfg")/kvstream" run \
+        -m "$("$synth" "$bin" llama3-8b:q4_0)" \
         --backend cuda --tokens "$ids" -b 1 --page-size 16 -n 0 --cache-type-k q8_0 \
         --cache-type-v q8_0 --logits-out "$f.npy" > "$f.txt" 2>&1 || echo "[$cfg]: failed (exit $?)"
       if [ -z "$first" ]; then

@@ -190,6 +190,92 @@ nlohmann::json pair_run(const BenchArgs& a, const Model& model, const std::strin
   return r;
 }
 
+// Times the decode (-r times --n-gen tokens) and the prefill (-r times -p tokens) of sequence s
+// at its depth, prints the table's rows and returns the run's JSON.
+template <class Tokens>
+nlohmann::json measure_depth(const BenchArgs& a, Engine& eng, Sequence& s, int64_t depth,
+                             const std::string& mode_s, int32_t n_prompt, size_t weights,
+                             Tokens&& random_tokens) {
+  // One untimed decode token first (the first step after a prefill repartitions the arena
+  // and captures the step's graph), as llama-bench warms up.
+  const int32_t warm = random_tokens(1)[0];
+  eng.eval(s, &warm, 1);
+  // Decode at the depth (+1), -r times; each repetition continues the sequence.
+  const EngineStats before = eng.totals();
+  std::vector<double> tg_r, pp_r;
+  double tg_s = 0;
+  for (int32_t r = 0; r < a.reps; ++r) {
+    const auto gen = random_tokens(a.n_gen);
+    const double t0 = now();
+    for (int32_t i = 0; i < a.n_gen; ++i) eng.eval(s, &gen[static_cast<size_t>(i)], 1);
+    const double dt = now() - t0;
+    tg_s += dt;
+    tg_r.push_back(a.n_gen / dt);
+  }
+  const EngineStats after = eng.totals();
+  // Prefills of -p tokens (default one batch), right after, -r times.
+  for (int32_t r = 0; r < a.reps && n_prompt > 0; ++r) {
+    const auto pp = random_tokens(n_prompt);
+    const double t1 = now();
+    eng.eval(s, pp.data(), n_prompt);
+    pp_r.push_back(n_prompt / (now() - t1));
+  }
+
+  const Stat tg = stat(tg_r), ppt = stat(pp_r);
+  const int64_t n_tg = int64_t{a.reps} * a.n_gen;  // timed decode tokens
+  // Bytes a decode step reads: every weight once and the KV at its mean depth.
+  const double kv_tok = static_cast<double>(eng.kv_bytes_per_token()) *
+                        (static_cast<double>(depth) + 1 + (n_tg - 1) / 2.0);
+  const double bytes = static_cast<double>(weights) + kv_tok;
+  const double streamed =
+      static_cast<double>(after.bytes_in - before.bytes_in) / static_cast<double>(n_tg);
+  const double busy = after.copy_busy_s - before.copy_busy_s;
+  const double h2d = busy > 0 ? static_cast<double>(after.bytes_in - before.bytes_in) / busy : 0;
+  const std::string kv = a.s.ctk + "/" + a.s.ctv;
+  std::printf("| %s | %s | %s | %lld | tg%d | %s | %.3g | %.1f | %.3g |\n", a.s.model.c_str(),
+              mode_s.c_str(), kv.c_str(), static_cast<long long>(depth), a.n_gen,
+              show(tg, tg_r.size()).c_str(), bytes, bytes * tg.mean / 1e9, streamed);
+  if (n_prompt > 0)
+    std::printf("| %s | %s | %s | %lld | pp%d | %s | | | |\n", a.s.model.c_str(), mode_s.c_str(),
+                kv.c_str(), static_cast<long long>(depth), n_prompt,
+                show(ppt, pp_r.size()).c_str());
+  std::fflush(stdout);
+  nlohmann::json r;
+  r["mode"] = mode_s;
+  r["depth"] = depth;
+  r["cache_type_k"] = a.s.ctk;
+  r["cache_type_v"] = a.s.ctv;
+  r["repetitions"] = a.reps;
+  r["tg_tokens"] = a.n_gen;
+  r["tg_tokens_per_s"] = tg.mean;
+  r["tg_tokens_per_s_std"] = tg.std;
+  r["tg_tokens_per_s_reps"] = tg_r;
+  r["tg_bytes_per_token"] = bytes;
+  r["tg_weight_bytes"] = weights;
+  r["tg_kv_bytes_per_token"] = kv_tok;
+  r["tg_achieved_gb_per_s"] = bytes * tg.mean / 1e9;
+  r["pp_tokens"] = n_prompt;
+  if (n_prompt > 0) {
+    r["pp_tokens_per_s"] = ppt.mean;
+    r["pp_tokens_per_s_std"] = ppt.std;
+    r["pp_tokens_per_s_reps"] = pp_r;
+  }
+  r["streamed_bytes_per_token"] = streamed;
+  r["ready_wait_s_per_token"] =
+      (after.ready_wait_s - before.ready_wait_s) / static_cast<double>(n_tg);
+  r["host_issue_s_per_token"] = (after.issue_s - before.issue_s) / static_cast<double>(n_tg);
+  r["copy_busy_fraction"] = tg_s > 0 ? busy / tg_s : 0.0;
+  r["h2d_bytes_per_s"] = h2d;
+  if (h2d > 0) {
+    const double bound = streamed / h2d;
+    r["stream_bound_s_per_token"] = bound;
+  }
+  r["arena_bytes"] = eng.arena_bytes();
+  r["plan_n_slots"] = eng.plan().n_slots;
+  r["plan_slot_pages"] = eng.plan().slot_pages;
+  return r;
+}
+
 void bench(BenchArgs& a) {
   const std::vector<int64_t> depths =
       a.depths.empty() ? std::vector<int64_t>{} : parse_count_list(a.depths, "--depths");
@@ -285,85 +371,7 @@ void bench(BenchArgs& a) {
       if (unified) dev->set_balloon(false);
       fill(a, eng, s, depth, mode_s, random_tokens, static_cast<uint32_t>(depth));
       if (unified) dev->set_balloon(true);
-      // One untimed decode token first (the first step after a prefill repartitions the arena
-      // and captures the step's graph), as llama-bench warms up.
-      const int32_t warm = random_tokens(1)[0];
-      eng.eval(s, &warm, 1);
-      // Decode at the depth (+1), -r times; each repetition continues the sequence.
-      const EngineStats before = eng.totals();
-      std::vector<double> tg_r, pp_r;
-      double tg_s = 0;
-      for (int32_t r = 0; r < a.reps; ++r) {
-        const auto gen = random_tokens(a.n_gen);
-        const double t0 = now();
-        for (int32_t i = 0; i < a.n_gen; ++i) eng.eval(s, &gen[static_cast<size_t>(i)], 1);
-        const double dt = now() - t0;
-        tg_s += dt;
-        tg_r.push_back(a.n_gen / dt);
-      }
-      const EngineStats after = eng.totals();
-      // Prefills of -p tokens (default one batch), right after, -r times.
-      for (int32_t r = 0; r < a.reps && n_prompt > 0; ++r) {
-        const auto pp = random_tokens(n_prompt);
-        const double t1 = now();
-        eng.eval(s, pp.data(), n_prompt);
-        pp_r.push_back(n_prompt / (now() - t1));
-      }
-
-      const Stat tg = stat(tg_r), ppt = stat(pp_r);
-      const int64_t n_tg = int64_t{a.reps} * a.n_gen;  // timed decode tokens
-      // Bytes a decode step reads: every weight once and the KV at its mean depth.
-      const double kv_tok = static_cast<double>(eng.kv_bytes_per_token()) *
-                            (static_cast<double>(depth) + 1 + (n_tg - 1) / 2.0);
-      const double bytes = static_cast<double>(weights) + kv_tok;
-      const double streamed =
-          static_cast<double>(after.bytes_in - before.bytes_in) / static_cast<double>(n_tg);
-      const double busy = after.copy_busy_s - before.copy_busy_s;
-      const double h2d =
-          busy > 0 ? static_cast<double>(after.bytes_in - before.bytes_in) / busy : 0;
-      const std::string kv = a.s.ctk + "/" + a.s.ctv;
-      std::printf("| %s | %s | %s | %lld | tg%d | %s | %.3g | %.1f | %.3g |\n", a.s.model.c_str(),
-                  mode_s.c_str(), kv.c_str(), static_cast<long long>(depth), a.n_gen,
-                  show(tg, tg_r.size()).c_str(), bytes, bytes * tg.mean / 1e9, streamed);
-      if (n_prompt > 0)
-        std::printf("| %s | %s | %s | %lld | pp%d | %s | | | |\n", a.s.model.c_str(),
-                    mode_s.c_str(), kv.c_str(), static_cast<long long>(depth), n_prompt,
-                    show(ppt, pp_r.size()).c_str());
-      std::fflush(stdout);
-      nlohmann::json r;
-      r["mode"] = mode_s;
-      r["depth"] = depth;
-      r["cache_type_k"] = a.s.ctk;
-      r["cache_type_v"] = a.s.ctv;
-      r["repetitions"] = a.reps;
-      r["tg_tokens"] = a.n_gen;
-      r["tg_tokens_per_s"] = tg.mean;
-      r["tg_tokens_per_s_std"] = tg.std;
-      r["tg_tokens_per_s_reps"] = tg_r;
-      r["tg_bytes_per_token"] = bytes;
-      r["tg_weight_bytes"] = weights;
-      r["tg_kv_bytes_per_token"] = kv_tok;
-      r["tg_achieved_gb_per_s"] = bytes * tg.mean / 1e9;
-      r["pp_tokens"] = n_prompt;
-      if (n_prompt > 0) {
-        r["pp_tokens_per_s"] = ppt.mean;
-        r["pp_tokens_per_s_std"] = ppt.std;
-        r["pp_tokens_per_s_reps"] = pp_r;
-      }
-      r["streamed_bytes_per_token"] = streamed;
-      r["ready_wait_s_per_token"] =
-          (after.ready_wait_s - before.ready_wait_s) / static_cast<double>(n_tg);
-      r["host_issue_s_per_token"] = (after.issue_s - before.issue_s) / static_cast<double>(n_tg);
-      r["copy_busy_fraction"] = tg_s > 0 ? busy / tg_s : 0.0;
-      r["h2d_bytes_per_s"] = h2d;
-      if (h2d > 0) {
-        const double bound = streamed / h2d;
-        r["stream_bound_s_per_token"] = bound;
-      }
-      r["arena_bytes"] = eng.arena_bytes();
-      r["plan_n_slots"] = eng.plan().n_slots;
-      r["plan_slot_pages"] = eng.plan().slot_pages;
-      runs.push_back(r);
+      runs.push_back(measure_depth(a, eng, s, depth, mode_s, n_prompt, weights, random_tokens));
       save();
     }
   }

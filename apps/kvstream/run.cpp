@@ -156,6 +156,168 @@ void print_step(const char* phase, int64_t i, const StepStats& s, const Engine& 
                s.repartitioned ? cat(" | repartition: ", plan_text(e)).c_str() : "");
 }
 
+// One sampler per sequence, each fed its prompt: one random seed for the run, printed;
+// sequence i uses seed + i.
+std::vector<Sampler> samplers_for(const GenArgs& g,
+                                  const std::vector<std::vector<int32_t>>& prompts) {
+  std::vector<Sampler> samplers;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    SamplerParams sp = g.sp;
+    if (g.seed >= 0) sp.seed = static_cast<uint64_t>(g.seed) + i;
+    samplers.emplace_back(sp);
+    if (i > 0 && g.seed < 0) {
+      sp.seed = samplers[0].seed() + i;
+      samplers.back() = Sampler(sp);
+    }
+    for (int32_t id : prompts[i]) samplers.back().accept(id);
+  }
+  return samplers;
+}
+
+// What a run did, for the summary and --json.
+struct Outcome {
+  std::vector<Sequence> seqs;
+  std::vector<std::vector<float>> first_logits;  // [sequence][n_vocab], of the prompt's last token
+  std::vector<std::vector<int32_t>> out;         // generated tokens per sequence
+  std::vector<std::string> texts;
+  Phase prefill, decode;
+  double t_prefill = 0, t_decode = 0;
+  int64_t n_dec = 0;
+};
+
+// Prefill, one sequence after another, in chunks of -b tokens (progress on a terminal); Ctrl-C
+// stops it and the summary tells what was done.
+void prefill_all(const RunArgs& a, Engine& eng, const std::vector<std::vector<int32_t>>& prompts,
+                 int64_t prompt_tokens, int32_t n_vocab, Outcome& r) {
+  const int32_t n_batch = eng.options().n_batch;
+  const double t0 = now();
+  Progress progress("prefill", prompt_tokens, prompt_tokens > 2 * int64_t{n_batch});
+  for (size_t i = 0; i < prompts.size() && !interrupted(); ++i) {
+    const auto& prompt = prompts[i];
+    r.seqs.push_back(eng.open_sequence());
+    const int32_t n_prompt = static_cast<int32_t>(prompt.size());
+    const float* logits = nullptr;
+    for (int32_t j = 0; j < n_prompt && !interrupted(); j += n_batch) {
+      const int32_t m = std::min(n_batch, n_prompt - j);
+      logits = eng.eval(r.seqs.back(), prompt.data() + j, m);
+      r.prefill.add(eng.last_step());
+      if (a.s.verbose) print_step("prefill", r.prefill.steps, eng.last_step(), eng);
+      progress.update(r.prefill.tokens);
+    }
+    if (!interrupted()) r.first_logits.emplace_back(logits, logits + n_vocab);
+  }
+  progress.finish();
+  r.t_prefill = now() - t0;
+}
+
+// Decode: every unfinished sequence in one batch per step; a finished one gives its pages back
+// at once. One sequence's text streams to stdout; several are printed as they end.
+void decode_all(const RunArgs& a, Engine& eng, const Tokenizer& tok, std::vector<Sampler>& samplers,
+                int64_t n_predict, int32_t n_vocab, Outcome& r) {
+  const size_t N = samplers.size();
+  r.out.assign(N, {});
+  r.texts.assign(N, {});
+  std::vector<StreamDecoder> decoders;
+  for (size_t i = 0; i < N; ++i) decoders.emplace_back(tok);
+  std::vector<int32_t> next(N);
+  const bool prefilled = !interrupted();
+  std::vector<bool> live(N, n_predict > 0 && prefilled);
+  std::vector<const float*> cur(N);
+  for (size_t i = 0; i < r.first_logits.size(); ++i) cur[i] = r.first_logits[i].data();
+  const bool stream_text = N == 1;
+  const double t1 = now();
+  for (int64_t step = 0; step < n_predict && prefilled && !interrupted(); ++step) {
+    std::vector<BatchEntry> batch;
+    std::vector<size_t> who;
+    for (size_t u = 0; u < N; ++u) {
+      if (!live[u]) continue;
+      const int32_t id = samplers[u].sample(cur[u], n_vocab);  // also adds it to the history
+      r.out[u].push_back(id);
+      const bool eog = !a.g.ignore_eos && tok.is_eog(id);
+      if (!eog) {
+        std::string piece = decoders[u].push(id);
+        r.texts[u] += piece;
+        if (stream_text) {
+          std::fwrite(piece.data(), 1, piece.size(), stdout);
+          std::fflush(stdout);
+        }
+      }
+      if (eog || step + 1 == n_predict) {
+        live[u] = false;
+        eng.close_sequence(r.seqs[u]);
+        continue;
+      }
+      next[u] = id;
+      batch.push_back({&r.seqs[u], &next[u], 1});
+      who.push_back(u);
+    }
+    if (batch.empty()) break;
+    eng.step(batch);
+    r.decode.add(eng.last_step());
+    r.n_dec += static_cast<int64_t>(batch.size());
+    if (a.s.verbose) print_step("decode", r.decode.steps, eng.last_step(), eng);
+    for (size_t j = 0; j < who.size(); ++j) cur[who[j]] = eng.logits(static_cast<int32_t>(j));
+  }
+  for (size_t u = 0; u < N; ++u) {
+    std::string rest = decoders[u].flush();
+    r.texts[u] += rest;
+    if (stream_text) {
+      std::fwrite(rest.data(), 1, rest.size(), stdout);
+      if (n_predict > 0 && prefilled) std::fputc('\n', stdout);
+    } else if (n_predict > 0 && prefilled) {
+      std::printf("[%zu] %s\n", u + 1, r.texts[u].c_str());
+    }
+    if (u < r.seqs.size() && r.seqs[u].id >= 0) eng.close_sequence(r.seqs[u]);
+  }
+  std::fflush(stdout);
+  r.t_decode = now() - t1;
+}
+
+void write_run_json(const RunArgs& a, const Engine& eng,
+                    const std::vector<std::vector<int32_t>>& prompts, const Outcome& r) {
+  const size_t N = prompts.size();
+  nlohmann::json j;
+  j["model"] = a.s.model;
+  j["parallel"] = N;
+  if (N == 1) {
+    j["prompt_tokens"] = prompts[0];
+    j["interrupted"] = interrupted();
+    j["tokens"] = r.out[0];
+    j["text"] = r.texts[0];
+  }
+  nlohmann::json js = nlohmann::json::array();
+  for (size_t i = 0; i < N; ++i)
+    js.push_back({{"prompt_tokens", prompts[i]}, {"tokens", r.out[i]}, {"text", r.texts[i]}});
+  j["sequences"] = js;
+  j["prefill_tokens_per_s"] = static_cast<double>(r.prefill.tokens) / r.t_prefill;
+  j["decode_tokens_per_s"] = r.n_dec > 0 ? static_cast<double>(r.n_dec) / r.t_decode : 0.0;
+  j["prefill_s"] = r.t_prefill;
+  j["decode_s"] = r.t_decode;
+  j["peak_rss_bytes"] = peak_rss();
+  j["kv_bytes_per_token"] = eng.kv_bytes_per_token();
+  const EngineStats& tot = eng.totals();
+  nlohmann::json kv;
+  kv["mode"] = kv_mode_name(eng.options().kv_mode);
+  kv["page_size"] = eng.options().page_size;
+  kv["page_bytes"] = eng.kv_layout().page_bytes();
+  kv["arena_bytes"] = eng.arena_bytes();
+  kv["fixed_frames"] = eng.fixed_frames();
+  kv["host_store_bytes"] = eng.host_bytes();
+  const Plan& p = eng.plan();
+  kv["plan"] = {{"resident_pages", p.resident},
+                {"slot_pages", p.slot_pages},
+                {"n_slots", p.n_slots},
+                {"streamed_bytes_per_step", p.streamed_bytes},
+                {"predicted_step_s", p.predicted_step_s}};
+  kv["prefill"] = r.prefill.json();
+  kv["decode"] = r.decode.json();
+  kv["repartitions"] = tot.repartitions;
+  kv["prefetch_chunks_kept"] = tot.prefetch_kept;
+  kv["prefetch_chunks_dropped"] = tot.prefetch_dropped;
+  j["kv"] = kv;
+  write_json(a.json_out, j);
+}
+
 void run(const RunArgs& a) {
   int given =
       int(!a.prompt.empty() || a.has_prompt) + int(!a.file.empty()) + int(!a.tokens.empty());
@@ -181,7 +343,6 @@ void run(const RunArgs& a) {
   const double t_load = now();
   auto model = Model::load(a.s.model);
   const EngineOptions eo = engine_options(a.s, model->config);
-  const Tokenizer& tok = *model->tokenizer;
   const int32_t n_vocab = model->config.n_vocab;
   const auto prompts = prompts_of(a, *model, eo, n_predict);
   const int32_t N = eo.n_seq;
@@ -189,24 +350,14 @@ void run(const RunArgs& a) {
   check_host_kv(eo, model->config, backend);
   auto dev = device_of(a.s, backend, vram);
   Engine eng(*model, *dev, eo);
-  std::vector<Sampler> samplers;
-  for (int32_t i = 0; i < N; ++i) {
-    SamplerParams sp = a.g.sp;
-    if (a.g.seed >= 0) sp.seed = static_cast<uint64_t>(a.g.seed) + static_cast<uint64_t>(i);
-    samplers.emplace_back(sp);
-    if (i > 0 && a.g.seed < 0) {  // one random seed for the run, printed; sequence i uses seed + i
-      sp.seed = samplers[0].seed() + static_cast<uint64_t>(i);
-      samplers.back() = Sampler(sp);
-    }
-    for (int32_t id : prompts[static_cast<size_t>(i)]) samplers.back().accept(id);
-  }
-  size_t prompt_tokens = 0;
-  for (const auto& p : prompts) prompt_tokens += p.size();
+  std::vector<Sampler> samplers = samplers_for(a.g, prompts);
+  int64_t prompt_tokens = 0;
+  for (const auto& p : prompts) prompt_tokens += static_cast<int64_t>(p.size());
   std::fprintf(stderr,
                "kvstream: %s (%s, %d layers), %s%s, %d threads, KV %s/%s %s per token, seed "
                "%llu\n",
                a.s.model.c_str(), model->config.arch_name.c_str(), model->config.n_layer,
-               count_of(static_cast<int64_t>(prompt_tokens), "prompt token").c_str(),
+               count_of(prompt_tokens, "prompt token").c_str(),
                N > 1 ? cat(" in ", N, " sequences").c_str() : "", thread_pool().size(),
                a.s.ctk.c_str(), a.s.ctv.c_str(), format_bytes(eng.kv_bytes_per_token()).c_str(),
                static_cast<unsigned long long>(samplers[0].seed()));
@@ -215,117 +366,36 @@ void run(const RunArgs& a) {
                format_bytes(eng.kv_layout().page_bytes()).c_str(), eo.n_ctx,
                format_bytes(eng.kv_bytes_per_token() * static_cast<size_t>(eo.n_ctx)).c_str());
 
-  // Prefill, one sequence after another, in chunks of -b tokens (progress on a terminal); Ctrl-C
-  // stops it, or the decode, and the summary tells what was done.
   catch_interrupt(true);
-  std::vector<Sequence> seqs;
-  std::vector<std::vector<float>> first_logits;
-  Phase prefill, decode;
-  const int32_t n_batch = eo.n_batch;
+  Outcome r;
   const double t0 = now();
-  Progress progress("prefill", static_cast<int64_t>(prompt_tokens),
-                    static_cast<int64_t>(prompt_tokens) > 2 * int64_t{n_batch});
-  for (int32_t i = 0; i < N && !interrupted(); ++i) {
-    const auto& prompt = prompts[static_cast<size_t>(i)];
-    seqs.push_back(eng.open_sequence());
-    const int32_t n_prompt = static_cast<int32_t>(prompt.size());
-    const float* logits = nullptr;
-    for (int32_t j = 0; j < n_prompt && !interrupted(); j += n_batch) {
-      const int32_t m = std::min(n_batch, n_prompt - j);
-      logits = eng.eval(seqs.back(), prompt.data() + j, m);
-      prefill.add(eng.last_step());
-      if (a.s.verbose) print_step("prefill", prefill.steps, eng.last_step(), eng);
-      progress.update(prefill.tokens);
-    }
-    if (!interrupted()) first_logits.emplace_back(logits, logits + n_vocab);
-  }
-  progress.finish();
-  const double t_prefill = now() - t0;
+  prefill_all(a, eng, prompts, prompt_tokens, n_vocab, r);
   if (!a.logits_out.empty() && !interrupted()) {
     std::vector<float> all;
-    for (const auto& l : first_logits) all.insert(all.end(), l.begin(), l.end());
+    for (const auto& l : r.first_logits) all.insert(all.end(), l.begin(), l.end());
     if (N == 1)
       write_npy(a.logits_out, all.data(), {static_cast<int64_t>(n_vocab)});
     else
       write_npy(a.logits_out, all.data(), {static_cast<int64_t>(N), static_cast<int64_t>(n_vocab)});
   }
   if (a.s.verbose) std::fprintf(stderr, "kvstream: plan: %s\n", plan_text(eng).c_str());
-
-  // Decode: every unfinished sequence in one batch per step; a finished one gives its pages
-  // back at once.
-  std::vector<std::vector<int32_t>> out(static_cast<size_t>(N));
-  std::vector<std::string> texts(static_cast<size_t>(N));
-  std::vector<StreamDecoder> decoders;
-  for (int32_t i = 0; i < N; ++i) decoders.emplace_back(tok);
-  std::vector<int32_t> next(static_cast<size_t>(N));
   const bool prefilled = !interrupted();
-  std::vector<bool> live(static_cast<size_t>(N), n_predict > 0 && prefilled);
-  std::vector<const float*> cur(static_cast<size_t>(N));
-  for (size_t i = 0; i < first_logits.size(); ++i) cur[i] = first_logits[i].data();
-  const bool stream_text = N == 1;
-  const double t1 = now();
-  int64_t n_dec = 0;
-  for (int64_t step = 0; step < n_predict && prefilled && !interrupted(); ++step) {
-    std::vector<BatchEntry> batch;
-    std::vector<int32_t> who;
-    for (int32_t i = 0; i < N; ++i) {
-      const size_t u = static_cast<size_t>(i);
-      if (!live[u]) continue;
-      const int32_t id = samplers[u].sample(cur[u], n_vocab);  // also adds it to the history
-      out[u].push_back(id);
-      bool done = (!a.g.ignore_eos && tok.is_eog(id)) || step + 1 == n_predict;
-      if (!(!a.g.ignore_eos && tok.is_eog(id))) {
-        std::string piece = decoders[u].push(id);
-        texts[u] += piece;
-        if (stream_text) {
-          std::fwrite(piece.data(), 1, piece.size(), stdout);
-          std::fflush(stdout);
-        }
-      }
-      if (done) {
-        live[u] = false;
-        eng.close_sequence(seqs[u]);
-        continue;
-      }
-      next[u] = id;
-      batch.push_back({&seqs[u], &next[u], 1});
-      who.push_back(i);
-    }
-    if (batch.empty()) break;
-    eng.step(batch);
-    decode.add(eng.last_step());
-    n_dec += static_cast<int64_t>(batch.size());
-    if (a.s.verbose) print_step("decode", decode.steps, eng.last_step(), eng);
-    for (size_t j = 0; j < who.size(); ++j)
-      cur[static_cast<size_t>(who[j])] = eng.logits(static_cast<int32_t>(j));
-  }
-  for (int32_t i = 0; i < N; ++i) {
-    const size_t u = static_cast<size_t>(i);
-    std::string rest = decoders[u].flush();
-    texts[u] += rest;
-    if (stream_text) {
-      std::fwrite(rest.data(), 1, rest.size(), stdout);
-      if (n_predict > 0 && prefilled) std::fputc('\n', stdout);
-    } else if (n_predict > 0 && prefilled) {
-      std::printf("[%d] %s\n", i + 1, texts[u].c_str());
-    }
-    if (u < seqs.size() && seqs[u].id >= 0) eng.close_sequence(seqs[u]);
-  }
-  std::fflush(stdout);
-  const double t_decode = now() - t1;
-  const double pp = static_cast<double>(prefill.tokens) / t_prefill;
-  const double tg = n_dec > 0 ? static_cast<double>(n_dec) / t_decode : 0.0;
+  decode_all(a, eng, *model->tokenizer, samplers, n_predict, n_vocab, r);
+
+  const double pp = static_cast<double>(r.prefill.tokens) / r.t_prefill;
+  const double tg = r.n_dec > 0 ? static_cast<double>(r.n_dec) / r.t_decode : 0.0;
   if (interrupted())
     std::fprintf(stderr, "kvstream: interrupted (Ctrl-C)%s\n",
                  prefilled ? ""
-                           : cat(" during the prefill, after ", count_of(prefill.tokens, "token"),
+                           : cat(" during the prefill, after ", count_of(r.prefill.tokens, "token"),
                                  " of ", prompt_tokens)
                                  .c_str());
   std::fprintf(stderr,
                "kvstream: load %.2f s | prefill %s %.2f s, %.1f tok/s | decode %s %.2f s, %.1f "
                "tok/s | peak memory %s\n",
-               t0 - t_load, count_of(prefill.tokens, "token").c_str(), t_prefill, pp,
-               count_of(n_dec, "token").c_str(), t_decode, tg, format_bytes(peak_rss()).c_str());
+               t0 - t_load, count_of(r.prefill.tokens, "token").c_str(), r.t_prefill, pp,
+               count_of(r.n_dec, "token").c_str(), r.t_decode, tg,
+               format_bytes(peak_rss()).c_str());
   const EngineStats& tot = eng.totals();
   if (a.s.verbose || tot.bytes_in > 0)
     std::fprintf(
@@ -333,53 +403,11 @@ void run(const RunArgs& a) {
         "kvstream: streamed %s (%s per decode token), written back %s, ready wait %.1f "
         "ms, %lld repartitions\n",
         format_bytes(tot.bytes_in).c_str(),
-        format_bytes(decode.tokens ? decode.bytes_in / static_cast<size_t>(decode.tokens) : 0)
+        format_bytes(r.decode.tokens ? r.decode.bytes_in / static_cast<size_t>(r.decode.tokens) : 0)
             .c_str(),
         format_bytes(tot.bytes_out).c_str(), tot.ready_wait_s * 1e3,
         static_cast<long long>(tot.repartitions));
-  if (!a.json_out.empty()) {
-    nlohmann::json j;
-    j["model"] = a.s.model;
-    j["parallel"] = N;
-    if (N == 1) {
-      j["prompt_tokens"] = prompts[0];
-      j["interrupted"] = interrupted();
-      j["tokens"] = out[0];
-      j["text"] = texts[0];
-    }
-    nlohmann::json js = nlohmann::json::array();
-    for (int32_t i = 0; i < N; ++i)
-      js.push_back({{"prompt_tokens", prompts[static_cast<size_t>(i)]},
-                    {"tokens", out[static_cast<size_t>(i)]},
-                    {"text", texts[static_cast<size_t>(i)]}});
-    j["sequences"] = js;
-    j["prefill_tokens_per_s"] = pp;
-    j["decode_tokens_per_s"] = tg;
-    j["prefill_s"] = t_prefill;
-    j["decode_s"] = t_decode;
-    j["peak_rss_bytes"] = peak_rss();
-    j["kv_bytes_per_token"] = eng.kv_bytes_per_token();
-    nlohmann::json kv;
-    kv["mode"] = kv_mode_name(eo.kv_mode);
-    kv["page_size"] = eo.page_size;
-    kv["page_bytes"] = eng.kv_layout().page_bytes();
-    kv["arena_bytes"] = eng.arena_bytes();
-    kv["fixed_frames"] = eng.fixed_frames();
-    kv["host_store_bytes"] = eng.host_bytes();
-    const Plan& p = eng.plan();
-    kv["plan"] = {{"resident_pages", p.resident},
-                  {"slot_pages", p.slot_pages},
-                  {"n_slots", p.n_slots},
-                  {"streamed_bytes_per_step", p.streamed_bytes},
-                  {"predicted_step_s", p.predicted_step_s}};
-    kv["prefill"] = prefill.json();
-    kv["decode"] = decode.json();
-    kv["repartitions"] = tot.repartitions;
-    kv["prefetch_chunks_kept"] = tot.prefetch_kept;
-    kv["prefetch_chunks_dropped"] = tot.prefetch_dropped;
-    j["kv"] = kv;
-    write_json(a.json_out, j);
-  }
+  if (!a.json_out.empty()) write_run_json(a, eng, prompts, r);
 }
 
 }  // namespace

@@ -375,16 +375,24 @@ void q_q5_k(const float* x, BlockQ5_K* b, int64_t nb) {
   }
 }
 
+// Symmetric scales of a super-block's 16 sub-blocks of 16 (q6_k, q3_k): a sub-block's
+// largest magnitude maps to `top`; the super-block's scale, stored as f16 at `d16`, puts the
+// largest sub-block scale at `lmax`. Returns that scale as stored.
+float symmetric_scales(const float* x, float top, float lmax, uint8_t* d16, float scale[16]) {
+  float max_scale = 0.0f;
+  for (int s = 0; s < 16; ++s) {
+    scale[s] = std::fabs(signed_absmax(x + 16 * s, 16)) / top;
+    max_scale = std::max(max_scale, scale[s]);
+  }
+  store_f16(d16, max_scale / lmax);
+  return load_f16(d16);
+}
+
 void q_q6_k(const float* x, BlockQ6_K* b, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, x += QK_K) {
-    // Symmetric sub-block scales: amax maps to 31.5, so levels -32..31 cover +-amax.
-    float scale[16], max_scale = 0.0f;
-    for (int s = 0; s < 16; ++s) {
-      scale[s] = std::fabs(signed_absmax(x + 16 * s, 16)) / 31.5f;
-      max_scale = std::max(max_scale, scale[s]);
-    }
-    store_f16(b[i].d, max_scale / 127.0f);
-    const float d = load_f16(b[i].d);
+    // amax maps to 31.5, so levels -32..31 cover +-amax.
+    float scale[16];
+    const float d = symmetric_scales(x, 31.5f, 127.0f, b[i].d, scale);
     int L[QK_K];
     for (int s = 0; s < 16; ++s) {
       const int ls = d > 0.0f ? round_up(scale[s] / d, 127) : 0;
@@ -447,13 +455,8 @@ void q_q2_k(const float* x, BlockQ2_K* b, int64_t nb) {
 // q3_k: like q6_k, symmetric sub-block scales (amax maps to 3.5, levels -4..3), kept >= 0.
 void q_q3_k(const float* x, BlockQ3_K* b, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, x += QK_K) {
-    float scale[16], max_scale = 0.0f;
-    for (int s = 0; s < 16; ++s) {
-      scale[s] = std::fabs(signed_absmax(x + 16 * s, 16)) / 3.5f;
-      max_scale = std::max(max_scale, scale[s]);
-    }
-    store_f16(b[i].d, max_scale / 31.0f);
-    const float d = load_f16(b[i].d);
+    float scale[16];
+    const float d = symmetric_scales(x, 3.5f, 31.0f, b[i].d, scale);
     std::memset(b[i].scales, 0, sizeof b[i].scales);
     int L[QK_K];
     for (int s = 0; s < 16; ++s) {

@@ -9,9 +9,9 @@
 #include <string>
 
 #include "kvs/backend/cuda_options.h"
-#include "kvs/quant/kv_page.h"
 #include "kvs/model/config.h"
 #include "kvs/model/weights.h"
+#include "kvs/quant/kv_page.h"
 
 namespace kvs {
 

@@ -11,10 +11,10 @@
 #include "kvs/backend/device.h"
 #include "kvs/kv/device_pool.h"
 #include "kvs/kv/host_store.h"
-#include "kvs/quant/kv_page.h"
 #include "kvs/kv/planner.h"
 #include "kvs/kv/ring.h"
 #include "kvs/model/model.h"
+#include "kvs/quant/kv_page.h"
 
 namespace kvs {
 

@@ -64,6 +64,7 @@ struct AttentionArgs {
   KvLayout kv;
   int32_t n_head = 0;
   float scale = 1.0f;
+  int32_t window = 0;  // > 0: a query at p sees keys p - window + 1 .. p only (sliding window)
   bool first = true, last = true;
 };
 
@@ -135,6 +136,9 @@ class Device {
   virtual void rope(float* q, float* k, const int32_t* pos, int32_t n_tok, int32_t n_head,
                     int32_t n_head_kv, const RopeParams& p) = 0;
   virtual void swiglu(float* gate, const float* up, int64_t n) = 0;  // gate = silu(gate) * up
+  // gate = gelu(gate) * up, gelu's tanh form 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+  virtual void geglu(float* gate, const float* up, int64_t n) = 0;
+  virtual void scale(float* x, float s, int64_t n) = 0;  // x *= s
   virtual void add(float* x, const float* y, int64_t n) = 0;         // x += y
   // Writes K and V rows of n_tok tokens into their page frames at the given slots.
   virtual void kv_write(const KvLayout& l, const float* k, const float* v, int32_t n_tok,

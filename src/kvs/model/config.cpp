@@ -1,5 +1,7 @@
 #include "kvs/model/config.h"
 
+#include <cmath>
+
 #include "kvs/gguf/gguf.h"
 #include "kvs/util/error.h"
 
@@ -13,9 +15,56 @@ const char* arch_name(Arch a) {
       return "qwen2";
     case Arch::Qwen3:
       return "qwen3";
+    case Arch::Gemma3:
+      return "gemma3";
   }
   return "?";
 }
+
+const char* layer_kind_name(LayerKind k) {
+  switch (k) {
+    case LayerKind::Full:
+      return "full";
+    case LayerKind::Window:
+      return "window";
+    case LayerKind::Recurrent:
+      return "recurrent";
+  }
+  return "?";
+}
+
+int32_t ModelConfig::n_layers_of(LayerKind k) const {
+  int32_t n = 0;
+  for (LayerKind x : kinds) n += x == k;
+  return n;
+}
+
+namespace {
+
+// Gemma 3's window layers: gemma3.attention.sliding_window_pattern as one bool per layer (true:
+// window), or as a period n (window unless il % n == n - 1); without the key, a period of 6, as
+// every published file (layers 5, 11, 17, ... global).
+std::vector<LayerKind> swa_pattern(const gguf::File& f, const std::string& key, int32_t n_layer) {
+  std::vector<LayerKind> kinds(static_cast<size_t>(n_layer), LayerKind::Full);
+  const gguf::Value* v = f.find(key);
+  int64_t period = 6;
+  if (v && v->type == gguf::ValueType::ARRAY) {
+    const gguf::Array& a = v->as_array(key);
+    KVS_CHECK(static_cast<int64_t>(a.size()) == n_layer, f.name(), ": ", key, " has ", a.size(),
+              " entries for ", n_layer, " layers");
+    for (size_t i = 0; i < a.size(); ++i)
+      if (a[i].as_bool(key)) kinds[i] = LayerKind::Window;
+    return kinds;
+  }
+  if (v) period = v->as_int(key);
+  KVS_CHECK(period >= 0 && period <= n_layer + 1, f.name(), ": ", key, " = ", period,
+            " is not a layer pattern (a period of 0 to ", n_layer + 1, ", or one bool per layer)");
+  for (int32_t il = 0; il < n_layer; ++il)
+    if (period == 0 || il % period < period - 1) kinds[static_cast<size_t>(il)] = LayerKind::Window;
+  return kinds;
+}
+
+}  // namespace
 
 ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
   ModelConfig c;
@@ -26,9 +75,11 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
     c.arch = Arch::Qwen2;
   else if (c.arch_name == "qwen3")
     c.arch = Arch::Qwen3;
+  else if (c.arch_name == "gemma3")
+    c.arch = Arch::Gemma3;
   else
     fail(f.name(), ": architecture '", c.arch_name,
-         "' is not supported (supported: llama, qwen2, qwen3)");
+         "' is not supported (supported: llama, qwen2, qwen3, gemma3)");
   c.name = f.get_string("general.name", std::string());
   const std::string a = c.arch_name + ".";
   auto get = [&](const char* key, std::optional<int64_t> def = std::nullopt) {
@@ -75,6 +126,31 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
   KVS_CHECK(emb.dims.size() == 2 && emb.dims[0] == c.n_embd, f.name(),
             ": token_embd.weight has the wrong shape for embedding_length ", c.n_embd);
   c.n_vocab = static_cast<int32_t>(emb.dims[1]);
+
+  c.kinds.assign(static_cast<size_t>(c.n_layer), LayerKind::Full);
+  c.attn_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  if (c.arch == Arch::Gemma3) {
+    c.act = Activation::GeluTanh;
+    c.post_norms = true;
+    c.embd_scale = std::sqrt(static_cast<float>(c.n_embd));
+    KVS_CHECK(c.qk_norm, f.name(), ": gemma3 without blk.0.attn_q_norm.weight");
+    // Gemma 3 27B scales by its n_embd / n_head (168), not its head size (128): the HF
+    // config's query_pre_attn_scalar, which the GGUF does not carry.
+    if (c.n_layer == 62) c.attn_scale = 1.0f / std::sqrt(static_cast<float>(c.n_embd / c.n_head));
+    const int64_t w = f.get_int(a + "attention.sliding_window", 0);
+    KVS_CHECK(w >= 0 && w <= (int64_t{1} << 30), f.name(), ": ", a, "attention.sliding_window = ",
+              w, " is out of range");
+    c.n_swa = static_cast<int32_t>(w);
+    KVS_CHECK(c.n_swa <= c.n_ctx_train, f.name(), ": ", a, "attention.sliding_window = ", w,
+              " is larger than its context_length ", c.n_ctx_train);
+    if (c.n_swa > 0) {
+      c.kinds = swa_pattern(f, a + "attention.sliding_window_pattern", c.n_layer);
+      c.rope_base_swa = static_cast<float>(f.get_float(a + "rope.freq_base_swa", 10000.0));
+    }
+    const double cap = f.get_float(a + "final_logit_softcapping", 0.0);
+    KVS_CHECK(cap == 0, f.name(), ": ", a, "final_logit_softcapping = ", cap,
+              " is not supported (Gemma 3 files have none)");
+  }
   return c;
 }
 

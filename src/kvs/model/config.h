@@ -4,13 +4,20 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace kvs {
 namespace gguf {
 class File;
 }
 
-enum class Arch { Llama, Qwen2, Qwen3 };
+enum class Arch { Llama, Qwen2, Qwen3, Gemma3 };
+// What a layer keeps per sequence. Full: every position's K and V in pages (resident or
+// streamed); Window: the K and V of the last n_swa positions, always resident, pages recycled as
+// the window moves; Recurrent: a fixed-size state (no architecture uses it yet).
+enum class LayerKind : uint8_t { Full, Window, Recurrent };
+// The FFN's gated activation: silu(gate) * up (SwiGLU) or gelu_tanh(gate) * up (GeGLU).
+enum class Activation { SiLU, GeluTanh };
 // NORM rotates interleaved pairs (x[2i], x[2i+1]) (llama's permuted Q/K); NEOX rotates
 // (x[i], x[i + d/2]) (qwen).
 enum class RopeMode { Norm, Neox };
@@ -36,14 +43,23 @@ struct ModelConfig {
   bool qkv_bias = false;           // qwen2
   bool qk_norm = false;            // qwen3: RMSNorm of each q/k head before rope
   bool tied_embeddings = false;    // no output.weight: the token embedding is the output
+  std::vector<LayerKind> kinds;    // [n_layer]
+  int32_t n_swa = 0;               // Window layers: a query at p sees keys p - n_swa + 1 .. p
+  float rope_base_swa = 10000.0f;  // Window layers' rope base (no scaling, no factors)
+  Activation act = Activation::SiLU;
+  bool post_norms = false;   // gemma3: RMSNorm of the attention and FFN outputs before the add
+  float embd_scale = 1.0f;   // gemma3: the embedding rows times sqrt(n_embd)
+  float attn_scale = 0.0f;   // the scores' scale (1/sqrt(head_dim) unless the model says)
 
   int32_t q_dim() const { return n_head * head_dim; }
   int32_t kv_dim() const { return n_head_kv * head_dim; }
+  int32_t n_layers_of(LayerKind k) const;
 
   // Reads and checks the metadata; fails naming the key or the unsupported architecture.
   static ModelConfig from_gguf(const gguf::File& f);
 };
 
 const char* arch_name(Arch a);
+const char* layer_kind_name(LayerKind k);
 
 }  // namespace kvs

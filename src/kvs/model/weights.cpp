@@ -66,6 +66,10 @@ Weights Weights::from_gguf(const gguf::File& f, const ModelConfig& c) {
       l.q_norm = vec(f, layer_name(il, "attn_q_norm"), c.head_dim);
       l.k_norm = vec(f, layer_name(il, "attn_k_norm"), c.head_dim);
     }
+    if (c.post_norms) {
+      l.attn_post_norm = vec(f, layer_name(il, "post_attention_norm"), c.n_embd);
+      l.ffn_post_norm = vec(f, layer_name(il, "post_ffw_norm"), c.n_embd);
+    }
     l.ffn_norm = vec(f, layer_name(il, "ffn_norm"), c.n_embd);
     l.gate = matrix(f, layer_name(il, "ffn_gate"), c.n_embd, c.n_ff);
     l.up = matrix(f, layer_name(il, "ffn_up"), c.n_embd, c.n_ff);

@@ -30,9 +30,11 @@ struct LayerWeights {
   Vec attn_norm;          // [n_embd]
   Matrix wq, wk, wv, wo;  // [q_dim x n_embd], [kv_dim x n_embd] x2, [n_embd x q_dim]
   Vec bq, bk, bv;         // qwen2 biases [q_dim], [kv_dim], [kv_dim]
-  Vec q_norm, k_norm;     // qwen3 [head_dim]
+  Vec q_norm, k_norm;     // qwen3, gemma3 [head_dim]
+  Vec attn_post_norm;     // gemma3 [n_embd]
   Vec ffn_norm;           // [n_embd]
   Matrix gate, up, down;  // [n_ff x n_embd] x2, [n_embd x n_ff]
+  Vec ffn_post_norm;      // gemma3 [n_embd]
 };
 
 struct Weights {

@@ -99,6 +99,8 @@ class CpuDevice final : public Device {
     if (k) cpu::rope(k, pos, n_tok, n_head_kv, p);
   }
   void swiglu(float* gate, const float* up, int64_t n) override { cpu::swiglu(gate, up, n); }
+  void geglu(float* gate, const float* up, int64_t n) override { cpu::geglu(gate, up, n); }
+  void scale(float* x, float s, int64_t n) override { cpu::scale(x, s, n); }
   void add(float* x, const float* y, int64_t n) override { cpu::add(x, y, n); }
   void kv_write(const KvLayout& l, const float* k, const float* v, int32_t n_tok,
                 uint8_t* const* pages, const int32_t* slots) override {

@@ -250,6 +250,20 @@ void swiglu(float* gate, const float* up, int64_t n) {
   });
 }
 
+void geglu(float* gate, const float* up, int64_t n) {
+  constexpr float kC = 0.7978845608028654f;  // sqrt(2 / pi)
+  thread_pool().parallel_for(n, 4096, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const float g = gate[i];
+      gate[i] = 0.5f * g * (1.0f + std::tanh(kC * (g + 0.044715f * g * g * g))) * up[i];
+    }
+  });
+}
+
+void scale(float* x, float s, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] *= s;
+}
+
 void add(float* x, const float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] += y[i];
 }
@@ -394,6 +408,11 @@ void partials(const float* q, int32_t group, const float* k, const float* v, int
   }
 }
 
+// The first key position a query at pos sees.
+inline int32_t first_key(const AttentionArgs& a, int32_t pos) {
+  return a.window > 0 ? pos - a.window + 1 : 0;
+}
+
 // Dequantizes rows [0, n) of head h of a span's K and V into k, v ([n][d] f32).
 void load_span(const KvLayout& l, const Span& sp, int32_t h, int32_t n, float* k, float* v) {
   const int32_t d = l.head_dim;
@@ -429,10 +448,11 @@ void attention(const AttentionArgs& a) {
                           hk = static_cast<int32_t>(task % l.n_head_kv);
             const Span& sp = a.spans[s];
             const int32_t n = std::min(sp.n, pos - sp.start + 1);
+            const int32_t j0 = std::clamp(first_key(a, pos) - sp.start, 0, std::max(n, 0));
             float *k = buf.data(), *v = k + P * d, *sc = v + P * d;
             if (n > 0) load_span(l, sp, hk, n, k, v);
-            partials(a.q + hk * group * d, group, k, v, n, d, a.scale, sc, at(s, hk * group),
-                     d + 3);
+            partials(a.q + hk * group * d, group, k + j0 * d, v + j0 * d, n - j0, d, a.scale, sc,
+                     at(s, hk * group), d + 3);
           }
         });
     for (int32_t h = 0; h < a.n_head; ++h) {
@@ -457,18 +477,21 @@ void attention(const AttentionArgs& a) {
                           hk = static_cast<int32_t>(task % l.n_head_kv);
             const int32_t t0 = tile * kQTile, t1 = std::min(a.n_tok, t0 + kQTile);
             float *k = buf.data(), *v = k + P * d, *sc = v + P * d, *po = sc + group * P;
-            int32_t max_pos = 0;
-            for (int32_t t = t0; t < t1; ++t) max_pos = std::max(max_pos, a.pos[t]);
+            int32_t max_pos = 0, min_pos = INT32_MAX;
+            for (int32_t t = t0; t < t1; ++t)
+              max_pos = std::max(max_pos, a.pos[t]), min_pos = std::min(min_pos, a.pos[t]);
             for (int32_t s = 0; s < a.n_spans; ++s) {
               const Span& sp = a.spans[s];
               if (sp.start > max_pos) break;
+              if (sp.start + sp.n <= first_key(a, min_pos)) continue;  // before every window
               const int32_t nload = std::min(sp.n, max_pos - sp.start + 1);
               load_span(l, sp, hk, nload, k, v);
               for (int32_t t = t0; t < t1; ++t) {
                 const int32_t n = std::min(sp.n, a.pos[t] - sp.start + 1);
-                if (n <= 0) continue;
-                partials(a.q + t * qstride + hk * group * d, group, k, v, n, d, a.scale, sc, po,
-                         d + 3);
+                const int32_t j0 = std::max(0, first_key(a, a.pos[t]) - sp.start);
+                if (n - j0 <= 0) continue;
+                partials(a.q + t * qstride + hk * group * d, group, k + j0 * d, v + j0 * d, n - j0,
+                         d, a.scale, sc, po, d + 3);
                 for (int32_t g = 0; g < group; ++g) {
                   const int32_t h = hk * group + g;
                   const float* pg = po + g * (d + 3);

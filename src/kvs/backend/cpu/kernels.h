@@ -12,6 +12,8 @@ void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n, 
 void matmul(const Matrix& w, const float* x, float* y, int64_t n_tok, const float* bias);
 void rope(float* x, const int32_t* pos, int32_t n_tok, int32_t n_head, const RopeParams& p);
 void swiglu(float* gate, const float* up, int64_t n);
+void geglu(float* gate, const float* up, int64_t n);
+void scale(float* x, float s, int64_t n);
 void add(float* x, const float* y, int64_t n);
 void kv_write(const KvLayout& l, const float* k, const float* v, int32_t n_tok,
               uint8_t* const* pages, const int32_t* slots);

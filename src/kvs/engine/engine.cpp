@@ -63,10 +63,18 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt)
   rope_.base = cfg_.rope_base;
   rope_.linear_scale = cfg_.rope_linear_scale;
   rope_.freq_factors = w_.rope_freqs.empty() ? nullptr : w_.rope_freqs.data();
-  scale_ = 1.0f / std::sqrt(static_cast<float>(cfg_.head_dim));
+  rope_swa_ = rope_;
+  rope_swa_.base = cfg_.rope_base_swa;
+  rope_swa_.linear_scale = 1.0f;
+  rope_swa_.freq_factors = nullptr;
+  KVS_CHECK(cfg_.n_layers_of(LayerKind::Recurrent) == 0, "recurrent layers are not supported yet");
+  kv_index_.assign(static_cast<size_t>(cfg_.n_layer), -1);
+  for (int32_t il = 0, n = 0; il < cfg_.n_layer; ++il)
+    if (full(il)) kv_index_[static_cast<size_t>(il)] = n++;
+  shape_ = kv_shape(cfg_, opt);
 
-  const int32_t P = opt.page_size, L = cfg_.n_layer;
-  max_pages_ = (opt.n_ctx + P - 1) / P;
+  const int32_t L = cfg_.n_layer;
+  max_pages_ = shape_.max_pages;
   slots_.resize(static_cast<size_t>(opt.n_seq));
   for (Slot& s : slots_)
     s.frames.resize(static_cast<size_t>(L)), s.spans.resize(static_cast<size_t>(L));
@@ -94,7 +102,9 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt)
   dev.reserve(w_, opt.n_batch, opt.n_seq, opt.kv_mode == KvMode::Host ? 0 : max_pages_, cfg_.n_head,
               cfg_.head_dim);
   const size_t page = kv_.page_bytes();
-  const int64_t all_frames = int64_t{max_pages_} * L * opt.n_seq;
+  const int64_t all_frames =
+      (int64_t{max_pages_} * shape_.n_full + int64_t{shape_.window_pages} * shape_.n_window) *
+      opt.n_seq;
   KVS_CHECK(all_frames < (int64_t{1} << 31), "the KV cache has too many pages; raise --page-size");
   const size_t all_bytes = static_cast<size_t>(all_frames) * page;
   const size_t free_bytes = dev.capacity() == 0 ? SIZE_MAX : dev.capacity() - dev.used();
@@ -119,7 +129,9 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt)
     dev.set_balloon(true);
     return;
   }
-  if (opt.kv_mode == KvMode::Resident) {
+  // Without full layers nothing can stream: everything is resident.
+  if (opt.kv_mode == KvMode::Resident ||
+      (shape_.n_full == 0 && (opt.kv_mode == KvMode::Auto || opt.kv_mode == KvMode::Stream))) {
     const size_t arena = opt.kv_arena ? opt.kv_arena : std::min(all_bytes, free_bytes);
     if (arena < all_bytes)
       fail("--kv-mode resident: the KV cache of -c ", opt.n_ctx, " x --parallel ", opt.n_seq,
@@ -149,7 +161,7 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt)
          ") is below the minimum of ", format_bytes(min_arena), ": ", fixed_frames_,
          " frames for the pages being written plus one ring slot, ", format_bytes(page),
          " each; raise --kv-arena or --vram-limit, or lower --page-size, -b or --parallel");
-  host_ = std::make_unique<HostStore>(dev, page, L, opt.n_seq, max_pages_);
+  host_ = std::make_unique<HostStore>(dev, page, shape_.n_full, opt.n_seq, max_pages_);
   pool_ = std::make_unique<DevicePool>(dev, arena, page);
   ring_ = std::make_unique<Ring>(dev, *host_, *pool_, page);
   wb_ = dev.make_fence();
@@ -172,15 +184,37 @@ size_t Engine::activation_bytes(const ModelConfig& c, const EngineOptions& o) {
          sizeof(float);
 }
 
-// Each sequence's tail page in every layer, plus twice the pages one prompt chunk can fill in a
-// layer (one layer's write-backs may still run while the next layer fills its pages).
+// Each sequence's tail page in every full layer, plus twice the pages one prompt chunk can fill
+// in a layer (one layer's write-backs may still run while the next layer fills its pages), plus
+// every sequence's window in every window layer.
 int32_t Engine::fixed_frames(const ModelConfig& c, const EngineOptions& o) {
+  const KvShape k = kv_shape(c, o);
   const int32_t P = o.page_size;
-  return o.n_seq * c.n_layer + 2 * ((o.n_batch + P - 1) / P + o.n_seq);
+  return o.n_seq * (k.n_full + k.n_window * k.window_pages) + 2 * ((o.n_batch + P - 1) / P + o.n_seq);
+}
+
+// A window layer's pages hold the last n_swa - 1 positions between steps and the step's own n
+// (at most -b) during one: ceil((n_swa - 1 + n_batch) / P) pages, one more where they straddle.
+KvShape Engine::kv_shape(const ModelConfig& c, const EngineOptions& o) {
+  KvShape k;
+  const int64_t P = o.page_size;
+  k.n_full = c.n_layers_of(LayerKind::Full);
+  k.n_window = c.n_layers_of(LayerKind::Window);
+  k.max_pages = static_cast<int32_t>((o.n_ctx + P - 1) / P);
+  if (k.n_window > 0)
+    k.window_pages = static_cast<int32_t>(
+        std::min<int64_t>(k.max_pages, (int64_t{c.n_swa} - 1 + o.n_batch + P - 1) / P + 1));
+  const KvLayout l = KvLayout::make(o.k_type, o.v_type, o.page_size, c.n_head_kv, c.head_dim);
+  k.page_bytes = l.page_bytes();
+  const size_t seqs = static_cast<size_t>(o.n_seq);
+  k.full_bytes = static_cast<size_t>(k.max_pages) * static_cast<size_t>(k.n_full) * seqs * k.page_bytes;
+  k.window_bytes =
+      static_cast<size_t>(k.window_pages) * static_cast<size_t>(k.n_window) * seqs * k.page_bytes;
+  return k;
 }
 
 size_t Engine::kv_bytes_per_token() const {
-  return static_cast<size_t>(cfg_.n_layer) * (kv_.k_row + kv_.v_row);
+  return static_cast<size_t>(shape_.n_full) * (kv_.k_row + kv_.v_row);
 }
 
 Sequence Engine::open_sequence() {
@@ -264,14 +298,15 @@ void Engine::fill_random(Sequence& s, int32_t n, uint32_t seed) {
         add_pages(il, batch);
         dev_.kv_write(kv_, k_.as<float>(), v_.as<float>(), m, kv_pages(il, batch),
                       page_slot_.data());
-        if (ring_) {
+        if (ring_ && full(il)) {
           write_back(il, batch);
-          ring_->layers_done(il + 1);
+          ring_->layers_done(store_layer(il) + 1);
         }
       }
     }
     s.n_past += m;
     slots_[static_cast<size_t>(s.id)].n_past = s.n_past;
+    trim_windows(s);
   }
 }
 
@@ -315,7 +350,7 @@ void Engine::replan(const std::vector<BatchEntry>& batch) {
   PlanInput in;
   in.arena_bytes = pool_->bytes();
   in.page_bytes = kv_.page_bytes();
-  in.n_layer = cfg_.n_layer;
+  in.n_layer = shape_.n_full;
   in.fixed_frames = fixed_frames_;
   in.seq_pages = pages;
   in.h2d_bytes_per_s = h2d_;
@@ -346,9 +381,10 @@ void Engine::apply(const Plan& p) {
     if (!sl.live) continue;
     const int32_t done = sl.n_past / P;  // complete pages; the tail keeps its frame
     for (int32_t l = 0; l < L; ++l) {
+      if (!full(l)) continue;
       auto& fr = sl.frames[static_cast<size_t>(l)];
       for (int32_t q = 0; q < done; ++q)
-        if (fr[static_cast<size_t>(q)] >= 0 && q >= resident_cap(p, s, l)) {
+        if (fr[static_cast<size_t>(q)] >= 0 && q >= resident_cap(p, s, store_layer(l))) {
           pool_->give(fr[static_cast<size_t>(q)]);
           fr[static_cast<size_t>(q)] = -1;
         }
@@ -373,13 +409,14 @@ void Engine::apply(const Plan& p) {
     if (!sl.live) continue;
     const int32_t done = sl.n_past / P;
     for (int32_t l = 0; l < L; ++l) {
+      if (!full(l)) continue;
       auto& fr = sl.frames[static_cast<size_t>(l)];
-      for (int32_t q = 0; q < std::min(done, resident_cap(p, s, l)); ++q)
+      for (int32_t q = 0; q < std::min(done, resident_cap(p, s, store_layer(l))); ++q)
         if (fr[static_cast<size_t>(q)] < 0) {
           const int32_t g = pool_->take();
           KVS_CHECK(g >= 0, "repartition: no frame for a page the plan makes resident");
-          dev_.copy(Stream::Compute, pool_->frame(g), host_->page(static_cast<int32_t>(s), l, q),
-                    kv_.page_bytes());
+          dev_.copy(Stream::Compute, pool_->frame(g),
+                    host_->page(static_cast<int32_t>(s), store_layer(l), q), kv_.page_bytes());
           fr[static_cast<size_t>(q)] = g;
         }
     }
@@ -400,17 +437,36 @@ void Engine::add_pages(int32_t il, const std::vector<BatchEntry>& batch) {
   }
 }
 
+void Engine::trim_windows(const Sequence& s) {
+  if (shape_.n_window == 0 || host_dev_) return;  // host mode keeps every page on the host
+  const int32_t keep = std::max(0, s.n_past - cfg_.n_swa + 1) / opt_.page_size;
+  Slot& sl = slots_[static_cast<size_t>(s.id)];
+  for (int32_t il = 0; il < cfg_.n_layer; ++il) {
+    if (full(il)) continue;
+    auto& fr = sl.frames[static_cast<size_t>(il)];
+    for (int32_t p = std::min(keep, static_cast<int32_t>(fr.size())) - 1; p >= 0; --p) {
+      int32_t& f = fr[static_cast<size_t>(p)];
+      if (f < 0) break;  // the pages before it went earlier
+      pool_->give(f);
+      f = -1;
+    }
+  }
+}
+
 // The non-resident pages of a pass in visiting order: layer, then sequence, then page. With
 // `next`, those of the pass after it, if every sequence goes on.
 std::vector<RingItem> Engine::ring_items(const std::vector<BatchEntry>& batch, bool next) const {
   std::vector<RingItem> items;
   const int32_t P = opt_.page_size;
-  for (int32_t l = 0; l < cfg_.n_layer; ++l)
+  for (int32_t l = 0; l < cfg_.n_layer; ++l) {
+    if (!full(l)) continue;
     for (const BatchEntry& e : batch) {
       const int32_t s = e.seq->id;
       const int32_t done = (e.seq->n_past + (next ? e.n : 0)) / P;
-      for (int32_t q = std::min(done, cap(s, l)); q < done; ++q) items.push_back({l, s, q});
+      for (int32_t q = std::min(done, cap(s, l)); q < done; ++q)
+        items.push_back({store_layer(l), s, q});
     }
+  }
   return items;
 }
 
@@ -442,12 +498,11 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
   last_.n_tokens = n_tok;
   last_.n_seqs = static_cast<int32_t>(batch.size());
 
-  const ModelConfig& c = cfg_;
-  const int64_t d = c.n_embd, P = opt_.page_size;
-  std::vector<int32_t> offs(batch.size());
+  const int64_t P = opt_.page_size;
+  Pass pass{batch, std::vector<int32_t>(batch.size()), n_tok, 0};
   for (size_t i = 0, t = 0; i < batch.size(); ++i) {
     const BatchEntry& e = batch[i];
-    offs[i] = static_cast<int32_t>(t);
+    pass.offs[i] = static_cast<int32_t>(t);
     for (int32_t j = 0; j < e.n; ++j, ++t) {
       ids_[t] = e.tokens[j];
       pos_[t] = e.seq->n_past + j;
@@ -457,9 +512,6 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
   if (ring_) replan(batch);
   if (ring_) ring_->begin_step(ring_items(batch, false), ring_items(batch, true));
 
-  float *x = x_.as<float>(), *h = h_.as<float>(), *q = q_.as<float>(), *k = k_.as<float>(),
-        *v = v_.as<float>(), *att = att_.as<float>(), *gate = gate_.as<float>(),
-        *up = up_.as<float>();
   // Decode steps with nothing to stream touch only the compute stream (a write-back cuts the
   // recording): the device may record and replay them (prefill steps are few and long,
   // launches do not matter there).
@@ -473,67 +525,30 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
                 ? &dev_
                 : nullptr};
   if (capture.dev) dev_.begin_step();
-  dev_.embed(w_.tok_embd, ids_.data(), n_tok, x);
-  int32_t cursor = 0;  // next ring item
-  for (int32_t il = 0; il < c.n_layer; ++il) {
-    const LayerWeights& L = w_.layers[static_cast<size_t>(il)];
-    dev_.rmsnorm(x, L.attn_norm.data(), h, n_tok, d, c.norm_eps);
-    const auto bias = [](const Vec& b) { return b.empty() ? nullptr : b.data(); };
-    const MatJob qkv[] = {{&L.wq, q, bias(L.bq)}, {&L.wk, k, bias(L.bk)}, {&L.wv, v, bias(L.bv)}};
-    dev_.matmuls(h, n_tok, qkv, 3);
-    // The batch's K and V rows go to their pages in the rope's own pass (host mode: attend_host),
-    // which normalizes the q and k heads first where the model has it.
-    const bool host = opt_.kv_mode == KvMode::Host;
-    const QkNorm norm{L.q_norm.data(), L.k_norm.data(), c.norm_eps};
-    if (host) {
-      if (c.qk_norm) {
-        dev_.rmsnorm(q, norm.q, q, int64_t{n_tok} * c.n_head, c.head_dim, c.norm_eps);
-        dev_.rmsnorm(k, norm.k, k, int64_t{n_tok} * c.n_head_kv, c.head_dim, c.norm_eps);
-      }
-      dev_.rope(q, k, pos_.data(), n_tok, c.n_head, c.n_head_kv, rope_);
-    } else {
-      add_pages(il, batch);
-      dev_.rope_kv_write(q, k, v, pos_.data(), n_tok, c.n_head, rope_, kv_, kv_pages(il, batch),
-                         page_slot_.data(), c.qk_norm ? &norm : nullptr);
-    }
-    for (size_t i = 0; i < batch.size(); ++i) {
-      if (host)
-        attend_host(il, batch[i], offs[i]);
-      else
-        attend(il, batch[i], offs[i], cursor);
-    }
-    if (ring_) {
-      write_back(il, batch);
-      ring_->layers_done(il + 1);
-    }
-    const MatJob out{&L.wo, x, nullptr, true};
-    dev_.matmuls(att, n_tok, &out, 1);
-
-    dev_.rmsnorm(x, L.ffn_norm.data(), h, n_tok, d, c.norm_eps);
-    const MatJob ffn[] = {{&L.gate, gate}, {&L.up, up}};
-    dev_.matmuls(h, n_tok, ffn, 2);
-    dev_.swiglu(gate, up, int64_t{n_tok} * c.n_ff);
-    const MatJob down{&L.down, x, nullptr, true};
-    dev_.matmuls(gate, n_tok, &down, 1);
+  switch (cfg_.arch) {
+    case Arch::Llama:
+    case Arch::Qwen2:
+    case Arch::Qwen3:
+      forward_llama(pass);
+      break;
+    case Arch::Gemma3:
+      forward_gemma3(pass);
+      break;
   }
-  KVS_CHECK(!ring_ || cursor == ring_->n_items(), "ring: ", ring_->n_items() - cursor,
+  KVS_CHECK(!ring_ || pass.cursor == ring_->n_items(), "ring: ", ring_->n_items() - pass.cursor,
             " streamed pages were not read");
-  // Logits of each entry's last token.
-  for (size_t i = 0; i < batch.size(); ++i) {
-    const float* last = x + (offs[i] + batch[i].n - 1) * d;
-    dev_.rmsnorm(last, w_.output_norm.data(), h + i * d, 1, d, c.norm_eps);
-  }
-  dev_.matmul(w_.output, h, logits_.as<float>(), static_cast<int64_t>(batch.size()), nullptr);
+  output_logits(pass);
   if (capture.dev) {
     capture.dev = nullptr;
     dev_.end_step(true);
   }
   last_.issue_s = now() - t0;
   dev_.download(hlogits_.as(), logits_.as<float>(),
-                batch.size() * static_cast<size_t>(c.n_vocab) * sizeof(float));
+                batch.size() * static_cast<size_t>(cfg_.n_vocab) * sizeof(float));
   for (const BatchEntry& e : batch) {
     e.seq->n_past += e.n;
     slots_[static_cast<size_t>(e.seq->id)].n_past = e.seq->n_past;
+    trim_windows(*e.seq);
   }
 
   last_.seconds = now() - t0;
@@ -564,9 +579,57 @@ void Engine::measure(const StepStats& st) {
   if (st.copy_busy_s > 0 && st.bytes_in > 0)
     h2d_ = ema(h2d_, static_cast<double>(st.bytes_in) / st.copy_busy_s);
   if (st.n_tokens == st.n_seqs) {  // decode steps: the figures the plan is for
-    layer_s_ = ema(layer_s_, std::max(0.0, st.seconds - st.ready_wait_s) / cfg_.n_layer);
+    // Per full layer, the window layers' time between them included: what the ring must cover.
+    layer_s_ = ema(layer_s_, std::max(0.0, st.seconds - st.ready_wait_s) / std::max(1, shape_.n_full));
     stall_s_ = ema(stall_s_, st.ready_wait_s);
   }
+}
+
+void Engine::self_attention(Pass& p, int32_t il) {
+  const ModelConfig& c = cfg_;
+  const LayerWeights& L = w_.layers[static_cast<size_t>(il)];
+  const int32_t n = p.n_tok;
+  float *h = h_.as<float>(), *q = q_.as<float>(), *k = k_.as<float>(), *v = v_.as<float>();
+  const auto bias = [](const Vec& b) { return b.empty() ? nullptr : b.data(); };
+  const MatJob qkv[] = {{&L.wq, q, bias(L.bq)}, {&L.wk, k, bias(L.bk)}, {&L.wv, v, bias(L.bv)}};
+  dev_.matmuls(h, n, qkv, 3);
+  // The batch's K and V rows go to their pages in the rope's own pass (host mode: attend_host),
+  // which normalizes the q and k heads first where the model has it.
+  const RopeParams& rope = full(il) ? rope_ : rope_swa_;
+  const QkNorm norm{L.q_norm.data(), L.k_norm.data(), c.norm_eps};
+  const bool host = opt_.kv_mode == KvMode::Host;
+  if (host) {
+    if (c.qk_norm) {
+      dev_.rmsnorm(q, norm.q, q, int64_t{n} * c.n_head, c.head_dim, c.norm_eps);
+      dev_.rmsnorm(k, norm.k, k, int64_t{n} * c.n_head_kv, c.head_dim, c.norm_eps);
+    }
+    dev_.rope(q, k, pos_.data(), n, c.n_head, c.n_head_kv, rope);
+  } else {
+    add_pages(il, p.batch);
+    dev_.rope_kv_write(q, k, v, pos_.data(), n, c.n_head, rope, kv_, kv_pages(il, p.batch),
+                       page_slot_.data(), c.qk_norm ? &norm : nullptr);
+  }
+  for (size_t i = 0; i < p.batch.size(); ++i) {
+    if (host)
+      attend_host(il, p.batch[i], p.offs[i]);
+    else
+      attend(il, p.batch[i], p.offs[i], p.cursor);
+  }
+  if (ring_ && full(il)) {
+    write_back(il, p.batch);
+    ring_->layers_done(store_layer(il) + 1);
+  }
+}
+
+void Engine::output_logits(Pass& p) {
+  const int64_t d = cfg_.n_embd;
+  const float* x = x_.as<float>();
+  float* h = h_.as<float>();
+  for (size_t i = 0; i < p.batch.size(); ++i) {
+    const float* last = x + (p.offs[i] + p.batch[i].n - 1) * d;
+    dev_.rmsnorm(last, w_.output_norm.data(), h + static_cast<int64_t>(i) * d, 1, d, cfg_.norm_eps);
+  }
+  dev_.matmul(w_.output, h, logits_.as<float>(), static_cast<int64_t>(p.batch.size()), nullptr);
 }
 
 uint8_t* const* Engine::kv_pages(int32_t il, const std::vector<BatchEntry>& batch) {
@@ -595,8 +658,21 @@ void Engine::attend(int32_t il, const BatchEntry& e, int32_t off, int32_t& curso
   a.n_tok = e.n;
   a.kv = kv_;
   a.n_head = cfg_.n_head;
-  a.scale = scale_;
+  a.scale = cfg_.attn_scale;
   a.first = true;
+  if (!full(il)) {  // the window's pages, always resident
+    a.window = cfg_.n_swa;
+    spans_.clear();
+    for (int32_t p = std::max(0, e.seq->n_past - cfg_.n_swa + 1) / P; p * P < total; ++p) {
+      const int32_t f = fr[static_cast<size_t>(p)];
+      KVS_CHECK(f >= 0, "window: page ", p, " of layer ", il, " has no frame; this is a bug");
+      spans_.push_back({pool_->frame(f), p * P, std::min(P, total - p * P)});
+    }
+    a.spans = spans_.data();
+    a.n_spans = static_cast<int32_t>(spans_.size());
+    dev_.attention(a);
+    return;
+  }
   // Every page resident: the layer's spans as last built, the last one lengthened (pages
   // before the last are full).
   SpanCache& sc = slots_[static_cast<size_t>(s)].spans[static_cast<size_t>(il)];
@@ -639,7 +715,7 @@ void Engine::attend(int32_t il, const BatchEntry& e, int32_t off, int32_t& curso
       spans_.push_back({pool_->frame(f), sp.start, sp.n});
       continue;
     }
-    KVS_CHECK(ring_ && cursor < ring_->n_items() && ring_->item(cursor) == (RingItem{il, s, p}),
+    KVS_CHECK(ring_ && cursor < ring_->n_items() && ring_->item(cursor) == (RingItem{store_layer(il), s, p}),
               "ring: the schedule does not match the pages of layer ", il);
     if (chunk >= 0 && ring_->chunk_of(cursor) != chunk) flush(false);
     chunk = ring_->chunk_of(cursor);
@@ -665,7 +741,8 @@ void Engine::write_back(int32_t il, const std::vector<BatchEntry>& batch) {
         any = true;
       }
       const int32_t f = fr[static_cast<size_t>(p)];
-      dev_.copy(Stream::CopyOut, host_->page(s, il, p), pool_->frame(f), kv_.page_bytes());
+      dev_.copy(Stream::CopyOut, host_->page(s, store_layer(il), p), pool_->frame(f),
+                kv_.page_bytes());
       last_.bytes_out += kv_.page_bytes();
       if (p >= cap(s, il)) {
         pending_.push_back(f);
@@ -693,7 +770,8 @@ void Engine::attend_host(int32_t il, const BatchEntry& e, int32_t off) {
   host_dev_->kv_write(kv_, hk_.data(), hv_.data(), e.n, dst_.data(), page_slot_.data() + off);
   spans_.clear();
   const int32_t total = e.seq->n_past + e.n;
-  for (int32_t p = 0; p * P < total; ++p)
+  const int32_t window = full(il) ? 0 : cfg_.n_swa;
+  for (int32_t p = window > 0 ? std::max(0, e.seq->n_past - window + 1) / P : 0; p * P < total; ++p)
     spans_.push_back({host_->page(s, il, p), p * P, std::min(P, total - p * P)});
   AttentionArgs a;
   a.q = hq_.data();
@@ -705,7 +783,8 @@ void Engine::attend_host(int32_t il, const BatchEntry& e, int32_t off) {
   a.n_spans = static_cast<int32_t>(spans_.size());
   a.kv = kv_;
   a.n_head = cfg_.n_head;
-  a.scale = scale_;
+  a.scale = cfg_.attn_scale;
+  a.window = window;
   host_dev_->attention(a);
   dev_.upload(att_.as<float>() + off * qd, hatt_.data(), static_cast<size_t>(e.n * qd) * f);
 }

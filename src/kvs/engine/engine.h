@@ -71,6 +71,16 @@ struct EngineStats {
   size_t bytes_in = 0, bytes_out = 0;
 };
 
+// The KV cache's shape by layer kind, for planning without building an engine.
+struct KvShape {
+  int32_t n_full = 0, n_window = 0;  // layers of each kind
+  int32_t max_pages = 0;             // pages of one sequence's whole history in a full layer
+  int32_t window_pages = 0;          // frames one sequence's window takes in a window layer
+  size_t page_bytes = 0;
+  size_t full_bytes = 0;    // every full layer's history of every sequence
+  size_t window_bytes = 0;  // every window layer's frames of every sequence
+};
+
 class Engine {
  public:
   Engine(const Model& model, Device& dev, const EngineOptions& opt);
@@ -81,6 +91,7 @@ class Engine {
   // Sizes the engine will use, for planning without building it.
   static size_t activation_bytes(const ModelConfig& c, const EngineOptions& o);
   static int32_t fixed_frames(const ModelConfig& c, const EngineOptions& o);
+  static KvShape kv_shape(const ModelConfig& c, const EngineOptions& o);
 
   Sequence open_sequence();
   void close_sequence(Sequence& s);  // returns its pages to the pool
@@ -98,7 +109,8 @@ class Engine {
   void fill_random(Sequence& s, int32_t n, uint32_t seed);
 
   const KvLayout& kv_layout() const { return kv_; }
-  size_t kv_bytes_per_token() const;
+  const KvShape& kv_shape() const { return shape_; }
+  size_t kv_bytes_per_token() const;  // what the history grows by (full layers)
   const EngineOptions& options() const { return opt_; }
   const Plan& plan() const { return plan_; }
   size_t arena_bytes() const { return pool_ ? pool_->bytes() : 0; }
@@ -120,17 +132,43 @@ class Engine {
   struct Slot {
     bool live = false;
     int32_t n_past = 0;
-    std::vector<std::vector<int32_t>> frames;  // [layer][page] -> pool frame, -1: host only
-    std::vector<SpanCache> spans;              // [layer]
+    // [layer][page] -> pool frame; -1: host only (full layers) or behind the window
+    std::vector<std::vector<int32_t>> frames;
+    std::vector<SpanCache> spans;  // [layer]
   };
-  int32_t cap(int32_t seq, int32_t layer) const {
-    return resident_cap(plan_, static_cast<size_t>(seq), layer);
+  // One forward pass: the batch, where each entry's rows start, the next ring item.
+  struct Pass {
+    const std::vector<BatchEntry>& batch;
+    std::vector<int32_t> offs;
+    int32_t n_tok = 0;
+    int32_t cursor = 0;
+  };
+  // The resident cap of a full layer's pages (il: the model's layer).
+  int32_t cap(int32_t seq, int32_t il) const {
+    return resident_cap(plan_, static_cast<size_t>(seq), kv_index_[static_cast<size_t>(il)]);
   }
+  bool full(int32_t il) const { return cfg_.kinds[static_cast<size_t>(il)] == LayerKind::Full; }
+  // The layer's index in the host store and the ring: among the full layers, or (host mode,
+  // where the host keeps every layer) the layer itself.
+  int32_t store_layer(int32_t il) const {
+    return host_dev_ ? il : kv_index_[static_cast<size_t>(il)];
+  }
+
+  // The forward pass of each architecture family (engine/forward_*.cpp) over the blocks below.
+  void forward_llama(Pass& p);
+  void forward_gemma3(Pass& p);
+  // h_ (the normed rows) -> q, k, v -> the layer's pages -> att_: every entry's attention.
+  void self_attention(Pass& p, int32_t il);
+  // Each entry's last row of x_ -> logits_.
+  void output_logits(Pass& p);
+
   void replan(const std::vector<BatchEntry>& batch);
   void apply(const Plan& p);
   int32_t take_frame();
   void reclaim(bool wait);
   void add_pages(int32_t il, const std::vector<BatchEntry>& batch);
+  // Gives back the window layers' frames no later query of s can see.
+  void trim_windows(const Sequence& s);
   std::vector<RingItem> ring_items(const std::vector<BatchEntry>& batch, bool next) const;
   // The page frames of the batch's tokens at layer il, in batch order (in dst_).
   uint8_t* const* kv_pages(int32_t il, const std::vector<BatchEntry>& batch);
@@ -144,8 +182,9 @@ class Engine {
   EngineOptions opt_;
   Weights w_;
   KvLayout kv_;
-  RopeParams rope_;
-  float scale_ = 1.0f;
+  KvShape shape_;
+  std::vector<int32_t> kv_index_;  // [layer]: index among the full layers, -1 for the others
+  RopeParams rope_, rope_swa_;     // full and window layers
   int32_t max_pages_ = 0;  // per layer and sequence
   int32_t fixed_frames_ = 0;
   std::vector<Slot> slots_;

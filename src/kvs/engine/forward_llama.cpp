@@ -1,0 +1,29 @@
+// The llama family's forward pass (llama, qwen2, qwen3): pre-norm blocks, SwiGLU.
+#include "kvs/engine/engine.h"
+
+namespace kvs {
+
+void Engine::forward_llama(Pass& p) {
+  const ModelConfig& c = cfg_;
+  const int64_t d = c.n_embd;
+  const int32_t n = p.n_tok;
+  float *x = x_.as<float>(), *h = h_.as<float>(), *att = att_.as<float>(),
+        *gate = gate_.as<float>(), *up = up_.as<float>();
+  dev_.embed(w_.tok_embd, ids_.data(), n, x);
+  for (int32_t il = 0; il < c.n_layer; ++il) {
+    const LayerWeights& L = w_.layers[static_cast<size_t>(il)];
+    dev_.rmsnorm(x, L.attn_norm.data(), h, n, d, c.norm_eps);
+    self_attention(p, il);
+    const MatJob out{&L.wo, x, nullptr, true};
+    dev_.matmuls(att, n, &out, 1);
+
+    dev_.rmsnorm(x, L.ffn_norm.data(), h, n, d, c.norm_eps);
+    const MatJob ffn[] = {{&L.gate, gate}, {&L.up, up}};
+    dev_.matmuls(h, n, ffn, 2);
+    dev_.swiglu(gate, up, int64_t{n} * c.n_ff);
+    const MatJob down{&L.down, x, nullptr, true};
+    dev_.matmuls(gate, n, &down, 1);
+  }
+}
+
+}  // namespace kvs

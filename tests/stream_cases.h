@@ -120,12 +120,18 @@ inline std::pair<size_t, int32_t> page_and_fixed(const Model& m, const Case& c) 
   return {l.page_bytes(), Engine::fixed_frames(m.config, o)};
 }
 
-// Bytes of the whole KV (every sequence at -c) plus the frames streaming always keeps.
+// Bytes of the whole KV (every sequence at -c in the full layers) plus the frames streaming
+// always keeps (the windows among them).
 inline size_t full_arena(const Model& m, const Case& c) {
   const auto [page, fixed] = page_and_fixed(m, c);
-  const size_t pages =
-      static_cast<size_t>((c.n_ctx + c.page - 1) / c.page) * m.config.n_layer * c.prompt_len.size();
-  return (pages + static_cast<size_t>(fixed)) * page;
+  EngineOptions o;
+  o.n_ctx = c.n_ctx;
+  o.n_seq = static_cast<int32_t>(c.prompt_len.size());
+  o.n_batch = c.batch;
+  o.page_size = c.page;
+  o.k_type = c.kt;
+  o.v_type = c.vt;
+  return Engine::kv_shape(m.config, o).full_bytes + static_cast<size_t>(fixed) * page;
 }
 
 inline size_t min_arena(const Model& m, const Case& c) {

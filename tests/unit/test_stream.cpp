@@ -85,6 +85,55 @@ TEST(StreamExact, HostModeEqualsResident) {
   }
 }
 
+// Window layers keep their last n_swa positions resident and never stream, while the full
+// layers stream as before. Random windows (below a page to past the context), layer kinds,
+// arenas and 1-4 sequences. The resident run's pool holds exactly the windows' frames, so a
+// frame the window does not give back fails it.
+TEST(StreamExact, WindowLayersAreBitIdenticalToResident) {
+  std::mt19937 g(20261205);
+  const LayerKind W = LayerKind::Window, F = LayerKind::Full;
+  const std::vector<LayerKind> patterns[] = {{W, F}, {F, W}, {W, W}};
+  int streamed_cases = 0;
+  for (int k = 0; k < 24; ++k) {
+    Case c = random_case(g, k);
+    auto m = Model::load("synthetic:" + c.preset);
+    const int p = static_cast<int>(g() % 3);
+    m->config.kinds = patterns[p];
+    // Mostly windows well behind the history, whose pages must be recycled; some past it.
+    m->config.n_swa = static_cast<int32_t>(k % 4 == 3 ? 1 + g() % 600 : 1 + g() % 64);
+    c.n_ctx = 512;
+    c.gen_len[0] += 250;
+    const size_t arena = case_arena(*m, c);
+    SCOPED_TRACE(cat(c.str(), " window ", m->config.n_swa, " pattern ", p));
+    const Result want = run(*m, c, KvMode::Resident, 0);
+    const Result got = run(*m, c, c.mode, arena);
+    expect_same(want, got, c.str());
+    if (got.totals.bytes_in > 0) ++streamed_cases;
+    if (p == 2) {
+      EXPECT_EQ(got.totals.bytes_in, 0u) << "window layers only: nothing may stream";
+    }
+    if (k % 4 == 0) expect_same(want, run(*m, c, KvMode::Host, 0), "host");
+  }
+  EXPECT_GE(streamed_cases, 8);
+}
+
+// A window as long as the history masks nothing: the logits are those of full layers, bit for
+// bit; one token shorter, the first token drops out and they differ.
+TEST(StreamExact, AWindowMasksOnlyWhatIsBehindIt) {
+  Case c;
+  c.preset = "tiny";
+  c.page = 8;
+  c.prompt_len = {60};
+  c.gen_len = {0};
+  auto m = Model::load("synthetic:tiny");
+  const Result full = run(*m, c, KvMode::Resident, 0);
+  m->config.kinds = {LayerKind::Window, LayerKind::Window};
+  m->config.n_swa = 60;
+  expect_same(full, run(*m, c, KvMode::Resident, 0), "window 60");
+  m->config.n_swa = 59;
+  EXPECT_NE(run(*m, c, KvMode::Resident, 0).logits, full.logits);
+}
+
 // bench --fill random: random K/V rows written straight into the cache, then decode steps. The
 // rows land where a prefill would put them, so every mode decodes the same logits, and the same
 // seed gives the same cache.

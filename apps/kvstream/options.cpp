@@ -156,9 +156,8 @@ void check_host_kv(const EngineOptions& o, const ModelConfig& c, const std::stri
                    std::string flags) {
   if (backend != "cpu") return;
   if (flags.empty()) flags = cat("-c/--ctx-size ", o.n_ctx, " x -np/--parallel ", o.n_seq);
-  const KvLayout kv = KvLayout::make(o.k_type, o.v_type, o.page_size, c.n_head_kv, c.head_dim);
-  const double pages = std::ceil(static_cast<double>(o.n_ctx) / o.page_size);
-  const double bytes = pages * static_cast<double>(kv.page_bytes()) * c.n_layer * o.n_seq;
+  const KvShape k = Engine::kv_shape(c, o);
+  const double bytes = static_cast<double>(k.full_bytes) + static_cast<double>(k.window_bytes);
   const size_t ram = physical_memory();
   KVS_CHECK(bytes <= static_cast<double>(ram), flags, " needs ",
             format_bytes(static_cast<uint64_t>(bytes)),

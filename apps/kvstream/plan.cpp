@@ -46,12 +46,17 @@ void plan_cmd(const PlanArgs& pa) {
   KVS_CHECK(o.kv_mode == KvMode::Auto || o.kv_mode == KvMode::Stream,
             "kvstream plan: --kv-mode is auto or stream");
   const KvLayout kv = KvLayout::make(o.k_type, o.v_type, o.page_size, c.n_head_kv, c.head_dim);
-  const int32_t fixed = Engine::fixed_frames(c, o);
+  const KvShape shape = Engine::kv_shape(c, o);
+  const int32_t fixed = Engine::fixed_frames(c, o), L = shape.n_full;
   const size_t page = kv.page_bytes();
-  const int32_t pages = static_cast<int32_t>((ctx + o.page_size - 1) / o.page_size);
-  const size_t kv_token = static_cast<size_t>(c.n_layer) * (kv.k_row + kv.v_row);
-  const size_t kv_all = static_cast<size_t>(pages) * c.n_layer * parallel * page;
+  const int32_t pages = shape.max_pages;
+  const size_t kv_token = static_cast<size_t>(L) * (kv.k_row + kv.v_row);
+  const size_t kv_all = shape.full_bytes;
   const size_t buffers = Engine::activation_bytes(c, o);
+  // What a step reads of the windows: their last n_swa positions, or all there are.
+  const size_t window_read = static_cast<size_t>(shape.n_window) * (kv.k_row + kv.v_row) *
+                             static_cast<size_t>(std::min<int64_t>(ctx, c.n_swa)) *
+                             static_cast<size_t>(parallel);
 
   size_t arena = kv_all + static_cast<size_t>(fixed) * page;
   std::string arena_from = "everything fits (no --kv-arena or --vram-limit)";
@@ -68,38 +73,50 @@ void plan_cmd(const PlanArgs& pa) {
   }
   // T_gpu: a decode step reads every weight once and each sequence's whole KV.
   const double hbm = pa.hbm_gbps * 1e9, h2d = a.h2d_gbps * 1e9;
-  const double gpu_s = (static_cast<double>(weights) +
+  const double gpu_s = (static_cast<double>(weights) + static_cast<double>(window_read) +
                         static_cast<double>(kv_token) * static_cast<double>(ctx) * parallel) /
                        hbm;
-  PlanInput in;
-  in.arena_bytes = arena;
-  in.page_bytes = page;
-  in.n_layer = c.n_layer;
-  in.fixed_frames = fixed;
-  in.seq_pages.assign(static_cast<size_t>(parallel), pages);
-  in.h2d_bytes_per_s = h2d;
-  in.layer_s = gpu_s / c.n_layer;
-  in.min_chunk_bytes = o.ring_chunk_bytes;
-  in.min_slots = a.ring_slots;
-  in.force_ring = o.kv_mode == KvMode::Stream;
-  const Plan p = plan(in);
+  Plan p;  // without full layers: everything resident
+  p.resident.assign(static_cast<size_t>(parallel), kUnlimited);
+  p.extra.assign(static_cast<size_t>(parallel), 0);
+  p.gpu_s = p.predicted_step_s = gpu_s;
+  if (L > 0) {
+    PlanInput in;
+    in.arena_bytes = arena;
+    in.page_bytes = page;
+    in.n_layer = L;
+    in.fixed_frames = fixed;
+    in.seq_pages.assign(static_cast<size_t>(parallel), pages);
+    in.h2d_bytes_per_s = h2d;
+    in.layer_s = gpu_s / L;
+    in.min_chunk_bytes = o.ring_chunk_bytes;
+    in.min_slots = a.ring_slots;
+    in.force_ring = o.kv_mode == KvMode::Stream;
+    p = plan(in);
+  }
 
   const double tok_s = parallel / p.predicted_step_s;
   const size_t per_token = p.streamed_bytes / static_cast<size_t>(parallel);
   int64_t resident_pages = 0;
   for (size_t s = 0; s < p.resident.size(); ++s)
-    for (int32_t l = 0; l < c.n_layer; ++l)
-      resident_pages += std::min(pages, resident_cap(p, s, l));
+    for (int32_t l = 0; l < L; ++l) resident_pages += std::min(pages, resident_cap(p, s, l));
   const double resident_frac =
-      static_cast<double>(resident_pages) / (static_cast<double>(pages) * c.n_layer * parallel);
+      L == 0 ? 1.0
+             : static_cast<double>(resident_pages) / (static_cast<double>(pages) * L * parallel);
   std::printf("model      %s: %d layers, weights %s, KV %s/%s %s per token\n", a.model.c_str(),
               c.n_layer, format_bytes(weights).c_str(), a.ctk.c_str(), a.ctv.c_str(),
               format_bytes(kv_token).c_str());
-  std::printf("context    %lld tokens x %d sequence(s): KV %s in %d pages of %s per layer\n",
+  std::printf("layers     %d full (paged, may stream)", L);
+  if (shape.n_window > 0)
+    std::printf(", %d window of %d positions (resident, %d pages each: %s)", shape.n_window,
+                c.n_swa, shape.window_pages, format_bytes(shape.window_bytes).c_str());
+  std::printf("\n");
+  std::printf("context    %lld tokens x %d sequence(s): KV %s in %d pages of %s per full layer\n",
               static_cast<long long>(ctx), parallel, format_bytes(kv_all).c_str(), pages,
               format_bytes(page).c_str());
-  std::printf("arena      %s (%s); %d frames for the pages being written\n",
-              format_bytes(arena).c_str(), arena_from.c_str(), fixed);
+  std::printf("arena      %s (%s); %d fixed frames (pages being written%s)\n",
+              format_bytes(arena).c_str(), arena_from.c_str(), fixed,
+              shape.n_window > 0 ? ", windows" : "");
   if (!p.streams()) {
     std::printf("partition  everything resident, ring empty\n");
   } else {
@@ -126,6 +143,10 @@ void plan_cmd(const PlanArgs& pa) {
     j["page_bytes"] = page;
     j["arena_bytes"] = arena;
     j["fixed_frames"] = fixed;
+    j["full_layers"] = L;
+    j["window_layers"] = shape.n_window;
+    j["window"] = c.n_swa;
+    j["window_bytes"] = shape.window_bytes;
     j["resident_fraction"] = resident_frac;
     j["resident_pages"] = p.resident;
     j["resident_extra_layers"] = p.extra;

@@ -302,6 +302,9 @@ void write_run_json(const RunArgs& a, const Engine& eng,
   kv["page_bytes"] = eng.kv_layout().page_bytes();
   kv["arena_bytes"] = eng.arena_bytes();
   kv["fixed_frames"] = eng.fixed_frames();
+  kv["full_layers"] = eng.kv_shape().n_full;
+  kv["window_layers"] = eng.kv_shape().n_window;
+  kv["window_bytes"] = eng.kv_shape().window_bytes;
   kv["host_store_bytes"] = eng.host_bytes();
   const Plan& p = eng.plan();
   kv["plan"] = {{"resident_pages", p.resident},
@@ -365,6 +368,11 @@ void run(const RunArgs& a) {
                kv_mode_name(eo.kv_mode), format_bytes(eng.arena_bytes()).c_str(),
                format_bytes(eng.kv_layout().page_bytes()).c_str(), eo.n_ctx,
                format_bytes(eng.kv_bytes_per_token() * static_cast<size_t>(eo.n_ctx)).c_str());
+  if (const KvShape& k = eng.kv_shape(); k.n_window > 0)
+    std::fprintf(stderr,
+                 "kvstream: layers: %d full (paged, may stream), %d window of %d positions "
+                 "(resident, %s)\n",
+                 k.n_full, k.n_window, model->config.n_swa, format_bytes(k.window_bytes).c_str());
 
   catch_interrupt(true);
   Outcome r;

@@ -29,6 +29,9 @@ inline std::string model_dir() {
 inline std::string smollm2() {
   return model_dir() + "/SmolLM2-135M-Instruct.Q4_1.gguf";
 }
+inline std::string gemma3_270m() {
+  return model_dir() + "/gemma-3-270m-q4_k_m.gguf";
+}
 
 // A fresh directory for one test's files, removed by the test harness' temp cleaning.
 inline std::filesystem::path temp_dir(const std::string& name) {

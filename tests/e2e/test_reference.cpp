@@ -1,6 +1,6 @@
 // End to end against tools/reference.py (an independent NumPy implementation): last-prompt
-// logits and greedy continuations of `kvstream run` on the CPU backend, for SmolLM2-135M and
-// for synthetic qwen2/qwen3-shaped models written by `kvstream synth`.
+// logits and greedy continuations of `kvstream run` on the CPU backend, for SmolLM2-135M,
+// Gemma 3 270M and synthetic models of every architecture written by `kvstream synth`.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -112,10 +112,14 @@ void compare(const std::string& model, const std::vector<int32_t>& prompt, int n
   EXPECT_EQ(k.generated, r.generated) << tag;
 }
 
-std::vector<int32_t> encode_smollm2(const std::string& text, bool special) {
-  auto f = gguf::File::open(test::smollm2());
+std::vector<int32_t> encode(const std::string& model, const std::string& text, bool special) {
+  auto f = gguf::File::open(model);
   auto tok = Tokenizer::from_gguf(*f);
   return tok->encode(text, true, special);
+}
+
+std::vector<int32_t> encode_smollm2(const std::string& text, bool special) {
+  return encode(test::smollm2(), text, special);
 }
 
 class SmolLM2 : public ::testing::Test {
@@ -154,6 +158,30 @@ TEST_F(SmolLM2, LongPrompt) {
   std::vector<int32_t> ids = encode_smollm2(text, false);
   ASSERT_GT(ids.size(), 1000u);
   compare(test::smollm2(), ids, 8, "long");
+}
+
+class Gemma3 : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!std::filesystem::exists(test::gemma3_270m()))
+      GTEST_FAIL() << test::gemma3_270m() << " is missing: run scripts/fetch-model.sh";
+  }
+};
+
+TEST_F(Gemma3, ShortGreedy) {
+  compare(test::gemma3_270m(), encode(test::gemma3_270m(), "The capital of France is", false), 8,
+          "gemma3-short");
+}
+
+// 1,814 tokens, 3.5 windows of 512: the answer, a word of the first sentence, is only visible to
+// the global layers.
+TEST_F(Gemma3, PromptOfThreeAndAHalfWindows) {
+  std::string text = "The secret word is \"banana\". Remember it. Now count: ";
+  for (int i = 1; i <= 380; ++i) text += std::to_string(i) + (i < 380 ? ", " : "");
+  text += ". Done counting. The secret word was \"";
+  const std::vector<int32_t> ids = encode(test::gemma3_270m(), text, false);
+  ASSERT_EQ(ids.size(), 1814u);
+  compare(test::gemma3_270m(), ids, 4, "gemma3-long");
 }
 
 class Synthetic : public ::testing::TestWithParam<const char*> {};

@@ -52,7 +52,7 @@ const Expected kExpected[] = {
     {"qwen2-0.5b", Arch::Qwen2, 24, 896, 4864, 14, 2, 64, 151936, 1e6f, 1e-6f, RopeMode::Neox, true,
      false, true},
     {"tiny-gemma3", Arch::Gemma3, 7, 128, 384, 4, 1, 64, 512, 1e6f, 1e-6f, RopeMode::Neox, false,
-     true, true, 32},
+     true, true, 32, 8.0f},
     {"gemma3-270m", Arch::Gemma3, 18, 640, 2048, 4, 1, 256, 262144, 1e6f, 1e-6f, RopeMode::Neox,
      false, true, true, 512},
     {"gemma3-27b", Arch::Gemma3, 62, 5376, 21504, 32, 16, 128, 262208, 1e6f, 1e-6f, RopeMode::Neox,
@@ -334,7 +334,8 @@ TEST(Synthetic, Gemma3Metadata) {
   EXPECT_FLOAT_EQ(static_cast<float>(f->get_float("gemma3.rope.freq_base_swa")), 10000.0f);
   EXPECT_EQ(f->get_int("gemma3.attention.key_length"), 64);
   EXPECT_EQ(f->find("gemma3.attention.sliding_window_pattern"), nullptr);  // as published files
-  EXPECT_EQ(f->find("gemma3.rope.scaling.type"), nullptr);
+  EXPECT_EQ(f->get_string("gemma3.rope.scaling.type"), "linear");
+  EXPECT_FLOAT_EQ(static_cast<float>(f->get_float("gemma3.rope.scaling.factor")), 8.0f);
   EXPECT_EQ(f->find_tensor("output.weight"), nullptr);  // tied
   for (const char* t : {"blk.6.post_attention_norm.weight", "blk.6.post_ffw_norm.weight",
                         "blk.6.attn_q_norm.weight", "blk.6.attn_k_norm.weight"})

@@ -51,9 +51,10 @@ constexpr Preset kPresets[] = {
     {"qwen2-0.5b", Arch::Qwen2, "Qwen2 0.5B (synthetic)", 24, 896, 4864, 14, 2, 0, 151936, 32768,
      1e-6f, 1000000.0f, true, false, true},
     // Gemma 3's layer kinds at a tiny size: 7 layers (window layers on both sides of global
-    // layer 5), a window of 32, heads of 64 whose q_dim (256) is not n_embd, one KV head.
+    // layer 5), a window of 32, heads of 64 whose q_dim (256) is not n_embd, one KV head, and
+    // the larger models' linear rope scaling of 8, which only the global layers apply.
     {"tiny-gemma3", Arch::Gemma3, "Synthetic Tiny Gemma 3", 7, 128, 384, 4, 1, 64, 512, 4096, 1e-6f,
-     1000000.0f, false, true, true, 32},
+     1000000.0f, false, true, true, 32, 10000.0f, 8.0f},
     // google/gemma-3-270m config.json: hidden_size 640, intermediate_size 2048, 18 layers, 4
     // heads, 1 KV head, head_dim 256, vocab 262144, sliding_window 512, rope_theta 1e6,
     // rope_local_base_freq 1e4, rms_norm_eps 1e-6, max_position_embeddings 32768, tied.

@@ -91,8 +91,8 @@ void print_info(const std::string& spec, const std::string& ctk, const std::stri
   std::printf("  qkv bias        %s\n", c.qkv_bias ? "yes" : "no");
   std::printf("  qk norm         %s\n", c.qk_norm ? "yes" : "no");
   std::printf("  tied embeddings %s\n", c.tied_embeddings ? "yes" : "no");
-  std::printf("  ffn             %s\n", c.act == Activation::GeluTanh ? "gelu_tanh(gate) * up"
-                                                                    : "silu(gate) * up");
+  std::printf("  ffn             %s\n",
+              c.act == Activation::GeluTanh ? "gelu_tanh(gate) * up" : "silu(gate) * up");
   if (c.post_norms) std::printf("  post norms      yes (attention and ffn outputs)\n");
   if (c.embd_scale != 1.0f)
     std::printf("  embd scale      %g\n", static_cast<double>(c.embd_scale));

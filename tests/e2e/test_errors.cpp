@@ -135,8 +135,7 @@ TEST(CliErrors, InfoDescribesGemma3) {
   if (!std::filesystem::exists(real)) GTEST_SKIP() << real << " is missing";
   s = info(real);
   EXPECT_NE(s.find("general.architecture = gemma3"), std::string::npos) << s;
-  EXPECT_NE(s.find("15 window (512 positions), 3 full (layers 5, 11, 17)"), std::string::npos)
-      << s;
+  EXPECT_NE(s.find("15 window (512 positions), 3 full (layers 5, 11, 17)"), std::string::npos) << s;
   EXPECT_NE(s.find("KV cache per token (K + V, 3 layers x 256 elements each)"), std::string::npos)
       << s;
 }

@@ -54,7 +54,8 @@ TEST(Gemma3Config, PatternForms) {
   // No key: the period of 6 that every published file implies.
   EXPECT_EQ(kinds_of(ModelConfig::from_gguf(*gemma_with([](gguf::Writer&) {}))), "WWWWWFW");
   auto period = [](int64_t n) {
-    return gemma_with([n](gguf::Writer& w) { w.set(kPattern, Value::i32(static_cast<int32_t>(n))); });
+    return gemma_with(
+        [n](gguf::Writer& w) { w.set(kPattern, Value::i32(static_cast<int32_t>(n))); });
   };
   EXPECT_EQ(kinds_of(ModelConfig::from_gguf(*period(2))), "WFWFWFW");
   EXPECT_EQ(kinds_of(ModelConfig::from_gguf(*period(1))), "FFFFFFF");
@@ -70,8 +71,8 @@ TEST(Gemma3Config, PatternForms) {
 }
 
 TEST(Gemma3Config, NoWindowMeansGlobalLayers) {
-  const auto f = gemma_with(
-      [](gguf::Writer& w) { w.set("gemma3.attention.sliding_window", Value::u32(0)); });
+  const auto f =
+      gemma_with([](gguf::Writer& w) { w.set("gemma3.attention.sliding_window", Value::u32(0)); });
   const ModelConfig c = ModelConfig::from_gguf(*f);
   EXPECT_EQ(c.n_swa, 0);
   EXPECT_EQ(kinds_of(c), "FFFFFFF");
@@ -104,10 +105,9 @@ TEST(Gemma3Config, Refusals) {
     w.set("gemma3.final_logit_softcapping", Value::f32(30.0f));
   }),
                  {"final_logit_softcapping"});
-  expect_refused(*gemma_with([](gguf::Writer& w) {
-    w.set("gemma3.rope.scaling.type", Value::str("yarn"));
-  }),
-                 {"yarn", "not supported"});
+  expect_refused(
+      *gemma_with([](gguf::Writer& w) { w.set("gemma3.rope.scaling.type", Value::str("yarn")); }),
+      {"yarn", "not supported"});
   std::vector<std::string> norms;
   for (int il = 0; il < 7; ++il) {
     norms.push_back("blk." + std::to_string(il) + ".attn_q_norm.weight");

@@ -496,11 +496,11 @@ TEST(Tokenizer, GemmaTurnsWithoutTemplate) {
   EXPECT_FALSE(t->is_eog(start));
   const auto ids = t->encode(t->apply_chat({{"user", "hello"}}), true, true);
   // BOS once, then the turn markers as single tokens; no space prefix before "hello".
-  EXPECT_EQ(ids, (std::vector<int32_t>{1, start, t->find("<0x75>"), t->find("<0x73>"),
-                                       t->find("e"), t->find("r"), t->find("<0x0A>"), t->find("he"),
-                                       t->find("llo"), end, t->find("<0x0A>"), start,
-                                       t->find("<0x6D>"), t->find("o"), t->find("d"), t->find("e"),
-                                       t->find("l"), t->find("<0x0A>")}));
+  EXPECT_EQ(ids,
+            (std::vector<int32_t>{1, start, t->find("<0x75>"), t->find("<0x73>"), t->find("e"),
+                                  t->find("r"), t->find("<0x0A>"), t->find("he"), t->find("llo"),
+                                  end, t->find("<0x0A>"), start, t->find("<0x6D>"), t->find("o"),
+                                  t->find("d"), t->find("e"), t->find("l"), t->find("<0x0A>")}));
   // Without a vocab that has them, an empty template stays "none".
   v.tokens.pop_back();
   v.types.pop_back();

@@ -17,8 +17,20 @@ double mib(uint64_t b) {
   return static_cast<double>(b) / (1024.0 * 1024.0);
 }
 
+// Window layers keep n_swa positions whatever the context, so only Full layers grow per token.
 size_t kv_bytes_per_token(const ModelConfig& c, DType tk, DType tv) {
-  return static_cast<size_t>(c.n_layer) * (row_bytes(tk, c.kv_dim()) + row_bytes(tv, c.kv_dim()));
+  return static_cast<size_t>(c.n_layers_of(LayerKind::Full)) *
+         (row_bytes(tk, c.kv_dim()) + row_bytes(tv, c.kv_dim()));
+}
+
+// "15 window (512 positions), 3 full (layers 5, 11, 17)" for a model with window layers.
+std::string layer_kinds(const ModelConfig& c) {
+  std::string full;
+  for (int32_t il = 0; il < c.n_layer; ++il)
+    if (c.kinds[static_cast<size_t>(il)] == LayerKind::Full)
+      full += (full.empty() ? "" : ", ") + std::to_string(il);
+  return cat(c.n_layers_of(LayerKind::Window), " window (", c.n_swa, " positions), ",
+             c.n_layers_of(LayerKind::Full), " full", full.empty() ? "" : " (layers " + full + ")");
 }
 
 // The file's own description: header, metadata and tensors by type.
@@ -60,6 +72,10 @@ void print_info(const std::string& spec, const std::string& ctk, const std::stri
   std::printf("\nconfig:\n");
   std::printf("  arch            %s (%s)\n", arch_name(c.arch), c.name.c_str());
   std::printf("  layers          %d\n", c.n_layer);
+  if (c.n_layers_of(LayerKind::Window) > 0) {
+    std::printf("  layer kinds     %s\n", layer_kinds(c).c_str());
+    std::printf("  window rope     base %g\n", static_cast<double>(c.rope_base_swa));
+  }
   std::printf("  embd            %d\n", c.n_embd);
   std::printf("  ff              %d\n", c.n_ff);
   std::printf("  heads           %d\n", c.n_head);
@@ -75,12 +91,18 @@ void print_info(const std::string& spec, const std::string& ctk, const std::stri
   std::printf("  qkv bias        %s\n", c.qkv_bias ? "yes" : "no");
   std::printf("  qk norm         %s\n", c.qk_norm ? "yes" : "no");
   std::printf("  tied embeddings %s\n", c.tied_embeddings ? "yes" : "no");
+  std::printf("  ffn             %s\n",
+              c.act == Activation::GeluTanh ? "gelu_tanh(gate) * up" : "silu(gate) * up");
+  if (c.post_norms) std::printf("  post norms      yes (attention and ffn outputs)\n");
+  if (c.embd_scale != 1.0f)
+    std::printf("  embd scale      %g\n", static_cast<double>(c.embd_scale));
+  std::printf("  attn scale      %g\n", static_cast<double>(c.attn_scale));
 
   const size_t wb = m->weights.matrix_bytes();
   std::printf("\nweight matrices read per token: %zu bytes (%.1f MiB)\n", wb, mib(wb));
 
-  std::printf("\nKV cache per token (K + V, %d layers x %d elements each):\n", c.n_layer,
-              c.kv_dim());
+  std::printf("\nKV cache per token (K + V, %d layers x %d elements each):\n",
+              c.n_layers_of(LayerKind::Full), c.kv_dim());
   for (DType t : {DType::F16, DType::Q8_0, DType::Q4_0}) {
     const size_t b = kv_bytes_per_token(c, t, t);
     std::printf("  %-6s %8zu bytes  (%.1f MiB per 1k tokens)\n", dtype_name(t), b,
@@ -89,6 +111,12 @@ void print_info(const std::string& spec, const std::string& ctk, const std::stri
   const size_t b = kv_bytes_per_token(c, tk, tv);
   std::printf("  -ctk %s -ctv %s: %zu bytes  (%.1f MiB per 1k tokens)\n", dtype_name(tk),
               dtype_name(tv), b, static_cast<double>(b) * 1024.0 / (1024.0 * 1024.0));
+  if (const int32_t nw = c.n_layers_of(LayerKind::Window); nw > 0) {
+    const size_t w = static_cast<size_t>(nw) * static_cast<size_t>(c.n_swa) *
+                     (row_bytes(tk, c.kv_dim()) + row_bytes(tv, c.kv_dim()));
+    std::printf("  and the %d window layers' %d positions: %zu bytes (%.1f MiB) a sequence\n", nw,
+                c.n_swa, w, mib(w));
+  }
 }
 
 }  // namespace

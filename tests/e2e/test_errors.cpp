@@ -115,5 +115,30 @@ TEST(CliErrors, GoodRunsStillWork) {
   EXPECT_EQ(o.status, 0) << o.err;
 }
 
+// info describes a gemma3 file: its window and full layers, and the window's fixed KV.
+TEST(CliErrors, InfoDescribesGemma3) {
+  const auto out = test::temp_dir("errors") / "gemma_info.txt";
+  auto info = [&](const std::string& model) {
+    const int rc = std::system(
+        (test::binary() + " info -m " + model + " >" + out.string() + " 2>/dev/null").c_str());
+    EXPECT_EQ(WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, 0) << model;
+    std::ifstream f(out);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+  };
+  std::string s = info("synthetic:tiny-gemma3");
+  EXPECT_NE(s.find("layer kinds     6 window (32 positions), 1 full (layers 5)"), std::string::npos)
+      << s;
+  EXPECT_NE(s.find("gelu_tanh"), std::string::npos) << s;
+  const std::string real = test::model_dir() + "/gemma-3-270m-q4_k_m.gguf";
+  if (!std::filesystem::exists(real)) GTEST_SKIP() << real << " is missing";
+  s = info(real);
+  EXPECT_NE(s.find("general.architecture = gemma3"), std::string::npos) << s;
+  EXPECT_NE(s.find("15 window (512 positions), 3 full (layers 5, 11, 17)"), std::string::npos) << s;
+  EXPECT_NE(s.find("KV cache per token (K + V, 3 layers x 256 elements each)"), std::string::npos)
+      << s;
+}
+
 }  // namespace
 }  // namespace kvs

@@ -30,6 +30,8 @@ struct Expected {
   float rope_base, eps;
   RopeMode rope;
   bool bias, qk_norm, tied;
+  int32_t n_swa = 0;  // gemma3
+  float linear_scale = 1.0f;
 };
 
 const Expected kExpected[] = {
@@ -49,6 +51,12 @@ const Expected kExpected[] = {
      false, true, false},
     {"qwen2-0.5b", Arch::Qwen2, 24, 896, 4864, 14, 2, 64, 151936, 1e6f, 1e-6f, RopeMode::Neox, true,
      false, true},
+    {"tiny-gemma3", Arch::Gemma3, 7, 128, 384, 4, 1, 64, 512, 1e6f, 1e-6f, RopeMode::Neox, false,
+     true, true, 32, 8.0f},
+    {"gemma3-270m", Arch::Gemma3, 18, 640, 2048, 4, 1, 256, 262144, 1e6f, 1e-6f, RopeMode::Neox,
+     false, true, true, 512},
+    {"gemma3-27b", Arch::Gemma3, 62, 5376, 21504, 32, 16, 128, 262208, 1e6f, 1e-6f, RopeMode::Neox,
+     false, true, true, 1024, 8.0f},
 };
 
 void expect_shape(const ModelConfig& c, const Expected& e) {
@@ -70,7 +78,22 @@ void expect_shape(const ModelConfig& c, const Expected& e) {
   EXPECT_EQ(c.qk_norm, e.qk_norm);
   EXPECT_EQ(c.tied_embeddings, e.tied);
   EXPECT_FALSE(c.has_rope_freqs);
-  EXPECT_FLOAT_EQ(c.rope_linear_scale, 1.0f);
+  EXPECT_FLOAT_EQ(c.rope_linear_scale, e.linear_scale);
+  EXPECT_EQ(c.n_swa, e.n_swa);
+  ASSERT_EQ(c.kinds.size(), static_cast<size_t>(e.n_layer));
+  const bool gemma = e.arch == Arch::Gemma3;
+  // Gemma 3's period of 6: layers 5, 11, 17, ... global, the rest windowed.
+  for (int32_t il = 0; il < e.n_layer; ++il)
+    EXPECT_EQ(c.kinds[static_cast<size_t>(il)],
+              gemma && il % 6 != 5 ? LayerKind::Window : LayerKind::Full)
+        << "layer " << il;
+  EXPECT_FLOAT_EQ(c.rope_base_swa, 10000.0f);
+  EXPECT_EQ(c.act, gemma ? Activation::GeluTanh : Activation::SiLU);
+  EXPECT_EQ(c.post_norms, gemma);
+  EXPECT_FLOAT_EQ(c.embd_scale, gemma ? std::sqrt(static_cast<float>(e.n_embd)) : 1.0f);
+  // The 27B's query_pre_attn_scalar is 168 = n_embd / n_head, not its head size.
+  const float scale_dim = e.n_layer == 62 && gemma ? 168.0f : static_cast<float>(e.head_dim);
+  EXPECT_FLOAT_EQ(c.attn_scale, 1.0f / std::sqrt(scale_dim));
 }
 
 const Expected& expected(std::string_view preset) {
@@ -90,6 +113,9 @@ TEST(Synthetic, EveryPresetConfig) {
   EXPECT_EQ(synthetic_config("qwen3-8b").q_dim(), 4096);
   EXPECT_EQ(synthetic_config("tiny-qwen3").q_dim(), 256);
   EXPECT_EQ(synthetic_config("llama3-8b:q4_0").kv_dim(), 1024);
+  EXPECT_EQ(synthetic_config("gemma3-270m").q_dim(), 1024);
+  EXPECT_EQ(synthetic_config("gemma3-27b").n_layers_of(LayerKind::Full), 10);
+  EXPECT_EQ(synthetic_config("gemma3-27b").n_layers_of(LayerKind::Window), 52);
 }
 
 // Builds the model, then checks the config read back, the weights, the tokenizer.
@@ -114,12 +140,19 @@ void check_built(const std::string& spec, DType want_type) {
   EXPECT_EQ(f->tensor("blk.0.attn_norm.weight").type, DType::F32);
   size_t expect_tensors =
       2 + (c.tied_embeddings ? 0 : 1) +
-      static_cast<size_t>(c.n_layer) * (9 + (c.qkv_bias ? 3 : 0) + (c.qk_norm ? 2 : 0));
+      static_cast<size_t>(c.n_layer) *
+          (9 + (c.qkv_bias ? 3 : 0) + (c.qk_norm ? 2 : 0) + (c.post_norms ? 2 : 0));
   EXPECT_EQ(f->tensors().size(), expect_tensors);
-  for (float x : w.layers[0].attn_norm) {
-    EXPECT_GE(x, 0.8f);
-    EXPECT_LE(x, 1.2f);
+  // Norm weights near 1 (a GGUF gemma norm already holds Gemma's 1 + w).
+  for (const Vec* v : {&w.layers[0].attn_norm, &w.layers[0].q_norm, &w.layers[0].attn_post_norm,
+                       &w.layers[c.n_layer - 1].ffn_post_norm}) {
+    for (float x : *v) {
+      EXPECT_GE(x, 0.8f);
+      EXPECT_LE(x, 1.2f);
+    }
   }
+  EXPECT_EQ(w.layers[0].attn_post_norm.size(), c.post_norms ? static_cast<size_t>(c.n_embd) : 0u);
+  EXPECT_EQ(w.layers[0].ffn_post_norm.size(), c.post_norms ? static_cast<size_t>(c.n_embd) : 0u);
   for (float x : w.layers[1].bq) EXPECT_LE(std::fabs(x), 0.1f);
   // Matrix values stay within their uniform bound (plus quantization error).
   std::vector<float> row(static_cast<size_t>(c.n_embd));
@@ -144,6 +177,17 @@ TEST(Synthetic, TinyPresetsBuildAndLoad) {
   check_built("tiny", DType::Q8_0);
   check_built("tiny-qwen2", DType::Q8_0);
   check_built("tiny-qwen3:f16", DType::F16);
+  check_built("tiny-gemma3", DType::Q8_0);
+  // Gemma 3 270M's full size: n_embd 640 is not a multiple of 256, so q4_k rows of 640 fall back
+  // to q5_0 as in llama.cpp, while ffn_down's rows of 2048 keep q4_k.
+  std::unique_ptr<gguf::File> f = make_synthetic("gemma3-270m:q4_k");
+  EXPECT_EQ(f->tensor("blk.0.attn_q.weight").type, DType::Q5_0);
+  EXPECT_EQ(f->tensor("blk.0.attn_output.weight").type, DType::Q4_K);
+  EXPECT_EQ(f->tensor("blk.17.ffn_down.weight").type, DType::Q4_K);
+  EXPECT_EQ(f->get_int("gemma3.attention.sliding_window"), 512);
+  const ModelConfig c = ModelConfig::from_gguf(*f);
+  expect_shape(c, expected("gemma3-270m"));
+  EXPECT_EQ(Weights::from_gguf(*f, c).matrix_bytes(), synthetic_matrix_bytes("gemma3-270m:q4_k"));
 }
 
 TEST(Synthetic, SmolLM2Q4_0BuildsAndLoads) {
@@ -179,6 +223,18 @@ TEST(Synthetic, EveryWeightType) {
     f = make_synthetic(std::string("tiny-h128:") + dtype_name(t));
     EXPECT_EQ(f->tensor("blk.0.attn_q.weight").type, t);
     EXPECT_EQ(f->tensor("blk.1.ffn_down.weight").type, t);
+  }
+  // Every type on gemma3's shapes: rows of 128 (n_embd), 256 (q_dim) and 384 (n_ff), each
+  // either kept or fallen back to a type whose blocks divide it; the sizes agree.
+  for (const char* t : {"f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k",
+                        "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs"}) {
+    SCOPED_TRACE(t);
+    const std::string spec = std::string("tiny-gemma3:") + t;
+    f = make_synthetic(spec);
+    const ModelConfig c = ModelConfig::from_gguf(*f);
+    const Weights w = Weights::from_gguf(*f, c);
+    EXPECT_EQ(w.layers[6].wo.type, parse_dtype(t, "test"));  // n_in 256
+    EXPECT_EQ(w.matrix_bytes(), synthetic_matrix_bytes(spec));
   }
 }
 
@@ -266,6 +322,24 @@ TEST(Synthetic, BadSpecErrors) {
   EXPECT_THROW(synthetic_config("llama4"), Error);
   EXPECT_THROW(synthetic_writer("tiny:iq2_xxs"), Error);
   EXPECT_THROW(synthetic_writer(""), Error);
+  EXPECT_THROW(synthetic_writer("tiny-gemma3:q9_9"), Error);
+}
+
+// The gemma3 metadata the config reads, with the keys and types llama.cpp's loader expects.
+TEST(Synthetic, Gemma3Metadata) {
+  std::unique_ptr<gguf::File> f = make_synthetic("tiny-gemma3");
+  EXPECT_EQ(f->get_string("general.architecture"), "gemma3");
+  EXPECT_EQ(f->get("gemma3.attention.sliding_window").type, gguf::ValueType::U32);
+  EXPECT_EQ(f->get_int("gemma3.attention.sliding_window"), 32);
+  EXPECT_FLOAT_EQ(static_cast<float>(f->get_float("gemma3.rope.freq_base_swa")), 10000.0f);
+  EXPECT_EQ(f->get_int("gemma3.attention.key_length"), 64);
+  EXPECT_EQ(f->find("gemma3.attention.sliding_window_pattern"), nullptr);  // as published files
+  EXPECT_EQ(f->get_string("gemma3.rope.scaling.type"), "linear");
+  EXPECT_FLOAT_EQ(static_cast<float>(f->get_float("gemma3.rope.scaling.factor")), 8.0f);
+  EXPECT_EQ(f->find_tensor("output.weight"), nullptr);  // tied
+  for (const char* t : {"blk.6.post_attention_norm.weight", "blk.6.post_ffw_norm.weight",
+                        "blk.6.attn_q_norm.weight", "blk.6.attn_k_norm.weight"})
+    EXPECT_NE(f->find_tensor(t), nullptr) << t;
 }
 
 }  // namespace

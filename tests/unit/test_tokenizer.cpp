@@ -1,9 +1,11 @@
 // Tokenizer tests: byte-level BPE against HuggingFace `tokenizers` (tokenizer_ref.py) for the
-// SmolLM2 vocab and the synthetic vocab, SentencePiece segmentations checked by hand, round
-// trips, streaming detokenization and chat templates.
+// SmolLM2 vocab and the synthetic vocab, SentencePiece against tools/reference.py on Gemma 3's
+// vocab and segmentations checked by hand, round trips, streaming detokenization and chat
+// templates.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -48,6 +50,13 @@ std::string smollm_path() {
   std::string dir = env_or_empty("KVS_MODEL_DIR");
   if (dir.empty()) dir = source_dir() + "/models";
   const std::string p = dir + "/SmolLM2-135M-Instruct.Q4_1.gguf";
+  return exists(p) ? p : "";
+}
+
+std::string gemma3_path() {
+  std::string dir = env_or_empty("KVS_MODEL_DIR");
+  if (dir.empty()) dir = source_dir() + "/models";
+  const std::string p = dir + "/gemma-3-270m-q4_k_m.gguf";
   return exists(p) ? p : "";
 }
 
@@ -243,6 +252,69 @@ TEST(Tokenizer, SmolLM2MatchesHuggingFace) {
               static_cast<double>(n) / s, 5.0 * static_cast<double>(text.size()) / s / 1e6);
 }
 
+// Texts for Gemma 3's vocab besides texts(): its control and user-defined pieces (turn markers,
+// runs of newlines, spaces and tabs, HTML tags), characters only byte pieces cover, and text
+// that spells a byte piece.
+std::vector<std::string> gemma3_texts() {
+  std::vector<std::string> t = texts();
+  const std::vector<std::string> more = {
+      "<start_of_turn>user\nWhat is 2+2?<end_of_turn>\n<start_of_turn>model\n4<end_of_turn>\n",
+      "<bos>text<eos><pad><mask><unk>",
+      "a  b\t\tc\n\n\nd    e" + std::string(40, '\n') + "f" + std::string(35, ' ') + "g" +
+          std::string(33, '\t'),
+      "<table><tr><td>1</td></tr></table> <h1>Title</h1> <b>bold</b><i>it</i>",
+      "\xEE\x80\x80 \xCD\xB8 \xF0\xA0\x80\x80 \xF0\x9D\x94\x98\xF0\x9D\x94\xAB \xF0\x9F\xAB\xA8 "
+      "\xEA\x99\xAE",
+      "<unused5> [multimodal] <start_of_image><end_of_image>",
+      "  two spaces first, two after  ",
+      "Ünïcödé — “quotes” ‘single’ … ½ ∑ ∞ → ✓",
+      "the bytes <0x41><0xFF> spelled out",
+      "\n",
+      "\r\n\r\n windows\r\n",
+  };
+  t.insert(t.end(), more.begin(), more.end());
+  return t;
+}
+
+// Gemma 3's SentencePiece vocab (no space prefix, BOS added, turn markers as control pieces)
+// against tools/reference.py's tokenizer, which follows llama.cpp's llm_tokenizer_spm.
+TEST(Tokenizer, Gemma3MatchesReference) {
+  const std::string path = gemma3_path();
+  if (path.empty()) GTEST_SKIP() << "gemma-3-270m-q4_k_m.gguf not in KVS_MODEL_DIR";
+  if (python().empty()) GTEST_SKIP() << "no KVS_PYTHON";
+  const auto f = gguf::File::open(path);
+  const auto t = Tokenizer::from_gguf(*f);
+  EXPECT_EQ(t->n_vocab(), 262144);
+  EXPECT_EQ(t->bos(), 2);
+  EXPECT_EQ(t->eos(), 1);
+  EXPECT_TRUE(t->add_bos());
+  EXPECT_TRUE(t->is_eog(1));
+  EXPECT_TRUE(t->is_eog(t->find("<end_of_turn>")));
+  EXPECT_FALSE(t->is_eog(t->find("<start_of_turn>")));
+  EXPECT_EQ(t->encode("Hello world", true, false),
+            (std::vector<int32_t>{2, t->find("Hello"), t->find("\xE2\x96\x81world")}));
+  EXPECT_EQ(t->decode(t->encode("Hello world", true, true)), "Hello world");
+  // The file has no chat template; its turn pieces select Gemma's format.
+  EXPECT_EQ(t->chat_family(), "gemma");
+  const std::string conv = t->apply_chat({{"system", "Be brief."}, {"user", "Hi!"}});
+  EXPECT_EQ(conv, "<start_of_turn>user\nBe brief.\n\nHi!<end_of_turn>\n<start_of_turn>model\n");
+  const auto conv_ids = t->encode(conv, true, true);
+  EXPECT_EQ(conv_ids.front(), 2);
+  EXPECT_EQ(conv_ids[1], t->find("<start_of_turn>"));
+  EXPECT_EQ(std::count(conv_ids.begin(), conv_ids.end(), 2), 1);
+
+  const std::vector<std::string> all = gemma3_texts();
+  const json ref = run_ref({{"gguf", path}, {"spm", true}, {"texts", all}});
+  ASSERT_TRUE(ref.contains("ids"));
+  ASSERT_EQ(ref["ids"].size(), all.size());
+  for (size_t i = 0; i < all.size(); ++i) {
+    const auto ids = t->encode(all[i], false, true);
+    EXPECT_EQ(ids, ref["ids"][i].get<std::vector<int32_t>>())
+        << "text " << i << ": " << all[i].substr(0, 80);
+    EXPECT_EQ(t->decode(ids, true), all[i]) << "text " << i;
+  }
+}
+
 TEST(Tokenizer, SpecialTokensOnlyWhenAsked) {
   const auto t = tok::make_tokenizer(synthetic_data(1000, "gpt2"));
   const int32_t start = t->find("<|im_start|>"), end = t->find("<|im_end|>");
@@ -386,10 +458,54 @@ TEST(Tokenizer, ChatTemplates) {
   EXPECT_EQ(tok::make_tokenizer(v)->apply_chat(
                 {{"system", "S"}, {"user", "U1"}, {"assistant", "A1"}, {"user", "U2"}}),
             "[INST] <<SYS>>\nS\n<</SYS>>\n\nU1 [/INST] A1 </s><s>[INST] U2 [/INST]");
+  // Gemma's: the system prompt opens the first user turn, the assistant is "model", contents
+  // are trimmed, and the model's turn is left open.
+  v.chat_template = "{{ '<start_of_turn>' + role + '\\n' }}";
+  EXPECT_EQ(tok::make_tokenizer(v)->chat_family(), "gemma");
+  EXPECT_EQ(tok::make_tokenizer(v)->apply_chat({{"system", " Be brief.\n"},
+                                                {"user", "Hi!"},
+                                                {"assistant", "Hello.\n"},
+                                                {"user", " Bye "}}),
+            "<start_of_turn>user\nBe brief.\n\nHi!<end_of_turn>\n"
+            "<start_of_turn>model\nHello.<end_of_turn>\n"
+            "<start_of_turn>user\nBye<end_of_turn>\n"
+            "<start_of_turn>model\n");
+  EXPECT_EQ(tok::make_tokenizer(v)->apply_chat({{"user", "Hi!"}}),
+            "<start_of_turn>user\nHi!<end_of_turn>\n<start_of_turn>model\n");
   v.chat_template = "";
   const auto t = tok::make_tokenizer(v);
   EXPECT_EQ(t->chat_family(), "none");
   EXPECT_EQ(t->apply_chat(msgs), "system: Be brief.\nuser: Hi!\nassistant:");
+}
+
+// A vocab with Gemma's turn pieces and no template (Gemma's base models) chats in Gemma's
+// format and ends generation at <end_of_turn>.
+TEST(Tokenizer, GemmaTurnsWithoutTemplate) {
+  tok::VocabData v = spm_vocab();
+  v.chat_template.clear();
+  v.add_space_prefix = false;
+  for (const char* t : {"<start_of_turn>", "<end_of_turn>"}) {
+    v.tokens.push_back(t);
+    v.types.push_back(tok::kControl);
+    v.scores.push_back(0);
+  }
+  const auto t = tok::make_tokenizer(v);
+  EXPECT_EQ(t->chat_family(), "gemma");
+  const int32_t start = t->find("<start_of_turn>"), end = t->find("<end_of_turn>");
+  EXPECT_TRUE(t->is_eog(end));
+  EXPECT_FALSE(t->is_eog(start));
+  const auto ids = t->encode(t->apply_chat({{"user", "hello"}}), true, true);
+  // BOS once, then the turn markers as single tokens; no space prefix before "hello".
+  EXPECT_EQ(ids,
+            (std::vector<int32_t>{1, start, t->find("<0x75>"), t->find("<0x73>"), t->find("e"),
+                                  t->find("r"), t->find("<0x0A>"), t->find("he"), t->find("llo"),
+                                  end, t->find("<0x0A>"), start, t->find("<0x6D>"), t->find("o"),
+                                  t->find("d"), t->find("e"), t->find("l"), t->find("<0x0A>")}));
+  // Without a vocab that has them, an empty template stays "none".
+  v.tokens.pop_back();
+  v.types.pop_back();
+  v.scores.pop_back();
+  EXPECT_EQ(tok::make_tokenizer(v)->chat_family(), "none");
 }
 
 TEST(Tokenizer, RejectsUnknownModelAndPre) {

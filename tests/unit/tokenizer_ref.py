@@ -6,8 +6,12 @@ usage: tokenizer_ref.py request.json  ->  {"ids": [[...], ...]} on stdout
 request: {"gguf": path} or {"vocab": {"tokens", "types", "merges", "pre"}},
          optional "pre" (overrides the vocab's), "texts": [...]
          or {"gguf": path, "dump": true}  ->  the vocab as JSON (tokens, types, merges, ids)
+         or {"gguf": path, "spm": true, "texts": [...]}: a SentencePiece vocab, tokenized by
+         tools/reference.py's tokenizer (llama.cpp's llm_tokenizer_spm, special pieces split
+         out first), without BOS
 """
 import json
+import os
 import sys
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
@@ -77,8 +81,20 @@ def build(v, pre):
     return tk
 
 
+def spm_ids(path, texts):
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
+    import reference
+    from gguf import GGUFReader
+
+    tk = reference.build_tokenizer(GGUFReader(path))
+    return [tk.encode(t).ids for t in texts]
+
+
 def main():
     req = json.load(open(sys.argv[1], encoding="utf-8"))
+    if req.get("spm"):
+        json.dump({"ids": spm_ids(req["gguf"], req["texts"])}, sys.stdout)
+        return
     v = read_gguf(req["gguf"]) if "gguf" in req else req["vocab"]
     if req.get("dump"):
         json.dump(v, sys.stdout, ensure_ascii=False)

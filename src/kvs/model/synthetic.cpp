@@ -24,10 +24,15 @@ struct Preset {
   int32_t n_vocab, n_ctx;
   float eps, rope_base;
   bool bias, qk_norm, tied;
+  // gemma3: the sliding window (every gemma3 preset has one), its layers' rope base, and the
+  // global layers' linear rope scaling. Window layers follow the published period of 6
+  // (layers 5, 11, ... global), so no pattern key is written, as in the published files.
+  int32_t n_swa = 0;
+  float rope_base_swa = 10000.0f, rope_linear_scale = 1.0f;
 };
 
 // Shapes as in the real models' config.json / GGUF conversions.
-const Preset kPresets[] = {
+constexpr Preset kPresets[] = {
     {"tiny", Arch::Llama, "Synthetic Tiny Llama", 2, 128, 384, 4, 2, 0, 512, 4096, 1e-5f, 10000.0f,
      false, false, false},
     {"tiny-qwen2", Arch::Qwen2, "Synthetic Tiny Qwen2", 2, 128, 384, 4, 2, 0, 512, 4096, 1e-6f,
@@ -45,7 +50,43 @@ const Preset kPresets[] = {
      1e-6f, 1000000.0f, false, true, false},
     {"qwen2-0.5b", Arch::Qwen2, "Qwen2 0.5B (synthetic)", 24, 896, 4864, 14, 2, 0, 151936, 32768,
      1e-6f, 1000000.0f, true, false, true},
+    // Gemma 3's layer kinds at a tiny size: 7 layers (window layers on both sides of global
+    // layer 5), a window of 32, heads of 64 whose q_dim (256) is not n_embd, one KV head, and
+    // the larger models' linear rope scaling of 8, which only the global layers apply.
+    {"tiny-gemma3", Arch::Gemma3, "Synthetic Tiny Gemma 3", 7, 128, 384, 4, 1, 64, 512, 4096, 1e-6f,
+     1000000.0f, false, true, true, 32, 10000.0f, 8.0f},
+    // google/gemma-3-270m config.json: hidden_size 640, intermediate_size 2048, 18 layers, 4
+    // heads, 1 KV head, head_dim 256, vocab 262144, sliding_window 512, rope_theta 1e6,
+    // rope_local_base_freq 1e4, rms_norm_eps 1e-6, max_position_embeddings 32768, tied.
+    {"gemma3-270m", Arch::Gemma3, "Gemma 3 270M (synthetic)", 18, 640, 2048, 4, 1, 256, 262144,
+     32768, 1e-6f, 1000000.0f, false, true, true, 512},
+    // google/gemma-3-27b-it config.json, text_config: hidden_size 5376, intermediate_size 21504,
+    // 62 layers, 32 heads, 16 KV heads, head_dim 128, vocab_size 262208, sliding_window 1024,
+    // rope_theta 1e6 with rope_scaling linear 8, rope_local_base_freq 1e4, rms_norm_eps 1e-6,
+    // 128k context; query_pre_attn_scalar 168 (ModelConfig knows it by the layer count).
+    {"gemma3-27b", Arch::Gemma3, "Gemma 3 27B (synthetic)", 62, 5376, 21504, 32, 16, 128, 262208,
+     131072, 1e-6f, 1000000.0f, false, true, true, 1024, 10000.0f, 8.0f},
 };
+
+// A gemma3 preset has a window that fits its context (ModelConfig refuses a larger one, and
+// without one every layer would be global); the others have none.
+constexpr bool windows_fit() {
+  for (const Preset& p : kPresets) {
+    const bool gemma = p.arch == Arch::Gemma3;
+    if (gemma ? p.n_swa <= 0 || p.n_swa > p.n_ctx : p.n_swa != 0) return false;
+  }
+  return true;
+}
+static_assert(windows_fit(), "a preset's sliding window is 0, or larger than its context");
+
+// Window layers as llama.cpp's default period of 6 lays them out: global where il % 6 == 5.
+std::vector<LayerKind> preset_kinds(const Preset& p) {
+  std::vector<LayerKind> k(static_cast<size_t>(p.n_layer), LayerKind::Full);
+  if (p.n_swa > 0)
+    for (int32_t il = 0; il < p.n_layer; ++il)
+      if (il % 6 < 5) k[static_cast<size_t>(il)] = LayerKind::Window;
+  return k;
+}
 
 std::string preset_list() {
   std::string s;
@@ -219,6 +260,14 @@ void set_metadata(gguf::Writer& w, const Preset& p, DType type, bool with_vocab)
     w.set(a + ".rope.dimension_count", Value::u32(static_cast<uint32_t>(head_dim(p))));
     w.set(a + ".vocab_size", Value::u32(static_cast<uint32_t>(p.n_vocab)));
   }
+  if (p.n_swa > 0) {
+    w.set(a + ".attention.sliding_window", Value::u32(static_cast<uint32_t>(p.n_swa)));
+    w.set(a + ".rope.freq_base_swa", Value::f32(p.rope_base_swa));
+  }
+  if (p.rope_linear_scale != 1.0f) {
+    w.set(a + ".rope.scaling.type", Value::str("linear"));
+    w.set(a + ".rope.scaling.factor", Value::f32(p.rope_linear_scale));
+  }
   if (!with_vocab) return;
   SyntheticVocab v = make_synthetic_vocab(p.n_vocab);
   KVS_CHECK(static_cast<int32_t>(v.tokens.size()) == p.n_vocab, "synthetic vocab of ",
@@ -252,6 +301,7 @@ gguf::Writer synthetic_writer(std::string_view spec) {
   set_metadata(b.writer(), p, s.type, true);
   const int64_t d = p.n_embd, q_dim = int64_t{p.n_head} * head_dim(p),
                 kv_dim = int64_t{p.n_head_kv} * head_dim(p);
+  const bool gemma = p.arch == Arch::Gemma3;
   b.tensor("token_embd.weight", fit_type(s.type, d), d, p.n_vocab, -1.0f, 1.0f);
   for (int il = 0; il < p.n_layer; ++il) {
     auto n = [&](const char* what) { return cat("blk.", il, ".", what); };
@@ -269,10 +319,12 @@ gguf::Writer synthetic_writer(std::string_view spec) {
       b.norm(n("attn_k_norm.weight"), head_dim(p));
     }
     b.matrix(n("attn_output.weight"), q_dim, d);
+    if (gemma) b.norm(n("post_attention_norm.weight"), d);
     b.norm(n("ffn_norm.weight"), d);
     b.matrix(n("ffn_gate.weight"), d, p.n_ff);
     b.matrix(n("ffn_up.weight"), d, p.n_ff);
     b.matrix(n("ffn_down.weight"), p.n_ff, d);
+    if (gemma) b.norm(n("post_ffw_norm.weight"), d);
   }
   b.norm("output_norm.weight", d);
   if (!p.tied) b.matrix("output.weight", d, p.n_vocab);
@@ -316,6 +368,18 @@ ModelConfig synthetic_config(std::string_view spec) {
   c.qkv_bias = p.bias;
   c.qk_norm = p.qk_norm;
   c.tied_embeddings = p.tied;
+  c.rope_linear_scale = p.rope_linear_scale;
+  c.kinds = preset_kinds(p);
+  c.attn_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  if (p.arch == Arch::Gemma3) {
+    c.n_swa = p.n_swa;
+    c.rope_base_swa = p.rope_base_swa;
+    c.act = Activation::GeluTanh;
+    c.post_norms = true;
+    c.embd_scale = std::sqrt(static_cast<float>(c.n_embd));
+    // As ModelConfig::from_gguf: the 27B's query_pre_attn_scalar is n_embd / n_head.
+    if (c.n_layer == 62) c.attn_scale = 1.0f / std::sqrt(static_cast<float>(c.n_embd / c.n_head));
+  }
   return c;
 }
 

@@ -149,6 +149,10 @@ void Tokenizer::init_common(const tok::VocabData& v) {
     chat_family_ = "llama3";
   } else if (t.find("[INST]") != std::string::npos) {
     chat_family_ = "llama2";
+  } else if (t.find("<start_of_turn>") != std::string::npos ||
+             (t.empty() && find("<start_of_turn>") >= 0 && find("<end_of_turn>") >= 0)) {
+    // Gemma; its base models' files carry no template, only the turn pieces in the vocab.
+    chat_family_ = "gemma";
   } else {
     chat_family_ = "none";
   }
@@ -176,6 +180,14 @@ int32_t Tokenizer::find(std::string_view text) const {
   const auto it = index_.find(std::string(text));
   return it == index_.end() ? -1 : it->second;
 }
+
+namespace {
+std::string trim(const std::string& s) {
+  const size_t b = s.find_first_not_of(" \t\n\r\f\v");
+  if (b == std::string::npos) return {};
+  return s.substr(b, s.find_last_not_of(" \t\n\r\f\v") - b + 1);
+}
+}  // namespace
 
 // "none" has no markup to follow, so it writes plain "role: content" lines and leaves an
 // "assistant:" line open; fine for base models, never for models trained on a template.
@@ -208,6 +220,25 @@ std::string Tokenizer::apply_chat(const std::vector<ChatMessage>& msgs) const {
         s += " " + m.content + " </s>";
       }
     }
+  } else if (chat_family_ == "gemma") {
+    // Gemma's template: no system role, so the system prompt opens the first user turn; the
+    // assistant is "model"; contents are trimmed. <bos> comes from BOS when the prompt is
+    // encoded.
+    std::string sys;
+    for (const auto& m : msgs) {
+      if (m.role == "system") {
+        sys += trim(m.content);
+        continue;
+      }
+      const std::string role = m.role == "assistant" ? "model" : m.role;
+      s += "<start_of_turn>" + role + "\n";
+      if (!sys.empty() && role != "model") {
+        s += sys + "\n\n";
+        sys.clear();
+      }
+      s += trim(m.content) + "<end_of_turn>\n";
+    }
+    s += "<start_of_turn>model\n";
   } else {
     for (const auto& m : msgs) s += m.role + ": " + m.content + "\n";
     s += "assistant:";

@@ -50,7 +50,7 @@ class Tokenizer {
   int32_t find(std::string_view text) const;
 
   // Chat template family detected from tokenizer.chat_template ("chatml", "llama3", "llama2",
-  // "none"), and the prompt text for a conversation ending with the assistant's turn open.
+  // "gemma", "none"), and the prompt text for a conversation ending with the assistant's turn open.
   const std::string& chat_family() const { return chat_family_; }
   std::string apply_chat(const std::vector<ChatMessage>& msgs) const;
 

@@ -153,6 +153,7 @@ __global__ void __launch_bounds__(kPreThreads) prefill(Geo g) {
   for (int t = t0; t < min(t0 + tq, g.n_tok); ++t)
     max_pos = max(max_pos, g.pos[t]), min_pos = min(min_pos, g.pos[t]);
   const int fk = first_key(g, min_pos);  // keys before it are before every row's window
+  const unsigned reach = g.window > 0 ? g.window : INT_MAX;  // keys a row sees, its own last
   float o[T::kRI][T::kDJ];
   __syncthreads();
 #pragma unroll
@@ -210,7 +211,8 @@ __global__ void __launch_bounds__(kPreThreads) prefill(Geo g) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           const int key = key0 + j, kp = sp.start + k0 + key;
-          const bool live = key < nk && kp <= rp[r] && kp >= first_key(g, rp[r]);
+          // rp[r] - window < kp <= rp[r] in one unsigned comparison (a key past the row wraps)
+          const bool live = key < nk && static_cast<unsigned>(rp[r] - kp) < reach;
           pt[key * T::kPS + r] = live ? a[i][j] * g.scale : -INFINITY;
         }
       }

@@ -20,6 +20,7 @@ void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq, bool by_warp) {
         l.k_head,  l.v_head, l.v_offset(),
         a.scale,   a.first,  a.last};
   g.xq = a.n_tok == 1 && a.last ? xq : nullptr;
+  g.window = a.window;
   KVS_CHECK(g.group >= 1 && g.group <= kMaxGroup, "cuda attention: ", g.group,
             " query heads per kv head (at most ", kMaxGroup, ")");
   if (a.n_tok == 1)

@@ -79,16 +79,19 @@ __device__ __forceinline__ void cp_rows(uint8_t* dst, int dst_stride, const uint
     cp_async(dst + r * dst_stride + c * cw, src + r * src_stride + c * cw, cw);
   }
 }
-// A decode block's span: the keys the query sees (0 past its position) and where the partials
-// of its kv head's query heads go; an empty span marks them empty.
-__device__ __forceinline__ int decode_span(const Geo& g, float* part, int s, int hk, float*& pout) {
+// A decode block's span: the keys [j0, j0 + n) the query sees (none past its position or
+// before its window; the count returned) and where the partials of its kv head's query heads
+// go; an empty span marks them empty.
+__device__ __forceinline__ int decode_span(const Geo& g, float* part, int s, int hk, float*& pout,
+                                           int& j0) {
   const Span sp = g.spans[s];
   const int n = min(sp.n, g.pos[0] - sp.start + 1);
+  j0 = min(max(first_key(g, g.pos[0]) - sp.start, 0), max(n, 0));
   const size_t stride = part_stride(g.d);
   pout = part + (static_cast<size_t>(s) * g.n_head + hk * g.group) * stride;
-  if (n <= 0)
+  if (n - j0 <= 0)
     for (int r = threadIdx.x; r < g.group; r += blockDim.x) pout[r * stride + 2] = 0.0f;
-  return n;
+  return n - j0;
 }
 
 constexpr int kDecThreads = 128;
@@ -119,11 +122,12 @@ __global__ void __launch_bounds__(kDecThreads, 5) decode_partials(Geo g, float* 
   const Span sp = g.spans[s];
   const size_t stride = part_stride(d);
   float* pout;
-  const int n = decode_span(g, part, s, hk, pout);
+  int j0;
+  const int n = decode_span(g, part, s, hk, pout, j0);
   if (n <= 0) return;
   const int tk = t.keys, buf_bytes = tk * (t.kst + t.vst);
-  const uint8_t* kg = sp.page + hk * g.k_head;
-  const uint8_t* vg = sp.page + g.v_offset + hk * g.v_head;
+  const uint8_t* kg = sp.page + static_cast<size_t>(j0) * g.k_row + hk * g.k_head;
+  const uint8_t* vg = sp.page + g.v_offset + static_cast<size_t>(j0) * g.v_row + hk * g.v_head;
   const int kw = static_cast<int>(g.k_head) / t.cw, vw = static_cast<int>(g.v_head) / t.cw;
   const auto issue = [&](int k0, uint8_t* dst) {
     const int nk = min(tk, n - k0);

@@ -316,9 +316,11 @@ __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks)
       pout[r * stride] = ml[2 * r], pout[r * stride + 1] = ml[2 * r + 1],
                pout[r * stride + 2] = 1.0f;
   };
-  // The keys the query sees (none past its position: an empty partial).
+  // The keys [j0, n) the query sees (none past its position or before its window: an empty
+  // partial).
   const int n = min(sp.n, g.pos[0] - sp.start + 1);
-  if (n <= 0) {
+  const int j0 = min(max(first_key(g, g.pos[0]) - sp.start, 0), max(n, 0));
+  if (n - j0 <= 0) {
     if constexpr (kEarly) pdl_wait();
     const int t0 = kByWarp ? lane : threadIdx.x, nt = kByWarp ? 32 : blockDim.x;
     if (g.fold_in_place)
@@ -328,11 +330,11 @@ __global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks)
     signal();
     return;
   }
-  // This warp's keys: the span (warp), or a quarter of it in whole tiles (block).
-  int k_lo = 0, k_hi = n;
+  // This warp's keys: those the query sees (warp), or a quarter of them in whole tiles (block).
+  int k_lo = j0, k_hi = n;
   if (!kByWarp) {
-    const int per = ((n + kDtWarps - 1) / kDtWarps + kDtKeys - 1) / kDtKeys * kDtKeys;
-    k_lo = min(n, warp * per), k_hi = min(n, k_lo + per);
+    const int per = ((n - j0 + kDtWarps - 1) / kDtWarps + kDtKeys - 1) / kDtKeys * kDtKeys;
+    k_lo = min(n, j0 + warp * per), k_hi = min(n, k_lo + per);
   }
   const int n_tiles = (k_hi - k_lo + kDtKeys - 1) / kDtKeys;
 

@@ -4,6 +4,7 @@
 // crosses a span, so the sequence of operations does not depend on how the spans were split
 // into calls.
 #include <algorithm>
+#include <climits>
 
 #include "kvs/backend/cuda/attention_tile.cuh"
 
@@ -148,7 +149,11 @@ __global__ void __launch_bounds__(kPreThreads) prefill(Geo g) {
     rm[r] = ok && !g.first ? g.acc[a] : -INFINITY;
     rl[r] = ok && !g.first ? g.acc[a + 1] : 0.0f;
   }
-  for (int t = t0; t < min(t0 + tq, g.n_tok); ++t) max_pos = max(max_pos, g.pos[t]);
+  int min_pos = INT_MAX;
+  for (int t = t0; t < min(t0 + tq, g.n_tok); ++t)
+    max_pos = max(max_pos, g.pos[t]), min_pos = min(min_pos, g.pos[t]);
+  const int fk = first_key(g, min_pos);  // keys before it are before every row's window
+  const unsigned reach = g.window > 0 ? g.window : INT_MAX;  // keys a row sees, its own last
   float o[T::kRI][T::kDJ];
   __syncthreads();
 #pragma unroll
@@ -165,7 +170,9 @@ __global__ void __launch_bounds__(kPreThreads) prefill(Geo g) {
     const Span sp = g.spans[s];
     if (sp.start > max_pos) break;
     const int n_span = min(sp.n, max_pos - sp.start + 1);
-    for (int k0 = 0; k0 < n_span; k0 += kTK) {
+    if (sp.start + n_span <= fk) continue;
+    // Tiles before every window are skipped: their rows' softmax steps would change nothing.
+    for (int k0 = max(0, fk - sp.start) / kTK * kTK; k0 < n_span; k0 += kTK) {
       const int nk = min(kTK, n_span - k0);
       // Dequantize the tile: a thread per (key, 32-element sub-block).
       for (int i = tid; i < kTK * (D / 32); i += kPreThreads) {
@@ -203,8 +210,9 @@ __global__ void __launch_bounds__(kPreThreads) prefill(Geo g) {
         const int r = row0 + i;
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          const int key = key0 + j;
-          const bool live = key < nk && sp.start + k0 + key <= rp[r];
+          const int key = key0 + j, kp = sp.start + k0 + key;
+          // rp[r] - window < kp <= rp[r] in one unsigned comparison (a key past the row wraps)
+          const bool live = key < nk && static_cast<unsigned>(rp[r] - kp) < reach;
           pt[key * T::kPS + r] = live ? a[i][j] * g.scale : -INFINITY;
         }
       }
@@ -362,8 +370,11 @@ __global__ void __launch_bounds__(kTcThreads) prefill_tc(Geo g) {
     rpos[i] = ok[i] ? g.pos[t] : -1;
     hrow[i] = static_cast<size_t>(ok[i] ? t : 0) * g.n_head + hk * ng + r % ng;
   }
-  int max_pos = -1;
-  for (int t = t0; t < min(t0 + tq, g.n_tok); ++t) max_pos = max(max_pos, g.pos[t]);
+  int max_pos = -1, min_pos = INT_MAX;
+  for (int t = t0; t < min(t0 + tq, g.n_tok); ++t)
+    max_pos = max(max_pos, g.pos[t]), min_pos = min(min_pos, g.pos[t]);
+  // The first key each row sees, and the first any row of the block sees.
+  const int fkr[2] = {first_key(g, rpos[0]), first_key(g, rpos[1])}, fk = first_key(g, min_pos);
 
   // Q times the scale and log2(e): scores in units of log2 (so are the maxima in g.acc, which
   // only this kernel reads).
@@ -393,15 +404,17 @@ __global__ void __launch_bounds__(kTcThreads) prefill_tc(Geo g) {
   }
 
   // The span a tile lies in, with the keys this block looks at (0 past its last query's
-  // position). Spans are read once each, the next one ahead of its first tile.
+  // position) and its first tile that holds a key after fk (the tiles before it would change
+  // nothing). Spans are read once each, the next one ahead of its first tile.
   struct SpanAt {
     const uint8_t* page;
-    int start, len;
+    int start, len, lo;
   };
   const auto span_at = [&](int s) {
-    if (s >= g.n_spans) return SpanAt{nullptr, 0, 0};
+    if (s >= g.n_spans) return SpanAt{nullptr, 0, 0, 0};
     const Span sp = g.spans[s];
-    return SpanAt{sp.page, sp.start, sp.start > max_pos ? 0 : min(sp.n, max_pos - sp.start + 1)};
+    return SpanAt{sp.page, sp.start, sp.start > max_pos ? 0 : min(sp.n, max_pos - sp.start + 1),
+                  max(0, fk - sp.start) / kTcKeys * kTcKeys};
   };
   // A tile's copies: thread tid takes row tid / 4 of K and of V, every fourth 16-byte piece.
   // Rows past a partial tile's keys are zeros in V (their P is 0, but 0 times a stale NaN is
@@ -427,16 +440,18 @@ __global__ void __launch_bounds__(kTcThreads) prefill_tc(Geo g) {
     }
   };
 
-  int s_cur = 0, k_cur = 0;               // the tile
-  SpanAt a = span_at(0), b = span_at(1);  // its span and the next
+  int s_cur = 0;  // the tile's span: the first not wholly before fk
+  while (s_cur < g.n_spans && g.spans[s_cur].start + g.spans[s_cur].n <= fk) ++s_cur;
+  SpanAt a = span_at(s_cur), b = span_at(s_cur + 1);  // its span and the next
+  int k_cur = a.lo;                                   // the tile
   bool have = a.len > 0;
   int buf = 0;
-  if (have) issue(a, 0, 0);
+  if (have) issue(a, k_cur, 0);
   cp_commit();
   while (have) {
     // The next tile: further into this span, or the next span's first.
     const bool cross = k_cur + kTcKeys >= a.len;
-    const int k_nxt = cross ? 0 : k_cur + kTcKeys;
+    const int k_nxt = cross ? b.lo : k_cur + kTcKeys;
     const bool more = !cross || b.len > 0;
     if (more) issue(cross ? b : a, k_nxt, buf ^ 1);  // the other tiles were read last iteration
     cp_commit();
@@ -458,14 +473,16 @@ __global__ void __launch_bounds__(kTcThreads) prefill_tc(Geo g) {
         mma16816(sc[2 * np], qa[ks], b[0], b[1]);
         mma16816(sc[2 * np + 1], qa[ks], b[2], b[3]);
       }
-    // Masks where the tile is not whole or reaches past a row's position (most tiles are not).
-    if (nk < kTcKeys || key_pos + kTcKeys - 1 > min(rpos[0], rpos[1]))
+    // Masks where the tile is not whole, reaches past a row's position or begins before its
+    // window (most tiles do none of these).
+    if (nk < kTcKeys || key_pos + kTcKeys - 1 > min(rpos[0], rpos[1]) ||
+        key_pos < max(fkr[0], fkr[1]))
 #pragma unroll
       for (int nt = 0; nt < kTcKeys / 8; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int i = e / 2, key = 8 * nt + 2 * t4 + e % 2;
-          if (key >= nk || key_pos + key > rpos[i]) sc[nt][e] = -INFINITY;
+          if (key >= nk || key_pos + key > rpos[i] || key_pos + key < fkr[i]) sc[nt][e] = -INFINITY;
         }
     tile_softmax(sc, m, l, o);
     // O += P V.

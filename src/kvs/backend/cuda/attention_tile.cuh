@@ -28,11 +28,17 @@ struct Geo {
   bool first, last;
   uint8_t* xq = nullptr;       // decode, last call: where the fold also writes out quantized
   bool fold_in_place = false;  // decode of one span on tensor cores: no separate fold
+  int window = 0;              // AttentionArgs::window
 };
 
 // Device code of internal linkage: each file's kernels inline their own copy, as they did when
 // all were in one file (the same machine code).
 namespace {
+
+// The first key position a query at pos sees (AttentionArgs::window), as the CPU kernel has it.
+__device__ __forceinline__ int first_key(const Geo& g, int pos) {
+  return g.window > 0 ? pos - g.window + 1 : 0;
+}
 
 __device__ __forceinline__ float h2f_16(const uint16_t* p) {
   return __half2float(__ushort_as_half(*p));

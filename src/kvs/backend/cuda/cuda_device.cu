@@ -381,6 +381,16 @@ class CudaDevice final : public Device {
     run("swiglu", [=, this] { cuda::swiglu(ctx_, gate, up, n, xq(q)); });
     if (q) quantized_ = {gate, n};
   }
+  void geglu(float* gate, const float* up, int64_t n) override {
+    const bool q = quantizing(1, n);
+    key(10, gate, up, n, q);
+    run("geglu", [=, this] { cuda::geglu(ctx_, gate, up, n, xq(q)); });
+    if (q) quantized_ = {gate, n};
+  }
+  void scale(float* x, float s, int64_t n) override {
+    key(11, x, s, n);
+    run("scale", [=, this] { cuda::scale(ctx_, x, s, n); });
+  }
   void add(float* x, const float* y, int64_t n) override {
     key(6, x, y, n);
     run("add", [=, this] { cuda::add(ctx_, x, y, n); });
@@ -427,8 +437,8 @@ class CudaDevice final : public Device {
     const bool by_warp =
         a.n_tok == 1 && cuda::decode_by_warp(ctx_, a.kv, int64_t{a.pos[0]} + 1);
     between_ += static_cast<size_t>(a.n_spans) * a.kv.page_bytes();
-    key(8, b.q, b.out, b.acc, b.pos, b.n_tok, b.spans, b.n_spans, b.n_head, b.scale, b.first,
-        b.last, q, by_warp);
+    key(8, b.q, b.out, b.acc, b.pos, b.n_tok, b.spans, b.n_spans, b.n_head, b.scale, b.window,
+        b.first, b.last, q, by_warp);
     key_layout(b.kv);
     run(a.n_tok == 1 ? "attention decode" : "attention prefill",
         [=, this] { cuda::attention(ctx_, b, xq(q), by_warp); });

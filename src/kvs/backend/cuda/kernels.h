@@ -98,6 +98,8 @@ void rope_kv_write(Ctx& c, float* q, float* k, const float* v, const int32_t* po
                    int32_t n_head, const RopeParams& p, const double* inv, const KvLayout& l,
                    uint8_t* const* pages, const int32_t* slots, const QkNorm& norm = {});
 void swiglu(Ctx& c, float* gate, const float* up, int64_t n, uint8_t* xq = nullptr);
+void geglu(Ctx& c, float* gate, const float* up, int64_t n, uint8_t* xq = nullptr);
+void scale(Ctx& c, float* x, float s, int64_t n);
 void add(Ctx& c, float* x, const float* y, int64_t n);
 void kv_write(Ctx& c, const KvLayout& l, const float* k, const float* v, int32_t n_tok,
               uint8_t* const* pages, const int32_t* slots);

@@ -1,6 +1,6 @@
-// Element-wise and row operations of the forward pass: embedding, RMSNorm, rope, SwiGLU,
-// residual add, and the KV write that quantizes new rows into their pages (the same rounding
-// as the CPU quantizers).
+// Element-wise and row operations of the forward pass: embedding, RMSNorm, rope, SwiGLU and
+// GeGLU, scaling, residual add, and the KV write that quantizes new rows into their pages (the
+// same rounding as the CPU quantizers).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -155,6 +155,25 @@ __global__ void swiglu_k(float* __restrict__ g, const float* __restrict__ u, siz
     g[i] = v;
     if (xq) quantize_x_block(v, threadIdx.x % 32, xq + i / 32, xm + i / 32);
   }
+}
+
+// gelu's tanh form, as the CPU backend computes it.
+__global__ void geglu_k(float* __restrict__ g, const float* __restrict__ u, size_t n,
+                        XBlock* __restrict__ xq, XMeta* __restrict__ xm) {
+  pdl_wait();
+  constexpr float kC = 0.7978845608028654f;  // sqrt(2 / pi)
+  const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) {  // with xq, n is a multiple of 32: whole warps pass
+    const float a = g[i], v = 0.5f * a * (1.0f + tanhf(kC * (a + 0.044715f * a * a * a))) * u[i];
+    g[i] = v;
+    if (xq) quantize_x_block(v, threadIdx.x % 32, xq + i / 32, xm + i / 32);
+  }
+}
+
+__global__ void scale_k(float* __restrict__ x, float s, size_t n) {
+  pdl_wait();
+  const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x[i] *= s;
 }
 
 __global__ void add_k(float* __restrict__ x, const float* __restrict__ y, size_t n) {
@@ -423,6 +442,18 @@ void swiglu(Ctx& c, float* gate, const float* up, int64_t n, uint8_t* xq) {
   const auto [xb, xm] = xq_parts(xq, static_cast<size_t>(n));
   launch(swiglu_k, blocks(static_cast<size_t>(n), 256), 256, 0, c.stream, gate, up,
          static_cast<size_t>(n), xb, xm);
+}
+
+void geglu(Ctx& c, float* gate, const float* up, int64_t n, uint8_t* xq) {
+  KVS_CHECK(!xq || n % 32 == 0, "cuda: geglu quantizing ", n, " elements");
+  const auto [xb, xm] = xq_parts(xq, static_cast<size_t>(n));
+  launch(geglu_k, blocks(static_cast<size_t>(n), 256), 256, 0, c.stream, gate, up,
+         static_cast<size_t>(n), xb, xm);
+}
+
+void scale(Ctx& c, float* x, float s, int64_t n) {
+  launch(scale_k, blocks(static_cast<size_t>(n), 256), 256, 0, c.stream, x, s,
+         static_cast<size_t>(n));
 }
 
 void add(Ctx& c, float* x, const float* y, int64_t n) {

@@ -1,8 +1,11 @@
 // Times the integer matrix-vector kernel's variants (rows per warp, groups per chunk, one
-// chunk ahead or not, warps per row) on the matrix shapes of the 8B models, q4_0 and q8_0:
-// the numbers behind q_shape() in matmul.cu. Built with the CUDA backend as kvs_matvec_sweep;
-// run it on the GPU machine (PDL=0: without programmatic dependent launch). Each variant runs 100 times over copies of the matrices larger than the
-// L2 cache; the times include the launches, back to back.
+// chunk ahead or not, warps per row) on the matrix shapes of the 8B models, one token: the
+// numbers behind q_shape() in matmul.cu, then the variant q_shape() picks ("chosen"). Built with
+// the CUDA backend as kvs_matvec_sweep; run it on the GPU machine:
+//   kvs_matvec_sweep [FORMAT...]   (default: every format of the integer kernel)
+// (PDL=0: without programmatic dependent launch). Each variant runs 100 times over copies of
+// the matrices larger than the L2 cache; the times include the launches, back to back. GB/s
+// counts the bytes of the rows in the device layout (layout.h).
 #include "../src/kvs/backend/cuda/matmul.cu"
 
 #include <cstdio>
@@ -57,7 +60,24 @@ void run_variant(Ctx& c, const char* tn, const Shape& sh, std::vector<std::vecto
   }
 }
 
-int main() {
+// What the matmuls of a decode step run: q_shape()'s variant.
+template <DType T>
+void run_chosen(Ctx& c, const char* tn, const Shape& sh, std::vector<std::vector<Matrix>>& ws,
+                float* y, const XBlock* xq, const XMeta* xm, double bytes) {
+  const int n = static_cast<int>(sh.outs.size());
+  int rows = 0;
+  for (int o : sh.outs) rows += o;
+  const QShape q = q_shape(rows, sh.n_in, 1, packed(T).lane_bytes(), kSubFormat<T>);
+  const double us = time_us(c, [&](int i) {
+    MatJob jobs[3];
+    jobs_of(sh, ws, y, i, jobs);
+    matvec(c, nullptr, 1, jobs, n, xq, xm);
+  });
+  printf("%-6s %-8s chosen R=%d U=%d pipe=%d split=%d  %7.2f us  %6.0f GB/s\n", tn, sh.name, q.r,
+         q.u, q.pipe, q.split, us, bytes / us / 1e3);
+}
+
+int main(int argc, char** argv) {
   pdl_enabled() = getenv("PDL") ? atoi(getenv("PDL")) : 1;
   Ctx c;
   KVS_CUDA_CHECK(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking));
@@ -75,10 +95,8 @@ int main() {
   std::vector<float> hx(16384);
   for (size_t i = 0; i < hx.size(); ++i) hx[i] = std::sin(i * 0.37f);
   cudaMemcpy(x, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice);
-  const int nb = 16384 / 32;
-  launch(quantize_x, nb / 8, 256, 0, c.stream, x, reinterpret_cast<XBlock*>(xbuf),
-         reinterpret_cast<XMeta*>(xbuf + nb * sizeof(XBlock)), nb);
-  auto sweep = [&]<DType T>(const char* tn) {
+  auto sweep = [&]<DType T>() {
+    const char* tn = dtype_name(T);
     constexpr Packed pk = packed(T);
     for (const Shape& sh : shapes) {
       const int n_groups = (sh.n_in / 32 + 31) / 32;
@@ -99,9 +117,10 @@ int main() {
           m.data = static_cast<uint8_t*>(p);
           ws[i].push_back(m);
         }
-      const XBlock* xq = reinterpret_cast<const XBlock*>(xbuf);
+      XBlock* xq = reinterpret_cast<XBlock*>(xbuf);
       const int nbx = sh.n_in / 32;
-      const XMeta* xm = reinterpret_cast<const XMeta*>(xbuf + nbx * sizeof(XBlock));
+      XMeta* xm = reinterpret_cast<XMeta*>(xbuf + nbx * sizeof(XBlock));
+      launch(quantize_x, (nbx + 7) / 8, 256, 0, c.stream, x, xq, xm, nbx);
       const double bytes = static_cast<double>(per);
       run_variant<T, 2, 2, false>(c, tn, sh, ws, y, xq, xm, bytes);
       run_variant<T, 4, 2, false>(c, tn, sh, ws, y, xq, xm, bytes);
@@ -110,15 +129,26 @@ int main() {
       run_variant<T, 4, 4, false>(c, tn, sh, ws, y, xq, xm, bytes);
       run_variant<T, 2, 1, true>(c, tn, sh, ws, y, xq, xm, bytes);
       run_variant<T, 4, 1, true>(c, tn, sh, ws, y, xq, xm, bytes);
-      if constexpr (packed(T).quant == 16) {  // 8 rows of 8-bit quants would spill
+      if constexpr (packed(T).lane_bytes() <= 16) {  // 8 rows of more bytes would spill
         run_variant<T, 8, 2, false>(c, tn, sh, ws, y, xq, xm, bytes);
         run_variant<T, 8, 1, true>(c, tn, sh, ws, y, xq, xm, bytes);
       }
+      run_chosen<T>(c, tn, sh, ws, y, xq, xm, bytes);
       for (void* p : raw) cudaFree(p);
       fflush(stdout);
     }
   };
-  sweep.template operator()<DType::Q4_0>("q4_0");
-  sweep.template operator()<DType::Q8_0>("q8_0");
+  std::vector<DType> formats;
+  for (int i = 1; i < argc; ++i) formats.push_back(parse_dtype(argv[i], "format"));
+  if (formats.empty())
+    formats = {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::IQ4_NL, DType::IQ4_XS,
+               DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q3_K,   DType::Q2_K};
+  for (DType t : formats)
+    dispatch(t, [&]<DType T>() {
+      if constexpr (kQuant<T>)
+        sweep.template operator()<T>();
+      else
+        fail("kvs_matvec_sweep: ", dtype_name(T), " is not a format of the integer kernel");
+    });
   return 0;
 }

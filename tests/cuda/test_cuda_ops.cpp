@@ -15,15 +15,19 @@
 #include "kvs/backend/device.h"
 #include "kvs/model/model.h"
 #include "kvs/quant/types.h"
+#include "kvs/util/error.h"
+#include "kvs/util/threadpool.h"
 
 namespace kvs {
 namespace {
 
 TEST(CudaOps, MatmulEveryFormat) {
   NEED_GPU();
-  // tiny-h128's rows are all multiples of 256: no fallback from the K and IQ4_XS blocks.
-  for (const char* wt : {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k",
-                         "q5_k", "q6_k", "iq4_nl", "h128:iq4_xs", "h128:q3_k", "h128:q2_k"}) {
+  // tiny-h128's rows are all multiples of 256: no fallback from the K and IQ4_XS blocks (and
+  // a quarter of a 1024-element group of the integer kernel).
+  for (const char* wt :
+       {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "h128:q4_k",
+        "h128:q5_k", "h128:q6_k", "h128:iq4_xs", "h128:q3_k", "h128:q2_k"}) {
     auto m = Model::load(std::string("synthetic:tiny-") + (wt[0] == 'h' ? "" : "qwen3:") + wt);
     const Weights wc = cpu->place_weights(m->weights);
     const Weights wg = gpu->place_weights(m->weights);
@@ -113,6 +117,50 @@ TEST(CudaOps, MatvecEightBShapes) {
         gpu->matmul(gw.tok_embd, xg.f(), yg.f(), n_tok, nullptr);
         EXPECT_LT(max_rel(yc, yg.get()), 2e-4)
             << dtype_name(t) << " " << n_out << " x " << n_in << " n_tok " << n_tok;
+      }
+    }
+  }
+}
+
+// The integer kernel on the formats of 32-element sub-blocks (k-quants, iq4): rows of 14336
+// (one group ahead), 4100 rows of 4096 (8 rows a warp for 4-bit and smaller formats), rows of
+// 2304 (two groups and a quarter), row counts that no kernel's tile divides; two matrices in one
+// launch, the second added to y with a bias; one to 8 tokens.
+TEST(CudaOps, MatvecSubBlockFormats) {
+  NEED_GPU();
+  for (DType t : {DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q3_K, DType::Q2_K, DType::IQ4_XS,
+                  DType::IQ4_NL}) {
+    for (const auto& [n_in, n_out] :
+         {std::pair<int64_t, int64_t>{14336, 1030}, {4096, 4100}, {2304, 1003}}) {
+      const int64_t n_out2 = 37;  // the second matrix's rows
+      const auto f = rnd(static_cast<size_t>(n_in * (n_out + n_out2)), 25);
+      const size_t rb = row_bytes(t, n_in);
+      std::vector<uint8_t> q(rb * static_cast<size_t>(n_out + n_out2));
+      thread_pool().parallel_for(n_out + n_out2, 16, [&](int64_t b, int64_t e) {
+        for (int64_t r = b; r < e; ++r)
+          quantize_row(t, f.data() + r * n_in, q.data() + static_cast<size_t>(r) * rb, n_in);
+      });
+      Weights hw;
+      hw.tok_embd = Matrix{t, n_in, n_out, rb, q.data()};
+      hw.output = Matrix{t, n_in, n_out2, rb, q.data() + rb * static_cast<size_t>(n_out)};
+      const Weights cw = cpu->place_weights(hw), gw = gpu->place_weights(hw);
+      const auto bias = rnd(static_cast<size_t>(n_out2), 26);
+      Buf bg(*gpu, bias);
+      for (int64_t n_tok : {1, 2, 3, 5, 8}) {
+        const auto x = rnd(static_cast<size_t>(n_in * n_tok), 27);
+        const auto y0 = rnd(static_cast<size_t>(n_out2 * n_tok), 28);
+        std::vector<float> yc(static_cast<size_t>(n_out * n_tok)), yc2 = y0;
+        const MatJob jc[2] = {{&cw.tok_embd, yc.data(), nullptr, false},
+                              {&cw.output, yc2.data(), bias.data(), true}};
+        cpu->matmuls(x.data(), n_tok, jc, 2);
+        Buf xg(*gpu, x), yg(*gpu, yc.size()), yg2(*gpu, y0);
+        const MatJob jg[2] = {{&gw.tok_embd, yg.f(), nullptr, false},
+                              {&gw.output, yg2.f(), bg.f(), true}};
+        gpu->matmuls(xg.f(), n_tok, jg, 2);
+        EXPECT_LT(max_rel(yc, yg.get()), 2e-4)
+            << dtype_name(t) << " " << n_out << " x " << n_in << " n_tok " << n_tok;
+        EXPECT_LT(max_rel(yc2, yg2.get()), 2e-4)
+            << dtype_name(t) << " " << n_out2 << " x " << n_in << " (added, bias) n_tok " << n_tok;
       }
     }
   }

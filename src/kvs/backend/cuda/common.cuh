@@ -13,6 +13,7 @@
 #include <mutex>
 #include <utility>
 
+#include "kvs/backend/cuda/layout.h"
 #include "kvs/quant/types.h"
 #include "kvs/util/error.h"
 
@@ -137,25 +138,8 @@ __device__ __forceinline__ float h2f(const uint8_t* p) {
   return __half2float(__ushort_as_half(u));
 }
 
-// Scale and min of sub-block j of a q4_k/q5_k super-block.
-__device__ __forceinline__ void scale_min(int j, const uint8_t* q, int& sc, int& m) {
-  if (j < 4) {
-    sc = q[j] & 63;
-    m = q[j + 4] & 63;
-  } else {
-    sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-    m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-  }
-}
-
-// Level i of iq4_nl/iq4_xs (ggml's kvalues_iq4nl), from the bytes of two words: no table in
-// memory.
-__device__ __forceinline__ float iq4_value(int i) {
-  const uint64_t w = i < 8 ? 0xF6EADDCFBFAD9881ull : 0x7159453526190D01ull;
-  return static_cast<float>(static_cast<int8_t>(w >> (8 * (i & 7))));
-}
-
-// Elements [32 sb, 32 sb + 32) of a row in format T, as f32.
+// Elements [32 sb, 32 sb + 32) of a row in format T, as f32 (the formats layout.h leaves in the
+// file layout).
 template <DType T>
 __device__ __forceinline__ void load_sub(const uint8_t* row, int sb, float* v) {
   if constexpr (T == DType::F32) {
@@ -232,96 +216,187 @@ __device__ __forceinline__ void load_sub(const uint8_t* row, int sb, float* v) {
         v[j + 16] = d * static_cast<float>(q1 - 16);
       }
     }
-  } else if constexpr (T == DType::Q4_K || T == DType::Q5_K) {
-    constexpr bool k5 = T == DType::Q5_K;
-    const uint8_t* b = row + (sb / 8) * (k5 ? 176 : 144);
-    const int s = sb % 8;
-    const float d = h2f(b), dmin = h2f(b + 2);
-    int sc, m;
-    scale_min(s, b + 4, sc, m);
-    const float ds = d * static_cast<float>(sc), dm = dmin * static_cast<float>(m);
-    const uint8_t* qh = b + 16;
-    const uint8_t* q = b + (k5 ? 48 : 16) + 32 * (s / 2);
-#pragma unroll
-    for (int l = 0; l < 32; ++l) {
-      int x = (s & 1) ? (q[l] >> 4) : (q[l] & 0xF);
-      if constexpr (k5) x |= ((qh[l] >> s) & 1) << 4;
-      v[l] = ds * static_cast<float>(x) - dm;
-    }
-  } else if constexpr (T == DType::Q6_K) {
-    const uint8_t* b = row + (sb / 8) * 210;
-    const int s = sb % 8, h = s / 4, k = s % 4;
-    const uint8_t* ql = b + 64 * h + (k & 1) * 32;
-    const uint8_t* qh = b + 128 + 32 * h;
-    const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192) + 8 * h;
-    const float d = h2f(b + 208);
-#pragma unroll
-    for (int l = 0; l < 32; ++l) {
-      const int lo = (k < 2) ? (ql[l] & 0xF) : (ql[l] >> 4);
-      const int q = (lo | (((qh[l] >> (2 * k)) & 3) << 4)) - 32;
-      v[l] = d * static_cast<float>(sc[l / 16 + 2 * k]) * static_cast<float>(q);
-    }
-  } else if constexpr (T == DType::IQ4_NL || T == DType::IQ4_XS) {
-    constexpr bool xs = T == DType::IQ4_XS;
-    const uint8_t* b = xs ? row + (sb / 8) * 136 : row + sb * 18;
-    const uint8_t* qs = xs ? b + 8 + 16 * (sb % 8) : b + 2;
-    float d = h2f(b);
-    if constexpr (xs) {
-      const int j = sb % 8;
-      const int hi = ((b[2] | (b[3] << 8)) >> (2 * j)) & 3;
-      d *= static_cast<float>((((b[4 + j / 2] >> (4 * (j % 2))) & 0xF) | (hi << 4)) - 32);
-    }
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      v[j] = d * iq4_value(qs[j] & 0xF);
-      v[j + 16] = d * iq4_value(qs[j] >> 4);
-    }
-  } else if constexpr (T == DType::Q2_K || T == DType::Q3_K) {
-    // Elements 32k + l of half h: two bits at 2k of qs[32h + l], sub-block of 16 8h + 2k + l/16.
-    constexpr bool k3 = T == DType::Q3_K;
-    const uint8_t* b = row + (sb / 8) * (k3 ? 110 : 84);
-    const int s = sb % 8, h = s / 4, k = s % 4;
-    const uint8_t* qs = b + (k3 ? 32 : 16) + 32 * h;
-    const float d = h2f(b + (k3 ? 108 : 80)), dmin = k3 ? 0.0f : h2f(b + 82);
-#pragma unroll
-    for (int l = 0; l < 32; ++l) {
-      const int j = 2 * s + l / 16, q = (qs[l] >> (2 * k)) & 3;
-      if constexpr (k3) {
-        const int sc = ((b[96 + j % 8] >> (4 * (j / 8))) & 0xF) |
-                       (((b[104 + j % 4] >> (2 * (j / 4))) & 3) << 4);
-        const int hi = (b[l] >> (4 * h + k)) & 1;
-        v[l] = d * static_cast<float>(sc - 32) * static_cast<float>(q - (hi ? 0 : 4));
-      } else {
-        v[l] = d * static_cast<float>(b[j] & 0xF) * static_cast<float>(q) -
-               dmin * static_cast<float>(b[j] >> 4);
-      }
-    }
   }
 }
 
-// Device layout of weight rows (place_weights). q4_0, q4_1 and q8_0 rows are cut into groups
-// of 32 blocks (1024 elements, the last group zero-padded) laid out for the matrix-vector
-// kernel, whose lane l takes block l of each group: the blocks' quants one after the other
-// (lane l's 16 or 32 bytes at offset l times that size, in the file's order within a block),
-// then the 32 f16 scales, then for q4_1 the 32 f16 mins. Other formats keep the file layout,
-// rows padded to 16 bytes. KV pages always keep the file layout.
-struct Packed {
-  int quant = 0;   // bytes of quants per block; 0: not packed
-  int scales = 0;  // bytes of scales (and mins) per group
-  __host__ __device__ constexpr int stride() const { return 32 * quant + scales; }
-};
-__host__ __device__ constexpr Packed packed(DType t) {
-  return t == DType::Q4_0   ? Packed{16, 64}
-         : t == DType::Q4_1 ? Packed{16, 128}
-         : t == DType::Q8_0 ? Packed{32, 64}
-                            : Packed{};
+__device__ __forceinline__ float h2f(uint32_t u) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(u & 0xFFFF)));
 }
+
+// x's bits moved from bit `from` to bit `to` (constants once the loops are unrolled).
+__device__ __forceinline__ uint32_t move_bits(uint32_t x, int from, int to) {
+  return to >= from ? x << (to - from) : x >> (from - to);
+}
+
+// The iq4 levels (ggml's kvalues_iq4nl) of the 4 codes in the low 4 nibbles of c, as int8
+// bytes: the table's two halves are two pairs of words, picked from by byte permutes.
+__device__ __forceinline__ uint32_t iq4_levels(uint32_t c) {
+  const uint32_t i = c & 0x7777;  // the entry within a half
+  const uint32_t lo = __byte_perm(0xBFAD9881u, 0xF6EADDCFu, i);
+  const uint32_t hi = __byte_perm(0x26190D01u, 0x71594535u, i);
+  return __byte_perm(lo, hi, 0x3210 | ((c >> 1) & 0x4444));  // bit 3 of a code: the upper half
+}
+
+// The formats of Sub. Levels are codes - kOffset (iq4: the table's); "halves" formats scale the
+// elements 0-15 and 16-31 of a sub-block apart, "min" ones subtract a min: value = d q - m.
+template <DType T>
+constexpr bool kSubFormat = k_quant(T) || T == DType::IQ4_NL;
+template <DType T>
+constexpr bool kHalves = T == DType::Q6_K || T == DType::Q3_K || T == DType::Q2_K;
+template <DType T>
+constexpr bool kMin = T == DType::Q4_K || T == DType::Q5_K || T == DType::Q2_K;
+template <DType T>
+constexpr bool kIq4 = T == DType::IQ4_NL || T == DType::IQ4_XS;
+template <DType T>
+constexpr int kOffset = T == DType::Q6_K   ? 32
+                        : T == DType::Q3_K ? 4
+                                           : 0;
+
+// One sub-block of a k-quant, iq4_xs or iq4_nl row in the layout of layout.h, as one lane
+// holds it: its quants, high bits and the words of its scales.
+template <DType T>
+struct Sub {
+  static constexpr Packed pk = packed(T);
+  static constexpr int kHead = T == DType::IQ4_NL ? 1
+                               : T == DType::Q6_K || T == DType::Q2_K || T == DType::IQ4_XS
+                                   ? 2
+                                   : 4;  // a KHead
+  uint32_t q[pk.quant / 4];
+  uint32_t h[pk.high ? pk.high / 4 : 1];
+  uint32_t hd[kHead];
+
+  // Sub-block `lane` of group grp (zeros unless ok).
+  __device__ __forceinline__ void load(const uint8_t* grp, int lane, bool ok) {
+    const uint8_t* qp = grp + pk.quant * lane;
+    if constexpr (pk.quant == 16) {
+      const uint4 v = ok ? __ldg(reinterpret_cast<const uint4*>(qp)) : make_uint4(0, 0, 0, 0);
+      q[0] = v.x, q[1] = v.y, q[2] = v.z, q[3] = v.w;
+    } else {
+      const uint2 v = ok ? __ldg(reinterpret_cast<const uint2*>(qp)) : make_uint2(0, 0);
+      q[0] = v.x, q[1] = v.y;
+    }
+    const uint8_t* hp = grp + 32 * pk.quant + pk.high * lane;
+    if constexpr (pk.high == 8) {
+      const uint2 v = ok ? __ldg(reinterpret_cast<const uint2*>(hp)) : make_uint2(0, 0);
+      h[0] = v.x, h[1] = v.y;
+    } else if constexpr (pk.high == 4) {
+      h[0] = ok ? __ldg(reinterpret_cast<const unsigned*>(hp)) : 0u;
+    }
+    const uint8_t* sc = grp + 32 * pk.lane_bytes();
+    const int sb = lane / 8, s = lane % 8;  // k-quants: super-block of the group, sub-block
+    const auto u16 = [&](const uint8_t* p) -> uint32_t {
+      return ok ? __ldg(reinterpret_cast<const unsigned short*>(p)) : 0u;
+    };
+    if constexpr (T == DType::IQ4_NL) {
+      hd[0] = u16(sc + 2 * lane);
+    } else if constexpr (T == DType::IQ4_XS) {
+      const uint2 v = ok ? __ldg(reinterpret_cast<const uint2*>(sc + 8 * sb)) : make_uint2(0, 0);
+      hd[0] = v.x, hd[1] = v.y;
+    } else if constexpr (T == DType::Q6_K) {
+      hd[0] = u16(sc + 16 * sb + 2 * s), hd[1] = u16(sc + 64 + 2 * sb);
+    } else if constexpr (T == DType::Q2_K) {
+      hd[0] = u16(sc + 16 * sb + 2 * s);
+      hd[1] = ok ? __ldg(reinterpret_cast<const unsigned*>(sc + 64 + 4 * sb)) : 0u;
+    } else {
+      const uint4 v =
+          ok ? __ldg(reinterpret_cast<const uint4*>(sc + 16 * sb)) : make_uint4(0, 0, 0, 0);
+      hd[0] = v.x, hd[1] = v.y, hd[2] = v.z, hd[3] = v.w;
+    }
+  }
+
+  // The codes of elements 4w .. 4w + 3 (a) and 16 + 4w .. 19 + 4w (b), w < 4, as bytes: the
+  // levels plus kOffset (iq4: the levels, signed).
+  __device__ __forceinline__ void codes(int w, uint32_t& a, uint32_t& b) const {
+    if constexpr (kIq4<T>) {
+      // The low half word holds elements 4w, 16 + 4w, 4w + 1, 17 + 4w; the high one the next two.
+      const uint32_t x = iq4_levels(q[w]), y = iq4_levels(q[w] >> 16);
+      a = __byte_perm(x, y, 0x6420), b = __byte_perm(x, y, 0x7531);
+    } else if constexpr (pk.quant == 16) {
+      a = q[w] & 0x0F0F0F0Fu, b = (q[w] >> 4) & 0x0F0F0F0Fu;
+      if constexpr (T == DType::Q5_K) {
+        a |= move_bits(h[0], w, 4) & 0x10101010u;
+        b |= move_bits(h[0], w + 4, 4) & 0x10101010u;
+      } else if constexpr (T == DType::Q6_K) {
+        a |= move_bits(h[0], 2 * w, 4) & 0x30303030u;
+        b |= move_bits(h[1], 2 * w, 4) & 0x30303030u;
+      }
+    } else {
+      a = (q[0] >> (2 * w)) & 0x03030303u, b = (q[1] >> (2 * w)) & 0x03030303u;
+      if constexpr (T == DType::Q3_K) {
+        a |= move_bits(h[0], w, 2) & 0x04040404u;
+        b |= move_bits(h[0], w + 4, 2) & 0x04040404u;
+      }
+    }
+  }
+
+  // The integer scales and mins of the sub-block's halves (one pair for both but in kHalves
+  // formats) and the super-block's (iq4_nl: block's) f16 factors: value = d sc q - dmin mn.
+  __device__ __forceinline__ void scales(int s, int (&sc)[2], int (&mn)[2], float& d,
+                                         float& dmin) const {
+    mn[0] = mn[1] = 0, dmin = 0.0f;
+    if constexpr (T == DType::IQ4_NL) {
+      sc[0] = sc[1] = 1, d = h2f(hd[0]);
+    } else if constexpr (T == DType::IQ4_XS) {
+      sc[0] = sc[1] =
+          static_cast<int>(((hd[1] >> (4 * s)) & 15) | (((hd[0] >> (16 + 2 * s)) & 3) << 4)) - 32;
+      d = h2f(hd[0]);
+    } else if constexpr (T == DType::Q6_K) {
+      sc[0] = static_cast<int8_t>(hd[0] & 0xFF), sc[1] = static_cast<int8_t>(hd[0] >> 8);
+      d = h2f(hd[1]);
+    } else if constexpr (T == DType::Q2_K) {
+      sc[0] = hd[0] & 15, mn[0] = (hd[0] >> 4) & 15;
+      sc[1] = (hd[0] >> 8) & 15, mn[1] = (hd[0] >> 12) & 15;
+      d = h2f(hd[1]), dmin = h2f(hd[1] >> 16);
+    } else {  // a KHead
+      const uint32_t lo = ((s < 4 ? hd[0] : hd[1]) >> (8 * (s % 4))) & 0xFF;
+      const uint32_t hi = (hd[2] >> (4 * s)) & 15;
+      const int a = static_cast<int>((lo & 15) | ((hi & 3) << 4));
+      const int b = static_cast<int>((lo >> 4) | ((hi >> 2) << 4));
+      d = h2f(hd[3]);
+      if constexpr (T == DType::Q3_K) {
+        sc[0] = a - 32, sc[1] = b - 32;
+      } else {
+        sc[0] = sc[1] = a, mn[0] = mn[1] = b, dmin = h2f(hd[3] >> 16);
+      }
+    }
+  }
+
+  // The 32 elements as f32, as the CPU backend dequantizes them (d sc first, then its product
+  // with the level, minus dmin mn).
+  __device__ __forceinline__ void values(int s, float* v) const {
+    int sc[2], mn[2];
+    float d, dmin;
+    scales(s, sc, mn, d, dmin);
+    float ds[2], dm[2];
+#pragma unroll
+    for (int k = 0; k < 2; ++k)
+      ds[k] = d * static_cast<float>(sc[k]), dm[k] = dmin * static_cast<float>(mn[k]);
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      uint32_t c[2];
+      codes(w, c[0], c[1]);
+#pragma unroll
+      for (int k = 0; k < 2; ++k)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int byte = static_cast<int>((c[k] >> (8 * i)) & 0xFF);
+          const int level = kIq4<T> ? static_cast<int8_t>(byte) : byte - kOffset<T>;
+          const float x = ds[k] * static_cast<float>(level);
+          v[16 * k + 4 * w + i] = kMin<T> ? x - dm[k] : x;
+        }
+    }
+  }
+};
 
 // Elements [32 sb, 32 sb + 32) of a weight row of n_sub sub-blocks, as f32.
 template <DType T>
 __device__ __forceinline__ void load_w(const uint8_t* row, int n_sub, int sb, float* v) {
   constexpr Packed pk = packed(T);
-  if constexpr (pk.quant != 0) {
+  if constexpr (kSubFormat<T>) {
+    Sub<T> s;
+    s.load(row + static_cast<size_t>(sb / 32) * pk.stride(), sb % 32, true);
+    s.values(sb % 8, v);
+  } else if constexpr (pk.quant != 0) {
     const uint8_t* g = row + static_cast<size_t>(sb / 32) * pk.stride();
     const int l = sb % 32;
     alignas(16)

@@ -57,34 +57,6 @@ using cuda::EventPool;
 using cuda::Profile;
 using cuda::Timed;
 
-// A row of n_in elements from the file layout to the device layout of common.cuh.
-size_t device_pitch(DType t, int64_t n_in) {
-  const cuda::Packed pk = cuda::packed(t);
-  if (pk.quant == 0) return (row_bytes(t, n_in) + 15) / 16 * 16;
-  return static_cast<size_t>((n_in + 1023) / 1024) * static_cast<size_t>(pk.stride());
-}
-
-void pack_row(DType t, const uint8_t* src, uint8_t* dst, int64_t n_in, size_t pitch) {
-  const cuda::Packed pk = cuda::packed(t);
-  std::memset(dst, 0, pitch);
-  if (pk.quant == 0) {
-    std::memcpy(dst, src, row_bytes(t, n_in));
-    return;
-  }
-  const int64_t nb = n_in / 32;
-  const size_t block = row_bytes(t, 32);
-  const size_t head = t == DType::Q4_1 ? 4 : 2;  // d (and m) before the quants
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* s = src + static_cast<size_t>(b) * block;
-    uint8_t* g = dst + static_cast<size_t>(b / 32) * static_cast<size_t>(pk.stride());
-    const int l = static_cast<int>(b % 32);
-    std::memcpy(g + pk.quant * l, s + head, static_cast<size_t>(pk.quant));
-    std::memcpy(g + 32 * pk.quant + 2 * l, s, 2);                                 // d
-    if (t == DType::Q4_1) std::memcpy(g + 32 * pk.quant + 64 + 2 * l, s + 2, 2);  // m
-  }
-}
-
-
 class CudaDevice final : public Device {
  public:
   CudaDevice(size_t limit, const CudaOptions& opt)
@@ -280,11 +252,11 @@ class CudaDevice final : public Device {
     if (host.output.data != host.tok_embd.data) mats.push_back(&out.output);
     for (LayerWeights& l : out.layers)
       for (Matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down}) mats.push_back(m);
-    // Rows are repacked on the host into the layout of common.cuh.
+    // Rows are repacked on the host into the layout of layout.h.
     std::vector<size_t> pitch(mats.size());
     size_t total = 0;
     for (size_t i = 0; i < mats.size(); ++i) {
-      pitch[i] = device_pitch(mats[i]->type, mats[i]->n_in);
+      pitch[i] = cuda::device_pitch(mats[i]->type, mats[i]->n_in);
       total += (pitch[i] * static_cast<size_t>(mats[i]->n_out) + 255) / 256 * 256;
     }
     weights_ = alloc(total, "the weights");
@@ -299,8 +271,8 @@ class CudaDevice final : public Device {
         buf.resize(static_cast<size_t>(nr) * pitch[i]);
         thread_pool().parallel_for(nr, 64, [&](int64_t b, int64_t e) {
           for (int64_t r = b; r < e; ++r)
-            pack_row(m->type, m->row(r0 + r), buf.data() + static_cast<size_t>(r) * pitch[i],
-                     m->n_in, pitch[i]);
+            cuda::pack_row(m->type, m->row(r0 + r), buf.data() + static_cast<size_t>(r) * pitch[i],
+                           m->n_in, pitch[i]);
         });
         KVS_CUDA_CHECK(cudaMemcpy(weights_.as() + off + static_cast<size_t>(r0) * pitch[i],
                                   buf.data(), buf.size(), cudaMemcpyHostToDevice));

@@ -1,13 +1,15 @@
 // Matrix products y[t][n_out] (+)= W x[t][n_in] (+ bias) for groups of matrices sharing x.
 // Up to kMaxVecTok tokens it is a matrix-vector product that reads the weights once:
-// - q4_0, q4_1, q8_0 (rows in the layout of common.cuh): x is first quantized per 32-element
-//   block to two int8 planes, x = dx (h + l / 254) (relative error below 2e-5 of the block's
-//   largest value, about f32's rounding of the old float kernel), and lane l of a warp takes
-//   block l of each 1024-element group of R rows at once (R and the loads in flight: q_shape):
-//   one 16- or 32-byte load of quants per row, integer dot products with __dp4a, one float
-//   scale per block. About one instruction per weight, so the loads set the speed.
+// - q4_0, q4_1, q8_0, the k-quants, iq4_xs and iq4_nl (rows in the layout of layout.h): x is
+//   first quantized per 32-element block to two int8 planes, x = dx (h + l / 254) (relative
+//   error below 2e-5 of the block's largest value, about f32's rounding of the old float
+//   kernel), and lane l of a warp takes sub-block l of each 1024-element group of R rows at
+//   once (R and the loads in flight: q_shape): one 8- to 32-byte load of quants per row (and
+//   of the bits above them), integer dot products with __dp4a, the sub-block's scales applied
+//   once (per half of 16 for q6_k, q3_k, q2_k, in integers). A few instructions per 4 weights
+//   (iq4: a table look-up by byte permutes), so the loads set the speed.
 // - f16, bf16: lanes read 4 elements per 128, x coalesced, two rows per warp, f32 products.
-// - the other formats: a simpler warp-per-row kernel.
+// - the other formats (f32, q5_0, q5_1): a simpler warp-per-row kernel.
 // The jobs of a group with one weight type are one launch. More tokens: the matrix is
 // dequantized to f16 and multiplied by cuBLAS with f32 accumulation (prefill).
 #include <cublas_v2.h>
@@ -119,7 +121,7 @@ __device__ __forceinline__ void finish(const Group& g, int j, int row0, float (&
   }
 }
 
-// The quants and scales of U groups of R rows, as one lane loads them.
+// The blocks of U groups of R rows, as one lane loads them: q4_0, q4_1, q8_0.
 template <DType T, int R, int U>
 struct QChunk {
   static constexpr Packed pk = packed(T);
@@ -135,11 +137,11 @@ struct QChunk {
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         const uint8_t* grp = rows[r] + static_cast<size_t>(g0 + u) * pk.stride();
-        const uint8_t* sc = grp + (32 - lane) * pk.quant + 2 * lane;  // the group's scales
+        const uint8_t* sc = grp + 32 * pk.quant + 2 * lane;  // the block's scale
 #pragma unroll
         for (int k = 0; k < kWords / 4; ++k) {
-          const uint4 v =
-              ok ? __ldg(reinterpret_cast<const uint4*>(grp) + k) : make_uint4(0, 0, 0, 0);
+          const uint4 v = ok ? __ldg(reinterpret_cast<const uint4*>(grp + pk.quant * lane) + k)
+                             : make_uint4(0, 0, 0, 0);
           q[u][r][4 * k] = v.x, q[u][r][4 * k + 1] = v.y, q[u][r][4 * k + 2] = v.z;
           q[u][r][4 * k + 3] = v.w;
         }
@@ -201,6 +203,95 @@ struct QChunk {
   }
 };
 
+// The sub-blocks (layout.h) of U groups of R rows, as one lane loads them: k-quants, iq4_xs and
+// iq4_nl. The codes are dotted with x's planes per half of 16 elements where the halves scale
+// apart; a level's offset and a half's min meet x's sum over the half (xs), once per token.
+template <DType T, int R, int U>
+struct SubChunk {
+  static constexpr Packed pk = packed(T);
+  Sub<T> s[U][R];
+
+  __device__ __forceinline__ void load(const uint8_t* const* rows, int g0, int lane, int n_blocks) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const bool ok = (g0 + u) * 32 + lane < n_blocks;
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        s[u][r].load(rows[r] + static_cast<size_t>(g0 + u) * pk.stride(), lane, ok);
+    }
+  }
+
+  template <int NT>
+  __device__ __forceinline__ void dot(const XBlock* __restrict__ xq, const XMeta* __restrict__ xm,
+                                      int g0, int lane, int n_blocks, float (&acc)[R][NT]) const {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int b = (g0 + u) * 32 + lane;
+      if (b >= n_blocks) continue;  // its quants and scales are zero
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        const XBlock* xb = xq + static_cast<size_t>(t) * n_blocks + b;
+        const int4 h0 = __ldg(reinterpret_cast<const int4*>(xb->h)),
+                   h1 = __ldg(reinterpret_cast<const int4*>(xb->h) + 1);
+        const int4 l0 = __ldg(reinterpret_cast<const int4*>(xb->l)),
+                   l1 = __ldg(reinterpret_cast<const int4*>(xb->l) + 1);
+        const float2 m =
+            __ldg(reinterpret_cast<const float2*>(xm + static_cast<size_t>(t) * n_blocks + b));
+        const int xh[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+        const int xl[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
+        int xs[2][2] = {};  // [plane h, l][half]: the sums of x's bytes
+        if constexpr (kHalves<T>) {
+#pragma unroll
+          for (int w = 0; w < 4; ++w) {
+            xs[0][0] = __dp4a(xh[w], 0x01010101, xs[0][0]);
+            xs[0][1] = __dp4a(xh[w + 4], 0x01010101, xs[0][1]);
+            xs[1][0] = __dp4a(xl[w], 0x01010101, xs[1][0]);
+            xs[1][1] = __dp4a(xl[w + 4], 0x01010101, xs[1][1]);
+          }
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          int sh[2] = {}, sl[2] = {};  // [half]
+#pragma unroll
+          for (int w = 0; w < 4; ++w) {
+            uint32_t a, c;
+            s[u][r].codes(w, a, c);
+            sh[0] = __dp4a(static_cast<int>(a), xh[w], sh[0]);
+            sh[1] = __dp4a(static_cast<int>(c), xh[w + 4], sh[1]);
+            sl[0] = __dp4a(static_cast<int>(a), xl[w], sl[0]);
+            sl[1] = __dp4a(static_cast<int>(c), xl[w + 4], sl[1]);
+          }
+          int sc[2], mn[2];
+          float d, dmin;
+          s[u][r].scales(lane % 8, sc, mn, d, dmin);
+          if constexpr (kHalves<T>) {
+            constexpr int o = kOffset<T>;
+            const int ih = sc[0] * (sh[0] - o * xs[0][0]) + sc[1] * (sh[1] - o * xs[0][1]);
+            const int il = sc[0] * (sl[0] - o * xs[1][0]) + sc[1] * (sl[1] - o * xs[1][1]);
+            float v = d * fmaf(static_cast<float>(il), 1.0f / 254.0f, static_cast<float>(ih));
+            if constexpr (kMin<T>) {
+              const int mh = mn[0] * xs[0][0] + mn[1] * xs[0][1];
+              const int ml = mn[0] * xs[1][0] + mn[1] * xs[1][1];
+              v = fmaf(-dmin, fmaf(static_cast<float>(ml), 1.0f / 254.0f, static_cast<float>(mh)),
+                       v);
+            }
+            acc[r][t] = fmaf(m.x, v, acc[r][t]);
+          } else {
+            const float f = fmaf(static_cast<float>(sl[0] + sl[1]), 1.0f / 254.0f,
+                                 static_cast<float>(sh[0] + sh[1]));
+            const float ds = d * static_cast<float>(sc[0]);
+            if constexpr (kMin<T>)
+              acc[r][t] =
+                  fmaf(m.x, fmaf(ds, f, -(dmin * static_cast<float>(mn[0])) * m.y), acc[r][t]);
+            else
+              acc[r][t] = fmaf(ds * m.x, f, acc[r][t]);
+          }
+        }
+      }
+    }
+  }
+};
+
 // This warp's share of the next product's lines, asked of L2 (no registers, no wait).
 // The ranges are indexed by constants only (unused ones have no lines), so the parameter
 // stays in constant memory instead of a copy on the stack.
@@ -222,6 +313,9 @@ __device__ __forceinline__ void prefetch_next(const L2Next& nx, int lane) {
   }
 }
 
+template <DType T, int R, int U>
+using Chunk = std::conditional_t<kSubFormat<T>, SubChunk<T, R, U>, QChunk<T, R, U>>;
+
 // R rows per warp, g.split warps per R rows (each taking every split-th chunk of U groups,
 // summed through shared memory). The first chunk's weights are loaded before pdl_wait(): no
 // kernel writes them, so their latency overlaps the kernel before. kPipe: the next chunk is
@@ -232,7 +326,7 @@ template <DType T, int NT, int R, int U, bool kPipe, bool kNext = false>
 __global__ void __launch_bounds__(kWarps * 32)
     matvec_q(Group g, const XBlock* __restrict__ xq, const XMeta* __restrict__ xm, int n_in,
              L2Next nx) {
-  using C = QChunk<T, R, U>;
+  using C = Chunk<T, R, U>;
   __shared__ float red[kWarps][R][NT];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, split = g.split;
   const int r0 = (blockIdx.x * (kWarps / split) + warp / split) * R, part = warp % split;
@@ -244,8 +338,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const uint8_t* rows[R];
 #pragma unroll
   for (int r = 0; r < R; ++r)  // a row past the end re-reads the last one; not stored
-    rows[r] =
-        g.w[j] + static_cast<size_t>(min(row0 + r, n_out - 1)) * g.pitch[j] + C::pk.quant * lane;
+    rows[r] = g.w[j] + static_cast<size_t>(min(row0 + r, n_out - 1)) * g.pitch[j];
   C c;
   if (live) c.load(rows, part * U, lane, n_blocks);
   pdl_wait();
@@ -438,22 +531,27 @@ void launch_q(Ctx& c, const MatJob* jobs, int n, int split, const XBlock* xq, co
   launch(matvec_q<T, NT, R, U, P>, blocks, kWarps * 32, 0, c.stream, g, xq, xm, n_in, L2Next{});
 }
 
-// The integer kernel's shape for rows of n_in (rows in all, n_tok tokens, quant bytes per
-// block): R rows per warp share x's loads; U groups per chunk, kPipe, and split warps per R rows
-// set the loads in flight and the warps on the GPU. Chosen by timing the variants for the 8B
-// shapes (bench/matvec_sweep.cu): for one or two tokens, 8 rows per warp for 4-bit
+// The integer kernel's shape for rows of n_in (rows in all, n_tok tokens, bytes per sub-block
+// and lane): R rows per warp share x's loads; U groups per chunk, kPipe, and split warps per R
+// rows set the loads in flight and the warps on the GPU. Chosen by timing the variants for the
+// 8B shapes (bench/matvec_sweep.cu): for one or two tokens, 8 rows per warp for 4-bit
 // rows (4 for 8-bit ones, whose loads are twice as large), 4 for the smallest matrices; long
-// rows (the FFN's down product) one group ahead; two warps per R rows.
+// rows (the FFN's down product) one group ahead; two warps per R rows. Formats of fewer bytes
+// (q3_k, q2_k) take 8 rows always, more (q5_k, q6_k) 4, so the loads in flight stay alike;
+// with two tokens the formats of sub-block scales (Sub), holding more registers a row, take 4.
 struct QShape {
   int r, u, split;
   bool pipe;
 };
-QShape q_shape(int rows, int n_in, int64_t n_tok, int quant) {
+constexpr bool eight_rows(int bytes, bool sub, int64_t n_tok) {
+  return bytes <= 16 && !(sub && n_tok > 1);
+}
+QShape q_shape(int rows, int n_in, int64_t n_tok, int bytes, bool sub) {
   if (n_tok > 4) return {1, 2, 1, false};
   if (n_tok > 2) return {2, 2, 1, false};
-  const int r = quant == 16 && rows > 4096 ? 8 : 4;
+  const int r = eight_rows(bytes, sub, n_tok) && (bytes < 16 || rows > 4096) ? 8 : 4;
   if (n_in > 8192) return {r, 1, 2, true};
-  return {r, 2, quant == 16 || rows <= 4096 || rows >= 16384 ? 2 : 1, false};
+  return {r, 2, bytes <= 16 || rows <= 4096 || rows >= 16384 ? 2 : 1, false};
 }
 
 template <DType T, int NT>
@@ -464,7 +562,7 @@ void matvec_q_any(Ctx& c, const MatJob* jobs, int n, const XBlock* xq, const XMe
   } else if constexpr (NT > 2) {
     launch_q<T, NT, 2, 2, false>(c, jobs, n, s.split, xq, xm, n_in);
   } else {
-    if constexpr (packed(T).quant == 16) {
+    if constexpr (eight_rows(packed(T).lane_bytes(), kSubFormat<T>, NT)) {
       if (s.r == 8)
         return s.pipe ? launch_q<T, NT, 8, 1, true>(c, jobs, n, s.split, xq, xm, n_in)
                       : launch_q<T, NT, 8, 2, false>(c, jobs, n, s.split, xq, xm, n_in);
@@ -485,7 +583,7 @@ void matvec(Ctx& c, const float* x, int64_t n_tok, const MatJob* jobs, int n, co
   for (int j = 0; j < n; ++j) rows += static_cast<int>(jobs[j].w->n_out);
   dispatch(type, [&]<DType T>() {
     if constexpr (kQuant<T>) {
-      const QShape s = q_shape(rows, n_in, n_tok, packed(T).quant);
+      const QShape s = q_shape(rows, n_in, n_tok, packed(T).lane_bytes(), kSubFormat<T>);
       switch (n_tok) {
 #define KVS_NT(N) \
   case N:         \

@@ -121,11 +121,12 @@ class Device {
   virtual void reserve(const Weights& /*w*/, int64_t /*n_tok*/, int64_t /*n_out_tok*/,
                        int64_t /*max_spans*/, int32_t /*n_head*/, int32_t /*head_dim*/) {}
   // The phase arena: the scratch that only passes of more rows than reserve() was given need
-  // (on CUDA the f16 copies of whole matrices and activations for cuBLAS), for passes of up to
-  // n_tok tokens over up to max_spans spans, kept in device memory the caller lends for such
-  // passes instead of the device's own. Sets its geometry and returns its bytes (0: none).
+  // (on CUDA the f16 copies of whole matrices and activations for cuBLAS, and of a quantized
+  // cache), for passes of up to n_tok tokens over up to max_spans spans of layout kv, kept in
+  // device memory the caller lends for such passes instead of the device's own. Sets its
+  // geometry and returns its bytes (0: none).
   virtual size_t prefill_scratch(const Weights& /*w*/, int64_t /*n_tok*/, int64_t /*max_spans*/,
-                                 int32_t /*n_head*/, int32_t /*head_dim*/) {
+                                 const KvLayout& /*kv*/) {
     return 0;
   }
   // Lends `p` (prefill_scratch() bytes, 256-byte aligned) for the passes to come; nullptr takes

@@ -99,7 +99,7 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt)
   const int64_t max_spans = opt.kv_mode == KvMode::Host ? 0 : max_pages_;
   dev.reserve(w_, rows, opt.n_seq, max_spans, cfg_.n_head, cfg_.head_dim);
   if (phase) {
-    work_scratch_ = dev.prefill_scratch(w_, opt.n_batch, max_spans, cfg_.n_head, cfg_.head_dim);
+    work_scratch_ = dev.prefill_scratch(w_, opt.n_batch, max_spans, kv_);
     // 256 bytes more: the workspace starts at a frame's address, aligned up.
     const size_t work = carve(cfg_, opt.n_batch, nullptr, nullptr) + work_scratch_ + 256;
     work_frames_ = static_cast<int32_t>((work + kv_.page_bytes() - 1) / kv_.page_bytes());

@@ -102,7 +102,7 @@ inline Result run(const Model& m, const Case& c, KvMode mode, size_t arena, Devi
   for (int32_t t = 0;; ++t) {
     std::vector<BatchEntry> batch;
     int32_t room = c.batch;
-    bool waiting = false;  // a sequence yet to start
+    bool waiting = false;              // a sequence yet to start
     for (int32_t i = 0; i < N; ++i) {  // the decode tokens first
       const size_t u = static_cast<size_t>(i);
       if (t < i * c.stagger) waiting = true;

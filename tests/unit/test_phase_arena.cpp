@@ -65,9 +65,9 @@ TEST(PhaseArena, TheDecodeArenaIsLargerByTheWorkspace) {
   o.n_ctx = 2048;
   o.n_batch = 128;
   o.page_size = 16;
-  const size_t page = KvLayout::make(o.k_type, o.v_type, o.page_size, m->config.n_head_kv,
-                                     m->config.head_dim)
-                          .page_bytes();
+  const size_t page =
+      KvLayout::make(o.k_type, o.v_type, o.page_size, m->config.n_head_kv, m->config.head_dim)
+          .page_bytes();
   size_t cap = 0;
   {
     auto dev = make_cpu_device(0);

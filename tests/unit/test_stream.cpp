@@ -63,9 +63,8 @@ TEST(StreamExact, LongerContextsCrossManyRepartitions) {
       for (KvMode mode : {KvMode::Auto, KvMode::Stream})
         for (bool phase : {false, true}) {
           c.phase_arena = phase;
-          const std::string what =
-              cat(kv_mode_name(mode), " arena fraction ", frac, " phase arena ", phase,
-                  " stagger ", stagger);
+          const std::string what = cat(kv_mode_name(mode), " arena fraction ", frac,
+                                       " phase arena ", phase, " stagger ", stagger);
           const Result got = run(*m, c, mode, arena);
           expect_same(want, got, what);
           if (mode == KvMode::Auto && frac == 1.0) {
@@ -213,7 +212,7 @@ TEST(StreamRing, SmallestRingsNeitherOverwriteNorDeadlock) {
   auto m = Model::load("synthetic:tiny");
   const Result want = run(*m, c, KvMode::Resident, 0);
   const KvLayout l = KvLayout::make(c.kt, c.vt, c.page, m->config.n_head_kv, m->config.head_dim);
-  c.phase_arena = false;  // the decode's arena as small as the prefill's
+  c.phase_arena = false;          // the decode's arena as small as the prefill's
   for (int32_t extra : {0, 3}) {  // one slot of one page; two slots of one page
     const Result got = run(*m, c, KvMode::Stream, min_arena(*m, c) + extra * l.page_bytes());
     expect_same(want, got, cat("minimum arena + ", extra, " pages"));

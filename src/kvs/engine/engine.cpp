@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <string_view>
+#include <utility>
 
 #include "kvs/util/error.h"
 #include "kvs/util/parse.h"
@@ -183,15 +184,18 @@ Engine::~Engine() {
 }
 
 size_t Engine::carve(const ModelConfig& c, int64_t rows, uint8_t* base, Activations* a) {
-  const int64_t widths[] = {c.n_embd,  std::max(c.n_embd, c.q_dim()), c.q_dim(), c.kv_dim(),
-                            c.kv_dim(), c.q_dim(), 2 * c.n_head, c.n_ff, c.n_ff};
   Activations sizes_only{};
   Activations& t = a ? *a : sizes_only;
-  float** arrays[] = {&t.x, &t.h, &t.q, &t.k, &t.v, &t.att, &t.acc, &t.gate, &t.up};
+  const std::pair<float**, int64_t> arrays[] = {
+      {&t.x, c.n_embd},       {&t.h, std::max(c.n_embd, c.q_dim())},
+      {&t.q, c.q_dim()},      {&t.k, c.kv_dim()},
+      {&t.v, c.kv_dim()},     {&t.att, c.q_dim()},
+      {&t.acc, 2 * c.n_head}, {&t.gate, c.n_ff},
+      {&t.up, c.n_ff}};
   size_t off = 0;
-  for (size_t i = 0; i < std::size(widths); ++i) {
-    if (base) *arrays[i] = reinterpret_cast<float*>(base + off);
-    off += (static_cast<size_t>(rows * widths[i]) * sizeof(float) + 255) / 256 * 256;
+  for (const auto& [array, width] : arrays) {
+    if (base) *array = reinterpret_cast<float*>(base + off);
+    off += (static_cast<size_t>(rows * width) * sizeof(float) + 255) / 256 * 256;
   }
   return off;
 }
@@ -322,8 +326,7 @@ void Engine::fill_random(Sequence& s, int32_t n, uint32_t seed) {
       dev_.upload(act_.v, hv.data(), rows * sizeof(float));
       for (int32_t il = 0; il < cfg_.n_layer; ++il) {
         add_pages(il, batch);
-        dev_.kv_write(kv_, act_.k, act_.v, m, kv_pages(il, batch),
-                      page_slot_.data());
+        dev_.kv_write(kv_, act_.k, act_.v, m, kv_pages(il, batch), page_slot_.data());
         if (ring_ && full(il)) {
           write_back(il, batch);
           ring_->layers_done(store_layer(il) + 1);

@@ -66,7 +66,8 @@ struct Ctx {
     return lent.p && bytes <= lent.n ? lent.p : grow(own, bytes, what).as();
   }
   __half* scratch_w(size_t n) {
-    return reinterpret_cast<__half*>(scratch(w16, lent_w16, n * sizeof(__half), "f16 weight tiles"));
+    return reinterpret_cast<__half*>(
+        scratch(w16, lent_w16, n * sizeof(__half), "f16 weight tiles"));
   }
   __half* scratch_x(size_t n) {
     return reinterpret_cast<__half*>(scratch(x16, lent_x16, n * sizeof(__half), "f16 activations"));

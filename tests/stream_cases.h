@@ -199,7 +199,7 @@ inline Case random_case(std::mt19937& g, int k) {
   c.chunk = size_t{1} << (10 + g() % 8);  // 1 KiB to 128 KiB: slots of one to many pages
   c.arena_frac = (g() % 4 == 0) ? 0.0 : (g() % 1000) / 1000.0;
   // Without drawing from g, so the cases above stay what they were.
-  c.phase_arena = k % 2 == 0;
+  c.phase_arena = k % 4 == 1;
   c.stagger = k % 3 == 1 ? 1 + k % 7 : 0;
   return c;
 }

@@ -1,6 +1,7 @@
 // Random streaming cases shared by the CPU (tests/unit/test_stream.cpp) and CUDA
-// (tests/cuda/test_cuda.cpp) exactness tests: prefill every sequence, decode them together,
-// and compare the logits of every step bit for bit.
+// (tests/cuda/test_cuda.cpp) exactness tests: prefill every sequence, decode them together (or
+// start each sequence later, its prompt in the steps where the others decode), and compare the
+// logits of every step bit for bit.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -29,11 +30,13 @@ struct Case {
   KvMode mode = KvMode::Stream;
   size_t chunk = 64 << 10;
   uint32_t seed = 1;
+  bool phase_arena = true;  // EngineOptions::phase_arena
+  int32_t stagger = 0;      // > 0: sequence i starts after i x stagger steps
   std::string str() const {
     std::ostringstream o;
     o << preset << " page " << page << " batch " << batch << " kv " << dtype_name(kt) << "/"
       << dtype_name(vt) << " mode " << kv_mode_name(mode) << " arena " << arena_frac << " chunk "
-      << chunk << " seqs";
+      << chunk << " phase arena " << phase_arena << " stagger " << stagger << " seqs";
     for (size_t i = 0; i < prompt_len.size(); ++i) o << " " << prompt_len[i] << "+" << gen_len[i];
     return o.str();
   }
@@ -55,7 +58,9 @@ inline std::vector<int32_t> tokens(uint32_t seed, int32_t n, int32_t vocab) {
 
 // Prefills every sequence (in -b chunks), then decodes the live ones together, one token each
 // per step; a sequence that reaches its length closes and gives its pages back while the others
-// go on. Decode tokens are fixed in advance so every mode sees the same inputs.
+// go on. With a stagger, sequence i opens at step i x stagger and its prompt goes in chunks of
+// what -b leaves beside the others' decode tokens, in the same steps. Decode tokens are fixed in
+// advance so every mode sees the same inputs.
 // On `dev`, or on a fresh CPU device when it is null.
 inline Result run(const Model& m, const Case& c, KvMode mode, size_t arena, Device* dev = nullptr) {
   std::unique_ptr<Device> own;
@@ -73,31 +78,54 @@ inline Result run(const Model& m, const Case& c, KvMode mode, size_t arena, Devi
   o.kv_mode = mode;
   o.kv_arena = arena;
   o.ring_chunk_bytes = c.chunk;
+  o.phase_arena = c.phase_arena;
   Engine e(m, *dev, o);
   const int32_t V = m.config.n_vocab, N = o.n_seq;
   Result r;
-  std::vector<Sequence> seqs;
+  std::vector<Sequence> seqs(static_cast<size_t>(N));
+  std::vector<std::vector<int32_t>> prompt, gen;
   for (int32_t i = 0; i < N; ++i) {
-    seqs.push_back(e.open_sequence());
-    auto p =
-        tokens(c.seed * 100 + static_cast<uint32_t>(i), c.prompt_len[static_cast<size_t>(i)], V);
-    const float* l = e.eval(seqs.back(), p.data(), static_cast<int32_t>(p.size()));
-    r.logits.emplace_back(l, l + V);
+    const uint32_t s = c.seed * 100 + static_cast<uint32_t>(i);
+    prompt.push_back(tokens(s, c.prompt_len[static_cast<size_t>(i)], V));
+    gen.push_back(tokens(s + 50, c.gen_len[static_cast<size_t>(i)], V));
   }
-  std::vector<std::vector<int32_t>> gen;
-  for (int32_t i = 0; i < N; ++i)
-    gen.push_back(
-        tokens(c.seed * 100 + 50 + static_cast<uint32_t>(i), c.gen_len[static_cast<size_t>(i)], V));
+  if (c.stagger == 0)
+    for (int32_t i = 0; i < N; ++i) {
+      Sequence& s = seqs[static_cast<size_t>(i)];
+      s = e.open_sequence();
+      const auto& p = prompt[static_cast<size_t>(i)];
+      const float* l = e.eval(s, p.data(), static_cast<int32_t>(p.size()));
+      r.logits.emplace_back(l, l + V);
+    }
+  std::vector<int32_t> fed(static_cast<size_t>(N), c.stagger == 0 ? INT32_MAX : 0);
+  std::vector<int32_t> done(static_cast<size_t>(N), 0);  // decode tokens
   for (int32_t t = 0;; ++t) {
     std::vector<BatchEntry> batch;
-    for (int32_t i = 0; i < N; ++i) {
-      const auto& g = gen[static_cast<size_t>(i)];
-      if (t < static_cast<int32_t>(g.size()))
-        batch.push_back({&seqs[static_cast<size_t>(i)], &g[static_cast<size_t>(t)], 1});
-      else if (seqs[static_cast<size_t>(i)].id >= 0)
-        e.close_sequence(seqs[static_cast<size_t>(i)]);
+    int32_t room = c.batch;
+    bool waiting = false;              // a sequence yet to start
+    for (int32_t i = 0; i < N; ++i) {  // the decode tokens first
+      const size_t u = static_cast<size_t>(i);
+      if (t < i * c.stagger) waiting = true;
+      if (t < i * c.stagger || fed[u] < static_cast<int32_t>(prompt[u].size())) continue;
+      if (done[u] < static_cast<int32_t>(gen[u].size())) {
+        batch.push_back({&seqs[u], &gen[u][static_cast<size_t>(done[u]++)], 1});
+        --room;
+      } else if (seqs[u].id >= 0) {
+        e.close_sequence(seqs[u]);
+      }
     }
-    if (batch.empty()) break;
+    for (int32_t i = 0; i < N && room > 0; ++i) {  // then prompt chunks in what is left
+      const size_t u = static_cast<size_t>(i);
+      const int32_t left = static_cast<int32_t>(prompt[u].size()) - fed[u];
+      if (t < i * c.stagger || left <= 0) continue;
+      if (fed[u] == 0) seqs[u] = e.open_sequence();
+      const int32_t n = std::min(left, room);
+      batch.push_back({&seqs[u], prompt[u].data() + fed[u], n});
+      fed[u] += n;
+      room -= n;
+    }
+    if (batch.empty() && !waiting) break;
+    if (batch.empty()) continue;
     e.step(batch);
     r.max_slots = std::max(r.max_slots, e.plan().n_slots);
     for (size_t j = 0; j < batch.size(); ++j) {
@@ -170,6 +198,9 @@ inline Case random_case(std::mt19937& g, int k) {
   c.mode = g() % 3 == 0 ? KvMode::Auto : KvMode::Stream;
   c.chunk = size_t{1} << (10 + g() % 8);  // 1 KiB to 128 KiB: slots of one to many pages
   c.arena_frac = (g() % 4 == 0) ? 0.0 : (g() % 1000) / 1000.0;
+  // Without drawing from g, so the cases above stay what they were.
+  c.phase_arena = k % 4 == 1;
+  c.stagger = k % 3 == 1 ? 1 + k % 7 : 0;
   return c;
 }
 

@@ -187,6 +187,7 @@ nlohmann::json pair_run(const BenchArgs& a, const Model& model, const std::strin
   r["tokens_together"] = {together[0], together[1]};
   r["tokens_alone"] = {alone[0], alone[1]};
   r["arena_bytes"] = eng.arena_bytes();
+  r["workspace_bytes"] = eng.workspace_bytes();
   return r;
 }
 
@@ -271,8 +272,11 @@ nlohmann::json measure_depth(const BenchArgs& a, Engine& eng, Sequence& s, int64
     r["stream_bound_s_per_token"] = bound;
   }
   r["arena_bytes"] = eng.arena_bytes();
+  r["workspace_bytes"] = eng.workspace_bytes();
   r["plan_n_slots"] = eng.plan().n_slots;
   r["plan_slot_pages"] = eng.plan().slot_pages;
+  r["plan_resident_pages"] = eng.plan().resident;
+  r["plan_streamed_bytes_per_step"] = eng.plan().streamed_bytes;
   return r;
 }
 
@@ -316,6 +320,7 @@ void bench(BenchArgs& a) {
     j["batch"] = a.n_batch;
     j["fill"] = a.fill;
     j["vram_limit"] = vram;
+    j["phase_arena"] = a.base.phase_arena;
     j["runs"] = runs;
     if (!pairs.empty()) j["pairs"] = pairs;
     write_json(a.json_out, j);

@@ -71,6 +71,9 @@ void add_shared(CLI::App* c, SharedArgs& a, unsigned flags) {
     c->add_option("--ring-slots", a.ring_slots,
                   "Fewest ring slots when streaming (0: the planner's bandwidth-delay estimate)")
         ->check(CLI::Range(0, 1 << 20));
+    c->add_flag("--no-phase-arena", a.no_phase_arena,
+                "Keep the prefill's activations and scratch out of the KV arena (by default they "
+                "are its top, lent to the KV between prefills)");
     c->add_option("--h2d-gbps", a.h2d_gbps,
                   "Host-to-device bandwidth in GB/s the planner assumes (run: until measured; 0: "
                   "a default)")
@@ -142,6 +145,7 @@ EngineOptions engine_options(const SharedArgs& a, const ModelConfig& c) {
   KVS_CHECK(o.ring_chunk_bytes >= 1 && o.ring_chunk_bytes <= (size_t{4} << 30), "--ring-chunk ",
             a.ring_chunk, " is out of range (1 byte to 4G)");
   o.ring_slots = a.ring_slots;
+  o.phase_arena = !a.no_phase_arena;
   KVS_CHECK(a.h2d_gbps >= 0, "--h2d-gbps must be 0 or more");
   o.h2d_bytes_per_s = a.h2d_gbps * 1e9;
   // Buffers that -b and -np size, checked here so a huge value is a message, not bad_alloc.

@@ -24,6 +24,7 @@ struct SharedArgs {
   std::string ctk = "f16", ctv = "f16";
   std::string kv_mode = "auto", kv_arena, vram_limit, ring_chunk = "16M";
   int32_t ring_slots = 0;
+  bool no_phase_arena = false;
   double h2d_gbps = 0;
   int32_t threads = 0;
   std::string backend;        // empty: -ngl decides, else cpu
@@ -39,7 +40,8 @@ enum SharedFlags : unsigned {
   kParallel = 4,   // -np
   kCache = 8,      // -b, --page-size, -ctk, -ctv
   kDevice = 16,    // --backend, -ngl, -t, -fa
-  kMemory = 32,    // --kv-arena, --vram-limit, --ring-chunk, --ring-slots, --h2d-gbps
+  kMemory = 32,    // --kv-arena, --vram-limit, --ring-chunk, --ring-slots, --no-phase-arena,
+                   // --h2d-gbps
   kKvMode = 64,    // --kv-mode
   kVerbose = 128,  // -v
   kAllShared = 255,

@@ -52,7 +52,13 @@ void plan_cmd(const PlanArgs& pa) {
   const int32_t pages = shape.max_pages;
   const size_t kv_token = static_cast<size_t>(L) * (kv.k_row + kv.v_row);
   const size_t kv_all = shape.full_bytes;
-  const size_t buffers = Engine::activation_bytes(c, o);
+  // With the phase arena the prefill's activations are the arena's top, lent to the KV while
+  // decoding; the decode's rows are buffers of their own.
+  const bool phase = Engine::phase_arena(c, o);
+  const size_t pass = Engine::pass_bytes(c, o.n_batch);
+  const size_t work = phase ? (pass + 256 + page - 1) / page * page : 0;
+  const size_t buffers =
+      Engine::activation_bytes(c, o) - (phase ? pass - Engine::pass_bytes(c, o.n_seq) : 0);
   // What a step reads of the windows: their last n_swa positions, or all there are.
   const size_t window_read = static_cast<size_t>(shape.n_window) * (kv.k_row + kv.v_row) *
                              static_cast<size_t>(std::min<int64_t>(ctx, c.n_swa)) *
@@ -70,19 +76,26 @@ void plan_cmd(const PlanArgs& pa) {
               format_bytes(buffers), ")");
     arena = limit - weights - buffers;
     arena_from = cat("--vram-limit ", format_bytes(limit), " less weights and buffers");
+    KVS_CHECK(arena > work, "--vram-limit ", format_bytes(limit),
+              " does not hold the prefill's workspace (", format_bytes(work), ")");
+    arena -= work;
   }
+  // `arena`: the KV's while prefilling; the decode's has the workspace too.
+  const size_t prefill_arena = arena;
+  arena += work;
   // T_gpu: a decode step reads every weight once and each sequence's whole KV.
   const double hbm = pa.hbm_gbps * 1e9, h2d = a.h2d_gbps * 1e9;
   const double gpu_s = (static_cast<double>(weights) + static_cast<double>(window_read) +
                         static_cast<double>(kv_token) * static_cast<double>(ctx) * parallel) /
                        hbm;
-  Plan p;  // without full layers: everything resident
-  p.resident.assign(static_cast<size_t>(parallel), kUnlimited);
-  p.extra.assign(static_cast<size_t>(parallel), 0);
-  p.gpu_s = p.predicted_step_s = gpu_s;
-  if (L > 0) {
+  const auto plan_of = [&](size_t arena_bytes) {
+    Plan p;  // without full layers: everything resident
+    p.resident.assign(static_cast<size_t>(parallel), kUnlimited);
+    p.extra.assign(static_cast<size_t>(parallel), 0);
+    p.gpu_s = p.predicted_step_s = gpu_s;
+    if (L == 0) return p;
     PlanInput in;
-    in.arena_bytes = arena;
+    in.arena_bytes = arena_bytes;
     in.page_bytes = page;
     in.n_layer = L;
     in.fixed_frames = fixed;
@@ -92,17 +105,19 @@ void plan_cmd(const PlanArgs& pa) {
     in.min_chunk_bytes = o.ring_chunk_bytes;
     in.min_slots = a.ring_slots;
     in.force_ring = o.kv_mode == KvMode::Stream;
-    p = plan(in);
-  }
+    return plan(in);
+  };
+  const auto resident_of = [&](const Plan& p) {
+    int64_t n = 0;
+    for (size_t s = 0; s < p.resident.size(); ++s)
+      for (int32_t l = 0; l < L; ++l) n += std::min(pages, resident_cap(p, s, l));
+    return L == 0 ? 1.0 : static_cast<double>(n) / (static_cast<double>(pages) * L * parallel);
+  };
+  const Plan p = plan_of(arena), pp = plan_of(prefill_arena);
 
   const double tok_s = parallel / p.predicted_step_s;
   const size_t per_token = p.streamed_bytes / static_cast<size_t>(parallel);
-  int64_t resident_pages = 0;
-  for (size_t s = 0; s < p.resident.size(); ++s)
-    for (int32_t l = 0; l < L; ++l) resident_pages += std::min(pages, resident_cap(p, s, l));
-  const double resident_frac =
-      L == 0 ? 1.0
-             : static_cast<double>(resident_pages) / (static_cast<double>(pages) * L * parallel);
+  const double resident_frac = resident_of(p), prefill_frac = resident_of(pp);
   std::printf("model      %s: %d layers, weights %s, KV %s/%s %s per token\n", a.model.c_str(),
               c.n_layer, format_bytes(weights).c_str(), a.ctk.c_str(), a.ctv.c_str(),
               format_bytes(kv_token).c_str());
@@ -117,6 +132,12 @@ void plan_cmd(const PlanArgs& pa) {
   std::printf("arena      %s (%s); %d fixed frames (pages being written%s)\n",
               format_bytes(arena).c_str(), arena_from.c_str(), fixed,
               shape.n_window > 0 ? ", windows" : "");
+  if (phase)
+    std::printf(
+        "phase      a prefill takes %s back for its workspace (activations of -b %d; on CUDA "
+        "also its f16 scratch): %s and %.1f %% of the KV resident while prefilling\n",
+        format_bytes(work).c_str(), o.n_batch, format_bytes(prefill_arena).c_str(),
+        100 * prefill_frac);
   if (!p.streams()) {
     std::printf("partition  everything resident, ring empty\n");
   } else {
@@ -142,6 +163,10 @@ void plan_cmd(const PlanArgs& pa) {
     j["kv_bytes"] = kv_all;
     j["page_bytes"] = page;
     j["arena_bytes"] = arena;
+    j["phase_arena"] = phase;
+    j["workspace_bytes"] = work;
+    j["prefill_arena_bytes"] = prefill_arena;
+    j["prefill_resident_fraction"] = prefill_frac;
     j["fixed_frames"] = fixed;
     j["full_layers"] = L;
     j["window_layers"] = shape.n_window;

@@ -142,7 +142,8 @@ std::string plan_text(const Engine& e) {
                      : lo == hi       ? std::to_string(lo)
                                       : cat(lo, "-", hi == kUnlimited ? 0 : hi);
   return cat("resident ", caps, " pages/layer/sequence, ring ", p.n_slots, " x ", p.slot_pages,
-             " pages, ", format_bytes(p.streamed_bytes), " streamed per step");
+             " pages, ", format_bytes(p.streamed_bytes), " streamed per step",
+             e.in_prefill_phase() ? " (prefill: the workspace taken back)" : "");
 }
 
 void print_step(const char* phase, int64_t i, const StepStats& s, const Engine& e) {
@@ -301,6 +302,9 @@ void write_run_json(const RunArgs& a, const Engine& eng,
   kv["page_size"] = eng.options().page_size;
   kv["page_bytes"] = eng.kv_layout().page_bytes();
   kv["arena_bytes"] = eng.arena_bytes();
+  kv["workspace_bytes"] = eng.workspace_bytes();
+  kv["prefill_arena_bytes"] = eng.arena_bytes() - eng.workspace_bytes();
+  kv["workspace_taken"] = tot.workspace_taken;
   kv["fixed_frames"] = eng.fixed_frames();
   kv["full_layers"] = eng.kv_shape().n_full;
   kv["window_layers"] = eng.kv_shape().n_window;
@@ -368,6 +372,12 @@ void run(const RunArgs& a) {
                kv_mode_name(eo.kv_mode), format_bytes(eng.arena_bytes()).c_str(),
                format_bytes(eng.kv_layout().page_bytes()).c_str(), eo.n_ctx,
                format_bytes(eng.kv_bytes_per_token() * static_cast<size_t>(eo.n_ctx)).c_str());
+  if (eng.workspace_bytes() > 0 && a.s.verbose)
+    std::fprintf(stderr,
+                 "kvstream: phase arena: a prefill takes %s of it back for its workspace (KV "
+                 "arena %s while prefilling)\n",
+                 format_bytes(eng.workspace_bytes()).c_str(),
+                 format_bytes(eng.arena_bytes() - eng.workspace_bytes()).c_str());
   if (const KvShape& k = eng.kv_shape(); k.n_window > 0)
     std::fprintf(stderr,
                  "kvstream: layers: %d full (paged, may stream), %d window of %d positions "

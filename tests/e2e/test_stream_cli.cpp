@@ -69,10 +69,12 @@ TEST_F(StreamCli, SmolLM2At2000TokensWithTenPercentArenaMatchesResident) {
   ASSERT_EQ(res.status, 0) << res.err;
   const size_t n_prompt = res.json["prompt_tokens"].size();
   ASSERT_GE(n_prompt, 1950u);
-  // SmolLM2's KV: 30 layers x 2 x 192 f16 values = 22.5 KiB per token; 10 % of 2,000 tokens.
+  // SmolLM2's KV: 30 layers x 2 x 192 f16 values = 22.5 KiB per token; 10 % of 2,000 tokens,
+  // while decoding too (the phase arena would lend it the prefill's 12 MiB workspace).
   const size_t kv_2000 = 30u * 2 * 192 * 2 * 2000;
   const std::string arena = std::to_string(kv_2000 / 10);
-  const Outcome str = kvstream(common + " --kv-arena " + arena + " --verbose", "stream10");
+  const Outcome str =
+      kvstream(common + " --kv-arena " + arena + " --no-phase-arena --verbose", "stream10");
   ASSERT_EQ(str.status, 0) << str.err;
   EXPECT_EQ(str.json["tokens"], res.json["tokens"]) << "greedy text differs from resident";
   EXPECT_EQ(str.out, res.out);
@@ -97,7 +99,7 @@ TEST_F(StreamCli, ParallelSequencesDecodeAsTheyWouldAlone) {
   std::ofstream(dir / "b.txt") << b;
   const std::string common = "run -m " + test::smollm2() +
                              " --chat -n 40 --temp 0 -c 256 "
-                             "--page-size 8 -b 64 --kv-arena 1M";
+                             "--page-size 8 -b 64 --kv-arena 1M --no-phase-arena";
   const Outcome both = kvstream(common + " --parallel 2 -f " + (dir / "two.txt").string(), "two");
   ASSERT_EQ(both.status, 0) << both.err;
   const Outcome one = kvstream(common + " -f " + (dir / "a.txt").string(), "a");
@@ -147,7 +149,23 @@ TEST_F(StreamCli, PlanPrintsThePartitionAndTheBound) {
   EXPECT_DOUBLE_EQ(j["copy_s"].get<double>(), s / 50e9);
   EXPECT_DOUBLE_EQ(j["predicted_step_s"].get<double>(),
                    std::max(j["copy_s"].get<double>(), j["t_gpu_s"].get<double>()));
-  EXPECT_GT(s, 6.5 * (1 << 30) - 2.0 * (1 << 30));
+  EXPECT_GT(s, 6.5 * (1 << 30) - j["arena_bytes"].get<double>());
+  // The phase arena: --kv-arena is the prefill's; the decode's has the workspace too.
+  EXPECT_TRUE(j["phase_arena"].get<bool>());
+  EXPECT_EQ(j["prefill_arena_bytes"].get<size_t>(), size_t{2} << 30);
+  EXPECT_GT(j["workspace_bytes"].get<size_t>(), size_t{512} * 4096 * 4);
+  EXPECT_EQ(j["arena_bytes"].get<size_t>(),
+            j["prefill_arena_bytes"].get<size_t>() + j["workspace_bytes"].get<size_t>());
+  EXPECT_NE(o.out.find("phase      a prefill takes"), std::string::npos) << o.out;
+  const Outcome off = kvstream(
+      "plan -m synthetic:llama3-8b:q4_0 -c 128k -ctk q8_0 -ctv q4_0 --kv-arena 2G "
+      "--h2d-gbps 50 --no-phase-arena",
+      "plan_off");
+  ASSERT_EQ(off.status, 0) << off.err;
+  EXPECT_FALSE(off.json["phase_arena"].get<bool>());
+  EXPECT_EQ(off.json["arena_bytes"].get<size_t>(), size_t{2} << 30);
+  EXPECT_LT(j["streamed_bytes_per_step"].get<size_t>(),
+            off.json["streamed_bytes_per_step"].get<size_t>());
 }
 
 // bench on the CPU backend: ascending depths continue one sequence, every mode gets a row per
@@ -158,7 +176,7 @@ TEST(BenchCli, DepthSweepAndPairOnTheCpu) {
       "bench -m synthetic:tiny-qwen3 --depths 0,100,300 --n-gen 4 -b 64 --page-size 16 "
       "--pair 100,300 ";
   for (const char* mode : {"resident", "auto"}) {
-    const std::string extra = std::string(mode) == "auto" ? "--kv-arena 160k" : "";
+    const std::string extra = std::string(mode) == "auto" ? "--kv-arena 160k --no-phase-arena" : "";
     const Outcome o =
         kvstream(base + "--modes " + mode + " " + extra, std::string("bench_") + mode);
     ASSERT_EQ(o.status, 0) << o.err;
@@ -184,7 +202,8 @@ TEST(BenchCli, DepthSweepAndPairOnTheCpu) {
     EXPECT_NE(o.out.find("same tokens as alone"), std::string::npos) << o.out;
   }
   // --fill random: the same sweep without prefilling, streaming at the deepest depth.
-  const Outcome r = kvstream(base + "--modes auto --kv-arena 160k --fill random", "bench_fill");
+  const Outcome r =
+      kvstream(base + "--modes auto --kv-arena 160k --no-phase-arena --fill random", "bench_fill");
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(r.json["fill"], "random");
   ASSERT_EQ(r.json["runs"].size(), 3u) << r.out;

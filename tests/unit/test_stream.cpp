@@ -40,6 +40,8 @@ TEST(StreamExact, RandomCasesAreBitIdenticalToResident) {
   EXPECT_GE(repartitioned_cases, 3);
 }
 
+// With the phase arena too, and with the later sequences' prompts going in while the first
+// decodes: every prefill takes the workspace back and the next decode step lends it again.
 TEST(StreamExact, LongerContextsCrossManyRepartitions) {
   Case c;
   c.preset = "tiny-qwen2";
@@ -52,20 +54,30 @@ TEST(StreamExact, LongerContextsCrossManyRepartitions) {
   c.gen_len = {120, 200, 60};
   c.chunk = 4096;
   auto m = Model::load("synthetic:" + c.preset);
-  const Result want = run(*m, c, KvMode::Resident, 0);
-  for (double frac : {0.0, 0.05, 0.2, 0.5, 1.0}) {
-    const size_t lo = min_arena(*m, c), hi = full_arena(*m, c);
-    const size_t arena = lo + static_cast<size_t>(frac * static_cast<double>(hi - lo));
-    for (KvMode mode : {KvMode::Auto, KvMode::Stream}) {
-      const Result got = run(*m, c, mode, arena);
-      expect_same(want, got, cat(kv_mode_name(mode), " arena fraction ", frac));
-      if (mode == KvMode::Auto && frac == 1.0) {
-        EXPECT_EQ(got.totals.bytes_in, 0u) << "everything fits: nothing may stream";
-        EXPECT_FALSE(got.plan.streams());
-      }
-      if (frac < 0.5) {
-        EXPECT_GT(got.totals.bytes_in, 0u) << frac;
-      }
+  for (int32_t stagger : {0, 30}) {
+    c.stagger = stagger;
+    const Result want = run(*m, c, KvMode::Resident, 0);
+    for (double frac : {0.0, 0.05, 0.2, 0.5, 1.0}) {
+      const size_t lo = min_arena(*m, c), hi = full_arena(*m, c);
+      const size_t arena = lo + static_cast<size_t>(frac * static_cast<double>(hi - lo));
+      for (KvMode mode : {KvMode::Auto, KvMode::Stream})
+        for (bool phase : {false, true}) {
+          c.phase_arena = phase;
+          const std::string what = cat(kv_mode_name(mode), " arena fraction ", frac,
+                                       " phase arena ", phase, " stagger ", stagger);
+          const Result got = run(*m, c, mode, arena);
+          expect_same(want, got, what);
+          if (mode == KvMode::Auto && frac == 1.0) {
+            EXPECT_EQ(got.totals.bytes_in, 0u) << "everything fits: nothing may stream";
+            EXPECT_FALSE(got.plan.streams());
+          }
+          if (frac < (phase ? 0.1 : 0.5)) {
+            EXPECT_GT(got.totals.bytes_in, 0u) << what;
+          }
+          // A prompt after decode steps takes the workspace back: once when the prompts go
+          // first, once a sequence when they start later.
+          EXPECT_EQ(got.totals.workspace_taken, phase ? (stagger ? 3 : 1) : 0) << what;
+        }
     }
   }
 }
@@ -142,9 +154,10 @@ TEST(StreamExact, RandomFillDecodesAlikeInEveryMode) {
   auto m = Model::load("synthetic:tiny-qwen3");
   const KvLayout l =
       KvLayout::make(DType::Q8_0, DType::Q4_0, 16, m->config.n_head_kv, m->config.head_dim);
-  const auto decode = [&](KvMode mode, size_t arena, uint32_t seed) {
+  const auto decode = [&](KvMode mode, size_t arena, uint32_t seed, bool phase = false) {
     auto dev = make_cpu_device(0);
     EngineOptions o;
+    o.phase_arena = phase;
     o.n_ctx = 700;
     o.n_batch = 64;
     o.page_size = 16;
@@ -179,6 +192,9 @@ TEST(StreamExact, RandomFillDecodesAlikeInEveryMode) {
     if (mode != KvMode::Host) {
       EXPECT_GT(got.second, 0u) << kv_mode_name(mode) << " must stream";
     }
+    // The fill's chunks of -b rows take the workspace; the decode lends it to the KV.
+    EXPECT_EQ(decode(mode, mode == KvMode::Host ? 0 : small, 5, true).first, want.first)
+        << kv_mode_name(mode) << " with the phase arena";
   }
   EXPECT_NE(decode(KvMode::Resident, 0, 6).first, want.first) << "the seed must matter";
 }
@@ -196,6 +212,7 @@ TEST(StreamRing, SmallestRingsNeitherOverwriteNorDeadlock) {
   auto m = Model::load("synthetic:tiny");
   const Result want = run(*m, c, KvMode::Resident, 0);
   const KvLayout l = KvLayout::make(c.kt, c.vt, c.page, m->config.n_head_kv, m->config.head_dim);
+  c.phase_arena = false;          // the decode's arena as small as the prefill's
   for (int32_t extra : {0, 3}) {  // one slot of one page; two slots of one page
     const Result got = run(*m, c, KvMode::Stream, min_arena(*m, c) + extra * l.page_bytes());
     expect_same(want, got, cat("minimum arena + ", extra, " pages"));

@@ -120,6 +120,18 @@ class Device {
   // that the KV arena can take what is left without starving them later.
   virtual void reserve(const Weights& /*w*/, int64_t /*n_tok*/, int64_t /*n_out_tok*/,
                        int64_t /*max_spans*/, int32_t /*n_head*/, int32_t /*head_dim*/) {}
+  // The phase arena: the scratch that only passes of more rows than reserve() was given need
+  // (on CUDA the f16 copies of whole matrices and activations for cuBLAS, and of a quantized
+  // cache), for passes of up to n_tok tokens over up to max_spans spans of layout kv, kept in
+  // device memory the caller lends for such passes instead of the device's own. Sets its
+  // geometry and returns its bytes (0: none).
+  virtual size_t prefill_scratch(const Weights& /*w*/, int64_t /*n_tok*/, int64_t /*max_spans*/,
+                                 const KvLayout& /*kv*/) {
+    return 0;
+  }
+  // Lends `p` (prefill_scratch() bytes, 256-byte aligned) for the passes to come; nullptr takes
+  // it back once the work queued on it is done.
+  virtual void lend_prefill_scratch(uint8_t* /*p*/) {}
 
   // Kernels. Activations are f32 rows in device memory.
   virtual void embed(const Matrix& emb, const int32_t* ids, int32_t n, float* x) = 0;

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <string_view>
+#include <utility>
 
 #include "kvs/util/error.h"
 #include "kvs/util/parse.h"
@@ -80,15 +81,12 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt)
     s.frames.resize(static_cast<size_t>(L)), s.spans.resize(static_cast<size_t>(L));
 
   const size_t b = static_cast<size_t>(opt.n_batch), f = sizeof(float);
-  x_ = dev.alloc(b * cfg_.n_embd * f, "activations");
-  h_ = dev.alloc(b * std::max(cfg_.n_embd, cfg_.q_dim()) * f, "activations");
-  q_ = dev.alloc(b * cfg_.q_dim() * f, "activations");
-  k_ = dev.alloc(b * cfg_.kv_dim() * f, "activations");
-  v_ = dev.alloc(b * cfg_.kv_dim() * f, "activations");
-  att_ = dev.alloc(b * cfg_.q_dim() * f, "activations");
-  acc_ = dev.alloc(b * cfg_.n_head * 2 * f, "activations");
-  gate_ = dev.alloc(b * cfg_.n_ff * f, "activations");
-  up_ = dev.alloc(b * cfg_.n_ff * f, "activations");
+  // With a phase arena the decode's activations are the only ones of their own; a prefill's
+  // live in the workspace.
+  const bool phase = phase_arena(cfg_, opt);
+  const int64_t rows = phase ? opt.n_seq : opt.n_batch;
+  act_mem_ = dev.alloc(carve(cfg_, rows, nullptr, nullptr), "activations");
+  carve(cfg_, rows, act_mem_.as(), &act_);
   logits_ = dev.alloc(static_cast<size_t>(opt.n_seq) * cfg_.n_vocab * f, "logits");
   // Pinned, so the step's last copy runs at the bus's speed (a pageable one goes through the
   // driver's staging buffers, on the step's critical path).
@@ -99,8 +97,14 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt)
   dst_.resize(b);
   spans_.reserve(static_cast<size_t>(max_pages_));
 
-  dev.reserve(w_, opt.n_batch, opt.n_seq, opt.kv_mode == KvMode::Host ? 0 : max_pages_, cfg_.n_head,
-              cfg_.head_dim);
+  const int64_t max_spans = opt.kv_mode == KvMode::Host ? 0 : max_pages_;
+  dev.reserve(w_, rows, opt.n_seq, max_spans, cfg_.n_head, cfg_.head_dim);
+  if (phase) {
+    work_scratch_ = dev.prefill_scratch(w_, opt.n_batch, max_spans, kv_);
+    // 256 bytes more: the workspace starts at a frame's address, aligned up.
+    const size_t work = carve(cfg_, opt.n_batch, nullptr, nullptr) + work_scratch_ + 256;
+    work_frames_ = static_cast<int32_t>((work + kv_.page_bytes() - 1) / kv_.page_bytes());
+  }
   const size_t page = kv_.page_bytes();
   const int64_t all_frames =
       (int64_t{max_pages_} * shape_.n_full + int64_t{shape_.window_pages} * shape_.n_window) *
@@ -148,21 +152,25 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt)
   const size_t min_arena = min_arena_bytes(page, fixed_frames_);
   const int32_t chunk_pages =
       static_cast<int32_t>(std::max<size_t>(1, (opt.ring_chunk_bytes + page - 1) / page));
+  // `arena`: the KV's during a prefill; the pool adds the workspace's frames, the KV's between
+  // prefills.
+  const size_t work = static_cast<size_t>(work_frames_) * page;
   size_t arena = opt.kv_arena;
   if (arena == 0) {
     const size_t want = opt.kv_mode == KvMode::Stream
                             ? min_arena + 2 * static_cast<size_t>(chunk_pages) * page
                             : all_bytes + static_cast<size_t>(fixed_frames_) * page;
-    arena = std::min(want, free_bytes);
+    arena = std::min(want, free_bytes > work ? free_bytes - work : 0);
   }
   if (arena < min_arena)
     fail("the KV arena of ", format_bytes(arena), " (",
          opt.kv_arena ? "--kv-arena" : "what --vram-limit leaves after weights and buffers",
+         work ? cat(", beside the prefill's workspace of ", format_bytes(work)) : std::string(),
          ") is below the minimum of ", format_bytes(min_arena), ": ", fixed_frames_,
          " frames for the pages being written plus one ring slot, ", format_bytes(page),
          " each; raise --kv-arena or --vram-limit, or lower --page-size, -b or --parallel");
   host_ = std::make_unique<HostStore>(dev, page, shape_.n_full, opt.n_seq, max_pages_);
-  pool_ = std::make_unique<DevicePool>(dev, arena, page);
+  pool_ = std::make_unique<DevicePool>(dev, arena / page * page + work, page);
   ring_ = std::make_unique<Ring>(dev, *host_, *pool_, page);
   wb_ = dev.make_fence();
   computed_ = dev.make_fence();
@@ -175,13 +183,35 @@ Engine::~Engine() {
   dev_.sync();
 }
 
+size_t Engine::carve(const ModelConfig& c, int64_t rows, uint8_t* base, Activations* a) {
+  Activations sizes_only{};
+  Activations& t = a ? *a : sizes_only;
+  const std::pair<float**, int64_t> arrays[] = {
+      {&t.x, c.n_embd},       {&t.h, std::max(c.n_embd, c.q_dim())},
+      {&t.q, c.q_dim()},      {&t.k, c.kv_dim()},
+      {&t.v, c.kv_dim()},     {&t.att, c.q_dim()},
+      {&t.acc, 2 * c.n_head}, {&t.gate, c.n_ff},
+      {&t.up, c.n_ff}};
+  size_t off = 0;
+  for (const auto& [array, width] : arrays) {
+    if (base) *array = reinterpret_cast<float*>(base + off);
+    off += (static_cast<size_t>(rows * width) * sizeof(float) + 255) / 256 * 256;
+  }
+  return off;
+}
+
+size_t Engine::pass_bytes(const ModelConfig& c, int64_t rows) {
+  return carve(c, rows, nullptr, nullptr);
+}
+
 size_t Engine::activation_bytes(const ModelConfig& c, const EngineOptions& o) {
-  const size_t per_token =
-      static_cast<size_t>(c.n_embd + std::max(c.n_embd, c.q_dim()) + 2 * c.q_dim() +
-                          2 * c.kv_dim() + 2 * c.n_head + 2 * c.n_ff);
-  return (static_cast<size_t>(o.n_batch) * per_token +
-          static_cast<size_t>(o.n_seq) * static_cast<size_t>(c.n_vocab)) *
-         sizeof(float);
+  return pass_bytes(c, o.n_batch) +
+         static_cast<size_t>(o.n_seq) * static_cast<size_t>(c.n_vocab) * sizeof(float);
+}
+
+bool Engine::phase_arena(const ModelConfig& c, const EngineOptions& o) {
+  return o.phase_arena && (o.kv_mode == KvMode::Auto || o.kv_mode == KvMode::Stream) &&
+         c.n_layers_of(LayerKind::Full) > 0 && o.n_batch > o.n_seq;
 }
 
 // Each sequence's tail page in every full layer, plus twice the pages one prompt chunk can fill
@@ -288,16 +318,15 @@ void Engine::fill_random(Sequence& s, int32_t n, uint32_t seed) {
         host_dev_->kv_write(kv_, hk.data(), hv.data(), m, dst_.data(), page_slot_.data());
       }
     } else {
-      dev_.upload(k_.as(), hk.data(), rows * sizeof(float));
-      dev_.upload(v_.as(), hv.data(), rows * sizeof(float));
       if (ring_) {
         replan(batch);
         ring_->begin_step({}, {});
       }
+      dev_.upload(act_.k, hk.data(), rows * sizeof(float));
+      dev_.upload(act_.v, hv.data(), rows * sizeof(float));
       for (int32_t il = 0; il < cfg_.n_layer; ++il) {
         add_pages(il, batch);
-        dev_.kv_write(kv_, k_.as<float>(), v_.as<float>(), m, kv_pages(il, batch),
-                      page_slot_.data());
+        dev_.kv_write(kv_, act_.k, act_.v, m, kv_pages(il, batch), page_slot_.data());
         if (ring_ && full(il)) {
           write_back(il, batch);
           ring_->layers_done(store_layer(il) + 1);
@@ -336,7 +365,13 @@ int32_t Engine::take_frame() {
 
 void Engine::replan(const std::vector<BatchEntry>& batch) {
   const int32_t P = opt_.page_size;
-  bool grows = plan_dirty_;
+  // A pass of more rows than the decode's buffers hold takes the workspace back from the KV;
+  // the next pass that fits them lends it again.
+  int32_t n_tok = 0;
+  for (const BatchEntry& e : batch) n_tok += e.n;
+  const int32_t top = n_tok > opt_.n_seq ? work_frames_ : 0;
+  const bool switches = top != pool_->top();
+  bool grows = plan_dirty_ || switches;
   std::vector<int32_t> pages(slots_.size(), 0);
   for (size_t i = 0; i < slots_.size(); ++i)
     if (slots_[i].live) pages[i] = (slots_[i].n_past + P - 1) / P;
@@ -345,10 +380,10 @@ void Engine::replan(const std::vector<BatchEntry>& batch) {
     grows |= after > pages[static_cast<size_t>(e.seq->id)];
     pages[static_cast<size_t>(e.seq->id)] = after;
   }
-  if (!grows) return;  // repartition only at page boundaries
+  if (!grows) return;  // repartition only at page boundaries and phase changes
   plan_dirty_ = false;
   PlanInput in;
-  in.arena_bytes = pool_->bytes();
+  in.arena_bytes = static_cast<size_t>(pool_->n_frames() - top) * kv_.page_bytes();
   in.page_bytes = kv_.page_bytes();
   in.n_layer = shape_.n_full;
   in.fixed_frames = fixed_frames_;
@@ -360,22 +395,38 @@ void Engine::replan(const std::vector<BatchEntry>& batch) {
   in.min_slots = opt_.ring_slots;
   in.force_ring = opt_.kv_mode == KvMode::Stream;
   Plan p = kvs::plan(in, &plan_);
-  if (p.resident != plan_.resident || p.extra != plan_.extra || p.slot_pages != plan_.slot_pages ||
-      p.n_slots != plan_.n_slots) {
-    apply(p);
+  if (switches && top == 0) set_phase(false);  // before pages move into the workspace
+  if (switches || p.resident != plan_.resident || p.extra != plan_.extra ||
+      p.slot_pages != plan_.slot_pages || p.n_slots != plan_.n_slots) {
+    apply(p, top);
     last_.repartitioned = true;
   }
   plan_ = p;
+  if (switches && top > 0) set_phase(true);
+}
+
+void Engine::set_phase(bool prefill) {
+  if (!prefill) {
+    if (work_scratch_) dev_.lend_prefill_scratch(nullptr);
+    carve(cfg_, opt_.n_seq, act_mem_.as(), &act_);
+    return;
+  }
+  uint8_t* base = pool_->top_memory();
+  base += (256 - reinterpret_cast<uintptr_t>(base) % 256) % 256;
+  const size_t acts = carve(cfg_, opt_.n_batch, base, &act_);  // a multiple of 256
+  if (work_scratch_) dev_.lend_prefill_scratch(base + acts);
+  ++totals_.workspace_taken;
 }
 
 // Moves the pool to plan p: pages past the new caps leave the device (the host store has
-// them), frames the ring takes are relocated, pages under raised caps are fetched back.
-void Engine::apply(const Plan& p) {
+// them), frames the ring or the workspace take are relocated, pages under raised caps are
+// fetched back.
+void Engine::apply(const Plan& p, int32_t top) {
   dev_.sync();
   reclaim(true);
   ++frames_epoch_;
   const int32_t L = cfg_.n_layer, P = opt_.page_size;
-  const int32_t boundary = pool_->n_frames() - p.ring_frames();
+  const int32_t boundary = pool_->n_frames() - top - p.ring_frames();
   for (size_t s = 0; s < slots_.size(); ++s) {
     Slot& sl = slots_[s];
     if (!sl.live) continue;
@@ -403,7 +454,7 @@ void Engine::apply(const Plan& p) {
           f = g;
         }
   }
-  pool_->set_ring(p.slot_pages, p.n_slots);
+  pool_->set_ring(p.slot_pages, p.n_slots, top);
   for (size_t s = 0; s < slots_.size(); ++s) {
     Slot& sl = slots_[s];
     if (!sl.live) continue;
@@ -589,7 +640,7 @@ void Engine::self_attention(Pass& p, int32_t il) {
   const ModelConfig& c = cfg_;
   const LayerWeights& L = w_.layers[static_cast<size_t>(il)];
   const int32_t n = p.n_tok;
-  float *h = h_.as<float>(), *q = q_.as<float>(), *k = k_.as<float>(), *v = v_.as<float>();
+  float *h = act_.h, *q = act_.q, *k = act_.k, *v = act_.v;
   const auto bias = [](const Vec& b) { return b.empty() ? nullptr : b.data(); };
   const MatJob qkv[] = {{&L.wq, q, bias(L.bq)}, {&L.wk, k, bias(L.bk)}, {&L.wv, v, bias(L.bv)}};
   dev_.matmuls(h, n, qkv, 3);
@@ -623,8 +674,8 @@ void Engine::self_attention(Pass& p, int32_t il) {
 
 void Engine::output_logits(Pass& p) {
   const int64_t d = cfg_.n_embd;
-  const float* x = x_.as<float>();
-  float* h = h_.as<float>();
+  const float* x = act_.x;
+  float* h = act_.h;
   for (size_t i = 0; i < p.batch.size(); ++i) {
     const float* last = x + (p.offs[i] + p.batch[i].n - 1) * d;
     dev_.rmsnorm(last, w_.output_norm.data(), h + static_cast<int64_t>(i) * d, 1, d, cfg_.norm_eps);
@@ -651,9 +702,9 @@ void Engine::attend(int32_t il, const BatchEntry& e, int32_t off, int32_t& curso
   const int32_t total = e.seq->n_past + e.n;
   const auto& fr = slots_[static_cast<size_t>(s)].frames[static_cast<size_t>(il)];
   AttentionArgs a;
-  a.q = q_.as<float>() + int64_t{off} * cfg_.q_dim();
-  a.out = att_.as<float>() + int64_t{off} * cfg_.q_dim();
-  a.acc = acc_.as<float>() + int64_t{off} * cfg_.n_head * 2;
+  a.q = act_.q + int64_t{off} * cfg_.q_dim();
+  a.out = act_.att + int64_t{off} * cfg_.q_dim();
+  a.acc = act_.acc + int64_t{off} * cfg_.n_head * 2;
   a.pos = pos_.data() + off;
   a.n_tok = e.n;
   a.kv = kv_;
@@ -762,9 +813,9 @@ void Engine::attend_host(int32_t il, const BatchEntry& e, int32_t off) {
   const int64_t qd = cfg_.q_dim(), kvd = cfg_.kv_dim();
   const size_t f = sizeof(float);
   dev_.sync();
-  dev_.download(hq_.data(), q_.as<float>() + off * qd, static_cast<size_t>(e.n * qd) * f);
-  dev_.download(hk_.data(), k_.as<float>() + off * kvd, static_cast<size_t>(e.n * kvd) * f);
-  dev_.download(hv_.data(), v_.as<float>() + off * kvd, static_cast<size_t>(e.n * kvd) * f);
+  dev_.download(hq_.data(), act_.q + off * qd, static_cast<size_t>(e.n * qd) * f);
+  dev_.download(hk_.data(), act_.k + off * kvd, static_cast<size_t>(e.n * kvd) * f);
+  dev_.download(hv_.data(), act_.v + off * kvd, static_cast<size_t>(e.n * kvd) * f);
   for (int32_t j = 0; j < e.n; ++j)
     dst_[static_cast<size_t>(j)] = host_->page(s, il, (e.seq->n_past + j) / P);
   host_dev_->kv_write(kv_, hk_.data(), hv_.data(), e.n, dst_.data(), page_slot_.data() + off);
@@ -786,7 +837,7 @@ void Engine::attend_host(int32_t il, const BatchEntry& e, int32_t off) {
   a.scale = cfg_.attn_scale;
   a.window = window;
   host_dev_->attention(a);
-  dev_.upload(att_.as<float>() + off * qd, hatt_.data(), static_cast<size_t>(e.n * qd) * f);
+  dev_.upload(act_.att + off * qd, hatt_.data(), static_cast<size_t>(e.n * qd) * f);
 }
 
 }  // namespace kvs

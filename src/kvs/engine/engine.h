@@ -36,6 +36,10 @@ struct EngineOptions {
   double h2d_bytes_per_s = 0;  // assumed until measured (--h2d-gbps)
   size_t ring_chunk_bytes = size_t{16} << 20;  // --ring-chunk: the smallest efficient copy
   int32_t ring_slots = 0;                      // --ring-slots: the fewest ring slots (0: planner)
+  // --no-phase-arena: false. Streaming (auto, stream), the prefill's workspace (activations of
+  // -b tokens, the backend's prefill scratch) sits at the top of the KV arena and is lent to the
+  // KV between prefills.
+  bool phase_arena = true;
 };
 
 // A handle to one sequence: its slot in the engine and its length.
@@ -67,6 +71,7 @@ struct StepStats {
 struct EngineStats {
   int64_t steps = 0, tokens = 0, chunks = 0, repartitions = 0;
   int64_t prefetch_kept = 0, prefetch_dropped = 0;
+  int64_t workspace_taken = 0;  // prefills that took the workspace back from the KV
   double seconds = 0, ready_wait_s = 0, copy_busy_s = 0, issue_s = 0;
   size_t bytes_in = 0, bytes_out = 0;
 };
@@ -88,8 +93,12 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // Sizes the engine will use, for planning without building it.
+  // Sizes the engine will use, for planning without building it: the activations of a pass of
+  // -b tokens and the logits; those of a pass of `rows` tokens (without the logits).
   static size_t activation_bytes(const ModelConfig& c, const EngineOptions& o);
+  static size_t pass_bytes(const ModelConfig& c, int64_t rows);
+  // Whether o has a phase arena: a streaming mode with full layers and -b above --parallel.
+  static bool phase_arena(const ModelConfig& c, const EngineOptions& o);
   static int32_t fixed_frames(const ModelConfig& c, const EngineOptions& o);
   static KvShape kv_shape(const ModelConfig& c, const EngineOptions& o);
 
@@ -113,7 +122,10 @@ class Engine {
   size_t kv_bytes_per_token() const;  // what the history grows by (full layers)
   const EngineOptions& options() const { return opt_; }
   const Plan& plan() const { return plan_; }
-  size_t arena_bytes() const { return pool_ ? pool_->bytes() : 0; }
+  size_t arena_bytes() const { return pool_ ? pool_->bytes() : 0; }  // the decode's arena
+  // The frames a prefill takes back for its workspace (0: no phase arena); whether it has them.
+  size_t workspace_bytes() const { return static_cast<size_t>(work_frames_) * kv_.page_bytes(); }
+  bool in_prefill_phase() const { return pool_ && pool_->top() > 0; }
   int32_t fixed_frames() const { return fixed_frames_; }
   size_t host_bytes() const { return host_ ? host_->bytes() : 0; }
   const StepStats& last_step() const { return last_; }
@@ -163,7 +175,11 @@ class Engine {
   void output_logits(Pass& p);
 
   void replan(const std::vector<BatchEntry>& batch);
-  void apply(const Plan& p);
+  // Moves the pool to plan p with `top` frames kept for the prefill's workspace.
+  void apply(const Plan& p, int32_t top);
+  // Points the activations at the decode buffers, or at the workspace, and lends the backend
+  // its part of it.
+  void set_phase(bool prefill);
   int32_t take_frame();
   void reclaim(bool wait);
   void add_pages(int32_t il, const std::vector<BatchEntry>& batch);
@@ -200,8 +216,20 @@ class Engine {
   // Measured figures for the planner (exponential averages).
   double h2d_ = 0, layer_s_ = 0, stall_s_ = 0;
 
-  // Activations for one batch of n_batch tokens.
-  DeviceBuffer x_, h_, q_, k_, v_, att_, acc_, gate_, up_, logits_;
+  // Activations of a pass (rows: its tokens), carved from one region by carve().
+  struct Activations {
+    float *x, *h, *q, *k, *v, *att;  // [rows][n_embd], [rows][max(n_embd, q_dim)], [rows][q_dim],
+                                     // [rows][kv_dim] x 2, [rows][q_dim]
+    float* acc;                      // [rows][n_head][2]
+    float *gate, *up;                // [rows][n_ff]
+  };
+  static size_t carve(const ModelConfig& c, int64_t rows, uint8_t* base, Activations* a);
+  // The activations in use: act_mem_'s (n_batch rows; n_seq with a phase arena) or, during a
+  // prefill, the workspace's (n_batch rows, followed by the backend's prefill scratch).
+  Activations act_{};
+  DeviceBuffer act_mem_, logits_;
+  int32_t work_frames_ = 0;  // the workspace's frames at the top of the arena (0: none)
+  size_t work_scratch_ = 0;  // the backend's part of it
   std::vector<int32_t> ids_, pos_, page_slot_;
   std::vector<uint8_t*> dst_;
   std::vector<Span> spans_;

@@ -9,8 +9,7 @@ void Engine::forward_gemma3(Pass& p) {
   const ModelConfig& c = cfg_;
   const int64_t d = c.n_embd, nd = int64_t{p.n_tok} * d;
   const int32_t n = p.n_tok;
-  float *x = x_.as<float>(), *h = h_.as<float>(), *att = att_.as<float>(),
-        *gate = gate_.as<float>(), *up = up_.as<float>();
+  float *x = act_.x, *h = act_.h, *att = act_.att, *gate = act_.gate, *up = act_.up;
   dev_.embed(w_.tok_embd, ids_.data(), n, x);
   dev_.scale(x, c.embd_scale, nd);
   for (int32_t il = 0; il < c.n_layer; ++il) {

@@ -7,8 +7,7 @@ void Engine::forward_llama(Pass& p) {
   const ModelConfig& c = cfg_;
   const int64_t d = c.n_embd;
   const int32_t n = p.n_tok;
-  float *x = x_.as<float>(), *h = h_.as<float>(), *att = att_.as<float>(),
-        *gate = gate_.as<float>(), *up = up_.as<float>();
+  float *x = act_.x, *h = act_.h, *att = act_.att, *gate = act_.gate, *up = act_.up;
   dev_.embed(w_.tok_embd, ids_.data(), n, x);
   for (int32_t il = 0; il < c.n_layer; ++il) {
     const LayerWeights& L = w_.layers[static_cast<size_t>(il)];

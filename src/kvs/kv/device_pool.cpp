@@ -25,15 +25,16 @@ void DevicePool::give(int32_t f) {
   KVS_CHECK(f >= 0 && f < ring_begin() && free_.insert(f).second, "device pool: bad frame ", f);
 }
 
-void DevicePool::set_ring(int32_t slot_pages, int32_t n_slots) {
+void DevicePool::set_ring(int32_t slot_pages, int32_t n_slots, int32_t top) {
   const int32_t old_begin = ring_begin();
-  const int32_t begin = n_frames_ - slot_pages * n_slots;
-  KVS_CHECK(begin >= 0, "device pool: the ring does not fit the arena");
+  const int32_t begin = n_frames_ - top - slot_pages * n_slots;
+  KVS_CHECK(top >= 0 && begin >= 0, "device pool: the ring does not fit the arena");
   for (int32_t f = begin; f < old_begin; ++f)
     KVS_CHECK(free_.erase(f) == 1, "device pool: frame ", f, " is in use, cannot join the ring");
   for (int32_t f = old_begin; f < begin; ++f) free_.insert(f);
   slot_pages_ = slot_pages;
   n_slots_ = n_slots;
+  top_ = top;
 }
 
 }  // namespace kvs

@@ -1,5 +1,6 @@
 // The device pool: one arena of page-sized frames. Frames [0, ring_begin) hold pages (resident
-// ones and the pages being written); the last ring_frames() frames are the ring's slots.
+// ones and the pages being written); the ring_frames() frames above them are the ring's slots,
+// and the last top() frames, while a prefill holds them, its workspace (the phase arena).
 #pragma once
 
 #include <cstddef>
@@ -24,16 +25,19 @@ class DevicePool {
   void give(int32_t f);
   int32_t free_frames() const { return static_cast<int32_t>(free_.size()); }
 
-  // Moves the ring boundary; the frames it takes must be free (the engine relocates first).
-  void set_ring(int32_t slot_pages, int32_t n_slots);
-  int32_t ring_begin() const { return n_frames_ - slot_pages_ * n_slots_; }
+  // Moves the ring boundary, the ring right below `top` frames kept out of the pool; the frames
+  // they take must be free (the engine relocates first).
+  void set_ring(int32_t slot_pages, int32_t n_slots, int32_t top = 0);
+  int32_t ring_begin() const { return n_frames_ - top_ - slot_pages_ * n_slots_; }
+  int32_t top() const { return top_; }
+  uint8_t* top_memory() const { return frame(n_frames_ - top_); }
   int32_t ring_frames() const { return slot_pages_ * n_slots_; }
   uint8_t* slot(int32_t i) const { return frame(ring_begin() + i * slot_pages_); }
   bool is_free(int32_t f) const { return free_.count(f) != 0; }
 
  private:
   size_t page_bytes_;
-  int32_t n_frames_ = 0, slot_pages_ = 0, n_slots_ = 0;
+  int32_t n_frames_ = 0, slot_pages_ = 0, n_slots_ = 0, top_ = 0;
   DeviceBuffer arena_;
   std::set<int32_t> free_;  // below the ring
 };

@@ -226,24 +226,47 @@ class CudaDevice final : public Device {
 
   void reserve(const Weights& w, int64_t n_tok, int64_t n_out_tok, int64_t max_spans,
                int32_t n_head, int32_t head_dim) override {
-    // Products of more than kMaxVecTok rows go through f16 tiles of the whole matrix.
-    size_t w16 = 0, x16 = 0, xq = 0;
-    const auto need = [&](const Matrix& m, int64_t rows) {
-      xq = std::max(xq, cuda::xq_bytes(m.n_in, std::min<int64_t>(rows, cuda::kMaxVecTok)));
-      if (rows <= cuda::kMaxVecTok || m.n_out == 0) return;
-      w16 = std::max(w16, static_cast<size_t>(m.n_in) * static_cast<size_t>(m.n_out));
-      x16 = std::max(x16, static_cast<size_t>(m.n_in) * static_cast<size_t>(rows));
-    };
+    const PrefillScratch p = prefill_scratch_of(w, n_tok, n_out_tok, max_spans);
+    if (p.w16) ctx_.scratch_w(p.w16 / sizeof(__half)), ctx_.scratch_x(p.x16 / sizeof(__half));
+    if (p.kv16) ctx_.scratch_kv16(p.kv16), ctx_.scratch_spans16(cuda::kMaxSpans16);
+    size_t xq = 0;
     for (const LayerWeights& l : w.layers)
-      for (const Matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down}) need(*m, n_tok);
-    need(w.output, n_out_tok);
-    if (w16) ctx_.scratch_w(w16), ctx_.scratch_x(x16);
+      for (const Matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down})
+        xq = std::max(xq, cuda::xq_bytes(m->n_in, std::min<int64_t>(n_tok, cuda::kMaxVecTok)));
+    xq = std::max(xq, cuda::xq_bytes(w.output.n_in, std::min<int64_t>(n_out_tok, cuda::kMaxVecTok)));
     if (xq) ctx_.scratch_xq(xq);
     if (max_spans > 0) ctx_.scratch_part(static_cast<size_t>(max_spans) * n_head * (head_dim + 3));
-    if (max_spans > 0 && n_tok > cuda::kMaxVecTok)
-      ctx_.scratch_kv16(cuda::kKv16Bytes), ctx_.scratch_spans16(cuda::kMaxSpans16);
   }
 
+  // The layers' products only: the output matrix sees one row a sequence, which reserve()
+  // covers. A quantized cache's f16 chunks take what max_spans pages need, up to kKv16Bytes.
+  size_t prefill_scratch(const Weights& w, int64_t n_tok, int64_t max_spans,
+                         const KvLayout& kv) override {
+    prefill_ = prefill_scratch_of(w, n_tok, 0, 0);
+    const bool f16 = kv.k_type == DType::F16 && kv.v_type == DType::F16;
+    if (max_spans > 0 && n_tok > cuda::kMaxVecTok && !f16) {
+      const size_t page16 = 2 * static_cast<size_t>(kv.page_size) * kv.n_head_kv * kv.head_dim *
+                            sizeof(__half);
+      prefill_.kv16 = std::min(cuda::kKv16Bytes, static_cast<size_t>(max_spans) * page16);
+      prefill_.spans16 =
+          static_cast<size_t>(std::min<int64_t>(max_spans, cuda::kMaxSpans16)) * sizeof(Span);
+    }
+    return prefill_.bytes();
+  }
+  void lend_prefill_scratch(uint8_t* p) override {
+    KVS_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));  // the kernels may still use it
+    KVS_CUDA_CHECK(cudaStreamSynchronize(ctx_.side));
+    ctx_.lent_w16 = ctx_.lent_x16 = ctx_.lent_kv16 = ctx_.lent_spans16 = {};
+    if (!p) return;
+    const std::pair<Ctx::Lent*, size_t> parts[] = {{&ctx_.lent_w16, prefill_.w16},
+                                                   {&ctx_.lent_x16, prefill_.x16},
+                                                   {&ctx_.lent_kv16, prefill_.kv16},
+                                                   {&ctx_.lent_spans16, prefill_.spans16}};
+    for (size_t off = 0; const auto& [lent, n] : parts) {
+      *lent = {p + off, n};
+      off += PrefillScratch::align(n);
+    }
+  }
   // Matrices in one allocation (256-byte aligned each), the small vectors in another; the
   // vectors keep their host addresses in Weights, mapped here to their device copies.
   Weights place_weights(const Weights& host) override {
@@ -537,6 +560,31 @@ class CudaDevice final : public Device {
 
  private:
   static constexpr size_t kStage = size_t{8} << 20;
+
+  // The scratch of passes of more than kMaxVecTok rows: f16 copies of a whole matrix and of its
+  // input rows for cuBLAS, and the prefill attention's f16 chunks of a quantized cache.
+  struct PrefillScratch {
+    size_t w16 = 0, x16 = 0, kv16 = 0, spans16 = 0;
+    static size_t align(size_t n) { return (n + 255) / 256 * 256; }
+    size_t bytes() const { return align(w16) + align(x16) + align(kv16) + align(spans16); }
+  };
+  // For passes of n_tok rows through the layers and n_out_tok through the output matrix.
+  static PrefillScratch prefill_scratch_of(const Weights& w, int64_t n_tok, int64_t n_out_tok,
+                                           int64_t max_spans) {
+    PrefillScratch p;
+    const auto need = [&](const Matrix& m, int64_t rows) {
+      if (rows <= cuda::kMaxVecTok || m.n_out == 0) return;
+      p.w16 = std::max(p.w16, static_cast<size_t>(m.n_in * m.n_out) * sizeof(__half));
+      p.x16 = std::max(p.x16, static_cast<size_t>(m.n_in * rows) * sizeof(__half));
+    };
+    for (const LayerWeights& l : w.layers)
+      for (const Matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down}) need(*m, n_tok);
+    need(w.output, n_out_tok);
+    if (max_spans > 0 && n_tok > cuda::kMaxVecTok)
+      p.kv16 = cuda::kKv16Bytes, p.spans16 = cuda::kMaxSpans16 * sizeof(Span);
+    return p;
+  }
+  PrefillScratch prefill_;  // the geometry of the memory lend_prefill_scratch() is given
 
   struct CopyTimes {
     std::deque<std::pair<cudaEvent_t, cudaEvent_t>> open;  // recorded, not yet read

@@ -55,11 +55,22 @@ struct Ctx {
   // waits for what was recorded so far (pause: the old buffer may be in use), then recording
   // goes on (resume).
   std::function<void()> pause, resume;
+  // The prefill's scratch in memory the engine lends (Device::lend_prefill_scratch): each part
+  // is used instead of the buffer of its name while it is large enough.
+  struct Lent {
+    uint8_t* p = nullptr;
+    size_t n = 0;
+  };
+  Lent lent_w16, lent_x16, lent_kv16, lent_spans16;
+  uint8_t* scratch(DeviceBuffer& own, const Lent& lent, size_t bytes, const char* what) {
+    return lent.p && bytes <= lent.n ? lent.p : grow(own, bytes, what).as();
+  }
   __half* scratch_w(size_t n) {
-    return grow(w16, n * sizeof(__half), "f16 weight tiles").as<__half>();
+    return reinterpret_cast<__half*>(
+        scratch(w16, lent_w16, n * sizeof(__half), "f16 weight tiles"));
   }
   __half* scratch_x(size_t n) {
-    return grow(x16, n * sizeof(__half), "f16 activations").as<__half>();
+    return reinterpret_cast<__half*>(scratch(x16, lent_x16, n * sizeof(__half), "f16 activations"));
   }
   float* scratch_part(size_t n) {
     return grow(part, n * sizeof(float), "attention partials").as<float>();
@@ -69,9 +80,12 @@ struct Ctx {
   unsigned* scratch_flags(size_t n) {
     return grow(flags, n * sizeof(unsigned), "attention flags", true).as<unsigned>();
   }
-  __half* scratch_kv16(size_t bytes) { return grow(kv16, bytes, "f16 K/V chunks").as<__half>(); }
+  __half* scratch_kv16(size_t bytes) {
+    return reinterpret_cast<__half*>(scratch(kv16, lent_kv16, bytes, "f16 K/V chunks"));
+  }
   Span* scratch_spans16(size_t n) {
-    return grow(spans16, n * sizeof(Span), "f16 K/V chunk spans").as<Span>();
+    return reinterpret_cast<Span*>(
+        scratch(spans16, lent_spans16, n * sizeof(Span), "f16 K/V chunk spans"));
   }
   DeviceBuffer& grow(DeviceBuffer& b, size_t bytes, const char* what, bool zero = false);
 };

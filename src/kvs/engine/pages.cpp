@@ -1,0 +1,222 @@
+// The engine's pages: frames of the pool taken and given back, the plan and its repartitions,
+// the windows' recycling, the ring's schedule and the write-back of completed pages.
+#include <algorithm>
+#include <utility>
+
+#include "kvs/engine/engine.h"
+#include "kvs/util/error.h"
+
+namespace kvs {
+
+void Engine::reclaim(bool wait) {
+  if (pending_.empty()) return;
+  if (!dev_.done(wb_)) {
+    if (!wait) return;
+    dev_.wait_host(wb_);
+  }
+  for (int32_t f : pending_) pool_->give(f);
+  pending_.clear();
+}
+
+int32_t Engine::take_frame() {
+  reclaim(false);
+  int32_t f = pool_->take();
+  if (f < 0) {
+    reclaim(true);
+    f = pool_->take();
+  }
+  KVS_CHECK(f >= 0, "the KV arena has no free frame (", pool_->n_frames(), " frames, ",
+            plan_.ring_frames(), " in the ring); this is a bug in the plan");
+  return f;
+}
+
+void Engine::replan(const std::vector<BatchEntry>& batch) {
+  const int32_t P = opt_.page_size;
+  // A pass of more rows than the decode's buffers hold takes the workspace back from the KV;
+  // the next pass that fits them lends it again.
+  int32_t n_tok = 0;
+  for (const BatchEntry& e : batch) n_tok += e.n;
+  const int32_t top = n_tok > opt_.n_seq ? work_frames_ : 0;
+  const bool switches = top != pool_->top();
+  bool grows = plan_dirty_ || switches;
+  std::vector<int32_t> pages(slots_.size(), 0);
+  for (size_t i = 0; i < slots_.size(); ++i)
+    if (slots_[i].live) pages[i] = (slots_[i].n_past + P - 1) / P;
+  for (const BatchEntry& e : batch) {
+    const int32_t after = (e.seq->n_past + e.n + P - 1) / P;
+    grows |= after > pages[static_cast<size_t>(e.seq->id)];
+    pages[static_cast<size_t>(e.seq->id)] = after;
+  }
+  if (!grows) return;  // repartition only at page boundaries and phase changes
+  plan_dirty_ = false;
+  PlanInput in;
+  in.arena_bytes = static_cast<size_t>(pool_->n_frames() - top) * kv_.page_bytes();
+  in.page_bytes = kv_.page_bytes();
+  in.n_layer = shape_.n_full;
+  in.fixed_frames = fixed_frames_;
+  in.seq_pages = pages;
+  in.h2d_bytes_per_s = h2d_;
+  in.layer_s = layer_s_;
+  in.stall_s = stall_s_;
+  in.min_chunk_bytes = opt_.ring_chunk_bytes;
+  in.min_slots = opt_.ring_slots;
+  in.force_ring = opt_.kv_mode == KvMode::Stream;
+  Plan p = kvs::plan(in, &plan_);
+  if (switches && top == 0) set_phase(false);  // before pages move into the workspace
+  if (switches || p.resident != plan_.resident || p.extra != plan_.extra ||
+      p.slot_pages != plan_.slot_pages || p.n_slots != plan_.n_slots) {
+    apply(p, top);
+    last_.repartitioned = true;
+  }
+  plan_ = p;
+  if (switches && top > 0) set_phase(true);
+}
+
+void Engine::set_phase(bool prefill) {
+  if (!prefill) {
+    if (work_scratch_) dev_.lend_prefill_scratch(nullptr);
+    carve(cfg_, opt_.n_seq, act_mem_.as(), &act_);
+    return;
+  }
+  uint8_t* base = pool_->top_memory();
+  base += (256 - reinterpret_cast<uintptr_t>(base) % 256) % 256;
+  const size_t acts = carve(cfg_, opt_.n_batch, base, &act_);  // a multiple of 256
+  if (work_scratch_) dev_.lend_prefill_scratch(base + acts);
+  ++totals_.workspace_taken;
+}
+
+// Moves the pool to plan p: pages past the new caps leave the device (the host store has
+// them), frames the ring or the workspace take are relocated, pages under raised caps are
+// fetched back.
+void Engine::apply(const Plan& p, int32_t top) {
+  dev_.sync();
+  reclaim(true);
+  ++frames_epoch_;
+  const int32_t L = cfg_.n_layer, P = opt_.page_size;
+  const int32_t boundary = pool_->n_frames() - top - p.ring_frames();
+  for (size_t s = 0; s < slots_.size(); ++s) {
+    Slot& sl = slots_[s];
+    if (!sl.live) continue;
+    const int32_t done = sl.n_past / P;  // complete pages; the tail keeps its frame
+    for (int32_t l = 0; l < L; ++l) {
+      if (!full(l)) continue;
+      auto& fr = sl.frames[static_cast<size_t>(l)];
+      for (int32_t q = 0; q < done; ++q)
+        if (fr[static_cast<size_t>(q)] >= 0 && q >= resident_cap(p, s, store_layer(l))) {
+          pool_->give(fr[static_cast<size_t>(q)]);
+          fr[static_cast<size_t>(q)] = -1;
+        }
+    }
+  }
+  for (size_t s = 0; s < slots_.size(); ++s) {
+    Slot& sl = slots_[s];
+    if (!sl.live) continue;
+    for (auto& fr : sl.frames)
+      for (int32_t& f : fr)
+        if (f >= boundary) {
+          const int32_t g = pool_->take();
+          KVS_CHECK(g >= 0 && g < boundary, "repartition: no frame below the ring for a page");
+          dev_.copy(Stream::Compute, pool_->frame(g), pool_->frame(f), kv_.page_bytes());
+          pool_->give(f);
+          f = g;
+        }
+  }
+  pool_->set_ring(p.slot_pages, p.n_slots, top);
+  for (size_t s = 0; s < slots_.size(); ++s) {
+    Slot& sl = slots_[s];
+    if (!sl.live) continue;
+    const int32_t done = sl.n_past / P;
+    for (int32_t l = 0; l < L; ++l) {
+      if (!full(l)) continue;
+      auto& fr = sl.frames[static_cast<size_t>(l)];
+      for (int32_t q = 0; q < std::min(done, resident_cap(p, s, store_layer(l))); ++q)
+        if (fr[static_cast<size_t>(q)] < 0) {
+          const int32_t g = pool_->take();
+          KVS_CHECK(g >= 0, "repartition: no frame for a page the plan makes resident");
+          dev_.copy(Stream::Compute, pool_->frame(g),
+                    host_->page(static_cast<int32_t>(s), store_layer(l), q), kv_.page_bytes());
+          fr[static_cast<size_t>(q)] = g;
+        }
+    }
+  }
+  ring_->configure(p.slot_pages, p.n_slots);
+  ++totals_.repartitions;
+}
+
+// Frames for the pages this pass writes into at one layer: resident ones under the cap,
+// transient ones above it (given back after their write-back). Allocated layer by layer, so a
+// prompt chunk needs transient frames for one layer at a time.
+void Engine::add_pages(int32_t il, const std::vector<BatchEntry>& batch) {
+  const int32_t P = opt_.page_size;
+  for (const BatchEntry& e : batch) {
+    auto& fr = slots_[static_cast<size_t>(e.seq->id)].frames[static_cast<size_t>(il)];
+    const int32_t last = (e.seq->n_past + e.n - 1) / P;
+    while (static_cast<int32_t>(fr.size()) <= last) fr.push_back(take_frame()), ++frames_epoch_;
+  }
+}
+
+void Engine::trim_windows(const Sequence& s) {
+  if (shape_.n_window == 0 || host_dev_) return;  // host mode keeps every page on the host
+  const int32_t keep = std::max(0, s.n_past - cfg_.n_swa + 1) / opt_.page_size;
+  Slot& sl = slots_[static_cast<size_t>(s.id)];
+  for (int32_t il = 0; il < cfg_.n_layer; ++il) {
+    if (full(il)) continue;
+    auto& fr = sl.frames[static_cast<size_t>(il)];
+    for (int32_t p = std::min(keep, static_cast<int32_t>(fr.size())) - 1; p >= 0; --p) {
+      int32_t& f = fr[static_cast<size_t>(p)];
+      if (f < 0) break;  // the pages before it went earlier
+      pool_->give(f);
+      f = -1;
+    }
+  }
+}
+
+// The non-resident pages of a pass in visiting order: layer, then sequence, then page. With
+// `next`, those of the pass after it, if every sequence goes on.
+std::vector<RingItem> Engine::ring_items(const std::vector<BatchEntry>& batch, bool next) const {
+  std::vector<RingItem> items;
+  const int32_t P = opt_.page_size;
+  for (int32_t l = 0; l < cfg_.n_layer; ++l) {
+    if (!full(l)) continue;
+    for (const BatchEntry& e : batch) {
+      const int32_t s = e.seq->id;
+      const int32_t done = (e.seq->n_past + (next ? e.n : 0)) / P;
+      for (int32_t q = std::min(done, cap(s, l)); q < done; ++q)
+        items.push_back({store_layer(l), s, q});
+    }
+  }
+  return items;
+}
+
+// Pages this pass completed at layer il go to the host store on the CopyOut stream, after the
+// compute that wrote them; transient ones give their frame back once the copy is done.
+void Engine::write_back(int32_t il, const std::vector<BatchEntry>& batch) {
+  const int32_t P = opt_.page_size;
+  bool any = false;
+  for (const BatchEntry& e : batch) {
+    const int32_t s = e.seq->id;
+    auto& fr = slots_[static_cast<size_t>(s)].frames[static_cast<size_t>(il)];
+    const int32_t done = (e.seq->n_past + e.n) / P;
+    for (int32_t p = e.seq->n_past / P; p < done; ++p) {
+      if (!any) {
+        dev_.record(Stream::Compute, computed_);
+        dev_.wait(Stream::CopyOut, computed_);
+        any = true;
+      }
+      const int32_t f = fr[static_cast<size_t>(p)];
+      dev_.copy(Stream::CopyOut, host_->page(s, store_layer(il), p), pool_->frame(f),
+                kv_.page_bytes());
+      last_.bytes_out += kv_.page_bytes();
+      if (p >= cap(s, il)) {
+        pending_.push_back(f);
+        fr[static_cast<size_t>(p)] = -1;
+        ++frames_epoch_;
+      }
+    }
+  }
+  if (!any) return;
+  dev_.record(Stream::CopyOut, wb_);
+  ring_->after_writeback(wb_);
+}
+
+}  // namespace kvs

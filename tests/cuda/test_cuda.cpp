@@ -129,9 +129,9 @@ constexpr double kTol = 2e-2;  // max |cuda - cpu| relative to max |cpu logit|
 TEST(CudaVsCpu, EveryArchitectureWeightFormatAndKvType) {
   NEED_GPU(gpu);
   auto cpu = make_cpu_device(0);
-  const char* archs[] = {"tiny", "tiny-qwen2", "tiny-qwen3"};
-  const char* wtypes[] = {"f32",  "f16",  "bf16", "q8_0", "q4_0", "q4_1",   "q5_0",
-                          "q5_1", "q4_k", "q5_k", "q6_k", "q3_k", "iq4_xs"};
+  const char* archs[] = {"tiny", "tiny-qwen2", "tiny-qwen3", "tiny-gemma3"};
+  const char* wtypes[] = {"f32",  "f16",  "bf16", "q8_0", "q4_0",   "q4_1",  "q5_0", "q5_1",
+                          "q4_k", "q5_k", "q6_k", "q3_k", "q2_k", "iq4_nl", "iq4_xs"};
   const DType kv[] = {DType::F16, DType::Q8_0, DType::Q4_0};
   double worst = 0;
   std::string worst_at = "-";
@@ -213,6 +213,28 @@ TEST(CudaStream, StreamedAndUnifiedLogitsAreBitIdenticalToResident) {
   }
   EXPECT_GE(streamed, 8);
   EXPECT_GE(several, 6);
+}
+
+// Gemma 3's window layers (resident windows, recycled pages) between streamed full layers:
+// random windows, arenas and 1-4 sequences, streamed logits bit-identical to resident ones.
+TEST(CudaStream, WindowLayersStreamedEqualResident) {
+  NEED_GPU(gpu);
+  std::mt19937 g(20261206);
+  int streamed = 0;
+  for (int k = 0; k < 8; ++k) {
+    test::Case c = test::random_case(g, k);
+    c.preset = k % 2 ? "tiny-gemma3" : "tiny-gemma3:q4_0";
+    c.n_ctx = 512;
+    c.gen_len[0] += 200;
+    auto m = Model::load("synthetic:" + c.preset);
+    m->config.n_swa = static_cast<int32_t>(1 + g() % 64);
+    SCOPED_TRACE(c.str() + " window " + std::to_string(m->config.n_swa));
+    const test::Result want = test::run(*m, c, KvMode::Resident, 0, gpu.get());
+    const test::Result got = test::run(*m, c, c.mode, test::case_arena(*m, c), gpu.get());
+    test::expect_same(want, got, c.str());
+    streamed += got.totals.bytes_in > 0;
+  }
+  EXPECT_GE(streamed, 3);
 }
 
 // Larger rings and chunks of many pages on a model with real head sizes; the decode attention

@@ -307,7 +307,8 @@ class CudaDevice final : public Device {
     if (host.output.data == host.tok_embd.data) out.output = out.tok_embd;  // tied: same layout too
     std::vector<Vec*> vecs{&out.output_norm, &out.rope_freqs};
     for (LayerWeights& l : out.layers)
-      for (Vec* v : {&l.attn_norm, &l.bq, &l.bk, &l.bv, &l.q_norm, &l.k_norm, &l.ffn_norm})
+      for (Vec* v : {&l.attn_norm, &l.bq, &l.bk, &l.bv, &l.q_norm, &l.k_norm, &l.attn_post_norm,
+                     &l.ffn_norm, &l.ffn_post_norm})
         vecs.push_back(v);
     size_t nv = 0;
     for (Vec* v : vecs) nv += (v->size() + 63) / 64 * 64;

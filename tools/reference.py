@@ -876,7 +876,7 @@ def read_token_list(s: str):
 # --------------------------------------------------------------------------
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="NumPy reference forward pass for GGUF llama/qwen2/qwen3/gemma3 models")
+    ap = argparse.ArgumentParser(description="NumPy reference forward pass for GGUF llama/qwen2/qwen3/gemma3/qwen35 models")
     ap.add_argument("model")
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--tokens", help="comma/space separated token ids")

@@ -220,8 +220,7 @@ bool Engine::phase_arena(const ModelConfig& c, const EngineOptions& o) {
 int32_t Engine::fixed_frames(const ModelConfig& c, const EngineOptions& o) {
   const KvShape k = kv_shape(c, o);
   const int32_t P = o.page_size;
-  return o.n_seq * (k.n_full + k.n_window * k.window_pages) +
-         2 * ((o.n_batch + P - 1) / P + o.n_seq);
+  return o.n_seq * (k.n_full + k.n_window * k.window_pages) + 2 * ((o.n_batch + P - 1) / P + o.n_seq);
 }
 
 // A window layer's pages hold the last n_swa - 1 positions between steps and the step's own n
@@ -238,8 +237,7 @@ KvShape Engine::kv_shape(const ModelConfig& c, const EngineOptions& o) {
   const KvLayout l = KvLayout::make(o.k_type, o.v_type, o.page_size, c.n_head_kv, c.head_dim);
   k.page_bytes = l.page_bytes();
   const size_t seqs = static_cast<size_t>(o.n_seq);
-  k.full_bytes =
-      static_cast<size_t>(k.max_pages) * static_cast<size_t>(k.n_full) * seqs * k.page_bytes;
+  k.full_bytes = static_cast<size_t>(k.max_pages) * static_cast<size_t>(k.n_full) * seqs * k.page_bytes;
   k.window_bytes =
       static_cast<size_t>(k.window_pages) * static_cast<size_t>(k.n_window) * seqs * k.page_bytes;
   return k;
@@ -635,8 +633,7 @@ void Engine::measure(const StepStats& st) {
     h2d_ = ema(h2d_, static_cast<double>(st.bytes_in) / st.copy_busy_s);
   if (st.n_tokens == st.n_seqs) {  // decode steps: the figures the plan is for
     // Per full layer, the window layers' time between them included: what the ring must cover.
-    layer_s_ =
-        ema(layer_s_, std::max(0.0, st.seconds - st.ready_wait_s) / std::max(1, shape_.n_full));
+    layer_s_ = ema(layer_s_, std::max(0.0, st.seconds - st.ready_wait_s) / std::max(1, shape_.n_full));
     stall_s_ = ema(stall_s_, st.ready_wait_s);
   }
 }
@@ -771,8 +768,7 @@ void Engine::attend(int32_t il, const BatchEntry& e, int32_t off, int32_t& curso
       spans_.push_back({pool_->frame(f), sp.start, sp.n});
       continue;
     }
-    KVS_CHECK(ring_ && cursor < ring_->n_items() &&
-                  ring_->item(cursor) == (RingItem{store_layer(il), s, p}),
+    KVS_CHECK(ring_ && cursor < ring_->n_items() && ring_->item(cursor) == (RingItem{store_layer(il), s, p}),
               "ring: the schedule does not match the pages of layer ", il);
     if (chunk >= 0 && ring_->chunk_of(cursor) != chunk) flush(false);
     chunk = ring_->chunk_of(cursor);

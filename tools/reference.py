@@ -2,7 +2,8 @@
 """Independent NumPy reference forward pass for GGUF decoder models.
 
 Supported architectures (``general.architecture``): ``llama`` (Llama 2/3,
-Mistral, SmolLM2, ...), ``qwen2``, ``qwen3`` and ``gemma3``.  The file is read with
+Mistral, SmolLM2, ...), ``qwen2``, ``qwen3``, ``gemma3`` and ``qwen35`` (the dense
+Qwen3.5/3.6 hybrids of Gated DeltaNet and gated attention layers).  The file is read with
 ``gguf.GGUFReader``; every tensor is dequantized ONCE at load time with
 ``gguf.quants.dequantize`` and cached as a float32 matrix.  This script is
 meant as an oracle for the C++ engine's tests: it shares no code with it.
@@ -99,6 +100,57 @@ converter's ``Gemma3Model`` (conversion/gemma.py, formerly convert_hf_to_gguf.py
   control and user-defined pieces (<start_of_turn>, runs of newlines,
   spaces, tabs) split out first, longest first, as llama_tokenize does with
   parse_special.
+
+Qwen3.5 (``qwen35``; checked against llama.cpp src/models/qwen35.cpp
+``load_arch_hparams`` / ``load_arch_tensors`` / ``graph`` /
+``build_layer_attn`` / ``build_layer_attn_linear`` / ``build_norm_gated``,
+src/models/delta-net-base.cpp ``build_delta_net_autoregressive`` (the
+recurrence; ``build_delta_net_chunking`` is the same sum reordered),
+src/llama-graph.cpp ``llm_graph_input_pos::set_input`` (text positions),
+ggml-cpu ops.cpp ``ggml_mrope_cache_init`` / ``l2_norm`` / ``ssm_conv``, and
+the converter's ``Qwen3NextModel`` / ``_LinearAttentionVReorderBase`` /
+``_Qwen35MtpMixin`` (conversion/qwen.py)):
+* Layers: ``qwen35.block_count`` counts the ``nextn_predict_layers`` MTP
+  blocks appended after the trunk; the trunk is the first block_count -
+  nextn layers; the MTP blocks (``blk.N.nextn.*`` and a full attention block)
+  are loaded but never run here.  A trunk layer is recurrent (Gated DeltaNet)
+  per ``qwen35.attention.recurrent_layers`` (one bool per block), else per
+  ``qwen35.full_attention_interval`` n (default 4): recurrent iff
+  (il + 1) % n != 0, so layers 3, 7, 11, ... are full attention.
+* Every norm is RMSNorm with the GGUF weight as is (the converter stored
+  HF's (1 + w) for every norm except the GDN output norm ``ssm_norm``).
+* A layer: h = attn_norm(x); mixer (below); x += mixer; h =
+  ``post_attention_norm``(x) (the FFN's pre-norm; there is no ffn_norm);
+  x += down(silu(gate(h)) * up(h)).  Final output_norm, ``output.weight``
+  (or the tied embedding).
+* Gated attention: ``attn_q`` gives 2 * head_dim per head, per head
+  [q (head_dim), gate (head_dim)]; per-head RMSNorm ``attn_q_norm`` of q and
+  ``attn_k_norm`` of k; rope; causal attention scaled 1/sqrt(head_dim);
+  the heads' output times sigmoid(gate); ``attn_output``.
+* Rope: llama.cpp's IMROPE (interleaved multi-section, NEOX pairs
+  (x[i], x[i + n_rot/2])) over the first n_rot = ``rope.dimension_count``
+  dims (head_dim * partial_rotary_factor), base ``rope.freq_base``; pair i
+  takes the position of axis t/h/w/e by sector s = i % sum(sections):
+  h if s % 3 == 1 and s < 3 sections[1], w if s % 3 == 2 and s < 3
+  sections[2], t if s % 3 == 0 and s < 3 sections[0], else e.  Text tokens
+  have positions (p, p, p, 0), so with ``rope.dimension_sections``
+  [11, 11, 10, 0] and n_rot 64 every pair is at p: plain NEOX rope.  A pair
+  on axis e would rotate by position 0 (not at all); implemented as such.
+* Gated DeltaNet, with Hk = ``ssm.group_count`` key heads, Hv =
+  ``ssm.time_step_rank`` value heads, S = ``ssm.state_size`` (= head size of
+  both; ``ssm.inner_size`` = Hv * S), K = ``ssm.conv_kernel``:
+  mixed = ``attn_qkv`` h ([q (Hk S), k (Hk S), v (Hv S)]), z = ``attn_gate`` h,
+  beta = sigmoid(``ssm_beta`` h), g = softplus(``ssm_alpha`` h +
+  ``ssm_dt.bias``) * ``ssm_a`` (the converter stored -exp(A_log)).
+  Causal depthwise conv over the last K rows of [conv state (K - 1 rows);
+  mixed]: out[t, c] = sum_j in[t + j, c] * ``ssm_conv1d``[c, j]; the last
+  K - 1 rows are the next conv state; silu.  q, k L2-normalized per head as
+  ggml_l2_norm: x / max(||x||, eps) (eps = the rms eps); q *= 1/sqrt(S).
+  Value head h reads key head h % Hk (the converter reorders HF's grouped
+  value heads to this tiled order).  Per token and value head, with the
+  state M [S (v) x S (k)]: M *= exp(g); M += beta (v - M k) k^T; o = M q.
+  Then RMSNorm(o, ``ssm_norm``) * silu(z) per head, ``ssm_out``.
+  The conv state and M start at zero per sequence; both in f32.
 """
 
 from __future__ import annotations
@@ -128,8 +180,8 @@ except ImportError as e:  # pragma: no cover
     sys.stderr.write("reference.py: the 'gguf' package is required (%s)\n" % e)
     sys.exit(2)
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
-ROPE_MODE = {"llama": "norm", "qwen2": "neox", "qwen3": "neox", "gemma3": "neox"}
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "qwen35")
+ROPE_MODE = {"llama": "norm", "qwen2": "neox", "qwen3": "neox", "gemma3": "neox", "qwen35": "neox"}
 
 
 def log(msg: str) -> None:
@@ -265,6 +317,11 @@ class Model:
             q_div = c.n_embd // c.n_head if c.n_layer == 62 else c.head_dim
             c.q_scale = float(np.float32(1.0 / math.sqrt(q_div)))
 
+        c.recurrent = [False] * c.n_layer
+        c.n_nextn = 0
+        if arch == "qwen35":
+            self._qwen35_config(opt, req)
+
         # tensors
         self.tensor_info = {t.name: t for t in r.tensors}
         self.w = {}
@@ -286,6 +343,9 @@ class Model:
         self.layers = []
         q_dim, kv_dim, v_dim = c.n_head * c.head_dim, c.n_head_kv * c.head_dim, c.n_head_kv * c.head_dim_v
         for il in range(c.n_layer):
+            if arch == "qwen35":
+                self.layers.append(self._qwen35_layer(il))
+                continue
             p = "blk.%d." % il
             L = {}
             for k in ("attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight",
@@ -315,6 +375,75 @@ class Model:
             log("warning: qwen3 model without attn_q_norm")
         self.load_s = time.time() - t0
 
+    def _qwen35_config(self, opt, req) -> None:
+        """The layer map, the GDN sizes and the rope sections (see the module docstring)."""
+        c = self.cfg
+        n_all = c.n_layer
+        c.n_nextn = int(opt("nextn_predict_layers", 0) or 0)
+        if not 0 <= c.n_nextn < n_all:
+            raise ValueError("qwen35.nextn_predict_layers %d for %d blocks" % (c.n_nextn, n_all))
+        c.n_layer = n_all - c.n_nextn
+        recr = opt("attention.recurrent_layers", None)
+        if isinstance(recr, (list, tuple)):
+            if len(recr) != n_all:
+                raise ValueError("qwen35.attention.recurrent_layers has %d entries for %d blocks" % (len(recr), n_all))
+            c.recurrent = [bool(b) for b in recr[:c.n_layer]]
+        else:
+            n = int(opt("full_attention_interval", 4))
+            if n <= 0 or c.n_layer % n:
+                raise ValueError("qwen35.full_attention_interval %d does not divide %d layers" % (n, c.n_layer))
+            c.recurrent = [(il + 1) % n != 0 for il in range(c.n_layer)]
+        c.ssm_conv = int(req("ssm.conv_kernel"))
+        c.ssm_state = int(req("ssm.state_size"))
+        c.ssm_k_heads = int(req("ssm.group_count"))
+        c.ssm_v_heads = int(req("ssm.time_step_rank"))
+        inner = int(req("ssm.inner_size"))
+        if (c.ssm_conv < 2 or c.ssm_state <= 0 or c.ssm_k_heads <= 0 or c.ssm_v_heads % c.ssm_k_heads
+                or inner != c.ssm_v_heads * c.ssm_state):
+            raise ValueError("qwen35 ssm sizes: conv %d, state %d, %d key heads, %d value heads, inner %d"
+                             % (c.ssm_conv, c.ssm_state, c.ssm_k_heads, c.ssm_v_heads, inner))
+        sections = [int(x) for x in req("rope.dimension_sections")][:4]
+        sections += [0] * (4 - len(sections))
+        c.rope_sections = sections
+        # which pairs rotate by the token's position (axes t, h, w) and which by 0 (axis e)
+        total = sum(sections)
+        if total <= 0:
+            raise ValueError("qwen35.rope.dimension_sections %s" % sections)
+        at_p = []
+        for i in range(c.n_rot // 2):
+            sec = i % total
+            at_p.append((sec % 3 == 1 and sec < 3 * sections[1]) or (sec % 3 == 2 and sec < 3 * sections[2])
+                        or (sec % 3 == 0 and sec < 3 * sections[0]))
+        c.rope_pair_at_pos = at_p
+
+    def _qwen35_layer(self, il: int) -> dict:
+        """One trunk layer's tensors, shape-checked: a GDN or a gated attention layer."""
+        c, p = self.cfg, "blk.%d." % il
+        E, S = c.n_embd, c.ssm_state
+        key_dim, value_dim = c.ssm_k_heads * S, c.ssm_v_heads * S
+        hd, nh, nkv = c.head_dim, c.n_head, c.n_head_kv
+        exp = {"attn_norm.weight": (E,), "post_attention_norm.weight": (E,), "ffn_gate.weight": (c.n_ff, E),
+               "ffn_up.weight": (c.n_ff, E), "ffn_down.weight": (E, c.n_ff)}
+        if c.recurrent[il]:
+            exp.update({"attn_qkv.weight": (2 * key_dim + value_dim, E), "attn_gate.weight": (value_dim, E),
+                        "ssm_conv1d.weight": (2 * key_dim + value_dim, c.ssm_conv), "ssm_dt.bias": (c.ssm_v_heads,),
+                        "ssm_a": (c.ssm_v_heads,), "ssm_beta.weight": (c.ssm_v_heads, E),
+                        "ssm_alpha.weight": (c.ssm_v_heads, E), "ssm_norm.weight": (S,),
+                        "ssm_out.weight": (E, value_dim)})
+        else:
+            exp.update({"attn_q.weight": (2 * nh * hd, E), "attn_k.weight": (nkv * hd, E),
+                        "attn_v.weight": (nkv * hd, E), "attn_output.weight": (E, nh * hd),
+                        "attn_q_norm.weight": (hd,), "attn_k_norm.weight": (hd,)})
+        L = {}
+        for k, shape in exp.items():
+            if p + k not in self.w:
+                raise ValueError("missing tensor %s%s" % (p, k))
+            t = self.w[p + k]
+            if t.shape != shape:
+                raise ValueError("%s%s has shape %s, expected %s" % (p, k, t.shape, shape))
+            L[k.replace(".weight", "").replace(".bias", "")] = t
+        return L
+
     def describe(self) -> dict:
         c = self.cfg
         d = dict(vars(c))
@@ -335,6 +464,22 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
 
 def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    return np.float32(1.0) / (np.float32(1.0) + np.exp(-x))
+
+
+def softplus(x: np.ndarray) -> np.ndarray:
+    """ggml_softplus: log(1 + exp(x)), x itself above 20."""
+    return np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20)))).astype(np.float32)
+
+
+def l2_norm(x: np.ndarray, eps: float) -> np.ndarray:
+    """ggml_l2_norm over the last axis: x / max(||x||, eps), the sum in f64."""
+    x64 = x.astype(np.float64)
+    n = np.sqrt(np.sum(x64 * x64, axis=-1, keepdims=True)).astype(np.float32)
+    return x * (np.float32(1.0) / np.maximum(n, np.float32(eps)))
 
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
@@ -370,8 +515,17 @@ class Runner:
         c = model.cfg
         self.n_past = 0
         self.cap = max(16, max_ctx)
-        self.k = [np.zeros((c.n_head_kv, self.cap, c.head_dim), np.float32) for _ in range(c.n_layer)]
-        self.v = [np.zeros((c.n_head_kv, self.cap, c.head_dim_v), np.float32) for _ in range(c.n_layer)]
+        # recurrent layers keep no K/V: a conv tail and a delta-rule state per layer instead
+        self.k = [None if c.recurrent[il] else np.zeros((c.n_head_kv, self.cap, c.head_dim), np.float32)
+                  for il in range(c.n_layer)]
+        self.v = [None if c.recurrent[il] else np.zeros((c.n_head_kv, self.cap, c.head_dim_v), np.float32)
+                  for il in range(c.n_layer)]
+        self.conv_state, self.ssm_state = {}, {}
+        for il in range(c.n_layer):
+            if c.recurrent[il]:
+                conv_dim = (2 * c.ssm_k_heads + c.ssm_v_heads) * c.ssm_state
+                self.conv_state[il] = np.zeros((c.ssm_conv - 1, conv_dim), np.float32)
+                self.ssm_state[il] = np.zeros((c.ssm_v_heads, c.ssm_state, c.ssm_state), np.float32)
         half = c.n_rot // 2
         inv = c.rope_base ** (-2.0 * np.arange(half, dtype=np.float64) / c.n_rot)
         if model.rope_freqs is not None:
@@ -379,12 +533,17 @@ class Runner:
         self.inv_freq = inv * c.freq_scale
         # sliding-window layers: their own base, no scaling, no frequency factors
         self.inv_freq_swa = c.rope_base_swa ** (-2.0 * np.arange(half, dtype=np.float64) / c.n_rot)
+        # qwen35's multi-section rope: 1 where a pair rotates by the token's position, 0 where
+        # by the text tokens' fourth position (always 0)
+        self.pair_at_pos = np.array(getattr(c, "rope_pair_at_pos", [True] * half), np.float64)
 
     def _ensure(self, n: int) -> None:
         if n <= self.cap:
             return
         new = max(n, self.cap * 2)
         for i in range(len(self.k)):
+            if self.k[i] is None:
+                continue
             k = np.zeros((self.k[i].shape[0], new, self.k[i].shape[2]), np.float32)
             v = np.zeros((self.v[i].shape[0], new, self.v[i].shape[2]), np.float32)
             k[:, :self.cap] = self.k[i][:, :self.cap]
@@ -410,6 +569,95 @@ class Runner:
             out[..., h:nr] = x0 * sin + x1 * cos
         return out
 
+    def _attend(self, il: int, q, k, v, p0: int, local: bool, scale) -> np.ndarray:
+        """Writes k, v (heads, T, dim) at positions p0.. of layer il's cache and attends q
+        (heads, T, dim) over positions 0..p0+T-1 (causal; the last n_swa in a local layer).
+        Returns (T, n_head * head_dim_v)."""
+        c = self.m.cfg
+        nh, nkv, hd, hdv = c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v
+        g = nh // nkv
+        T = q.shape[1]
+        n_ctx = p0 + T
+        self.k[il][:, p0:n_ctx] = round_kv(k, self.kv_type)
+        self.v[il][:, p0:n_ctx] = round_kv(v, self.kv_type)
+        K = self.k[il][:, :n_ctx]   # (nkv, n_ctx, hd)
+        V = self.v[il][:, :n_ctx]   # (nkv, n_ctx, hdv)
+        qg = q.reshape(nkv, g, T, hd)
+        attn = np.empty((nkv, g, T, hdv), np.float32)
+        for t0 in range(0, T, self.q_chunk):
+            t1 = min(T, t0 + self.q_chunk)
+            tc = t1 - t0
+            s = np.matmul(qg[:, :, t0:t1].reshape(nkv, g * tc, hd), K.transpose(0, 2, 1))
+            s = s.reshape(nkv, g, tc, n_ctx) * scale
+            # causal mask: query at position p0+t may see keys j <= p0+t,
+            # in a sliding-window layer only the last n_swa of them
+            qpos = np.arange(p0 + t0, p0 + t1)[:, None]
+            kpos = np.arange(n_ctx)[None, :]
+            seen = kpos <= qpos
+            if local:
+                seen &= qpos - kpos < c.n_swa
+            s = np.where(seen, s, np.float32(-np.inf))
+            s -= s.max(axis=-1, keepdims=True)
+            np.exp(s, out=s)
+            s /= s.sum(axis=-1, keepdims=True)
+            attn[:, :, t0:t1] = np.matmul(s.reshape(nkv, g * tc, n_ctx), V).reshape(nkv, g, tc, hdv)
+        return attn.reshape(nh, T, hdv).transpose(1, 0, 2).reshape(T, nh * hdv)
+
+    def _qwen35_block(self, il: int, L: dict, x, p0: int, cs, scale) -> np.ndarray:
+        """One qwen35 trunk layer on x (T, n_embd): mixer, post_attention_norm, FFN."""
+        c = self.m.cfg
+        h = rms_norm(x, L["attn_norm"], c.eps)
+        if c.recurrent[il]:
+            o = self._gated_delta_net(il, L, h)
+        else:
+            T, nh, nkv, hd = h.shape[0], c.n_head, c.n_head_kv, c.head_dim
+            qg = (h @ L["attn_q"].T).reshape(T, nh, 2, hd)
+            q = qg[:, :, 0].transpose(1, 0, 2)                              # (nh, T, hd)
+            gate = qg[:, :, 1].reshape(T, nh * hd)
+            k = (h @ L["attn_k"].T).reshape(T, nkv, hd).transpose(1, 0, 2)  # (nkv, T, hd)
+            v = (h @ L["attn_v"].T).reshape(T, nkv, hd).transpose(1, 0, 2)
+            q = self._rope(rms_norm(q, L["attn_q_norm"], c.eps), *cs)
+            k = self._rope(rms_norm(k, L["attn_k_norm"], c.eps), *cs)
+            o = self._attend(il, q, k, v, p0, False, scale) * sigmoid(gate)
+            o = o @ L["attn_output"].T
+        x = x + o
+        h = rms_norm(x, L["post_attention_norm"], c.eps)
+        return x + (silu(h @ L["ffn_gate"].T) * (h @ L["ffn_up"].T)) @ L["ffn_down"].T
+
+    def _gated_delta_net(self, il: int, L: dict, h) -> np.ndarray:
+        """The Gated DeltaNet mixer on h (T, n_embd), token by token; advances layer il's
+        conv tail and state.  Returns (T, n_embd)."""
+        c = self.m.cfg
+        T, S, K = h.shape[0], c.ssm_state, c.ssm_conv
+        Hk, Hv = c.ssm_k_heads, c.ssm_v_heads
+        key_dim = Hk * S
+        mixed = h @ L["attn_qkv"].T                                  # (T, conv_dim)
+        z = (h @ L["attn_gate"].T).reshape(T, Hv, S)
+        beta = sigmoid(h @ L["ssm_beta"].T)                          # (T, Hv)
+        g = softplus(h @ L["ssm_alpha"].T + L["ssm_dt"]) * L["ssm_a"]  # (T, Hv), <= 0
+        # causal depthwise conv over [tail; mixed], the kernel's last tap on the current row
+        buf = np.concatenate([self.conv_state[il], mixed], axis=0)   # (K - 1 + T, conv_dim)
+        w = L["ssm_conv1d"]                                          # (conv_dim, K)
+        conv = np.zeros_like(mixed)
+        for j in range(K):
+            conv += buf[j:j + T] * w[:, j]
+        self.conv_state[il] = buf[T:].copy()
+        conv = silu(conv)
+        q = l2_norm(conv[:, :key_dim].reshape(T, Hk, S), c.eps) * np.float32(1.0 / math.sqrt(S))
+        k = l2_norm(conv[:, key_dim:2 * key_dim].reshape(T, Hk, S), c.eps)
+        v = conv[:, 2 * key_dim:].reshape(T, Hv, S)
+        kh = np.arange(Hv) % Hk                                      # value head -> key head
+        q, k = q[:, kh], k[:, kh]                                    # (T, Hv, S)
+        M = self.ssm_state[il]                                       # (Hv, S_v, S_k)
+        o = np.empty((T, Hv, S), np.float32)
+        for t in range(T):
+            M *= np.exp(g[t])[:, None, None]
+            d = (v[t] - np.einsum("hvk,hk->hv", M, k[t])) * beta[t][:, None]
+            M += d[:, :, None] * k[t][:, None, :]
+            o[t] = np.einsum("hvk,hk->hv", M, q[t])
+        o = rms_norm(o, L["ssm_norm"], c.eps) * silu(z)
+        return o.reshape(T, Hv * S) @ L["ssm_out"].T
+
     def forward(self, tokens, want: str = "last") -> np.ndarray:
         """Process tokens at positions n_past.. ; returns logits.
 
@@ -427,10 +675,9 @@ class Runner:
         pos = np.arange(p0, n_ctx, dtype=np.float64)
         rope_cs = {}
         for local, inv in ((False, self.inv_freq), (True, self.inv_freq_swa)):
-            ang = pos[:, None] * inv[None, :]
+            ang = (pos[:, None] * self.pair_at_pos[None, :]) * inv[None, :]
             rope_cs[local] = (np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32))
         nh, nkv, hd, hdv = c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v
-        g = nh // nkv
         # gemma3 scales q before the product instead of the scores
         scale = np.float32(1.0) if c.q_scale is not None else np.float32(1.0 / math.sqrt(hd))
         gemma = c.arch == "gemma3"
@@ -439,6 +686,9 @@ class Runner:
         if c.embd_scale is not None:
             x = x * np.float32(c.embd_scale)
         for il, L in enumerate(m.layers):
+            if c.arch == "qwen35":
+                x = self._qwen35_block(il, L, x, p0, rope_cs[False], scale)
+                continue
             local = c.swa_layers[il]
             cos, sin = rope_cs[local]
             h = rms_norm(x, L["attn_norm"], c.eps)
@@ -462,30 +712,7 @@ class Runner:
             k = self._rope(k, cos, sin)
             if c.q_scale is not None:
                 q = q * np.float32(c.q_scale)
-            self.k[il][:, p0:n_ctx] = round_kv(k, self.kv_type)
-            self.v[il][:, p0:n_ctx] = round_kv(v, self.kv_type)
-            K = self.k[il][:, :n_ctx]   # (nkv, n_ctx, hd)
-            V = self.v[il][:, :n_ctx]   # (nkv, n_ctx, hdv)
-            qg = q.reshape(nkv, g, T, hd)
-            attn = np.empty((nkv, g, T, hdv), np.float32)
-            for t0 in range(0, T, self.q_chunk):
-                t1 = min(T, t0 + self.q_chunk)
-                tc = t1 - t0
-                s = np.matmul(qg[:, :, t0:t1].reshape(nkv, g * tc, hd), K.transpose(0, 2, 1))
-                s = s.reshape(nkv, g, tc, n_ctx) * scale
-                # causal mask: query at position p0+t may see keys j <= p0+t,
-                # in a sliding-window layer only the last n_swa of them
-                qpos = np.arange(p0 + t0, p0 + t1)[:, None]
-                kpos = np.arange(n_ctx)[None, :]
-                seen = kpos <= qpos
-                if local:
-                    seen &= qpos - kpos < c.n_swa
-                s = np.where(seen, s, np.float32(-np.inf))
-                s -= s.max(axis=-1, keepdims=True)
-                np.exp(s, out=s)
-                s /= s.sum(axis=-1, keepdims=True)
-                attn[:, :, t0:t1] = np.matmul(s.reshape(nkv, g * tc, n_ctx), V).reshape(nkv, g, tc, hdv)
-            o = attn.reshape(nh, T, hdv).transpose(1, 0, 2).reshape(T, nh * hdv)
+            o = self._attend(il, q, k, v, p0, local, scale)
             o = o @ L["attn_output"].T
             if L["attn_output_bias"] is not None:
                 o += L["attn_output_bias"]
@@ -649,7 +876,7 @@ def read_token_list(s: str):
 # --------------------------------------------------------------------------
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="NumPy reference forward pass for GGUF llama/qwen2/qwen3/gemma3 models")
+    ap = argparse.ArgumentParser(description="NumPy reference forward pass for GGUF llama/qwen2/qwen3/gemma3/qwen35 models")
     ap.add_argument("model")
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--tokens", help="comma/space separated token ids")

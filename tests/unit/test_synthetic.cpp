@@ -32,6 +32,7 @@ struct Expected {
   bool bias, qk_norm, tied;
   int32_t n_swa = 0;  // gemma3
   float linear_scale = 1.0f;
+  int32_t rope_dim = 0;  // qwen35's rotated dims (0: head_dim)
 };
 
 const Expected kExpected[] = {
@@ -57,6 +58,12 @@ const Expected kExpected[] = {
      false, true, true, 512},
     {"gemma3-27b", Arch::Gemma3, 62, 5376, 21504, 32, 16, 128, 262208, 1e6f, 1e-6f, RopeMode::Neox,
      false, true, true, 1024, 8.0f},
+    {"tiny-qwen35", Arch::Qwen35, 8, 128, 384, 4, 1, 64, 512, 1e7f, 1e-6f, RopeMode::Neox, false,
+     true, false, 0, 1.0f, 16},
+    {"qwen35-27b", Arch::Qwen35, 64, 5120, 17408, 24, 4, 256, 248320, 1e7f, 1e-6f, RopeMode::Neox,
+     false, true, false, 0, 1.0f, 64},
+    {"qwen35-9b", Arch::Qwen35, 32, 4096, 12288, 16, 4, 256, 248320, 1e7f, 1e-6f, RopeMode::Neox,
+     false, true, false, 0, 1.0f, 64},
 };
 
 void expect_shape(const ModelConfig& c, const Expected& e) {
@@ -69,7 +76,7 @@ void expect_shape(const ModelConfig& c, const Expected& e) {
   EXPECT_EQ(c.n_head, e.n_head);
   EXPECT_EQ(c.n_head_kv, e.n_head_kv);
   EXPECT_EQ(c.head_dim, e.head_dim);
-  EXPECT_EQ(c.rope_dim, e.head_dim);
+  EXPECT_EQ(c.rope_dim, e.rope_dim > 0 ? e.rope_dim : e.head_dim);
   EXPECT_EQ(c.n_vocab, e.n_vocab);
   EXPECT_FLOAT_EQ(c.rope_base, e.rope_base);
   EXPECT_FLOAT_EQ(c.norm_eps, e.eps);
@@ -81,12 +88,17 @@ void expect_shape(const ModelConfig& c, const Expected& e) {
   EXPECT_FLOAT_EQ(c.rope_linear_scale, e.linear_scale);
   EXPECT_EQ(c.n_swa, e.n_swa);
   ASSERT_EQ(c.kinds.size(), static_cast<size_t>(e.n_layer));
-  const bool gemma = e.arch == Arch::Gemma3;
-  // Gemma 3's period of 6: layers 5, 11, 17, ... global, the rest windowed.
-  for (int32_t il = 0; il < e.n_layer; ++il)
-    EXPECT_EQ(c.kinds[static_cast<size_t>(il)],
-              gemma && il % 6 != 5 ? LayerKind::Window : LayerKind::Full)
-        << "layer " << il;
+  const bool gemma = e.arch == Arch::Gemma3, qwen35 = e.arch == Arch::Qwen35;
+  // Gemma 3's period of 6: layers 5, 11, 17, ... global, the rest windowed; Qwen3.5's interval
+  // of 4: layers 3, 7, 11, ... full attention, the rest Gated DeltaNet.
+  for (int32_t il = 0; il < e.n_layer; ++il) {
+    LayerKind want = LayerKind::Full;
+    if (gemma && il % 6 != 5) want = LayerKind::Window;
+    if (qwen35 && il % 4 != 3) want = LayerKind::Recurrent;
+    EXPECT_EQ(c.kinds[static_cast<size_t>(il)], want) << "layer " << il;
+  }
+  EXPECT_EQ(c.attn_gate, qwen35);
+  EXPECT_EQ(c.n_nextn, qwen35 ? 1 : 0);
   EXPECT_FLOAT_EQ(c.rope_base_swa, 10000.0f);
   EXPECT_EQ(c.act, gemma ? Activation::GeluTanh : Activation::SiLU);
   EXPECT_EQ(c.post_norms, gemma);
@@ -116,6 +128,49 @@ TEST(Synthetic, EveryPresetConfig) {
   EXPECT_EQ(synthetic_config("gemma3-270m").q_dim(), 1024);
   EXPECT_EQ(synthetic_config("gemma3-27b").n_layers_of(LayerKind::Full), 10);
   EXPECT_EQ(synthetic_config("gemma3-27b").n_layers_of(LayerKind::Window), 52);
+  // Qwen3.5 27B: 16 of 64 layers keep K/V (4 heads of 256); 48 GDN layers of 16 key heads read
+  // by 48 value heads of 128.
+  const ModelConfig q = synthetic_config("qwen35-27b:iq4_xs");
+  EXPECT_EQ(q.n_layers_of(LayerKind::Full), 16);
+  EXPECT_EQ(q.n_layers_of(LayerKind::Recurrent), 48);
+  EXPECT_EQ(q.kv_dim(), 1024);
+  EXPECT_EQ(q.ssm_conv_dim(), 2 * 16 * 128 + 48 * 128);
+  EXPECT_EQ(q.ssm_value_dim(), 6144);
+  EXPECT_EQ(q.ssm_conv, 4);
+  EXPECT_EQ(synthetic_config("qwen35-9b").ssm_v_heads, 32);
+}
+
+// The hybrid built and read back: the config, the weights of both layer kinds and of the MTP
+// block, the sizes, and the metadata keys as llama.cpp's qwen35 loader reads them.
+TEST(Synthetic, Qwen35BuildsAndLoads) {
+  for (const char* spec : {"tiny-qwen35", "tiny-qwen35:q4_0", "tiny-qwen35:f32"}) {
+    SCOPED_TRACE(spec);
+    std::unique_ptr<gguf::File> f = make_synthetic(spec);
+    const ModelConfig c = ModelConfig::from_gguf(*f);
+    expect_shape(c, expected("tiny-qwen35"));
+    const ModelConfig s = synthetic_config(spec);
+    EXPECT_EQ(c.kinds, s.kinds);
+    EXPECT_EQ(c.ssm_conv_dim(), s.ssm_conv_dim());
+    EXPECT_EQ(c.ssm_v_heads, s.ssm_v_heads);
+    EXPECT_EQ(c.ssm_state, s.ssm_state);
+    EXPECT_EQ(c.ssm_conv, s.ssm_conv);
+    const Weights w = Weights::from_gguf(*f, c);
+    EXPECT_EQ(w.matrix_bytes(), synthetic_matrix_bytes(spec));
+    EXPECT_EQ(w.nextn.size(), 1u);
+    EXPECT_EQ(f->get_int("qwen35.block_count"), 9);
+    EXPECT_EQ(f->get_int("qwen35.full_attention_interval"), 4);
+    EXPECT_EQ(f->get_int("qwen35.rope.dimension_count"), 16);
+    const gguf::Array& sec = f->get("qwen35.rope.dimension_sections").as_array("sections");
+    ASSERT_EQ(sec.size(), 4u);
+    EXPECT_EQ(sec[0].as_int("s") + sec[1].as_int("s") + sec[2].as_int("s"), 8);
+    EXPECT_EQ(f->tensor("blk.0.ssm_conv1d.weight").dims, (std::vector<int64_t>{4, 256}));
+    EXPECT_EQ(f->find_tensor("blk.0.attn_q.weight"), nullptr);
+    EXPECT_EQ(f->find_tensor("blk.3.ffn_norm.weight"), nullptr);
+  }
+  // The 27B's sizes without building it: its matrices at iq4_xs near 15 GiB.
+  const double gib = static_cast<double>(synthetic_matrix_bytes("qwen35-27b:iq4_xs")) / (1 << 30);
+  EXPECT_GT(gib, 12.0);
+  EXPECT_LT(gib, 16.0);
 }
 
 // Builds the model, then checks the config read back, the weights, the tokenizer.
@@ -195,9 +250,8 @@ TEST(Synthetic, SmolLM2Q4_0BuildsAndLoads) {
 }
 
 TEST(Synthetic, EveryWeightType) {
-  for (const char* t :
-       {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k",
-        "q2_k", "q3_k", "iq4_nl", "iq4_xs"}) {
+  for (const char* t : {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k",
+                        "q5_k", "q6_k", "q2_k", "q3_k", "iq4_nl", "iq4_xs"}) {
     SCOPED_TRACE(t);
     std::unique_ptr<gguf::File> f = make_synthetic(std::string("tiny:") + t);
     const ModelConfig c = ModelConfig::from_gguf(*f);

@@ -25,4 +25,8 @@ DeviceBuffer Device::alloc_managed(size_t, const char* what) {
        ")");
 }
 
+void Device::gated_delta_net(const DeltaNetArgs&) {
+  fail("Gated DeltaNet layers (qwen35) are not implemented on the ", name(), " backend");
+}
+
 }  // namespace kvs

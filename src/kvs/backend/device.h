@@ -84,6 +84,32 @@ struct MatJob {
   bool add = false;
 };
 
+// A Gated DeltaNet layer (qwen35) for n_tok tokens of one sequence, from its projections to the
+// gated norm's output, which ssm_out then takes. Per token: the causal conv of `conv` taps over
+// [conv_state; qkv] and silu give q, k (k_heads of `head`, L2-normalized, q scaled by
+// 1/sqrt(head)) and v (v_heads of `head`; value head h reads key head h % k_heads); beta =
+// sigmoid(beta), g = softplus(alpha + dt_bias) * a; then per value head with its state M
+// [head (v) x head (k)]: M *= exp(g); M += beta (v - M k) k^T; o = M q; y = rmsnorm(o, norm) *
+// silu(z). chunk > 1 computes chunks of that many tokens at once (the same sums regrouped,
+// equal within rounding): prefill; chunk <= 1 goes token by token: decode.
+struct DeltaNetArgs {
+  const float* qkv = nullptr;      // [n_tok][2 k_heads head + v_heads head]: attn_qkv x
+  const float* z = nullptr;        // [n_tok][v_heads * head]: attn_gate x
+  const float* alpha = nullptr;    // [n_tok][v_heads]: ssm_alpha x
+  const float* beta = nullptr;     // [n_tok][v_heads]: ssm_beta x, before the sigmoid
+  float* y = nullptr;              // [n_tok][v_heads * head]
+  float* conv_state = nullptr;     // [conv - 1][conv_dim]: the rows before the first token; updated
+  float* state = nullptr;          // [v_heads][head][head]: M of each value head; updated
+  const float* conv_w = nullptr;   // [conv_dim][conv]: tap j of channel c at c * conv + j
+  const float* dt_bias = nullptr;  // [v_heads]
+  const float* a = nullptr;        // [v_heads]: -exp(A_log)
+  const float* norm = nullptr;     // [head]
+  int32_t n_tok = 0, conv = 0, k_heads = 0, v_heads = 0, head = 0;
+  float eps = 0.0f;  // of the L2 norms (a floor on the norm) and of the rmsnorm
+  int32_t chunk = 0;
+  int32_t conv_dim() const { return (2 * k_heads + v_heads) * head; }
+};
+
 // Streams: the compute stream runs the kernels; two copy streams move pages host-to-device
 // (the ring) and device-to-host (write-back) concurrently with it.
 enum class Stream : int { Compute = 0, CopyIn = 1, CopyOut = 2 };
@@ -150,8 +176,8 @@ class Device {
   virtual void swiglu(float* gate, const float* up, int64_t n) = 0;  // gate = silu(gate) * up
   // gate = gelu(gate) * up, gelu's tanh form 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
   virtual void geglu(float* gate, const float* up, int64_t n) = 0;
-  virtual void scale(float* x, float s, int64_t n) = 0;  // x *= s
-  virtual void add(float* x, const float* y, int64_t n) = 0;         // x += y
+  virtual void scale(float* x, float s, int64_t n) = 0;       // x *= s
+  virtual void add(float* x, const float* y, int64_t n) = 0;  // x += y
   // Writes K and V rows of n_tok tokens into their page frames at the given slots.
   virtual void kv_write(const KvLayout& l, const float* k, const float* v, int32_t n_tok,
                         uint8_t* const* pages, const int32_t* slots) = 0;
@@ -170,6 +196,9 @@ class Device {
     rope(q, k, pos, n_tok, n_head, l.n_head_kv, p);
     kv_write(l, k, v, n_tok, pages, slots);
   }
+
+  // A Gated DeltaNet layer's recurrent part (DeltaNetArgs); fails on a backend without it.
+  virtual void gated_delta_net(const DeltaNetArgs& a);
 
   // Asynchronous work. copy() on a stream is ordered with everything else on that stream.
   virtual void copy(Stream s, void* dst, const void* src, size_t n) = 0;

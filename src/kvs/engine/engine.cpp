@@ -56,6 +56,7 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt)
   KVS_CHECK(opt.n_seq >= 1 && opt.n_seq <= 4096, "--parallel must be 1 to 4096");
   KVS_CHECK(opt.n_seq <= opt.n_batch, "--parallel ", opt.n_seq, " is more than -b/--batch-size ",
             opt.n_batch, ": a decode step of every sequence must fit one batch");
+  KVS_CHECK(cfg_.n_layers_of(LayerKind::Recurrent) == 0, "recurrent layers are not supported yet");
   w_ = dev.place_weights(model.weights);
   kv_ = KvLayout::make(opt.k_type, opt.v_type, opt.page_size, cfg_.n_head_kv, cfg_.head_dim);
   rope_.mode = cfg_.rope_mode;
@@ -68,7 +69,6 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt)
   rope_swa_.base = cfg_.rope_base_swa;
   rope_swa_.linear_scale = 1.0f;
   rope_swa_.freq_factors = nullptr;
-  KVS_CHECK(cfg_.n_layers_of(LayerKind::Recurrent) == 0, "recurrent layers are not supported yet");
   kv_index_.assign(static_cast<size_t>(cfg_.n_layer), -1);
   for (int32_t il = 0, n = 0; il < cfg_.n_layer; ++il)
     if (full(il)) kv_index_[static_cast<size_t>(il)] = n++;
@@ -404,6 +404,8 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
     case Arch::Gemma3:
       forward_gemma3(pass);
       break;
+    case Arch::Qwen35:
+      fail("qwen35 is not supported yet");  // its recurrent layers are refused at construction
   }
   KVS_CHECK(!ring_ || pass.cursor == ring_->n_items(), "ring: ", ring_->n_items() - pass.cursor,
             " streamed pages were not read");

@@ -17,6 +17,8 @@ const char* arch_name(Arch a) {
       return "qwen3";
     case Arch::Gemma3:
       return "gemma3";
+    case Arch::Qwen35:
+      return "qwen35";
   }
   return "?";
 }
@@ -64,6 +66,81 @@ std::vector<LayerKind> swa_pattern(const gguf::File& f, const std::string& key, 
   return kinds;
 }
 
+// qwen35's layer map as llama.cpp reads it: qwen35.attention.recurrent_layers, one bool per
+// block (MTP blocks included), or else qwen35.full_attention_interval n (default 4): layer il
+// is full attention where (il + 1) % n == 0.
+std::vector<LayerKind> qwen35_kinds(const gguf::File& f, const ModelConfig& c) {
+  std::vector<LayerKind> kinds(static_cast<size_t>(c.n_layer), LayerKind::Recurrent);
+  const std::string list = "qwen35.attention.recurrent_layers";
+  if (const gguf::Value* v = f.find(list); v && v->type == gguf::ValueType::ARRAY) {
+    const gguf::Array& a = v->as_array(list);
+    KVS_CHECK(static_cast<int64_t>(a.size()) == c.n_layer + c.n_nextn, f.name(), ": ", list,
+              " has ", a.size(), " entries for ", c.n_layer + c.n_nextn, " blocks");
+    for (int32_t il = 0; il < c.n_layer; ++il)
+      if (!a[static_cast<size_t>(il)].as_bool(list))
+        kinds[static_cast<size_t>(il)] = LayerKind::Full;
+    return kinds;
+  }
+  const std::string key = "qwen35.full_attention_interval";
+  const int64_t n = f.get_int(key, 4);
+  KVS_CHECK(n > 0 && n <= c.n_layer && c.n_layer % n == 0, f.name(), ": ", key, " = ", n,
+            " does not divide the ", c.n_layer, " layers");
+  for (int32_t il = 0; il < c.n_layer; ++il)
+    if ((il + 1) % n == 0) kinds[static_cast<size_t>(il)] = LayerKind::Full;
+  return kinds;
+}
+
+// Text tokens have the positions (p, p, p, 0) on the rope's four axes; llama.cpp's interleaved
+// sections give pair i the axis of sector s = i % sum: h where s % 3 == 1 and s < 3 * sec[1], w
+// where s % 3 == 2 and s < 3 * sec[2], t where s % 3 == 0 and s < 3 * sec[0], else e. Every
+// rotated pair on t, h or w makes it plain NEOX rope; a pair on e (rotated by 0) is refused.
+void check_rope_sections(const gguf::File& f, const ModelConfig& c) {
+  const std::string key = "qwen35.rope.dimension_sections";
+  const gguf::Value* v = f.find(key);
+  KVS_CHECK(v && v->type == gguf::ValueType::ARRAY, f.name(), ": ", key, " is missing");
+  const gguf::Array& a = v->as_array(key);
+  int64_t sec[4] = {0, 0, 0, 0}, sum = 0;
+  for (size_t i = 0; i < a.size() && i < 4; ++i) {
+    sec[i] = a[i].as_int(key);
+    KVS_CHECK(sec[i] >= 0 && sec[i] <= 4096, f.name(), ": ", key, "[", i, "] = ", sec[i],
+              " is out of range");
+    sum += sec[i];
+  }
+  KVS_CHECK(sum > 0, f.name(), ": ", key, " sums to 0");
+  for (int64_t i = 0; i < c.rope_dim / 2; ++i) {
+    const int64_t s = i % sum;
+    const bool at_p = (s % 3 == 0 && s < 3 * sec[0]) || (s % 3 == 1 && s < 3 * sec[1]) ||
+                      (s % 3 == 2 && s < 3 * sec[2]);
+    KVS_CHECK(at_p, f.name(), ": ", key, " = [", sec[0], ", ", sec[1], ", ", sec[2], ", ", sec[3],
+              "] puts rope pair ", i, " on the fourth axis, which is not supported");
+  }
+}
+
+void qwen35_config(const gguf::File& f, ModelConfig& c) {
+  auto get = [&](const char* key) {
+    const int64_t v = f.get_int(std::string("qwen35.") + key);
+    KVS_CHECK(v > 0 && v <= (int64_t{1} << 20), f.name(), ": qwen35.", key, " = ", v,
+              " is out of range");
+    return static_cast<int32_t>(v);
+  };
+  c.attn_gate = true;
+  c.qk_norm = true;
+  c.kinds = qwen35_kinds(f, c);
+  check_rope_sections(f, c);
+  c.ssm_conv = get("ssm.conv_kernel");
+  c.ssm_state = get("ssm.state_size");
+  c.ssm_k_heads = get("ssm.group_count");
+  c.ssm_v_heads = get("ssm.time_step_rank");
+  const int32_t inner = get("ssm.inner_size");
+  KVS_CHECK(c.ssm_conv >= 2 && c.ssm_conv <= 16, f.name(),
+            ": qwen35.ssm.conv_kernel = ", c.ssm_conv, " is not supported (2 to 16 taps)");
+  KVS_CHECK(c.ssm_v_heads % c.ssm_k_heads == 0, f.name(),
+            ": qwen35.ssm.time_step_rank (value heads) ", c.ssm_v_heads,
+            " is not a multiple of qwen35.ssm.group_count (key heads) ", c.ssm_k_heads);
+  KVS_CHECK(inner == c.ssm_value_dim(), f.name(), ": qwen35.ssm.inner_size ", inner, " is not ",
+            c.ssm_v_heads, " value heads of qwen35.ssm.state_size ", c.ssm_state);
+}
+
 }  // namespace
 
 ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
@@ -77,9 +154,11 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
     c.arch = Arch::Qwen3;
   else if (c.arch_name == "gemma3")
     c.arch = Arch::Gemma3;
+  else if (c.arch_name == "qwen35")
+    c.arch = Arch::Qwen35;
   else
     fail(f.name(), ": architecture '", c.arch_name,
-         "' is not supported (supported: llama, qwen2, qwen3, gemma3)");
+         "' is not supported (supported: llama, qwen2, qwen3, gemma3, qwen35)");
   c.name = f.get_string("general.name", std::string());
   const std::string a = c.arch_name + ".";
   auto get = [&](const char* key, std::optional<int64_t> def = std::nullopt) {
@@ -88,6 +167,13 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
     return static_cast<int32_t>(v);
   };
   c.n_layer = get("block_count");
+  if (c.arch == Arch::Qwen35) {
+    // block_count counts the MTP blocks appended after the trunk
+    c.n_nextn = get("nextn_predict_layers", 0);
+    KVS_CHECK(c.n_nextn < c.n_layer, f.name(), ": ", a, "nextn_predict_layers = ", c.n_nextn,
+              " leaves no layers of ", c.n_layer, " blocks");
+    c.n_layer -= c.n_nextn;
+  }
   c.n_embd = get("embedding_length");
   c.n_ff = get("feed_forward_length");
   c.n_head = get("attention.head_count");
@@ -138,8 +224,8 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
     // config's query_pre_attn_scalar, which the GGUF does not carry.
     if (c.n_layer == 62) c.attn_scale = 1.0f / std::sqrt(static_cast<float>(c.n_embd / c.n_head));
     const int64_t w = f.get_int(a + "attention.sliding_window", 0);
-    KVS_CHECK(w >= 0 && w <= (int64_t{1} << 30), f.name(), ": ", a, "attention.sliding_window = ",
-              w, " is out of range");
+    KVS_CHECK(w >= 0 && w <= (int64_t{1} << 30), f.name(), ": ", a,
+              "attention.sliding_window = ", w, " is out of range");
     c.n_swa = static_cast<int32_t>(w);
     KVS_CHECK(c.n_swa <= c.n_ctx_train, f.name(), ": ", a, "attention.sliding_window = ", w,
               " is larger than its context_length ", c.n_ctx_train);
@@ -151,6 +237,7 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
     KVS_CHECK(cap == 0, f.name(), ": ", a, "final_logit_softcapping = ", cap,
               " is not supported (Gemma 3 files have none)");
   }
+  if (c.arch == Arch::Qwen35) qwen35_config(f, c);
   return c;
 }
 

@@ -29,6 +29,10 @@ struct Preset {
   // (layers 5, 11, ... global), so no pattern key is written, as in the published files.
   int32_t n_swa = 0;
   float rope_base_swa = 10000.0f, rope_linear_scale = 1.0f;
+  // qwen35: the Gated DeltaNet's key heads, value heads, head size and conv taps; every
+  // full_interval-th layer full attention, the rest GDN; the rotated dims; the MTP blocks.
+  int32_t ssm_k_heads = 0, ssm_v_heads = 0, ssm_state = 0, ssm_conv = 0;
+  int32_t full_interval = 0, rope_dim = 0, n_nextn = 0;
 };
 
 // Shapes as in the real models' config.json / GGUF conversions.
@@ -66,6 +70,95 @@ constexpr Preset kPresets[] = {
     // 128k context; query_pre_attn_scalar 168 (ModelConfig knows it by the layer count).
     {"gemma3-27b", Arch::Gemma3, "Gemma 3 27B (synthetic)", 62, 5376, 21504, 32, 16, 128, 262208,
      131072, 1e-6f, 1000000.0f, false, true, true, 1024, 10000.0f, 8.0f},
+    // Qwen3.5's hybrid at a tiny size: 8 layers (full attention at 3 and 7), 2 GDN key heads
+    // read by 4 value heads (the 27B's 3:1 is 16:48), heads of 32, a quarter of the attention
+    // head rotated, and one MTP block.
+    {"tiny-qwen35",
+     Arch::Qwen35,
+     "Synthetic Tiny Qwen3.5",
+     8,
+     128,
+     384,
+     4,
+     1,
+     64,
+     512,
+     4096,
+     1e-6f,
+     10000000.0f,
+     false,
+     true,
+     false,
+     0,
+     10000.0f,
+     1.0f,
+     2,
+     4,
+     32,
+     4,
+     4,
+     16,
+     1},
+    // Qwen/Qwen3.5-27B config.json, text_config: hidden_size 5120, intermediate_size 17408, 64
+    // layers, full_attention_interval 4, 24 heads, 4 KV heads, head_dim 256,
+    // partial_rotary_factor 0.25, rope_theta 1e7, mrope_section [11, 11, 10], linear (GDN)
+    // 16 key heads, 48 value heads, head dims 128, conv kernel 4, vocab 248320,
+    // rms_norm_eps 1e-6, max_position_embeddings 262144, untied, mtp_num_hidden_layers 1.
+    {"qwen35-27b",
+     Arch::Qwen35,
+     "Qwen3.5 27B (synthetic)",
+     64,
+     5120,
+     17408,
+     24,
+     4,
+     256,
+     248320,
+     262144,
+     1e-6f,
+     10000000.0f,
+     false,
+     true,
+     false,
+     0,
+     10000.0f,
+     1.0f,
+     16,
+     48,
+     128,
+     4,
+     4,
+     64,
+     1},
+    // Qwen/Qwen3.5-9B config.json, text_config: hidden_size 4096, intermediate_size 12288, 32
+    // layers, 16 heads, 4 KV heads, head_dim 256, linear 16 key heads, 32 value heads; the rest
+    // as the 27B.
+    {"qwen35-9b",
+     Arch::Qwen35,
+     "Qwen3.5 9B (synthetic)",
+     32,
+     4096,
+     12288,
+     16,
+     4,
+     256,
+     248320,
+     262144,
+     1e-6f,
+     10000000.0f,
+     false,
+     true,
+     false,
+     0,
+     10000.0f,
+     1.0f,
+     16,
+     32,
+     128,
+     4,
+     4,
+     64,
+     1},
 };
 
 // A gemma3 preset has a window that fits its context (ModelConfig refuses a larger one, and
@@ -79,12 +172,32 @@ constexpr bool windows_fit() {
 }
 static_assert(windows_fit(), "a preset's sliding window is 0, or larger than its context");
 
-// Window layers as llama.cpp's default period of 6 lays them out: global where il % 6 == 5.
+// A qwen35 preset's GDN heads fit (value heads a multiple of key heads), its interval divides
+// its layers, and its rotated dims fit the head; the others have none of these.
+constexpr bool hybrids_fit() {
+  for (const Preset& p : kPresets) {
+    if (p.arch != Arch::Qwen35) {
+      if (p.ssm_k_heads != 0 || p.full_interval != 0 || p.rope_dim != 0 || p.n_nextn != 0)
+        return false;
+    } else if (p.ssm_k_heads <= 0 || p.ssm_v_heads % p.ssm_k_heads != 0 || p.ssm_state <= 0 ||
+               p.ssm_conv < 2 || p.full_interval <= 0 || p.n_layer % p.full_interval != 0 ||
+               p.rope_dim <= 0 || p.rope_dim > p.head_dim || p.rope_dim % 2 != 0) {
+      return false;
+    }
+  }
+  return true;
+}
+static_assert(hybrids_fit(), "a qwen35 preset's GDN heads, interval or rope dims do not fit");
+
+// Window layers as llama.cpp's default period of 6 lays them out: global where il % 6 == 5;
+// qwen35's GDN layers as its full_attention_interval does: full where (il + 1) % n == 0.
 std::vector<LayerKind> preset_kinds(const Preset& p) {
   std::vector<LayerKind> k(static_cast<size_t>(p.n_layer), LayerKind::Full);
-  if (p.n_swa > 0)
-    for (int32_t il = 0; il < p.n_layer; ++il)
-      if (il % 6 < 5) k[static_cast<size_t>(il)] = LayerKind::Window;
+  for (int32_t il = 0; il < p.n_layer; ++il) {
+    if (p.n_swa > 0 && il % 6 < 5) k[static_cast<size_t>(il)] = LayerKind::Window;
+    if (p.full_interval > 0 && (il + 1) % p.full_interval != 0)
+      k[static_cast<size_t>(il)] = LayerKind::Recurrent;
+  }
   return k;
 }
 
@@ -116,6 +229,10 @@ Spec parse_spec(std::string_view spec) {
 
 int32_t head_dim(const Preset& p) {
   return p.head_dim > 0 ? p.head_dim : p.n_embd / p.n_head;
+}
+
+int32_t rope_dim(const Preset& p) {
+  return p.rope_dim > 0 ? p.rope_dim : head_dim(p);
 }
 
 // llama.cpp's LLAMA_FTYPE for a model whose matrices are all `t`.
@@ -244,7 +361,7 @@ void set_metadata(gguf::Writer& w, const Preset& p, DType type, bool with_vocab)
   w.set("general.name", Value::str(p.display));
   w.set("general.alignment", Value::u32(32));
   w.set("general.file_type", Value::u32(file_type(type)));
-  w.set(a + ".block_count", Value::u32(static_cast<uint32_t>(p.n_layer)));
+  w.set(a + ".block_count", Value::u32(static_cast<uint32_t>(p.n_layer + p.n_nextn)));
   w.set(a + ".context_length", Value::u32(static_cast<uint32_t>(p.n_ctx)));
   w.set(a + ".embedding_length", Value::u32(static_cast<uint32_t>(p.n_embd)));
   w.set(a + ".feed_forward_length", Value::u32(static_cast<uint32_t>(p.n_ff)));
@@ -263,6 +380,23 @@ void set_metadata(gguf::Writer& w, const Preset& p, DType type, bool with_vocab)
   if (p.n_swa > 0) {
     w.set(a + ".attention.sliding_window", Value::u32(static_cast<uint32_t>(p.n_swa)));
     w.set(a + ".rope.freq_base_swa", Value::f32(p.rope_base_swa));
+  }
+  if (p.arch == Arch::Qwen35) {
+    w.set(a + ".rope.dimension_count", Value::u32(static_cast<uint32_t>(p.rope_dim)));
+    // The published [11, 11, 10, 0] for 32 pairs: every pair on the t, h or w axis.
+    const int32_t pairs = p.rope_dim / 2;
+    gguf::Array sections;
+    for (int32_t n : {(pairs + 2) / 3, (pairs + 1) / 3, pairs / 3, 0})
+      sections.push_back(Value::i32(n));
+    w.set(a + ".rope.dimension_sections", Value::array(gguf::ValueType::I32, std::move(sections)));
+    w.set(a + ".full_attention_interval", Value::u32(static_cast<uint32_t>(p.full_interval)));
+    w.set(a + ".ssm.conv_kernel", Value::u32(static_cast<uint32_t>(p.ssm_conv)));
+    w.set(a + ".ssm.state_size", Value::u32(static_cast<uint32_t>(p.ssm_state)));
+    w.set(a + ".ssm.group_count", Value::u32(static_cast<uint32_t>(p.ssm_k_heads)));
+    w.set(a + ".ssm.time_step_rank", Value::u32(static_cast<uint32_t>(p.ssm_v_heads)));
+    w.set(a + ".ssm.inner_size", Value::u32(static_cast<uint32_t>(p.ssm_v_heads * p.ssm_state)));
+    if (p.n_nextn > 0)
+      w.set(a + ".nextn_predict_layers", Value::u32(static_cast<uint32_t>(p.n_nextn)));
   }
   if (p.rope_linear_scale != 1.0f) {
     w.set(a + ".rope.scaling.type", Value::str("linear"));
@@ -301,30 +435,53 @@ gguf::Writer synthetic_writer(std::string_view spec) {
   set_metadata(b.writer(), p, s.type, true);
   const int64_t d = p.n_embd, q_dim = int64_t{p.n_head} * head_dim(p),
                 kv_dim = int64_t{p.n_head_kv} * head_dim(p);
-  const bool gemma = p.arch == Arch::Gemma3;
+  const bool gemma = p.arch == Arch::Gemma3, qwen35 = p.arch == Arch::Qwen35;
+  const std::vector<LayerKind> kinds = preset_kinds(p);
   b.tensor("token_embd.weight", fit_type(s.type, d), d, p.n_vocab, -1.0f, 1.0f);
-  for (int il = 0; il < p.n_layer; ++il) {
+  for (int il = 0; il < p.n_layer + p.n_nextn; ++il) {
     auto n = [&](const char* what) { return cat("blk.", il, ".", what); };
     b.norm(n("attn_norm.weight"), d);
-    b.matrix(n("attn_q.weight"), d, q_dim);
-    b.matrix(n("attn_k.weight"), d, kv_dim);
-    b.matrix(n("attn_v.weight"), d, kv_dim);
-    if (p.bias) {
-      b.bias(n("attn_q.bias"), q_dim);
-      b.bias(n("attn_k.bias"), kv_dim);
-      b.bias(n("attn_v.bias"), kv_dim);
+    if (il < p.n_layer && kinds[static_cast<size_t>(il)] == LayerKind::Recurrent) {
+      const int64_t value_dim = int64_t{p.ssm_v_heads} * p.ssm_state,
+                    conv_dim = 2 * int64_t{p.ssm_k_heads} * p.ssm_state + value_dim;
+      b.matrix(n("attn_qkv.weight"), d, conv_dim);
+      b.matrix(n("attn_gate.weight"), d, value_dim);
+      b.tensor(n("ssm_conv1d.weight"), DType::F32, p.ssm_conv, conv_dim, -0.5f, 0.5f);
+      // softplus(alpha + dt) near 0.05 .. 0.3 and a = -exp(A_log) in -2 .. -0.1: decays
+      // per token of about 0.5 to 1, as in the trained models
+      b.tensor(n("ssm_dt.bias"), DType::F32, p.ssm_v_heads, 1, -3.0f, -1.0f);
+      b.tensor(n("ssm_a"), DType::F32, p.ssm_v_heads, 1, -2.0f, -0.1f);
+      b.matrix(n("ssm_beta.weight"), d, p.ssm_v_heads);
+      b.matrix(n("ssm_alpha.weight"), d, p.ssm_v_heads);
+      b.norm(n("ssm_norm.weight"), p.ssm_state);
+      b.matrix(n("ssm_out.weight"), value_dim, d);
+    } else {
+      b.matrix(n("attn_q.weight"), d, qwen35 ? 2 * q_dim : q_dim);
+      b.matrix(n("attn_k.weight"), d, kv_dim);
+      b.matrix(n("attn_v.weight"), d, kv_dim);
+      if (p.bias) {
+        b.bias(n("attn_q.bias"), q_dim);
+        b.bias(n("attn_k.bias"), kv_dim);
+        b.bias(n("attn_v.bias"), kv_dim);
+      }
+      if (p.qk_norm) {
+        b.norm(n("attn_q_norm.weight"), head_dim(p));
+        b.norm(n("attn_k_norm.weight"), head_dim(p));
+      }
+      b.matrix(n("attn_output.weight"), q_dim, d);
     }
-    if (p.qk_norm) {
-      b.norm(n("attn_q_norm.weight"), head_dim(p));
-      b.norm(n("attn_k_norm.weight"), head_dim(p));
-    }
-    b.matrix(n("attn_output.weight"), q_dim, d);
-    if (gemma) b.norm(n("post_attention_norm.weight"), d);
-    b.norm(n("ffn_norm.weight"), d);
+    if (gemma || qwen35) b.norm(n("post_attention_norm.weight"), d);
+    if (!qwen35) b.norm(n("ffn_norm.weight"), d);
     b.matrix(n("ffn_gate.weight"), d, p.n_ff);
     b.matrix(n("ffn_up.weight"), d, p.n_ff);
     b.matrix(n("ffn_down.weight"), p.n_ff, d);
     if (gemma) b.norm(n("post_ffw_norm.weight"), d);
+    if (il >= p.n_layer) {
+      b.matrix(n("nextn.eh_proj.weight"), 2 * d, d);
+      b.norm(n("nextn.enorm.weight"), d);
+      b.norm(n("nextn.hnorm.weight"), d);
+      b.norm(n("nextn.shared_head_norm.weight"), d);
+    }
   }
   b.norm("output_norm.weight", d);
   if (!p.tied) b.matrix("output.weight", d, p.n_vocab);
@@ -363,7 +520,7 @@ ModelConfig synthetic_config(std::string_view spec) {
   c.n_ctx_train = p.n_ctx;
   c.norm_eps = p.eps;
   c.rope_mode = p.arch == Arch::Llama ? RopeMode::Norm : RopeMode::Neox;
-  c.rope_dim = c.head_dim;
+  c.rope_dim = rope_dim(p);
   c.rope_base = p.rope_base;
   c.qkv_bias = p.bias;
   c.qk_norm = p.qk_norm;
@@ -380,6 +537,14 @@ ModelConfig synthetic_config(std::string_view spec) {
     // As ModelConfig::from_gguf: the 27B's query_pre_attn_scalar is n_embd / n_head.
     if (c.n_layer == 62) c.attn_scale = 1.0f / std::sqrt(static_cast<float>(c.n_embd / c.n_head));
   }
+  if (p.arch == Arch::Qwen35) {
+    c.attn_gate = true;
+    c.ssm_conv = p.ssm_conv;
+    c.ssm_state = p.ssm_state;
+    c.ssm_k_heads = p.ssm_k_heads;
+    c.ssm_v_heads = p.ssm_v_heads;
+    c.n_nextn = p.n_nextn;
+  }
   return c;
 }
 
@@ -391,8 +556,14 @@ size_t synthetic_matrix_bytes(std::string_view spec) {
   };
   const int64_t d = c.n_embd;
   size_t n = m(d, c.n_vocab);  // the output matrix, or the tied embedding
-  n += static_cast<size_t>(c.n_layer) *
-       (m(d, c.q_dim()) + 2 * m(d, c.kv_dim()) + m(c.q_dim(), d) + 2 * m(d, c.n_ff) + m(c.n_ff, d));
+  for (LayerKind k : c.kinds) {
+    n += 2 * m(d, c.n_ff) + m(c.n_ff, d);
+    if (k == LayerKind::Recurrent)
+      n += m(d, c.ssm_conv_dim()) + m(d, c.ssm_value_dim()) + 2 * m(d, c.ssm_v_heads) +
+           m(c.ssm_value_dim(), d);
+    else
+      n += m(d, c.attn_gate ? 2 * c.q_dim() : c.q_dim()) + 2 * m(d, c.kv_dim()) + m(c.q_dim(), d);
+  }
   return n;
 }
 

@@ -26,15 +26,37 @@ struct Matrix {
 
 using Vec = std::vector<float>;  // empty when the model does not have it
 
+// A layer's weights; a Recurrent layer has the ssm ones instead of wq .. k_norm.
 struct LayerWeights {
   Vec attn_norm;          // [n_embd]
   Matrix wq, wk, wv, wo;  // [q_dim x n_embd], [kv_dim x n_embd] x2, [n_embd x q_dim]
+                          // (qwen35: wq [2 q_dim x n_embd], per head [q, gate])
   Vec bq, bk, bv;         // qwen2 biases [q_dim], [kv_dim], [kv_dim]
   Vec q_norm, k_norm;     // qwen3, gemma3 [head_dim]
   Vec attn_post_norm;     // gemma3 [n_embd]
-  Vec ffn_norm;           // [n_embd]
+  Vec ffn_norm;           // [n_embd] (qwen35: the file's post_attention_norm)
   Matrix gate, up, down;  // [n_ff x n_embd] x2, [n_embd x n_ff]
   Vec ffn_post_norm;      // gemma3 [n_embd]
+
+  // qwen35 Gated DeltaNet (ModelConfig's ssm sizes; conv_dim = 2 key_dim + value_dim)
+  Matrix ssm_qkv;              // attn_qkv [conv_dim x n_embd]: q, k, v rows
+  Matrix ssm_z;                // attn_gate [value_dim x n_embd]: the output norm's gate
+  Matrix ssm_beta, ssm_alpha;  // [ssm_v_heads x n_embd]
+  Matrix ssm_out;              // [n_embd x value_dim]
+  Vec ssm_conv1d;              // [conv_dim x ssm_conv]: tap j of channel c at c * ssm_conv + j
+  Vec ssm_dt;                  // [ssm_v_heads] added to alpha before the softplus
+  Vec ssm_a;                   // [ssm_v_heads] -exp(A_log), the decay's rate
+  Vec ssm_norm;                // [ssm_state] the gated RMSNorm of each value head
+};
+
+// qwen35's MTP block (blk.n_layer ..): a gated attention layer fed by
+// eh_proj([enorm(embedding); hnorm(hidden)]). Loaded for speculation, not run by the trunk.
+struct NextnWeights {
+  LayerWeights block;
+  Matrix eh_proj;                         // [n_embd x 2 n_embd]
+  Vec enorm, hnorm;                       // [n_embd]
+  Matrix embed_tokens, shared_head_head;  // [n_vocab x n_embd], absent (n_out 0) unless given
+  Vec shared_head_norm;                   // [n_embd], empty unless given
 };
 
 struct Weights {
@@ -43,10 +65,11 @@ struct Weights {
   Matrix output;    // [n_vocab x n_embd]; the embedding when tied
   Vec rope_freqs;   // [rope_dim / 2], empty when absent
   std::vector<LayerWeights> layers;
+  std::vector<NextnWeights> nextn;  // [n_nextn]
 
   // Checks every tensor's presence, shape and type; fails naming the tensor.
   static Weights from_gguf(const gguf::File& f, const ModelConfig& c);
-  size_t matrix_bytes() const;  // bytes of all matrices (what a decode step reads)
+  size_t matrix_bytes() const;  // bytes of the trunk's matrices (what a decode step reads)
 };
 
 }  // namespace kvs

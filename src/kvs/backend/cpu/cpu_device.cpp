@@ -100,6 +100,7 @@ class CpuDevice final : public Device {
   }
   void swiglu(float* gate, const float* up, int64_t n) override { cpu::swiglu(gate, up, n); }
   void geglu(float* gate, const float* up, int64_t n) override { cpu::geglu(gate, up, n); }
+  void gated_delta_net(const DeltaNetArgs& a) override { cpu::gated_delta_net(a); }
   void scale(float* x, float s, int64_t n) override { cpu::scale(x, s, n); }
   void add(float* x, const float* y, int64_t n) override { cpu::add(x, y, n); }
   void kv_write(const KvLayout& l, const float* k, const float* v, int32_t n_tok,

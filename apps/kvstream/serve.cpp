@@ -125,15 +125,17 @@ struct Server {
     GenRequest r;
     SamplerParams& sp = r.sampling;
     sp = a.g.sp;
-    sp.temp = static_cast<float>(number(b, "temperature", sp.temp, 0, 2));
-    sp.top_p = static_cast<float>(number(b, "top_p", sp.top_p, 0, 1));
+    auto real = [&](const char* key, float def, double lo, double hi) {
+      return static_cast<float>(number(b, key, static_cast<double>(def), lo, hi));
+    };
+    sp.temp = real("temperature", sp.temp, 0, 2);
+    sp.top_p = real("top_p", sp.top_p, 0, 1);
     if (sp.top_p == 0) sp.top_p = 1e-9f;  // 0: only the best token, as greedy
     sp.top_k = static_cast<int32_t>(integer(b, "top_k", sp.top_k, 0, 1 << 30));
-    sp.min_p = static_cast<float>(number(b, "min_p", sp.min_p, 0, 1));
-    sp.repeat_penalty = static_cast<float>(number(b, "repeat_penalty", sp.repeat_penalty, 0, 10));
-    if (sp.repeat_penalty == 0) sp.repeat_penalty = 1;
-    r.presence_penalty = static_cast<float>(number(b, "presence_penalty", 0, -2, 2));
-    r.frequency_penalty = static_cast<float>(number(b, "frequency_penalty", 0, -2, 2));
+    sp.min_p = real("min_p", sp.min_p, 0, 1);
+    sp.repeat_penalty = real("repeat_penalty", sp.repeat_penalty, 1e-3, 10);
+    r.presence_penalty = real("presence_penalty", 0, -2, 2);
+    r.frequency_penalty = real("frequency_penalty", 0, -2, 2);
     const int64_t seed = integer(b, "seed", a.g.seed, INT64_MIN, INT64_MAX);
     sp.seed = seed >= 0 ? static_cast<uint64_t>(seed) : Sampler::kSeedRandom;
     const int64_t n_def = n_predict_of(a.g);
@@ -499,8 +501,8 @@ struct Server {
   }
 
   void routes(httplib::Server& svr) {
-    auto guard = [this](auto fn) {
-      return [this, fn](const httplib::Request& req, httplib::Response& res) {
+    auto guard = [](auto fn) {
+      return [fn](const httplib::Request& req, httplib::Response& res) {
         try {
           fn(req, res);
         } catch (const ApiError& e) {

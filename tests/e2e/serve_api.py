@@ -140,6 +140,7 @@ def main():
     check(m["requests_total"] >= 10 and m["requests_finished_total"] == m["requests_total"] and
           m["slots_busy"] == 0 and m["queue_length"] == 0 and m["http_errors_total"] >= 8,
           "metrics %r" % m)
+    client.close()  # else the server waits out the keep-alive of its connections
     srv.stop()
 
     # --api-key: 401 without it, served with it; /health stays open.
@@ -148,14 +149,16 @@ def main():
     check(srv.http("GET", "/v1/models", headers={"Authorization": "Bearer wrong"})[0] == 401,
           "a wrong key: not 401")
     check(srv.http("GET", "/health")[0] == 200, "/health needs no key")
-    try:
-        openai.OpenAI(base_url=srv.url + "/v1", api_key="wrong", max_retries=0).models.list()
-        check(False, "a wrong key was accepted")
-    except openai.AuthenticationError:
-        pass
+    with openai.OpenAI(base_url=srv.url + "/v1", api_key="wrong", max_retries=0) as wrong:
+        try:
+            wrong.models.list()
+            check(False, "a wrong key was accepted")
+        except openai.AuthenticationError:
+            pass
     keyed = openai.OpenAI(base_url=srv.url + "/v1", api_key="sesame", max_retries=0)
     check(keyed.completions.create(model=model_id, prompt="Hi", max_tokens=2).choices[0].text
           is not None, "the key was refused")
+    keyed.close()
     srv.stop()
     print("serve api: ok")
 

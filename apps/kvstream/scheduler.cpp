@@ -9,7 +9,6 @@
 
 #include "kvs/util/error.h"
 #include "kvs/util/parse.h"
-#include "options.h"
 
 namespace kvs::cli {
 
@@ -31,6 +30,11 @@ void Job::pop(std::vector<Event>& out, double timeout_s) {
 }
 
 namespace {
+
+double now() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
 
 Event ended(std::string error) {
   Event e;
@@ -192,19 +196,21 @@ void Scheduler::finish(Slot& s, const char* reason, bool flush) {
   e.completion_tokens = g.generated;
   e.prompt_s = g.t_first - g.t_admit;
   e.decode_s = now() - g.t_first;
-  s.job->push(std::move(e));
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.finished;
   }
+  s.job->push(std::move(e));
   release(s);
 }
 
 void Scheduler::fail(Slot& s, const char* what) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.failed;
+  }
   s.job->push(ended(what));
   release(s);
-  std::lock_guard<std::mutex> lock(mu_);
-  ++stats_.failed;
 }
 
 void Scheduler::advance(Slot& s, const float* logits) {
@@ -224,6 +230,10 @@ void Scheduler::advance(Slot& s, const float* logits) {
   const int32_t id = g.sampler.sample(from, n_vocab);
   ++g.counts[id];
   ++g.generated;
+  {  // counted before the client can see the token
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.completion_tokens;
+  }
   Event e;
   if (r.top_logprobs >= 0) e.logprob = logprob_of(logits, n_vocab, id, r.top_logprobs);
   if (tok_.is_eog(id)) {
@@ -246,7 +256,6 @@ void Scheduler::publish(const StepStats* step, int64_t decoded) {
   if (step) {
     ++stats_.steps;
     stats_.busy_s += step->seconds;
-    stats_.completion_tokens += decoded;
     recent_.push_back({t, {decoded, step->seconds}});
   }
   while (!recent_.empty() && recent_.front().first < t - 10) recent_.pop_front();

@@ -234,13 +234,9 @@ void Scheduler::advance(Slot& s, const float* logits) {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.completion_tokens;
   }
+  if (tok_.is_eog(id)) return finish(s, "stop", true);  // not text, and no log-probability
   Event e;
   if (r.top_logprobs >= 0) e.logprob = logprob_of(logits, n_vocab, id, r.top_logprobs);
-  if (tok_.is_eog(id)) {
-    if (e.logprob) s.job->push(std::move(e));
-    finish(s, "stop", true);
-    return;
-  }
   bool stopped = false;
   e.text = g.text(id, r.stop, stopped);
   s.job->push(std::move(e));

@@ -79,7 +79,7 @@ struct SlotInfo {
 struct SchedulerStats {
   int64_t admitted = 0, rejected = 0, finished = 0, cancelled = 0, failed = 0;
   int64_t prompt_tokens = 0, completion_tokens = 0, steps = 0;
-  double busy_s = 0;             // time spent in steps
+  double busy_s = 0;               // time spent in steps
   double decode_tokens_per_s = 0;  // generated tokens over the step time of the last 10 s
   size_t bytes_streamed = 0, bytes_written_back = 0;
   double copy_busy_s = 0;
@@ -104,7 +104,7 @@ class Scheduler {
     Sequence seq;
     std::shared_ptr<Job> job;  // null: free
     std::unique_ptr<Generation> gen;
-    int32_t fed = 0;   // prompt tokens in the KV
+    int32_t fed = 0;    // prompt tokens in the KV
     int32_t next = -1;  // the sampled token the next step feeds; -1 while reading the prompt
   };
 

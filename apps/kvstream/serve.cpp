@@ -9,8 +9,8 @@
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
-#include <nlohmann/json.hpp>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -39,7 +39,10 @@ struct ServeArgs {
 struct ApiError {
   ApiError(int s, std::string m, std::string t = "invalid_request_error", std::string c = "",
            std::string p = "")
-      : status(s), message(std::move(m)), type(std::move(t)), code(std::move(c)),
+      : status(s),
+        message(std::move(m)),
+        type(std::move(t)),
+        code(std::move(c)),
         param(std::move(p)) {}
   int status;
   std::string message, type, code, param;
@@ -95,7 +98,7 @@ bool boolean(const json& b, const char* key, bool def) {
   return b[key].get<bool>();
 }
 
-struct Server {
+struct Api {
   const ServeArgs& a;
   const Model& model;
   const Tokenizer& tok;
@@ -111,9 +114,9 @@ struct Server {
       if (!b["model"].is_string()) bad("'model' must be a string", "model");
       const std::string m = b["model"].get<std::string>();
       if (m != model_id && m != a.s.model)
-        throw ApiError{404, cat("the model '", m, "' does not exist; this server serves '",
-                                model_id, "'"),
-                       "invalid_request_error", "model_not_found", "model"};
+        throw ApiError{
+            404, cat("the model '", m, "' does not exist; this server serves '", model_id, "'"),
+            "invalid_request_error", "model_not_found", "model"};
     }
     if (integer(b, "n", 1, 1, 1) != 1) bad("'n' must be 1", "n");
     if (b.contains("tools") && !b["tools"].is_null() && !b["tools"].empty())
@@ -189,7 +192,8 @@ struct Server {
         text = c.get<std::string>();
       } else if (c.is_array()) {
         for (const json& part : c) {
-          if (text_of(part, "type") != "text" || !part.contains("text") || !part["text"].is_string())
+          if (text_of(part, "type") != "text" || !part.contains("text") ||
+              !part["text"].is_string())
             bad("only text content parts are supported", "messages");
           text += part["text"].get<std::string>();
         }
@@ -262,8 +266,8 @@ struct Server {
                bool include_usage) {
     const std::string id = cat(chat ? "chatcmpl-" : "cmpl-", random_id());
     const std::time_t created = std::time(nullptr);
-    const char* object = chat ? (stream ? "chat.completion.chunk" : "chat.completion")
-                              : "text_completion";
+    const char* object =
+        chat ? (stream ? "chat.completion.chunk" : "chat.completion") : "text_completion";
     const bool want_lp = job->request.top_logprobs >= 0;
     auto envelope = [=, this](json choice) {
       json j = {{"id", id},
@@ -446,8 +450,8 @@ struct Server {
     const SchedulerStats s = sched.stats();
     std::ostringstream o;
     auto metric = [&](const char* name, const char* type, const char* help, double v) {
-      o << "# HELP kvstream_" << name << " " << help << "\n# TYPE kvstream_" << name << " "
-        << type << "\nkvstream_" << name << " " << v << "\n";
+      o << "# HELP kvstream_" << name << " " << help << "\n# TYPE kvstream_" << name << " " << type
+        << "\nkvstream_" << name << " " << v << "\n";
     };
     metric("http_requests_total", "counter", "HTTP requests received",
            static_cast<double>(http_requests.load()));
@@ -534,14 +538,14 @@ struct Server {
     svr.Get("/metrics", [this](const auto&, auto& res) {
       res.set_content(metrics(), "text/plain; version=0.0.4");
     });
-    svr.Get("/slots", [this](const auto&, auto& res) {
-      res.set_content(dump(slots()), "application/json");
-    });
+    svr.Get("/slots",
+            [this](const auto&, auto& res) { res.set_content(dump(slots()), "application/json"); });
     // Authorisation and the request count before routing; OpenAI bodies for what httplib
     // answers itself (404, 413, ...).
     svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       ++http_requests;
-      if (a.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+      if (a.api_key.empty() || req.path == "/health" || req.method == "OPTIONS")
+        return httplib::Server::HandlerResponse::Unhandled;
       if (req.get_header_value("Authorization") != "Bearer " + a.api_key) {
         send_error(res, ApiError{401, "invalid or missing API key (Authorization: Bearer KEY)",
                                  "invalid_request_error", "invalid_api_key"});
@@ -552,8 +556,7 @@ struct Server {
     svr.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
       if (!res.body.empty()) return;
       // httplib caps form-encoded bodies (curl -d without a Content-Type) at 8 KiB.
-      const bool form =
-          req.get_header_value("Content-Type") == "application/x-www-form-urlencoded";
+      const bool form = req.get_header_value("Content-Type") == "application/x-www-form-urlencoded";
       const std::string what =
           res.status == 404 ? "no such endpoint"
           : res.status == 413
@@ -603,14 +606,21 @@ void serve(const ServeArgs& a) {
   Scheduler sched(eng, *model->tokenizer, a.queue, a.s.verbose);
   const std::string id =
       a.alias.empty() ? std::filesystem::path(a.s.model).filename().string() : a.alias;
-  Server server{a, *model, *model->tokenizer, eo, sched, id};
+  Api api{a, *model, *model->tokenizer, eo, sched, id};
   httplib::Server svr;
   const size_t threads = static_cast<size_t>(eo.n_seq + a.queue + 8);
   svr.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   svr.set_payload_max_length(max_body);
+  // Browser front ends on other origins may call the API (with the key, where there is one).
+  svr.set_default_headers({{"Access-Control-Allow-Origin", "*"}});
+  svr.Options(R"(/.*)", [](const httplib::Request&, httplib::Response& res) {
+    res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+    res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type");
+    res.status = 204;
+  });
   svr.set_read_timeout(a.timeout);
   svr.set_write_timeout(a.timeout);
-  server.routes(svr);
+  api.routes(svr);
   int port = a.port;
   if (port == 0)
     port = svr.bind_to_any_port(a.host);

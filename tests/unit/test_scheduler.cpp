@@ -37,8 +37,8 @@ struct Fixture {
 std::shared_ptr<Job> job_of(int32_t n_prompt, int64_t max_tokens, uint32_t seed) {
   GenRequest r;
   for (int32_t i = 0; i < n_prompt; ++i)
-    r.prompt.push_back(static_cast<int32_t>((seed * 7919u + static_cast<uint32_t>(i) * 104729u) %
-                                            200u + 10u));
+    r.prompt.push_back(
+        static_cast<int32_t>((seed * 7919u + static_cast<uint32_t>(i) * 104729u) % 200u + 10u));
   r.sampling.temp = 0;
   r.max_tokens = max_tokens;
   r.top_logprobs = 0;  // the events then carry the token ids

@@ -287,7 +287,7 @@ struct Api {
       bool started = false;
     };
     auto st = std::make_shared<State>();
-    // A completion's legacy logprobs object, of the tokens in `lps`.
+    // Adds a token to the lists of a completion's legacy logprobs object.
     auto add_completion_lp = [this](State& s, const TokenLogprob& t, size_t offset) {
       s.lp_tokens.push_back(tok.token_to_piece(t.id, true));
       s.lp_values.push_back(t.logprob);

@@ -137,6 +137,9 @@ def main():
     s = client.completions.create(model="m", prompt=COUNTING, max_tokens=400, temperature=0,
                                   stream=True)
     next(iter(s))
+    slot = srv.http("GET", "/slots")[2][0]
+    check(slot["state"] in ("prefill", "decode") and slot["prompt_tokens"] > 0 and
+          slot["pages_resident"] > 0 and slot["pages_streamed"] == 0, "/slots while busy: %r" % slot)
     st, hdrs, b = srv.http("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 2})
     check(st == 503 and hdrs.get("Retry-After") and b["error"]["message"],
           "a full server answered %d %r" % (st, b))

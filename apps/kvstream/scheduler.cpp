@@ -166,6 +166,7 @@ void Scheduler::admit(std::unique_lock<std::mutex>& lock) {
       queue_.pop_front();
       s.seq = eng_.open_sequence();
       s.gen = std::make_unique<Generation>(tok_, s.job->request);
+      s.admitted = stats_.admitted;
       s.fed = 0;
       s.next = -1;
       ++stats_.admitted;
@@ -321,8 +322,14 @@ void Scheduler::loop() {
         samples.push_back(true);
         --budget;
       }
-    for (Slot& s : slots_) {
-      if (!s.job || s.next >= 0 || budget == 0) continue;
+    reading_.clear();
+    for (Slot& s : slots_)
+      if (s.job && s.next < 0) reading_.push_back(&s);
+    std::sort(reading_.begin(), reading_.end(),
+              [](const Slot* x, const Slot* y) { return x->admitted < y->admitted; });
+    for (Slot* sp : reading_) {
+      if (budget == 0) break;
+      Slot& s = *sp;
       const auto& prompt = s.job->request.prompt;
       const int32_t left = static_cast<int32_t>(prompt.size()) - s.fed;
       const int32_t m = std::min(budget, left);

@@ -104,8 +104,9 @@ class Scheduler {
     Sequence seq;
     std::shared_ptr<Job> job;  // null: free
     std::unique_ptr<Generation> gen;
-    int32_t fed = 0;    // prompt tokens in the KV
-    int32_t next = -1;  // the sampled token the next step feeds; -1 while reading the prompt
+    int64_t admitted = 0;  // admission order: earlier prompts get their chunks first
+    int32_t fed = 0;       // prompt tokens in the KV
+    int32_t next = -1;     // the sampled token the next step feeds; -1 while reading the prompt
   };
 
   void loop();
@@ -123,6 +124,7 @@ class Scheduler {
   const int32_t max_queue_;
   const bool verbose_;
   std::vector<Slot> slots_;
+  std::vector<Slot*> reading_;  // scratch: the slots reading their prompts, in admission order
 
   mutable std::mutex mu_;  // guards queue_, stop_, stats_
   std::condition_variable cv_;

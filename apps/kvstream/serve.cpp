@@ -463,7 +463,8 @@ struct Api {
            static_cast<double>(s.rejected));
     metric("requests_finished_total", "counter", "Generations that ended (stop or length)",
            static_cast<double>(s.finished));
-    metric("requests_cancelled_total", "counter", "Generations cancelled by their client",
+    metric("requests_cancelled_total", "counter",
+           "Requests whose client went away before their end (queued or running)",
            static_cast<double>(s.cancelled));
     metric("requests_failed_total", "counter", "Generations ended by an engine error",
            static_cast<double>(s.failed));

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 PKGS=(build-essential cmake ninja-build pkg-config libgtest-dev libcli11-dev nlohmann-json3-dev
-      libpcre2-dev python3 python3-venv unzip clang ccache)
+      libpcre2-dev libcpp-httplib-dev python3 python3-venv unzip clang ccache)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -21,13 +21,13 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO env DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y -qq "${missing[@]}" >/dev/null
 fi
 
-# Python for tools/reference.py and the tokenizer cross-check.
+# Python for tools/reference.py, the tokenizer cross-check and the server's tests (openai).
 if [ ! -x .venv/bin/python3 ]; then
   python3 -m venv .venv
 fi
-if ! .venv/bin/python3 -c "import gguf, numpy, tokenizers" 2>/dev/null; then
-  echo "setup: installing gguf numpy tokenizers into .venv" >&2
-  .venv/bin/pip install -q --disable-pip-version-check gguf numpy tokenizers
+if ! .venv/bin/python3 -c "import gguf, numpy, tokenizers, openai" 2>/dev/null; then
+  echo "setup: installing gguf numpy tokenizers openai into .venv" >&2
+  .venv/bin/pip install -q --disable-pip-version-check gguf numpy tokenizers openai
 fi
 
 scripts/fetch-model.sh

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, stage by stage, every build with -Werror and ccache where installed:
 #   cpu tests       build/cpu, then ctest (extra arguments go to it: -L unit, -R gguf)
-#   sanitizers      the streams, fences, thread pool and the streaming engine (ring,
-#                   write-back, smallest rings) under ThreadSanitizer (build/tsan)
+#   sanitizers      the streams, fences, thread pool, the streaming engine (ring, write-back,
+#                   smallest rings) and the server's scheduler under ThreadSanitizer (build/tsan)
 #   clang build     the library and kvstream compiled with clang (build/clang; not run: the
 #                   second compiler is there for its warnings)
 #   cuda build      the CUDA backend for every target architecture (build/cuda; tests/cuda need
@@ -59,10 +59,12 @@ sanitizers() {
   export TSAN_OPTIONS="halt_on_error=1"
   cmake --preset tsan "${cfg[@]}" &&
     cmake --build build/tsan -j "$jobs" \
-      --target kvs_unit_test_device kvs_unit_test_threadpool kvs_unit_test_stream &&
+      --target kvs_unit_test_device kvs_unit_test_threadpool kvs_unit_test_stream \
+      kvs_unit_test_scheduler &&
     build/tsan/tests/kvs_unit_test_device &&
     build/tsan/tests/kvs_unit_test_threadpool &&
-    build/tsan/tests/kvs_unit_test_stream
+    build/tsan/tests/kvs_unit_test_stream &&
+    build/tsan/tests/kvs_unit_test_scheduler
 }
 # Without optimisation, which clang's warnings do not depend on.
 clang_build() {

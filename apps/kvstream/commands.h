@@ -23,6 +23,9 @@ void register_synth(CLI::App& app);
 void register_plan(CLI::App& app);
 void register_chat(CLI::App& app);
 void register_bench(CLI::App& app, std::string command);  // command: the line, for the JSON
+#ifdef KVS_HAVE_HTTPLIB
+void register_serve(CLI::App& app);
+#endif
 
 // The interactive chat of `chat` and `run -cnv`; `first`, when not empty, is the first message.
 void chat_session(const SharedArgs& s, const GenArgs& g, const std::string& first,

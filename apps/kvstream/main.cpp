@@ -47,6 +47,9 @@ int main(int argc, char** argv) {
   kvs::cli::register_info(app);
   kvs::cli::register_synth(app);
   kvs::cli::register_plan(app);
+#ifdef KVS_HAVE_HTTPLIB
+  kvs::cli::register_serve(app);
+#endif
   std::string line;
   for (int i = 0; i < argc; ++i) line += (i ? " " : "") + std::string(argv[i]);
   kvs::cli::register_bench(app, line);
@@ -57,6 +60,14 @@ int main(int argc, char** argv) {
       known |= sub->get_name() == argv[1];
       names += (names.empty() ? "" : ", ") + sub->get_name();
     }
+#ifndef KVS_HAVE_HTTPLIB
+    if (std::strcmp(argv[1], "serve") == 0) {
+      std::fprintf(stderr,
+                   "kvstream: error: this build has no 'serve': it needs cpp-httplib (Debian: "
+                   "apt-get install libcpp-httplib-dev, then configure and build again)\n");
+      return 1;
+    }
+#endif
     if (!known) {
       std::fprintf(stderr, "kvstream: error: '%s' is not a command (%s)\n", argv[1], names.c_str());
       return 1;

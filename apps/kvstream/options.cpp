@@ -92,6 +92,10 @@ void add_generation(CLI::App* c, GenArgs& g) {
   c->add_option("--system-prompt,--system", g.system,
                 "System prompt, -sys (for chat, -cnv and --chat)");
   c->add_flag("--ignore-eos", g.ignore_eos, "Keep generating past end-of-generation tokens");
+  add_sampling(c, g);
+}
+
+void add_sampling(CLI::App* c, GenArgs& g) {
   c->add_option("--temp", g.sp.temp, "Temperature (0: greedy)")->capture_default_str();
   c->add_option("--top-k", g.sp.top_k, "Top-k (0: off)")->capture_default_str();
   c->add_option("--top-p", g.sp.top_p, "Top-p (1: off)")->capture_default_str();
@@ -227,7 +231,7 @@ std::vector<std::string> rewrite_llama_flags(int argc, char** argv) {
       {"-ngl", "--n-gpu-layers"},       {"-np", "--parallel"},
       {"-sys", "--system-prompt"},      {"-cnv", "--conversation"},
       {"-no-cnv", "--no-conversation"}, {"-ctk", "--cache-type-k"},
-      {"-ctv", "--cache-type-v"},
+      {"-ctv", "--cache-type-v"},       {"-to", "--timeout"},
   };
   // Options whose value is free text: a value that looks like a flag stays as it is.
   static const char* kText[] = {"-p",     "--prompt", "-sys", "--system-prompt", "--system", "-f",

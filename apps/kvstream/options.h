@@ -57,6 +57,8 @@ struct GenArgs {
   std::string system;  // -sys, --system-prompt, --system
 };
 void add_generation(CLI::App* c, GenArgs& g);
+// The sampling flags of add_generation alone (--temp ... -s).
+void add_sampling(CLI::App* c, GenArgs& g);
 
 // The engine options of the shared flags for this model, every limit checked first (-c 0: the
 // trained context).

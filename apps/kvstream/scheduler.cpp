@@ -1,0 +1,376 @@
+#include "scheduler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <exception>
+#include <unordered_map>
+
+#include "kvs/util/error.h"
+#include "kvs/util/parse.h"
+
+namespace kvs::cli {
+
+void Job::push(Event e) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    events_.push_back(std::move(e));
+  }
+  cv_.notify_one();
+}
+
+void Job::pop(std::vector<Event>& out, double timeout_s) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] { return !events_.empty(); });
+  while (!events_.empty()) {
+    out.push_back(std::move(events_.front()));
+    events_.pop_front();
+  }
+}
+
+namespace {
+
+double now() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+Event ended(std::string error) {
+  Event e;
+  e.done = true;
+  e.error = std::move(error);
+  return e;
+}
+
+// Log-probabilities of the model's distribution (temperature 1, before any penalty): the
+// chosen token's and the n best.
+TokenLogprob logprob_of(const float* logits, int32_t n_vocab, int32_t id, int32_t n) {
+  float mx = -INFINITY;
+  for (int32_t i = 0; i < n_vocab; ++i) mx = std::max(mx, logits[i]);
+  double z = 0;
+  for (int32_t i = 0; i < n_vocab; ++i) z += std::exp(static_cast<double>(logits[i] - mx));
+  const float lz = mx + static_cast<float>(std::log(z));
+  TokenLogprob t;
+  t.id = id;
+  t.logprob = logits[id] - lz;
+  if (n > 0) {
+    std::vector<int32_t> ids(static_cast<size_t>(n_vocab));
+    for (int32_t i = 0; i < n_vocab; ++i) ids[static_cast<size_t>(i)] = i;
+    const auto k = std::min<ptrdiff_t>(n, n_vocab);
+    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int32_t a, int32_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
+    for (ptrdiff_t i = 0; i < k; ++i)
+      t.top.emplace_back(ids[static_cast<size_t>(i)], logits[ids[static_cast<size_t>(i)]] - lz);
+  }
+  return t;
+}
+
+}  // namespace
+
+// A request's generation state: its sampler, the text decoder with the stop strings, the
+// counts the penalties need, its clock.
+struct Scheduler::Generation {
+  Generation(const Tokenizer& tok, const GenRequest& r) : sampler(r.sampling), dec(tok) {
+    for (int32_t id : r.prompt) sampler.accept(id);
+  }
+
+  // The text `id` releases; `stopped` when a stop string completed (the text before it kept).
+  std::string text(int32_t id, const std::vector<std::string>& stops, bool& stopped) {
+    held += dec.push(id);
+    size_t at = std::string::npos;
+    for (const std::string& s : stops) at = std::min(at, held.find(s));
+    if (at != std::string::npos) {
+      stopped = true;
+      std::string out = held.substr(0, at);
+      held.clear();
+      return out;
+    }
+    // Hold back the longest tail that could still begin a stop string.
+    size_t keep = 0;
+    for (const std::string& s : stops)
+      for (size_t n = std::min(s.size() - 1, held.size()); n > keep; --n)
+        if (held.compare(held.size() - n, n, s, 0, n) == 0) {
+          keep = n;
+          break;
+        }
+    std::string out = held.substr(0, held.size() - keep);
+    held.erase(0, held.size() - keep);
+    return out;
+  }
+  std::string flush() {
+    std::string out = held + dec.flush();
+    held.clear();
+    return out;
+  }
+
+  Sampler sampler;
+  StreamDecoder dec;
+  std::string held;
+  std::unordered_map<int32_t, int32_t> counts;  // generated tokens, for the penalties
+  std::vector<float> work;
+  int64_t generated = 0;
+  double t_admit = now(), t_first = 0;
+};
+
+Scheduler::Scheduler(Engine& eng, const Tokenizer& tok, int32_t max_queue, bool verbose)
+    : eng_(eng), tok_(tok), max_queue_(max_queue), verbose_(verbose) {
+  slots_.resize(static_cast<size_t>(eng.options().n_seq));
+  stats_.slots.resize(slots_.size());
+  thread_ = std::thread([this] { loop(); });
+}
+
+Scheduler::~Scheduler() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+  for (auto& j : queue_) j->push(ended("the server is shutting down"));
+  for (Slot& s : slots_)
+    if (s.job) s.job->push(ended("the server is shutting down"));
+}
+
+bool Scheduler::submit(const std::shared_ptr<Job>& job) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const int64_t room = static_cast<int64_t>(slots_.size()) - stats_.slots_busy + max_queue_;
+    if (stop_ || static_cast<int64_t>(queue_.size()) >= room) {
+      ++stats_.rejected;
+      return false;
+    }
+    queue_.push_back(job);
+    stats_.queued = static_cast<int32_t>(queue_.size());
+  }
+  cv_.notify_one();
+  return true;
+}
+
+SchedulerStats Scheduler::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void Scheduler::admit(std::unique_lock<std::mutex>& lock) {
+  for (;;) {
+    std::erase_if(queue_, [&](const std::shared_ptr<Job>& j) {
+      if (!j->cancelled) return false;
+      ++stats_.cancelled;
+      return true;
+    });
+    for (Slot& s : slots_) {
+      if (s.job || queue_.empty()) continue;
+      s.job = std::move(queue_.front());
+      queue_.pop_front();
+      s.seq = eng_.open_sequence();
+      s.gen = std::make_unique<Generation>(tok_, s.job->request);
+      s.admitted = stats_.admitted;
+      s.fed = 0;
+      s.next = -1;
+      ++stats_.admitted;
+      stats_.prompt_tokens += static_cast<int64_t>(s.job->request.prompt.size());
+    }
+    int32_t busy = 0;
+    for (const Slot& s : slots_) busy += s.job ? 1 : 0;
+    stats_.slots_busy = busy;
+    stats_.queued = static_cast<int32_t>(queue_.size());
+    if (busy > 0 || stop_) return;
+    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+  }
+}
+
+void Scheduler::release(Slot& s) {
+  eng_.close_sequence(s.seq);
+  s.job.reset();
+  s.gen.reset();
+}
+
+void Scheduler::finish(Slot& s, const char* reason, bool flush) {
+  Generation& g = *s.gen;
+  Event e;
+  if (flush) e.text = g.flush();
+  e.done = true;
+  e.finish_reason = reason;
+  e.prompt_tokens = static_cast<int64_t>(s.job->request.prompt.size());
+  e.completion_tokens = g.generated;
+  e.prompt_s = g.t_first - g.t_admit;
+  e.decode_s = now() - g.t_first;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.finished;
+  }
+  s.job->push(std::move(e));
+  release(s);
+}
+
+void Scheduler::fail(Slot& s, const char* what) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.failed;
+  }
+  s.job->push(ended(what));
+  release(s);
+}
+
+void Scheduler::advance(Slot& s, const float* logits) {
+  Generation& g = *s.gen;
+  const GenRequest& r = s.job->request;
+  const int32_t n_vocab = tok_.n_vocab();
+  if (g.generated == 0) g.t_first = now();
+  const float* from = logits;
+  if ((r.presence_penalty != 0 || r.frequency_penalty != 0) && !g.counts.empty()) {
+    // OpenAI's penalties: each token sampled so far, by whether and how often it was.
+    g.work.assign(logits, logits + n_vocab);
+    for (const auto& [id, c] : g.counts)
+      g.work[static_cast<size_t>(id)] -=
+          r.presence_penalty + r.frequency_penalty * static_cast<float>(c);
+    from = g.work.data();
+  }
+  const int32_t id = g.sampler.sample(from, n_vocab);
+  ++g.counts[id];
+  ++g.generated;
+  {  // counted before the client can see the token
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.completion_tokens;
+  }
+  if (tok_.is_eog(id)) return finish(s, "stop", true);  // not text, and no log-probability
+  Event e;
+  if (r.top_logprobs >= 0) e.logprob = logprob_of(logits, n_vocab, id, r.top_logprobs);
+  bool stopped = false;
+  e.text = g.text(id, r.stop, stopped);
+  s.job->push(std::move(e));
+  if (stopped) return finish(s, "stop", false);
+  if ((r.max_tokens >= 0 && g.generated >= r.max_tokens) || s.seq.n_past >= eng_.options().n_ctx)
+    return finish(s, "length", true);
+  s.next = id;
+}
+
+void Scheduler::publish(const StepStats* step, int64_t decoded) {
+  const double t = now();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (step) {
+    ++stats_.steps;
+    stats_.busy_s += step->seconds;
+    recent_.push_back({t, {decoded, step->seconds}});
+  }
+  while (!recent_.empty() && recent_.front().first < t - 10) recent_.pop_front();
+  int64_t n = 0;
+  double sec = 0;
+  for (const auto& [at, v] : recent_) n += v.first, sec += v.second;
+  stats_.decode_tokens_per_s = sec > 0 ? static_cast<double>(n) / sec : 0.0;
+  const EngineStats& tot = eng_.totals();
+  stats_.bytes_streamed = tot.bytes_in;
+  stats_.bytes_written_back = tot.bytes_out;
+  stats_.copy_busy_s = tot.copy_busy_s;
+  const int32_t P = eng_.options().page_size;
+  const Plan& plan = eng_.plan();
+  const bool host = eng_.options().kv_mode == KvMode::Host;
+  int32_t busy = 0;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const Slot& s = slots_[i];
+    SlotInfo& info = stats_.slots[i];
+    info = SlotInfo{};
+    if (!s.job) continue;
+    ++busy;
+    info.state = s.next < 0 ? "prefill" : "decode";
+    info.n_past = s.seq.n_past;
+    info.prompt_tokens = static_cast<int64_t>(s.job->request.prompt.size());
+    info.generated = s.gen->generated;
+    // Completed pages beyond a layer's resident cap stream; the page being written is resident.
+    const int32_t done = s.seq.n_past / P, tail = s.seq.n_past % P ? 1 : 0;
+    for (int32_t l = 0; l < eng_.kv_shape().n_full; ++l) {
+      const int32_t cap = host || plan.resident.size() <= static_cast<size_t>(s.seq.id)
+                              ? (host ? 0 : done)
+                              : resident_cap(plan, static_cast<size_t>(s.seq.id), l);
+      const int32_t res = std::min(done, cap);
+      info.pages_resident += res + (host ? 0 : tail);
+      info.pages_streamed += done - res + (host ? tail : 0);
+    }
+  }
+  stats_.slots_busy = busy;
+}
+
+void Scheduler::loop() {
+  const int32_t n_batch = eng_.options().n_batch;
+  std::vector<BatchEntry> batch;
+  std::vector<Slot*> who;
+  std::vector<bool> samples;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      admit(lock);
+      if (stop_) return;
+    }
+    for (Slot& s : slots_)
+      if (s.job && s.job->cancelled) {
+        release(s);
+        std::lock_guard<std::mutex> lock(mu_);
+        ++stats_.cancelled;
+      }
+    // One token of every decoding sequence, then prompt chunks in what is left of -b, the
+    // sequences admitted first served first.
+    batch.clear();
+    who.clear();
+    samples.clear();
+    int32_t budget = n_batch;
+    for (Slot& s : slots_)
+      if (s.job && s.next >= 0) {
+        batch.push_back({&s.seq, &s.next, 1});
+        who.push_back(&s);
+        samples.push_back(true);
+        --budget;
+      }
+    reading_.clear();
+    for (Slot& s : slots_)
+      if (s.job && s.next < 0) reading_.push_back(&s);
+    std::sort(reading_.begin(), reading_.end(),
+              [](const Slot* x, const Slot* y) { return x->admitted < y->admitted; });
+    for (Slot* sp : reading_) {
+      if (budget == 0) break;
+      Slot& s = *sp;
+      const auto& prompt = s.job->request.prompt;
+      const int32_t left = static_cast<int32_t>(prompt.size()) - s.fed;
+      const int32_t m = std::min(budget, left);
+      batch.push_back({&s.seq, prompt.data() + s.fed, m});
+      who.push_back(&s);
+      samples.push_back(m == left);
+      s.fed += m;
+      budget -= m;
+    }
+    if (batch.empty()) {
+      publish(nullptr, 0);
+      continue;
+    }
+    try {
+      eng_.step(batch);
+    } catch (const std::exception& ex) {
+      // The engine's state after a failed step is unknown: every sequence in it ends.
+      std::fprintf(stderr, "kvstream: serve: step failed: %s\n", ex.what());
+      for (Slot* s : who) fail(*s, ex.what());
+      publish(nullptr, 0);
+      continue;
+    }
+    const StepStats step = eng_.last_step();
+    int64_t decoded = 0;
+    for (size_t i = 0; i < who.size(); ++i) {
+      if (!samples[i]) continue;
+      ++decoded;
+      try {
+        advance(*who[i], eng_.logits(static_cast<int32_t>(i)));
+      } catch (const std::exception& ex) {
+        fail(*who[i], ex.what());
+      }
+    }
+    if (verbose_)
+      std::fprintf(stderr,
+                   "kvstream: step: %d tokens of %d sequences, %.2f ms, streamed %s, %lld "
+                   "sampled\n",
+                   step.n_tokens, step.n_seqs, step.seconds * 1e3,
+                   format_bytes(step.bytes_in).c_str(), static_cast<long long>(decoded));
+    publish(&step, decoded);
+  }
+}
+
+}  // namespace kvs::cli

@@ -1,0 +1,138 @@
+// The server's engine loop: one thread owns the Engine; HTTP handler threads submit jobs and
+// read their tokens from the job's channel. Between steps, waiting jobs take free sequences;
+// each step carries one token of every decoding sequence and, in what is left of -b, chunks of
+// the prompts being read, so a long prompt never stalls the others by more than a step of -b.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "kvs/engine/engine.h"
+#include "kvs/engine/sampler.h"
+#include "kvs/tokenizer/tokenizer.h"
+
+namespace kvs::cli {
+
+// What a request asks of a generation, checked by the HTTP side.
+struct GenRequest {
+  std::vector<int32_t> prompt;
+  SamplerParams sampling;
+  int64_t max_tokens = -1;  // -1: until the context is full
+  std::vector<std::string> stop;
+  float presence_penalty = 0, frequency_penalty = 0;
+  int32_t top_logprobs = -1;  // -1: no log-probabilities; 0..20: the chosen token's and N best
+};
+
+struct TokenLogprob {
+  int32_t id = 0;
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top;
+};
+
+// One message of the scheduler to a job's reader: text, or the end.
+struct Event {
+  std::string text;  // complete UTF-8 characters, stop strings held back until decided
+  std::optional<TokenLogprob> logprob;
+  bool done = false;
+  std::string finish_reason;  // with done: "stop" or "length"
+  std::string error;          // with done: not empty when the generation failed
+  int64_t prompt_tokens = 0, completion_tokens = 0;
+  double prompt_s = 0, decode_s = 0;
+};
+
+// A request in flight, shared by its handler thread and the scheduler.
+class Job {
+ public:
+  explicit Job(GenRequest r) : request(std::move(r)) {}
+  const GenRequest request;
+  // Set by the handler when its client is gone; the scheduler frees the sequence next step.
+  std::atomic<bool> cancelled{false};
+
+  void push(Event e);
+  // Moves the pending events into `out`, waiting up to `timeout_s` for one.
+  void pop(std::vector<Event>& out, double timeout_s);
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Event> events_;
+};
+
+struct SlotInfo {
+  const char* state = "idle";  // idle, prefill, decode
+  int32_t n_past = 0;          // positions in the KV
+  int64_t prompt_tokens = 0, generated = 0;
+  // Pages of the full layers (all of them summed): resident in the arena, streamed through the
+  // ring; host in --kv-mode host.
+  int64_t pages_resident = 0, pages_streamed = 0;
+};
+
+struct SchedulerStats {
+  int64_t admitted = 0, rejected = 0, finished = 0, cancelled = 0, failed = 0;
+  int64_t prompt_tokens = 0, completion_tokens = 0, steps = 0;
+  double busy_s = 0;               // time spent in steps
+  double decode_tokens_per_s = 0;  // generated tokens over the step time of the last 10 s
+  size_t bytes_streamed = 0, bytes_written_back = 0;
+  double copy_busy_s = 0;
+  int32_t slots_busy = 0, queued = 0;
+  std::vector<SlotInfo> slots;
+};
+
+class Scheduler {
+ public:
+  Scheduler(Engine& eng, const Tokenizer& tok, int32_t max_queue, bool verbose);
+  ~Scheduler();  // stops the loop; jobs still running end with an error event
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Queues the job; false when every sequence is busy and the queue is full.
+  bool submit(const std::shared_ptr<Job>& job);
+  SchedulerStats stats() const;
+
+ private:
+  struct Generation;
+  struct Slot {
+    Sequence seq;
+    std::shared_ptr<Job> job;  // null: free
+    std::unique_ptr<Generation> gen;
+    int64_t admitted = 0;  // admission order: earlier prompts get their chunks first
+    int32_t fed = 0;       // prompt tokens in the KV
+    int32_t next = -1;     // the sampled token the next step feeds; -1 while reading the prompt
+  };
+
+  void loop();
+  void admit(std::unique_lock<std::mutex>& lock);
+  void release(Slot& s);
+  // Samples the slot's next token from `logits`, sends it, and decides whether it goes on.
+  void advance(Slot& s, const float* logits);
+  // Sends the end (flush: with the text held back, unless a stop string ended it) and frees s.
+  void finish(Slot& s, const char* reason, bool flush);
+  void fail(Slot& s, const char* what);
+  void publish(const StepStats* step, int64_t decoded);
+
+  Engine& eng_;
+  const Tokenizer& tok_;
+  const int32_t max_queue_;
+  const bool verbose_;
+  std::vector<Slot> slots_;
+  std::vector<Slot*> reading_;  // scratch: the slots reading their prompts, in admission order
+
+  mutable std::mutex mu_;  // guards queue_, stop_, stats_
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Job>> queue_;
+  bool stop_ = false;
+  SchedulerStats stats_;
+  std::deque<std::pair<double, std::pair<int64_t, double>>> recent_;  // step end: tokens, s
+  std::thread thread_;
+};
+
+}  // namespace kvs::cli

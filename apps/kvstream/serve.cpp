@@ -1,0 +1,678 @@
+// kvstream serve: an OpenAI-compatible HTTP server over the scheduler (scheduler.h). Handler
+// threads parse and check a request, tokenize it, submit a job and write its events as they
+// come, as one JSON answer or as Server-Sent Events; a client that goes away cancels its job.
+#include <httplib.h>
+#include <pthread.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "commands.h"
+#include "kvs/model/model.h"
+#include "kvs/util/error.h"
+#include "kvs/util/parse.h"
+#include "kvs/util/threadpool.h"
+#include "scheduler.h"
+
+namespace kvs::cli {
+namespace {
+
+using json = nlohmann::json;
+
+struct ServeArgs {
+  SharedArgs s;
+  GenArgs g;
+  std::string host = "127.0.0.1", api_key, alias;
+  int32_t port = 8080, queue = 64, timeout = 600;
+  std::string max_body = "32M";
+};
+
+// A request the server refuses, with OpenAI's error shape.
+struct ApiError {
+  ApiError(int s, std::string m, std::string t = "invalid_request_error", std::string c = "",
+           std::string p = "")
+      : status(s),
+        message(std::move(m)),
+        type(std::move(t)),
+        code(std::move(c)),
+        param(std::move(p)) {}
+  int status;
+  std::string message, type, code, param;
+};
+
+[[noreturn]] void bad(std::string message, std::string param = "", std::string code = "") {
+  throw ApiError{400, std::move(message), "invalid_request_error", std::move(code),
+                 std::move(param)};
+}
+
+std::string dump(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+json error_body(const ApiError& e) {
+  json err = {{"message", e.message},
+              {"type", e.type},
+              {"param", e.param.empty() ? json(nullptr) : json(e.param)},
+              {"code", e.code.empty() ? json(nullptr) : json(e.code)}};
+  return {{"error", err}};
+}
+
+void send_error(httplib::Response& res, const ApiError& e) {
+  res.status = e.status;
+  res.set_content(dump(error_body(e)), "application/json");
+}
+
+// Typed fields of a request body: absent or null gives `def`; a wrong type or a value out of
+// range is a 400 naming the field.
+double number(const json& b, const char* key, double def, double lo, double hi) {
+  if (!b.contains(key) || b[key].is_null()) return def;
+  if (!b[key].is_number()) bad(cat("'", key, "' must be a number"), key);
+  const double v = b[key].get<double>();
+  if (!(v >= lo && v <= hi)) bad(cat("'", key, "' must be in [", lo, ", ", hi, "], got ", v), key);
+  return v;
+}
+int64_t integer(const json& b, const char* key, int64_t def, int64_t lo, int64_t hi) {
+  if (!b.contains(key) || b[key].is_null()) return def;
+  if (!b[key].is_number_integer()) bad(cat("'", key, "' must be an integer"), key);
+  const int64_t v = b[key].get<int64_t>();
+  if (v < lo || v > hi) bad(cat("'", key, "' must be in [", lo, ", ", hi, "], got ", v), key);
+  return v;
+}
+// A string field of an object, or "".
+std::string text_of(const json& o, const char* key) {
+  if (!o.is_object() || !o.contains(key)) return "";
+  const json& v = o[key];
+  return v.is_string() ? v.get_ref<const std::string&>() : std::string();
+}
+bool boolean(const json& b, const char* key, bool def) {
+  if (!b.contains(key) || b[key].is_null()) return def;
+  if (!b[key].is_boolean()) bad(cat("'", key, "' must be a boolean"), key);
+  return b[key].get<bool>();
+}
+
+struct Api {
+  const ServeArgs& a;
+  const Model& model;
+  const Tokenizer& tok;
+  const EngineOptions& eo;
+  Scheduler& sched;
+  std::string model_id;
+  std::time_t started = std::time(nullptr);
+  std::atomic<int64_t> http_requests{0}, http_errors{0};
+
+  // The parts every generation request shares: the model, sampling, limits, stop strings.
+  GenRequest common(const json& b) const {
+    if (b.contains("model") && !b["model"].is_null()) {
+      if (!b["model"].is_string()) bad("'model' must be a string", "model");
+      const std::string m = b["model"].get<std::string>();
+      if (m != model_id && m != a.s.model)
+        throw ApiError{
+            404, cat("the model '", m, "' does not exist; this server serves '", model_id, "'"),
+            "invalid_request_error", "model_not_found", "model"};
+    }
+    if (integer(b, "n", 1, 1, 1) != 1) bad("'n' must be 1", "n");
+    if (b.contains("tools") && !b["tools"].is_null() && !b["tools"].empty())
+      bad("tools are not supported", "tools");
+    if (b.contains("response_format") && b["response_format"].is_object() &&
+        !text_of(b["response_format"], "type").empty() &&
+        text_of(b["response_format"], "type") != "text")
+      bad("only the 'text' response_format is supported", "response_format");
+    GenRequest r;
+    SamplerParams& sp = r.sampling;
+    sp = a.g.sp;
+    auto real = [&](const char* key, float def, double lo, double hi) {
+      return static_cast<float>(number(b, key, static_cast<double>(def), lo, hi));
+    };
+    sp.temp = real("temperature", sp.temp, 0, 2);
+    sp.top_p = real("top_p", sp.top_p, 0, 1);
+    if (sp.top_p == 0) sp.top_p = 1e-9f;  // 0: only the best token, as greedy
+    sp.top_k = static_cast<int32_t>(integer(b, "top_k", sp.top_k, 0, 1 << 30));
+    sp.min_p = real("min_p", sp.min_p, 0, 1);
+    sp.repeat_penalty = real("repeat_penalty", sp.repeat_penalty, 1e-3, 10);
+    r.presence_penalty = real("presence_penalty", 0, -2, 2);
+    r.frequency_penalty = real("frequency_penalty", 0, -2, 2);
+    const int64_t seed = integer(b, "seed", a.g.seed, INT64_MIN, INT64_MAX);
+    sp.seed = seed >= 0 ? static_cast<uint64_t>(seed) : Sampler::kSeedRandom;
+    const int64_t n_def = n_predict_of(a.g);
+    const int64_t max_tokens = integer(b, "max_tokens", n_def, -1, INT32_MAX);
+    r.max_tokens = integer(b, "max_completion_tokens", max_tokens, -1, INT32_MAX);
+    if (r.max_tokens == 0) bad("'max_tokens' must be at least 1", "max_tokens");
+    if (b.contains("stop") && !b["stop"].is_null()) {
+      const json& st = b["stop"];
+      if (st.is_string()) {
+        r.stop.push_back(st.get<std::string>());
+      } else if (st.is_array() && st.size() <= 16) {
+        for (const json& s : st) {
+          if (!s.is_string()) bad("'stop' must be a string or a list of strings", "stop");
+          r.stop.push_back(s.get<std::string>());
+        }
+      } else {
+        bad("'stop' must be a string or a list of at most 16 strings", "stop");
+      }
+      std::erase_if(r.stop, [](const std::string& s) { return s.empty(); });
+    }
+    return r;
+  }
+
+  // The prompt's tokens into r, refused when they leave no room in the context.
+  void set_prompt(GenRequest& r, std::vector<int32_t> ids, const char* field) const {
+    if (ids.empty()) bad("the prompt is empty", field);
+    if (static_cast<int64_t>(ids.size()) >= eo.n_ctx)
+      bad(cat("the prompt has ", ids.size(), " tokens; the context holds ", eo.n_ctx,
+              " (-c), with room for at least one generated token"),
+          field, "context_length_exceeded");
+    r.prompt = std::move(ids);
+  }
+
+  GenRequest chat_request(const json& b) const {
+    GenRequest r = common(b);
+    if (!b.contains("messages")) bad("'messages' is required", "messages");
+    const json& ms = b["messages"];
+    if (!ms.is_array() || ms.empty()) bad("'messages' must be a non-empty list", "messages");
+    std::vector<ChatMessage> msgs;
+    for (const json& m : ms) {
+      if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+        bad("every message needs a 'role'", "messages");
+      std::string role = m["role"].get<std::string>();
+      if (role == "developer") role = "system";
+      if (role != "system" && role != "user" && role != "assistant")
+        bad(cat("message role '", role, "' is not supported (system, developer, user, assistant)"),
+            "messages");
+      std::string text;
+      const json c = m.contains("content") ? m["content"] : json(nullptr);
+      if (c.is_string()) {
+        text = c.get<std::string>();
+      } else if (c.is_array()) {
+        for (const json& part : c) {
+          if (text_of(part, "type") != "text" || !part.contains("text") ||
+              !part["text"].is_string())
+            bad("only text content parts are supported", "messages");
+          text += part["text"].get<std::string>();
+        }
+      } else if (!c.is_null() || role != "assistant") {
+        bad("a message's 'content' must be a string or a list of text parts", "messages");
+      }
+      msgs.push_back({role, std::move(text)});
+    }
+    if (b.contains("logprobs") && boolean(b, "logprobs", false))
+      r.top_logprobs = static_cast<int32_t>(integer(b, "top_logprobs", 0, 0, 20));
+    else if (b.contains("top_logprobs") && !b["top_logprobs"].is_null())
+      bad("'top_logprobs' needs 'logprobs': true", "top_logprobs");
+    set_prompt(r, tok.encode(tok.apply_chat(msgs), true, true), "messages");
+    return r;
+  }
+
+  GenRequest completion_request(const json& b) const {
+    GenRequest r = common(b);
+    if (!b.contains("prompt")) bad("'prompt' is required", "prompt");
+    json p = b["prompt"];
+    if (p.is_array() && p.size() == 1 && p[0].is_string()) p = p[0];
+    if (boolean(b, "echo", false)) bad("'echo' is not supported", "echo");
+    if (b.contains("suffix") && !b["suffix"].is_null()) bad("'suffix' is not supported", "suffix");
+    r.top_logprobs = static_cast<int32_t>(integer(b, "logprobs", -1, 0, 20));
+    if (p.is_string()) {
+      set_prompt(r, tok.encode(p.get<std::string>(), true, false), "prompt");
+    } else if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
+      std::vector<int32_t> ids;
+      for (const json& t : p) {
+        if (!t.is_number_integer()) bad("a token prompt must be a list of integers", "prompt");
+        const int64_t v = t.get<int64_t>();
+        if (v < 0 || v >= tok.n_vocab()) bad(cat("token id ", v, " is out of range"), "prompt");
+        ids.push_back(static_cast<int32_t>(v));
+      }
+      set_prompt(r, std::move(ids), "prompt");
+    } else {
+      bad("'prompt' must be a string, a list of one string or a list of token ids", "prompt");
+    }
+    return r;
+  }
+
+  json usage(const Event& e) const {
+    return {{"prompt_tokens", e.prompt_tokens},
+            {"completion_tokens", e.completion_tokens},
+            {"total_tokens", e.prompt_tokens + e.completion_tokens}};
+  }
+  json timings(const Event& e) const {
+    return {{"prompt_ms", e.prompt_s * 1e3},
+            {"predicted_ms", e.decode_s * 1e3},
+            {"predicted_per_second",
+             e.decode_s > 0 ? static_cast<double>(e.completion_tokens) / e.decode_s : 0.0}};
+  }
+
+  json token_json(int32_t id, float lp) const {
+    const std::string piece = tok.token_to_piece(id, true);
+    return {{"token", piece},
+            {"logprob", lp},
+            {"bytes", std::vector<uint8_t>(piece.begin(), piece.end())}};
+  }
+  json chat_logprob(const TokenLogprob& t) const {
+    json j = token_json(t.id, t.logprob), top = json::array();
+    for (const auto& [id, lp] : t.top) top.push_back(token_json(id, lp));
+    j["top_logprobs"] = top;
+    return j;
+  }
+
+  // Writes one job's answer: SSE chunks while it runs (stream), or one JSON object at the end.
+  // The provider returns false when the client is gone, which cancels the job.
+  void respond(httplib::Response& res, std::shared_ptr<Job> job, bool chat, bool stream,
+               bool include_usage) {
+    const std::string id = cat(chat ? "chatcmpl-" : "cmpl-", random_id());
+    const std::time_t created = std::time(nullptr);
+    const char* object =
+        chat ? (stream ? "chat.completion.chunk" : "chat.completion") : "text_completion";
+    const bool want_lp = job->request.top_logprobs >= 0;
+    auto envelope = [=, this](json choice) {
+      json j = {{"id", id},
+                {"object", object},
+                {"created", created},
+                {"model", model_id},
+                {"system_fingerprint", cat("kvstream-", KVS_VERSION)},
+                {"choices", json::array({std::move(choice)})}};
+      if (stream && include_usage) j["usage"] = nullptr;
+      return j;
+    };
+    struct State {
+      std::string text;
+      json lp_chat = json::array();
+      json lp_tokens = json::array(), lp_values = json::array(), lp_top = json::array(),
+           lp_offsets = json::array();
+      bool started = false;
+    };
+    auto st = std::make_shared<State>();
+    // Adds a token to the lists of a completion's legacy logprobs object.
+    auto add_completion_lp = [this](State& s, const TokenLogprob& t, size_t offset) {
+      s.lp_tokens.push_back(tok.token_to_piece(t.id, true));
+      s.lp_values.push_back(t.logprob);
+      json top = json::object();
+      for (const auto& [tid, lp] : t.top) top[tok.token_to_piece(tid, true)] = lp;
+      s.lp_top.push_back(top);
+      s.lp_offsets.push_back(offset);
+    };
+    auto completion_lp = [](const State& s) {
+      return json{{"tokens", s.lp_tokens},
+                  {"token_logprobs", s.lp_values},
+                  {"top_logprobs", s.lp_top},
+                  {"text_offset", s.lp_offsets}};
+    };
+    auto provider = [=, this](size_t, httplib::DataSink& sink) {
+      std::vector<Event> events;
+      job->pop(events, 0.1);
+      if (!sink.is_writable()) {
+        job->cancelled = true;
+        return false;
+      }
+      std::string out;
+      auto sse = [&](const json& j) { out += "data: " + dump(j) + "\n\n"; };
+      if (stream && chat && !st->started) {
+        st->started = true;
+        sse(envelope({{"index", 0},
+                      {"delta", {{"role", "assistant"}, {"content", ""}}},
+                      {"logprobs", nullptr},
+                      {"finish_reason", nullptr}}));
+      }
+      bool done = false;
+      for (Event& e : events) {
+        if (!e.error.empty()) {
+          const json err = error_body(ApiError{500, e.error, "server_error"});
+          if (stream)
+            sse(err);
+          else
+            out = dump(err);
+          done = true;
+          break;
+        }
+        if (stream && (!e.text.empty() || e.logprob)) {
+          json lp = nullptr;
+          if (e.logprob && chat) lp = {{"content", json::array({chat_logprob(*e.logprob)})}};
+          if (e.logprob && !chat) {
+            State one;
+            add_completion_lp(one, *e.logprob, st->text.size());
+            lp = completion_lp(one);
+          }
+          st->text += e.text;
+          if (chat)
+            sse(envelope({{"index", 0},
+                          {"delta", {{"content", e.text}}},
+                          {"logprobs", lp},
+                          {"finish_reason", nullptr}}));
+          else
+            sse(envelope(
+                {{"index", 0}, {"text", e.text}, {"logprobs", lp}, {"finish_reason", nullptr}}));
+        } else if (!stream) {
+          if (e.logprob) {
+            if (chat)
+              st->lp_chat.push_back(chat_logprob(*e.logprob));
+            else
+              add_completion_lp(*st, *e.logprob, st->text.size());
+          }
+          st->text += e.text;
+        }
+        if (!e.done) continue;
+        done = true;
+        if (stream) {
+          if (chat)
+            sse(envelope({{"index", 0},
+                          {"delta", json::object()},
+                          {"logprobs", nullptr},
+                          {"finish_reason", e.finish_reason}}));
+          else
+            sse(envelope({{"index", 0},
+                          {"text", ""},
+                          {"logprobs", nullptr},
+                          {"finish_reason", e.finish_reason}}));
+          if (include_usage) {
+            json u = envelope(json::object());
+            u["choices"] = json::array();
+            u["usage"] = usage(e);
+            sse(u);
+          }
+          out += "data: [DONE]\n\n";
+        } else {
+          json lp = nullptr;
+          if (want_lp) lp = chat ? json{{"content", st->lp_chat}} : completion_lp(*st);
+          json choice = chat ? json{{"index", 0},
+                                    {"message", {{"role", "assistant"}, {"content", st->text}}},
+                                    {"logprobs", lp},
+                                    {"finish_reason", e.finish_reason}}
+                             : json{{"index", 0},
+                                    {"text", st->text},
+                                    {"logprobs", lp},
+                                    {"finish_reason", e.finish_reason}};
+          json j = envelope(std::move(choice));
+          j["usage"] = usage(e);
+          j["timings"] = timings(e);
+          out = dump(j);
+        }
+        break;
+      }
+      if (!out.empty() && !sink.write(out.data(), out.size())) {
+        job->cancelled = true;
+        return false;
+      }
+      if (done) sink.done();
+      return true;
+    };
+    auto release = [job](bool ok) {
+      if (!ok) job->cancelled = true;
+    };
+    if (stream)
+      res.set_chunked_content_provider("text/event-stream", provider, release);
+    else
+      res.set_chunked_content_provider("application/json", provider, release);
+  }
+
+  static std::string random_id() {
+    static std::mutex mu;
+    static std::mt19937_64 rng(std::random_device{}());
+    std::lock_guard<std::mutex> lock(mu);
+    char b[17];
+    std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(rng()));
+    return b;
+  }
+
+  void generate(const httplib::Request& req, httplib::Response& res, bool chat) {
+    json b;
+    try {
+      b = json::parse(req.body);
+    } catch (const json::exception& e) {
+      bad(cat("the body is not valid JSON: ", e.what()));
+    }
+    if (!b.is_object()) bad("the body must be a JSON object");
+    GenRequest r = chat ? chat_request(b) : completion_request(b);
+    const bool stream = boolean(b, "stream", false);
+    bool include_usage = false;
+    if (b.contains("stream_options") && b["stream_options"].is_object())
+      include_usage = boolean(b["stream_options"], "include_usage", false);
+    // The sampler checks its parameters; a bad one is the client's.
+    try {
+      Sampler check(r.sampling);
+    } catch (const Error& e) {
+      bad(e.what());
+    }
+    auto job = std::make_shared<Job>(std::move(r));
+    if (!sched.submit(job)) {
+      res.set_header("Retry-After", "1");
+      throw ApiError{503, "every slot is busy and the queue is full; retry later", "server_error",
+                     "server_busy"};
+    }
+    respond(res, std::move(job), chat, stream, include_usage);
+  }
+
+  std::string metrics() const {
+    const SchedulerStats s = sched.stats();
+    std::ostringstream o;
+    auto metric = [&](const char* name, const char* type, const char* help, double v) {
+      o << "# HELP kvstream_" << name << " " << help << "\n# TYPE kvstream_" << name << " " << type
+        << "\nkvstream_" << name << " " << v << "\n";
+    };
+    metric("http_requests_total", "counter", "HTTP requests received",
+           static_cast<double>(http_requests.load()));
+    metric("http_errors_total", "counter", "HTTP requests answered with a 4xx or 5xx status",
+           static_cast<double>(http_errors.load()));
+    metric("requests_total", "counter", "Generation requests admitted into a slot",
+           static_cast<double>(s.admitted));
+    metric("requests_rejected_total", "counter", "Generation requests refused with 503",
+           static_cast<double>(s.rejected));
+    metric("requests_finished_total", "counter", "Generations that ended (stop or length)",
+           static_cast<double>(s.finished));
+    metric("requests_cancelled_total", "counter",
+           "Requests whose client went away before their end (queued or running)",
+           static_cast<double>(s.cancelled));
+    metric("requests_failed_total", "counter", "Generations ended by an engine error",
+           static_cast<double>(s.failed));
+    metric("prompt_tokens_total", "counter", "Prompt tokens of admitted requests",
+           static_cast<double>(s.prompt_tokens));
+    metric("completion_tokens_total", "counter", "Tokens generated",
+           static_cast<double>(s.completion_tokens));
+    metric("steps_total", "counter", "Engine steps", static_cast<double>(s.steps));
+    metric("busy_seconds_total", "counter", "Time spent in engine steps", s.busy_s);
+    metric("decode_tokens_per_second", "gauge",
+           "Tokens generated per second of step time over the last 10 s", s.decode_tokens_per_s);
+    metric("slots_busy", "gauge", "Slots with a request", s.slots_busy);
+    metric("slots_total", "gauge", "Slots (-np)", static_cast<double>(s.slots.size()));
+    metric("queue_length", "gauge", "Requests waiting for a slot", s.queued);
+    metric("bytes_streamed_total", "counter", "KV bytes copied host to device by the ring",
+           static_cast<double>(s.bytes_streamed));
+    metric("bytes_written_back_total", "counter", "KV bytes written back device to host",
+           static_cast<double>(s.bytes_written_back));
+    metric("copy_busy_seconds_total", "counter", "Time the host-to-device copy stream was busy",
+           s.copy_busy_s);
+    return o.str();
+  }
+
+  json slots() const {
+    const SchedulerStats s = sched.stats();
+    json out = json::array();
+    for (size_t i = 0; i < s.slots.size(); ++i) {
+      const SlotInfo& x = s.slots[i];
+      out.push_back({{"id", i},
+                     {"state", x.state},
+                     {"n_ctx", eo.n_ctx},
+                     {"n_past", x.n_past},
+                     {"prompt_tokens", x.prompt_tokens},
+                     {"generated_tokens", x.generated},
+                     {"pages_resident", x.pages_resident},
+                     {"pages_streamed", x.pages_streamed}});
+    }
+    return out;
+  }
+
+  void routes(httplib::Server& svr) {
+    auto guard = [](auto fn) {
+      return [fn](const httplib::Request& req, httplib::Response& res) {
+        try {
+          fn(req, res);
+        } catch (const ApiError& e) {
+          send_error(res, e);
+        } catch (const std::exception& e) {
+          send_error(res, ApiError{500, e.what(), "server_error"});
+        }
+      };
+    };
+    svr.Post("/v1/chat/completions",
+             guard([this](const auto& req, auto& res) { generate(req, res, true); }));
+    svr.Post("/v1/completions",
+             guard([this](const auto& req, auto& res) { generate(req, res, false); }));
+    svr.Get("/health", [](const auto&, auto& res) {
+      res.set_content(R"({"status":"ok"})", "application/json");
+    });
+    svr.Get("/v1/models", [this](const auto&, auto& res) {
+      const json m = {{"id", model_id},
+                      {"object", "model"},
+                      {"created", started},
+                      {"owned_by", "kvstream"},
+                      {"meta",
+                       {{"n_ctx", eo.n_ctx},
+                        {"n_vocab", tok.n_vocab()},
+                        {"arch", model.config.arch_name},
+                        {"slots", eo.n_seq}}}};
+      res.set_content(dump({{"object", "list"}, {"data", json::array({m})}}), "application/json");
+    });
+    svr.Get("/metrics", [this](const auto&, auto& res) {
+      res.set_content(metrics(), "text/plain; version=0.0.4");
+    });
+    svr.Get("/slots",
+            [this](const auto&, auto& res) { res.set_content(dump(slots()), "application/json"); });
+    // Authorisation and the request count before routing; OpenAI bodies for what httplib
+    // answers itself (404, 413, ...).
+    svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      ++http_requests;
+      if (a.api_key.empty() || req.path == "/health" || req.method == "OPTIONS")
+        return httplib::Server::HandlerResponse::Unhandled;
+      if (req.get_header_value("Authorization") != "Bearer " + a.api_key) {
+        send_error(res, ApiError{401, "invalid or missing API key (Authorization: Bearer KEY)",
+                                 "invalid_request_error", "invalid_api_key"});
+        return httplib::Server::HandlerResponse::Handled;
+      }
+      return httplib::Server::HandlerResponse::Unhandled;
+    });
+    svr.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+      if (!res.body.empty()) return;
+      // httplib caps form-encoded bodies (curl -d without a Content-Type) at 8 KiB.
+      const bool form = req.get_header_value("Content-Type") == "application/x-www-form-urlencoded";
+      const std::string what =
+          res.status == 404 ? "no such endpoint"
+          : res.status == 413
+              ? (form ? "the request is too large for a form-encoded body; send it as "
+                        "Content-Type: application/json"
+                      : "the request is too large (--max-request-size)")
+              : cat("HTTP status ", res.status);
+      send_error(res, ApiError{res.status, what,
+                               res.status >= 500 ? "server_error" : "invalid_request_error",
+                               res.status == 404 ? "not_found" : ""});
+    });
+    svr.set_logger([this](const auto& req, const auto& res) {
+      if (res.status >= 400) ++http_errors;
+      if (a.s.verbose)
+        std::fprintf(stderr, "kvstream: %s %s %d\n", req.method.c_str(), req.path.c_str(),
+                     res.status);
+    });
+  }
+};
+
+void serve(const ServeArgs& a) {
+  // SIGINT and SIGTERM go to one thread that stops the server: blocked before any thread
+  // starts (the kernels' pool, the device's copy threads), so that every thread inherits the
+  // mask; one that arrives while the model loads stops the server once it is up.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+  const std::string backend = backend_of(a.s);
+  check_flash_attn(a.s);
+  apply_threads(a.s);
+  n_predict_of(a.g);
+  KVS_CHECK(a.port >= 0 && a.port <= 65535, "--port ", a.port, " is out of range (0 to 65535)");
+  KVS_CHECK(a.queue >= 0, "--queue must be 0 or more");
+  KVS_CHECK(a.timeout >= 1, "--timeout must be at least 1 second");
+  Sampler check(a.g.sp);
+  const size_t max_body = parse_size(a.max_body, "--max-request-size");
+  const size_t vram = vram_limit_of(a.s);
+  auto model = Model::load(a.s.model);
+  const EngineOptions eo = engine_options(a.s, model->config);
+  check_host_kv(eo, model->config, backend);
+  auto dev = device_of(a.s, backend, vram);
+  Engine eng(*model, *dev, eo);
+
+  Scheduler sched(eng, *model->tokenizer, a.queue, a.s.verbose);
+  const std::string id =
+      a.alias.empty() ? std::filesystem::path(a.s.model).filename().string() : a.alias;
+  Api api{a, *model, *model->tokenizer, eo, sched, id};
+  httplib::Server svr;
+  const size_t threads = static_cast<size_t>(eo.n_seq + a.queue + 8);
+  svr.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  svr.set_payload_max_length(max_body);
+  // Browser front ends on other origins may call the API (with the key, where there is one).
+  svr.set_default_headers({{"Access-Control-Allow-Origin", "*"}});
+  svr.Options(R"(/.*)", [](const httplib::Request&, httplib::Response& res) {
+    res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+    res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type");
+    res.status = 204;
+  });
+  svr.set_read_timeout(a.timeout);
+  svr.set_write_timeout(a.timeout);
+  api.routes(svr);
+  int port = a.port;
+  if (port == 0)
+    port = svr.bind_to_any_port(a.host);
+  else if (!svr.bind_to_port(a.host, port))
+    port = -1;
+  KVS_CHECK(port > 0, "cannot listen on ", a.host, ":", a.port);
+  std::thread stopper([&] {
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    svr.stop();
+  });
+  std::fprintf(stderr,
+               "kvstream: serving %s (%s template) on http://%s:%d, %d slots of -c %d, -b %d, "
+               "kv-mode %s, arena %s, %d threads\n",
+               id.c_str(), model->tokenizer->chat_family().c_str(), a.host.c_str(), port, eo.n_seq,
+               eo.n_ctx, eo.n_batch, kv_mode_name(eo.kv_mode),
+               format_bytes(eng.arena_bytes()).c_str(), thread_pool().size());
+  std::fflush(stderr);
+  svr.listen_after_bind();
+  if (stopper.joinable()) {
+    pthread_kill(stopper.native_handle(), SIGTERM);
+    stopper.join();
+  }
+  std::fprintf(stderr, "kvstream: server stopped\n");
+}
+
+}  // namespace
+
+void register_serve(CLI::App& app) {
+  auto a = std::make_shared<ServeArgs>();
+  a->g.n_predict = "-1";
+  CLI::App* c = app.add_subcommand(
+      "serve", "OpenAI-compatible HTTP server: /v1/chat/completions, /v1/completions, ...");
+  add_shared(c, a->s, kModel);
+  c->add_option("--host", a->host, "Address to listen on")->capture_default_str();
+  c->add_option("--port", a->port, "Port to listen on (0: any free port, printed)")
+      ->capture_default_str();
+  c->add_option("--api-key", a->api_key,
+                "Require 'Authorization: Bearer KEY' on every endpoint but /health");
+  c->add_option("-a,--alias", a->alias, "Model name the API reports (default: the file's name)");
+  c->add_option("--queue", a->queue, "Requests that may wait for a slot; more get 503")
+      ->capture_default_str();
+  c->add_option("--timeout", a->timeout, "Read and write timeout of a connection in seconds, -to")
+      ->capture_default_str();
+  c->add_option("--max-request-size", a->max_body, "Largest request body")->capture_default_str();
+  c->add_option("-n,--n-predict", a->g.n_predict,
+                "Default max_tokens of a request (-1: until the context is full)")
+      ->capture_default_str();
+  add_sampling(c, a->g);
+  add_shared(c, a->s, kAllShared & ~kModel);
+  c->callback([a] { serve(*a); });
+}
+
+}  // namespace kvs::cli

@@ -1,0 +1,135 @@
+// The server's scheduler (apps/kvstream/scheduler.cpp) on a synthetic model: a long prompt is
+// read in chunks between the decode steps of a running request instead of stalling it; greedy
+// tokens are the same whether requests run alone or together; a full scheduler refuses, and a
+// cancelled request frees its sequence for the next.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "kvs/backend/device.h"
+#include "kvs/engine/engine.h"
+#include "kvs/model/model.h"
+#include "scheduler.h"
+
+namespace kvs::cli {
+namespace {
+
+struct Fixture {
+  explicit Fixture(int32_t n_seq, int32_t n_batch, int32_t max_queue = 8)
+      : model(Model::load("synthetic:tiny")), dev(make_cpu_device(0)) {
+    EngineOptions o;
+    o.n_ctx = 1024;
+    o.n_batch = n_batch;
+    o.page_size = 16;
+    o.n_seq = n_seq;
+    eng = std::make_unique<Engine>(*model, *dev, o);
+    sched = std::make_unique<Scheduler>(*eng, *model->tokenizer, max_queue, false);
+  }
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Device> dev;
+  std::unique_ptr<Engine> eng;
+  std::unique_ptr<Scheduler> sched;
+};
+
+std::shared_ptr<Job> job_of(int32_t n_prompt, int64_t max_tokens, uint32_t seed) {
+  GenRequest r;
+  for (int32_t i = 0; i < n_prompt; ++i)
+    r.prompt.push_back(
+        static_cast<int32_t>((seed * 7919u + static_cast<uint32_t>(i) * 104729u) % 200u + 10u));
+  r.sampling.temp = 0;
+  r.max_tokens = max_tokens;
+  r.top_logprobs = 0;  // the events then carry the token ids
+  return std::make_shared<Job>(std::move(r));
+}
+
+// The job's events until its end (or, with `until_token`, its first token): token ids in `ids`.
+bool drain(Job& j, std::vector<int32_t>& ids, bool until_token = false) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::vector<Event> ev;
+    j.pop(ev, 0.05);
+    for (const Event& e : ev) {
+      if (e.logprob) ids.push_back(e.logprob->id);
+      if (e.done) return e.error.empty();
+    }
+    if (until_token && !ids.empty()) return true;
+  }
+  return false;
+}
+
+TEST(Scheduler, LongPromptIsReadBetweenDecodeSteps) {
+  Fixture f(2, 16);
+  auto a = job_of(8, 400, 1);
+  ASSERT_TRUE(f.sched->submit(a));
+  std::vector<int32_t> before, during, b_ids;
+  ASSERT_TRUE(drain(*a, before, true));
+  std::vector<Event> ev;
+  a->pop(ev, 0);  // what a made before b came
+  ev.clear();
+  auto b = job_of(300, 1, 2);
+  ASSERT_TRUE(f.sched->submit(b));
+  ASSERT_TRUE(drain(*b, b_ids));
+  // Every step of b's prompt carried a token of a: 15 prompt tokens a step beside it.
+  a->pop(ev, 0);
+  for (const Event& e : ev) {
+    ASSERT_FALSE(e.done) << "a ended before b was read; give it more tokens";
+    if (e.logprob) during.push_back(e.logprob->id);
+  }
+  EXPECT_GE(during.size(), (300u + 14u) / 15u);
+  a->cancelled = true;
+}
+
+TEST(Scheduler, TogetherGivesTheTokensOfAlone) {
+  std::vector<std::vector<int32_t>> alone(3), together(3);
+  {
+    Fixture f(1, 32);
+    for (uint32_t i = 0; i < 3; ++i) {
+      auto j = job_of(20 + 40 * static_cast<int32_t>(i), 12, i);
+      ASSERT_TRUE(f.sched->submit(j));
+      ASSERT_TRUE(drain(*j, alone[i]));
+    }
+  }
+  Fixture f(3, 32);
+  std::vector<std::shared_ptr<Job>> jobs;
+  for (uint32_t i = 0; i < 3; ++i) {
+    jobs.push_back(job_of(20 + 40 * static_cast<int32_t>(i), 12, i));
+    ASSERT_TRUE(f.sched->submit(jobs.back()));
+  }
+  for (size_t i = 0; i < 3; ++i) {
+    ASSERT_TRUE(drain(*jobs[i], together[i]));
+    EXPECT_EQ(together[i], alone[i]) << "request " << i;
+    EXPECT_EQ(together[i].size(), 12u);
+  }
+  const SchedulerStats s = f.sched->stats();
+  EXPECT_EQ(s.admitted, 3);
+  EXPECT_EQ(s.finished, 3);
+  EXPECT_EQ(s.completion_tokens, 36);
+  EXPECT_EQ(s.prompt_tokens, 20 + 60 + 100);
+}
+
+TEST(Scheduler, FullRefusesAndCancelFreesTheSequence) {
+  Fixture f(1, 16, 0);
+  auto a = job_of(8, 900, 3);
+  ASSERT_TRUE(f.sched->submit(a));
+  std::vector<int32_t> ids;
+  ASSERT_TRUE(drain(*a, ids, true));
+  EXPECT_FALSE(f.sched->submit(job_of(8, 4, 4)));
+  a->cancelled = true;
+  for (int i = 0; i < 200 && f.sched->stats().slots_busy > 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  const SchedulerStats s = f.sched->stats();
+  EXPECT_EQ(s.slots_busy, 0);
+  EXPECT_EQ(s.cancelled, 1);
+  EXPECT_EQ(s.rejected, 1);
+  auto c = job_of(8, 4, 5);
+  ASSERT_TRUE(f.sched->submit(c));
+  ids.clear();
+  ASSERT_TRUE(drain(*c, ids));
+  EXPECT_EQ(ids.size(), 4u);
+}
+
+}  // namespace
+}  // namespace kvs::cli

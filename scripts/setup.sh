@@ -20,6 +20,14 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO "${apt[@]}" update -qq
   $SUDO env DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y -qq "${missing[@]}" >/dev/null
 fi
+# Headless Chromium for the serve chat page's test (tests/e2e/serve_page.py), which skips
+# without it: not every system has the package, so its absence is no failure.
+if ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then
+  echo "setup: installing chromium" >&2
+  apt=(apt-get -o DPkg::Lock::Timeout=600)
+  $SUDO env DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y -qq chromium >/dev/null ||
+    echo "setup: chromium is not available; the chat page's test will be skipped" >&2
+fi
 
 # Python for tools/reference.py, the tokenizer cross-check and the server's tests (openai).
 if [ ! -x .venv/bin/python3 ]; then

@@ -197,6 +197,11 @@ void Scheduler::finish(Slot& s, const char* reason, bool flush) {
   e.completion_tokens = g.generated;
   e.prompt_s = g.t_first - g.t_admit;
   e.decode_s = now() - g.t_first;
+  SlotInfo kv;
+  count_pages(s, kv);
+  e.n_past = s.seq.n_past;
+  e.pages_resident = kv.pages_resident;
+  e.pages_streamed = kv.pages_streamed;
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.finished;
@@ -247,6 +252,22 @@ void Scheduler::advance(Slot& s, const float* logits) {
   s.next = id;
 }
 
+void Scheduler::count_pages(const Slot& s, SlotInfo& info) const {
+  const int32_t P = eng_.options().page_size;
+  const Plan& plan = eng_.plan();
+  const bool host = eng_.options().kv_mode == KvMode::Host;
+  // Completed pages beyond a layer's resident cap stream; the page being written is resident.
+  const int32_t done = s.seq.n_past / P, tail = s.seq.n_past % P ? 1 : 0;
+  for (int32_t l = 0; l < eng_.kv_shape().n_full; ++l) {
+    const int32_t cap = host || plan.resident.size() <= static_cast<size_t>(s.seq.id)
+                            ? (host ? 0 : done)
+                            : resident_cap(plan, static_cast<size_t>(s.seq.id), l);
+    const int32_t res = std::min(done, cap);
+    info.pages_resident += res + (host ? 0 : tail);
+    info.pages_streamed += done - res + (host ? tail : 0);
+  }
+}
+
 void Scheduler::publish(const StepStats* step, int64_t decoded) {
   const double t = now();
   std::lock_guard<std::mutex> lock(mu_);
@@ -264,9 +285,6 @@ void Scheduler::publish(const StepStats* step, int64_t decoded) {
   stats_.bytes_streamed = tot.bytes_in;
   stats_.bytes_written_back = tot.bytes_out;
   stats_.copy_busy_s = tot.copy_busy_s;
-  const int32_t P = eng_.options().page_size;
-  const Plan& plan = eng_.plan();
-  const bool host = eng_.options().kv_mode == KvMode::Host;
   int32_t busy = 0;
   for (size_t i = 0; i < slots_.size(); ++i) {
     const Slot& s = slots_[i];
@@ -278,16 +296,7 @@ void Scheduler::publish(const StepStats* step, int64_t decoded) {
     info.n_past = s.seq.n_past;
     info.prompt_tokens = static_cast<int64_t>(s.job->request.prompt.size());
     info.generated = s.gen->generated;
-    // Completed pages beyond a layer's resident cap stream; the page being written is resident.
-    const int32_t done = s.seq.n_past / P, tail = s.seq.n_past % P ? 1 : 0;
-    for (int32_t l = 0; l < eng_.kv_shape().n_full; ++l) {
-      const int32_t cap = host || plan.resident.size() <= static_cast<size_t>(s.seq.id)
-                              ? (host ? 0 : done)
-                              : resident_cap(plan, static_cast<size_t>(s.seq.id), l);
-      const int32_t res = std::min(done, cap);
-      info.pages_resident += res + (host ? 0 : tail);
-      info.pages_streamed += done - res + (host ? tail : 0);
-    }
+    count_pages(s, info);
   }
   stats_.slots_busy = busy;
 }

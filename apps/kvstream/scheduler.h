@@ -47,6 +47,9 @@ struct Event {
   std::string error;          // with done: not empty when the generation failed
   int64_t prompt_tokens = 0, completion_tokens = 0;
   double prompt_s = 0, decode_s = 0;
+  // With done: the sequence's KV at the end (positions, and pages as SlotInfo counts them).
+  int32_t n_past = 0;
+  int64_t pages_resident = 0, pages_streamed = 0;
 };
 
 // A request in flight, shared by its handler thread and the scheduler.
@@ -118,6 +121,8 @@ class Scheduler {
   void finish(Slot& s, const char* reason, bool flush);
   void fail(Slot& s, const char* what);
   void publish(const StepStats* step, int64_t decoded);
+  // The pages of s's full layers in the arena and streamed through the ring, into info.
+  void count_pages(const Slot& s, SlotInfo& info) const;
 
   Engine& eng_;
   const Tokenizer& tok_;

@@ -15,6 +15,7 @@
 #include <sstream>
 #include <thread>
 
+#include "chat_page.h"
 #include "commands.h"
 #include "kvs/model/model.h"
 #include "kvs/util/error.h"
@@ -247,6 +248,16 @@ struct Api {
              e.decode_s > 0 ? static_cast<double>(e.completion_tokens) / e.decode_s : 0.0}};
   }
 
+  // The non-OpenAI figures of an answer, for the chat page and other clients that want them.
+  json kvstream_figures(const Event& e) const {
+    return {{"tokens_per_s",
+             e.decode_s > 0 ? static_cast<double>(e.completion_tokens) / e.decode_s : 0.0},
+            {"context_used", e.n_past},
+            {"n_ctx", eo.n_ctx},
+            {"pages_resident", e.pages_resident},
+            {"pages_streamed", e.pages_streamed}};
+  }
+
   json token_json(int32_t id, float lp) const {
     const std::string piece = tok.token_to_piece(id, true);
     return {{"token", piece},
@@ -358,16 +369,16 @@ struct Api {
         if (!e.done) continue;
         done = true;
         if (stream) {
-          if (chat)
-            sse(envelope({{"index", 0},
-                          {"delta", json::object()},
-                          {"logprobs", nullptr},
-                          {"finish_reason", e.finish_reason}}));
-          else
-            sse(envelope({{"index", 0},
-                          {"text", ""},
-                          {"logprobs", nullptr},
-                          {"finish_reason", e.finish_reason}}));
+          json last = chat ? envelope({{"index", 0},
+                                       {"delta", json::object()},
+                                       {"logprobs", nullptr},
+                                       {"finish_reason", e.finish_reason}})
+                           : envelope({{"index", 0},
+                                       {"text", ""},
+                                       {"logprobs", nullptr},
+                                       {"finish_reason", e.finish_reason}});
+          last["kvstream"] = kvstream_figures(e);
+          sse(last);
           if (include_usage) {
             json u = envelope(json::object());
             u["choices"] = json::array();
@@ -389,6 +400,7 @@ struct Api {
           json j = envelope(std::move(choice));
           j["usage"] = usage(e);
           j["timings"] = timings(e);
+          j["kvstream"] = kvstream_figures(e);
           out = dump(j);
         }
         break;
@@ -521,6 +533,8 @@ struct Api {
              guard([this](const auto& req, auto& res) { generate(req, res, true); }));
     svr.Post("/v1/completions",
              guard([this](const auto& req, auto& res) { generate(req, res, false); }));
+    // The chat page (chat_page.html, embedded at build time); it asks for the key itself.
+    svr.Get("/", [](const auto&, auto& res) { res.set_content(kChatPage, "text/html"); });
     svr.Get("/health", [](const auto&, auto& res) {
       res.set_content(R"({"status":"ok"})", "application/json");
     });
@@ -545,7 +559,8 @@ struct Api {
     // answers itself (404, 413, ...).
     svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       ++http_requests;
-      if (a.api_key.empty() || req.path == "/health" || req.method == "OPTIONS")
+      if (a.api_key.empty() || req.path == "/health" || req.path == "/" ||
+          req.method == "OPTIONS")
         return httplib::Server::HandlerResponse::Unhandled;
       if (req.get_header_value("Authorization") != "Bearer " + a.api_key) {
         send_error(res, ApiError{401, "invalid or missing API key (Authorization: Bearer KEY)",

@@ -241,17 +241,18 @@ struct Api {
             {"completion_tokens", e.completion_tokens},
             {"total_tokens", e.prompt_tokens + e.completion_tokens}};
   }
+  static double decode_rate(const Event& e) {
+    return e.decode_s > 0 ? static_cast<double>(e.completion_tokens) / e.decode_s : 0.0;
+  }
   json timings(const Event& e) const {
     return {{"prompt_ms", e.prompt_s * 1e3},
             {"predicted_ms", e.decode_s * 1e3},
-            {"predicted_per_second",
-             e.decode_s > 0 ? static_cast<double>(e.completion_tokens) / e.decode_s : 0.0}};
+            {"predicted_per_second", decode_rate(e)}};
   }
 
   // The non-OpenAI figures of an answer, for the chat page and other clients that want them.
   json kvstream_figures(const Event& e) const {
-    return {{"tokens_per_s",
-             e.decode_s > 0 ? static_cast<double>(e.completion_tokens) / e.decode_s : 0.0},
+    return {{"tokens_per_s", decode_rate(e)},
             {"context_used", e.n_past},
             {"n_ctx", eo.n_ctx},
             {"pages_resident", e.pages_resident},

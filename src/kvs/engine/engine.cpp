@@ -295,10 +295,8 @@ Sequence Engine::open_sequence() {
       slots_[i].live = true;
       slots_[i].n_past = 0;
       if (shape_.n_recurrent > 0) {  // a new sequence's recurrent layers start from zero
-        const std::vector<uint8_t> zero(shape_.recurrent_layer_bytes * shape_.n_recurrent, 0);
-        for (int32_t il = 0; il < cfg_.n_layer; ++il)
-          if (rec_index_[static_cast<size_t>(il)] == 0)
-            dev_.upload(recurrent_state(static_cast<int32_t>(i), il), zero.data(), zero.size());
+        const std::vector<uint8_t> zero(shape_.recurrent_bytes / slots_.size(), 0);
+        dev_.upload(rstate_.as() + i * zero.size(), zero.data(), zero.size());
       }
       plan_dirty_ = true;
       return Sequence{static_cast<int32_t>(i), 0};

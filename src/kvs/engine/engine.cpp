@@ -57,9 +57,9 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt)
   KVS_CHECK(opt.n_seq >= 1 && opt.n_seq <= 4096, "--parallel must be 1 to 4096");
   KVS_CHECK(opt.n_seq <= opt.n_batch, "--parallel ", opt.n_seq, " is more than -b/--batch-size ",
             opt.n_batch, ": a decode step of every sequence must fit one batch");
-  KVS_CHECK(cfg_.n_layers_of(LayerKind::Recurrent) == 0 || dev.has_gated_delta_net(), cfg_.arch_name,
-            ": the ", dev.name(), " backend has no gated_delta_net (the Gated DeltaNet layers' "
-            "operation) yet; run this model on the cpu backend");
+  KVS_CHECK(cfg_.n_layers_of(LayerKind::Recurrent) == 0 || dev.has_gated_delta_net(),
+            cfg_.arch_name, ": the ", dev.name(), " backend has no gated_delta_net (the Gated "
+            "DeltaNet layers' operation) yet; run this model on the cpu backend");
   if (cfg_.attn_gate) {
     Weights host = model.weights;
     gated_q_.resize(static_cast<size_t>(cfg_.n_layer));
@@ -93,9 +93,13 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt)
   rope_swa_.freq_factors = nullptr;
   kv_index_.assign(static_cast<size_t>(cfg_.n_layer), -1);
   rec_index_.assign(static_cast<size_t>(cfg_.n_layer), -1);
-  for (int32_t il = 0, n = 0, r = 0; il < cfg_.n_layer; ++il) {
+  attn_index_.assign(static_cast<size_t>(cfg_.n_layer), -1);
+  for (int32_t il = 0, n = 0, r = 0, a = 0; il < cfg_.n_layer; ++il) {
     if (full(il)) kv_index_[static_cast<size_t>(il)] = n++;
-    if (recurrent(il)) rec_index_[static_cast<size_t>(il)] = r++;
+    if (recurrent(il))
+      rec_index_[static_cast<size_t>(il)] = r++;
+    else
+      attn_index_[static_cast<size_t>(il)] = a++;
   }
   shape_ = kv_shape(cfg_, opt);
 
@@ -140,7 +144,8 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt)
   const size_t all_bytes = static_cast<size_t>(all_frames) * page;
   const size_t free_bytes = dev.capacity() == 0 ? SIZE_MAX : dev.capacity() - dev.used();
   if (opt.kv_mode == KvMode::Host) {
-    host_ = std::make_unique<HostStore>(dev, page, L, opt.n_seq, max_pages_);
+    host_ = std::make_unique<HostStore>(dev, page, shape_.n_full + shape_.n_window, opt.n_seq,
+                                        max_pages_);
     host_dev_ = make_cpu_device(0);
     const size_t hb = b * static_cast<size_t>(std::max(cfg_.q_dim(), cfg_.kv_dim()));
     hq_.resize(hb);
@@ -361,7 +366,7 @@ void Engine::fill_random(Sequence& s, int32_t n, uint32_t seed) {
       for (int32_t il = 0; il < cfg_.n_layer; ++il) {
         if (recurrent(il)) continue;
         for (int32_t j = 0; j < m; ++j)
-          dst_[static_cast<size_t>(j)] = host_->page(s.id, il, (s.n_past + j) / P);
+          dst_[static_cast<size_t>(j)] = host_->page(s.id, store_layer(il), (s.n_past + j) / P);
         host_dev_->kv_write(kv_, hk.data(), hv.data(), m, dst_.data(), page_slot_.data());
       }
     } else {
@@ -665,13 +670,13 @@ void Engine::attend_host(int32_t il, const BatchEntry& e, int32_t off) {
   dev_.download(hk_.data(), act_.k + off * kvd, static_cast<size_t>(e.n * kvd) * f);
   dev_.download(hv_.data(), act_.v + off * kvd, static_cast<size_t>(e.n * kvd) * f);
   for (int32_t j = 0; j < e.n; ++j)
-    dst_[static_cast<size_t>(j)] = host_->page(s, il, (e.seq->n_past + j) / P);
+    dst_[static_cast<size_t>(j)] = host_->page(s, store_layer(il), (e.seq->n_past + j) / P);
   host_dev_->kv_write(kv_, hk_.data(), hv_.data(), e.n, dst_.data(), page_slot_.data() + off);
   spans_.clear();
   const int32_t total = e.seq->n_past + e.n;
   const int32_t window = full(il) ? 0 : cfg_.n_swa;
   for (int32_t p = window > 0 ? std::max(0, e.seq->n_past - window + 1) / P : 0; p * P < total; ++p)
-    spans_.push_back({host_->page(s, il, p), p * P, std::min(P, total - p * P)});
+    spans_.push_back({host_->page(s, store_layer(il), p), p * P, std::min(P, total - p * P)});
   AttentionArgs a;
   a.q = hq_.data();
   a.out = hatt_.data();

@@ -176,9 +176,9 @@ class Engine {
     return reinterpret_cast<float*>(rstate_.as() + i * shape_.recurrent_layer_bytes);
   }
   // The layer's index in the host store and the ring: among the full layers, or (host mode,
-  // where the host keeps every layer) the layer itself.
+  // where the host keeps every attention layer) among the full and window layers.
   int32_t store_layer(int32_t il) const {
-    return host_dev_ ? il : kv_index_[static_cast<size_t>(il)];
+    return (host_dev_ ? attn_index_ : kv_index_)[static_cast<size_t>(il)];
   }
 
   // The forward pass of each architecture family (engine/forward_*.cpp) over the blocks below.
@@ -219,6 +219,7 @@ class Engine {
   KvShape shape_;
   std::vector<int32_t> kv_index_;   // [layer]: index among the full layers, -1 for the others
   std::vector<int32_t> rec_index_;  // [layer]: index among the recurrent layers, -1 for the others
+  std::vector<int32_t> attn_index_;  // [layer]: index among the others, -1 for the recurrent
   // qwen35: attn_q's rows regrouped [q of every head; gate of every head] (the file has them
   // per head), so that each is one product: [layer], empty for the others.
   std::vector<std::vector<uint8_t>> gated_q_;

@@ -57,8 +57,9 @@ void plan_cmd(const PlanArgs& pa) {
   const bool phase = Engine::phase_arena(c, o);
   const size_t pass = Engine::pass_bytes(c, o.n_batch);
   const size_t work = phase ? (pass + 256 + page - 1) / page * page : 0;
-  const size_t buffers =
-      Engine::activation_bytes(c, o) - (phase ? pass - Engine::pass_bytes(c, o.n_seq) : 0);
+  // The recurrent layers' states are buffers of their own beside the arena.
+  const size_t buffers = Engine::activation_bytes(c, o) + shape.recurrent_bytes -
+                         (phase ? pass - Engine::pass_bytes(c, o.n_seq) : 0);
   // What a step reads of the windows: their last n_swa positions, or all there are.
   const size_t window_read = static_cast<size_t>(shape.n_window) * (kv.k_row + kv.v_row) *
                              static_cast<size_t>(std::min<int64_t>(ctx, c.n_swa)) *
@@ -83,9 +84,11 @@ void plan_cmd(const PlanArgs& pa) {
   // `arena`: the KV's while prefilling; the decode's has the workspace too.
   const size_t prefill_arena = arena;
   arena += work;
-  // T_gpu: a decode step reads every weight once and each sequence's whole KV.
+  // T_gpu: a decode step reads every weight once, each sequence's whole KV, and reads and
+  // writes every recurrent state.
   const double hbm = pa.hbm_gbps * 1e9, h2d = a.h2d_gbps * 1e9;
   const double gpu_s = (static_cast<double>(weights) + static_cast<double>(window_read) +
+                        2 * static_cast<double>(shape.recurrent_bytes) +
                         static_cast<double>(kv_token) * static_cast<double>(ctx) * parallel) /
                        hbm;
   const auto plan_of = [&](size_t arena_bytes) {
@@ -125,6 +128,9 @@ void plan_cmd(const PlanArgs& pa) {
   if (shape.n_window > 0)
     std::printf(", %d window of %d positions (resident, %d pages each: %s)", shape.n_window,
                 c.n_swa, shape.window_pages, format_bytes(shape.window_bytes).c_str());
+  if (shape.n_recurrent > 0)
+    std::printf(", %d recurrent (resident state beside the arena: %s)", shape.n_recurrent,
+                format_bytes(shape.recurrent_bytes).c_str());
   std::printf("\n");
   std::printf("context    %lld tokens x %d sequence(s): KV %s in %d pages of %s per full layer\n",
               static_cast<long long>(ctx), parallel, format_bytes(kv_all).c_str(), pages,
@@ -172,6 +178,8 @@ void plan_cmd(const PlanArgs& pa) {
     j["window_layers"] = shape.n_window;
     j["window"] = c.n_swa;
     j["window_bytes"] = shape.window_bytes;
+    j["recurrent_layers"] = shape.n_recurrent;
+    j["recurrent_bytes"] = shape.recurrent_bytes;
     j["resident_fraction"] = resident_frac;
     j["resident_pages"] = p.resident;
     j["resident_extra_layers"] = p.extra;

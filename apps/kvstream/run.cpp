@@ -309,6 +309,8 @@ void write_run_json(const RunArgs& a, const Engine& eng,
   kv["full_layers"] = eng.kv_shape().n_full;
   kv["window_layers"] = eng.kv_shape().n_window;
   kv["window_bytes"] = eng.kv_shape().window_bytes;
+  kv["recurrent_layers"] = eng.kv_shape().n_recurrent;
+  kv["recurrent_bytes"] = eng.kv_shape().recurrent_bytes;
   kv["host_store_bytes"] = eng.host_bytes();
   const Plan& p = eng.plan();
   kv["plan"] = {{"resident_pages", p.resident},
@@ -383,6 +385,11 @@ void run(const RunArgs& a) {
                  "kvstream: layers: %d full (paged, may stream), %d window of %d positions "
                  "(resident, %s)\n",
                  k.n_full, k.n_window, model->config.n_swa, format_bytes(k.window_bytes).c_str());
+  if (const KvShape& k = eng.kv_shape(); k.n_recurrent > 0)
+    std::fprintf(stderr,
+                 "kvstream: layers: %d full (paged, may stream), %d recurrent (resident state, "
+                 "%s)\n",
+                 k.n_full, k.n_recurrent, format_bytes(k.recurrent_bytes).c_str());
 
   catch_interrupt(true);
   Outcome r;

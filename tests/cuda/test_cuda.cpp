@@ -314,5 +314,20 @@ TEST(CudaVsCpu, SmolLM2LogitsAndGreedyText) {
   }
 }
 
+// qwen35's Gated DeltaNet layers have no CUDA kernel yet: the engine refuses the model naming
+// the operation before it places the weights or allocates anything.
+TEST(CudaErrors, Qwen35IsRefusedBeforeAnyAllocation) {
+  NEED_GPU(gpu);
+  auto m = Model::load("synthetic:tiny-qwen35");
+  const size_t used = gpu->used();
+  try {
+    Engine e(*m, *gpu, EngineOptions{});
+    FAIL() << "a qwen35 engine was built on the CUDA backend";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("gated_delta_net"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(gpu->used(), used);
+}
+
 }  // namespace
 }  // namespace kvs

@@ -197,7 +197,7 @@ INSTANTIATE_TEST_SUITE_P(E2E, Synthetic,
                          ::testing::Values("tiny", "tiny-qwen2", "tiny-qwen3", "tiny-qwen2:q4_0",
                                            "tiny-qwen3:q4_k", "tiny:iq4_nl", "tiny-h128:iq4_xs",
                                            "tiny-h128:q3_k", "tiny-h128:q2_k", "tiny-gemma3",
-                                           "tiny-gemma3:q4_k"),
+                                           "tiny-gemma3:q4_k", "tiny-qwen35", "tiny-qwen35:q4_k"),
                          [](const ::testing::TestParamInfo<const char*>& p) {
                            std::string s = p.param;
                            for (char& c : s)

@@ -168,6 +168,28 @@ TEST_F(StreamCli, PlanPrintsThePartitionAndTheBound) {
             off.json["streamed_bytes_per_step"].get<size_t>());
 }
 
+// qwen35's recurrent layers: a state per sequence beside the arena, counted with the buffers
+// that --vram-limit must hold. The 27B: 48 Gated DeltaNet layers, each a conv tail of 3 rows of
+// 10240 channels and 48 value heads' 128 x 128 states, in f32.
+TEST_F(StreamCli, PlanCountsTheRecurrentStates) {
+  const std::string args =
+      "plan -m synthetic:qwen35-27b:iq4_xs -c 256k -ctk q8_0 -ctv q4_0 --h2d-gbps 50 "
+      "--vram-limit 16G";
+  const Outcome one = kvstream(args, "plan_qwen35");
+  ASSERT_EQ(one.status, 0) << one.err;
+  const size_t layer = (size_t{3} * 10240 + size_t{48} * 128 * 128) * 4;
+  EXPECT_EQ(one.json["full_layers"].get<int>(), 16);
+  EXPECT_EQ(one.json["recurrent_layers"].get<int>(), 48);
+  EXPECT_EQ(one.json["recurrent_bytes"].get<size_t>(), 48 * layer);
+  EXPECT_NE(one.out.find("48 recurrent (resident state"), std::string::npos) << one.out;
+  const Outcome two = kvstream(args + " -np 2", "plan_qwen35_np2");
+  ASSERT_EQ(two.status, 0) << two.err;
+  EXPECT_EQ(two.json["recurrent_bytes"].get<size_t>(), 2 * 48 * layer);
+  // The second sequence's states come out of the arena (beside the buffers of its rows).
+  EXPECT_LE(two.json["arena_bytes"].get<size_t>() + 48 * layer,
+            one.json["arena_bytes"].get<size_t>());
+}
+
 // bench on the CPU backend: ascending depths continue one sequence, every mode gets a row per
 // depth, auto streams at the deepest one under a small arena, and --pair's sequences decode the
 // same tokens together as alone. unified needs the CUDA backend and says so.

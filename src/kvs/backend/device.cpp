@@ -29,4 +29,9 @@ void Device::gated_delta_net(const DeltaNetArgs&) {
   fail("Gated DeltaNet layers (qwen35) are not implemented on the ", name(), " backend");
 }
 
+void Device::sigmoid_mul(float*, const float*, int64_t) {
+  fail("the gated attention of qwen35 (sigmoid_mul) is not implemented on the ", name(),
+       " backend");
+}
+
 }  // namespace kvs

@@ -199,6 +199,11 @@ class Device {
 
   // A Gated DeltaNet layer's recurrent part (DeltaNetArgs); fails on a backend without it.
   virtual void gated_delta_net(const DeltaNetArgs& a);
+  // x *= sigmoid(gate) (qwen35's gated attention output); fails on a backend without it.
+  virtual void sigmoid_mul(float* x, const float* gate, int64_t n);
+  // Whether gated_delta_net and sigmoid_mul run here: the engine refuses a qwen35 model before
+  // allocating anything otherwise.
+  virtual bool has_gated_delta_net() const { return false; }
 
   // Asynchronous work. copy() on a stream is ordered with everything else on that stream.
   virtual void copy(Stream s, void* dst, const void* src, size_t n) = 0;

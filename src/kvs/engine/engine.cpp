@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <string_view>
 #include <utility>
 
@@ -56,8 +57,29 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt)
   KVS_CHECK(opt.n_seq >= 1 && opt.n_seq <= 4096, "--parallel must be 1 to 4096");
   KVS_CHECK(opt.n_seq <= opt.n_batch, "--parallel ", opt.n_seq, " is more than -b/--batch-size ",
             opt.n_batch, ": a decode step of every sequence must fit one batch");
-  KVS_CHECK(cfg_.n_layers_of(LayerKind::Recurrent) == 0, "recurrent layers are not supported yet");
-  w_ = dev.place_weights(model.weights);
+  KVS_CHECK(cfg_.n_layers_of(LayerKind::Recurrent) == 0 || dev.has_gated_delta_net(),
+            cfg_.arch_name, ": the ", dev.name(), " backend has no gated_delta_net (the Gated "
+            "DeltaNet layers' operation) yet; run this model on the cpu backend");
+  if (cfg_.attn_gate) {
+    Weights host = model.weights;
+    gated_q_.resize(static_cast<size_t>(cfg_.n_layer));
+    const int64_t hd = cfg_.head_dim;
+    for (int32_t il = 0; il < cfg_.n_layer; ++il) {
+      if (recurrent(il)) continue;
+      Matrix& wq = host.layers[static_cast<size_t>(il)].wq;
+      std::vector<uint8_t>& rows = gated_q_[static_cast<size_t>(il)];
+      rows.resize(wq.bytes());
+      for (int64_t r = 0; r < wq.n_out; ++r) {
+        const int64_t half = r / cfg_.q_dim(), h = r % cfg_.q_dim() / hd, j = r % hd;
+        std::memcpy(rows.data() + static_cast<size_t>(r) * wq.row_bytes,
+                    wq.row(h * 2 * hd + half * hd + j), wq.row_bytes);
+      }
+      wq.data = rows.data();
+    }
+    w_ = dev.place_weights(host);
+  } else {
+    w_ = dev.place_weights(model.weights);
+  }
   kv_ = KvLayout::make(opt.k_type, opt.v_type, opt.page_size, cfg_.n_head_kv, cfg_.head_dim);
   rope_.mode = cfg_.rope_mode;
   rope_.head_dim = cfg_.head_dim;
@@ -70,8 +92,15 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt)
   rope_swa_.linear_scale = 1.0f;
   rope_swa_.freq_factors = nullptr;
   kv_index_.assign(static_cast<size_t>(cfg_.n_layer), -1);
-  for (int32_t il = 0, n = 0; il < cfg_.n_layer; ++il)
+  rec_index_.assign(static_cast<size_t>(cfg_.n_layer), -1);
+  attn_index_.assign(static_cast<size_t>(cfg_.n_layer), -1);
+  for (int32_t il = 0, n = 0, r = 0, a = 0; il < cfg_.n_layer; ++il) {
     if (full(il)) kv_index_[static_cast<size_t>(il)] = n++;
+    if (recurrent(il))
+      rec_index_[static_cast<size_t>(il)] = r++;
+    else
+      attn_index_[static_cast<size_t>(il)] = a++;
+  }
   shape_ = kv_shape(cfg_, opt);
 
   const int32_t L = cfg_.n_layer;
@@ -91,6 +120,8 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt)
   // Pinned, so the step's last copy runs at the bus's speed (a pageable one goes through the
   // driver's staging buffers, on the step's critical path).
   hlogits_ = dev.alloc_host(static_cast<size_t>(opt.n_seq) * cfg_.n_vocab * f, "logits (host)");
+  // Before the arena is sized, which takes what is left.
+  if (shape_.recurrent_bytes > 0) rstate_ = dev.alloc(shape_.recurrent_bytes, "recurrent state");
   ids_.resize(b);
   pos_.resize(b);
   page_slot_.resize(b);
@@ -113,7 +144,8 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt)
   const size_t all_bytes = static_cast<size_t>(all_frames) * page;
   const size_t free_bytes = dev.capacity() == 0 ? SIZE_MAX : dev.capacity() - dev.used();
   if (opt.kv_mode == KvMode::Host) {
-    host_ = std::make_unique<HostStore>(dev, page, L, opt.n_seq, max_pages_);
+    host_ = std::make_unique<HostStore>(dev, page, shape_.n_full + shape_.n_window, opt.n_seq,
+                                        max_pages_);
     host_dev_ = make_cpu_device(0);
     const size_t hb = b * static_cast<size_t>(std::max(cfg_.q_dim(), cfg_.kv_dim()));
     hq_.resize(hb);
@@ -186,12 +218,19 @@ Engine::~Engine() {
 size_t Engine::carve(const ModelConfig& c, int64_t rows, uint8_t* base, Activations* a) {
   Activations sizes_only{};
   Activations& t = a ? *a : sizes_only;
+  const bool rec = c.n_layers_of(LayerKind::Recurrent) > 0;
   const std::pair<float**, int64_t> arrays[] = {
       {&t.x, c.n_embd},       {&t.h, std::max(c.n_embd, c.q_dim())},
       {&t.q, c.q_dim()},      {&t.k, c.kv_dim()},
       {&t.v, c.kv_dim()},     {&t.att, c.q_dim()},
       {&t.acc, 2 * c.n_head}, {&t.gate, c.n_ff},
-      {&t.up, c.n_ff}};
+      {&t.up, c.n_ff},
+      {&t.attn_gate, c.attn_gate ? c.q_dim() : 0},
+      {&t.mix, rec ? c.ssm_conv_dim() : 0},
+      {&t.z, rec ? c.ssm_value_dim() : 0},
+      {&t.alpha, rec ? c.ssm_v_heads : 0},
+      {&t.beta, rec ? c.ssm_v_heads : 0},
+      {&t.y, rec ? c.ssm_value_dim() : 0}};
   size_t off = 0;
   for (const auto& [array, width] : arrays) {
     if (base) *array = reinterpret_cast<float*>(base + off);
@@ -240,6 +279,14 @@ KvShape Engine::kv_shape(const ModelConfig& c, const EngineOptions& o) {
   k.full_bytes = static_cast<size_t>(k.max_pages) * static_cast<size_t>(k.n_full) * seqs * k.page_bytes;
   k.window_bytes =
       static_cast<size_t>(k.window_pages) * static_cast<size_t>(k.n_window) * seqs * k.page_bytes;
+  k.n_recurrent = c.n_layers_of(LayerKind::Recurrent);
+  if (k.n_recurrent > 0)
+    k.recurrent_layer_bytes =
+        (static_cast<size_t>(c.ssm_conv - 1) * static_cast<size_t>(c.ssm_conv_dim()) +
+         static_cast<size_t>(c.ssm_v_heads) * static_cast<size_t>(c.ssm_state) *
+             static_cast<size_t>(c.ssm_state)) *
+        sizeof(float);
+  k.recurrent_bytes = k.recurrent_layer_bytes * static_cast<size_t>(k.n_recurrent) * seqs;
   return k;
 }
 
@@ -252,6 +299,10 @@ Sequence Engine::open_sequence() {
     if (!slots_[i].live) {
       slots_[i].live = true;
       slots_[i].n_past = 0;
+      if (shape_.n_recurrent > 0) {  // a new sequence's recurrent layers start from zero
+        const std::vector<uint8_t> zero(shape_.recurrent_bytes / slots_.size(), 0);
+        dev_.upload(rstate_.as() + i * zero.size(), zero.data(), zero.size());
+      }
       plan_dirty_ = true;
       return Sequence{static_cast<int32_t>(i), 0};
     }
@@ -313,8 +364,9 @@ void Engine::fill_random(Sequence& s, int32_t n, uint32_t seed) {
     for (size_t j = 0; j < rows; ++j) hk[j] = uniform(), hv[j] = uniform();
     if (opt_.kv_mode == KvMode::Host) {
       for (int32_t il = 0; il < cfg_.n_layer; ++il) {
+        if (recurrent(il)) continue;
         for (int32_t j = 0; j < m; ++j)
-          dst_[static_cast<size_t>(j)] = host_->page(s.id, il, (s.n_past + j) / P);
+          dst_[static_cast<size_t>(j)] = host_->page(s.id, store_layer(il), (s.n_past + j) / P);
         host_dev_->kv_write(kv_, hk.data(), hv.data(), m, dst_.data(), page_slot_.data());
       }
     } else {
@@ -325,6 +377,7 @@ void Engine::fill_random(Sequence& s, int32_t n, uint32_t seed) {
       dev_.upload(act_.k, hk.data(), rows * sizeof(float));
       dev_.upload(act_.v, hv.data(), rows * sizeof(float));
       for (int32_t il = 0; il < cfg_.n_layer; ++il) {
+        if (recurrent(il)) continue;
         add_pages(il, batch);
         dev_.kv_write(kv_, act_.k, act_.v, m, kv_pages(il, batch), page_slot_.data());
         if (ring_ && full(il)) {
@@ -405,7 +458,8 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
       forward_gemma3(pass);
       break;
     case Arch::Qwen35:
-      fail("qwen35 is not supported yet");  // its recurrent layers are refused at construction
+      forward_qwen35(pass);
+      break;
   }
   KVS_CHECK(!ring_ || pass.cursor == ring_->n_items(), "ring: ", ring_->n_items() - pass.cursor,
             " streamed pages were not read");
@@ -463,8 +517,16 @@ void Engine::self_attention(Pass& p, int32_t il) {
   const int32_t n = p.n_tok;
   float *h = act_.h, *q = act_.q, *k = act_.k, *v = act_.v;
   const auto bias = [](const Vec& b) { return b.empty() ? nullptr : b.data(); };
-  const MatJob qkv[] = {{&L.wq, q, bias(L.bq)}, {&L.wk, k, bias(L.bk)}, {&L.wv, v, bias(L.bv)}};
-  dev_.matmuls(h, n, qkv, 3);
+  if (c.attn_gate) {  // wq's rows regrouped [q; gate] at construction
+    Matrix wq = L.wq, wg = L.wq;
+    wq.n_out = wg.n_out = c.q_dim();
+    wg.data = L.wq.row(c.q_dim());
+    const MatJob qkv[] = {{&wq, q}, {&wg, act_.attn_gate}, {&L.wk, k}, {&L.wv, v}};
+    dev_.matmuls(h, n, qkv, 4);
+  } else {
+    const MatJob qkv[] = {{&L.wq, q, bias(L.bq)}, {&L.wk, k, bias(L.bk)}, {&L.wv, v, bias(L.bv)}};
+    dev_.matmuls(h, n, qkv, 3);
+  }
   // The batch's K and V rows go to their pages in the rope's own pass (host mode: attend_host),
   // which normalizes the q and k heads first where the model has it.
   const RopeParams& rope = full(il) ? rope_ : rope_swa_;
@@ -487,6 +549,7 @@ void Engine::self_attention(Pass& p, int32_t il) {
     else
       attend(il, p.batch[i], p.offs[i], p.cursor);
   }
+  if (c.attn_gate) dev_.sigmoid_mul(act_.att, act_.attn_gate, int64_t{n} * c.q_dim());
   if (ring_ && full(il)) {
     write_back(il, p.batch);
     ring_->layers_done(store_layer(il) + 1);
@@ -607,13 +670,13 @@ void Engine::attend_host(int32_t il, const BatchEntry& e, int32_t off) {
   dev_.download(hk_.data(), act_.k + off * kvd, static_cast<size_t>(e.n * kvd) * f);
   dev_.download(hv_.data(), act_.v + off * kvd, static_cast<size_t>(e.n * kvd) * f);
   for (int32_t j = 0; j < e.n; ++j)
-    dst_[static_cast<size_t>(j)] = host_->page(s, il, (e.seq->n_past + j) / P);
+    dst_[static_cast<size_t>(j)] = host_->page(s, store_layer(il), (e.seq->n_past + j) / P);
   host_dev_->kv_write(kv_, hk_.data(), hv_.data(), e.n, dst_.data(), page_slot_.data() + off);
   spans_.clear();
   const int32_t total = e.seq->n_past + e.n;
   const int32_t window = full(il) ? 0 : cfg_.n_swa;
   for (int32_t p = window > 0 ? std::max(0, e.seq->n_past - window + 1) / P : 0; p * P < total; ++p)
-    spans_.push_back({host_->page(s, il, p), p * P, std::min(P, total - p * P)});
+    spans_.push_back({host_->page(s, store_layer(il), p), p * P, std::min(P, total - p * P)});
   AttentionArgs a;
   a.q = hq_.data();
   a.out = hatt_.data();

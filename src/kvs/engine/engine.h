@@ -78,12 +78,17 @@ struct EngineStats {
 
 // The KV cache's shape by layer kind, for planning without building an engine.
 struct KvShape {
-  int32_t n_full = 0, n_window = 0;  // layers of each kind
+  int32_t n_full = 0, n_window = 0, n_recurrent = 0;  // layers of each kind
   int32_t max_pages = 0;             // pages of one sequence's whole history in a full layer
   int32_t window_pages = 0;          // frames one sequence's window takes in a window layer
   size_t page_bytes = 0;
   size_t full_bytes = 0;    // every full layer's history of every sequence
   size_t window_bytes = 0;  // every window layer's frames of every sequence
+  // A recurrent layer's state of one sequence (f32: the conv tail, then the delta-rule state
+  // of every value head), and every recurrent layer's of every sequence: resident, beside the
+  // arena.
+  size_t recurrent_layer_bytes = 0;
+  size_t recurrent_bytes = 0;
 };
 
 class Engine {
@@ -160,17 +165,30 @@ class Engine {
     return resident_cap(plan_, static_cast<size_t>(seq), kv_index_[static_cast<size_t>(il)]);
   }
   bool full(int32_t il) const { return cfg_.kinds[static_cast<size_t>(il)] == LayerKind::Full; }
+  bool recurrent(int32_t il) const {
+    return cfg_.kinds[static_cast<size_t>(il)] == LayerKind::Recurrent;
+  }
+  // Sequence slot s's state at recurrent layer il: the conv tail [conv - 1][conv_dim], then
+  // the delta-rule state [v_heads][head][head].
+  float* recurrent_state(int32_t s, int32_t il) const {
+    const size_t i = static_cast<size_t>(s) * static_cast<size_t>(shape_.n_recurrent) +
+                     static_cast<size_t>(rec_index_[static_cast<size_t>(il)]);
+    return reinterpret_cast<float*>(rstate_.as() + i * shape_.recurrent_layer_bytes);
+  }
   // The layer's index in the host store and the ring: among the full layers, or (host mode,
-  // where the host keeps every layer) the layer itself.
+  // where the host keeps every attention layer) among the full and window layers.
   int32_t store_layer(int32_t il) const {
-    return host_dev_ ? il : kv_index_[static_cast<size_t>(il)];
+    return (host_dev_ ? attn_index_ : kv_index_)[static_cast<size_t>(il)];
   }
 
   // The forward pass of each architecture family (engine/forward_*.cpp) over the blocks below.
   void forward_llama(Pass& p);
   void forward_gemma3(Pass& p);
+  void forward_qwen35(Pass& p);
   // h_ (the normed rows) -> q, k, v -> the layer's pages -> att_: every entry's attention.
   void self_attention(Pass& p, int32_t il);
+  // h_ -> a Gated DeltaNet layer of every entry, each over its sequence's state -> x_ += it.
+  void gated_delta_net(Pass& p, int32_t il);
   // Each entry's last row of x_ -> logits_.
   void output_logits(Pass& p);
 
@@ -199,7 +217,13 @@ class Engine {
   Weights w_;
   KvLayout kv_;
   KvShape shape_;
-  std::vector<int32_t> kv_index_;  // [layer]: index among the full layers, -1 for the others
+  std::vector<int32_t> kv_index_;   // [layer]: index among the full layers, -1 for the others
+  std::vector<int32_t> rec_index_;  // [layer]: index among the recurrent layers, -1 for the others
+  std::vector<int32_t> attn_index_;  // [layer]: index among the others, -1 for the recurrent
+  // qwen35: attn_q's rows regrouped [q of every head; gate of every head] (the file has them
+  // per head), so that each is one product: [layer], empty for the others.
+  std::vector<std::vector<uint8_t>> gated_q_;
+  DeviceBuffer rstate_;  // every sequence's recurrent layers' states (KvShape)
   RopeParams rope_, rope_swa_;     // full and window layers
   int32_t max_pages_ = 0;  // per layer and sequence
   int32_t fixed_frames_ = 0;
@@ -222,6 +246,10 @@ class Engine {
                                      // [rows][kv_dim] x 2, [rows][q_dim]
     float* acc;                      // [rows][n_head][2]
     float *gate, *up;                // [rows][n_ff]
+    // qwen35 (0 wide for the others): the attention's output gate [rows][q_dim]; a Gated
+    // DeltaNet layer's [q, k, v] projection [rows][conv_dim], z and output [rows][value_dim],
+    // alpha and beta [rows][v_heads].
+    float *attn_gate, *mix, *z, *alpha, *beta, *y;
   };
   static size_t carve(const ModelConfig& c, int64_t rows, uint8_t* base, Activations* a);
   // The activations in use: act_mem_'s (n_batch rows; n_seq with a phase arena) or, during a

@@ -101,6 +101,10 @@ class CpuDevice final : public Device {
   void swiglu(float* gate, const float* up, int64_t n) override { cpu::swiglu(gate, up, n); }
   void geglu(float* gate, const float* up, int64_t n) override { cpu::geglu(gate, up, n); }
   void gated_delta_net(const DeltaNetArgs& a) override { cpu::gated_delta_net(a); }
+  void sigmoid_mul(float* x, const float* gate, int64_t n) override {
+    cpu::sigmoid_mul(x, gate, n);
+  }
+  bool has_gated_delta_net() const override { return true; }
   void scale(float* x, float s, int64_t n) override { cpu::scale(x, s, n); }
   void add(float* x, const float* y, int64_t n) override { cpu::add(x, y, n); }
   void kv_write(const KvLayout& l, const float* k, const float* v, int32_t n_tok,

@@ -241,6 +241,12 @@ void rope(float* x, const int32_t* pos, int32_t n_tok, int32_t n_head, const Rop
   });
 }
 
+void sigmoid_mul(float* x, const float* gate, int64_t n) {
+  thread_pool().parallel_for(n, 4096, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) x[i] = x[i] / (1.0f + std::exp(-gate[i]));
+  });
+}
+
 void swiglu(float* gate, const float* up, int64_t n) {
   thread_pool().parallel_for(n, 4096, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {

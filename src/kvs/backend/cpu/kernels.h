@@ -13,6 +13,7 @@ void matmul(const Matrix& w, const float* x, float* y, int64_t n_tok, const floa
 void rope(float* x, const int32_t* pos, int32_t n_tok, int32_t n_head, const RopeParams& p);
 void swiglu(float* gate, const float* up, int64_t n);
 void geglu(float* gate, const float* up, int64_t n);
+void sigmoid_mul(float* x, const float* gate, int64_t n);
 void scale(float* x, float s, int64_t n);
 void add(float* x, const float* y, int64_t n);
 void kv_write(const KvLayout& l, const float* k, const float* v, int32_t n_tok,

@@ -1,0 +1,79 @@
+// qwen35's forward pass (Qwen3.5/3.6 hybrids): Gated DeltaNet layers, each over its
+// sequences' recurrent states, and gated full attention layers (self_attention), both
+// pre-normed; the FFN's pre-norm is the file's post_attention_norm; SwiGLU.
+#include "kvs/engine/engine.h"
+
+namespace kvs {
+namespace {
+
+// Tokens a prefill's delta rule takes at once (decode goes token by token).
+constexpr int32_t kDeltaNetChunk = 64;
+
+}  // namespace
+
+void Engine::forward_qwen35(Pass& p) {
+  const ModelConfig& c = cfg_;
+  const int64_t d = c.n_embd;
+  const int32_t n = p.n_tok;
+  float *x = act_.x, *h = act_.h, *att = act_.att, *gate = act_.gate, *up = act_.up;
+  dev_.embed(w_.tok_embd, ids_.data(), n, x);
+  for (int32_t il = 0; il < c.n_layer; ++il) {
+    const LayerWeights& L = w_.layers[static_cast<size_t>(il)];
+    dev_.rmsnorm(x, L.attn_norm.data(), h, n, d, c.norm_eps);
+    if (recurrent(il)) {
+      gated_delta_net(p, il);
+    } else {
+      self_attention(p, il);
+      const MatJob out{&L.wo, x, nullptr, true};
+      dev_.matmuls(att, n, &out, 1);
+    }
+
+    dev_.rmsnorm(x, L.ffn_norm.data(), h, n, d, c.norm_eps);
+    const MatJob ffn[] = {{&L.gate, gate}, {&L.up, up}};
+    dev_.matmuls(h, n, ffn, 2);
+    dev_.swiglu(gate, up, int64_t{n} * c.n_ff);
+    const MatJob down{&L.down, x, nullptr, true};
+    dev_.matmuls(gate, n, &down, 1);
+  }
+}
+
+void Engine::gated_delta_net(Pass& p, int32_t il) {
+  const ModelConfig& c = cfg_;
+  const LayerWeights& L = w_.layers[static_cast<size_t>(il)];
+  const int32_t n = p.n_tok;
+  const MatJob in[] = {{&L.ssm_qkv, act_.mix},
+                       {&L.ssm_z, act_.z},
+                       {&L.ssm_alpha, act_.alpha},
+                       {&L.ssm_beta, act_.beta}};
+  dev_.matmuls(act_.h, n, in, 4);
+  const int64_t vd = c.ssm_value_dim();
+  for (size_t i = 0; i < p.batch.size(); ++i) {
+    const BatchEntry& e = p.batch[i];
+    const int64_t off = p.offs[i];
+    float* conv_state = recurrent_state(e.seq->id, il);
+    DeltaNetArgs a;
+    a.qkv = act_.mix + off * c.ssm_conv_dim();
+    a.z = act_.z + off * vd;
+    a.alpha = act_.alpha + off * c.ssm_v_heads;
+    a.beta = act_.beta + off * c.ssm_v_heads;
+    a.y = act_.y + off * vd;
+    a.conv_state = conv_state;
+    a.state = conv_state + int64_t{c.ssm_conv - 1} * c.ssm_conv_dim();
+    a.conv_w = L.ssm_conv1d.data();
+    a.dt_bias = L.ssm_dt.data();
+    a.a = L.ssm_a.data();
+    a.norm = L.ssm_norm.data();
+    a.n_tok = e.n;
+    a.conv = c.ssm_conv;
+    a.k_heads = c.ssm_k_heads;
+    a.v_heads = c.ssm_v_heads;
+    a.head = c.ssm_state;
+    a.eps = c.norm_eps;
+    a.chunk = e.n > 1 ? kDeltaNetChunk : 1;
+    dev_.gated_delta_net(a);
+  }
+  const MatJob out{&L.ssm_out, act_.x, nullptr, true};
+  dev_.matmuls(act_.y, n, &out, 1);
+}
+
+}  // namespace kvs

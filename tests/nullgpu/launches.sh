@@ -57,7 +57,7 @@ sys.exit(0 if ok else 1)
 EOF
 # Streaming steps are not recorded (their copies and fences cut them): they launch kernels.
 k rtx4080 "" bench -m synthetic:tiny --backend cuda --depths 300 --n-gen 8 -p 0 --modes auto \
-  --kv-arena 160k --page-size 16 -b 64 &&
+  --kv-arena 160k --page-size 16 -b 64 --no-phase-arena &&
   [ "$(field "['runs'][0]['streamed_bytes_per_token'] > 0" "$tmp/j")" = True ] ||
   { echo "FAILED: stream mode streamed nothing"; failed=1; }
 

@@ -181,10 +181,17 @@ void Scheduler::admit(std::unique_lock<std::mutex>& lock) {
   }
 }
 
+// Frees s and says so in the published slots at once: its client hears of the end after this,
+// so the client's next look at /slots or /metrics sees the slot free.
 void Scheduler::release(Slot& s) {
   eng_.close_sequence(s.seq);
   s.job.reset();
   s.gen.reset();
+  int32_t busy = 0;
+  for (const Slot& x : slots_) busy += x.job != nullptr;
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.slots[static_cast<size_t>(&s - slots_.data())] = SlotInfo{};
+  stats_.slots_busy = busy;
 }
 
 void Scheduler::finish(Slot& s, const char* reason, bool flush) {
@@ -206,8 +213,9 @@ void Scheduler::finish(Slot& s, const char* reason, bool flush) {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.finished;
   }
-  s.job->push(std::move(e));
+  const std::shared_ptr<Job> job = s.job;
   release(s);
+  job->push(std::move(e));
 }
 
 void Scheduler::fail(Slot& s, const char* what) {
@@ -215,8 +223,9 @@ void Scheduler::fail(Slot& s, const char* what) {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.failed;
   }
-  s.job->push(ended(what));
+  const std::shared_ptr<Job> job = s.job;
   release(s);
+  job->push(ended(what));
 }
 
 void Scheduler::advance(Slot& s, const float* logits) {

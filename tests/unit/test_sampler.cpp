@@ -444,4 +444,108 @@ TEST(Sampler, BadParams) {
   EXPECT_THROW(s.sample(none.data(), 0), Error);
 }
 
+namespace {
+
+// Speculative sampling (Sampler::verify): over many drafts the emitted token's frequencies are
+// the target distribution p itself, whether the drafter gives its distribution q or is certain
+// (q one-hot on a draft drawn from some other law). A chi-square statistic against p must stay
+// under a bound a correct sampler exceeds by chance with probability ~1e-8; the naive rule (on
+// rejection, an ordinary draw from p) exceeds it many times over, so the test can fail.
+struct SpecLaw {
+  std::vector<double> p, q;  // target (after the chain), drafter
+};
+
+double chi_square(const std::vector<double>& counts, const std::vector<double>& p, int n) {
+  double c2 = 0.0;
+  for (size_t i = 0; i < p.size(); ++i) {
+    const double e = p[i] * n;
+    c2 += (counts[i] - e) * (counts[i] - e) / e;
+  }
+  return c2;
+}
+
+// Emitted-token counts of n drafts drawn from q (a generator of their own); q handed to
+// verify() unless one_hot. naive: accept as verify() would, else an ordinary sample.
+std::vector<double> spec_counts(const SpecLaw& law, bool one_hot, bool naive, int n,
+                                uint64_t seed) {
+  Sampler s(plain(1.0f, seed));
+  const std::vector<float> logits = logits_of(law.p);
+  const std::vector<float> q(law.q.begin(), law.q.end());
+  std::mt19937_64 g(seed ^ 0x5bd1e995);
+  std::discrete_distribution<int32_t> draft_law(law.q.begin(), law.q.end());
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  std::vector<double> counts(law.p.size(), 0.0);
+  const auto nv = static_cast<int32_t>(law.p.size());
+  for (int i = 0; i < n; ++i) {
+    const int32_t draft = draft_law(g);
+    const auto d = static_cast<size_t>(draft);
+    int32_t t = 0;
+    if (naive) {
+      t = u(g) * law.q[d] < law.p[d] ? draft : s.sample(logits.data(), nv);
+    } else {
+      bool accepted = false;
+      t = s.verify(logits.data(), nv, draft, one_hot ? nullptr : q.data(), &accepted);
+      if (accepted) {
+        EXPECT_EQ(t, draft);
+      }
+    }
+    counts[static_cast<size_t>(t)] += 1.0;
+  }
+  return counts;
+}
+
+TEST(Sampler, SpeculativeSamplingKeepsTheTargetDistribution) {
+  const SpecLaw law{{0.30, 0.20, 0.15, 0.12, 0.10, 0.07, 0.04, 0.02},
+                    {0.05, 0.40, 0.05, 0.20, 0.02, 0.08, 0.10, 0.10}};
+  constexpr int kN = 200000;
+  constexpr double kBound = 50.0;  // chi-square, 7 degrees of freedom: P(> 50) ~ 1.4e-8
+  EXPECT_LT(chi_square(spec_counts(law, false, false, kN, 1), law.p, kN), kBound);
+  EXPECT_LT(chi_square(spec_counts(law, true, false, kN, 2), law.p, kN), kBound);
+  EXPECT_GT(chi_square(spec_counts(law, false, true, kN, 3), law.p, kN), 10 * kBound);
+}
+
+TEST(Sampler, SpeculativeAcceptanceRateIsOneMinusTotalVariation) {
+  // A draft is accepted with probability sum_x min(p(x), q(x)) = 1 - TV(p, q) = 0.75 here.
+  const SpecLaw law{{0.5, 0.25, 0.125, 0.125}, {0.25, 0.25, 0.25, 0.25}};
+  Sampler s(plain(1.0f, 9));
+  const std::vector<float> logits = logits_of(law.p);
+  const std::vector<float> q(law.q.begin(), law.q.end());
+  std::mt19937_64 g(99);
+  std::discrete_distribution<int32_t> draft_law(law.q.begin(), law.q.end());
+  constexpr int kN = 100000;
+  int n_accepted = 0;
+  for (int i = 0; i < kN; ++i) {
+    bool a = false;
+    s.verify(logits.data(), 4, draft_law(g), q.data(), &a);
+    n_accepted += a;
+  }
+  EXPECT_NEAR(n_accepted / static_cast<double>(kN), 0.75, 0.01);
+}
+
+TEST(Sampler, GreedyVerifyAcceptsExactlyTheArgmax) {
+  Sampler s(plain(0.0f));
+  const std::vector<float> logits = random_logits(1000, 2.0f, 5);
+  const int32_t best = argmax(logits);
+  bool a = false;
+  EXPECT_EQ(s.verify(logits.data(), 1000, best, nullptr, &a), best);
+  EXPECT_TRUE(a);
+  EXPECT_EQ(s.verify(logits.data(), 1000, (best + 1) % 1000, nullptr, &a), best);
+  EXPECT_FALSE(a);
+}
+
+TEST(Sampler, ADraftTheFiltersDropIsRejected) {
+  SamplerParams p = plain(1.0f, 3);
+  p.top_k = 2;
+  Sampler s(p);
+  const std::vector<float> logits = logits_of({0.5, 0.3, 0.15, 0.05});
+  for (int i = 0; i < 200; ++i) {
+    bool a = true;
+    const int32_t t = s.verify(logits.data(), 4, 3, nullptr, &a);
+    EXPECT_FALSE(a);
+    EXPECT_LT(t, 2);
+  }
+}
+
+}  // namespace
+
 }  // namespace kvs

@@ -73,7 +73,7 @@ void Sampler::apply_penalty(int32_t n_vocab) {
   }
 }
 
-int32_t Sampler::sample(const float* logits, int32_t n_vocab) {
+int32_t Sampler::distribution(const float* logits, int32_t n_vocab) {
   KVS_CHECK(n_vocab > 0, "sampler: n_vocab must be > 0, got ", n_vocab);
   KVS_CHECK(logits != nullptr, "sampler: no logits");
   constexpr float kInf = std::numeric_limits<float>::infinity();
@@ -105,11 +105,10 @@ int32_t Sampler::sample(const float* logits, int32_t n_vocab) {
   const float max_l = work_[best];
   KVS_CHECK(max_l > -kInf, "sampler: no finite logit");
 
-  int32_t token = static_cast<int32_t>(best);
   if (p_.temp <= 0.0f) {
     last_candidates_ = 1;
-    accept(token);
-    return token;
+    n_cand_ = 0;
+    return static_cast<int32_t>(best);
   }
 
   auto cmp = [](const Cand& a, const Cand& b) { return better(a.logit, a.id, b.logit, b.id); };
@@ -203,26 +202,65 @@ int32_t Sampler::sample(const float* logits, int32_t n_vocab) {
     size = keep;
   }
 
-  // Temperature on the survivors, softmax, draw. The walk follows the candidates' order
-  // (cmp order or id order), both independent of the standard library.
+  // Temperature on the survivors, softmax. The draws walk the candidates' order (cmp order or
+  // id order), both independent of the standard library.
   const double inv_t = 1.0 / static_cast<double>(p_.temp);
-  double total = 0.0;
+  total_ = 0.0;
   for (size_t i = 0; i < size; ++i) {
     const double w = std::exp(static_cast<double>(cand_[i].logit - max_l) * inv_t);
     cand_[i].logit = static_cast<float>(w);
-    total += static_cast<double>(cand_[i].logit);
+    total_ += static_cast<double>(cand_[i].logit);
   }
   last_candidates_ = static_cast<int32_t>(size);
+  n_cand_ = size;
+  return -1;
+}
+
+int32_t Sampler::draw(double total) {
   const double r = uniform() * total;
   double acc = 0.0;
-  token = cand_[size - 1].id;
-  for (size_t i = 0; i < size; ++i) {
+  for (size_t i = 0; i < n_cand_; ++i) {
     acc += static_cast<double>(cand_[i].logit);
-    if (r < acc) {
-      token = cand_[i].id;
-      break;
-    }
+    if (r < acc) return cand_[i].id;
   }
+  return cand_[n_cand_ - 1].id;
+}
+
+int32_t Sampler::sample(const float* logits, int32_t n_vocab) {
+  int32_t token = distribution(logits, n_vocab);
+  if (token < 0) token = draw(total_);
+  accept(token);
+  return token;
+}
+
+int32_t Sampler::verify(const float* logits, int32_t n_vocab, int32_t draft, const float* q,
+                        bool* accepted) {
+  int32_t token = distribution(logits, n_vocab);
+  if (token >= 0) {
+    *accepted = token == draft;
+    accept(token);
+    return token;
+  }
+  double px = 0.0;  // p(draft)
+  for (size_t i = 0; i < n_cand_; ++i)
+    if (cand_[i].id == draft) px = static_cast<double>(cand_[i].logit) / total_;
+  const double qx = q ? static_cast<double>(q[draft]) : 1.0;
+  *accepted = qx > 0.0 && uniform() * qx < px;
+  if (*accepted) {
+    accept(draft);
+    return draft;
+  }
+  // Rejected: the residual max(0, p - q), renormalised, so that the token's law is p's.
+  double residual = 0.0;
+  for (size_t i = 0; i < n_cand_; ++i) {
+    const int32_t id = cand_[i].id;
+    const double qi = q ? static_cast<double>(q[id]) : id == draft ? 1.0 : 0.0;
+    const double r = std::max(0.0, static_cast<double>(cand_[i].logit) / total_ - qi);
+    cand_[i].logit = static_cast<float>(r);
+    residual += static_cast<double>(cand_[i].logit);
+  }
+  KVS_CHECK(residual > 0.0, "sampler: a rejected draft left no residual");
+  token = draw(residual);
   accept(token);
   return token;
 }

@@ -38,6 +38,14 @@ class Sampler {
   // Picks a token from n_vocab logits, accepts it into the history and returns it. NaN logits
   // count as -inf; throws kvs::Error when no logit is finite.
   int32_t sample(const float* logits, int32_t n_vocab);
+  // Speculative sampling of a drafted token: accepts `draft` with probability
+  // min(1, p(draft) / q(draft)), p this sampler's distribution of `logits`, else draws from the
+  // residual max(0, p - q) renormalised, so the token returned is distributed as sample()'s
+  // (Leviathan et al.; Chen et al.). q: the drafter's distribution [n_vocab], or null for a
+  // drafter that proposes one token for certain. Greedy: accepts exactly when the draft is the
+  // argmax, which it returns. The returned token joins the history.
+  int32_t verify(const float* logits, int32_t n_vocab, int32_t draft, const float* q,
+                 bool* accepted);
   // Adds a token to the history the repetition penalty looks at (prompt tokens too).
   void accept(int32_t token);
   // The seed actually used (print it so a run can be repeated).
@@ -56,6 +64,11 @@ class Sampler {
   };
 
   void apply_penalty(int32_t n_vocab);
+  // The distribution of `logits` after the chain: cand_[0, n_cand_) with unnormalised weights
+  // (in .logit) summing to total_, and -1; greedy: the argmax (n_cand_ = 0).
+  int32_t distribution(const float* logits, int32_t n_vocab);
+  // A token of cand_ drawn by its weight; `total`: their sum.
+  int32_t draw(double total);
   double uniform();  // [0, 1)
 
   SamplerParams p_;
@@ -65,6 +78,8 @@ class Sampler {
   std::vector<int32_t> window_;  // scratch: distinct tokens of the penalty window
   std::vector<float> work_;      // scratch: sanitised, penalised logits by id
   std::vector<Cand> cand_;       // scratch: candidates, reused between calls
+  size_t n_cand_ = 0;
+  double total_ = 0.0;
   int32_t last_candidates_ = 0;
 };
 

@@ -510,6 +510,8 @@ struct Api {
     metric("copy_busy_seconds_total", "counter", "Time the host-to-device copy stream was busy",
            s.copy_busy_s);
     if (const auto& c = s.prompt_cache) {
+      metric("prompt_cache_lookups_total", "counter", "Requests that looked in the prompt cache",
+             static_cast<double>(c->lookups));
       metric("prompt_cache_hits_total", "counter", "Requests that reused cached prompt pages",
              static_cast<double>(c->hits));
       metric("prompt_cache_tokens_total", "counter", "Prompt tokens reused from the cache",
@@ -518,8 +520,8 @@ struct Api {
              static_cast<double>(c->bytes));
       metric("prompt_cache_budget_bytes", "gauge", "Host memory the prompt cache may hold",
              static_cast<double>(c->budget));
-      metric("prompt_cache_evictions_total", "counter", "Cached pages evicted (least recently used)",
-             static_cast<double>(c->evicted));
+      metric("prompt_cache_evictions_total", "counter",
+             "Cached pages evicted (least recently used)", static_cast<double>(c->evicted));
     }
     return o.str();
   }

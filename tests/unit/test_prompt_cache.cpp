@@ -32,9 +32,8 @@ std::vector<int32_t> join(std::initializer_list<std::vector<int32_t>> parts) {
 
 // Each cached page's bytes are its first token's value, so a find() says which pages it found.
 void insert(PromptCache& c, const std::vector<int32_t>& t, int32_t pages, int32_t P) {
-  c.insert(t.data(), pages, [&](int32_t i, uint8_t* dst) {
-    std::memset(dst, t[static_cast<size_t>(i * P)], 8);
-  });
+  c.insert(t.data(), pages,
+           [&](int32_t i, uint8_t* dst) { std::memset(dst, t[static_cast<size_t>(i * P)], 8); });
 }
 
 std::vector<int32_t> found(PromptCache& c, const std::vector<int32_t>& t, int32_t P) {
@@ -94,9 +93,9 @@ struct Case {
   bool neighbour = false;  // another sequence decodes in the same steps
   std::string str() const {
     std::ostringstream o;
-    o << preset << " " << kv_mode_name(mode) << (small_arena ? " (smallest arena)" : "")
-      << " page " << page << " batch " << batch << " kv " << dtype_name(kt) << "/"
-      << dtype_name(vt) << (neighbour ? " with a neighbour" : "");
+    o << preset << " " << kv_mode_name(mode) << (small_arena ? " (smallest arena)" : "") << " page "
+      << page << " batch " << batch << " kv " << dtype_name(kt) << "/" << dtype_name(vt)
+      << (neighbour ? " with a neighbour" : "");
     return o.str();
   }
 };
@@ -123,7 +122,8 @@ struct Feeder {
   const float* step(Sequence& s, const int32_t* t, int32_t m) {
     static const int32_t filler = 7;
     std::vector<BatchEntry> b;
-    if (neighbour && neighbour->n_past + 1 < e.options().n_ctx) b.push_back({neighbour, &filler, 1});
+    if (neighbour && neighbour->n_past + 1 < e.options().n_ctx)
+      b.push_back({neighbour, &filler, 1});
     b.push_back({&s, t, m});
     e.step(b);
     return e.logits(static_cast<int32_t>(b.size()) - 1);
@@ -132,8 +132,9 @@ struct Feeder {
     const float* l = nullptr;
     const int32_t room = e.options().n_batch - (neighbour ? 1 : 0);
     for (int32_t i = from; i < static_cast<int32_t>(t.size());) {
-      const int32_t m = std::min<int32_t>(static_cast<int32_t>(t.size()) - i,
-                                          1 + static_cast<int32_t>(chunks() % static_cast<uint32_t>(room)));
+      const int32_t m =
+          std::min<int32_t>(static_cast<int32_t>(t.size()) - i,
+                            1 + static_cast<int32_t>(chunks() % static_cast<uint32_t>(room)));
       l = step(s, t.data() + i, m);
       i += m;
     }
@@ -145,8 +146,8 @@ struct Feeder {
 // prompt2 (which begins with part of the first's tokens) from what the cache gives, then
 // decodes. Without: the second alone, on an engine without a cache, chunked differently.
 Turns run(const Model& m, const Case& c, bool cached, const std::vector<int32_t>& prompt1,
-        const std::vector<int32_t>& gen1, const std::vector<int32_t>& prompt2,
-        const std::vector<int32_t>& gen2) {
+          const std::vector<int32_t>& gen1, const std::vector<int32_t>& prompt2,
+          const std::vector<int32_t>& gen2) {
   EngineOptions o;
   o.n_ctx = c.n_ctx;
   o.n_batch = c.batch;
@@ -209,8 +210,10 @@ TEST(PromptCacheExact, CachedPrefixesGiveTheColdLogits) {
     c.batch = static_cast<int32_t>(8 + g() % 57);
     c.neighbour = g() % 2 == 0;
     const int mode = k % 4;  // resident, auto, stream through the smallest arena, host
-    c.mode = mode == 0 ? KvMode::Resident : mode == 1 ? KvMode::Auto
-             : mode == 2 ? KvMode::Stream : KvMode::Host;
+    c.mode = mode == 0   ? KvMode::Resident
+             : mode == 1 ? KvMode::Auto
+             : mode == 2 ? KvMode::Stream
+                         : KvMode::Host;
     c.small_arena = mode == 2;
     auto m = Model::load(std::string("synthetic:") + c.preset);
     const int32_t V = m->config.n_vocab;
@@ -230,7 +233,8 @@ TEST(PromptCacheExact, CachedPrefixesGiveTheColdLogits) {
     const Turns cold = run(*m, c, false, prompt1, gen1, prompt2, gen2);
     // Whole pages, both sequences' tokens alike, at least the last token left to read.
     const int32_t want = std::min({warm.first_pages, kept / c.page,
-                                   (static_cast<int32_t>(prompt2.size()) - 1) / c.page}) * c.page;
+                                   (static_cast<int32_t>(prompt2.size()) - 1) / c.page}) *
+                         c.page;
     ASSERT_EQ(warm.reused, want);
     ASSERT_EQ(warm.logits.size(), cold.logits.size());
     for (size_t i = 0; i < warm.logits.size(); ++i)

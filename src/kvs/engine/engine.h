@@ -122,9 +122,7 @@ class Engine {
   // batch (the CPU's does).
   int32_t reuse_prefix(Sequence& s, const int32_t* tokens, int32_t n);
   // nullptr without a prompt cache.
-  const PromptCacheStats* prompt_cache_stats() const {
-    return cache_ ? &cache_->stats() : nullptr;
-  }
+  const PromptCacheStats* prompt_cache_stats() const { return cache_ ? &cache_->stats() : nullptr; }
   // Appends n tokens to one sequence (in chunks of n_batch) and returns the logits of the last
   // one [n_vocab], valid until the next call. Fails when the sequence would pass n_ctx.
   const float* eval(Sequence& s, const int32_t* tokens, int32_t n);

@@ -112,7 +112,8 @@ void Engine::make_prompt_cache() {
             "does not keep; give --cache-ram 0");
   const size_t avail = host_memory_available() / 10 * 9;
   size_t budget = opt_.cache_ram;
-  if (avail != 0) budget = std::min(budget, avail > shape_.full_bytes ? avail - shape_.full_bytes : 0);
+  if (avail != 0)
+    budget = std::min(budget, avail > shape_.full_bytes ? avail - shape_.full_bytes : 0);
   const size_t entry = kv_.page_bytes() * static_cast<size_t>(shape_.n_full);
   cache_ = std::make_unique<PromptCache>(budget, opt_.page_size, entry);
 }
@@ -137,9 +138,9 @@ void Engine::keep_pages(int32_t s) {
 }
 
 int32_t Engine::reuse_prefix(Sequence& s, const int32_t* tokens, int32_t n) {
-  KVS_CHECK(s.id >= 0 && s.id < opt_.n_seq && slots_[static_cast<size_t>(s.id)].live &&
-                s.n_past == 0,
-            "reuse_prefix: a sequence that is not freshly open");
+  KVS_CHECK(
+      s.id >= 0 && s.id < opt_.n_seq && slots_[static_cast<size_t>(s.id)].live && s.n_past == 0,
+      "reuse_prefix: a sequence that is not freshly open");
   if (!cache_ || n < 2) return 0;
   const int32_t P = opt_.page_size;
   // At least one token is left to evaluate: its logits are the answer's first.
@@ -152,8 +153,8 @@ int32_t Engine::reuse_prefix(Sequence& s, const int32_t* tokens, int32_t n) {
     if (!full(il)) continue;
     auto& fr = sl.frames[static_cast<size_t>(il)];
     for (int32_t p = 0; p < k; ++p) {
-      const uint8_t* from =
-          hit[static_cast<size_t>(p)] + static_cast<size_t>(kv_index_[static_cast<size_t>(il)]) * page;
+      const uint8_t* from = hit[static_cast<size_t>(p)] +
+                            static_cast<size_t>(kv_index_[static_cast<size_t>(il)]) * page;
       if (host_) {
         std::memcpy(host_->page(s.id, store_layer(il), p), from, page);
         if (pool_) fr.push_back(-1);  // the next plan fetches those under its caps

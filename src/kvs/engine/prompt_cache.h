@@ -18,8 +18,8 @@
 namespace kvs {
 
 struct PromptCacheStats {
-  int64_t lookups = 0, hits = 0;  // sequences that asked; those that reused at least one page
-  int64_t tokens_reused = 0;      // positions not prefilled thanks to the cache
+  int64_t lookups = 0, hits = 0;      // sequences that asked; those that reused at least one page
+  int64_t tokens_reused = 0;          // positions not prefilled thanks to the cache
   int64_t inserted = 0, evicted = 0;  // entries
   size_t bytes = 0;                   // held now (pages and tokens)
   size_t budget = 0;
@@ -46,13 +46,15 @@ class PromptCache {
   }
 
   const PromptCacheStats& stats() const { return stats_; }
-  size_t entry_bytes() const { return page_bytes_ + static_cast<size_t>(page_tokens_) * sizeof(int32_t); }
+  size_t entry_bytes() const {
+    return page_bytes_ + static_cast<size_t>(page_tokens_) * sizeof(int32_t);
+  }
 
  private:
   struct Entry {
     uint64_t key = 0, parent = 0;
-    std::vector<int32_t> tokens;     // [page_tokens]
-    std::unique_ptr<uint8_t[]> kv;   // [full layers][page_bytes / full layers]
+    std::vector<int32_t> tokens;    // [page_tokens]
+    std::unique_ptr<uint8_t[]> kv;  // [page_bytes]: the page of every full layer, in order
   };
   using Iter = std::list<Entry>::iterator;
   // The entry of page `tokens` under `parent`, or lru_.end().

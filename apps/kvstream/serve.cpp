@@ -473,6 +473,7 @@ struct Api {
   std::string metrics() const {
     const SchedulerStats s = sched.stats();
     std::ostringstream o;
+    o.precision(15);  // byte counts in full, not rounded to 6 digits
     auto metric = [&](const char* name, const char* type, const char* help, double v) {
       o << "# HELP kvstream_" << name << " " << help << "\n# TYPE kvstream_" << name << " " << type
         << "\nkvstream_" << name << " " << v << "\n";

@@ -76,7 +76,8 @@ void PromptCache::insert(const int32_t* tokens, int32_t n_pages,
       // The chain so far sits at the front and is shorter than the budget: the oldest entry
       // is another chain's leaf.
       if (lru_.size() >= cap) {
-        index_.erase(lru_.back().key);
+        const auto old = index_.find(lru_.back().key);  // not indexed if its fill failed
+        if (old != index_.end() && old->second == std::prev(lru_.end())) index_.erase(old);
         lru_.splice(lru_.begin(), lru_, std::prev(lru_.end()));
         ++stats_.evicted;
       } else {

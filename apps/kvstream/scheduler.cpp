@@ -250,9 +250,13 @@ void Scheduler::advance(Slot& s, const float* logits) {
   const int32_t id = g.sampler.sample(from, n_vocab);
   ++g.counts[id];
   ++g.generated;
-  {  // counted before the client can see the token
+  {  // counted, and the slot shown decoding, before the client can see the token
+    SlotInfo info;
+    describe(s, info);
+    info.state = "decode";
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.completion_tokens;
+    stats_.slots[static_cast<size_t>(&s - slots_.data())] = info;
   }
   if (tok_.is_eog(id)) return finish(s, "stop", true);  // not text, and no log-probability
   Event e;
@@ -282,6 +286,14 @@ void Scheduler::count_pages(const Slot& s, SlotInfo& info) const {
   }
 }
 
+void Scheduler::describe(const Slot& s, SlotInfo& info) const {
+  info.state = s.next < 0 ? "prefill" : "decode";
+  info.n_past = s.seq.n_past;
+  info.prompt_tokens = static_cast<int64_t>(s.job->request.prompt.size());
+  info.generated = s.gen->generated;
+  count_pages(s, info);
+}
+
 void Scheduler::publish(const StepStats* step, int64_t decoded) {
   const double t = now();
   std::lock_guard<std::mutex> lock(mu_);
@@ -307,11 +319,7 @@ void Scheduler::publish(const StepStats* step, int64_t decoded) {
     info = SlotInfo{};
     if (!s.job) continue;
     ++busy;
-    info.state = s.next < 0 ? "prefill" : "decode";
-    info.n_past = s.seq.n_past;
-    info.prompt_tokens = static_cast<int64_t>(s.job->request.prompt.size());
-    info.generated = s.gen->generated;
-    count_pages(s, info);
+    describe(s, info);
   }
   stats_.slots_busy = busy;
 }

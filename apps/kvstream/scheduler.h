@@ -126,6 +126,8 @@ class Scheduler {
   void publish(const StepStats* step, int64_t decoded);
   // The pages of s's full layers in the arena and streamed through the ring, into info.
   void count_pages(const Slot& s, SlotInfo& info) const;
+  // A busy slot as /slots shows it, into info.
+  void describe(const Slot& s, SlotInfo& info) const;
 
   Engine& eng_;
   const Tokenizer& tok_;

@@ -2,7 +2,8 @@
 # The whole test suite, stage by stage, every build with -Werror and ccache where installed:
 #   cpu tests       build/cpu, then ctest (extra arguments go to it: -L unit, -R gguf)
 #   sanitizers      the streams, fences, thread pool, the streaming engine (ring, write-back,
-#                   smallest rings) and the server's scheduler under ThreadSanitizer (build/tsan)
+#                   smallest rings), the prompt cache and the server's scheduler under
+#                   ThreadSanitizer (build/tsan)
 #   clang build     the library and kvstream compiled with clang (build/clang; not run: the
 #                   second compiler is there for its warnings)
 #   cuda build      the CUDA backend for every target architecture (build/cuda; tests/cuda need
@@ -60,11 +61,12 @@ sanitizers() {
   cmake --preset tsan "${cfg[@]}" &&
     cmake --build build/tsan -j "$jobs" \
       --target kvs_unit_test_device kvs_unit_test_threadpool kvs_unit_test_stream \
-      kvs_unit_test_scheduler &&
+      kvs_unit_test_scheduler kvs_unit_test_prompt_cache &&
     build/tsan/tests/kvs_unit_test_device &&
     build/tsan/tests/kvs_unit_test_threadpool &&
     build/tsan/tests/kvs_unit_test_stream &&
-    build/tsan/tests/kvs_unit_test_scheduler
+    build/tsan/tests/kvs_unit_test_scheduler &&
+    build/tsan/tests/kvs_unit_test_prompt_cache
 }
 # Without optimisation, which clang's warnings do not depend on.
 clang_build() {

@@ -167,7 +167,9 @@ void Scheduler::admit(std::unique_lock<std::mutex>& lock) {
       s.seq = eng_.open_sequence();
       s.gen = std::make_unique<Generation>(tok_, s.job->request);
       s.admitted = stats_.admitted;
-      s.fed = 0;
+      const auto& prompt = s.job->request.prompt;
+      s.fed = s.cached =
+          eng_.reuse_prefix(s.seq, prompt.data(), static_cast<int32_t>(prompt.size()));
       s.next = -1;
       ++stats_.admitted;
       stats_.prompt_tokens += static_cast<int64_t>(s.job->request.prompt.size());
@@ -175,6 +177,7 @@ void Scheduler::admit(std::unique_lock<std::mutex>& lock) {
     int32_t busy = 0;
     for (const Slot& s : slots_) busy += s.job ? 1 : 0;
     stats_.slots_busy = busy;
+    if (const PromptCacheStats* c = eng_.prompt_cache_stats()) stats_.prompt_cache = *c;
     stats_.queued = static_cast<int32_t>(queue_.size());
     if (busy > 0 || stop_) return;
     cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
@@ -192,6 +195,7 @@ void Scheduler::release(Slot& s) {
   std::lock_guard<std::mutex> lock(mu_);
   stats_.slots[static_cast<size_t>(&s - slots_.data())] = SlotInfo{};
   stats_.slots_busy = busy;
+  if (const PromptCacheStats* c = eng_.prompt_cache_stats()) stats_.prompt_cache = *c;
 }
 
 void Scheduler::finish(Slot& s, const char* reason, bool flush) {
@@ -202,6 +206,7 @@ void Scheduler::finish(Slot& s, const char* reason, bool flush) {
   e.finish_reason = reason;
   e.prompt_tokens = static_cast<int64_t>(s.job->request.prompt.size());
   e.completion_tokens = g.generated;
+  e.cached_tokens = s.cached;
   e.prompt_s = g.t_first - g.t_admit;
   e.decode_s = now() - g.t_first;
   SlotInfo kv;
@@ -245,9 +250,13 @@ void Scheduler::advance(Slot& s, const float* logits) {
   const int32_t id = g.sampler.sample(from, n_vocab);
   ++g.counts[id];
   ++g.generated;
-  {  // counted before the client can see the token
+  {  // counted, and the slot shown decoding, before the client can see the token
+    SlotInfo info;
+    describe(s, info);
+    info.state = "decode";
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.completion_tokens;
+    stats_.slots[static_cast<size_t>(&s - slots_.data())] = info;
   }
   if (tok_.is_eog(id)) return finish(s, "stop", true);  // not text, and no log-probability
   Event e;
@@ -277,6 +286,14 @@ void Scheduler::count_pages(const Slot& s, SlotInfo& info) const {
   }
 }
 
+void Scheduler::describe(const Slot& s, SlotInfo& info) const {
+  info.state = s.next < 0 ? "prefill" : "decode";
+  info.n_past = s.seq.n_past;
+  info.prompt_tokens = static_cast<int64_t>(s.job->request.prompt.size());
+  info.generated = s.gen->generated;
+  count_pages(s, info);
+}
+
 void Scheduler::publish(const StepStats* step, int64_t decoded) {
   const double t = now();
   std::lock_guard<std::mutex> lock(mu_);
@@ -294,6 +311,7 @@ void Scheduler::publish(const StepStats* step, int64_t decoded) {
   stats_.bytes_streamed = tot.bytes_in;
   stats_.bytes_written_back = tot.bytes_out;
   stats_.copy_busy_s = tot.copy_busy_s;
+  if (const PromptCacheStats* c = eng_.prompt_cache_stats()) stats_.prompt_cache = *c;
   int32_t busy = 0;
   for (size_t i = 0; i < slots_.size(); ++i) {
     const Slot& s = slots_[i];
@@ -301,11 +319,7 @@ void Scheduler::publish(const StepStats* step, int64_t decoded) {
     info = SlotInfo{};
     if (!s.job) continue;
     ++busy;
-    info.state = s.next < 0 ? "prefill" : "decode";
-    info.n_past = s.seq.n_past;
-    info.prompt_tokens = static_cast<int64_t>(s.job->request.prompt.size());
-    info.generated = s.gen->generated;
-    count_pages(s, info);
+    describe(s, info);
   }
   stats_.slots_busy = busy;
 }

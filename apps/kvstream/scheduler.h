@@ -46,6 +46,7 @@ struct Event {
   std::string finish_reason;  // with done: "stop" or "length"
   std::string error;          // with done: not empty when the generation failed
   int64_t prompt_tokens = 0, completion_tokens = 0;
+  int64_t cached_tokens = 0;  // prompt tokens whose pages came from the prompt cache
   double prompt_s = 0, decode_s = 0;
   // With done: the sequence's KV at the end (positions, and pages as SlotInfo counts them).
   int32_t n_past = 0;
@@ -85,6 +86,7 @@ struct SchedulerStats {
   double busy_s = 0;               // time spent in steps
   double decode_tokens_per_s = 0;  // generated tokens over the step time of the last 10 s
   size_t bytes_streamed = 0, bytes_written_back = 0;
+  std::optional<PromptCacheStats> prompt_cache;  // without a prompt cache: none
   double copy_busy_s = 0;
   int32_t slots_busy = 0, queued = 0;
   std::vector<SlotInfo> slots;
@@ -109,6 +111,7 @@ class Scheduler {
     std::unique_ptr<Generation> gen;
     int64_t admitted = 0;  // admission order: earlier prompts get their chunks first
     int32_t fed = 0;       // prompt tokens in the KV
+    int32_t cached = 0;    // of which the prompt cache gave
     int32_t next = -1;     // the sampled token the next step feeds; -1 while reading the prompt
   };
 
@@ -123,6 +126,8 @@ class Scheduler {
   void publish(const StepStats* step, int64_t decoded);
   // The pages of s's full layers in the arena and streamed through the ring, into info.
   void count_pages(const Slot& s, SlotInfo& info) const;
+  // A busy slot as /slots shows it, into info.
+  void describe(const Slot& s, SlotInfo& info) const;
 
   Engine& eng_;
   const Tokenizer& tok_;

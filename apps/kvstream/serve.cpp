@@ -34,7 +34,16 @@ struct ServeArgs {
   std::string host = "127.0.0.1", api_key, alias;
   int32_t port = 8080, queue = 64, timeout = 600;
   std::string max_body = "32M";
+  std::string cache_ram = "8192";  // llama-server's default, in its unit (MiB)
 };
+
+// --cache-ram: a size (MiB without a suffix, as llama-server), 0 for none, -1 for no limit.
+size_t cache_ram_of(const std::string& text) {
+  if (text == "-1") return SIZE_MAX;
+  const bool bare = !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
+  return bare ? static_cast<size_t>(parse_size(text, "--cache-ram")) << 20
+              : static_cast<size_t>(parse_size(text, "--cache-ram"));
+}
 
 // A request the server refuses, with OpenAI's error shape.
 struct ApiError {
@@ -239,7 +248,8 @@ struct Api {
   json usage(const Event& e) const {
     return {{"prompt_tokens", e.prompt_tokens},
             {"completion_tokens", e.completion_tokens},
-            {"total_tokens", e.prompt_tokens + e.completion_tokens}};
+            {"total_tokens", e.prompt_tokens + e.completion_tokens},
+            {"prompt_tokens_details", {{"cached_tokens", e.cached_tokens}}}};
   }
   static double decode_rate(const Event& e) {
     return e.decode_s > 0 ? static_cast<double>(e.completion_tokens) / e.decode_s : 0.0;
@@ -256,7 +266,8 @@ struct Api {
             {"context_used", e.n_past},
             {"n_ctx", eo.n_ctx},
             {"pages_resident", e.pages_resident},
-            {"pages_streamed", e.pages_streamed}};
+            {"pages_streamed", e.pages_streamed},
+            {"cached_tokens", e.cached_tokens}};
   }
 
   json token_json(int32_t id, float lp) const {
@@ -462,6 +473,7 @@ struct Api {
   std::string metrics() const {
     const SchedulerStats s = sched.stats();
     std::ostringstream o;
+    o.precision(15);  // byte counts in full, not rounded to 6 digits
     auto metric = [&](const char* name, const char* type, const char* help, double v) {
       o << "# HELP kvstream_" << name << " " << help << "\n# TYPE kvstream_" << name << " " << type
         << "\nkvstream_" << name << " " << v << "\n";
@@ -498,6 +510,20 @@ struct Api {
            static_cast<double>(s.bytes_written_back));
     metric("copy_busy_seconds_total", "counter", "Time the host-to-device copy stream was busy",
            s.copy_busy_s);
+    if (const auto& c = s.prompt_cache) {
+      metric("prompt_cache_lookups_total", "counter", "Requests that looked in the prompt cache",
+             static_cast<double>(c->lookups));
+      metric("prompt_cache_hits_total", "counter", "Requests that reused cached prompt pages",
+             static_cast<double>(c->hits));
+      metric("prompt_cache_tokens_total", "counter", "Prompt tokens reused from the cache",
+             static_cast<double>(c->tokens_reused));
+      metric("prompt_cache_bytes", "gauge", "Host memory the prompt cache holds",
+             static_cast<double>(c->bytes));
+      metric("prompt_cache_budget_bytes", "gauge", "Host memory the prompt cache may hold",
+             static_cast<double>(c->budget));
+      metric("prompt_cache_evictions_total", "counter",
+             "Cached pages evicted (least recently used)", static_cast<double>(c->evicted));
+    }
     return o.str();
   }
 
@@ -615,7 +641,13 @@ void serve(const ServeArgs& a) {
   const size_t max_body = parse_size(a.max_body, "--max-request-size");
   const size_t vram = vram_limit_of(a.s);
   auto model = Model::load(a.s.model);
-  const EngineOptions eo = engine_options(a.s, model->config);
+  EngineOptions eo = engine_options(a.s, model->config);
+  eo.cache_ram = cache_ram_of(a.cache_ram);
+  if (eo.cache_ram > 0 && model->config.n_layers_of(LayerKind::Full) != model->config.n_layer) {
+    std::fprintf(stderr, "kvstream: the prompt cache is off: %s has window or recurrent layers\n",
+                 model->config.arch_name.c_str());
+    eo.cache_ram = 0;
+  }
   check_host_kv(eo, model->config, backend);
   auto dev = device_of(a.s, backend, vram);
   Engine eng(*model, *dev, eo);
@@ -649,12 +681,14 @@ void serve(const ServeArgs& a) {
     sigwait(&sigs, &sig);
     svr.stop();
   });
+  const PromptCacheStats* pc = eng.prompt_cache_stats();
   std::fprintf(stderr,
                "kvstream: serving %s (%s template) on http://%s:%d, %d slots of -c %d, -b %d, "
-               "kv-mode %s, arena %s, %d threads\n",
+               "kv-mode %s, arena %s, prompt cache %s, %d threads\n",
                id.c_str(), model->tokenizer->chat_family().c_str(), a.host.c_str(), port, eo.n_seq,
                eo.n_ctx, eo.n_batch, kv_mode_name(eo.kv_mode),
-               format_bytes(eng.arena_bytes()).c_str(), thread_pool().size());
+               format_bytes(eng.arena_bytes()).c_str(),
+               pc ? format_bytes(pc->budget).c_str() : "off", thread_pool().size());
   std::fflush(stderr);
   svr.listen_after_bind();
   if (stopper.joinable()) {
@@ -683,6 +717,9 @@ void register_serve(CLI::App& app) {
   c->add_option("--timeout", a->timeout, "Read and write timeout of a connection in seconds, -to")
       ->capture_default_str();
   c->add_option("--max-request-size", a->max_body, "Largest request body")->capture_default_str();
+  c->add_option("--cache-ram", a->cache_ram,
+                "Host memory for the prompt cache (MiB without a suffix; 0: off, -1: no limit)")
+      ->capture_default_str();
   c->add_option("-n,--n-predict", a->g.n_predict,
                 "Default max_tokens of a request (-1: until the context is full)")
       ->capture_default_str();

@@ -24,8 +24,10 @@ def check(cond, what):
 class Server:
     def __init__(self, binary, model, *args):
         self.err = tempfile.NamedTemporaryFile(prefix="kvs_serve_", suffix=".log", delete=False)
+        # KVS_SERVE_ARGS: flags added to every server (--backend cuda on a GPU machine).
+        extra = os.environ.get("KVS_SERVE_ARGS", "").split()
         self.proc = subprocess.Popen([binary, "serve", "-m", model, "--port", "0", "-t", "2",
-                                      *args], stdout=subprocess.DEVNULL, stderr=self.err)
+                                      *args, *extra], stdout=subprocess.DEVNULL, stderr=self.err)
         deadline = time.time() + 60
         self.port = None
         while self.port is None:

@@ -18,13 +18,17 @@ namespace kvs::cli {
 namespace {
 
 struct Fixture {
-  explicit Fixture(int32_t n_seq, int32_t n_batch, int32_t max_queue = 8)
+  explicit Fixture(int32_t n_seq, int32_t n_batch, int32_t max_queue = 8, size_t cache_ram = 0,
+                   KvMode mode = KvMode::Auto)
       : model(Model::load("synthetic:tiny")), dev(make_cpu_device(0)) {
     EngineOptions o;
     o.n_ctx = 1024;
     o.n_batch = n_batch;
     o.page_size = 16;
     o.n_seq = n_seq;
+    o.cache_ram = cache_ram;
+    o.kv_mode = mode;
+    o.ring_chunk_bytes = 1024;  // with stream: the smallest arena, most pages streamed
     eng = std::make_unique<Engine>(*model, *dev, o);
     sched = std::make_unique<Scheduler>(*eng, *model->tokenizer, max_queue, false);
   }
@@ -129,6 +133,51 @@ TEST(Scheduler, FullRefusesAndCancelFreesTheSequence) {
   ids.clear();
   ASSERT_TRUE(drain(*c, ids));
   EXPECT_EQ(ids.size(), 4u);
+}
+
+// The prompt cache under concurrent jobs, streamed through a ring: jobs sharing a prefix with
+// earlier ones (finished or cancelled) reuse its pages and give the tokens of a server without
+// a cache; the counts say how much was reused.
+TEST(Scheduler, CachedPrefixesGiveTheTokensOfACacheFreeRun) {
+  const auto shared = [](int32_t tail, uint32_t seed) {
+    auto j = job_of(100, 8, 1);  // the same 100 tokens, then a tail of its own
+    GenRequest r = j->request;
+    const auto t = job_of(tail, 8, seed)->request.prompt;
+    r.prompt.insert(r.prompt.end(), t.begin(), t.end());
+    return std::make_shared<Job>(std::move(r));
+  };
+  std::vector<std::vector<int32_t>> want(4), got(4);
+  {
+    Fixture f(1, 32);
+    for (uint32_t i = 0; i < 4; ++i) {
+      auto j = shared(5 + 9 * static_cast<int32_t>(i), 10 + i);
+      ASSERT_TRUE(f.sched->submit(j));
+      ASSERT_TRUE(drain(*j, want[i]));
+    }
+  }
+  Fixture f(3, 32, 8, size_t{16} << 20, KvMode::Stream);
+  auto first = shared(3, 9);
+  ASSERT_TRUE(f.sched->submit(first));
+  std::vector<int32_t> ids;
+  ASSERT_TRUE(drain(*first, ids, true));
+  first->cancelled = true;  // its pages are kept all the same
+  for (int i = 0; i < 200 && f.sched->stats().slots_busy > 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  std::vector<std::shared_ptr<Job>> jobs;
+  for (uint32_t i = 0; i < 4; ++i) {
+    jobs.push_back(shared(5 + 9 * static_cast<int32_t>(i), 10 + i));
+    ASSERT_TRUE(f.sched->submit(jobs.back()));
+  }
+  for (size_t i = 0; i < 4; ++i) {
+    ASSERT_TRUE(drain(*jobs[i], got[i]));
+    EXPECT_EQ(got[i], want[i]) << "request " << i;
+  }
+  const SchedulerStats s = f.sched->stats();
+  ASSERT_TRUE(s.prompt_cache.has_value());
+  EXPECT_EQ(s.prompt_cache->hits, 4);
+  // The first's 6 pages of the shared 100 tokens, then whatever the earlier jobs left.
+  EXPECT_GE(s.prompt_cache->tokens_reused, 4 * 96);
+  EXPECT_GT(s.bytes_streamed, 0u);
 }
 
 }  // namespace

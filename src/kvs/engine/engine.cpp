@@ -128,6 +128,7 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt)
   dst_.resize(b);
   spans_.reserve(static_cast<size_t>(max_pages_));
 
+  make_prompt_cache();
   const int64_t max_spans = opt.kv_mode == KvMode::Host ? 0 : max_pages_;
   dev.reserve(w_, rows, opt.n_seq, max_spans, cfg_.n_head, cfg_.head_dim);
   if (phase) {
@@ -299,6 +300,7 @@ Sequence Engine::open_sequence() {
     if (!slots_[i].live) {
       slots_[i].live = true;
       slots_[i].n_past = 0;
+      slots_[i].tokens.clear();
       if (shape_.n_recurrent > 0) {  // a new sequence's recurrent layers start from zero
         const std::vector<uint8_t> zero(shape_.recurrent_bytes / slots_.size(), 0);
         dev_.upload(rstate_.as() + i * zero.size(), zero.data(), zero.size());
@@ -314,6 +316,7 @@ void Engine::close_sequence(Sequence& s) {
   // Prefetches may still read this slot's host pages, which a new sequence would overwrite.
   dev_.sync();
   reclaim(false);
+  keep_pages(s.id);
   Slot& sl = slots_[static_cast<size_t>(s.id)];
   for (auto& layer : sl.frames) {
     for (int32_t f : layer)
@@ -418,6 +421,11 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
   const double busy0 = dev_.busy_seconds(Stream::CopyIn), wait0 = dev_.wait_seconds();
   const RingStats r0 = ring_ ? ring_->stats() : RingStats{};
   last_ = StepStats{};
+  if (cache_)
+    for (const BatchEntry& e : batch) {
+      auto& t = slots_[static_cast<size_t>(e.seq->id)].tokens;
+      t.insert(t.end(), e.tokens, e.tokens + e.n);
+    }
   last_.n_tokens = n_tok;
   last_.n_seqs = static_cast<int32_t>(batch.size());
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kvs/backend/device.h"
+#include "kvs/engine/prompt_cache.h"
 #include "kvs/kv/device_pool.h"
 #include "kvs/kv/host_store.h"
 #include "kvs/kv/planner.h"
@@ -40,6 +41,10 @@ struct EngineOptions {
   // -b tokens, the backend's prefill scratch) sits at the top of the KV arena and is lent to the
   // KV between prefills.
   bool phase_arena = true;
+  // --cache-ram: host memory for the prompt cache (completed pages of closed sequences, reused
+  // by the next sequences whose tokens begin alike); 0: none. Only for models whose layers are
+  // all full attention.
+  size_t cache_ram = 0;
 };
 
 // A handle to one sequence: its slot in the engine and its length.
@@ -108,7 +113,16 @@ class Engine {
   static KvShape kv_shape(const ModelConfig& c, const EngineOptions& o);
 
   Sequence open_sequence();
-  void close_sequence(Sequence& s);  // returns its pages to the pool
+  // Returns its pages to the pool; with a prompt cache, its completed pages go into it first.
+  void close_sequence(Sequence& s);
+  // With a prompt cache: gives s (just opened) copies of the cached pages that begin `tokens`
+  // (n of them), leaving at least one token to evaluate, and returns the positions they hold
+  // (s.n_past); 0 without a cache or a hit. Their logits are then those of evaluating the
+  // whole prompt, bit for bit, where the backend's arithmetic per token does not depend on the
+  // batch (the CPU's does).
+  int32_t reuse_prefix(Sequence& s, const int32_t* tokens, int32_t n);
+  // nullptr without a prompt cache.
+  const PromptCacheStats* prompt_cache_stats() const { return cache_ ? &cache_->stats() : nullptr; }
   // Appends n tokens to one sequence (in chunks of n_batch) and returns the logits of the last
   // one [n_vocab], valid until the next call. Fails when the sequence would pass n_ctx.
   const float* eval(Sequence& s, const int32_t* tokens, int32_t n);
@@ -152,6 +166,7 @@ class Engine {
     // [layer][page] -> pool frame; -1: host only (full layers) or behind the window
     std::vector<std::vector<int32_t>> frames;
     std::vector<SpanCache> spans;  // [layer]
+    std::vector<int32_t> tokens;   // with a prompt cache: the token of every position
   };
   // One forward pass: the batch, where each entry's rows start, the next ring item.
   struct Pass {
@@ -193,6 +208,9 @@ class Engine {
   void output_logits(Pass& p);
 
   void replan(const std::vector<BatchEntry>& batch);
+  // The prompt cache's part of the constructor, and its keeping of a closing slot's pages.
+  void make_prompt_cache();
+  void keep_pages(int32_t s);
   // Moves the pool to plan p with `top` frames kept for the prefill's workspace.
   void apply(const Plan& p, int32_t top);
   // Points the activations at the decode buffers, or at the workspace, and lends the backend
@@ -235,6 +253,8 @@ class Engine {
   std::unique_ptr<Ring> ring_;
   Plan plan_;
   bool plan_dirty_ = true;
+  bool relayout_ = false;  // the next plan is applied even if unchanged (pages were adopted)
+  std::unique_ptr<PromptCache> cache_;
   std::vector<int32_t> pending_;  // frames of written-back pages, free once wb_ is reached
   FenceId wb_ = -1, computed_ = -1;
   // Measured figures for the planner (exponential averages).

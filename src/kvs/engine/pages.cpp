@@ -63,10 +63,11 @@ void Engine::replan(const std::vector<BatchEntry>& batch) {
   in.force_ring = opt_.kv_mode == KvMode::Stream;
   Plan p = kvs::plan(in, &plan_);
   if (switches && top == 0) set_phase(false);  // before pages move into the workspace
-  if (switches || p.resident != plan_.resident || p.extra != plan_.extra ||
+  if (switches || relayout_ || p.resident != plan_.resident || p.extra != plan_.extra ||
       p.slot_pages != plan_.slot_pages || p.n_slots != plan_.n_slots) {
     apply(p, top);
     last_.repartitioned = true;
+    relayout_ = false;
   }
   plan_ = p;
   if (switches && top > 0) set_phase(true);

@@ -80,16 +80,26 @@ class CpuDevice final : public Device {
     cpu::rmsnorm(x, w, y, rows, n, eps);
   }
   void matmuls(const float* x, int64_t n_tok, const MatJob* jobs, int n_jobs) override {
+    // The jobs share x: it is quantized once for all that take int8 activations.
+    const cpu::XBlock* xq = nullptr;
     for (int i = 0; i < n_jobs; ++i) {
       const MatJob& j = jobs[i];
+      const Matrix& w = *j.w;
+      if (cpu::has_int_dot(w.type) && xq == nullptr) {
+        const size_t nb = static_cast<size_t>(n_tok * (w.n_in / 32));
+        if (xq_.size() < nb) xq_.resize(nb);
+        cpu::quantize_x(x, n_tok, w.n_in, xq_.data());
+        xq = xq_.data();
+      }
+      const cpu::XBlock* jq = cpu::has_int_dot(w.type) ? xq : nullptr;
       if (!j.add) {
-        cpu::matmul(*j.w, x, j.y, n_tok, j.bias);
+        cpu::matmul(w, x, jq, j.y, n_tok, j.bias);
         continue;
       }
       // The same two roundings as a product followed by add().
-      const size_t n = static_cast<size_t>(j.w->n_out * n_tok);
+      const size_t n = static_cast<size_t>(w.n_out * n_tok);
       if (sum_.size() < n) sum_.resize(n);
-      cpu::matmul(*j.w, x, sum_.data(), n_tok, j.bias);
+      cpu::matmul(w, x, jq, sum_.data(), n_tok, j.bias);
       cpu::add(j.y, sum_.data(), static_cast<int64_t>(n));
     }
   }
@@ -175,7 +185,8 @@ class CpuDevice final : public Device {
   std::unordered_set<void*> host_;
   std::deque<cpu::Fence> fences_;
   cpu::CopyEngine copy_in_, copy_out_;
-  std::vector<float> sum_;  // the product of an accumulating job, before it is added
+  std::vector<float> sum_;       // the product of an accumulating job, before it is added
+  std::vector<cpu::XBlock> xq_;  // the jobs' input quantized: [n_tok][n_in / 32]
 };
 
 }  // namespace

@@ -6,7 +6,6 @@
 #include <cmath>
 #include <vector>
 
-#include "kvs/quant/blocks.h"
 #include "kvs/quant/simd.h"
 #include "kvs/util/error.h"
 #include "kvs/util/threadpool.h"
@@ -79,69 +78,6 @@ inline void dot4x1(const float* w, int64_t ld, const float* x, int64_t n, float 
   }
 }
 
-// The 32 weights of a q8_0, q4_0 or q4_1 block as 4 vectors of 8, the values dequantize_row
-// gives (d q, d q + m: a multiply, then an add, never fused).
-template <DType T>
-inline void block_weights(const uint8_t* p, __m256 w[4]) {
-  using namespace quant;
-  __m256i q[4];
-  if constexpr (T == DType::Q8_0) {
-    const auto* b = reinterpret_cast<const BlockQ8_0*>(p);
-    for (int c = 0; c < 4; ++c) q[c] = i8_lanes(b->qs + 8 * c);
-  } else if constexpr (T == DType::Q4_0) {
-    q4_levels(reinterpret_cast<const BlockQ4_0*>(p)->qs, _mm256_set1_epi32(8), q);
-  } else {
-    q4_levels(reinterpret_cast<const BlockQ4_1*>(p)->qs, _mm256_setzero_si256(), q);
-  }
-  const __m256 d = bcast_f16(p);  // every block type starts with its f16 scale
-  for (int c = 0; c < 4; ++c) w[c] = _mm256_mul_ps(d, to_ps(q[c]));
-  if constexpr (T == DType::Q4_1) {
-    const __m256 m = bcast_f16(reinterpret_cast<const BlockQ4_1*>(p)->m);
-    for (int c = 0; c < 4; ++c) w[c] = _mm256_add_ps(w[c], m);
-  }
-}
-
-// R rows x 1 token (decode) straight from q8_0, q4_0 or q4_1 rows (n a multiple of 32): the
-// weights dequantize_row gives and each row's chain as dot()'s on them, without the f32 tile.
-template <DType T, int R>
-inline void dot_blocks(const uint8_t* w, size_t ld, const float* x, int64_t n, float* out) {
-  constexpr size_t kBlock = T == DType::Q8_0   ? sizeof(quant::BlockQ8_0)
-                            : T == DType::Q4_0 ? sizeof(quant::BlockQ4_0)
-                                               : sizeof(quant::BlockQ4_1);
-  __m256 a[R];
-  for (int r = 0; r < R; ++r) a[r] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < n / 32; ++b) {
-    __m256 u[4];
-    for (int c = 0; c < 4; ++c) u[c] = _mm256_loadu_ps(x + 32 * b + 8 * c);
-    for (int r = 0; r < R; ++r) {
-      __m256 wv[4];
-      block_weights<T>(w + r * ld + b * kBlock, wv);
-      for (int c = 0; c < 4; ++c) a[r] = _mm256_fmadd_ps(wv[c], u[c], a[r]);
-    }
-  }
-  for (int r = 0; r < R; ++r) out[r] = hsum(a[r]);
-}
-
-// One token's product for q8_0, q4_0 and q4_1 rows by dot_blocks; false for other types.
-bool matvec_blocks(const Matrix& w, const float* x, float* y, int64_t r0, int64_t nr) {
-  const auto run = [&]<DType T>() {
-    int64_t r = 0;
-    for (; r + 4 <= nr; r += 4) dot_blocks<T, 4>(w.row(r0 + r), w.row_bytes, x, w.n_in, y + r0 + r);
-    for (; r < nr; ++r) dot_blocks<T, 1>(w.row(r0 + r), w.row_bytes, x, w.n_in, y + r0 + r);
-    return true;
-  };
-  switch (w.type) {
-    case DType::Q8_0:
-      return run.template operator()<DType::Q8_0>();
-    case DType::Q4_0:
-      return run.template operator()<DType::Q4_0>();
-    case DType::Q4_1:
-      return run.template operator()<DType::Q4_1>();
-    default:
-      return false;
-  }
-}
-
 std::vector<float>& scratch(size_t n) {
   thread_local std::vector<float> buf;
   if (buf.size() < n) buf.resize(n);
@@ -170,17 +106,21 @@ void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n, 
   });
 }
 
-void matmul(const Matrix& w, const float* x, float* y, int64_t n_tok, const float* bias) {
+void matmul(const Matrix& w, const float* x, const XBlock* xq, float* y, int64_t n_tok,
+            const float* bias) {
   constexpr int64_t kTile = 16;  // weight rows dequantized at once (f32 tile stays in L1/L2)
   const int64_t n = w.n_in, n_out = w.n_out;
   const int64_t tiles = (n_out + kTile - 1) / kTile;
+  const DotIsa isa = best_dot_isa();
   thread_pool().parallel_for(tiles, 1, [&](int64_t tb, int64_t te) {
-    std::vector<float>& buf = scratch(static_cast<size_t>(kTile * n));
+    std::vector<float>& buf = scratch(xq ? 0 : static_cast<size_t>(kTile * n));
     for (int64_t tile = tb; tile < te; ++tile) {
       const int64_t r0 = tile * kTile, nr = std::min(kTile, n_out - r0);
-      if (n_tok == 1 && matvec_blocks(w, x, y, r0, nr)) {
+      if (xq) {
+        int_matmul_rows(w, xq, y, n_tok, r0, nr, isa);
         if (bias)
-          for (int64_t r = 0; r < nr; ++r) y[r0 + r] += bias[r0 + r];
+          for (int64_t tt = 0; tt < n_tok; ++tt)
+            for (int64_t r = 0; r < nr; ++r) y[tt * n_out + r0 + r] += bias[r0 + r];
         continue;
       }
       for (int64_t r = 0; r < nr; ++r) dequantize_row(w.type, w.row(r0 + r), buf.data() + r * n, n);

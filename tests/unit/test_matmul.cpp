@@ -75,7 +75,7 @@ TEST(IntMatmul, ActivationsWithinHalfAStep) {
       EXPECT_GE(q[b].q[i], -127);
       sum += q[b].q[i];
     }
-    EXPECT_EQ(q[b].s, q[b].d * static_cast<float>(sum));
+    EXPECT_EQ(q[b].s8, q[b].d * static_cast<float>(sum) * 0.125f);
   }
   EXPECT_EQ(q[0].d, 0.0f);
 }

@@ -45,7 +45,7 @@ void quantize_block(const float* x, XBlock& b) {
   s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
   s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
   b.d = d;
-  b.s = d * static_cast<float>(_mm_cvtsi128_si32(s));
+  b.s8 = d * static_cast<float>(_mm_cvtsi128_si32(s)) * 0.125f;
 }
 
 // ---- weight formats ----
@@ -221,18 +221,22 @@ struct Q6_K {
 };
 
 // ---- instruction sets: lanes acc + sum of 4 products u x (u unsigned, x signed bytes) ----
+// kRows x kToks: the tile of a batch, as many accumulators as the registers hold.
 
 struct Avx2 {
+  static constexpr int kRows = 4, kToks = 2;
   static __m256i dot(__m256i acc, __m256i u, __m256i x) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)));
   }
 };
 struct AvxVnni {
+  static constexpr int kRows = 4, kToks = 2;
   [[gnu::target("avxvnni")]] static __m256i dot(__m256i acc, __m256i u, __m256i x) {
     return _mm256_dpbusd_avx_epi32(acc, u, x);
   }
 };
 struct Avx512Vnni {
+  static constexpr int kRows = 4, kToks = 4;  // 32 vector registers
   [[gnu::target("avx512vnni,avx512vl")]] static __m256i dot(__m256i acc, __m256i u, __m256i x) {
     return _mm256_dpbusd_epi32(acc, u, x);
   }
@@ -241,17 +245,17 @@ struct Avx512Vnni {
 // ---- kernels ----
 
 // y[t ldy + r] for R rows (w, ld bytes apart) and T tokens (x, nbx blocks apart), nb format
-// blocks a row. Per output: acc (8 lanes) = fma(lanes as float, scale lanes * d_x, acc) and
-// mins = fma(min, s_x, mins) per sub-block in order; the result hsum(acc) (+ mins). Every tile
-// shape performs exactly this sequence, so the shapes agree to the bit.
+// blocks a row. Per output: acc (8 lanes) = fma(lanes as float, scale lanes * d_x, acc), then
+// with kMin acc = fma(min, s_x / 8, acc) (each lane takes an eighth of the min's share), per
+// sub-block in order; the result hsum(acc). Every tile shape performs exactly this sequence, so
+// the shapes agree to the bit.
 template <class F, class I, int R, int T>
 [[gnu::always_inline]] inline void tile(const uint8_t* w, size_t ld, const XBlock* x, int64_t nbx,
                                         int64_t nb, float* y, int64_t ldy) {
   const __m256i zero = _mm256_setzero_si256();
   __m256 acc[R][T];
-  float mins[R][T];
   for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps(), mins[r][t] = 0.0f;
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk[R];
     typename F::Scales sc[R];
@@ -261,13 +265,12 @@ template <class F, class I, int R, int T>
     }
     for (int j = 0; j < F::kSubs; ++j) {
       __m256i xq[T], base[T];
-      __m256 dx[T];
-      float sx[T];
+      __m256 dx[T], sx[T];
       for (int t = 0; t < T; ++t) {
         const XBlock& xb = x[t * nbx + b * F::kSubs + j];
         xq[t] = load32(xb.q);
         dx[t] = _mm256_set1_ps(xb.d);
-        sx[t] = xb.s;
+        sx[t] = _mm256_set1_ps(xb.s8);
         // The offset's share, - 2^kShift * (sum of each lane's x), starts the lanes.
         base[t] = F::kShift ? _mm256_sub_epi32(zero, _mm256_slli_epi32(I::dot(zero, bytes(1), xq[t]),
                                                                         F::kShift))
@@ -275,7 +278,7 @@ template <class F, class I, int R, int T>
       }
       for (int r = 0; r < R; ++r) {
         const __m256i u = F::levels(blk[r], j);
-        const __m256 dw = F::scale(sc[r], j);
+        const __m256 dw = F::scale(sc[r], j), mw = _mm256_set1_ps(F::min(sc[r], j));
         for (int t = 0; t < T; ++t) {
           __m256i lanes;
           if constexpr (F::kSigned)  // |level| x sign(level) x
@@ -284,38 +287,35 @@ template <class F, class I, int R, int T>
             lanes = I::dot(base[t], u, xq[t]);
           acc[r][t] =
               _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_mul_ps(dw, dx[t]), acc[r][t]);
-          if constexpr (F::kMin) mins[r][t] = std::fma(F::min(sc[r], j), sx[t], mins[r][t]);
+          if constexpr (F::kMin) acc[r][t] = _mm256_fmadd_ps(mw, sx[t], acc[r][t]);
         }
       }
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) {
-      float v = hsum(acc[r][t]);
-      if constexpr (F::kMin) v += mins[r][t];
-      y[t * ldy + r] = v;
-    }
+    for (int t = 0; t < T; ++t) y[t * ldy + r] = hsum(acc[r][t]);
 }
 
-// Tiles of 4 rows x 2 tokens (each weight block unpacked once for both tokens), then the
-// leftover rows and tokens.
+// Tiles of kRows x kToks (each weight block unpacked once for kToks tokens), then the leftover
+// rows and tokens.
 template <class F, class I>
 [[gnu::always_inline]] inline void rows(const Matrix& w, const XBlock* x, float* y, int64_t n_tok,
                                         int64_t r0, int64_t nr) {
+  constexpr int R = I::kRows, T = I::kToks;
   const int64_t nbx = w.n_in / QK, nb = w.n_in / (QK * F::kSubs), ldy = w.n_out;
   const size_t ld = w.row_bytes;
   int64_t t = 0;
-  for (; t + 2 <= n_tok; t += 2) {
+  for (; t + T <= n_tok; t += T) {
     int64_t r = 0;
-    for (; r + 4 <= nr; r += 4)
-      tile<F, I, 4, 2>(w.row(r0 + r), ld, x + t * nbx, nbx, nb, y + t * ldy + r0 + r, ldy);
+    for (; r + R <= nr; r += R)
+      tile<F, I, R, T>(w.row(r0 + r), ld, x + t * nbx, nbx, nb, y + t * ldy + r0 + r, ldy);
     for (; r < nr; ++r)
-      tile<F, I, 1, 2>(w.row(r0 + r), ld, x + t * nbx, nbx, nb, y + t * ldy + r0 + r, ldy);
+      tile<F, I, 1, T>(w.row(r0 + r), ld, x + t * nbx, nbx, nb, y + t * ldy + r0 + r, ldy);
   }
   for (; t < n_tok; ++t) {
     int64_t r = 0;
-    for (; r + 4 <= nr; r += 4)
-      tile<F, I, 4, 1>(w.row(r0 + r), ld, x + t * nbx, nbx, nb, y + t * ldy + r0 + r, ldy);
+    for (; r + R <= nr; r += R)
+      tile<F, I, R, 1>(w.row(r0 + r), ld, x + t * nbx, nbx, nb, y + t * ldy + r0 + r, ldy);
     for (; r < nr; ++r)
       tile<F, I, 1, 1>(w.row(r0 + r), ld, x + t * nbx, nbx, nb, y + t * ldy + r0 + r, ldy);
   }

@@ -16,7 +16,7 @@ namespace kvs::cpu {
 struct XBlock {
   int8_t q[32];
   float d;
-  float s;  // d * sum q_i
+  float s8;  // d * sum q_i / 8: an eighth for each lane of the kernels' accumulators
 };
 
 enum class DotIsa { Avx2, AvxVnni, Avx512Vnni };

@@ -65,10 +65,20 @@ inline __m256i load32(const void* p) {
 inline __m256i bytes(int v) {
   return _mm256_set1_epi8(static_cast<char>(v));
 }
-// 16 bytes of nibbles -> 32 levels: element j in the low nibble of byte j, j + 16 in the high.
+// 16 bytes of nibbles -> 32 levels: element j in the low nibble of byte j, j + 16 in the high
+// (the bytes in both halves, the upper half shifted).
 inline __m256i nibbles(const uint8_t* qs) {
-  const __m128i v = load16(qs), m = _mm_set1_epi8(0x0F);
-  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
+  const __m256i v = _mm256_broadcastsi128_si256(load16(qs));
+  return _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_setr_epi64x(0, 0, 4, 4)), bytes(0x0F));
+}
+// The f16 pair (d, m) at p, each in every lane.
+struct PairScales {
+  __m256 d, m;
+};
+inline void pair_scales(const uint8_t* p, PairScales& s) {
+  const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(load_u32(p))));
+  s.d = _mm256_broadcastss_ps(dm);
+  s.m = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
 }
 // 0x10 in byte i where bit i of the 32 bits at p is set (q5_0, q5_1).
 inline __m256i fifth_bits(const uint8_t* p) {
@@ -94,7 +104,7 @@ struct Q8_0 {
   static void scales(const uint8_t* b, Scales& s) { s.d = f16(b); }
   static __m256i levels(const uint8_t* b, int) { return load32(b + 2); }
   static __m256 scale(const Scales& s, int) { return _mm256_set1_ps(s.d); }
-  static float min(const Scales&, int) { return 0.0f; }
+  static __m256 min(const Scales&, int) { return _mm256_setzero_ps(); }
 };
 
 struct Q4_0 {
@@ -105,20 +115,18 @@ struct Q4_0 {
   static void scales(const uint8_t* b, Scales& s) { s.d = f16(b); }
   static __m256i levels(const uint8_t* b, int) { return nibbles(b + 2); }
   static __m256 scale(const Scales& s, int) { return _mm256_set1_ps(s.d); }
-  static float min(const Scales&, int) { return 0.0f; }
+  static __m256 min(const Scales&, int) { return _mm256_setzero_ps(); }
 };
 
 struct Q4_1 {
   using Block = BlockQ4_1;
   static constexpr int kSubs = 1, kShift = 0;
   static constexpr bool kSigned = false, kMin = true;
-  struct Scales {
-    float d, m;
-  };
-  static void scales(const uint8_t* b, Scales& s) { s.d = f16(b), s.m = f16(b + 2); }
+  using Scales = PairScales;
+  static void scales(const uint8_t* b, Scales& s) { pair_scales(b, s); }
   static __m256i levels(const uint8_t* b, int) { return nibbles(b + 4); }
-  static __m256 scale(const Scales& s, int) { return _mm256_set1_ps(s.d); }
-  static float min(const Scales& s, int) { return s.m; }
+  static __m256 scale(const Scales& s, int) { return s.d; }
+  static __m256 min(const Scales& s, int) { return s.m; }
 };
 
 struct Q5_0 {
@@ -131,20 +139,20 @@ struct Q5_0 {
     return _mm256_or_si256(nibbles(b + 6), fifth_bits(b + 2));
   }
   static __m256 scale(const Scales& s, int) { return _mm256_set1_ps(s.d); }
-  static float min(const Scales&, int) { return 0.0f; }
+  static __m256 min(const Scales&, int) { return _mm256_setzero_ps(); }
 };
 
 struct Q5_1 {
   using Block = BlockQ5_1;
   static constexpr int kSubs = 1, kShift = 0;
   static constexpr bool kSigned = false, kMin = true;
-  using Scales = Q4_1::Scales;
-  static void scales(const uint8_t* b, Scales& s) { s.d = f16(b), s.m = f16(b + 2); }
+  using Scales = PairScales;
+  static void scales(const uint8_t* b, Scales& s) { pair_scales(b, s); }
   static __m256i levels(const uint8_t* b, int) {
     return _mm256_or_si256(nibbles(b + 8), fifth_bits(b + 4));
   }
-  static __m256 scale(const Scales& s, int) { return _mm256_set1_ps(s.d); }
-  static float min(const Scales& s, int) { return s.m; }
+  static __m256 scale(const Scales& s, int) { return s.d; }
+  static __m256 min(const Scales& s, int) { return s.m; }
 };
 
 // q4_k, q5_k: sub-block j's weights are d sc_j level - dmin m_j; d sc_j and dmin m_j are exact.
@@ -175,7 +183,7 @@ struct Q4_K {
   static void scales(const uint8_t* b, Scales& s) { k_scales(b, s); }
   static __m256i levels(const uint8_t* b, int j) { return k_nibbles(b + offsetof(Block, qs), j); }
   static __m256 scale(const Scales& s, int j) { return _mm256_set1_ps(s.d[j]); }
-  static float min(const Scales& s, int j) { return s.m[j]; }
+  static __m256 min(const Scales& s, int j) { return _mm256_set1_ps(s.m[j]); }
 };
 
 struct Q5_K {
@@ -190,7 +198,7 @@ struct Q5_K {
     return _mm256_or_si256(k_nibbles(b + offsetof(Block, qs), j), h);
   }
   static __m256 scale(const Scales& s, int j) { return _mm256_set1_ps(s.d[j]); }
-  static float min(const Scales& s, int j) { return s.m[j]; }
+  static __m256 min(const Scales& s, int j) { return _mm256_set1_ps(s.m[j]); }
 };
 
 // q6_k: sub-block j of 32 is group k = j % 4 of half h = j / 4 (simd.h's q6_lanes), with the
@@ -217,7 +225,7 @@ struct Q6_K {
   static __m256 scale(const Scales& s, int j) {
     return _mm256_set_m128(_mm_set1_ps(s.d[2 * j + 1]), _mm_set1_ps(s.d[2 * j]));
   }
-  static float min(const Scales&, int) { return 0.0f; }
+  static __m256 min(const Scales&, int) { return _mm256_setzero_ps(); }
 };
 
 // ---- instruction sets: lanes acc + sum of 4 products u x (u unsigned, x signed bytes) ----
@@ -278,7 +286,7 @@ template <class F, class I, int R, int T>
       }
       for (int r = 0; r < R; ++r) {
         const __m256i u = F::levels(blk[r], j);
-        const __m256 dw = F::scale(sc[r], j), mw = _mm256_set1_ps(F::min(sc[r], j));
+        const __m256 dw = F::scale(sc[r], j), mw = F::min(sc[r], j);
         for (int t = 0; t < T; ++t) {
           __m256i lanes;
           if constexpr (F::kSigned)  // |level| x sign(level) x

@@ -112,6 +112,31 @@ TEST_F(StreamCli, ParallelSequencesDecodeAsTheyWouldAlone) {
       << "the arena should be too small for both histories";
 }
 
+// Prompt lookup on real text that repeats itself: the drafts are verified in the steps of the
+// tokens before them, greedy output equal to decoding without them, while the history streams
+// through a small arena and rejected drafts roll back.
+TEST_F(StreamCli, NgramSpeculationGivesTheTokensOfPlainDecoding) {
+  const std::string prompt =
+      "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog. "
+      "The quick brown fox";
+  const std::string common = "run -m " + test::smollm2() + " -p \"" + prompt +
+                             "\" -n 64 --temp 0 -c 512 --page-size 8 -b 64 --kv-arena 1M "
+                             "--no-phase-arena";
+  const Outcome off = kvstream(common, "spec_off");
+  const Outcome on = kvstream(common + " --spec ngram --draft-max 6", "spec_on");
+  ASSERT_EQ(off.status, 0) << off.err;
+  ASSERT_EQ(on.status, 0) << on.err;
+  EXPECT_EQ(on.json["tokens"], off.json["tokens"]);
+  const auto& sp = on.json["speculation"];
+  EXPECT_GT(sp["accepted"].get<int64_t>(), 10) << on.err;
+  EXPECT_LT(sp["sequence_steps"].get<int64_t>(), 50) << "drafts should save steps";
+  EXPECT_GT(on.json["kv"]["decode"]["bytes_streamed"].get<size_t>(), 0u);
+  EXPECT_NE(on.err.find("kvstream: speculation (ngram):"), std::string::npos) << on.err;
+  const Outcome bad = kvstream("run -m " + test::smollm2() + " -p hi --spec draft", "spec_bad");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.err.find("--spec must be off or ngram"), std::string::npos) << bad.err;
+}
+
 TEST_F(StreamCli, BadStreamingInputIsRefusedClearly) {
   const std::string m = "run -m " + test::smollm2() + " -p hi -n 1";
   Outcome o = kvstream(m + " --kv-arena 1K", "small");

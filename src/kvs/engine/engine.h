@@ -45,6 +45,10 @@ struct EngineOptions {
   // by the next sequences whose tokens begin alike); 0: none. Only for models whose layers are
   // all full attention.
   size_t cache_ram = 0;
+  // Tokens of one sequence whose logits one step returns (BatchEntry::all_logits): 1 + the
+  // longest draft that speculative decoding verifies at once. The windows keep n_verify - 1
+  // positions more, so a verify step's rejected tail can be rolled back (Engine::truncate).
+  int32_t n_verify = 1;
 };
 
 // A handle to one sequence: its slot in the engine and its length.
@@ -58,6 +62,9 @@ struct BatchEntry {
   Sequence* seq = nullptr;
   const int32_t* tokens = nullptr;
   int32_t n = 0;
+  // Logits of every token (a speculative verify step, n <= n_verify), not just of the last;
+  // recurrent layers then go token by token, as n one-token steps would.
+  bool all_logits = false;
 };
 
 struct StepStats {
@@ -109,6 +116,8 @@ class Engine {
   static size_t pass_bytes(const ModelConfig& c, int64_t rows);
   // Whether o has a phase arena: a streaming mode with full layers and -b above --parallel.
   static bool phase_arena(const ModelConfig& c, const EngineOptions& o);
+  // Rows of a decode step at most: a token of every sequence, or n_verify of each.
+  static int32_t decode_rows(const EngineOptions& o) { return o.n_seq * o.n_verify; }
   static int32_t fixed_frames(const ModelConfig& c, const EngineOptions& o);
   static KvShape kv_shape(const ModelConfig& c, const EngineOptions& o);
 
@@ -130,6 +139,12 @@ class Engine {
   // those of entry i's last token.
   void step(const std::vector<BatchEntry>& batch);
   const float* logits(int32_t i) const;
+  // Of entry i's token j (entries with all_logits; j = 0 otherwise).
+  const float* logits(int32_t i, int32_t j) const;
+  // Forgets the sequence's positions from n_past on (the rejected drafts of a verify step):
+  // their pages go back, the tail page is writable again. With window layers at most
+  // n_verify - 1 positions can go; recurrent layers cannot roll back (yet).
+  void truncate(Sequence& s, int32_t n_past);
   // Appends n positions of random K and V rows (uniform in [-1, 1), from `seed`) to s in every
   // layer without running the model: a benchmark's fill to a depth, whose decode and prefill
   // speed depend on how much the cache holds, not on its values. The pages go where a prefill
@@ -285,6 +300,7 @@ class Engine {
   std::unique_ptr<Device> host_dev_;
   // Host mode: activations on the host.
   std::vector<float> hq_, hk_, hv_, hatt_, hacc_;
+  std::vector<std::pair<int32_t, int32_t>> lrows_;  // per entry of the last step: first row, rows
   DeviceBuffer hlogits_;  // the logits, on the host (pinned: [n_seq][n_vocab])
 
   StepStats last_;

@@ -69,7 +69,7 @@ void Engine::gated_delta_net(Pass& p, int32_t il) {
     a.v_heads = c.ssm_v_heads;
     a.head = c.ssm_state;
     a.eps = c.norm_eps;
-    a.chunk = e.n > 1 ? kDeltaNetChunk : 1;
+    a.chunk = e.n > 1 && !e.all_logits ? kDeltaNetChunk : 1;
     dev_.gated_delta_net(a);
   }
   const MatJob out{&L.ssm_out, act_.x, nullptr, true};

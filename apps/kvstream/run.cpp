@@ -426,6 +426,12 @@ void run(const RunArgs& a) {
   const int32_t N = eo.n_seq;
 
   check_host_kv(eo, model->config, backend);
+  if (a.spec != "off" && backend != "cpu")
+    std::fprintf(stderr,
+                 "kvstream: warning: --spec on the %s backend: a verify step's logits are within "
+                 "its tolerance of one-token steps, not bit-identical (greedy text may differ at "
+                 "near ties); on the cpu backend they are the same bits\n",
+                 backend.c_str());
   auto dev = device_of(a.s, backend, vram);
   Engine eng(*model, *dev, eo);
   std::vector<Sampler> samplers = samplers_for(a.g, prompts);

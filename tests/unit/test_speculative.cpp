@@ -1,6 +1,7 @@
 // Speculative decoding's verify step: a sequence's token and up to n_verify - 1 drafts in one
 // step, every row of logits bit-identical to the one-token steps', the rejected drafts rolled
-// back (Engine::truncate) across page boundaries, ring chunks and window layers.
+// back (Engine::truncate) across page boundaries, ring chunks, window layers and recurrent
+// layers (their states recomputed from the step's inputs).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -155,9 +156,10 @@ size_t spec_arena(const Model& m, const Case& c, int32_t draft_max) {
 TEST(Speculative, VerifiedRowsAreBitIdenticalToOneTokenSteps) {
   std::mt19937 g(20261206);
   int64_t drafted = 0, accepted = 0, rejected = 0, page_rollbacks = 0, streamed = 0;
-  for (int k = 0; k < 20; ++k) {
+  for (int k = 0; k < 24; ++k) {
     Case c = random_case(g, k);
     if (k % 4 == 1) c.preset = k % 8 == 1 ? "tiny-gemma3" : "tiny-gemma3:q4_0";
+    if (k % 4 == 2) c.preset = k % 8 == 2 ? "tiny-qwen35" : "tiny-qwen35:q4_k";
     auto m = Model::load("synthetic:" + c.preset);
     if (m->config.arch == Arch::Gemma3) m->config.n_swa = static_cast<int32_t>(1 + g() % 40);
     for (auto& n : c.gen_len) n += 20;
@@ -208,8 +210,16 @@ TEST(Speculative, TruncateRefusesWhatItCannotUndo) {
   EXPECT_THROW(e.step({BatchEntry{&s, five.data(), 5, true}}), Error);  // more than n_verify
   e.step({BatchEntry{&s, five.data(), 4, true}});
   EXPECT_EQ(s.n_past, 101);
+  // Recurrent layers roll back only within the last step, a verify step.
   auto q = Model::load("synthetic:tiny-qwen35");
-  EXPECT_THROW(Engine(*q, *dev, o), Error);  // recurrent layers cannot roll back
+  Engine r(*q, *dev, o);
+  Sequence t = r.open_sequence();
+  r.eval(t, p.data(), 10);
+  EXPECT_THROW(r.truncate(t, 9), Error);
+  r.step({BatchEntry{&t, five.data(), 4, true}});
+  EXPECT_THROW(r.truncate(t, 10), Error);  // all four: the step's first token stays
+  r.truncate(t, 11);
+  EXPECT_THROW(r.truncate(t, 10), Error);  // once
 }
 
 }  // namespace

@@ -59,8 +59,6 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt)
             opt.n_verify - 1);
   KVS_CHECK(decode_rows(opt) <= opt.n_batch, "--parallel ", opt.n_seq, " x (--draft-max ",
             opt.n_verify - 1, " + 1) tokens are more than -b/--batch-size ", opt.n_batch);
-  KVS_CHECK(opt.n_verify == 1 || cfg_.n_layers_of(LayerKind::Recurrent) == 0, cfg_.arch_name,
-            ": speculative decoding cannot roll back recurrent layers yet; give --spec off");
   KVS_CHECK(opt.n_seq <= opt.n_batch, "--parallel ", opt.n_seq, " is more than -b/--batch-size ",
             opt.n_batch, ": a decode step of every sequence must fit one batch");
   KVS_CHECK(cfg_.n_layers_of(LayerKind::Recurrent) == 0 || dev.has_gated_delta_net(),
@@ -129,6 +127,13 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt)
   hlogits_ = dev.alloc_host(out_rows * cfg_.n_vocab * f, "logits (host)");
   // Before the arena is sized, which takes what is left.
   if (shape_.recurrent_bytes > 0) rstate_ = dev.alloc(shape_.recurrent_bytes, "recurrent state");
+  if (shape_.recurrent_bytes > 0 && opt.n_verify > 1) {
+    rsnap_ = dev.alloc(shape_.recurrent_bytes, "recurrent state before a verify step");
+    rec_row_ = cfg_.ssm_conv_dim() + cfg_.ssm_value_dim() + 2 * int64_t{cfg_.ssm_v_heads};
+    rinputs_ = dev.alloc(static_cast<size_t>(shape_.n_recurrent) * static_cast<size_t>(opt.n_seq) *
+                             static_cast<size_t>(opt.n_verify) * static_cast<size_t>(rec_row_) * f,
+                         "recurrent inputs of a verify step");
+  }
   ids_.resize(b);
   pos_.resize(b);
   page_slot_.resize(b);
@@ -457,6 +462,13 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
       pos_[t] = e.seq->n_past + j;
       page_slot_[t] = static_cast<int32_t>((e.seq->n_past + j) % P);
     }
+  }
+  for (const BatchEntry& e : batch) {
+    const auto s = static_cast<size_t>(e.seq->id);
+    slots_[s].verified = e.all_logits && rsnap_.as() ? e.n : 0;
+    if (slots_[s].verified == 0) continue;
+    const size_t bytes = shape_.recurrent_bytes / slots_.size();
+    dev_.copy(Stream::Compute, rsnap_.as() + s * bytes, rstate_.as() + s * bytes, bytes);
   }
   if (ring_) replan(batch);
   if (ring_) ring_->begin_step(ring_items(batch, false), ring_items(batch, true));

@@ -143,7 +143,8 @@ class Engine {
   const float* logits(int32_t i, int32_t j) const;
   // Forgets the sequence's positions from n_past on (the rejected drafts of a verify step):
   // their pages go back, the tail page is writable again. With window layers at most
-  // n_verify - 1 positions can go; recurrent layers cannot roll back (yet).
+  // n_verify - 1 positions can go; with recurrent layers only those of the last step, when it
+  // was a verify step (their states are recomputed from its inputs).
   void truncate(Sequence& s, int32_t n_past);
   // Appends n positions of random K and V rows (uniform in [-1, 1), from `seed`) to s in every
   // layer without running the model: a benchmark's fill to a depth, whose decode and prefill
@@ -182,6 +183,7 @@ class Engine {
     std::vector<std::vector<int32_t>> frames;
     std::vector<SpanCache> spans;  // [layer]
     std::vector<int32_t> tokens;   // with a prompt cache: the token of every position
+    int32_t verified = 0;  // tokens of its last step if that was a verify step (recurrent rollback)
   };
   // One forward pass: the batch, where each entry's rows start, the next ring item.
   struct Pass {
@@ -257,6 +259,19 @@ class Engine {
   // per head), so that each is one product: [layer], empty for the others.
   std::vector<std::vector<uint8_t>> gated_q_;
   DeviceBuffer rstate_;  // every sequence's recurrent layers' states (KvShape)
+  // With n_verify > 1: each sequence's recurrent states before its last verify step, and that
+  // step's Gated DeltaNet inputs ([recurrent layer][n_verify rows of mix, z, alpha, beta]), from
+  // which truncate() recomputes the states of the tokens it keeps.
+  DeviceBuffer rsnap_, rinputs_;
+  int64_t rec_row_ = 0;  // floats of one token's inputs to one Gated DeltaNet layer
+  float* rec_inputs(int32_t s, int32_t il) const {
+    const size_t i = static_cast<size_t>(s) * static_cast<size_t>(shape_.n_recurrent) +
+                     static_cast<size_t>(rec_index_[static_cast<size_t>(il)]);
+    return reinterpret_cast<float*>(rinputs_.as()) +
+           i * static_cast<size_t>(opt_.n_verify) * static_cast<size_t>(rec_row_);
+  }
+  // The recurrent layers of sequence s after `kept` of its last verify step's tokens.
+  void redo_recurrent(int32_t s, int32_t kept);
   RopeParams rope_, rope_swa_;     // full and window layers
   int32_t max_pages_ = 0;  // per layer and sequence
   int32_t fixed_frames_ = 0;

@@ -162,13 +162,19 @@ void Engine::truncate(Sequence& s, int32_t n_past) {
   KVS_CHECK(n_past >= 0 && n_past <= s.n_past, "truncate: to ", n_past, " of ", s.n_past,
             " positions");
   if (n_past == s.n_past) return;
-  KVS_CHECK(shape_.n_recurrent == 0, cfg_.arch_name, ": recurrent layers cannot roll back");
+  Slot& sl = slots_[static_cast<size_t>(s.id)];
+  if (shape_.n_recurrent > 0) {
+    KVS_CHECK(s.n_past - n_past < sl.verified, "truncate: recurrent layers roll back only within ",
+              "the last step, and only a verify step's (", sl.verified, " tokens); asked for ",
+              s.n_past - n_past, " positions");
+    redo_recurrent(s.id, sl.verified - (s.n_past - n_past));
+    sl.verified = 0;
+  }
   KVS_CHECK(shape_.n_window == 0 || host_dev_ || s.n_past - n_past < opt_.n_verify,
             "truncate: ", s.n_past - n_past, " positions back, more than the windows keep (",
             opt_.n_verify - 1, ")");
   const int32_t P = opt_.page_size;
   const int32_t pages = (n_past + P - 1) / P;  // those holding a kept position
-  Slot& sl = slots_[static_cast<size_t>(s.id)];
   if (pool_) {
     dev_.sync();  // write-backs and prefetches may still read the pages that go
     reclaim(true);

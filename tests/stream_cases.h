@@ -63,6 +63,16 @@ inline EngineOptions options(const Case& c) {
   return o;
 }
 
+// What the engine says when it refuses options o on dev; empty where it accepts them.
+inline std::string refusal(const Model& m, Device& dev, const EngineOptions& o) {
+  try {
+    Engine e(m, dev, o);
+  } catch (const Error& err) {
+    return err.what();
+  }
+  return "";
+}
+
 inline std::vector<int32_t> tokens(uint32_t seed, int32_t n, int32_t vocab) {
   std::mt19937 g(seed);
   std::vector<int32_t> t(static_cast<size_t>(n));

@@ -161,12 +161,7 @@ TEST(PhaseArena, ArenasBelowTheMinimumNameTheWorkspace) {
   o.kv_mode = KvMode::Auto;
   const auto error = [&](size_t capacity) {
     auto dev = make_cpu_device(capacity);
-    try {
-      Engine e(*m, *dev, o);
-    } catch (const Error& err) {
-      return std::string(err.what());
-    }
-    return std::string();
+    return refusal(*m, *dev, o);
   };
   o.kv_arena = min_arena(*m, c) - 1;
   std::string w = error(0);

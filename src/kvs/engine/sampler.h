@@ -55,7 +55,19 @@ class Sampler {
     int32_t id;
   };
 
+  // Total order: higher logit first, lower id first on ties.
+  static bool ranks_before(const Cand& a, const Cand& b);
+
   void apply_penalty(int32_t n_vocab);
+  // The first id of work_'s largest logit.
+  size_t argmax() const;
+  // cand_ = the k best of work_, in rank order.
+  void keep_top_k(size_t k);
+  // How many of cand_'s first `size` reach top-p (z: the softmax's normaliser); sorts what it
+  // reads into rank order unless cand_ is already.
+  size_t top_p_prefix(size_t size, bool sorted, double z, float max_l);
+  // Temperature and softmax over cand_'s first `size`, and the draw.
+  int32_t draw(size_t size, float max_l);
   double uniform();  // [0, 1)
 
   SamplerParams p_;

@@ -287,6 +287,34 @@ nlohmann::json measure_depth(const BenchArgs& a, Engine& eng, Sequence& s, int64
   return r;
 }
 
+// A prefill of all of t but its last token, then a decode of that one, in a sequence of its own.
+void warm_up(Engine& eng, const std::vector<int32_t>& t) {
+  Sequence w = eng.open_sequence();
+  eng.eval(w, t.data(), static_cast<int32_t>(t.size() - 1));
+  eng.eval(w, &t.back(), 1);
+  eng.close_sequence(w);
+}
+
+// The JSON of a bench: what ran where, and its runs and pairs.
+nlohmann::json bench_json(const BenchArgs& a, const std::string& device, size_t vram,
+                          const nlohmann::json& runs, const nlohmann::json& pairs) {
+  nlohmann::json j;
+  j["model"] = a.s.model;
+  j["device"] = device;
+  j["backend"] = a.backend;
+  j["build"] = {{"version", KVS_VERSION}, {"compiler", __VERSION__}, {"date", __DATE__}};
+  j["command"] = a.command;
+  j["threads"] = thread_pool().size();
+  j["page_size"] = a.base.page_size;
+  j["batch"] = a.n_batch;
+  j["fill"] = a.fill;
+  j["vram_limit"] = vram;
+  j["phase_arena"] = a.base.phase_arena;
+  j["runs"] = runs;
+  if (!pairs.empty()) j["pairs"] = pairs;
+  return j;
+}
+
 void bench(BenchArgs& a) {
   const std::vector<int64_t> depths =
       a.depths.empty() ? std::vector<int64_t>{} : parse_count_list(a.depths, "--depths");
@@ -315,22 +343,7 @@ void bench(BenchArgs& a) {
   std::string device_name;
   // The JSON is rewritten after every run, so a long sweep cut short keeps what it measured.
   const auto save = [&] {
-    if (a.json_out.empty()) return;
-    nlohmann::json j;
-    j["model"] = a.s.model;
-    j["device"] = device_name;
-    j["backend"] = a.backend;
-    j["build"] = {{"version", KVS_VERSION}, {"compiler", __VERSION__}, {"date", __DATE__}};
-    j["command"] = a.command;
-    j["threads"] = thread_pool().size();
-    j["page_size"] = a.base.page_size;
-    j["batch"] = a.n_batch;
-    j["fill"] = a.fill;
-    j["vram_limit"] = vram;
-    j["phase_arena"] = a.base.phase_arena;
-    j["runs"] = runs;
-    if (!pairs.empty()) j["pairs"] = pairs;
-    write_json(a.json_out, j);
+    if (!a.json_out.empty()) write_json(a.json_out, bench_json(a, device_name, vram, runs, pairs));
   };
   bool pairs_ok = true;
   std::printf(
@@ -363,13 +376,8 @@ void bench(BenchArgs& a) {
     };
     // Ascending depths share one sequence: each fills on from where the last one's timed
     // tokens left it, so a sweep prefills its deepest depth once.
-    {  // Warm-up, untimed: the first prefill and decode initialise cuBLAS and the kernels.
-      Sequence w = eng.open_sequence();
-      const auto t = random_tokens(std::min<int64_t>(a.n_batch, o.n_ctx - 1) + 1);
-      eng.eval(w, t.data(), static_cast<int32_t>(t.size() - 1));
-      eng.eval(w, &t.back(), 1);
-      eng.close_sequence(w);
-    }
+    // Warm-up, untimed: the first prefill and decode initialise cuBLAS and the kernels.
+    warm_up(eng, random_tokens(std::min<int64_t>(a.n_batch, o.n_ctx - 1) + 1));
     Sequence s = eng.open_sequence();
     for (int64_t depth : depths) {
       if (s.n_past > depth) {

@@ -76,6 +76,27 @@ std::string show(const Stat& s, size_t n) {
   return b;
 }
 
+// Seconds that f takes.
+template <class F>
+double seconds(F&& f) {
+  const double t0 = now();
+  f();
+  return now() - t0;
+}
+
+// The fields every run's JSON has: its mode, cache types and decode tokens, and the engine's
+// arena.
+nlohmann::json run_json(const BenchArgs& a, const Engine& eng, const std::string& mode) {
+  nlohmann::json r;
+  r["mode"] = mode;
+  r["cache_type_k"] = a.s.ctk;
+  r["cache_type_v"] = a.s.ctv;
+  r["tg_tokens"] = a.n_gen;
+  r["arena_bytes"] = eng.arena_bytes();
+  r["workspace_bytes"] = eng.workspace_bytes();
+  return r;
+}
+
 int32_t argmax(const float* l, int32_t n) {
   return static_cast<int32_t>(std::max_element(l, l + n) - l);
 }
@@ -145,26 +166,26 @@ nlohmann::json pair_run(const BenchArgs& a, const Model& model, const std::strin
   std::vector<int32_t> together[2], alone[2];
   Sequence s[2] = {eng.open_sequence(), eng.open_sequence()};
   int32_t next[2] = {prefill(s[0], 0), prefill(s[1], 1)};
-  const double t0 = now();
-  for (int32_t k = 0; k < a.n_gen; ++k) {
-    eng.step({BatchEntry{&s[0], &next[0], 1}, BatchEntry{&s[1], &next[1], 1}});
-    for (int i = 0; i < 2; ++i) {
-      together[i].push_back(next[i]);
-      next[i] = argmax(eng.logits(i), V);
+  const double t_together = seconds([&] {
+    for (int32_t k = 0; k < a.n_gen; ++k) {
+      eng.step({BatchEntry{&s[0], &next[0], 1}, BatchEntry{&s[1], &next[1], 1}});
+      for (int i = 0; i < 2; ++i) {
+        together[i].push_back(next[i]);
+        next[i] = argmax(eng.logits(i), V);
+      }
     }
-  }
-  const double t_together = now() - t0;
+  });
   double t_alone[2] = {0, 0};
   for (int i = 0; i < 2; ++i) eng.close_sequence(s[i]);
   for (int i = 0; i < 2; ++i) {
     Sequence q = eng.open_sequence();
     int32_t id = prefill(q, i);
-    const double t1 = now();
-    for (int32_t k = 0; k < a.n_gen; ++k) {
-      alone[i].push_back(id);
-      id = argmax(eng.eval(q, &id, 1), V);
-    }
-    t_alone[i] = now() - t1;
+    t_alone[i] = seconds([&] {
+      for (int32_t k = 0; k < a.n_gen; ++k) {
+        alone[i].push_back(id);
+        id = argmax(eng.eval(q, &id, 1), V);
+      }
+    });
     eng.close_sequence(q);
   }
   const bool same = together[0] == alone[0] && together[1] == alone[1];
@@ -175,19 +196,13 @@ nlohmann::json pair_run(const BenchArgs& a, const Model& model, const std::strin
               a.n_gen / t_alone[0], a.n_gen / t_alone[1],
               same ? "same tokens as alone" : "TOKENS DIFFER FROM ALONE");
   std::fflush(stdout);
-  nlohmann::json r;
-  r["mode"] = mode;
+  nlohmann::json r = run_json(a, eng, mode);
   r["depths"] = d;
-  r["cache_type_k"] = a.s.ctk;
-  r["cache_type_v"] = a.s.ctv;
-  r["tg_tokens"] = a.n_gen;
   r["combined_tokens_per_s"] = tps;
   r["alone_tokens_per_s"] = {a.n_gen / t_alone[0], a.n_gen / t_alone[1]};
   r["same_tokens_as_alone"] = same;
   r["tokens_together"] = {together[0], together[1]};
   r["tokens_alone"] = {alone[0], alone[1]};
-  r["arena_bytes"] = eng.arena_bytes();
-  r["workspace_bytes"] = eng.workspace_bytes();
   return r;
 }
 
@@ -207,9 +222,9 @@ nlohmann::json measure_depth(const BenchArgs& a, Engine& eng, Sequence& s, int64
   double tg_s = 0;
   for (int32_t r = 0; r < a.reps; ++r) {
     const auto gen = random_tokens(a.n_gen);
-    const double t0 = now();
-    for (int32_t i = 0; i < a.n_gen; ++i) eng.eval(s, &gen[static_cast<size_t>(i)], 1);
-    const double dt = now() - t0;
+    const double dt = seconds([&] {
+      for (int32_t i = 0; i < a.n_gen; ++i) eng.eval(s, &gen[static_cast<size_t>(i)], 1);
+    });
     tg_s += dt;
     tg_r.push_back(a.n_gen / dt);
   }
@@ -217,9 +232,7 @@ nlohmann::json measure_depth(const BenchArgs& a, Engine& eng, Sequence& s, int64
   // Prefills of -p tokens (default one batch), right after, -r times.
   for (int32_t r = 0; r < a.reps && n_prompt > 0; ++r) {
     const auto pp = random_tokens(n_prompt);
-    const double t1 = now();
-    eng.eval(s, pp.data(), n_prompt);
-    pp_r.push_back(n_prompt / (now() - t1));
+    pp_r.push_back(n_prompt / seconds([&] { eng.eval(s, pp.data(), n_prompt); }));
   }
 
   const Stat tg = stat(tg_r), ppt = stat(pp_r);
@@ -241,13 +254,9 @@ nlohmann::json measure_depth(const BenchArgs& a, Engine& eng, Sequence& s, int64
                 kv.c_str(), static_cast<long long>(depth), n_prompt,
                 show(ppt, pp_r.size()).c_str());
   std::fflush(stdout);
-  nlohmann::json r;
-  r["mode"] = mode_s;
+  nlohmann::json r = run_json(a, eng, mode_s);
   r["depth"] = depth;
-  r["cache_type_k"] = a.s.ctk;
-  r["cache_type_v"] = a.s.ctv;
   r["repetitions"] = a.reps;
-  r["tg_tokens"] = a.n_gen;
   r["tg_tokens_per_s"] = tg.mean;
   r["tg_tokens_per_s_std"] = tg.std;
   r["tg_tokens_per_s_reps"] = tg_r;
@@ -271,13 +280,39 @@ nlohmann::json measure_depth(const BenchArgs& a, Engine& eng, Sequence& s, int64
     const double bound = streamed / h2d;
     r["stream_bound_s_per_token"] = bound;
   }
-  r["arena_bytes"] = eng.arena_bytes();
-  r["workspace_bytes"] = eng.workspace_bytes();
   r["plan_n_slots"] = eng.plan().n_slots;
   r["plan_slot_pages"] = eng.plan().slot_pages;
   r["plan_resident_pages"] = eng.plan().resident;
   r["plan_streamed_bytes_per_step"] = eng.plan().streamed_bytes;
   return r;
+}
+
+// A prefill of all of t but its last token, then a decode of that one, in a sequence of its own.
+void warm_up(Engine& eng, const std::vector<int32_t>& t) {
+  Sequence w = eng.open_sequence();
+  eng.eval(w, t.data(), static_cast<int32_t>(t.size() - 1));
+  eng.eval(w, &t.back(), 1);
+  eng.close_sequence(w);
+}
+
+// The JSON of a bench: what ran where, and its runs and pairs.
+nlohmann::json bench_json(const BenchArgs& a, const std::string& device, size_t vram,
+                          const nlohmann::json& runs, const nlohmann::json& pairs) {
+  nlohmann::json j;
+  j["model"] = a.s.model;
+  j["device"] = device;
+  j["backend"] = a.backend;
+  j["build"] = {{"version", KVS_VERSION}, {"compiler", __VERSION__}, {"date", __DATE__}};
+  j["command"] = a.command;
+  j["threads"] = thread_pool().size();
+  j["page_size"] = a.base.page_size;
+  j["batch"] = a.n_batch;
+  j["fill"] = a.fill;
+  j["vram_limit"] = vram;
+  j["phase_arena"] = a.base.phase_arena;
+  j["runs"] = runs;
+  if (!pairs.empty()) j["pairs"] = pairs;
+  return j;
 }
 
 void bench(BenchArgs& a) {
@@ -308,22 +343,7 @@ void bench(BenchArgs& a) {
   std::string device_name;
   // The JSON is rewritten after every run, so a long sweep cut short keeps what it measured.
   const auto save = [&] {
-    if (a.json_out.empty()) return;
-    nlohmann::json j;
-    j["model"] = a.s.model;
-    j["device"] = device_name;
-    j["backend"] = a.backend;
-    j["build"] = {{"version", KVS_VERSION}, {"compiler", __VERSION__}, {"date", __DATE__}};
-    j["command"] = a.command;
-    j["threads"] = thread_pool().size();
-    j["page_size"] = a.base.page_size;
-    j["batch"] = a.n_batch;
-    j["fill"] = a.fill;
-    j["vram_limit"] = vram;
-    j["phase_arena"] = a.base.phase_arena;
-    j["runs"] = runs;
-    if (!pairs.empty()) j["pairs"] = pairs;
-    write_json(a.json_out, j);
+    if (!a.json_out.empty()) write_json(a.json_out, bench_json(a, device_name, vram, runs, pairs));
   };
   bool pairs_ok = true;
   std::printf(
@@ -356,13 +376,8 @@ void bench(BenchArgs& a) {
     };
     // Ascending depths share one sequence: each fills on from where the last one's timed
     // tokens left it, so a sweep prefills its deepest depth once.
-    {  // Warm-up, untimed: the first prefill and decode initialise cuBLAS and the kernels.
-      Sequence w = eng.open_sequence();
-      const auto t = random_tokens(std::min<int64_t>(a.n_batch, o.n_ctx - 1) + 1);
-      eng.eval(w, t.data(), static_cast<int32_t>(t.size() - 1));
-      eng.eval(w, &t.back(), 1);
-      eng.close_sequence(w);
-    }
+    // Warm-up, untimed: the first prefill and decode initialise cuBLAS and the kernels.
+    warm_up(eng, random_tokens(std::min<int64_t>(a.n_batch, o.n_ctx - 1) + 1));
     Sequence s = eng.open_sequence();
     for (int64_t depth : depths) {
       if (s.n_past > depth) {

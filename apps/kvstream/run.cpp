@@ -389,6 +389,80 @@ void write_run_json(const RunArgs& a, const Engine& eng,
   write_json(a.json_out, j);
 }
 
+// The run's set-up on stderr: the model, the prompt, the KV cache and its arena.
+void describe_run(const RunArgs& a, const ModelConfig& c, const Engine& eng, int64_t prompt_tokens,
+                  uint64_t seed) {
+  const EngineOptions& eo = eng.options();
+  const int32_t N = eo.n_seq;
+  std::fprintf(stderr,
+               "kvstream: %s (%s, %d layers), %s%s, %d threads, KV %s/%s %s per token, seed "
+               "%llu\n",
+               a.s.model.c_str(), c.arch_name.c_str(), c.n_layer,
+               count_of(prompt_tokens, "prompt token").c_str(),
+               N > 1 ? cat(" in ", N, " sequences").c_str() : "", thread_pool().size(),
+               a.s.ctk.c_str(), a.s.ctv.c_str(), format_bytes(eng.kv_bytes_per_token()).c_str(),
+               static_cast<unsigned long long>(seed));
+  std::fprintf(stderr, "kvstream: kv-mode %s, arena %s (%s pages), KV at -c %d: %s per sequence\n",
+               kv_mode_name(eo.kv_mode), format_bytes(eng.arena_bytes()).c_str(),
+               format_bytes(eng.kv_layout().page_bytes()).c_str(), eo.n_ctx,
+               format_bytes(eng.kv_bytes_per_token() * static_cast<size_t>(eo.n_ctx)).c_str());
+  if (eng.workspace_bytes() > 0 && a.s.verbose)
+    std::fprintf(stderr,
+                 "kvstream: phase arena: a prefill takes %s of it back for its workspace (KV "
+                 "arena %s while prefilling)\n",
+                 format_bytes(eng.workspace_bytes()).c_str(),
+                 format_bytes(eng.arena_bytes() - eng.workspace_bytes()).c_str());
+  if (const KvShape& k = eng.kv_shape(); k.n_window > 0)
+    std::fprintf(stderr,
+                 "kvstream: layers: %d full (paged, may stream), %d window of %d positions "
+                 "(resident, %s)\n",
+                 k.n_full, k.n_window, c.n_swa, format_bytes(k.window_bytes).c_str());
+  if (const KvShape& k = eng.kv_shape(); k.n_recurrent > 0)
+    std::fprintf(stderr,
+                 "kvstream: layers: %d full (paged, may stream), %d recurrent (resident state, "
+                 "%s)\n",
+                 k.n_full, k.n_recurrent, format_bytes(k.recurrent_bytes).c_str());
+}
+
+// The run's speeds and streaming on stderr, after it ends (or is interrupted).
+void report_run(const RunArgs& a, const Engine& eng, const Outcome& r, int64_t prompt_tokens,
+                bool prefilled, double load_s) {
+  const double pp = static_cast<double>(r.prefill.tokens) / r.t_prefill;
+  const double tg = r.n_dec > 0 ? static_cast<double>(r.n_dec) / r.t_decode : 0.0;
+  if (interrupted())
+    std::fprintf(stderr, "kvstream: interrupted (Ctrl-C)%s\n",
+                 prefilled ? ""
+                           : cat(" during the prefill, after ", count_of(r.prefill.tokens, "token"),
+                                 " of ", prompt_tokens)
+                                 .c_str());
+  std::fprintf(stderr,
+               "kvstream: load %.2f s | prefill %s %.2f s, %.1f tok/s | decode %s %.2f s, %.1f "
+               "tok/s | peak memory %s\n",
+               load_s, count_of(r.prefill.tokens, "token").c_str(), r.t_prefill, pp,
+               count_of(r.n_dec, "token").c_str(), r.t_decode, tg,
+               format_bytes(peak_rss()).c_str());
+  if (a.spec != "off")
+    std::fprintf(stderr,
+                 "kvstream: speculation (%s): %lld drafted, %lld accepted (%.1f %%), %.2f tokens "
+                 "per sequence step, %s streamed per token\n",
+                 a.spec.c_str(), static_cast<long long>(r.drafted),
+                 static_cast<long long>(r.accepted),
+                 r.drafted ? 100.0 * static_cast<double>(r.accepted) / static_cast<double>(r.drafted) : 0.0,
+                 r.seq_steps ? static_cast<double>(r.n_dec) / static_cast<double>(r.seq_steps) : 0.0,
+                 format_bytes(r.n_dec ? r.decode.bytes_in / static_cast<size_t>(r.n_dec) : 0).c_str());
+  const EngineStats& tot = eng.totals();
+  if (a.s.verbose || tot.bytes_in > 0)
+    std::fprintf(
+        stderr,
+        "kvstream: streamed %s (%s per decode token), written back %s, ready wait %.1f "
+        "ms, %lld repartitions\n",
+        format_bytes(tot.bytes_in).c_str(),
+        format_bytes(r.decode.tokens ? r.decode.bytes_in / static_cast<size_t>(r.decode.tokens) : 0)
+            .c_str(),
+        format_bytes(tot.bytes_out).c_str(), tot.ready_wait_s * 1e3,
+        static_cast<long long>(tot.repartitions));
+}
+
 void run(const RunArgs& a) {
   int given =
       int(!a.prompt.empty() || a.has_prompt) + int(!a.file.empty()) + int(!a.tokens.empty());
@@ -437,34 +511,7 @@ void run(const RunArgs& a) {
   std::vector<Sampler> samplers = samplers_for(a.g, prompts);
   int64_t prompt_tokens = 0;
   for (const auto& p : prompts) prompt_tokens += static_cast<int64_t>(p.size());
-  std::fprintf(stderr,
-               "kvstream: %s (%s, %d layers), %s%s, %d threads, KV %s/%s %s per token, seed "
-               "%llu\n",
-               a.s.model.c_str(), model->config.arch_name.c_str(), model->config.n_layer,
-               count_of(prompt_tokens, "prompt token").c_str(),
-               N > 1 ? cat(" in ", N, " sequences").c_str() : "", thread_pool().size(),
-               a.s.ctk.c_str(), a.s.ctv.c_str(), format_bytes(eng.kv_bytes_per_token()).c_str(),
-               static_cast<unsigned long long>(samplers[0].seed()));
-  std::fprintf(stderr, "kvstream: kv-mode %s, arena %s (%s pages), KV at -c %d: %s per sequence\n",
-               kv_mode_name(eo.kv_mode), format_bytes(eng.arena_bytes()).c_str(),
-               format_bytes(eng.kv_layout().page_bytes()).c_str(), eo.n_ctx,
-               format_bytes(eng.kv_bytes_per_token() * static_cast<size_t>(eo.n_ctx)).c_str());
-  if (eng.workspace_bytes() > 0 && a.s.verbose)
-    std::fprintf(stderr,
-                 "kvstream: phase arena: a prefill takes %s of it back for its workspace (KV "
-                 "arena %s while prefilling)\n",
-                 format_bytes(eng.workspace_bytes()).c_str(),
-                 format_bytes(eng.arena_bytes() - eng.workspace_bytes()).c_str());
-  if (const KvShape& k = eng.kv_shape(); k.n_window > 0)
-    std::fprintf(stderr,
-                 "kvstream: layers: %d full (paged, may stream), %d window of %d positions "
-                 "(resident, %s)\n",
-                 k.n_full, k.n_window, model->config.n_swa, format_bytes(k.window_bytes).c_str());
-  if (const KvShape& k = eng.kv_shape(); k.n_recurrent > 0)
-    std::fprintf(stderr,
-                 "kvstream: layers: %d full (paged, may stream), %d recurrent (resident state, "
-                 "%s)\n",
-                 k.n_full, k.n_recurrent, format_bytes(k.recurrent_bytes).c_str());
+  describe_run(a, model->config, eng, prompt_tokens, samplers[0].seed());
 
   catch_interrupt(true);
   Outcome r;
@@ -482,40 +529,7 @@ void run(const RunArgs& a) {
   const bool prefilled = !interrupted();
   decode_all(a, eng, *model->tokenizer, samplers, prompts, n_predict, n_vocab, r);
 
-  const double pp = static_cast<double>(r.prefill.tokens) / r.t_prefill;
-  const double tg = r.n_dec > 0 ? static_cast<double>(r.n_dec) / r.t_decode : 0.0;
-  if (interrupted())
-    std::fprintf(stderr, "kvstream: interrupted (Ctrl-C)%s\n",
-                 prefilled ? ""
-                           : cat(" during the prefill, after ", count_of(r.prefill.tokens, "token"),
-                                 " of ", prompt_tokens)
-                                 .c_str());
-  std::fprintf(stderr,
-               "kvstream: load %.2f s | prefill %s %.2f s, %.1f tok/s | decode %s %.2f s, %.1f "
-               "tok/s | peak memory %s\n",
-               t0 - t_load, count_of(r.prefill.tokens, "token").c_str(), r.t_prefill, pp,
-               count_of(r.n_dec, "token").c_str(), r.t_decode, tg,
-               format_bytes(peak_rss()).c_str());
-  if (a.spec != "off")
-    std::fprintf(stderr,
-                 "kvstream: speculation (%s): %lld drafted, %lld accepted (%.1f %%), %.2f tokens "
-                 "per sequence step, %s streamed per token\n",
-                 a.spec.c_str(), static_cast<long long>(r.drafted),
-                 static_cast<long long>(r.accepted),
-                 r.drafted ? 100.0 * static_cast<double>(r.accepted) / static_cast<double>(r.drafted) : 0.0,
-                 r.seq_steps ? static_cast<double>(r.n_dec) / static_cast<double>(r.seq_steps) : 0.0,
-                 format_bytes(r.n_dec ? r.decode.bytes_in / static_cast<size_t>(r.n_dec) : 0).c_str());
-  const EngineStats& tot = eng.totals();
-  if (a.s.verbose || tot.bytes_in > 0)
-    std::fprintf(
-        stderr,
-        "kvstream: streamed %s (%s per decode token), written back %s, ready wait %.1f "
-        "ms, %lld repartitions\n",
-        format_bytes(tot.bytes_in).c_str(),
-        format_bytes(r.decode.tokens ? r.decode.bytes_in / static_cast<size_t>(r.decode.tokens) : 0)
-            .c_str(),
-        format_bytes(tot.bytes_out).c_str(), tot.ready_wait_s * 1e3,
-        static_cast<long long>(tot.repartitions));
+  report_run(a, eng, r, prompt_tokens, prefilled, t0 - t_load);
   if (!a.json_out.empty()) write_run_json(a, eng, prompts, r);
 }
 

@@ -219,6 +219,8 @@ class Engine {
   void forward_qwen35(Pass& p);
   // h_ (the normed rows) -> q, k, v -> the layer's pages -> att_: every entry's attention.
   void self_attention(Pass& p, int32_t il);
+  // x_ -> ffn_norm -> down(silu(gate) * up) of n rows -> x_ += it.
+  void swiglu_ffn(int32_t il, int32_t n);
   // h_ -> a Gated DeltaNet layer of every entry, each over its sequence's state -> x_ += it.
   void gated_delta_net(Pass& p, int32_t il);
   // Each entry's last row of x_ -> logits_.

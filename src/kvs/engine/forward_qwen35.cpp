@@ -15,7 +15,7 @@ void Engine::forward_qwen35(Pass& p) {
   const ModelConfig& c = cfg_;
   const int64_t d = c.n_embd;
   const int32_t n = p.n_tok;
-  float *x = act_.x, *h = act_.h, *att = act_.att, *gate = act_.gate, *up = act_.up;
+  float *x = act_.x, *h = act_.h, *att = act_.att;
   dev_.embed(w_.tok_embd, ids_.data(), n, x);
   for (int32_t il = 0; il < c.n_layer; ++il) {
     const LayerWeights& L = w_.layers[static_cast<size_t>(il)];
@@ -27,13 +27,7 @@ void Engine::forward_qwen35(Pass& p) {
       const MatJob out{&L.wo, x, nullptr, true};
       dev_.matmuls(att, n, &out, 1);
     }
-
-    dev_.rmsnorm(x, L.ffn_norm.data(), h, n, d, c.norm_eps);
-    const MatJob ffn[] = {{&L.gate, gate}, {&L.up, up}};
-    dev_.matmuls(h, n, ffn, 2);
-    dev_.swiglu(gate, up, int64_t{n} * c.n_ff);
-    const MatJob down{&L.down, x, nullptr, true};
-    dev_.matmuls(gate, n, &down, 1);
+    swiglu_ffn(il, n);
   }
 }
 

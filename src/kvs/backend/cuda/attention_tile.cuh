@@ -5,8 +5,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <mutex>
-#include <unordered_map>
 
 #include "kvs/backend/cuda/common.cuh"
 #include "kvs/backend/cuda/kernels.h"
@@ -98,21 +96,6 @@ __device__ __forceinline__ float ex2(float x) {
 }
 
 }  // namespace
-
-// Dynamic shared memory above 48 KiB has to be allowed once per kernel.
-template <class F>
-void allow_smem(F* kernel, size_t bytes) {
-  // Kernels of one signature share F, so the sizes are kept per kernel address.
-  static std::mutex mu;
-  static std::unordered_map<const void*, size_t> allowed;
-  const std::lock_guard<std::mutex> lock(mu);
-  const void* key = reinterpret_cast<const void*>(kernel);
-  size_t& a = allowed[key];
-  if (bytes <= a) return;
-  KVS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(bytes)));
-  a = bytes;
-}
 
 // The widest cp.async every K and V row of the layout allows (frames are 256-byte aligned).
 inline int copy_width(const Geo& g) {

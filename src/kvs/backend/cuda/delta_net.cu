@@ -258,8 +258,10 @@ __global__ void __launch_bounds__(kChunkThreads, 1) chunks_k(const Gdn g) {
       }
 #pragma unroll
       for (int c = 0; c < C; ++c) sq += q[c] * q[c], sk += k[c] * k[c];
-      const float fq = q_scale / fmaxf(sqrtf(warp_sum(sq)), g.eps);
-      const float fk = 1.0f / fmaxf(sqrtf(warp_sum(sk)), g.eps);
+      sq = warp_sum(sq), sk = warp_sum(sk);
+      // Rows past n stay zero (a zero eps would make their factor infinite).
+      const float fq = t < n ? q_scale / fmaxf(sqrtf(sq), g.eps) : 0.0f;
+      const float fk = t < n ? 1.0f / fmaxf(sqrtf(sk), g.eps) : 0.0f;
 #pragma unroll
       for (int c = 0; c < C; ++c) q[c] *= fq, k[c] *= fk;
       store(Qs + t * LK + lane * C, q);

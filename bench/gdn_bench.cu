@@ -4,10 +4,11 @@
 //   decode: one token through the conv, the token-by-token delta rule and the gated norm, over
 //     48 layers' states (more than L2 holds) in turn; GB/s counts the state read and written
 //     (2 x 48 x 128 x 128 x 4 bytes a layer), the layer's time all three launches.
-//   prefill: a sequence of 512 and of 2048 tokens through the chunk kernel (64 tokens a chunk);
-//     TFLOP/s counts the chunk's products once per head (K K^T and Q K^T lower halves, K M^T,
-//     Q M^T, U^T K, T R and Lq U): 2 (2 n^2 S + 3 n S^2) a chunk of n; and the same tokens
-//     token by token (the path of cards whose shared memory holds no chunk).
+//   prefill: a sequence of 512 and of 2048 tokens through the chunk kernels (64 tokens a chunk:
+//     prep_k, the chunks' Lq and T at once, then chunks_k, the chunks in order), each timed and
+//     both together; TFLOP/s counts the chunk's products once per head (K K^T and Q K^T lower
+//     halves, K M^T, Q M^T, U^T K, T R and Lq U): 2 (2 n^2 S + 3 n S^2) a chunk of n; and the
+//     same tokens token by token (the path of cards whose shared memory holds no chunk).
 // Each figure is the mean of 50 launches back to back after 5 untimed, PDL on (PDL=0: off).
 #include "../src/kvs/backend/cuda/delta_net.cu"
 
@@ -75,22 +76,25 @@ int main(int argc, char** argv) {
   float* norm = device_floats(kHead, 0.8f, 1.2f, 8);
   float* states = device_floats(kLayers * (state_floats + tail_floats), -0.01f, 0.01f, 9);
   float *conv = nullptr, *y = nullptr;
-  KVS_CUDA_CHECK(cudaMalloc(&conv, static_cast<size_t>(max_tok) * kConvDim * sizeof(float)));
+  KVS_CUDA_CHECK(cudaMalloc(&conv, delta_net_scratch(max_tok, kConvDim, kVHeads)));
+  float* prep = conv + static_cast<size_t>(max_tok) * kConvDim;
   KVS_CUDA_CHECK(cudaMalloc(&y, static_cast<size_t>(max_tok) * kVHeads * kHead * sizeof(float)));
   const auto layer = [&](int i) {
     return states + static_cast<size_t>(i % kLayers) * (state_floats + tail_floats);
   };
   const auto gdn = [&](int i, int n_tok, int chunk) {
-    return Gdn{conv,  alpha,   beta,    dt_bias, a,    y, layer(i) + tail_floats,
-               n_tok, kKHeads, kVHeads, chunk,   1e-6f};
+    return Gdn{conv, alpha, beta,    dt_bias, a,     y,    layer(i) + tail_floats,
+               prep, n_tok, kKHeads, kVHeads, chunk, 1e-6f};
   };
   // The conv rows of every token once, for the prefill's runs (decode writes the first row).
   launch(conv_k<kTaps>, (kConvDim + 127) / 128, 128, 0, c.stream, qkv, layer(0), conv_w, conv,
          max_tok, kConvDim);
   const dim3 tok_grid(kVHeads, kHead / (kTokRows * kTokWarps));
   using L = ChunkSmem<kHead>;
+  using P = PrepSmem<kHead>;
   const dim3 chunk_grid(kVHeads, kHead / L::SV);
   allow_smem(chunks_k<kHead>, L::bytes);
+  allow_smem(prep_k<kHead>, P::bytes);
   std::printf("Gated DeltaNet at Qwen3.5 27B's shape (%d key, %d value heads of %d, %d taps)\n",
               kKHeads, kVHeads, kHead, kTaps);
 
@@ -113,14 +117,24 @@ int main(int argc, char** argv) {
     const double n = kChunk, S = kHead;
     const double flops =
         2.0 * (2.0 * n * n * S + 3.0 * n * S * S) * kVHeads * ((n_tok + kChunk - 1) / kChunk);
+    const dim3 prep_grid((n_tok + kChunk - 1) / kChunk, kVHeads);
+    const double prep_us = time_us(c.stream, [&](int i) {
+      launch(prep_k<kHead>, prep_grid, kChunkThreads, P::bytes, c.stream, gdn(i, n_tok, kChunk));
+    });
+    const double seq_us = time_us(c.stream, [&](int i) {
+      launch(chunks_k<kHead>, chunk_grid, kChunkThreads, L::bytes, c.stream, gdn(i, n_tok, kChunk));
+    });
     const double chunk_us = time_us(c.stream, [&](int i) {
+      launch(prep_k<kHead>, prep_grid, kChunkThreads, P::bytes, c.stream, gdn(i, n_tok, kChunk));
       launch(chunks_k<kHead>, chunk_grid, kChunkThreads, L::bytes, c.stream, gdn(i, n_tok, kChunk));
     });
     const double token_us = time_us(c.stream, [&](int i) {
       launch(tokens_k<kHead>, tok_grid, 32 * kTokWarps, 0, c.stream, gdn(i, n_tok, 1));
     });
-    std::printf("prefill  %4d tokens: chunks %8.1f us  %6.1f TFLOP/s; token by token %8.1f us\n",
-                n_tok, chunk_us, flops / chunk_us / 1e6, token_us);
+    std::printf(
+        "prefill  %4d tokens: chunks %8.1f us (prep %.1f, in order %.1f)  %6.1f TFLOP/s; "
+        "token by token %8.1f us\n",
+        n_tok, chunk_us, prep_us, seq_us, flops / chunk_us / 1e6, token_us);
   }
   KVS_CUDA_CHECK(cudaDeviceSynchronize());
   return 0;

@@ -553,7 +553,8 @@ class CudaDevice final : public Device {
     };
     for (const LayerWeights& l : w.layers) {
       for (const Matrix* m : cuda::layer_matrices(l)) need(*m, n_tok);
-      p.gdn = std::max(p.gdn, static_cast<size_t>(l.ssm_qkv.n_out * n_tok) * sizeof(float));
+      if (l.ssm_qkv.n_out > 0)
+        p.gdn = std::max(p.gdn, cuda::delta_net_scratch(n_tok, l.ssm_qkv.n_out, l.ssm_alpha.n_out));
     }
     need(w.output, n_out_tok);
     if (max_spans > 0 && n_tok > cuda::kMaxVecTok)

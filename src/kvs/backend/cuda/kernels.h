@@ -76,7 +76,7 @@ struct Ctx {
   float* scratch_part(size_t n) {
     return grow(part, n * sizeof(float), "attention partials").as<float>();
   }
-  // A Gated DeltaNet layer's conv output, n floats.
+  // A Gated DeltaNet layer's conv output and its chunks' products, n floats.
   float* scratch_gdn(size_t n) {
     return reinterpret_cast<float*>(
         scratch(gdn, lent_gdn, n * sizeof(float), "Gated DeltaNet conv rows"));
@@ -138,7 +138,10 @@ bool delta_net_shape(int64_t head, int64_t taps);
 // Whether a prefill's delta rule (chunk > 1) runs a chunk at a time on this GPU (heads of `head`):
 // where a block's shared memory cannot hold a chunk it runs token by token (equal within rounding).
 bool delta_net_chunked(const Ctx& c, int32_t head);
-// Pointers are device memory; the conv's output goes to scratch_gdn.
+// Bytes of scratch_gdn a prefill's call of n_tok tokens needs (the conv's rows, and in chunks of
+// 64 the chunks' state-independent products).
+size_t delta_net_scratch(int64_t n_tok, int64_t conv_dim, int64_t v_heads);
+// Pointers are device memory; the conv's output and the chunks' products go to scratch_gdn.
 void gated_delta_net(Ctx& c, const DeltaNetArgs& a);
 
 }  // namespace kvs::cuda

@@ -2,11 +2,11 @@
 // conv with silu (a thread per channel, which moves its channel's tail on), the delta rule, and
 // the gated RMSNorm of each value head's output. The delta rule goes token by token (decode: a
 // warp keeps 4 rows of a head's state in registers over the call's tokens, so the state is read
-// and written once) or a chunk at a time (prefill: the chunk's WY form, its products on tensor
-// cores with tf32 inputs and f32 accumulation, the rounding the prefill's f16 matmuls already
-// have; the decay-weighted K K^T and Q K^T in split tf32, near f32, since Q K^T's rounding alone
-// would be most of the chunk's error). q and k are L2-normalized, and the gates computed, where
-// the delta rule reads them.
+// and written once) or a chunk at a time (prefill, in two launches: the chunk's WY form, its
+// products on tensor cores with tf32 inputs and f32 accumulation, the rounding the prefill's f16
+// matmuls already have; Q K^T in split tf32, near f32, since its rounding alone would be most of
+// the chunk's error). q and k are L2-normalized, and the gates computed, where the delta rule
+// reads them.
 #include <algorithm>
 #include <cmath>
 #include <cstddef>

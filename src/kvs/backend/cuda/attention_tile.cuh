@@ -108,10 +108,13 @@ inline int copy_width(const Geo& g) {
 
 // One token's attention (attention_decode.cu): g.xq set for the call that also quantizes.
 void attention_decode(Ctx& c, Geo& g, const KvLayout& l, bool by_warp);
-// Decode on tensor cores (attention_decode_tc.cu), head sizes 64 and 128: launches the
+// Decode on tensor cores (attention_decode_tc.cu), head sizes 64, 128 and 256: launches the
 // partials of g's spans into part, or folds a call of one span in place (g.fold_in_place);
 // returns whether its launch also folds the partials.
 bool launch_decode_tc(Ctx& c, Geo& g, const KvLayout& l, bool by_warp, float* part);
+// Whether a block of the tensor-core decode of g's layout fits this GPU's shared memory (heads
+// of 256 need more than the consumer cards give a block).
+bool decode_tc_fits(const Ctx& c, const Geo& g, const KvLayout& l);
 // Several tokens' attention (attention_prefill.cu).
 void attention_prefill(Ctx& c, const Geo& g, const KvLayout& l);
 

@@ -126,7 +126,7 @@ void kv_write(Ctx& c, const KvLayout& l, const float* k, const float* v, int32_t
               uint8_t* const* pages, const int32_t* slots);
 // How the decode attention of a sequence that sees n_ctx keys splits its work: false, a block
 // per (span, kv head), its warps' quarters of the span merged; true, a warp per (span, kv head)
-// (head sizes 64 and 128; the others take either alike). Decided by the whole context, never
+// (on tensor cores; heads on CUDA cores take either alike). Decided by the whole context, never
 // by the spans of one call, so a streamed run (the ring's chunks) and a resident one (all spans
 // at once) take the same path.
 bool decode_by_warp(const Ctx& c, const KvLayout& l, int64_t n_ctx);

@@ -6,9 +6,10 @@
 //     (2 x 48 x 128 x 128 x 4 bytes a layer), the layer's time all three launches.
 //   prefill: a sequence of 512 and of 2048 tokens through the chunk kernels (64 tokens a chunk:
 //     prep_k, the chunks' Lq and T at once, then chunks_k, the chunks in order), each timed and
-//     both together; TFLOP/s counts the chunk's products once per head (K K^T and Q K^T lower
-//     halves, K M^T, Q M^T, U^T K, T R and Lq U): 2 (2 n^2 S + 3 n S^2) a chunk of n; and the
-//     same tokens token by token (the path of cards whose shared memory holds no chunk).
+//     both together, and with the conv and the norm a whole layer; TFLOP/s counts the chunk's
+//     products once per head (K K^T and Q K^T lower halves, K M^T, Q M^T, U^T K, T R and Lq U): 2
+//     (2 n^2 S + 3 n S^2) a chunk of n; and the same tokens token by token (the path of cards whose
+//     shared memory holds no chunk).
 // Each figure is the mean of 50 launches back to back after 5 untimed, PDL on (PDL=0: off).
 #include "../src/kvs/backend/cuda/delta_net.cu"
 
@@ -60,9 +61,9 @@ int main(int argc, char** argv) {
   pdl_enabled() = getenv("PDL") ? atoi(getenv("PDL")) : 1;
   Ctx c;
   KVS_CUDA_CHECK(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking));
-  int optin = 0;
-  KVS_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
-  c.smem_optin = static_cast<size_t>(optin);
+  cudaDeviceProp prop{};
+  KVS_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  c.smem_optin = prop.sharedMemPerBlockOptin;
   const int max_tok = 2048;
   const size_t state_floats = static_cast<size_t>(kVHeads) * kHead * kHead;
   const size_t tail_floats = static_cast<size_t>(kTaps - 1) * kConvDim;
@@ -87,8 +88,8 @@ int main(int argc, char** argv) {
                prep, n_tok, kKHeads, kVHeads, chunk, 1e-6f};
   };
   // The conv rows of every token once, for the prefill's runs (decode writes the first row).
-  launch(conv_k<kTaps>, (kConvDim + 127) / 128, 128, 0, c.stream, qkv, layer(0), conv_w, conv,
-         max_tok, kConvDim);
+  launch(conv_k<kTaps>, dim3((kConvDim + 127) / 128, (max_tok + kConvTok - 1) / kConvTok), 128, 0,
+         c.stream, qkv, layer(0), conv_w, conv, max_tok, kConvDim);
   const dim3 tok_grid(kVHeads, kHead / (kTokRows * kTokWarps));
   using L = ChunkSmem<kHead>;
   using P = PrepSmem<kHead>;
@@ -131,10 +132,21 @@ int main(int argc, char** argv) {
     const double token_us = time_us(c.stream, [&](int i) {
       launch(tokens_k<kHead>, tok_grid, 32 * kTokWarps, 0, c.stream, gdn(i, n_tok, 1));
     });
+    const dim3 conv_grid((kConvDim + 127) / 128, (n_tok + kConvTok - 1) / kConvTok);
+    const double conv_us = time_us(c.stream, [&](int i) {
+      launch(conv_k<kTaps>, conv_grid, 128, 0, c.stream, qkv, layer(i), conv_w, conv, n_tok,
+             kConvDim);
+    });
+    const int rows = n_tok * kVHeads;
+    const double norm_us = time_us(c.stream, [&](int) {
+      launch(norm_k<kHead>, (rows + 3) / 4, 128, 0, c.stream, y, z, norm, rows, 1e-6f);
+    });
     std::printf(
-        "prefill  %4d tokens: chunks %8.1f us (prep %.1f, in order %.1f)  %6.1f TFLOP/s; "
-        "token by token %8.1f us\n",
+        "prefill  %4d tokens: delta rule in chunks %8.1f us (prep %.1f, in order %.1f) %6.1f "
+        "TFLOP/s; token by token %8.1f us\n",
         n_tok, chunk_us, prep_us, seq_us, flops / chunk_us / 1e6, token_us);
+    std::printf("prefill  %4d tokens: layer %8.1f us (conv %.1f, norm %.1f)\n", n_tok,
+                conv_us + chunk_us + norm_us, conv_us, norm_us);
   }
   KVS_CUDA_CHECK(cudaDeviceSynchronize());
   return 0;

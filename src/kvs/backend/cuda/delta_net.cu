@@ -1,5 +1,5 @@
 // Gated DeltaNet on CUDA (qwen35's recurrent layers), a sequence in three launches: the causal
-// conv with silu (a thread per channel, which moves its channel's tail on), the delta rule, and
+// conv with silu (a thread per channel and 16 tokens; the tail moved on), the delta rule, and
 // the gated RMSNorm of each value head's output. The delta rule goes token by token (decode: a
 // warp keeps 4 rows of a head's state in registers over the call's tokens, so the state is read
 // and written once) or a chunk at a time (prefill, in two launches: the chunk's WY form, its
@@ -73,23 +73,33 @@ __device__ __forceinline__ void store(float* p, const float (&x)[N]) {
   }
 }
 
-// A thread per channel c: out[t][c] = silu(sum_j window_j w[c][j]) over [tail; qkv], the tail
-// moved on to the last K - 1 rows. The taps are weights, read before the wait.
+// A thread per channel c and kConvTok tokens from t0 = kConvTok blockIdx.y: out[t][c] =
+// silu(sum_j window_j w[c][j]) over [tail; qkv]. The threads of the first tokens, the only ones
+// that read the tail, move it on to the last K - 1 rows. The taps are weights, read before the
+// wait.
+constexpr int kConvTok = 16;
 template <int K>
 __global__ void __launch_bounds__(128)
     conv_k(const float* __restrict__ qkv, float* __restrict__ tail, const float* __restrict__ w,
            float* __restrict__ out, int n_tok, int C) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  static_assert(kConvTok >= K - 1, "later tokens' windows begin past the tail");
+  const int c = blockIdx.x * blockDim.x + threadIdx.x, t0 = blockIdx.y * kConvTok;
   float wk[K] = {};
   if (c < C)
 #pragma unroll
     for (int j = 0; j < K; ++j) wk[j] = w[static_cast<size_t>(c) * K + j];
   pdl_wait();
   if (c >= C) return;
+  // Row t of channel c: token t, or for t < 0 row K - 1 + t of the tail.
+  const auto at = [&](int t) {
+    return t < 0 ? tail[static_cast<size_t>(K - 1 + t) * C + c]
+                 : qkv[static_cast<size_t>(t) * C + c];
+  };
   float win[K - 1];  // the K - 1 rows before token t, oldest first
 #pragma unroll
-  for (int r = 0; r < K - 1; ++r) win[r] = tail[static_cast<size_t>(r) * C + c];
-  for (int t = 0; t < n_tok; ++t) {
+  for (int r = 0; r < K - 1; ++r) win[r] = at(t0 - (K - 1) + r);
+  const int t1 = min(n_tok, t0 + kConvTok);
+  for (int t = t0; t < t1; ++t) {
     const float x = qkv[static_cast<size_t>(t) * C + c];
     float s = 0.0f;
 #pragma unroll
@@ -100,8 +110,12 @@ __global__ void __launch_bounds__(128)
     for (int j = 0; j < K - 2; ++j) win[j] = win[j + 1];
     win[K - 2] = x;
   }
+  if (blockIdx.y != 0) return;
+  float next[K - 1];  // read whole before the old tail is written over
 #pragma unroll
-  for (int r = 0; r < K - 1; ++r) tail[static_cast<size_t>(r) * C + c] = win[r];
+  for (int r = 0; r < K - 1; ++r) next[r] = at(n_tok - (K - 1) + r);
+#pragma unroll
+  for (int r = 0; r < K - 1; ++r) tail[static_cast<size_t>(r) * C + c] = next[r];
 }
 
 // Token by token: block (h, y) keeps rows [16 y, 16 y + 16) of value head h's state, a warp 4
@@ -576,8 +590,8 @@ void gated_delta_net(Ctx& c, const DeltaNetArgs& a) {
   const size_t conv_floats = static_cast<size_t>(a.n_tok) * C;
   float* conv = c.scratch_gdn(conv_floats + static_cast<size_t>(chunks) * a.v_heads * kPrep);
   dispatch_taps(a.conv, [&]<int K>() {
-    launch(conv_k<K>, static_cast<unsigned>((C + 127) / 128), 128, 0, c.stream, a.qkv, a.conv_state,
-           a.conv_w, conv, a.n_tok, C);
+    const dim3 grid((C + 127) / 128, (a.n_tok + kConvTok - 1) / kConvTok);
+    launch(conv_k<K>, grid, 128, 0, c.stream, a.qkv, a.conv_state, a.conv_w, conv, a.n_tok, C);
   });
   const Gdn g{conv,    a.alpha,   a.beta,    a.dt_bias, a.a,  a.y, a.state, conv + conv_floats,
               a.n_tok, a.k_heads, a.v_heads, a.chunk,   a.eps};

@@ -533,8 +533,8 @@ class CudaDevice final : public Device {
   static constexpr size_t kStage = size_t{8} << 20;
 
   // The scratch of passes of more than kMaxVecTok rows: f16 copies of a whole matrix and of its
-  // input rows for cuBLAS, and the prefill attention's f16 chunks of a quantized cache.
-  // And a Gated DeltaNet layer's conv rows.
+  // input rows for cuBLAS, and the prefill attention's f16 chunks of a quantized cache; and of
+  // any pass, a Gated DeltaNet layer's conv rows and chunk products.
   struct PrefillScratch {
     size_t w16 = 0, x16 = 0, kv16 = 0, spans16 = 0, gdn = 0;
     static size_t align(size_t n) { return (n + 255) / 256 * 256; }

@@ -79,7 +79,7 @@ struct Ctx {
   // A Gated DeltaNet layer's conv output and its chunks' products, n floats.
   float* scratch_gdn(size_t n) {
     return reinterpret_cast<float*>(
-        scratch(gdn, lent_gdn, n * sizeof(float), "Gated DeltaNet conv rows"));
+        scratch(gdn, lent_gdn, n * sizeof(float), "Gated DeltaNet rows"));
   }
   uint8_t* scratch_xq(size_t bytes) { return grow(xq, bytes, "quantized activations").as(); }
   // Zeroed whenever it grows (the decode fold's flags and launch numbers start over).

@@ -394,7 +394,7 @@ void run(const RunArgs& a) {
     KVS_CHECK(a.file.empty() && a.tokens.empty() && a.logits_out.empty(),
               "-cnv/--conversation takes -p (the first message), not -f, --tokens or "
               "--logits-out");
-    chat_session(a.s, a.g, a.has_prompt ? a.prompt : "", a.json_out);
+    chat_session(a.s, a.g, a.spec, a.has_prompt ? a.prompt : "", a.json_out);
     return;
   }
   KVS_CHECK(given == 1,

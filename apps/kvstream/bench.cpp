@@ -20,13 +20,14 @@ namespace {
 struct BenchArgs {
   SharedArgs s;
   std::string depths = "0", modes = "auto", json_out, pair, fill = "prefill";
-  std::string n_gen_text = "32", n_prompt_text;
+  std::string n_gen_text = "32", n_prompt_text, verify_text;
   int32_t reps = 1;
   std::string command;
   // Resolved from the text above and the model.
   std::string backend;
   EngineOptions base;
   int32_t n_gen = 32, n_batch = 512;
+  std::vector<int64_t> verify;  // --verify-tokens: tokens of one sequence a timed step verifies
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -206,6 +207,45 @@ nlohmann::json pair_run(const BenchArgs& a, const Model& model, const std::strin
   return r;
 }
 
+// --verify-tokens: at s's depth, -r times --n-gen steps of k tokens of s with the logits of
+// each (a speculative verify step: a token and k - 1 random drafts), each followed by the
+// rollback of the drafts, so the depth grows by one a step as in the decode; per k the mean
+// step time (rollback included) and its ratio to the decode's one-token step (`tg_step_s`).
+template <class Tokens>
+nlohmann::json verify_steps(const BenchArgs& a, Engine& eng, Sequence& s, double tg_step_s,
+                            Tokens&& random_tokens) {
+  nlohmann::json out = nlohmann::json::array();
+  for (int64_t k64 : a.verify) {
+    const auto k = static_cast<int32_t>(k64);
+    const EngineStats before = eng.totals();
+    std::vector<double> step_r;
+    double rollback_s = 0;
+    for (int32_t r = 0; r < a.reps; ++r) {
+      const auto t = random_tokens(int64_t{a.n_gen} * k);
+      const double t0 = now();
+      for (int32_t i = 0; i < a.n_gen; ++i) {
+        eng.step(
+            {BatchEntry{&s, t.data() + static_cast<size_t>(i) * static_cast<size_t>(k), k, k > 1}});
+        const double t1 = now();
+        eng.truncate(s, s.n_past - (k - 1));
+        rollback_s += now() - t1;
+      }
+      step_r.push_back((now() - t0) / a.n_gen);
+    }
+    const Stat st = stat(step_r);
+    const double steps = static_cast<double>(int64_t{a.reps} * a.n_gen);
+    out.push_back({{"tokens", k},
+                   {"step_s", st.mean},
+                   {"step_s_std", st.std},
+                   {"step_s_reps", step_r},
+                   {"ratio_to_tg_step", st.mean / tg_step_s},
+                   {"rollback_s", rollback_s / steps},
+                   {"streamed_bytes_per_step",
+                    static_cast<double>(eng.totals().bytes_in - before.bytes_in) / steps}});
+  }
+  return out;
+}
+
 // Times the decode (-r times --n-gen tokens) and the prefill (-r times -p tokens) of sequence s
 // at its depth, prints the table's rows and returns the run's JSON.
 template <class Tokens>
@@ -229,13 +269,15 @@ nlohmann::json measure_depth(const BenchArgs& a, Engine& eng, Sequence& s, int64
     tg_r.push_back(a.n_gen / dt);
   }
   const EngineStats after = eng.totals();
+  const Stat tg = stat(tg_r);
+  const nlohmann::json verify = verify_steps(a, eng, s, 1 / tg.mean, random_tokens);
   // Prefills of -p tokens (default one batch), right after, -r times.
   for (int32_t r = 0; r < a.reps && n_prompt > 0; ++r) {
     const auto pp = random_tokens(n_prompt);
     pp_r.push_back(n_prompt / seconds([&] { eng.eval(s, pp.data(), n_prompt); }));
   }
 
-  const Stat tg = stat(tg_r), ppt = stat(pp_r);
+  const Stat ppt = stat(pp_r);
   const int64_t n_tg = int64_t{a.reps} * a.n_gen;  // timed decode tokens
   // Bytes a decode step reads: every weight once and the KV at its mean depth.
   const double kv_tok = static_cast<double>(eng.kv_bytes_per_token()) *
@@ -249,6 +291,11 @@ nlohmann::json measure_depth(const BenchArgs& a, Engine& eng, Sequence& s, int64
   std::printf("| %s | %s | %s | %lld | tg%d | %s | %.3g | %.1f | %.3g |\n", a.s.model.c_str(),
               mode_s.c_str(), kv.c_str(), static_cast<long long>(depth), a.n_gen,
               show(tg, tg_r.size()).c_str(), bytes, bytes * tg.mean / 1e9, streamed);
+  for (const auto& v : verify)
+    std::printf("| %s | %s | %s | %lld | verify%d | %.2fx tg (%.3f ms/step) | | | %.3g |\n",
+                a.s.model.c_str(), mode_s.c_str(), kv.c_str(), static_cast<long long>(depth),
+                v["tokens"].get<int32_t>(), v["ratio_to_tg_step"].get<double>(),
+                v["step_s"].get<double>() * 1e3, v["streamed_bytes_per_step"].get<double>());
   if (n_prompt > 0)
     std::printf("| %s | %s | %s | %lld | pp%d | %s | | | |\n", a.s.model.c_str(), mode_s.c_str(),
                 kv.c_str(), static_cast<long long>(depth), n_prompt,
@@ -270,6 +317,7 @@ nlohmann::json measure_depth(const BenchArgs& a, Engine& eng, Sequence& s, int64
     r["pp_tokens_per_s_std"] = ppt.std;
     r["pp_tokens_per_s_reps"] = pp_r;
   }
+  if (!a.verify.empty()) r["verify"] = verify;
   r["streamed_bytes_per_token"] = streamed;
   r["ready_wait_s_per_token"] =
       (after.ready_wait_s - before.ready_wait_s) / static_cast<double>(n_tg);
@@ -330,6 +378,11 @@ void bench(BenchArgs& a) {
   const ModelConfig& c = model->config;
   a.base = engine_options(a.s, c);
   a.n_batch = a.base.n_batch;
+  if (!a.verify_text.empty()) a.verify = parse_count_list(a.verify_text, "--verify-tokens");
+  for (int64_t k : a.verify) {
+    KVS_CHECK(k >= 1 && k <= 64, "--verify-tokens: ", k, " is not 1 to 64");
+    a.base.n_verify = std::max(a.base.n_verify, static_cast<int32_t>(k));
+  }
   const int32_t n_prompt =
       a.n_prompt_text.empty()
           ? a.n_batch
@@ -358,9 +411,10 @@ void bench(BenchArgs& a) {
     }
     if (a.depths.empty()) continue;
     EngineOptions o = options(a, mode_s);
-    o.n_ctx = context_of(max_depth + 1 + int64_t{a.reps} * a.n_gen +
-                             std::max(int64_t{a.reps} * n_prompt, int64_t{a.n_batch}),
-                         "--depths, --n-gen, -p and -r");
+    const auto n_verify = static_cast<int64_t>(a.verify.size());
+    o.n_ctx = context_of(max_depth + 1 + int64_t{a.reps} * a.n_gen * (1 + n_verify) + o.n_verify -
+                             1 + std::max(int64_t{a.reps} * n_prompt, int64_t{a.n_batch}),
+                         "--depths, --n-gen, --verify-tokens, -p and -r");
     check_host_kv(o, c, a.backend,
                   cat("a context of ", o.n_ctx, " tokens (--depths, --n-gen, -p, -r)"));
     auto dev = device_of(a.s, a.backend, vram);
@@ -432,6 +486,10 @@ void register_bench(CLI::App& app, std::string command) {
                 "the model) or random (random K/V rows written straight into the cache)")
       ->check(CLI::IsMember({"prefill", "random"}))
       ->capture_default_str();
+  c->add_option("--verify-tokens", a->verify_text,
+                "Also time, at each depth, steps of K tokens of one sequence with the logits of "
+                "each (speculative verify steps, the drafts rolled back), e.g. 1,2,4,8: their "
+                "time against the one-token step's");
   c->add_option("--json", a->json_out, "Write every figure as JSON to this file");
   c->callback([a, depths] {
     if (!a->pair.empty() && depths->count() == 0) a->depths.clear();

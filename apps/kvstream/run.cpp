@@ -26,8 +26,7 @@ struct RunArgs {
   SharedArgs s;
   GenArgs g;
   std::string prompt, file, tokens, logits_out, json_out;
-  std::string spec = "off";  // --spec: off, ngram
-  int32_t draft_max = 8, draft_min = 1;
+  SpecArgs spec;
   bool has_prompt = false, chat = false, conversation = false, no_conversation = false;
 };
 
@@ -228,11 +227,11 @@ void decode_all(const RunArgs& a, Engine& eng, const Tokenizer& tok, std::vector
   r.texts.assign(N, {});
   std::vector<StreamDecoder> decoders;
   std::vector<NgramDrafter> drafters;
-  const bool spec = a.spec == "ngram";
+  const bool spec = a.spec.on();
   for (size_t i = 0; i < N; ++i) {
     decoders.emplace_back(tok);
     if (!spec) continue;
-    drafters.emplace_back(2, 4);
+    drafters.emplace_back();
     drafters.back().accept(prompts[i].data(), static_cast<int32_t>(prompts[i].size()));
   }
   const bool prefilled = !interrupted();
@@ -278,12 +277,12 @@ void decode_all(const RunArgs& a, Engine& eng, const Tokenizer& tok, std::vector
       feed[u].assign(1, id);
       if (spec) {
         // No draft past the tokens still wanted or the context.
-        const int64_t room = std::min<int64_t>(
-            n_predict - static_cast<int64_t>(r.out[u].size()),
-            eng.options().n_ctx - r.seqs[u].n_past - 1);
+        const int64_t room = std::min<int64_t>(n_predict - static_cast<int64_t>(r.out[u].size()),
+                                               eng.options().n_ctx - r.seqs[u].n_past - 1);
         const std::vector<int32_t> d =
-            drafters[u].propose(static_cast<int32_t>(std::min<int64_t>(a.draft_max, room)));
-        if (static_cast<int32_t>(d.size()) >= a.draft_min) feed[u].insert(feed[u].end(), d.begin(), d.end());
+            drafters[u].propose(static_cast<int32_t>(std::min<int64_t>(a.spec.draft_max, room)));
+        if (static_cast<int32_t>(d.size()) >= a.spec.draft_min)
+          feed[u].insert(feed[u].end(), d.begin(), d.end());
       }
       const auto n = static_cast<int32_t>(feed[u].size());
       batch.push_back({&r.seqs[u], feed[u].data(), n, n > 1});
@@ -302,9 +301,8 @@ void decode_all(const RunArgs& a, Engine& eng, const Tokenizer& tok, std::vector
       r.drafted += n_draft;
       for (int32_t k = 0; k < n_draft; ++k) {
         bool ok = false;
-        const int32_t t =
-            samplers[u].verify(eng.logits(e, k), n_vocab, feed[u][static_cast<size_t>(k) + 1],
-                               nullptr, &ok);
+        const int32_t t = samplers[u].verify(eng.logits(e, k), n_vocab,
+                                             feed[u][static_cast<size_t>(k) + 1], nullptr, &ok);
         r.accepted += ok;
         if (!emit(u, t)) break;
         if (!ok) {  // t replaces the draft; the drafts from it on leave the cache
@@ -351,8 +349,8 @@ void write_run_json(const RunArgs& a, const Engine& eng,
   j["decode_tokens_per_s"] = r.n_dec > 0 ? static_cast<double>(r.n_dec) / r.t_decode : 0.0;
   j["prefill_s"] = r.t_prefill;
   j["decode_s"] = r.t_decode;
-  j["speculation"] = {{"mode", a.spec},
-                      {"draft_max", a.spec == "off" ? 0 : a.draft_max},
+  j["speculation"] = {{"mode", a.spec.on() ? "ngram" : "off"},
+                      {"draft_max", a.spec.on() ? a.spec.draft_max : 0},
                       {"drafted", r.drafted},
                       {"accepted", r.accepted},
                       {"sequence_steps", r.seq_steps}};
@@ -441,11 +439,11 @@ void report_run(const RunArgs& a, const Engine& eng, const Outcome& r, int64_t p
                load_s, count_of(r.prefill.tokens, "token").c_str(), r.t_prefill, pp,
                count_of(r.n_dec, "token").c_str(), r.t_decode, tg,
                format_bytes(peak_rss()).c_str());
-  if (a.spec != "off")
+  if (a.spec.on())
     std::fprintf(stderr,
                  "kvstream: speculation (%s): %lld drafted, %lld accepted (%.1f %%), %.2f tokens "
                  "per sequence step, %s streamed per token\n",
-                 a.spec.c_str(), static_cast<long long>(r.drafted),
+                 a.spec.mode.c_str(), static_cast<long long>(r.drafted),
                  static_cast<long long>(r.accepted),
                  r.drafted ? 100.0 * static_cast<double>(r.accepted) / static_cast<double>(r.drafted) : 0.0,
                  r.seq_steps ? static_cast<double>(r.n_dec) / static_cast<double>(r.seq_steps) : 0.0,
@@ -470,7 +468,7 @@ void run(const RunArgs& a) {
     KVS_CHECK(a.file.empty() && a.tokens.empty() && a.logits_out.empty(),
               "-cnv/--conversation takes -p (the first message), not -f, --tokens or "
               "--logits-out");
-    chat_session(a.s, a.g, a.has_prompt ? a.prompt : "", a.json_out);
+    chat_session(a.s, a.g, a.spec, a.has_prompt ? a.prompt : "", a.json_out);
     return;
   }
   KVS_CHECK(given == 1,
@@ -488,24 +486,12 @@ void run(const RunArgs& a) {
   const double t_load = now();
   auto model = Model::load(a.s.model);
   EngineOptions eo = engine_options(a.s, model->config);
-  KVS_CHECK(a.spec == "off" || a.spec == "ngram", "--spec must be off or ngram, got '", a.spec,
-            "'");
-  KVS_CHECK(a.draft_max >= 1 && a.draft_max <= 63, "--draft-max must be 1 to 63, got ",
-            a.draft_max);
-  KVS_CHECK(a.draft_min >= 0 && a.draft_min <= a.draft_max, "--draft-min must be 0 to --draft-max (",
-            a.draft_max, "), got ", a.draft_min);
-  if (a.spec != "off") eo.n_verify = a.draft_max + 1;
+  apply_speculation(a.spec, eo, backend);
   const int32_t n_vocab = model->config.n_vocab;
   const auto prompts = prompts_of(a, *model, eo, n_predict);
   const int32_t N = eo.n_seq;
 
   check_host_kv(eo, model->config, backend);
-  if (a.spec != "off" && backend != "cpu")
-    std::fprintf(stderr,
-                 "kvstream: warning: --spec on the %s backend: a verify step's logits are within "
-                 "its tolerance of one-token steps, not bit-identical (greedy text may differ at "
-                 "near ties); on the cpu backend they are the same bits\n",
-                 backend.c_str());
   auto dev = device_of(a.s, backend, vram);
   Engine eng(*model, *dev, eo);
   std::vector<Sampler> samplers = samplers_for(a.g, prompts);
@@ -553,15 +539,7 @@ void register_run(CLI::App& app) {
   c->add_option("--logits-out", a->logits_out,
                 "Save the logits at the last prompt token (.npy, float32)");
   c->add_option("--json", a->json_out, "Write tokens, text and timings as JSON to this file");
-  c->add_option("--spec", a->spec,
-                "Speculative decoding: off, or ngram (drafts found earlier in the sequence by "
-                "prompt lookup, verified in the step of the token before them)")
-      ->capture_default_str();
-  c->add_option("--draft-max,--draft,--draft-n", a->draft_max, "Most draft tokens a step verifies")
-      ->capture_default_str();
-  c->add_option("--draft-min,--draft-n-min", a->draft_min,
-                "Fewest draft tokens worth a verify step (fewer: the step goes without them)")
-      ->capture_default_str();
+  add_speculation(c, a->spec);
   c->callback([a, c] {
     a->has_prompt = c->count("--prompt") > 0;
     // No prompt at all: a conversation, as llama-cli starts one.

@@ -280,5 +280,41 @@ TEST(BenchCli, DepthSweepAndPairOnTheCpu) {
   EXPECT_NE(u.err.find("unified needs the cuda backend"), std::string::npos) << u.err;
 }
 
+// --verify-tokens: at each depth, steps of k tokens with every token's logits, the drafts rolled
+// back, timed beside the one-token step; streamed at the deepest depth, and on the hybrid
+// qwen35 (recurrent layers rolled back) and gemma3 (window layers).
+TEST(BenchCli, VerifyStepsAtDepths) {
+  const Outcome o = kvstream(
+      "bench -m synthetic:tiny-qwen3 --depths 0,300 --n-gen 3 -b 64 --page-size 16 --modes auto "
+      "--kv-arena 160k --no-phase-arena --verify-tokens 1,3,5",
+      "bench_verify");
+  ASSERT_EQ(o.status, 0) << o.err;
+  const auto& runs = o.json["runs"];
+  ASSERT_EQ(runs.size(), 2u) << o.out;
+  for (const auto& run : runs) {
+    const auto& v = run["verify"];
+    ASSERT_EQ(v.size(), 3u) << run.dump();
+    const int kTokens[] = {1, 3, 5};
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(v[i]["tokens"].get<int>(), kTokens[i]);
+      EXPECT_GT(v[i]["step_s"].get<double>(), 0.0);
+      EXPECT_NEAR(v[i]["ratio_to_tg_step"].get<double>(),
+                  v[i]["step_s"].get<double>() * run["tg_tokens_per_s"].get<double>(), 1e-9);
+    }
+  }
+  EXPECT_GT(runs[1]["verify"][2]["streamed_bytes_per_step"].get<double>(), 0.0);
+  EXPECT_NE(o.out.find("| verify5 | "), std::string::npos) << o.out;
+  for (const char* m : {"tiny-qwen35", "tiny-gemma3"}) {
+    const Outcome h = kvstream(std::string("bench -m synthetic:") + m +
+                                   " --depths 40 --n-gen 3 -b 16 --page-size 16 --verify-tokens 4",
+                               std::string("bench_verify_") + m);
+    ASSERT_EQ(h.status, 0) << m << "\n" << h.err;
+    EXPECT_EQ(h.json["runs"][0]["verify"][0]["tokens"].get<int>(), 4) << m;
+  }
+  const Outcome bad = kvstream("bench -m synthetic:tiny --verify-tokens 0", "bench_verify_bad");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.err.find("--verify-tokens"), std::string::npos) << bad.err;
+}
+
 }  // namespace
 }  // namespace kvs

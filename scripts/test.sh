@@ -11,8 +11,7 @@
 #                   a GPU and run on the GPU machine); the CPU library's objects are build/cpu's,
 #                   from ccache
 #   null-gpu tests  the CUDA backend's host side under the null GPU (tests/nullgpu)
-#   timing build    the timing build (KVS_TRACE, sm_90 only) compiles, and the matrix-vector
-#                   sweep (bench/matvec_sweep.cu, a Hopper tool) for sm_90 (build/trace)
+#   timing build    the timing build (KVS_TRACE, sm_90 only) compiles (build/trace)
 # The last three need nvcc. A stage's output goes to build/logs/STAGE.log, its last lines shown
 # when it fails; the stages after a failure still run, and the script ends with one summary
 # and a last line "test.sh: N passed, N failed, N skipped", exiting 1 if any stage failed.
@@ -98,7 +97,7 @@ cuda_build() {
 nullgpu_tests() { ctest --test-dir build/cuda --output-on-failure -L nullgpu; }
 timing_build() {
   cmake --preset trace-sm90 "${cuda_cfg[@]}" &&
-    cmake --build build/trace -j "$jobs" --target kvstream kvs_matvec_sweep
+    cmake --build build/trace -j "$jobs" --target kvstream
 }
 
 start=$SECONDS

@@ -32,6 +32,7 @@ struct Case {
   uint32_t seed = 1;
   bool phase_arena = true;  // EngineOptions::phase_arena
   int32_t stagger = 0;      // > 0: sequence i starts after i x stagger steps
+  int32_t n_verify = 1;     // EngineOptions::n_verify
   std::string str() const {
     std::ostringstream o;
     o << preset << " page " << page << " batch " << batch << " kv " << dtype_name(kt) << "/"
@@ -60,6 +61,7 @@ inline EngineOptions options(const Case& c) {
   o.n_seq = static_cast<int32_t>(c.prompt_len.size());
   o.ring_chunk_bytes = c.chunk;
   o.phase_arena = c.phase_arena;
+  o.n_verify = c.n_verify;
   return o;
 }
 

@@ -33,16 +33,9 @@ int32_t argmax(const float* l, int32_t n) {
 Decoded decode(const Model& m, const Case& c, KvMode mode, size_t arena, int32_t draft_max,
                const Decoded* oracle) {
   auto dev = make_cpu_device(0);
-  EngineOptions o;
-  o.n_ctx = c.n_ctx;
-  o.n_batch = c.batch;
-  o.page_size = c.page;
-  o.k_type = c.kt;
-  o.v_type = c.vt;
-  o.n_seq = static_cast<int32_t>(c.prompt_len.size());
+  EngineOptions o = options(c);
   o.kv_mode = mode;
   o.kv_arena = arena;
-  o.ring_chunk_bytes = c.chunk;
   o.n_verify = draft_max + 1;
   Engine e(m, *dev, o);
   const int32_t V = m.config.n_vocab, N = o.n_seq;
@@ -134,25 +127,6 @@ void expect_same(const Decoded& want, const Decoded& got) {
           << "sequence " << u << ": the logits of token " << i << " differ";
 }
 
-// The arena of a case with drafts: its fraction between the least streaming allows (windows
-// keep draft_max positions more) and everything.
-size_t spec_arena(const Model& m, const Case& c, int32_t draft_max) {
-  EngineOptions o;
-  o.n_ctx = c.n_ctx;
-  o.n_seq = static_cast<int32_t>(c.prompt_len.size());
-  o.n_batch = c.batch;
-  o.page_size = c.page;
-  o.k_type = c.kt;
-  o.v_type = c.vt;
-  o.n_verify = draft_max + 1;
-  const size_t page = KvLayout::make(c.kt, c.vt, c.page, m.config.n_head_kv, m.config.head_dim)
-                          .page_bytes();
-  const int32_t fixed = Engine::fixed_frames(m.config, o);
-  const size_t lo = min_arena_bytes(page, fixed),
-               hi = Engine::kv_shape(m.config, o).full_bytes + static_cast<size_t>(fixed) * page;
-  return lo + static_cast<size_t>(c.arena_frac * static_cast<double>(hi - lo));
-}
-
 TEST(Speculative, VerifiedRowsAreBitIdenticalToOneTokenSteps) {
   std::mt19937 g(20261206);
   int64_t drafted = 0, accepted = 0, rejected = 0, page_rollbacks = 0, streamed = 0;
@@ -165,6 +139,7 @@ TEST(Speculative, VerifiedRowsAreBitIdenticalToOneTokenSteps) {
     for (auto& n : c.gen_len) n += 20;
     const int32_t draft_max = static_cast<int32_t>(1 + g() % 8);
     c.batch = std::max(c.batch, static_cast<int32_t>(c.prompt_len.size()) * (draft_max + 1));
+    c.n_verify = draft_max + 1;  // the windows' frames in the arena's least
     const KvMode modes[] = {KvMode::Stream, KvMode::Auto, KvMode::Resident, KvMode::Host};
     const KvMode mode = modes[k % 4];
     if (mode == KvMode::Stream) {  // long histories through the least arena: most pages stream
@@ -173,7 +148,7 @@ TEST(Speculative, VerifiedRowsAreBitIdenticalToOneTokenSteps) {
       c.arena_frac = 0;
     }
     const size_t arena =
-        mode == KvMode::Stream || mode == KvMode::Auto ? spec_arena(*m, c, draft_max) : 0;
+        mode == KvMode::Stream || mode == KvMode::Auto ? case_arena(*m, c) : 0;
     SCOPED_TRACE(cat(c.str(), " drafts up to ", draft_max, " in mode ", kv_mode_name(mode)));
     const Decoded want = decode(*m, c, KvMode::Resident, 0, 0, nullptr);
     const Decoded got = decode(*m, c, mode, arena, draft_max, &want);

@@ -490,13 +490,11 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
     case Arch::Llama:
     case Arch::Qwen2:
     case Arch::Qwen3:
+    case Arch::Qwen35:
       forward_llama(pass);
       break;
     case Arch::Gemma3:
       forward_gemma3(pass);
-      break;
-    case Arch::Qwen35:
-      forward_qwen35(pass);
       break;
   }
   KVS_CHECK(!ring_ || pass.cursor == ring_->n_items(), "ring: ", ring_->n_items() - pass.cursor,

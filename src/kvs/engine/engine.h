@@ -3,6 +3,7 @@
 // the host store, or (host mode) kept and attended on the host.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -216,7 +217,6 @@ class Engine {
   // The forward pass of each architecture family (engine/forward_*.cpp) over the blocks below.
   void forward_llama(Pass& p);
   void forward_gemma3(Pass& p);
-  void forward_qwen35(Pass& p);
   // h_ (the normed rows) -> q, k, v -> the layer's pages -> att_: every entry's attention.
   void self_attention(Pass& p, int32_t il);
   // x_ -> ffn_norm -> down(silu(gate) * up) of n rows -> x_ += it.
@@ -266,12 +266,11 @@ class Engine {
   // which truncate() recomputes the states of the tokens it keeps.
   DeviceBuffer rsnap_, rinputs_;
   int64_t rec_row_ = 0;  // floats of one token's inputs to one Gated DeltaNet layer
-  float* rec_inputs(int32_t s, int32_t il) const {
-    const size_t i = static_cast<size_t>(s) * static_cast<size_t>(shape_.n_recurrent) +
-                     static_cast<size_t>(rec_index_[static_cast<size_t>(il)]);
-    return reinterpret_cast<float*>(rinputs_.as()) +
-           i * static_cast<size_t>(opt_.n_verify) * static_cast<size_t>(rec_row_);
-  }
+  // Where sequence s's verify step keeps layer il's inputs: mix, z, alpha, beta.
+  std::array<float*, 4> saved_inputs(int32_t s, int32_t il) const;
+  // Sequence s's Gated DeltaNet at layer il over n_tok rows: its state, the layer's weights and
+  // the model's shape; the caller points it at the inputs and the output.
+  DeltaNetArgs delta_net_args(int32_t s, int32_t il, int32_t n_tok) const;
   // The recurrent layers of sequence s after `kept` of its last verify step's tokens.
   void redo_recurrent(int32_t s, int32_t kept);
   RopeParams rope_, rope_swa_;     // full and window layers

@@ -1,5 +1,6 @@
-// The llama family's forward pass (llama, qwen2, qwen3): pre-norm blocks, and its SwiGLU FFN,
-// which qwen35 shares.
+// The llama family's forward pass (llama, qwen2, qwen3, and qwen35, whose recurrent layers take
+// the attention's place: forward_qwen35.cpp): pre-norm blocks and the SwiGLU FFN (qwen35's FFN
+// pre-norm is the file's post_attention_norm).
 #include "kvs/engine/engine.h"
 
 namespace kvs {
@@ -13,9 +14,13 @@ void Engine::forward_llama(Pass& p) {
   for (int32_t il = 0; il < c.n_layer; ++il) {
     const LayerWeights& L = w_.layers[static_cast<size_t>(il)];
     dev_.rmsnorm(x, L.attn_norm.data(), h, n, d, c.norm_eps);
-    self_attention(p, il);
-    const MatJob out{&L.wo, x, nullptr, true};
-    dev_.matmuls(att, n, &out, 1);
+    if (recurrent(il)) {
+      gated_delta_net(p, il);
+    } else {
+      self_attention(p, il);
+      const MatJob out{&L.wo, x, nullptr, true};
+      dev_.matmuls(att, n, &out, 1);
+    }
     swiglu_ffn(il, n);
   }
 }

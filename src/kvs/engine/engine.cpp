@@ -64,26 +64,7 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt)
   KVS_CHECK(cfg_.n_layers_of(LayerKind::Recurrent) == 0 || dev.has_gated_delta_net(),
             cfg_.arch_name, ": the ", dev.name(), " backend has no gated_delta_net (the Gated "
             "DeltaNet layers' operation) yet; run this model on the cpu backend");
-  if (cfg_.attn_gate) {
-    Weights host = model.weights;
-    gated_q_.resize(static_cast<size_t>(cfg_.n_layer));
-    const int64_t hd = cfg_.head_dim;
-    for (int32_t il = 0; il < cfg_.n_layer; ++il) {
-      if (recurrent(il)) continue;
-      Matrix& wq = host.layers[static_cast<size_t>(il)].wq;
-      std::vector<uint8_t>& rows = gated_q_[static_cast<size_t>(il)];
-      rows.resize(wq.bytes());
-      for (int64_t r = 0; r < wq.n_out; ++r) {
-        const int64_t half = r / cfg_.q_dim(), h = r % cfg_.q_dim() / hd, j = r % hd;
-        std::memcpy(rows.data() + static_cast<size_t>(r) * wq.row_bytes,
-                    wq.row(h * 2 * hd + half * hd + j), wq.row_bytes);
-      }
-      wq.data = rows.data();
-    }
-    w_ = dev.place_weights(host);
-  } else {
-    w_ = dev.place_weights(model.weights);
-  }
+  place(model);
   kv_ = KvLayout::make(opt.k_type, opt.v_type, opt.page_size, cfg_.n_head_kv, cfg_.head_dim);
   rope_.mode = cfg_.rope_mode;
   rope_.head_dim = cfg_.head_dim;
@@ -126,14 +107,7 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt)
   // driver's staging buffers, on the step's critical path).
   hlogits_ = dev.alloc_host(out_rows * cfg_.n_vocab * f, "logits (host)");
   // Before the arena is sized, which takes what is left.
-  if (shape_.recurrent_bytes > 0) rstate_ = dev.alloc(shape_.recurrent_bytes, "recurrent state");
-  if (shape_.recurrent_bytes > 0 && opt.n_verify > 1) {
-    rsnap_ = dev.alloc(shape_.recurrent_bytes, "recurrent state before a verify step");
-    rec_row_ = cfg_.ssm_conv_dim() + cfg_.ssm_value_dim() + 2 * int64_t{cfg_.ssm_v_heads};
-    rinputs_ = dev.alloc(static_cast<size_t>(shape_.n_recurrent) * static_cast<size_t>(opt.n_seq) *
-                             static_cast<size_t>(opt.n_verify) * static_cast<size_t>(rec_row_) * f,
-                         "recurrent inputs of a verify step");
-  }
+  alloc_recurrent();
   ids_.resize(b);
   pos_.resize(b);
   page_slot_.resize(b);
@@ -222,6 +196,44 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt)
   h2d_ = opt.h2d_bytes_per_s;
   plan_.resident.assign(slots_.size(), kUnlimited);
   plan_.extra.assign(slots_.size(), 0);
+}
+
+// qwen35's attention gate: attn_q's rows regrouped [q of every head; gate of every head] (the
+// file has them per head), so that each is one product; then the weights on the device.
+void Engine::place(const Model& model) {
+  if (cfg_.attn_gate) {
+    Weights host = model.weights;
+    gated_q_.resize(static_cast<size_t>(cfg_.n_layer));
+    const int64_t hd = cfg_.head_dim;
+    for (int32_t il = 0; il < cfg_.n_layer; ++il) {
+      if (recurrent(il)) continue;
+      Matrix& wq = host.layers[static_cast<size_t>(il)].wq;
+      std::vector<uint8_t>& rows = gated_q_[static_cast<size_t>(il)];
+      rows.resize(wq.bytes());
+      for (int64_t r = 0; r < wq.n_out; ++r) {
+        const int64_t half = r / cfg_.q_dim(), h = r % cfg_.q_dim() / hd, j = r % hd;
+        std::memcpy(rows.data() + static_cast<size_t>(r) * wq.row_bytes,
+                    wq.row(h * 2 * hd + half * hd + j), wq.row_bytes);
+      }
+      wq.data = rows.data();
+    }
+    w_ = dev_.place_weights(host);
+  } else {
+    w_ = dev_.place_weights(model.weights);
+  }
+}
+
+// The recurrent layers' states, and with n_verify > 1 what a verify step keeps for a rollback.
+void Engine::alloc_recurrent() {
+  if (shape_.recurrent_bytes == 0) return;
+  rstate_ = dev_.alloc(shape_.recurrent_bytes, "recurrent state");
+  if (opt_.n_verify == 1) return;
+  rsnap_ = dev_.alloc(shape_.recurrent_bytes, "recurrent state before a verify step");
+  rec_row_ = cfg_.ssm_conv_dim() + cfg_.ssm_value_dim() + 2 * int64_t{cfg_.ssm_v_heads};
+  rinputs_ = dev_.alloc(static_cast<size_t>(shape_.n_recurrent) * static_cast<size_t>(opt_.n_seq) *
+                            static_cast<size_t>(opt_.n_verify) * static_cast<size_t>(rec_row_) *
+                            sizeof(float),
+                        "recurrent inputs of a verify step");
 }
 
 Engine::~Engine() {

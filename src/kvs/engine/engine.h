@@ -214,6 +214,8 @@ class Engine {
     return (host_dev_ ? attn_index_ : kv_index_)[static_cast<size_t>(il)];
   }
 
+  void place(const Model& model);  // the weights on the device (the constructor's)
+  void alloc_recurrent();           // the recurrent states and their rollback buffers
   // The forward pass of each architecture family (engine/forward_*.cpp) over the blocks below.
   void forward_llama(Pass& p);
   void forward_gemma3(Pass& p);

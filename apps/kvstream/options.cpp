@@ -131,9 +131,9 @@ void apply_speculation(const SpecArgs& sp, EngineOptions& o, const std::string& 
   o.n_verify = sp.draft_max + 1;
   if (backend != "cpu")
     std::fprintf(stderr,
-                 "kvstream: warning: --spec on the %s backend: a verify step's logits are within "
-                 "its tolerance of one-token steps, not bit-identical (greedy text may differ at "
-                 "near ties); on the cpu backend they are the same bits\n",
+                 "kvstream: warning: --spec on the %s backend: a verify step's logits are not "
+                 "bit-identical to one-token steps' (greedy text may differ at near ties); on "
+                 "the cpu backend they are the same bits\n",
                  backend.c_str());
 }
 

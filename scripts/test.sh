@@ -3,11 +3,13 @@
 #   cpu tests       build/cpu, then ctest (extra arguments go to it: -L unit, -R gguf)
 #   sanitizers      the streams, fences, thread pool, the streaming engine (ring, write-back,
 #                   smallest rings), the prompt cache and the server's scheduler under
-#                   ThreadSanitizer (build/tsan)
+#                   ThreadSanitizer (build/tsan; each test a process, as many at once as there
+#                   are cores)
 #   clang build     the library and kvstream compiled with clang (build/clang; not run: the
 #                   second compiler is there for its warnings)
 #   cuda build      the CUDA backend for every target architecture (build/cuda; tests/cuda need
-#                   a GPU and run on the GPU machine)
+#                   a GPU and run on the GPU machine); the CPU library's objects are build/cpu's,
+#                   from ccache
 #   null-gpu tests  the CUDA backend's host side under the null GPU (tests/nullgpu)
 #   timing build    the timing build (KVS_TRACE, sm_90 only) compiles (build/trace)
 # The last three need nvcc. A stage's output goes to build/logs/STAGE.log, its last lines shown
@@ -56,17 +58,25 @@ cpu_tests() {
     cmake --build build/cpu -j "$jobs" &&
     ctest --test-dir build/cpu --output-on-failure -j "$jobs" "${ctest_args[@]}"
 }
+# Every test of the given GoogleTest binaries in a process of its own, $jobs at a time (as
+# ctest runs them): one such process keeps about one core busy, and under ThreadSanitizer the
+# longest tests take minutes. Fails if any test fails or none is found.
+each_test() {  # BINARY...
+  local list
+  list=$(for b in "$@"; do
+    "$b" --gtest_list_tests | awk -v b="$b" '/^[^ ]/ { s = $1 } /^  / { print b, s $1 }' || exit 1
+  done) || return 1
+  [ -n "$list" ] || return 1
+  # shellcheck disable=SC2016  # $0 and $1 are the inner shell's: the binary and the test
+  echo "$list" | xargs -P "$jobs" -n 2 sh -c 'exec "$0" --gtest_brief=1 --gtest_filter="$1"'
+}
 sanitizers() {
   export TSAN_OPTIONS="halt_on_error=1"
+  local tests=(kvs_unit_test_device kvs_unit_test_threadpool kvs_unit_test_stream
+               kvs_unit_test_scheduler kvs_unit_test_prompt_cache)
   cmake --preset tsan "${cfg[@]}" &&
-    cmake --build build/tsan -j "$jobs" \
-      --target kvs_unit_test_device kvs_unit_test_threadpool kvs_unit_test_stream \
-      kvs_unit_test_scheduler kvs_unit_test_prompt_cache &&
-    build/tsan/tests/kvs_unit_test_device &&
-    build/tsan/tests/kvs_unit_test_threadpool &&
-    build/tsan/tests/kvs_unit_test_stream &&
-    build/tsan/tests/kvs_unit_test_scheduler &&
-    build/tsan/tests/kvs_unit_test_prompt_cache
+    cmake --build build/tsan -j "$jobs" --target "${tests[@]}" &&
+    each_test "${tests[@]/#/build/tsan/tests/}"
 }
 # Without optimisation, which clang's warnings do not depend on.
 clang_build() {
@@ -74,18 +84,20 @@ clang_build() {
     -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-O0 &&
     cmake --build build/clang -j "$jobs" --target kvstream
 }
-# Every target but the CPU test binaries, which build/cpu has built and run already.
+# kvstream and every library and test target but the CPU test binaries, which build/cpu has
+# built and run already.
 cuda_build() {
   cmake --preset cuda "${cuda_cfg[@]}" || return 1
   local targets
   targets=$(cmake --build build/cuda --target help | sed -n 's/^\([A-Za-z0-9_]*\): phony$/\1/p' |
     grep -Ev '^(kvs_unit_|kvs_e2e_|all$|clean$|help$|test$|edit_cache$|rebuild_cache$|install)')
   # shellcheck disable=SC2086  # one target a word
-  cmake --build build/cuda -j "$jobs" --target $targets
+  cmake --build build/cuda -j "$jobs" --target kvstream $targets
 }
 nullgpu_tests() { ctest --test-dir build/cuda --output-on-failure -L nullgpu; }
 timing_build() {
-  cmake --preset trace-sm90 "${cuda_cfg[@]}" && cmake --build build/trace -j "$jobs" --target kvstream
+  cmake --preset trace-sm90 "${cuda_cfg[@]}" &&
+    cmake --build build/trace -j "$jobs" --target kvstream
 }
 
 start=$SECONDS

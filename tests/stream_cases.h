@@ -32,6 +32,7 @@ struct Case {
   uint32_t seed = 1;
   bool phase_arena = true;  // EngineOptions::phase_arena
   int32_t stagger = 0;      // > 0: sequence i starts after i x stagger steps
+  int32_t n_verify = 1;     // EngineOptions::n_verify
   std::string str() const {
     std::ostringstream o;
     o << preset << " page " << page << " batch " << batch << " kv " << dtype_name(kt) << "/"
@@ -48,6 +49,31 @@ struct Result {
   Plan plan;
   int32_t max_slots = 0;
 };
+
+// The engine's options for a case, but its mode and arena.
+inline EngineOptions options(const Case& c) {
+  EngineOptions o;
+  o.n_ctx = c.n_ctx;
+  o.n_batch = c.batch;
+  o.page_size = c.page;
+  o.k_type = c.kt;
+  o.v_type = c.vt;
+  o.n_seq = static_cast<int32_t>(c.prompt_len.size());
+  o.ring_chunk_bytes = c.chunk;
+  o.phase_arena = c.phase_arena;
+  o.n_verify = c.n_verify;
+  return o;
+}
+
+// What the engine says when it refuses options o on dev; empty where it accepts them.
+inline std::string refusal(const Model& m, Device& dev, const EngineOptions& o) {
+  try {
+    Engine e(m, dev, o);
+  } catch (const Error& err) {
+    return err.what();
+  }
+  return "";
+}
 
 inline std::vector<int32_t> tokens(uint32_t seed, int32_t n, int32_t vocab) {
   std::mt19937 g(seed);
@@ -68,17 +94,9 @@ inline Result run(const Model& m, const Case& c, KvMode mode, size_t arena, Devi
     own = make_cpu_device(0);
     dev = own.get();
   }
-  EngineOptions o;
-  o.n_ctx = c.n_ctx;
-  o.n_batch = c.batch;
-  o.page_size = c.page;
-  o.k_type = c.kt;
-  o.v_type = c.vt;
-  o.n_seq = static_cast<int32_t>(c.prompt_len.size());
+  EngineOptions o = options(c);
   o.kv_mode = mode;
   o.kv_arena = arena;
-  o.ring_chunk_bytes = c.chunk;
-  o.phase_arena = c.phase_arena;
   Engine e(m, *dev, o);
   const int32_t V = m.config.n_vocab, N = o.n_seq;
   Result r;
@@ -141,25 +159,14 @@ inline Result run(const Model& m, const Case& c, KvMode mode, size_t arena, Devi
 // A case's page bytes and the frames streaming always keeps.
 inline std::pair<size_t, int32_t> page_and_fixed(const Model& m, const Case& c) {
   const KvLayout l = KvLayout::make(c.kt, c.vt, c.page, m.config.n_head_kv, m.config.head_dim);
-  EngineOptions o;
-  o.n_seq = static_cast<int32_t>(c.prompt_len.size());
-  o.n_batch = c.batch;
-  o.page_size = c.page;
-  return {l.page_bytes(), Engine::fixed_frames(m.config, o)};
+  return {l.page_bytes(), Engine::fixed_frames(m.config, options(c))};
 }
 
 // Bytes of the whole KV (every sequence at -c in the full layers) plus the frames streaming
 // always keeps (the windows among them).
 inline size_t full_arena(const Model& m, const Case& c) {
   const auto [page, fixed] = page_and_fixed(m, c);
-  EngineOptions o;
-  o.n_ctx = c.n_ctx;
-  o.n_seq = static_cast<int32_t>(c.prompt_len.size());
-  o.n_batch = c.batch;
-  o.page_size = c.page;
-  o.k_type = c.kt;
-  o.v_type = c.vt;
-  return Engine::kv_shape(m.config, o).full_bytes + static_cast<size_t>(fixed) * page;
+  return Engine::kv_shape(m.config, options(c)).full_bytes + static_cast<size_t>(fixed) * page;
 }
 
 inline size_t min_arena(const Model& m, const Case& c) {

@@ -94,63 +94,9 @@ converter's ``Gemma3Model`` (conversion/gemma.py, formerly convert_hf_to_gguf.py
   ``gemma3.final_logit_softcapping`` (Gemma 3 files have none).
 * GELU: the exact tanh form in f32 (ggml's CPU backend instead looks it up in
   a table indexed by the input rounded to f16).
-* Tokenizer (``--prompt`` and the decoded text only): SentencePiece pieces
-  ("\u2581" for space, <0xNN> byte pieces) merged by score as llama.cpp's
-  llm_tokenizer_spm does, no space prefix (``add_space_prefix`` false), the
-  control and user-defined pieces (<start_of_turn>, runs of newlines,
-  spaces, tabs) split out first, longest first, as llama_tokenize does with
-  parse_special.
 
-Qwen3.5 (``qwen35``; checked against llama.cpp src/models/qwen35.cpp
-``load_arch_hparams`` / ``load_arch_tensors`` / ``graph`` /
-``build_layer_attn`` / ``build_layer_attn_linear`` / ``build_norm_gated``,
-src/models/delta-net-base.cpp ``build_delta_net_autoregressive`` (the
-recurrence; ``build_delta_net_chunking`` is the same sum reordered),
-src/llama-graph.cpp ``llm_graph_input_pos::set_input`` (text positions),
-ggml-cpu ops.cpp ``ggml_mrope_cache_init`` / ``l2_norm`` / ``ssm_conv``, and
-the converter's ``Qwen3NextModel`` / ``_LinearAttentionVReorderBase`` /
-``_Qwen35MtpMixin`` (conversion/qwen.py)):
-* Layers: ``qwen35.block_count`` counts the ``nextn_predict_layers`` MTP
-  blocks appended after the trunk; the trunk is the first block_count -
-  nextn layers; the MTP blocks (``blk.N.nextn.*`` and a full attention block)
-  are loaded but never run here.  A trunk layer is recurrent (Gated DeltaNet)
-  per ``qwen35.attention.recurrent_layers`` (one bool per block), else per
-  ``qwen35.full_attention_interval`` n (default 4): recurrent iff
-  (il + 1) % n != 0, so layers 3, 7, 11, ... are full attention.
-* Every norm is RMSNorm with the GGUF weight as is (the converter stored
-  HF's (1 + w) for every norm except the GDN output norm ``ssm_norm``).
-* A layer: h = attn_norm(x); mixer (below); x += mixer; h =
-  ``post_attention_norm``(x) (the FFN's pre-norm; there is no ffn_norm);
-  x += down(silu(gate(h)) * up(h)).  Final output_norm, ``output.weight``
-  (or the tied embedding).
-* Gated attention: ``attn_q`` gives 2 * head_dim per head, per head
-  [q (head_dim), gate (head_dim)]; per-head RMSNorm ``attn_q_norm`` of q and
-  ``attn_k_norm`` of k; rope; causal attention scaled 1/sqrt(head_dim);
-  the heads' output times sigmoid(gate); ``attn_output``.
-* Rope: llama.cpp's IMROPE (interleaved multi-section, NEOX pairs
-  (x[i], x[i + n_rot/2])) over the first n_rot = ``rope.dimension_count``
-  dims (head_dim * partial_rotary_factor), base ``rope.freq_base``; pair i
-  takes the position of axis t/h/w/e by sector s = i % sum(sections):
-  h if s % 3 == 1 and s < 3 sections[1], w if s % 3 == 2 and s < 3
-  sections[2], t if s % 3 == 0 and s < 3 sections[0], else e.  Text tokens
-  have positions (p, p, p, 0), so with ``rope.dimension_sections``
-  [11, 11, 10, 0] and n_rot 64 every pair is at p: plain NEOX rope.  A pair
-  on axis e would rotate by position 0 (not at all); implemented as such.
-* Gated DeltaNet, with Hk = ``ssm.group_count`` key heads, Hv =
-  ``ssm.time_step_rank`` value heads, S = ``ssm.state_size`` (= head size of
-  both; ``ssm.inner_size`` = Hv * S), K = ``ssm.conv_kernel``:
-  mixed = ``attn_qkv`` h ([q (Hk S), k (Hk S), v (Hv S)]), z = ``attn_gate`` h,
-  beta = sigmoid(``ssm_beta`` h), g = softplus(``ssm_alpha`` h +
-  ``ssm_dt.bias``) * ``ssm_a`` (the converter stored -exp(A_log)).
-  Causal depthwise conv over the last K rows of [conv state (K - 1 rows);
-  mixed]: out[t, c] = sum_j in[t + j, c] * ``ssm_conv1d``[c, j]; the last
-  K - 1 rows are the next conv state; silu.  q, k L2-normalized per head as
-  ggml_l2_norm: x / max(||x||, eps) (eps = the rms eps); q *= 1/sqrt(S).
-  Value head h reads key head h % Hk (the converter reorders HF's grouped
-  value heads to this tiled order).  Per token and value head, with the
-  state M [S (v) x S (k)]: M *= exp(g); M += beta (v - M k) k^T; o = M q.
-  Then RMSNorm(o, ``ssm_norm``) * silu(z) per head, ``ssm_out``.
-  The conv state and M start at zero per sequence; both in f32.
+Qwen3.5 (``qwen35``) is in ref_qwen35.py, the tokenizers in ref_tokenizer.py, GGUF reading
+and the shared numerics in ref_common.py.
 """
 
 from __future__ import annotations
@@ -158,68 +104,17 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import re
 import sys
 import time
 
-# The same arithmetic on every x86-64 machine: NumPy's AVX-512 loops and OpenBLAS's per-CPU
-# kernels round differently from the AVX2 ones (on SmolLM2 at 1,390 tokens the reference moved
-# by 6.7e-3 between the two, as much as it differs from the engine); pinned to the AVX2 paths.
-# Must be set before NumPy is imported.
-os.environ.setdefault("NPY_DISABLE_CPU_FEATURES", "X86_V4 AVX512_ICL AVX512_SPR")
-os.environ.setdefault("OPENBLAS_CORETYPE", "Haswell")
-
-import numpy as np  # noqa: E402
-
-try:
-    import gguf
-    from gguf import GGMLQuantizationType as QT
-    from gguf import quants as gquants
-except ImportError as e:  # pragma: no cover
-    sys.stderr.write("reference.py: the 'gguf' package is required (%s)\n" % e)
-    sys.exit(2)
+# first: it pins NumPy's and OpenBLAS's code paths before NumPy loads
+from ref_common import dequant_tensor, field_value, gelu_tanh, gguf, log, np, rms_norm, round_kv, silu
+import ref_qwen35
+from ref_tokenizer import build_tokenizer
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "qwen35")
 ROPE_MODE = {"llama": "norm", "qwen2": "neox", "qwen3": "neox", "gemma3": "neox", "qwen35": "neox"}
-
-
-def log(msg: str) -> None:
-    sys.stderr.write(msg + "\n")
-    sys.stderr.flush()
-
-
-# --------------------------------------------------------------------------
-# GGUF reading helpers
-# --------------------------------------------------------------------------
-
-def field_value(reader: "gguf.GGUFReader", key: str, default=None):
-    f = reader.fields.get(key)
-    if f is None:
-        return default
-    try:
-        return f.contents()
-    except Exception:  # older gguf versions
-        if not f.data:
-            return default
-        part = f.parts[f.data[0]]
-        if f.types and f.types[0] == gguf.GGUFValueType.STRING:
-            return bytes(part).decode("utf-8")
-        return part.tolist()[0]
-
-
-def dequant_tensor(t) -> np.ndarray:
-    """Return the tensor as float32 numpy array with shape reversed(gguf dims)."""
-    shape = tuple(int(d) for d in reversed(list(t.shape)))
-    qtype = QT(int(t.tensor_type))
-    if qtype == QT.F32:
-        arr = np.asarray(t.data, dtype=np.float32)
-    elif qtype == QT.F16:
-        arr = np.asarray(t.data).view(np.float16).astype(np.float32)
-    else:
-        arr = gquants.dequantize(np.asarray(t.data), qtype).astype(np.float32, copy=False)
-    arr = np.ascontiguousarray(arr.reshape(shape), dtype=np.float32)
-    return arr
 
 
 class Config:
@@ -320,7 +215,7 @@ class Model:
         c.recurrent = [False] * c.n_layer
         c.n_nextn = 0
         if arch == "qwen35":
-            self._qwen35_config(opt, req)
+            ref_qwen35.read_config(c, opt, req)
 
         # tensors
         self.tensor_info = {t.name: t for t in r.tensors}
@@ -344,7 +239,7 @@ class Model:
         q_dim, kv_dim, v_dim = c.n_head * c.head_dim, c.n_head_kv * c.head_dim, c.n_head_kv * c.head_dim_v
         for il in range(c.n_layer):
             if arch == "qwen35":
-                self.layers.append(self._qwen35_layer(il))
+                self.layers.append(ref_qwen35.layer_tensors(c, self.w, il))
                 continue
             p = "blk.%d." % il
             L = {}
@@ -375,136 +270,12 @@ class Model:
             log("warning: qwen3 model without attn_q_norm")
         self.load_s = time.time() - t0
 
-    def _qwen35_config(self, opt, req) -> None:
-        """The layer map, the GDN sizes and the rope sections (see the module docstring)."""
-        c = self.cfg
-        n_all = c.n_layer
-        c.n_nextn = int(opt("nextn_predict_layers", 0) or 0)
-        if not 0 <= c.n_nextn < n_all:
-            raise ValueError("qwen35.nextn_predict_layers %d for %d blocks" % (c.n_nextn, n_all))
-        c.n_layer = n_all - c.n_nextn
-        recr = opt("attention.recurrent_layers", None)
-        if isinstance(recr, (list, tuple)):
-            if len(recr) != n_all:
-                raise ValueError("qwen35.attention.recurrent_layers has %d entries for %d blocks" % (len(recr), n_all))
-            c.recurrent = [bool(b) for b in recr[:c.n_layer]]
-        else:
-            n = int(opt("full_attention_interval", 4))
-            if n <= 0 or c.n_layer % n:
-                raise ValueError("qwen35.full_attention_interval %d does not divide %d layers" % (n, c.n_layer))
-            c.recurrent = [(il + 1) % n != 0 for il in range(c.n_layer)]
-        c.ssm_conv = int(req("ssm.conv_kernel"))
-        c.ssm_state = int(req("ssm.state_size"))
-        c.ssm_k_heads = int(req("ssm.group_count"))
-        c.ssm_v_heads = int(req("ssm.time_step_rank"))
-        inner = int(req("ssm.inner_size"))
-        if (c.ssm_conv < 2 or c.ssm_state <= 0 or c.ssm_k_heads <= 0 or c.ssm_v_heads % c.ssm_k_heads
-                or inner != c.ssm_v_heads * c.ssm_state):
-            raise ValueError("qwen35 ssm sizes: conv %d, state %d, %d key heads, %d value heads, inner %d"
-                             % (c.ssm_conv, c.ssm_state, c.ssm_k_heads, c.ssm_v_heads, inner))
-        sections = [int(x) for x in req("rope.dimension_sections")][:4]
-        sections += [0] * (4 - len(sections))
-        c.rope_sections = sections
-        # which pairs rotate by the token's position (axes t, h, w) and which by 0 (axis e)
-        total = sum(sections)
-        if total <= 0:
-            raise ValueError("qwen35.rope.dimension_sections %s" % sections)
-        at_p = []
-        for i in range(c.n_rot // 2):
-            sec = i % total
-            at_p.append((sec % 3 == 1 and sec < 3 * sections[1]) or (sec % 3 == 2 and sec < 3 * sections[2])
-                        or (sec % 3 == 0 and sec < 3 * sections[0]))
-        c.rope_pair_at_pos = at_p
-
-    def _qwen35_layer(self, il: int) -> dict:
-        """One trunk layer's tensors, shape-checked: a GDN or a gated attention layer."""
-        c, p = self.cfg, "blk.%d." % il
-        E, S = c.n_embd, c.ssm_state
-        key_dim, value_dim = c.ssm_k_heads * S, c.ssm_v_heads * S
-        hd, nh, nkv = c.head_dim, c.n_head, c.n_head_kv
-        exp = {"attn_norm.weight": (E,), "post_attention_norm.weight": (E,), "ffn_gate.weight": (c.n_ff, E),
-               "ffn_up.weight": (c.n_ff, E), "ffn_down.weight": (E, c.n_ff)}
-        if c.recurrent[il]:
-            exp.update({"attn_qkv.weight": (2 * key_dim + value_dim, E), "attn_gate.weight": (value_dim, E),
-                        "ssm_conv1d.weight": (2 * key_dim + value_dim, c.ssm_conv), "ssm_dt.bias": (c.ssm_v_heads,),
-                        "ssm_a": (c.ssm_v_heads,), "ssm_beta.weight": (c.ssm_v_heads, E),
-                        "ssm_alpha.weight": (c.ssm_v_heads, E), "ssm_norm.weight": (S,),
-                        "ssm_out.weight": (E, value_dim)})
-        else:
-            exp.update({"attn_q.weight": (2 * nh * hd, E), "attn_k.weight": (nkv * hd, E),
-                        "attn_v.weight": (nkv * hd, E), "attn_output.weight": (E, nh * hd),
-                        "attn_q_norm.weight": (hd,), "attn_k_norm.weight": (hd,)})
-        L = {}
-        for k, shape in exp.items():
-            if p + k not in self.w:
-                raise ValueError("missing tensor %s%s" % (p, k))
-            t = self.w[p + k]
-            if t.shape != shape:
-                raise ValueError("%s%s has shape %s, expected %s" % (p, k, t.shape, shape))
-            L[k.replace(".weight", "").replace(".bias", "")] = t
-        return L
-
     def describe(self) -> dict:
         c = self.cfg
         d = dict(vars(c))
         d["tied_output"] = self.tied
         d["rope_freqs"] = self.rope_freqs is not None
         return d
-
-
-# --------------------------------------------------------------------------
-# numerics
-# --------------------------------------------------------------------------
-
-def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-    x64 = x.astype(np.float64)
-    ms = np.mean(x64 * x64, axis=-1, keepdims=True)
-    return (x * (1.0 / np.sqrt(ms + eps)).astype(np.float32)) * w
-
-
-def silu(x: np.ndarray) -> np.ndarray:
-    return x / (1.0 + np.exp(-x))
-
-
-def sigmoid(x: np.ndarray) -> np.ndarray:
-    return np.float32(1.0) / (np.float32(1.0) + np.exp(-x))
-
-
-def softplus(x: np.ndarray) -> np.ndarray:
-    """ggml_softplus: log(1 + exp(x)), x itself above 20."""
-    return np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20)))).astype(np.float32)
-
-
-def l2_norm(x: np.ndarray, eps: float) -> np.ndarray:
-    """ggml_l2_norm over the last axis: x / max(||x||, eps), the sum in f64."""
-    x64 = x.astype(np.float64)
-    n = np.sqrt(np.sum(x64 * x64, axis=-1, keepdims=True)).astype(np.float32)
-    return x * (np.float32(1.0) / np.maximum(n, np.float32(eps)))
-
-
-def gelu_tanh(x: np.ndarray) -> np.ndarray:
-    c = np.float32(math.sqrt(2.0 / math.pi))
-    return np.float32(0.5) * x * (np.float32(1.0) + np.tanh(c * (x + np.float32(0.044715) * x * x * x)))
-
-
-def round_kv(x: np.ndarray, kv_type: str) -> np.ndarray:
-    """x: (..., head_dim) float32; emulate storage type of the KV cache."""
-    if kv_type == "f32":
-        return x
-    if kv_type == "f16":
-        return x.astype(np.float16).astype(np.float32)
-    if kv_type == "bf16":
-        u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-        rounded = ((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000))
-        return rounded.view(np.float32)
-    if kv_type == "q8_0":
-        hd = x.shape[-1]
-        if hd % 32:
-            raise ValueError("q8_0 KV emulation needs head_dim multiple of 32")
-        flat = np.ascontiguousarray(x.reshape(-1, hd), dtype=np.float32)
-        q = gquants.quantize(flat, QT.Q8_0)
-        return gquants.dequantize(q, QT.Q8_0).astype(np.float32).reshape(x.shape)
-    raise ValueError("unknown kv type %r" % kv_type)
 
 
 class Runner:
@@ -551,7 +322,7 @@ class Runner:
             self.k[i], self.v[i] = k, v
         self.cap = new
 
-    def _rope(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    def rope(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
         """x: (n_heads, T, head_dim); cos/sin: (T, n_rot/2)."""
         c = self.m.cfg
         nr = c.n_rot
@@ -569,7 +340,7 @@ class Runner:
             out[..., h:nr] = x0 * sin + x1 * cos
         return out
 
-    def _attend(self, il: int, q, k, v, p0: int, local: bool, scale) -> np.ndarray:
+    def attend(self, il: int, q, k, v, p0: int, local: bool, scale) -> np.ndarray:
         """Writes k, v (heads, T, dim) at positions p0.. of layer il's cache and attends q
         (heads, T, dim) over positions 0..p0+T-1 (causal; the last n_swa in a local layer).
         Returns (T, n_head * head_dim_v)."""
@@ -603,61 +374,6 @@ class Runner:
             attn[:, :, t0:t1] = np.matmul(s.reshape(nkv, g * tc, n_ctx), V).reshape(nkv, g, tc, hdv)
         return attn.reshape(nh, T, hdv).transpose(1, 0, 2).reshape(T, nh * hdv)
 
-    def _qwen35_block(self, il: int, L: dict, x, p0: int, cs, scale) -> np.ndarray:
-        """One qwen35 trunk layer on x (T, n_embd): mixer, post_attention_norm, FFN."""
-        c = self.m.cfg
-        h = rms_norm(x, L["attn_norm"], c.eps)
-        if c.recurrent[il]:
-            o = self._gated_delta_net(il, L, h)
-        else:
-            T, nh, nkv, hd = h.shape[0], c.n_head, c.n_head_kv, c.head_dim
-            qg = (h @ L["attn_q"].T).reshape(T, nh, 2, hd)
-            q = qg[:, :, 0].transpose(1, 0, 2)                              # (nh, T, hd)
-            gate = qg[:, :, 1].reshape(T, nh * hd)
-            k = (h @ L["attn_k"].T).reshape(T, nkv, hd).transpose(1, 0, 2)  # (nkv, T, hd)
-            v = (h @ L["attn_v"].T).reshape(T, nkv, hd).transpose(1, 0, 2)
-            q = self._rope(rms_norm(q, L["attn_q_norm"], c.eps), *cs)
-            k = self._rope(rms_norm(k, L["attn_k_norm"], c.eps), *cs)
-            o = self._attend(il, q, k, v, p0, False, scale) * sigmoid(gate)
-            o = o @ L["attn_output"].T
-        x = x + o
-        h = rms_norm(x, L["post_attention_norm"], c.eps)
-        return x + (silu(h @ L["ffn_gate"].T) * (h @ L["ffn_up"].T)) @ L["ffn_down"].T
-
-    def _gated_delta_net(self, il: int, L: dict, h) -> np.ndarray:
-        """The Gated DeltaNet mixer on h (T, n_embd), token by token; advances layer il's
-        conv tail and state.  Returns (T, n_embd)."""
-        c = self.m.cfg
-        T, S, K = h.shape[0], c.ssm_state, c.ssm_conv
-        Hk, Hv = c.ssm_k_heads, c.ssm_v_heads
-        key_dim = Hk * S
-        mixed = h @ L["attn_qkv"].T                                  # (T, conv_dim)
-        z = (h @ L["attn_gate"].T).reshape(T, Hv, S)
-        beta = sigmoid(h @ L["ssm_beta"].T)                          # (T, Hv)
-        g = softplus(h @ L["ssm_alpha"].T + L["ssm_dt"]) * L["ssm_a"]  # (T, Hv), <= 0
-        # causal depthwise conv over [tail; mixed], the kernel's last tap on the current row
-        buf = np.concatenate([self.conv_state[il], mixed], axis=0)   # (K - 1 + T, conv_dim)
-        w = L["ssm_conv1d"]                                          # (conv_dim, K)
-        conv = np.zeros_like(mixed)
-        for j in range(K):
-            conv += buf[j:j + T] * w[:, j]
-        self.conv_state[il] = buf[T:].copy()
-        conv = silu(conv)
-        q = l2_norm(conv[:, :key_dim].reshape(T, Hk, S), c.eps) * np.float32(1.0 / math.sqrt(S))
-        k = l2_norm(conv[:, key_dim:2 * key_dim].reshape(T, Hk, S), c.eps)
-        v = conv[:, 2 * key_dim:].reshape(T, Hv, S)
-        kh = np.arange(Hv) % Hk                                      # value head -> key head
-        q, k = q[:, kh], k[:, kh]                                    # (T, Hv, S)
-        M = self.ssm_state[il]                                       # (Hv, S_v, S_k)
-        o = np.empty((T, Hv, S), np.float32)
-        for t in range(T):
-            M *= np.exp(g[t])[:, None, None]
-            d = (v[t] - np.einsum("hvk,hk->hv", M, k[t])) * beta[t][:, None]
-            M += d[:, :, None] * k[t][:, None, :]
-            o[t] = np.einsum("hvk,hk->hv", M, q[t])
-        o = rms_norm(o, L["ssm_norm"], c.eps) * silu(z)
-        return o.reshape(T, Hv * S) @ L["ssm_out"].T
-
     def forward(self, tokens, want: str = "last") -> np.ndarray:
         """Process tokens at positions n_past.. ; returns logits.
 
@@ -687,7 +403,7 @@ class Runner:
             x = x * np.float32(c.embd_scale)
         for il, L in enumerate(m.layers):
             if c.arch == "qwen35":
-                x = self._qwen35_block(il, L, x, p0, rope_cs[False], scale)
+                x = ref_qwen35.block(self, il, L, x, p0, rope_cs[False], scale)
                 continue
             local = c.swa_layers[il]
             cos, sin = rope_cs[local]
@@ -708,11 +424,11 @@ class Runner:
                 q = rms_norm(q, L["attn_q_norm"], c.eps)
             if L["attn_k_norm"] is not None:
                 k = rms_norm(k, L["attn_k_norm"], c.eps)
-            q = self._rope(q, cos, sin)
-            k = self._rope(k, cos, sin)
+            q = self.rope(q, cos, sin)
+            k = self.rope(k, cos, sin)
             if c.q_scale is not None:
                 q = q * np.float32(c.q_scale)
-            o = self._attend(il, q, k, v, p0, local, scale)
+            o = self.attend(il, q, k, v, p0, local, scale)
             o = o @ L["attn_output"].T
             if L["attn_output_bias"] is not None:
                 o += L["attn_output_bias"]
@@ -735,135 +451,6 @@ class Runner:
             cap = np.float32(c.final_softcap)
             logits = np.tanh(logits / cap) * cap
         return logits[0] if want == "last" else logits
-
-
-# --------------------------------------------------------------------------
-# optional tokenizer (convenience only)
-# --------------------------------------------------------------------------
-
-_PRE_REGEX = {
-    "llama-bpe": r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-    "qwen2": r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-}
-
-
-class SpmTokenizer:
-    """SentencePiece ("llama" GGUF tokenizer model) as llama.cpp's llm_tokenizer_spm:
-    the text's spaces become U+2581, adjacent pieces merge by the highest score of
-    their concatenation (leftmost first on ties), a character without a piece
-    falls back to its UTF-8 bytes' <0xNN> pieces; unknown, control and
-    user-defined pieces in the text are taken whole first.  Offers the two calls of
-    ``tokenizers.Tokenizer`` that main() uses."""
-
-    class Encoding:
-        def __init__(self, ids):
-            self.ids = ids
-
-    def __init__(self, reader):
-        self.pieces = [str(t) for t in field_value(reader, "tokenizer.ggml.tokens")]
-        self.scores = [float(x) for x in field_value(reader, "tokenizer.ggml.scores")]
-        ttypes = [int(t) for t in field_value(reader, "tokenizer.ggml.token_type")]
-        if bool(field_value(reader, "tokenizer.ggml.add_space_prefix", True)):
-            raise NotImplementedError("SentencePiece with a space prefix is not implemented here")
-        self.ids = {p: i for i, p in enumerate(self.pieces)}
-        self.ttypes = ttypes
-        whole = sorted((p for p, t in zip(self.pieces, ttypes) if t in (2, 3, 4)), key=len, reverse=True)
-        self.whole_re = re.compile("|".join(re.escape(p) for p in whole)) if whole else None
-
-    def encode(self, text: str, add_special_tokens: bool = False):
-        out = []
-        pos = 0
-        for mt in (self.whole_re.finditer(text) if self.whole_re else ()):
-            out += self._spm(text[pos:mt.start()])
-            out.append(self.ids[mt.group(0)])
-            pos = mt.end()
-        out += self._spm(text[pos:])
-        return SpmTokenizer.Encoding(out)
-
-    def _spm(self, text: str):
-        import heapq
-        sym = list(text.replace(" ", "\u2581"))
-        if not sym:
-            return []
-        prev = list(range(-1, len(sym) - 1))
-        nxt = list(range(1, len(sym) + 1))
-        nxt[-1] = -1
-        heap = []
-
-        def push(a, b):
-            i = self.ids.get(sym[a] + sym[b])
-            if i is not None:
-                heapq.heappush(heap, (-self.scores[i], a, sym[a] + sym[b]))
-
-        for a in range(len(sym) - 1):
-            push(a, a + 1)
-        while heap:
-            _, a, text_ab = heapq.heappop(heap)
-            b = nxt[a]
-            if not sym[a] or b < 0 or sym[a] + sym[b] != text_ab:
-                continue  # a stale pair: one side has merged since
-            sym[a], sym[b] = text_ab, ""
-            nxt[a] = nxt[b]
-            if nxt[a] >= 0:
-                prev[nxt[a]] = a
-            if prev[a] >= 0:
-                push(prev[a], a)
-            if nxt[a] >= 0:
-                push(a, nxt[a])
-        out = []
-        a = 0
-        while a >= 0:
-            i = self.ids.get(sym[a])
-            if i is not None:
-                out.append(i)
-            else:
-                out += [self.ids["<0x%02X>" % b] for b in sym[a].encode("utf-8")]
-            a = nxt[a]
-        return out
-
-    def decode(self, ids, skip_special_tokens: bool = False):
-        buf = bytearray()
-        for i in ids:
-            p, t = self.pieces[i], self.ttypes[i]
-            if t == 6:
-                buf.append(int(p[3:5], 16))
-            elif t == 3 and skip_special_tokens:
-                continue
-            else:
-                buf += p.replace("\u2581", " ").encode("utf-8")
-        return buf.decode("utf-8", errors="replace")
-
-
-def build_tokenizer(reader):
-    if field_value(reader, "tokenizer.ggml.model") == "llama":
-        return SpmTokenizer(reader)
-    from tokenizers import Tokenizer, AddedToken, Regex, decoders, models, pre_tokenizers
-
-    tmodel = field_value(reader, "tokenizer.ggml.model")
-    if tmodel != "gpt2":
-        raise NotImplementedError("only BPE (gpt2) GGUF tokenizers are supported here, got %r" % tmodel)
-    tokens = field_value(reader, "tokenizer.ggml.tokens")
-    merges = field_value(reader, "tokenizer.ggml.merges")
-    ttypes = field_value(reader, "tokenizer.ggml.token_type") or []
-    pre = field_value(reader, "tokenizer.ggml.pre", "default")
-    vocab = {t: i for i, t in enumerate(tokens)}
-    merge_pairs = [tuple(mm.split(" ", 1)) for mm in merges]
-    tk = Tokenizer(models.BPE(vocab=vocab, merges=merge_pairs, fuse_unk=False, byte_fallback=False))
-    bl = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    if pre in _PRE_REGEX:
-        tk.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(_PRE_REGEX[pre]), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    elif pre in ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone"):
-        tk.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), bl])
-    else:
-        tk.pre_tokenizer = bl
-    tk.decoder = decoders.ByteLevel()
-    special = [AddedToken(tokens[i], special=True, normalized=False)
-               for i, tt in enumerate(ttypes) if int(tt) in (3, 4)]
-    if special:
-        tk.add_special_tokens(special)
-    return tk
 
 
 def read_token_list(s: str):

@@ -20,13 +20,14 @@ namespace {
 struct BenchArgs {
   SharedArgs s;
   std::string depths = "0", modes = "auto", json_out, pair, fill = "prefill";
-  std::string n_gen_text = "32", n_prompt_text;
+  std::string n_gen_text = "32", n_prompt_text, verify_text;
   int32_t reps = 1;
   std::string command;
   // Resolved from the text above and the model.
   std::string backend;
   EngineOptions base;
   int32_t n_gen = 32, n_batch = 512;
+  std::vector<int64_t> verify;  // --verify-tokens: tokens of one sequence a timed step verifies
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -74,6 +75,27 @@ std::string show(const Stat& s, size_t n) {
   else
     std::snprintf(b, sizeof(b), "%.2f", s.mean);
   return b;
+}
+
+// Seconds that f takes.
+template <class F>
+double seconds(F&& f) {
+  const double t0 = now();
+  f();
+  return now() - t0;
+}
+
+// The fields every run's JSON has: its mode, cache types and decode tokens, and the engine's
+// arena.
+nlohmann::json run_json(const BenchArgs& a, const Engine& eng, const std::string& mode) {
+  nlohmann::json r;
+  r["mode"] = mode;
+  r["cache_type_k"] = a.s.ctk;
+  r["cache_type_v"] = a.s.ctv;
+  r["tg_tokens"] = a.n_gen;
+  r["arena_bytes"] = eng.arena_bytes();
+  r["workspace_bytes"] = eng.workspace_bytes();
+  return r;
 }
 
 int32_t argmax(const float* l, int32_t n) {
@@ -145,26 +167,26 @@ nlohmann::json pair_run(const BenchArgs& a, const Model& model, const std::strin
   std::vector<int32_t> together[2], alone[2];
   Sequence s[2] = {eng.open_sequence(), eng.open_sequence()};
   int32_t next[2] = {prefill(s[0], 0), prefill(s[1], 1)};
-  const double t0 = now();
-  for (int32_t k = 0; k < a.n_gen; ++k) {
-    eng.step({BatchEntry{&s[0], &next[0], 1}, BatchEntry{&s[1], &next[1], 1}});
-    for (int i = 0; i < 2; ++i) {
-      together[i].push_back(next[i]);
-      next[i] = argmax(eng.logits(i), V);
+  const double t_together = seconds([&] {
+    for (int32_t k = 0; k < a.n_gen; ++k) {
+      eng.step({BatchEntry{&s[0], &next[0], 1}, BatchEntry{&s[1], &next[1], 1}});
+      for (int i = 0; i < 2; ++i) {
+        together[i].push_back(next[i]);
+        next[i] = argmax(eng.logits(i), V);
+      }
     }
-  }
-  const double t_together = now() - t0;
+  });
   double t_alone[2] = {0, 0};
   for (int i = 0; i < 2; ++i) eng.close_sequence(s[i]);
   for (int i = 0; i < 2; ++i) {
     Sequence q = eng.open_sequence();
     int32_t id = prefill(q, i);
-    const double t1 = now();
-    for (int32_t k = 0; k < a.n_gen; ++k) {
-      alone[i].push_back(id);
-      id = argmax(eng.eval(q, &id, 1), V);
-    }
-    t_alone[i] = now() - t1;
+    t_alone[i] = seconds([&] {
+      for (int32_t k = 0; k < a.n_gen; ++k) {
+        alone[i].push_back(id);
+        id = argmax(eng.eval(q, &id, 1), V);
+      }
+    });
     eng.close_sequence(q);
   }
   const bool same = together[0] == alone[0] && together[1] == alone[1];
@@ -175,20 +197,53 @@ nlohmann::json pair_run(const BenchArgs& a, const Model& model, const std::strin
               a.n_gen / t_alone[0], a.n_gen / t_alone[1],
               same ? "same tokens as alone" : "TOKENS DIFFER FROM ALONE");
   std::fflush(stdout);
-  nlohmann::json r;
-  r["mode"] = mode;
+  nlohmann::json r = run_json(a, eng, mode);
   r["depths"] = d;
-  r["cache_type_k"] = a.s.ctk;
-  r["cache_type_v"] = a.s.ctv;
-  r["tg_tokens"] = a.n_gen;
   r["combined_tokens_per_s"] = tps;
   r["alone_tokens_per_s"] = {a.n_gen / t_alone[0], a.n_gen / t_alone[1]};
   r["same_tokens_as_alone"] = same;
   r["tokens_together"] = {together[0], together[1]};
   r["tokens_alone"] = {alone[0], alone[1]};
-  r["arena_bytes"] = eng.arena_bytes();
-  r["workspace_bytes"] = eng.workspace_bytes();
   return r;
+}
+
+// --verify-tokens: at s's depth, -r times --n-gen steps of k tokens of s with the logits of
+// each (a speculative verify step: a token and k - 1 random drafts), each followed by the
+// rollback of the drafts, so the depth grows by one a step as in the decode; per k the mean
+// step time (rollback included) and its ratio to the decode's one-token step (`tg_step_s`).
+template <class Tokens>
+nlohmann::json verify_steps(const BenchArgs& a, Engine& eng, Sequence& s, double tg_step_s,
+                            Tokens&& random_tokens) {
+  nlohmann::json out = nlohmann::json::array();
+  for (int64_t k64 : a.verify) {
+    const auto k = static_cast<int32_t>(k64);
+    const EngineStats before = eng.totals();
+    std::vector<double> step_r;
+    double rollback_s = 0;
+    for (int32_t r = 0; r < a.reps; ++r) {
+      const auto t = random_tokens(int64_t{a.n_gen} * k);
+      const double t0 = now();
+      for (int32_t i = 0; i < a.n_gen; ++i) {
+        eng.step(
+            {BatchEntry{&s, t.data() + static_cast<size_t>(i) * static_cast<size_t>(k), k, k > 1}});
+        const double t1 = now();
+        eng.truncate(s, s.n_past - (k - 1));
+        rollback_s += now() - t1;
+      }
+      step_r.push_back((now() - t0) / a.n_gen);
+    }
+    const Stat st = stat(step_r);
+    const double steps = static_cast<double>(int64_t{a.reps} * a.n_gen);
+    out.push_back({{"tokens", k},
+                   {"step_s", st.mean},
+                   {"step_s_std", st.std},
+                   {"step_s_reps", step_r},
+                   {"ratio_to_tg_step", st.mean / tg_step_s},
+                   {"rollback_s", rollback_s / steps},
+                   {"streamed_bytes_per_step",
+                    static_cast<double>(eng.totals().bytes_in - before.bytes_in) / steps}});
+  }
+  return out;
 }
 
 // Times the decode (-r times --n-gen tokens) and the prefill (-r times -p tokens) of sequence s
@@ -207,22 +262,22 @@ nlohmann::json measure_depth(const BenchArgs& a, Engine& eng, Sequence& s, int64
   double tg_s = 0;
   for (int32_t r = 0; r < a.reps; ++r) {
     const auto gen = random_tokens(a.n_gen);
-    const double t0 = now();
-    for (int32_t i = 0; i < a.n_gen; ++i) eng.eval(s, &gen[static_cast<size_t>(i)], 1);
-    const double dt = now() - t0;
+    const double dt = seconds([&] {
+      for (int32_t i = 0; i < a.n_gen; ++i) eng.eval(s, &gen[static_cast<size_t>(i)], 1);
+    });
     tg_s += dt;
     tg_r.push_back(a.n_gen / dt);
   }
   const EngineStats after = eng.totals();
+  const Stat tg = stat(tg_r);
+  const nlohmann::json verify = verify_steps(a, eng, s, 1 / tg.mean, random_tokens);
   // Prefills of -p tokens (default one batch), right after, -r times.
   for (int32_t r = 0; r < a.reps && n_prompt > 0; ++r) {
     const auto pp = random_tokens(n_prompt);
-    const double t1 = now();
-    eng.eval(s, pp.data(), n_prompt);
-    pp_r.push_back(n_prompt / (now() - t1));
+    pp_r.push_back(n_prompt / seconds([&] { eng.eval(s, pp.data(), n_prompt); }));
   }
 
-  const Stat tg = stat(tg_r), ppt = stat(pp_r);
+  const Stat ppt = stat(pp_r);
   const int64_t n_tg = int64_t{a.reps} * a.n_gen;  // timed decode tokens
   // Bytes a decode step reads: every weight once and the KV at its mean depth.
   const double kv_tok = static_cast<double>(eng.kv_bytes_per_token()) *
@@ -236,18 +291,19 @@ nlohmann::json measure_depth(const BenchArgs& a, Engine& eng, Sequence& s, int64
   std::printf("| %s | %s | %s | %lld | tg%d | %s | %.3g | %.1f | %.3g |\n", a.s.model.c_str(),
               mode_s.c_str(), kv.c_str(), static_cast<long long>(depth), a.n_gen,
               show(tg, tg_r.size()).c_str(), bytes, bytes * tg.mean / 1e9, streamed);
+  for (const auto& v : verify)
+    std::printf("| %s | %s | %s | %lld | verify%d | %.2fx tg (%.3f ms/step) | | | %.3g |\n",
+                a.s.model.c_str(), mode_s.c_str(), kv.c_str(), static_cast<long long>(depth),
+                v["tokens"].get<int32_t>(), v["ratio_to_tg_step"].get<double>(),
+                v["step_s"].get<double>() * 1e3, v["streamed_bytes_per_step"].get<double>());
   if (n_prompt > 0)
     std::printf("| %s | %s | %s | %lld | pp%d | %s | | | |\n", a.s.model.c_str(), mode_s.c_str(),
                 kv.c_str(), static_cast<long long>(depth), n_prompt,
                 show(ppt, pp_r.size()).c_str());
   std::fflush(stdout);
-  nlohmann::json r;
-  r["mode"] = mode_s;
+  nlohmann::json r = run_json(a, eng, mode_s);
   r["depth"] = depth;
-  r["cache_type_k"] = a.s.ctk;
-  r["cache_type_v"] = a.s.ctv;
   r["repetitions"] = a.reps;
-  r["tg_tokens"] = a.n_gen;
   r["tg_tokens_per_s"] = tg.mean;
   r["tg_tokens_per_s_std"] = tg.std;
   r["tg_tokens_per_s_reps"] = tg_r;
@@ -261,6 +317,7 @@ nlohmann::json measure_depth(const BenchArgs& a, Engine& eng, Sequence& s, int64
     r["pp_tokens_per_s_std"] = ppt.std;
     r["pp_tokens_per_s_reps"] = pp_r;
   }
+  if (!a.verify.empty()) r["verify"] = verify;
   r["streamed_bytes_per_token"] = streamed;
   r["ready_wait_s_per_token"] =
       (after.ready_wait_s - before.ready_wait_s) / static_cast<double>(n_tg);
@@ -271,13 +328,39 @@ nlohmann::json measure_depth(const BenchArgs& a, Engine& eng, Sequence& s, int64
     const double bound = streamed / h2d;
     r["stream_bound_s_per_token"] = bound;
   }
-  r["arena_bytes"] = eng.arena_bytes();
-  r["workspace_bytes"] = eng.workspace_bytes();
   r["plan_n_slots"] = eng.plan().n_slots;
   r["plan_slot_pages"] = eng.plan().slot_pages;
   r["plan_resident_pages"] = eng.plan().resident;
   r["plan_streamed_bytes_per_step"] = eng.plan().streamed_bytes;
   return r;
+}
+
+// A prefill of all of t but its last token, then a decode of that one, in a sequence of its own.
+void warm_up(Engine& eng, const std::vector<int32_t>& t) {
+  Sequence w = eng.open_sequence();
+  eng.eval(w, t.data(), static_cast<int32_t>(t.size() - 1));
+  eng.eval(w, &t.back(), 1);
+  eng.close_sequence(w);
+}
+
+// The JSON of a bench: what ran where, and its runs and pairs.
+nlohmann::json bench_json(const BenchArgs& a, const std::string& device, size_t vram,
+                          const nlohmann::json& runs, const nlohmann::json& pairs) {
+  nlohmann::json j;
+  j["model"] = a.s.model;
+  j["device"] = device;
+  j["backend"] = a.backend;
+  j["build"] = {{"version", KVS_VERSION}, {"compiler", __VERSION__}, {"date", __DATE__}};
+  j["command"] = a.command;
+  j["threads"] = thread_pool().size();
+  j["page_size"] = a.base.page_size;
+  j["batch"] = a.n_batch;
+  j["fill"] = a.fill;
+  j["vram_limit"] = vram;
+  j["phase_arena"] = a.base.phase_arena;
+  j["runs"] = runs;
+  if (!pairs.empty()) j["pairs"] = pairs;
+  return j;
 }
 
 void bench(BenchArgs& a) {
@@ -295,6 +378,11 @@ void bench(BenchArgs& a) {
   const ModelConfig& c = model->config;
   a.base = engine_options(a.s, c);
   a.n_batch = a.base.n_batch;
+  if (!a.verify_text.empty()) a.verify = parse_count_list(a.verify_text, "--verify-tokens");
+  for (int64_t k : a.verify) {
+    KVS_CHECK(k >= 1 && k <= 64, "--verify-tokens: ", k, " is not 1 to 64");
+    a.base.n_verify = std::max(a.base.n_verify, static_cast<int32_t>(k));
+  }
   const int32_t n_prompt =
       a.n_prompt_text.empty()
           ? a.n_batch
@@ -308,22 +396,7 @@ void bench(BenchArgs& a) {
   std::string device_name;
   // The JSON is rewritten after every run, so a long sweep cut short keeps what it measured.
   const auto save = [&] {
-    if (a.json_out.empty()) return;
-    nlohmann::json j;
-    j["model"] = a.s.model;
-    j["device"] = device_name;
-    j["backend"] = a.backend;
-    j["build"] = {{"version", KVS_VERSION}, {"compiler", __VERSION__}, {"date", __DATE__}};
-    j["command"] = a.command;
-    j["threads"] = thread_pool().size();
-    j["page_size"] = a.base.page_size;
-    j["batch"] = a.n_batch;
-    j["fill"] = a.fill;
-    j["vram_limit"] = vram;
-    j["phase_arena"] = a.base.phase_arena;
-    j["runs"] = runs;
-    if (!pairs.empty()) j["pairs"] = pairs;
-    write_json(a.json_out, j);
+    if (!a.json_out.empty()) write_json(a.json_out, bench_json(a, device_name, vram, runs, pairs));
   };
   bool pairs_ok = true;
   std::printf(
@@ -338,9 +411,10 @@ void bench(BenchArgs& a) {
     }
     if (a.depths.empty()) continue;
     EngineOptions o = options(a, mode_s);
-    o.n_ctx = context_of(max_depth + 1 + int64_t{a.reps} * a.n_gen +
-                             std::max(int64_t{a.reps} * n_prompt, int64_t{a.n_batch}),
-                         "--depths, --n-gen, -p and -r");
+    const auto n_verify = static_cast<int64_t>(a.verify.size());
+    o.n_ctx = context_of(max_depth + 1 + int64_t{a.reps} * a.n_gen * (1 + n_verify) + o.n_verify -
+                             1 + std::max(int64_t{a.reps} * n_prompt, int64_t{a.n_batch}),
+                         "--depths, --n-gen, --verify-tokens, -p and -r");
     check_host_kv(o, c, a.backend,
                   cat("a context of ", o.n_ctx, " tokens (--depths, --n-gen, -p, -r)"));
     auto dev = device_of(a.s, a.backend, vram);
@@ -356,13 +430,8 @@ void bench(BenchArgs& a) {
     };
     // Ascending depths share one sequence: each fills on from where the last one's timed
     // tokens left it, so a sweep prefills its deepest depth once.
-    {  // Warm-up, untimed: the first prefill and decode initialise cuBLAS and the kernels.
-      Sequence w = eng.open_sequence();
-      const auto t = random_tokens(std::min<int64_t>(a.n_batch, o.n_ctx - 1) + 1);
-      eng.eval(w, t.data(), static_cast<int32_t>(t.size() - 1));
-      eng.eval(w, &t.back(), 1);
-      eng.close_sequence(w);
-    }
+    // Warm-up, untimed: the first prefill and decode initialise cuBLAS and the kernels.
+    warm_up(eng, random_tokens(std::min<int64_t>(a.n_batch, o.n_ctx - 1) + 1));
     Sequence s = eng.open_sequence();
     for (int64_t depth : depths) {
       if (s.n_past > depth) {
@@ -417,6 +486,10 @@ void register_bench(CLI::App& app, std::string command) {
                 "the model) or random (random K/V rows written straight into the cache)")
       ->check(CLI::IsMember({"prefill", "random"}))
       ->capture_default_str();
+  c->add_option("--verify-tokens", a->verify_text,
+                "Also time, at each depth, steps of K tokens of one sequence with the logits of "
+                "each (speculative verify steps, the drafts rolled back), e.g. 1,2,4,8: their "
+                "time against the one-token step's");
   c->add_option("--json", a->json_out, "Write every figure as JSON to this file");
   c->callback([a, depths] {
     if (!a->pair.empty() && depths->count() == 0) a->depths.clear();

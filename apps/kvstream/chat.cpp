@@ -12,6 +12,7 @@
 
 #include "commands.h"
 #include "kvs/engine/engine.h"
+#include "kvs/engine/ngram_draft.h"
 #include "kvs/engine/sampler.h"
 #include "kvs/model/model.h"
 #include "kvs/util/error.h"
@@ -59,15 +60,17 @@ class LineReader {
 
 struct TurnStats {
   int64_t prompt_tokens = 0, reused_tokens = 0, answer_tokens = 0;
+  int64_t drafted = 0, accepted = 0;  // speculative decoding's draft tokens
   double prompt_s = 0, answer_s = 0;
   size_t bytes_streamed = 0;
 };
 
 class Chat {
  public:
-  Chat(const SharedArgs& s, const GenArgs& g, const Model& model, Engine& eng)
+  Chat(const SharedArgs& s, const GenArgs& g, const SpecArgs& spec, const Model& model, Engine& eng)
       : s_(s),
         g_(g),
+        spec_(spec),
         model_(model),
         tok_(*model.tokenizer),
         eng_(eng),
@@ -123,26 +126,11 @@ class Chat {
       return;
     }
 
-    // The answer: every sampled token but the last goes into the KV; the template's end of turn
-    // is part of the next prompt.
     StreamDecoder dec(tok_);
     std::string reply;
     bool full = false;
     const double t1 = now();
-    const int32_t n_vocab = model_.config.n_vocab;
-    while (!interrupted() && (n_predict_ < 0 || st.answer_tokens < n_predict_)) {
-      const int32_t id = sampler_.sample(logits, n_vocab);
-      ++st.answer_tokens;
-      if (!g_.ignore_eos && tok_.is_eog(id)) break;
-      emit(dec.push(id), reply);
-      if (st.answer_tokens == n_predict_) break;
-      if (seq_.n_past >= n_ctx) {
-        full = true;
-        break;
-      }
-      logits = eng_.eval(seq_, &id, 1);
-      kv_.push_back(id);
-    }
+    if (n_predict_ != 0 && !interrupted()) answer(target, logits, dec, reply, st, full);
     emit(dec.flush(), reply);
     std::fputc('\n', stdout);
     std::fflush(stdout);
@@ -174,14 +162,15 @@ class Chat {
     const auto& t = last_;
     std::printf(
         "context: %s of -c %d used | last answer: %s in %.2f s, %.1f tok/s (prompt %s, "
-        "%.1f tok/s, %s reused) | streamed: %s this answer, %s in all\n",
+        "%.1f tok/s, %s reused) | streamed: %s this answer, %s in all%s\n",
         count_of(static_cast<int64_t>(kv_.size()), "token").c_str(), eng_.options().n_ctx,
         count_of(t.answer_tokens, "token").c_str(), t.answer_s,
         t.answer_s > 0 ? static_cast<double>(t.answer_tokens) / t.answer_s : 0.0,
         count_of(t.prompt_tokens, "token").c_str(),
         t.prompt_s > 0 ? static_cast<double>(t.prompt_tokens) / t.prompt_s : 0.0,
         count_of(t.reused_tokens, "token").c_str(), format_bytes(t.bytes_streamed).c_str(),
-        format_bytes(eng_.totals().bytes_in).c_str());
+        format_bytes(eng_.totals().bytes_in).c_str(),
+        spec_.on() ? cat(" | drafts: ", t.accepted, " of ", t.drafted, " accepted").c_str() : "");
     std::fflush(stdout);
   }
 
@@ -199,6 +188,8 @@ class Chat {
                     {"answer_tokens", t.answer_tokens},
                     {"prompt_s", t.prompt_s},
                     {"answer_s", t.answer_s},
+                    {"drafted", t.drafted},
+                    {"accepted", t.accepted},
                     {"bytes_streamed", t.bytes_streamed}});
     j["messages"] = ms;
     j["turns"] = ts;
@@ -207,6 +198,60 @@ class Chat {
   }
 
  private:
+  // The answer to a message (`target`: the conversation up to it, in the KV; `logits`: of its
+  // last token), streamed: every chosen token but the last goes into the KV, the template's
+  // end of turn being part of the next prompt. With --spec a step also carries the drafts the
+  // conversation's prompt lookup proposes; the first rejected one and those after it are
+  // rolled back.
+  void answer(const std::vector<int32_t>& target, const float* logits, StreamDecoder& dec,
+              std::string& reply, TurnStats& st, bool& full) {
+    const int32_t n_ctx = eng_.options().n_ctx, n_vocab = model_.config.n_vocab;
+    NgramDrafter drafter;
+    if (spec_.on()) drafter.accept(target.data(), static_cast<int32_t>(target.size()));
+    // Shows a chosen token (`n_past` positions before it); false when the answer ends with it.
+    auto take = [&](int32_t id, int32_t n_past) {
+      ++st.answer_tokens;
+      if (spec_.on()) drafter.accept(id);
+      if (!g_.ignore_eos && tok_.is_eog(id)) return false;
+      emit(dec.push(id), reply);
+      if (st.answer_tokens == n_predict_) return false;
+      full = n_past >= n_ctx;
+      return !full;
+    };
+    int32_t id = sampler_.sample(logits, n_vocab);
+    std::vector<int32_t> feed;
+    for (bool more = take(id, seq_.n_past); more && !interrupted();) {
+      feed.assign(1, id);
+      if (spec_.on()) {
+        int64_t room = int64_t{n_ctx} - seq_.n_past - 1;
+        if (n_predict_ >= 0) room = std::min(room, n_predict_ - st.answer_tokens - 1);
+        const std::vector<int32_t> d =
+            drafter.propose(static_cast<int32_t>(std::clamp<int64_t>(room, 0, spec_.draft_max)));
+        if (static_cast<int32_t>(d.size()) >= spec_.draft_min)
+          feed.insert(feed.end(), d.begin(), d.end());
+      }
+      const auto n = static_cast<int32_t>(feed.size());
+      eng_.step({BatchEntry{&seq_, feed.data(), n, n > 1}});
+      kv_.insert(kv_.end(), feed.begin(), feed.end());
+      st.drafted += n - 1;
+      for (int32_t j = 0; j < n; ++j) {
+        bool ok = false;
+        id = j + 1 < n ? sampler_.verify(eng_.logits(0, j), n_vocab,
+                                         feed[static_cast<size_t>(j) + 1], nullptr, &ok)
+                       : sampler_.sample(eng_.logits(0, j), n_vocab);
+        st.accepted += ok;
+        const int32_t kept = seq_.n_past - (n - 1 - j);  // the positions before id
+        more = take(id, kept);
+        if (ok && more) continue;
+        if (kept < seq_.n_past) {
+          eng_.truncate(seq_, kept);
+          kv_.resize(static_cast<size_t>(kept));
+        }
+        break;
+      }
+    }
+  }
+
   static SamplerParams params(const GenArgs& g) {
     SamplerParams sp = g.sp;
     if (g.seed >= 0) sp.seed = static_cast<uint64_t>(g.seed);
@@ -225,6 +270,7 @@ class Chat {
 
   const SharedArgs& s_;
   const GenArgs& g_;
+  const SpecArgs& spec_;
   const Model& model_;
   const Tokenizer& tok_;
   Engine& eng_;
@@ -240,14 +286,15 @@ class Chat {
 struct ChatArgs {
   SharedArgs s;
   GenArgs g;
+  SpecArgs spec;
   std::string json_out;
   bool conversation = false;
 };
 
 }  // namespace
 
-void chat_session(const SharedArgs& s, const GenArgs& g, const std::string& first,
-                  const std::string& json_out) {
+void chat_session(const SharedArgs& s, const GenArgs& g, const SpecArgs& spec,
+                  const std::string& first, const std::string& json_out) {
   KVS_CHECK(s.parallel == "1", "chat: -np/--parallel is 1 (one conversation)");
   n_predict_of(g);  // a bad -n fails before the model loads
   const std::string backend = backend_of(s);
@@ -255,7 +302,8 @@ void chat_session(const SharedArgs& s, const GenArgs& g, const std::string& firs
   apply_threads(s);
   const size_t vram = vram_limit_of(s);
   auto model = Model::load(s.model);
-  const EngineOptions eo = engine_options(s, model->config);
+  EngineOptions eo = engine_options(s, model->config);
+  apply_speculation(spec, eo, backend);
   const Tokenizer& tok = *model->tokenizer;
   if (tok.chat_family() == "none")
     std::fprintf(stderr,
@@ -264,7 +312,7 @@ void chat_session(const SharedArgs& s, const GenArgs& g, const std::string& firs
   check_host_kv(eo, model->config, backend);
   auto dev = device_of(s, backend, vram);
   Engine eng(*model, *dev, eo);
-  Chat chat(s, g, *model, eng);
+  Chat chat(s, g, spec, *model, eng);
   const bool terminal = isatty(STDIN_FILENO) != 0;
   std::fprintf(stderr,
                "kvstream: chat with %s (%s template), -c %d, %d threads, seed %llu\n"
@@ -318,11 +366,12 @@ void register_chat(CLI::App& app) {
       "chat", "Chat with a model: one message a line; the conversation's KV is kept between turns");
   add_shared(c, a->s, kModel);
   add_generation(c, a->g);
+  add_speculation(c, a->spec);
   c->add_flag("--conversation,-i,--interactive", a->conversation, "-cnv: accepted (chat is)");
   add_shared(c, a->s, kAllShared & ~kModel);
   c->add_option("--json", a->json_out,
                 "Write the conversation (messages, per-turn tokens and timings) to this file");
-  c->callback([a] { chat_session(a->s, a->g, "", a->json_out); });
+  c->callback([a] { chat_session(a->s, a->g, a->spec, "", a->json_out); });
 }
 
 }  // namespace kvs::cli

@@ -28,7 +28,7 @@ void register_serve(CLI::App& app);
 #endif
 
 // The interactive chat of `chat` and `run -cnv`; `first`, when not empty, is the first message.
-void chat_session(const SharedArgs& s, const GenArgs& g, const std::string& first,
-                  const std::string& json_out);
+void chat_session(const SharedArgs& s, const GenArgs& g, const SpecArgs& spec,
+                  const std::string& first, const std::string& json_out);
 
 }  // namespace kvs::cli

@@ -107,6 +107,36 @@ void add_sampling(CLI::App* c, GenArgs& g) {
   c->add_option("-s,--seed", g.seed, "Random seed (default: random, printed)");
 }
 
+void add_speculation(CLI::App* c, SpecArgs& sp) {
+  c->add_option("--spec,--spec-type", sp.mode,
+                "Speculative decoding: off, or ngram (drafts found earlier in the sequence by "
+                "prompt lookup, verified in the step of the token before them)")
+      ->capture_default_str();
+  c->add_option("--draft-max,--draft,--draft-n,--spec-draft-n-max", sp.draft_max,
+                "Most draft tokens a step verifies")
+      ->capture_default_str();
+  c->add_option("--draft-min,--draft-n-min,--spec-draft-n-min", sp.draft_min,
+                "Fewest draft tokens worth a verify step (fewer: the step goes without them)")
+      ->capture_default_str();
+}
+
+void apply_speculation(const SpecArgs& sp, EngineOptions& o, const std::string& backend) {
+  KVS_CHECK(sp.mode == "off" || sp.mode == "none" || sp.on(), "--spec must be off or ngram, got '",
+            sp.mode, "'");
+  KVS_CHECK(sp.draft_max >= 1 && sp.draft_max <= 63, "--draft-max must be 1 to 63, got ",
+            sp.draft_max);
+  KVS_CHECK(sp.draft_min >= 0 && sp.draft_min <= sp.draft_max,
+            "--draft-min must be 0 to --draft-max (", sp.draft_max, "), got ", sp.draft_min);
+  if (!sp.on()) return;
+  o.n_verify = sp.draft_max + 1;
+  if (backend != "cpu")
+    std::fprintf(stderr,
+                 "kvstream: warning: --spec on the %s backend: a verify step's logits are not "
+                 "bit-identical to one-token steps' (greedy text may differ at near ties); on "
+                 "the cpu backend they are the same bits\n",
+                 backend.c_str());
+}
+
 int64_t count_arg(const std::string& text, const char* flag, int64_t lo, int64_t hi) {
   const int64_t n = parse_count(text, flag);
   KVS_CHECK(n >= lo && n <= hi, flag, " ", text, " is out of range (", lo, " to ", hi, ")");

@@ -60,6 +60,18 @@ void add_generation(CLI::App* c, GenArgs& g);
 // The sampling flags of add_generation alone (--temp ... -s).
 void add_sampling(CLI::App* c, GenArgs& g);
 
+// Speculative decoding (run, chat, serve): --spec ngram drafts by prompt lookup, verified in the
+// step of the token before them; llama.cpp's --draft-max/--draft-min and --spec-draft-n-* names.
+struct SpecArgs {
+  std::string mode = "off";  // --spec, --spec-type: off (none), ngram
+  int32_t draft_max = 8, draft_min = 1;
+  bool on() const { return mode == "ngram"; }
+};
+void add_speculation(CLI::App* c, SpecArgs& sp);
+// Checks the flags and makes room for the verify steps (o.n_verify); warns that on a GPU backend
+// verified logits are within its tolerance of one-token steps rather than the same bits.
+void apply_speculation(const SpecArgs& sp, EngineOptions& o, const std::string& backend);
+
 // The engine options of the shared flags for this model, every limit checked first (-c 0: the
 // trained context).
 EngineOptions engine_options(const SharedArgs& a, const ModelConfig& c);

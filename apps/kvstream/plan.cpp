@@ -2,6 +2,8 @@
 // the predicted decode bound max(T_gpu, S/B), without running the model.
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <tuple>
+#include <utility>
 
 #include "commands.h"
 #include "kvs/engine/engine.h"
@@ -22,74 +24,87 @@ struct PlanArgs {
   double hbm_gbps = 4400;
 };
 
-void plan_cmd(const PlanArgs& pa) {
-  const SharedArgs& a = pa.s;
-  KVS_CHECK(a.h2d_gbps > 0 && pa.hbm_gbps > 0, "--h2d-gbps and --hbm-gbps must be more than 0");
-  KVS_CHECK(a.kv_arena.empty() || a.vram_limit.empty(),
-            "give --kv-arena or --vram-limit, not both");
-  // The shape and the bytes of the weights, from the file's header or the synthetic preset.
-  ModelConfig c;
-  size_t weights = 0;
+// The shape and the bytes of the weights, from the file's header or the synthetic preset.
+std::pair<ModelConfig, size_t> shape_of(const std::string& model) {
   constexpr std::string_view kSynth = "synthetic:";
-  if (a.model.rfind(kSynth, 0) == 0) {
-    const std::string spec = a.model.substr(kSynth.size());
-    c = synthetic_config(spec);
-    weights = synthetic_matrix_bytes(spec);
-  } else {
-    auto f = gguf::File::open(a.model);
-    c = ModelConfig::from_gguf(*f);
-    weights = Weights::from_gguf(*f, c).matrix_bytes();
+  if (model.rfind(kSynth, 0) == 0) {
+    const std::string spec = model.substr(kSynth.size());
+    return {synthetic_config(spec), synthetic_matrix_bytes(spec)};
   }
-  const EngineOptions o = engine_options(a, c);
+  auto f = gguf::File::open(model);
+  ModelConfig c = ModelConfig::from_gguf(*f);
+  const size_t weights = Weights::from_gguf(*f, c).matrix_bytes();
+  return {c, weights};
+}
+
+// Every figure the plan prints, for the text and the JSON.
+struct Figures {
+  ModelConfig c;
+  EngineOptions o;
+  KvShape shape;
+  size_t weights = 0, page = 0, kv_token = 0;
+  int32_t fixed = 0;
+  // With the phase arena the prefill's activations are the arena's top (work), lent to the KV
+  // while decoding: `arena` is the decode's, `prefill_arena` the KV's while prefilling.
+  bool phase = false;
+  size_t work = 0, arena = 0, prefill_arena = 0;
+  std::string arena_from;
+  Plan p;  // the decode's
+  double resident_frac = 0, prefill_frac = 0, tok_s = 0;
+  size_t per_token = 0;  // streamed bytes
+};
+
+Figures figures(const PlanArgs& pa) {
+  const SharedArgs& a = pa.s;
+  Figures f;
+  std::tie(f.c, f.weights) = shape_of(a.model);
+  const ModelConfig& c = f.c;
+  const EngineOptions& o = f.o = engine_options(a, c);
   const int64_t ctx = o.n_ctx;
   const int32_t parallel = o.n_seq;
   KVS_CHECK(o.kv_mode == KvMode::Auto || o.kv_mode == KvMode::Stream,
             "kvstream plan: --kv-mode is auto or stream");
   const KvLayout kv = KvLayout::make(o.k_type, o.v_type, o.page_size, c.n_head_kv, c.head_dim);
-  const KvShape shape = Engine::kv_shape(c, o);
-  const int32_t fixed = Engine::fixed_frames(c, o), L = shape.n_full;
-  const size_t page = kv.page_bytes();
+  const KvShape& shape = f.shape = Engine::kv_shape(c, o);
+  const int32_t fixed = f.fixed = Engine::fixed_frames(c, o), L = shape.n_full;
+  const size_t page = f.page = kv.page_bytes();
   const int32_t pages = shape.max_pages;
-  const size_t kv_token = static_cast<size_t>(L) * (kv.k_row + kv.v_row);
-  const size_t kv_all = shape.full_bytes;
-  // With the phase arena the prefill's activations are the arena's top, lent to the KV while
-  // decoding; the decode's rows are buffers of their own.
-  const bool phase = Engine::phase_arena(c, o);
+  f.kv_token = static_cast<size_t>(L) * (kv.k_row + kv.v_row);
+  f.phase = Engine::phase_arena(c, o);
   const size_t pass = Engine::pass_bytes(c, o.n_batch);
-  const size_t work = phase ? (pass + 256 + page - 1) / page * page : 0;
+  f.work = f.phase ? (pass + 256 + page - 1) / page * page : 0;
   // The recurrent layers' states are buffers of their own beside the arena.
   const size_t buffers = Engine::activation_bytes(c, o) + shape.recurrent_bytes -
-                         (phase ? pass - Engine::pass_bytes(c, o.n_seq) : 0);
+                         (f.phase ? pass - Engine::pass_bytes(c, o.n_seq) : 0);
   // What a step reads of the windows: their last n_swa positions, or all there are.
   const size_t window_read = static_cast<size_t>(shape.n_window) * (kv.k_row + kv.v_row) *
                              static_cast<size_t>(std::min<int64_t>(ctx, c.n_swa)) *
                              static_cast<size_t>(parallel);
 
-  size_t arena = kv_all + static_cast<size_t>(fixed) * page;
-  std::string arena_from = "everything fits (no --kv-arena or --vram-limit)";
+  size_t arena = shape.full_bytes + static_cast<size_t>(fixed) * page;
+  f.arena_from = "everything fits (no --kv-arena or --vram-limit)";
   if (!a.kv_arena.empty()) {
     arena = parse_size(a.kv_arena, "--kv-arena");
-    arena_from = "--kv-arena";
+    f.arena_from = "--kv-arena";
   } else if (!a.vram_limit.empty()) {
     const size_t limit = parse_size(a.vram_limit, "--vram-limit");
-    KVS_CHECK(limit > weights + buffers, "--vram-limit ", format_bytes(limit),
-              " does not hold the weights (", format_bytes(weights), ") and buffers (",
+    KVS_CHECK(limit > f.weights + buffers, "--vram-limit ", format_bytes(limit),
+              " does not hold the weights (", format_bytes(f.weights), ") and buffers (",
               format_bytes(buffers), ")");
-    arena = limit - weights - buffers;
-    arena_from = cat("--vram-limit ", format_bytes(limit), " less weights and buffers");
-    KVS_CHECK(arena > work, "--vram-limit ", format_bytes(limit),
-              " does not hold the prefill's workspace (", format_bytes(work), ")");
-    arena -= work;
+    arena = limit - f.weights - buffers;
+    f.arena_from = cat("--vram-limit ", format_bytes(limit), " less weights and buffers");
+    KVS_CHECK(arena > f.work, "--vram-limit ", format_bytes(limit),
+              " does not hold the prefill's workspace (", format_bytes(f.work), ")");
+    arena -= f.work;
   }
-  // `arena`: the KV's while prefilling; the decode's has the workspace too.
-  const size_t prefill_arena = arena;
-  arena += work;
+  f.prefill_arena = arena;
+  f.arena = arena + f.work;
   // T_gpu: a decode step reads every weight once, each sequence's whole KV, and reads and
   // writes every recurrent state.
   const double hbm = pa.hbm_gbps * 1e9, h2d = a.h2d_gbps * 1e9;
-  const double gpu_s = (static_cast<double>(weights) + static_cast<double>(window_read) +
+  const double gpu_s = (static_cast<double>(f.weights) + static_cast<double>(window_read) +
                         2 * static_cast<double>(shape.recurrent_bytes) +
-                        static_cast<double>(kv_token) * static_cast<double>(ctx) * parallel) /
+                        static_cast<double>(f.kv_token) * static_cast<double>(ctx) * parallel) /
                        hbm;
   const auto plan_of = [&](size_t arena_bytes) {
     Plan p;  // without full layers: everything resident
@@ -116,85 +131,104 @@ void plan_cmd(const PlanArgs& pa) {
       for (int32_t l = 0; l < L; ++l) n += std::min(pages, resident_cap(p, s, l));
     return L == 0 ? 1.0 : static_cast<double>(n) / (static_cast<double>(pages) * L * parallel);
   };
-  const Plan p = plan_of(arena), pp = plan_of(prefill_arena);
+  f.p = plan_of(f.arena);
+  f.resident_frac = resident_of(f.p);
+  f.prefill_frac = resident_of(plan_of(f.prefill_arena));
+  f.tok_s = parallel / f.p.predicted_step_s;
+  f.per_token = f.p.streamed_bytes / static_cast<size_t>(parallel);
+  return f;
+}
 
-  const double tok_s = parallel / p.predicted_step_s;
-  const size_t per_token = p.streamed_bytes / static_cast<size_t>(parallel);
-  const double resident_frac = resident_of(p), prefill_frac = resident_of(pp);
+void print(const PlanArgs& pa, const Figures& f) {
+  const SharedArgs& a = pa.s;
+  const KvShape& shape = f.shape;
+  const Plan& p = f.p;
   std::printf("model      %s: %d layers, weights %s, KV %s/%s %s per token\n", a.model.c_str(),
-              c.n_layer, format_bytes(weights).c_str(), a.ctk.c_str(), a.ctv.c_str(),
-              format_bytes(kv_token).c_str());
-  std::printf("layers     %d full (paged, may stream)", L);
+              f.c.n_layer, format_bytes(f.weights).c_str(), a.ctk.c_str(), a.ctv.c_str(),
+              format_bytes(f.kv_token).c_str());
+  std::printf("layers     %d full (paged, may stream)", shape.n_full);
   if (shape.n_window > 0)
     std::printf(", %d window of %d positions (resident, %d pages each: %s)", shape.n_window,
-                c.n_swa, shape.window_pages, format_bytes(shape.window_bytes).c_str());
+                f.c.n_swa, shape.window_pages, format_bytes(shape.window_bytes).c_str());
   if (shape.n_recurrent > 0)
     std::printf(", %d recurrent (resident state beside the arena: %s)", shape.n_recurrent,
                 format_bytes(shape.recurrent_bytes).c_str());
   std::printf("\n");
   std::printf("context    %lld tokens x %d sequence(s): KV %s in %d pages of %s per full layer\n",
-              static_cast<long long>(ctx), parallel, format_bytes(kv_all).c_str(), pages,
-              format_bytes(page).c_str());
+              static_cast<long long>(f.o.n_ctx), f.o.n_seq, format_bytes(shape.full_bytes).c_str(),
+              shape.max_pages, format_bytes(f.page).c_str());
   std::printf("arena      %s (%s); %d fixed frames (pages being written%s)\n",
-              format_bytes(arena).c_str(), arena_from.c_str(), fixed,
+              format_bytes(f.arena).c_str(), f.arena_from.c_str(), f.fixed,
               shape.n_window > 0 ? ", windows" : "");
-  if (phase)
+  if (f.phase)
     std::printf(
         "phase      a prefill takes %s back for its workspace (activations of -b %d; on CUDA "
         "also its f16 scratch): %s and %.1f %% of the KV resident while prefilling\n",
-        format_bytes(work).c_str(), o.n_batch, format_bytes(prefill_arena).c_str(),
-        100 * prefill_frac);
+        format_bytes(f.work).c_str(), f.o.n_batch, format_bytes(f.prefill_arena).c_str(),
+        100 * f.prefill_frac);
   if (!p.streams()) {
     std::printf("partition  everything resident, ring empty\n");
   } else {
     std::printf("partition  %.1f %% of the KV resident (%d pages per layer and sequence",
-                100 * resident_frac, p.resident[0]);
+                100 * f.resident_frac, p.resident[0]);
     if (p.extra[0] > 0) std::printf(", %d more in the first %d layers", 1, p.extra[0]);
     std::printf("); ring %d slots x %d pages (%s)\n", p.n_slots, p.slot_pages,
-                format_bytes(static_cast<size_t>(p.ring_frames()) * page).c_str());
+                format_bytes(static_cast<size_t>(p.ring_frames()) * f.page).c_str());
   }
   std::printf("streamed   %s per step, %s per token\n", format_bytes(p.streamed_bytes).c_str(),
-              format_bytes(per_token).c_str());
+              format_bytes(f.per_token).c_str());
   std::printf(
       "bound      T_gpu %.3f ms (at %.0f GB/s), S/B %.3f ms (at %.1f GB/s): %.3f ms per "
       "step, %.1f tokens/s\n",
-      p.gpu_s * 1e3, pa.hbm_gbps, p.copy_s * 1e3, a.h2d_gbps, p.predicted_step_s * 1e3, tok_s);
-  if (!pa.json_out.empty()) {
-    nlohmann::json j;
-    j["model"] = a.model;
-    j["ctx"] = ctx;
-    j["parallel"] = parallel;
-    j["weights_bytes"] = weights;
-    j["kv_bytes_per_token"] = kv_token;
-    j["kv_bytes"] = kv_all;
-    j["page_bytes"] = page;
-    j["arena_bytes"] = arena;
-    j["phase_arena"] = phase;
-    j["workspace_bytes"] = work;
-    j["prefill_arena_bytes"] = prefill_arena;
-    j["prefill_resident_fraction"] = prefill_frac;
-    j["fixed_frames"] = fixed;
-    j["full_layers"] = L;
-    j["window_layers"] = shape.n_window;
-    j["window"] = c.n_swa;
-    j["window_bytes"] = shape.window_bytes;
-    j["recurrent_layers"] = shape.n_recurrent;
-    j["recurrent_bytes"] = shape.recurrent_bytes;
-    j["resident_fraction"] = resident_frac;
-    j["resident_pages"] = p.resident;
-    j["resident_extra_layers"] = p.extra;
-    j["slot_pages"] = p.slot_pages;
-    j["n_slots"] = p.n_slots;
-    j["streamed_bytes_per_step"] = p.streamed_bytes;
-    j["streamed_bytes_per_token"] = per_token;
-    j["t_gpu_s"] = p.gpu_s;
-    j["copy_s"] = p.copy_s;
-    j["predicted_step_s"] = p.predicted_step_s;
-    j["predicted_tokens_per_s"] = tok_s;
-    j["h2d_gbps"] = a.h2d_gbps;
-    j["hbm_gbps"] = pa.hbm_gbps;
-    write_json(pa.json_out, j);
-  }
+      p.gpu_s * 1e3, pa.hbm_gbps, p.copy_s * 1e3, a.h2d_gbps, p.predicted_step_s * 1e3, f.tok_s);
+}
+
+nlohmann::json plan_json(const PlanArgs& pa, const Figures& f) {
+  const KvShape& shape = f.shape;
+  const Plan& p = f.p;
+  nlohmann::json j;
+  j["model"] = pa.s.model;
+  j["ctx"] = f.o.n_ctx;
+  j["parallel"] = f.o.n_seq;
+  j["weights_bytes"] = f.weights;
+  j["kv_bytes_per_token"] = f.kv_token;
+  j["kv_bytes"] = shape.full_bytes;
+  j["page_bytes"] = f.page;
+  j["arena_bytes"] = f.arena;
+  j["phase_arena"] = f.phase;
+  j["workspace_bytes"] = f.work;
+  j["prefill_arena_bytes"] = f.prefill_arena;
+  j["prefill_resident_fraction"] = f.prefill_frac;
+  j["fixed_frames"] = f.fixed;
+  j["full_layers"] = shape.n_full;
+  j["window_layers"] = shape.n_window;
+  j["window"] = f.c.n_swa;
+  j["window_bytes"] = shape.window_bytes;
+  j["recurrent_layers"] = shape.n_recurrent;
+  j["recurrent_bytes"] = shape.recurrent_bytes;
+  j["resident_fraction"] = f.resident_frac;
+  j["resident_pages"] = p.resident;
+  j["resident_extra_layers"] = p.extra;
+  j["slot_pages"] = p.slot_pages;
+  j["n_slots"] = p.n_slots;
+  j["streamed_bytes_per_step"] = p.streamed_bytes;
+  j["streamed_bytes_per_token"] = f.per_token;
+  j["t_gpu_s"] = p.gpu_s;
+  j["copy_s"] = p.copy_s;
+  j["predicted_step_s"] = p.predicted_step_s;
+  j["predicted_tokens_per_s"] = f.tok_s;
+  j["h2d_gbps"] = pa.s.h2d_gbps;
+  j["hbm_gbps"] = pa.hbm_gbps;
+  return j;
+}
+
+void plan_cmd(const PlanArgs& pa) {
+  KVS_CHECK(pa.s.h2d_gbps > 0 && pa.hbm_gbps > 0, "--h2d-gbps and --hbm-gbps must be more than 0");
+  KVS_CHECK(pa.s.kv_arena.empty() || pa.s.vram_limit.empty(),
+            "give --kv-arena or --vram-limit, not both");
+  const Figures f = figures(pa);
+  print(pa, f);
+  if (!pa.json_out.empty()) write_json(pa.json_out, plan_json(pa, f));
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include "commands.h"
 #include "kvs/backend/device.h"
 #include "kvs/engine/engine.h"
+#include "kvs/engine/ngram_draft.h"
 #include "kvs/engine/sampler.h"
 #include "kvs/model/model.h"
 #include "kvs/util/error.h"
@@ -25,6 +26,7 @@ struct RunArgs {
   SharedArgs s;
   GenArgs g;
   std::string prompt, file, tokens, logits_out, json_out;
+  SpecArgs spec;
   bool has_prompt = false, chat = false, conversation = false, no_conversation = false;
 };
 
@@ -184,6 +186,8 @@ struct Outcome {
   Phase prefill, decode;
   double t_prefill = 0, t_decode = 0;
   int64_t n_dec = 0;
+  int64_t seq_steps = 0;              // sequences' entries in the decode steps
+  int64_t drafted = 0, accepted = 0;  // speculative decoding's draft tokens
 };
 
 // Prefill, one sequence after another, in chunks of -b tokens (progress on a terminal); Ctrl-C
@@ -212,52 +216,102 @@ void prefill_all(const RunArgs& a, Engine& eng, const std::vector<std::vector<in
 }
 
 // Decode: every unfinished sequence in one batch per step; a finished one gives its pages back
-// at once. One sequence's text streams to stdout; several are printed as they end.
+// at once. One sequence's text streams to stdout; several are printed as they end. With --spec
+// ngram a sequence's step also carries the drafts its prompt lookup proposes, all verified by
+// that one step; the first rejected one and those after it are rolled back.
 void decode_all(const RunArgs& a, Engine& eng, const Tokenizer& tok, std::vector<Sampler>& samplers,
-                int64_t n_predict, int32_t n_vocab, Outcome& r) {
+                const std::vector<std::vector<int32_t>>& prompts, int64_t n_predict,
+                int32_t n_vocab, Outcome& r) {
   const size_t N = samplers.size();
   r.out.assign(N, {});
   r.texts.assign(N, {});
   std::vector<StreamDecoder> decoders;
-  for (size_t i = 0; i < N; ++i) decoders.emplace_back(tok);
-  std::vector<int32_t> next(N);
+  std::vector<NgramDrafter> drafters;
+  const bool spec = a.spec.on();
+  for (size_t i = 0; i < N; ++i) {
+    decoders.emplace_back(tok);
+    if (!spec) continue;
+    drafters.emplace_back();
+    drafters.back().accept(prompts[i].data(), static_cast<int32_t>(prompts[i].size()));
+  }
   const bool prefilled = !interrupted();
   std::vector<bool> live(N, n_predict > 0 && prefilled);
   std::vector<const float*> cur(N);
+  // A token already chosen (a rejected draft's replacement) that the next step feeds.
+  std::vector<int32_t> pending(N, -1);
+  std::vector<std::vector<int32_t>> feed(N);  // the step's tokens: the last chosen, then drafts
   for (size_t i = 0; i < r.first_logits.size(); ++i) cur[i] = r.first_logits[i].data();
   const bool stream_text = N == 1;
+  // Emits a chosen token; false when the sequence ends with it (and its pages are given back).
+  auto emit = [&](size_t u, int32_t id) {
+    r.out[u].push_back(id);
+    if (spec) drafters[u].accept(id);
+    const bool eog = !a.g.ignore_eos && tok.is_eog(id);
+    if (!eog) {
+      std::string piece = decoders[u].push(id);
+      r.texts[u] += piece;
+      if (stream_text) {
+        std::fwrite(piece.data(), 1, piece.size(), stdout);
+        std::fflush(stdout);
+      }
+    }
+    if (eog || static_cast<int64_t>(r.out[u].size()) >= n_predict) {
+      live[u] = false;
+      eng.close_sequence(r.seqs[u]);
+      return false;
+    }
+    return true;
+  };
   const double t1 = now();
-  for (int64_t step = 0; step < n_predict && prefilled && !interrupted(); ++step) {
+  while (prefilled && !interrupted()) {
     std::vector<BatchEntry> batch;
     std::vector<size_t> who;
     for (size_t u = 0; u < N; ++u) {
       if (!live[u]) continue;
-      const int32_t id = samplers[u].sample(cur[u], n_vocab);  // also adds it to the history
-      r.out[u].push_back(id);
-      const bool eog = !a.g.ignore_eos && tok.is_eog(id);
-      if (!eog) {
-        std::string piece = decoders[u].push(id);
-        r.texts[u] += piece;
-        if (stream_text) {
-          std::fwrite(piece.data(), 1, piece.size(), stdout);
-          std::fflush(stdout);
-        }
+      int32_t id = pending[u];
+      pending[u] = -1;
+      if (id < 0) {
+        id = samplers[u].sample(cur[u], n_vocab);  // also adds it to the history
+        if (!emit(u, id)) continue;
       }
-      if (eog || step + 1 == n_predict) {
-        live[u] = false;
-        eng.close_sequence(r.seqs[u]);
-        continue;
+      feed[u].assign(1, id);
+      if (spec) {
+        // No draft past the tokens still wanted or the context.
+        const int64_t room = std::min<int64_t>(n_predict - static_cast<int64_t>(r.out[u].size()),
+                                               eng.options().n_ctx - r.seqs[u].n_past - 1);
+        const std::vector<int32_t> d =
+            drafters[u].propose(static_cast<int32_t>(std::min<int64_t>(a.spec.draft_max, room)));
+        if (static_cast<int32_t>(d.size()) >= a.spec.draft_min)
+          feed[u].insert(feed[u].end(), d.begin(), d.end());
       }
-      next[u] = id;
-      batch.push_back({&r.seqs[u], &next[u], 1});
+      const auto n = static_cast<int32_t>(feed[u].size());
+      batch.push_back({&r.seqs[u], feed[u].data(), n, n > 1});
       who.push_back(u);
     }
     if (batch.empty()) break;
     eng.step(batch);
     r.decode.add(eng.last_step());
-    r.n_dec += static_cast<int64_t>(batch.size());
     if (a.s.verbose) print_step("decode", r.decode.steps, eng.last_step(), eng);
-    for (size_t j = 0; j < who.size(); ++j) cur[who[j]] = eng.logits(static_cast<int32_t>(j));
+    for (size_t j = 0; j < who.size(); ++j) {
+      const size_t u = who[j];
+      const auto e = static_cast<int32_t>(j);
+      const auto n_draft = static_cast<int32_t>(feed[u].size()) - 1;
+      ++r.seq_steps;
+      cur[u] = eng.logits(e);
+      r.drafted += n_draft;
+      for (int32_t k = 0; k < n_draft; ++k) {
+        bool ok = false;
+        const int32_t t = samplers[u].verify(eng.logits(e, k), n_vocab,
+                                             feed[u][static_cast<size_t>(k) + 1], nullptr, &ok);
+        r.accepted += ok;
+        if (!emit(u, t)) break;
+        if (!ok) {  // t replaces the draft; the drafts from it on leave the cache
+          eng.truncate(r.seqs[u], r.seqs[u].n_past - (n_draft - k));
+          pending[u] = t;
+          break;
+        }
+      }
+    }
   }
   for (size_t u = 0; u < N; ++u) {
     std::string rest = decoders[u].flush();
@@ -272,6 +326,7 @@ void decode_all(const RunArgs& a, Engine& eng, const Tokenizer& tok, std::vector
   }
   std::fflush(stdout);
   r.t_decode = now() - t1;
+  for (const auto& o : r.out) r.n_dec += std::max<int64_t>(0, static_cast<int64_t>(o.size()) - 1);
 }
 
 void write_run_json(const RunArgs& a, const Engine& eng,
@@ -294,6 +349,11 @@ void write_run_json(const RunArgs& a, const Engine& eng,
   j["decode_tokens_per_s"] = r.n_dec > 0 ? static_cast<double>(r.n_dec) / r.t_decode : 0.0;
   j["prefill_s"] = r.t_prefill;
   j["decode_s"] = r.t_decode;
+  j["speculation"] = {{"mode", a.spec.on() ? "ngram" : "off"},
+                      {"draft_max", a.spec.on() ? a.spec.draft_max : 0},
+                      {"drafted", r.drafted},
+                      {"accepted", r.accepted},
+                      {"sequence_steps", r.seq_steps}};
   j["peak_rss_bytes"] = peak_rss();
   j["kv_bytes_per_token"] = eng.kv_bytes_per_token();
   const EngineStats& tot = eng.totals();
@@ -327,6 +387,80 @@ void write_run_json(const RunArgs& a, const Engine& eng,
   write_json(a.json_out, j);
 }
 
+// The run's set-up on stderr: the model, the prompt, the KV cache and its arena.
+void describe_run(const RunArgs& a, const ModelConfig& c, const Engine& eng, int64_t prompt_tokens,
+                  uint64_t seed) {
+  const EngineOptions& eo = eng.options();
+  const int32_t N = eo.n_seq;
+  std::fprintf(stderr,
+               "kvstream: %s (%s, %d layers), %s%s, %d threads, KV %s/%s %s per token, seed "
+               "%llu\n",
+               a.s.model.c_str(), c.arch_name.c_str(), c.n_layer,
+               count_of(prompt_tokens, "prompt token").c_str(),
+               N > 1 ? cat(" in ", N, " sequences").c_str() : "", thread_pool().size(),
+               a.s.ctk.c_str(), a.s.ctv.c_str(), format_bytes(eng.kv_bytes_per_token()).c_str(),
+               static_cast<unsigned long long>(seed));
+  std::fprintf(stderr, "kvstream: kv-mode %s, arena %s (%s pages), KV at -c %d: %s per sequence\n",
+               kv_mode_name(eo.kv_mode), format_bytes(eng.arena_bytes()).c_str(),
+               format_bytes(eng.kv_layout().page_bytes()).c_str(), eo.n_ctx,
+               format_bytes(eng.kv_bytes_per_token() * static_cast<size_t>(eo.n_ctx)).c_str());
+  if (eng.workspace_bytes() > 0 && a.s.verbose)
+    std::fprintf(stderr,
+                 "kvstream: phase arena: a prefill takes %s of it back for its workspace (KV "
+                 "arena %s while prefilling)\n",
+                 format_bytes(eng.workspace_bytes()).c_str(),
+                 format_bytes(eng.arena_bytes() - eng.workspace_bytes()).c_str());
+  if (const KvShape& k = eng.kv_shape(); k.n_window > 0)
+    std::fprintf(stderr,
+                 "kvstream: layers: %d full (paged, may stream), %d window of %d positions "
+                 "(resident, %s)\n",
+                 k.n_full, k.n_window, c.n_swa, format_bytes(k.window_bytes).c_str());
+  if (const KvShape& k = eng.kv_shape(); k.n_recurrent > 0)
+    std::fprintf(stderr,
+                 "kvstream: layers: %d full (paged, may stream), %d recurrent (resident state, "
+                 "%s)\n",
+                 k.n_full, k.n_recurrent, format_bytes(k.recurrent_bytes).c_str());
+}
+
+// The run's speeds and streaming on stderr, after it ends (or is interrupted).
+void report_run(const RunArgs& a, const Engine& eng, const Outcome& r, int64_t prompt_tokens,
+                bool prefilled, double load_s) {
+  const double pp = static_cast<double>(r.prefill.tokens) / r.t_prefill;
+  const double tg = r.n_dec > 0 ? static_cast<double>(r.n_dec) / r.t_decode : 0.0;
+  if (interrupted())
+    std::fprintf(stderr, "kvstream: interrupted (Ctrl-C)%s\n",
+                 prefilled ? ""
+                           : cat(" during the prefill, after ", count_of(r.prefill.tokens, "token"),
+                                 " of ", prompt_tokens)
+                                 .c_str());
+  std::fprintf(stderr,
+               "kvstream: load %.2f s | prefill %s %.2f s, %.1f tok/s | decode %s %.2f s, %.1f "
+               "tok/s | peak memory %s\n",
+               load_s, count_of(r.prefill.tokens, "token").c_str(), r.t_prefill, pp,
+               count_of(r.n_dec, "token").c_str(), r.t_decode, tg,
+               format_bytes(peak_rss()).c_str());
+  if (a.spec.on())
+    std::fprintf(stderr,
+                 "kvstream: speculation (%s): %lld drafted, %lld accepted (%.1f %%), %.2f tokens "
+                 "per sequence step, %s streamed per token\n",
+                 a.spec.mode.c_str(), static_cast<long long>(r.drafted),
+                 static_cast<long long>(r.accepted),
+                 r.drafted ? 100.0 * static_cast<double>(r.accepted) / static_cast<double>(r.drafted) : 0.0,
+                 r.seq_steps ? static_cast<double>(r.n_dec) / static_cast<double>(r.seq_steps) : 0.0,
+                 format_bytes(r.n_dec ? r.decode.bytes_in / static_cast<size_t>(r.n_dec) : 0).c_str());
+  const EngineStats& tot = eng.totals();
+  if (a.s.verbose || tot.bytes_in > 0)
+    std::fprintf(
+        stderr,
+        "kvstream: streamed %s (%s per decode token), written back %s, ready wait %.1f "
+        "ms, %lld repartitions\n",
+        format_bytes(tot.bytes_in).c_str(),
+        format_bytes(r.decode.tokens ? r.decode.bytes_in / static_cast<size_t>(r.decode.tokens) : 0)
+            .c_str(),
+        format_bytes(tot.bytes_out).c_str(), tot.ready_wait_s * 1e3,
+        static_cast<long long>(tot.repartitions));
+}
+
 void run(const RunArgs& a) {
   int given =
       int(!a.prompt.empty() || a.has_prompt) + int(!a.file.empty()) + int(!a.tokens.empty());
@@ -334,7 +468,7 @@ void run(const RunArgs& a) {
     KVS_CHECK(a.file.empty() && a.tokens.empty() && a.logits_out.empty(),
               "-cnv/--conversation takes -p (the first message), not -f, --tokens or "
               "--logits-out");
-    chat_session(a.s, a.g, a.has_prompt ? a.prompt : "", a.json_out);
+    chat_session(a.s, a.g, a.spec, a.has_prompt ? a.prompt : "", a.json_out);
     return;
   }
   KVS_CHECK(given == 1,
@@ -351,7 +485,8 @@ void run(const RunArgs& a) {
 
   const double t_load = now();
   auto model = Model::load(a.s.model);
-  const EngineOptions eo = engine_options(a.s, model->config);
+  EngineOptions eo = engine_options(a.s, model->config);
+  apply_speculation(a.spec, eo, backend);
   const int32_t n_vocab = model->config.n_vocab;
   const auto prompts = prompts_of(a, *model, eo, n_predict);
   const int32_t N = eo.n_seq;
@@ -362,34 +497,7 @@ void run(const RunArgs& a) {
   std::vector<Sampler> samplers = samplers_for(a.g, prompts);
   int64_t prompt_tokens = 0;
   for (const auto& p : prompts) prompt_tokens += static_cast<int64_t>(p.size());
-  std::fprintf(stderr,
-               "kvstream: %s (%s, %d layers), %s%s, %d threads, KV %s/%s %s per token, seed "
-               "%llu\n",
-               a.s.model.c_str(), model->config.arch_name.c_str(), model->config.n_layer,
-               count_of(prompt_tokens, "prompt token").c_str(),
-               N > 1 ? cat(" in ", N, " sequences").c_str() : "", thread_pool().size(),
-               a.s.ctk.c_str(), a.s.ctv.c_str(), format_bytes(eng.kv_bytes_per_token()).c_str(),
-               static_cast<unsigned long long>(samplers[0].seed()));
-  std::fprintf(stderr, "kvstream: kv-mode %s, arena %s (%s pages), KV at -c %d: %s per sequence\n",
-               kv_mode_name(eo.kv_mode), format_bytes(eng.arena_bytes()).c_str(),
-               format_bytes(eng.kv_layout().page_bytes()).c_str(), eo.n_ctx,
-               format_bytes(eng.kv_bytes_per_token() * static_cast<size_t>(eo.n_ctx)).c_str());
-  if (eng.workspace_bytes() > 0 && a.s.verbose)
-    std::fprintf(stderr,
-                 "kvstream: phase arena: a prefill takes %s of it back for its workspace (KV "
-                 "arena %s while prefilling)\n",
-                 format_bytes(eng.workspace_bytes()).c_str(),
-                 format_bytes(eng.arena_bytes() - eng.workspace_bytes()).c_str());
-  if (const KvShape& k = eng.kv_shape(); k.n_window > 0)
-    std::fprintf(stderr,
-                 "kvstream: layers: %d full (paged, may stream), %d window of %d positions "
-                 "(resident, %s)\n",
-                 k.n_full, k.n_window, model->config.n_swa, format_bytes(k.window_bytes).c_str());
-  if (const KvShape& k = eng.kv_shape(); k.n_recurrent > 0)
-    std::fprintf(stderr,
-                 "kvstream: layers: %d full (paged, may stream), %d recurrent (resident state, "
-                 "%s)\n",
-                 k.n_full, k.n_recurrent, format_bytes(k.recurrent_bytes).c_str());
+  describe_run(a, model->config, eng, prompt_tokens, samplers[0].seed());
 
   catch_interrupt(true);
   Outcome r;
@@ -405,33 +513,9 @@ void run(const RunArgs& a) {
   }
   if (a.s.verbose) std::fprintf(stderr, "kvstream: plan: %s\n", plan_text(eng).c_str());
   const bool prefilled = !interrupted();
-  decode_all(a, eng, *model->tokenizer, samplers, n_predict, n_vocab, r);
+  decode_all(a, eng, *model->tokenizer, samplers, prompts, n_predict, n_vocab, r);
 
-  const double pp = static_cast<double>(r.prefill.tokens) / r.t_prefill;
-  const double tg = r.n_dec > 0 ? static_cast<double>(r.n_dec) / r.t_decode : 0.0;
-  if (interrupted())
-    std::fprintf(stderr, "kvstream: interrupted (Ctrl-C)%s\n",
-                 prefilled ? ""
-                           : cat(" during the prefill, after ", count_of(r.prefill.tokens, "token"),
-                                 " of ", prompt_tokens)
-                                 .c_str());
-  std::fprintf(stderr,
-               "kvstream: load %.2f s | prefill %s %.2f s, %.1f tok/s | decode %s %.2f s, %.1f "
-               "tok/s | peak memory %s\n",
-               t0 - t_load, count_of(r.prefill.tokens, "token").c_str(), r.t_prefill, pp,
-               count_of(r.n_dec, "token").c_str(), r.t_decode, tg,
-               format_bytes(peak_rss()).c_str());
-  const EngineStats& tot = eng.totals();
-  if (a.s.verbose || tot.bytes_in > 0)
-    std::fprintf(
-        stderr,
-        "kvstream: streamed %s (%s per decode token), written back %s, ready wait %.1f "
-        "ms, %lld repartitions\n",
-        format_bytes(tot.bytes_in).c_str(),
-        format_bytes(r.decode.tokens ? r.decode.bytes_in / static_cast<size_t>(r.decode.tokens) : 0)
-            .c_str(),
-        format_bytes(tot.bytes_out).c_str(), tot.ready_wait_s * 1e3,
-        static_cast<long long>(tot.repartitions));
+  report_run(a, eng, r, prompt_tokens, prefilled, t0 - t_load);
   if (!a.json_out.empty()) write_run_json(a, eng, prompts, r);
 }
 
@@ -455,6 +539,7 @@ void register_run(CLI::App& app) {
   c->add_option("--logits-out", a->logits_out,
                 "Save the logits at the last prompt token (.npy, float32)");
   c->add_option("--json", a->json_out, "Write tokens, text and timings as JSON to this file");
+  add_speculation(c, a->spec);
   c->callback([a, c] {
     a->has_prompt = c->count("--prompt") > 0;
     // No prompt at all: a conversation, as llama-cli starts one.

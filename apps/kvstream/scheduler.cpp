@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <exception>
+#include <optional>
 #include <unordered_map>
 
 #include "kvs/util/error.h"
@@ -70,10 +71,25 @@ TokenLogprob logprob_of(const float* logits, int32_t n_vocab, int32_t id, int32_
 }  // namespace
 
 // A request's generation state: its sampler, the text decoder with the stop strings, the
-// counts the penalties need, its clock.
+// counts the penalties need, its drafter, its clock.
 struct Scheduler::Generation {
-  Generation(const Tokenizer& tok, const GenRequest& r) : sampler(r.sampling), dec(tok) {
+  Generation(const Tokenizer& tok, const GenRequest& r, bool speculate)
+      : sampler(r.sampling), dec(tok) {
     for (int32_t id : r.prompt) sampler.accept(id);
+    if (!speculate) return;
+    drafter.emplace();
+    drafter->accept(r.prompt.data(), static_cast<int32_t>(r.prompt.size()));
+  }
+
+  // `logits` with OpenAI's penalties applied: each token sampled so far, by whether and how
+  // often it was.
+  const float* penalised(const GenRequest& r, const float* logits, int32_t n_vocab) {
+    if ((r.presence_penalty == 0 && r.frequency_penalty == 0) || counts.empty()) return logits;
+    work.assign(logits, logits + n_vocab);
+    for (const auto& [id, c] : counts)
+      work[static_cast<size_t>(id)] -=
+          r.presence_penalty + r.frequency_penalty * static_cast<float>(c);
+    return work.data();
   }
 
   // The text `id` releases; `stopped` when a stop string completed (the text before it kept).
@@ -110,12 +126,16 @@ struct Scheduler::Generation {
   std::string held;
   std::unordered_map<int32_t, int32_t> counts;  // generated tokens, for the penalties
   std::vector<float> work;
-  int64_t generated = 0;
+  std::optional<NgramDrafter> drafter;  // with speculation: fed the prompt and every token sent
+  int64_t generated = 0, drafted = 0, accepted = 0;
   double t_admit = now(), t_first = 0;
 };
 
-Scheduler::Scheduler(Engine& eng, const Tokenizer& tok, int32_t max_queue, bool verbose)
-    : eng_(eng), tok_(tok), max_queue_(max_queue), verbose_(verbose) {
+Scheduler::Scheduler(Engine& eng, const Tokenizer& tok, int32_t max_queue, bool verbose,
+                     Speculation spec)
+    : eng_(eng), tok_(tok), max_queue_(max_queue), verbose_(verbose), spec_(spec) {
+  KVS_CHECK(spec.draft_max < eng.options().n_verify, "serve: --draft-max ", spec.draft_max,
+            " needs an engine that verifies ", spec.draft_max + 1, " tokens at once");
   slots_.resize(static_cast<size_t>(eng.options().n_seq));
   stats_.slots.resize(slots_.size());
   thread_ = std::thread([this] { loop(); });
@@ -165,7 +185,7 @@ void Scheduler::admit(std::unique_lock<std::mutex>& lock) {
       s.job = std::move(queue_.front());
       queue_.pop_front();
       s.seq = eng_.open_sequence();
-      s.gen = std::make_unique<Generation>(tok_, s.job->request);
+      s.gen = std::make_unique<Generation>(tok_, s.job->request, spec_.draft_max > 0);
       s.admitted = stats_.admitted;
       const auto& prompt = s.job->request.prompt;
       s.fed = s.cached =
@@ -209,6 +229,8 @@ void Scheduler::finish(Slot& s, const char* reason, bool flush) {
   e.cached_tokens = s.cached;
   e.prompt_s = g.t_first - g.t_admit;
   e.decode_s = now() - g.t_first;
+  e.drafted = g.drafted;
+  e.accepted = g.accepted;
   SlotInfo kv;
   count_pages(s, kv);
   e.n_past = s.seq.n_past;
@@ -233,41 +255,86 @@ void Scheduler::fail(Slot& s, const char* what) {
   job->push(ended(what));
 }
 
-void Scheduler::advance(Slot& s, const float* logits) {
+void Scheduler::draft(Slot& s) {
+  s.feed.assign(1, s.next);
+  Generation& g = *s.gen;
+  if (!g.drafter) return;
+  // No draft past the context, nor one whose row could only give a token past max_tokens.
+  int64_t room = int64_t{eng_.options().n_ctx} - s.seq.n_past - 1;
+  const int64_t max_tokens = s.job->request.max_tokens;
+  if (max_tokens >= 0) room = std::min(room, max_tokens - g.generated - 1);
+  const std::vector<int32_t> d =
+      g.drafter->propose(static_cast<int32_t>(std::clamp<int64_t>(room, 0, spec_.draft_max)));
+  if (static_cast<int32_t>(d.size()) >= spec_.draft_min)
+    s.feed.insert(s.feed.end(), d.begin(), d.end());
+}
+
+int64_t Scheduler::advance(Slot& s, int32_t entry) {
   Generation& g = *s.gen;
   const GenRequest& r = s.job->request;
   const int32_t n_vocab = tok_.n_vocab();
   if (g.generated == 0) g.t_first = now();
-  const float* from = logits;
-  if ((r.presence_penalty != 0 || r.frequency_penalty != 0) && !g.counts.empty()) {
-    // OpenAI's penalties: each token sampled so far, by whether and how often it was.
-    g.work.assign(logits, logits + n_vocab);
-    for (const auto& [id, c] : g.counts)
-      g.work[static_cast<size_t>(id)] -=
-          r.presence_penalty + r.frequency_penalty * static_cast<float>(c);
-    from = g.work.data();
+  // A prompt's last chunk has no drafts; s.feed is the last decode step's.
+  const int32_t n_draft = s.next >= 0 ? static_cast<int32_t>(s.feed.size()) - 1 : 0;
+  const int32_t n_past = s.seq.n_past;
+  if (n_draft > 0) {
+    g.drafted += n_draft;
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.drafted += n_draft;
   }
-  const int32_t id = g.sampler.sample(from, n_vocab);
+  // Row j's logits follow the token at position n_past - n_draft - 1 + j and choose the one
+  // after it, where draft j + 1 stands.
+  for (int32_t j = 0;; ++j) {
+    const float* logits = eng_.logits(entry, j);
+    const float* from = g.penalised(r, logits, n_vocab);
+    bool ok = false;
+    const int32_t id =
+        j < n_draft
+            ? g.sampler.verify(from, n_vocab, s.feed[static_cast<size_t>(j) + 1], nullptr, &ok)
+            : g.sampler.sample(from, n_vocab);
+    const int32_t kept = n_past - (n_draft - j);  // the positions before id
+    const End end = deliver(s, id, logits, kept, ok);
+    // The drafts after id leave the KV (and so never reach the prompt cache).
+    if ((!ok || end.reason) && kept < s.seq.n_past) eng_.truncate(s.seq, kept);
+    if (end.reason) {
+      finish(s, end.reason, end.flush);
+      return j + 1;
+    }
+    if (!ok) {
+      s.next = id;
+      return j + 1;
+    }
+  }
+}
+
+Scheduler::End Scheduler::deliver(Slot& s, int32_t id, const float* logits, int32_t n_past,
+                                  bool accepted) {
+  Generation& g = *s.gen;
+  const GenRequest& r = s.job->request;
   ++g.counts[id];
   ++g.generated;
+  g.accepted += accepted;
+  if (g.drafter) g.drafter->accept(id);
   {  // counted, and the slot shown decoding, before the client can see the token
     SlotInfo info;
     describe(s, info);
     info.state = "decode";
+    info.n_past = n_past;
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.completion_tokens;
+    stats_.accepted += accepted;
     stats_.slots[static_cast<size_t>(&s - slots_.data())] = info;
   }
-  if (tok_.is_eog(id)) return finish(s, "stop", true);  // not text, and no log-probability
+  if (tok_.is_eog(id)) return {"stop", true};  // not text, and no log-probability
   Event e;
-  if (r.top_logprobs >= 0) e.logprob = logprob_of(logits, n_vocab, id, r.top_logprobs);
+  if (r.top_logprobs >= 0) e.logprob = logprob_of(logits, tok_.n_vocab(), id, r.top_logprobs);
   bool stopped = false;
   e.text = g.text(id, r.stop, stopped);
   s.job->push(std::move(e));
-  if (stopped) return finish(s, "stop", false);
-  if ((r.max_tokens >= 0 && g.generated >= r.max_tokens) || s.seq.n_past >= eng_.options().n_ctx)
-    return finish(s, "length", true);
-  s.next = id;
+  if (stopped) return {"stop", false};
+  if ((r.max_tokens >= 0 && g.generated >= r.max_tokens) || n_past >= eng_.options().n_ctx)
+    return {"length", true};
+  return {};
 }
 
 void Scheduler::count_pages(const Slot& s, SlotInfo& info) const {
@@ -349,10 +416,12 @@ void Scheduler::loop() {
     int32_t budget = n_batch;
     for (Slot& s : slots_)
       if (s.job && s.next >= 0) {
-        batch.push_back({&s.seq, &s.next, 1});
+        draft(s);
+        const auto n = static_cast<int32_t>(s.feed.size());
+        batch.push_back({&s.seq, s.feed.data(), n, n > 1});
         who.push_back(&s);
         samples.push_back(true);
-        --budget;
+        budget -= n;
       }
     reading_.clear();
     for (Slot& s : slots_)
@@ -388,9 +457,8 @@ void Scheduler::loop() {
     int64_t decoded = 0;
     for (size_t i = 0; i < who.size(); ++i) {
       if (!samples[i]) continue;
-      ++decoded;
       try {
-        advance(*who[i], eng_.logits(static_cast<int32_t>(i)));
+        decoded += advance(*who[i], static_cast<int32_t>(i));
       } catch (const std::exception& ex) {
         fail(*who[i], ex.what());
       }
@@ -398,7 +466,7 @@ void Scheduler::loop() {
     if (verbose_)
       std::fprintf(stderr,
                    "kvstream: step: %d tokens of %d sequences, %.2f ms, streamed %s, %lld "
-                   "sampled\n",
+                   "generated\n",
                    step.n_tokens, step.n_seqs, step.seconds * 1e3,
                    format_bytes(step.bytes_in).c_str(), static_cast<long long>(decoded));
     publish(&step, decoded);

@@ -2,6 +2,8 @@
 // read their tokens from the job's channel. Between steps, waiting jobs take free sequences;
 // each step carries one token of every decoding sequence and, in what is left of -b, chunks of
 // the prompts being read, so a long prompt never stalls the others by more than a step of -b.
+// With speculation a decoding sequence's token comes with the drafts its prompt lookup proposes,
+// all verified in that step; the rejected ones are rolled back.
 #pragma once
 
 #include <atomic>
@@ -17,6 +19,7 @@
 #include <vector>
 
 #include "kvs/engine/engine.h"
+#include "kvs/engine/ngram_draft.h"
 #include "kvs/engine/sampler.h"
 #include "kvs/tokenizer/tokenizer.h"
 
@@ -48,6 +51,7 @@ struct Event {
   int64_t prompt_tokens = 0, completion_tokens = 0;
   int64_t cached_tokens = 0;  // prompt tokens whose pages came from the prompt cache
   double prompt_s = 0, decode_s = 0;
+  int64_t drafted = 0, accepted = 0;  // speculative decoding's draft tokens
   // With done: the sequence's KV at the end (positions, and pages as SlotInfo counts them).
   int32_t n_past = 0;
   int64_t pages_resident = 0, pages_streamed = 0;
@@ -83,8 +87,9 @@ struct SlotInfo {
 struct SchedulerStats {
   int64_t admitted = 0, rejected = 0, finished = 0, cancelled = 0, failed = 0;
   int64_t prompt_tokens = 0, completion_tokens = 0, steps = 0;
-  double busy_s = 0;               // time spent in steps
-  double decode_tokens_per_s = 0;  // generated tokens over the step time of the last 10 s
+  int64_t drafted = 0, accepted = 0;  // speculative decoding's draft tokens
+  double busy_s = 0;                  // time spent in steps
+  double decode_tokens_per_s = 0;     // generated tokens over the step time of the last 10 s
   size_t bytes_streamed = 0, bytes_written_back = 0;
   std::optional<PromptCacheStats> prompt_cache;  // without a prompt cache: none
   double copy_busy_s = 0;
@@ -92,9 +97,17 @@ struct SchedulerStats {
   std::vector<SlotInfo> slots;
 };
 
+// serve --spec ngram: each step of a decoding sequence carries up to draft_max drafts (none
+// when its prompt lookup proposes fewer than draft_min); draft_max 0: off. The engine's
+// n_verify must be at least draft_max + 1.
+struct Speculation {
+  int32_t draft_max = 0, draft_min = 0;
+};
+
 class Scheduler {
  public:
-  Scheduler(Engine& eng, const Tokenizer& tok, int32_t max_queue, bool verbose);
+  Scheduler(Engine& eng, const Tokenizer& tok, int32_t max_queue, bool verbose,
+            Speculation spec = {});
   ~Scheduler();  // stops the loop; jobs still running end with an error event
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
@@ -113,13 +126,25 @@ class Scheduler {
     int32_t fed = 0;       // prompt tokens in the KV
     int32_t cached = 0;    // of which the prompt cache gave
     int32_t next = -1;     // the sampled token the next step feeds; -1 while reading the prompt
+    std::vector<int32_t> feed;  // a decode step's tokens: next, then the drafts
+  };
+  // Why a generation ends with a token: finish()'s arguments; reason null: it goes on.
+  struct End {
+    const char* reason = nullptr;
+    bool flush = true;
   };
 
   void loop();
   void admit(std::unique_lock<std::mutex>& lock);
   void release(Slot& s);
-  // Samples the slot's next token from `logits`, sends it, and decides whether it goes on.
-  void advance(Slot& s, const float* logits);
+  // s.feed for its decode step: s.next and the drafts that fit.
+  void draft(Slot& s);
+  // After the step of s (batch entry `entry`): its next token from the logits of its last row,
+  // or, after a verify step, each draft checked in turn, the first rejected one replaced and
+  // the rest rolled back; each token sent. Returns the tokens sent.
+  int64_t advance(Slot& s, int32_t entry);
+  // Sends `id`, chosen from `logits` with `n_past` positions before it, and counts it.
+  End deliver(Slot& s, int32_t id, const float* logits, int32_t n_past, bool accepted);
   // Sends the end (flush: with the text held back, unless a stop string ended it) and frees s.
   void finish(Slot& s, const char* reason, bool flush);
   void fail(Slot& s, const char* what);
@@ -133,6 +158,7 @@ class Scheduler {
   const Tokenizer& tok_;
   const int32_t max_queue_;
   const bool verbose_;
+  const Speculation spec_;
   std::vector<Slot> slots_;
   std::vector<Slot*> reading_;  // scratch: the slots reading their prompts, in admission order
 

@@ -31,6 +31,7 @@ using json = nlohmann::json;
 struct ServeArgs {
   SharedArgs s;
   GenArgs g;
+  SpecArgs spec;
   std::string host = "127.0.0.1", api_key, alias;
   int32_t port = 8080, queue = 64, timeout = 600;
   std::string max_body = "32M";
@@ -255,9 +256,14 @@ struct Api {
     return e.decode_s > 0 ? static_cast<double>(e.completion_tokens) / e.decode_s : 0.0;
   }
   json timings(const Event& e) const {
-    return {{"prompt_ms", e.prompt_s * 1e3},
-            {"predicted_ms", e.decode_s * 1e3},
-            {"predicted_per_second", decode_rate(e)}};
+    json t = {{"prompt_ms", e.prompt_s * 1e3},
+              {"predicted_ms", e.decode_s * 1e3},
+              {"predicted_per_second", decode_rate(e)}};
+    if (a.spec.on()) {  // llama-server's names
+      t["draft_n"] = e.drafted;
+      t["draft_n_accepted"] = e.accepted;
+    }
+    return t;
   }
 
   // The non-OpenAI figures of an answer, for the chat page and other clients that want them.
@@ -389,6 +395,7 @@ struct Api {
                                        {"text", ""},
                                        {"logprobs", nullptr},
                                        {"finish_reason", e.finish_reason}});
+          last["timings"] = timings(e);
           last["kvstream"] = kvstream_figures(e);
           sse(last);
           if (include_usage) {
@@ -504,6 +511,12 @@ struct Api {
     metric("slots_busy", "gauge", "Slots with a request", s.slots_busy);
     metric("slots_total", "gauge", "Slots (-np)", static_cast<double>(s.slots.size()));
     metric("queue_length", "gauge", "Requests waiting for a slot", s.queued);
+    if (a.spec.on()) {
+      metric("spec_drafted_total", "counter", "Draft tokens verified (speculative decoding)",
+             static_cast<double>(s.drafted));
+      metric("spec_accepted_total", "counter", "Draft tokens accepted",
+             static_cast<double>(s.accepted));
+    }
     metric("bytes_streamed_total", "counter", "KV bytes copied host to device by the ring",
            static_cast<double>(s.bytes_streamed));
     metric("bytes_written_back_total", "counter", "KV bytes written back device to host",
@@ -586,8 +599,7 @@ struct Api {
     // answers itself (404, 413, ...).
     svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       ++http_requests;
-      if (a.api_key.empty() || req.path == "/health" || req.path == "/" ||
-          req.method == "OPTIONS")
+      if (a.api_key.empty() || req.path == "/health" || req.path == "/" || req.method == "OPTIONS")
         return httplib::Server::HandlerResponse::Unhandled;
       if (req.get_header_value("Authorization") != "Bearer " + a.api_key) {
         send_error(res, ApiError{401, "invalid or missing API key (Authorization: Bearer KEY)",
@@ -643,6 +655,7 @@ void serve(const ServeArgs& a) {
   auto model = Model::load(a.s.model);
   EngineOptions eo = engine_options(a.s, model->config);
   eo.cache_ram = cache_ram_of(a.cache_ram);
+  apply_speculation(a.spec, eo, backend);
   if (eo.cache_ram > 0 && model->config.n_layers_of(LayerKind::Full) != model->config.n_layer) {
     std::fprintf(stderr, "kvstream: the prompt cache is off: %s has window or recurrent layers\n",
                  model->config.arch_name.c_str());
@@ -652,7 +665,8 @@ void serve(const ServeArgs& a) {
   auto dev = device_of(a.s, backend, vram);
   Engine eng(*model, *dev, eo);
 
-  Scheduler sched(eng, *model->tokenizer, a.queue, a.s.verbose);
+  Scheduler sched(eng, *model->tokenizer, a.queue, a.s.verbose,
+                  {a.spec.on() ? a.spec.draft_max : 0, a.spec.draft_min});
   const std::string id =
       a.alias.empty() ? std::filesystem::path(a.s.model).filename().string() : a.alias;
   Api api{a, *model, *model->tokenizer, eo, sched, id};
@@ -682,13 +696,14 @@ void serve(const ServeArgs& a) {
     svr.stop();
   });
   const PromptCacheStats* pc = eng.prompt_cache_stats();
-  std::fprintf(stderr,
-               "kvstream: serving %s (%s template) on http://%s:%d, %d slots of -c %d, -b %d, "
-               "kv-mode %s, arena %s, prompt cache %s, %d threads\n",
-               id.c_str(), model->tokenizer->chat_family().c_str(), a.host.c_str(), port, eo.n_seq,
-               eo.n_ctx, eo.n_batch, kv_mode_name(eo.kv_mode),
-               format_bytes(eng.arena_bytes()).c_str(),
-               pc ? format_bytes(pc->budget).c_str() : "off", thread_pool().size());
+  std::fprintf(
+      stderr,
+      "kvstream: serving %s (%s template) on http://%s:%d, %d slots of -c %d, -b %d, "
+      "kv-mode %s, arena %s, prompt cache %s, %d threads%s\n",
+      id.c_str(), model->tokenizer->chat_family().c_str(), a.host.c_str(), port, eo.n_seq, eo.n_ctx,
+      eo.n_batch, kv_mode_name(eo.kv_mode), format_bytes(eng.arena_bytes()).c_str(),
+      pc ? format_bytes(pc->budget).c_str() : "off", thread_pool().size(),
+      a.spec.on() ? cat(", --spec ngram up to ", a.spec.draft_max, " drafts").c_str() : "");
   std::fflush(stderr);
   svr.listen_after_bind();
   if (stopper.joinable()) {
@@ -724,6 +739,7 @@ void register_serve(CLI::App& app) {
                 "Default max_tokens of a request (-1: until the context is full)")
       ->capture_default_str();
   add_sampling(c, a->g);
+  add_speculation(c, a->spec);
   add_shared(c, a->s, kAllShared & ~kModel);
   c->callback([a] { serve(*a); });
 }

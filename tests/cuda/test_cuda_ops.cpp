@@ -315,8 +315,9 @@ TEST(CudaOps, EmbedKvWriteAndAttention) {
     gpu->embed(wg.tok_embd, ids.data(), 4, g.f());
     EXPECT_LT(max_rel(c, g.get()), 1e-6) << "embed";
   }
-  // Head sizes 64 and 128 run on tensor cores (decode and prefill), which round Q, K, V and
-  // the probabilities to f16; 256 keeps f32 throughout.
+  // Head sizes 64, 128 and 256 run on tensor cores (decode and prefill; 256 where a block's
+  // shared memory holds its tiles: the H100's, not a consumer card's, whose CUDA cores keep
+  // f32), which round Q, K, V and the probabilities to f16.
   double worst_tc = 0;
   const std::pair<DType, DType> kinds[] = {{DType::F16, DType::F16},
                                            {DType::Q8_0, DType::Q8_0},
@@ -380,10 +381,9 @@ TEST(CudaOps, EmbedKvWriteAndAttention) {
           a.acc = ag.f();
           a.spans = sg.data();
           gpu->attention(a);
-          const bool tc = d <= 128;
           const double err = max_rel(oc, og.get());
-          if (tc) worst_tc = std::max(worst_tc, err);
-          EXPECT_LT(err, tc ? 4e-3 : 1e-4)
+          worst_tc = std::max(worst_tc, err);
+          EXPECT_LT(err, 4e-3)
               << "attention " << dtype_name(kt) << "/" << dtype_name(vt) << " head size " << d
               << " page " << P << " n_tok " << n_tok;
         }

@@ -41,7 +41,8 @@ struct Shape {
   DType k, v;
   int d, n_kv, n_head;
 };
-// Gemma 3 270M's heads (CUDA cores), and grouped heads of 128 (tensor cores).
+// Gemma 3 270M's heads, and grouped heads of 128: tensor cores (for heads of 256 where a block's
+// shared memory holds their tiles; CUDA cores on the consumer cards).
 const Shape kShapes[] = {{DType::F16, DType::F16, 256, 1, 4},
                          {DType::Q8_0, DType::Q8_0, 256, 1, 4},
                          {DType::F16, DType::F16, 128, 2, 8},
@@ -99,7 +100,7 @@ void check_window(Device& cpu, Device& gpu, const Shape& s, int P, int w,
   a.q = qg.f(), a.out = og.f(), a.acc = ag.f(), a.spans = c.sg.data();
   gpu.attention(a);
   const auto one = og.get();
-  EXPECT_LT(max_rel(oc, one), s.d <= 128 ? 4e-3 : 1e-4) << what;
+  EXPECT_LT(max_rel(oc, one), 4e-3) << what;
   const int before = (pos[0] - w + 1) / P;
   ASSERT_GT(before, 0) << what << ": no page before the window";
   const int cuts[] = {0, before, before + (c.pages - before) / 2, c.pages};
@@ -115,7 +116,7 @@ void check_window(Device& cpu, Device& gpu, const Shape& s, int P, int w,
 
 // One query at the end of the context; both ways to split the decode work (the tensor-core
 // kernel's: a block per span, its warps' parts merged, and a warp per span, the fold inside
-// the launch; heads of 256 take neither).
+// the launch; heads of 256 on a consumer card take neither).
 TEST(CudaWindow, DecodeAgainstCpu) {
   NEED_GPU();
   for (const bool by_warp : {false, true}) {

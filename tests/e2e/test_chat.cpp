@@ -1,7 +1,8 @@
 // kvstream chat (and run -cnv) on SmolLM2: driven through a pipe, the second turn's greedy
 // answer is what one run of the whole templated conversation gives (the KV kept between turns
-// is exactly the conversation's tokens); /stats, /clear, -sys, a full context; through a pty,
-// Ctrl-C stops an answer and not the program, Ctrl-D quits with status 0.
+// is exactly the conversation's tokens), with speculation as without; /stats, /clear, -sys, a
+// full context; through a pty, Ctrl-C stops an answer and not the program, Ctrl-D quits with
+// status 0.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -129,6 +130,32 @@ TEST_F(Chat, AFullContextIsSaidAndTheSessionGoesOn) {
   EXPECT_TRUE(contains(o.err, "the context is full (-c 48)")) << o.err;
   EXPECT_TRUE(contains(o.err, "more than the context holds")) << o.err;
   EXPECT_EQ(j["messages"].size(), 2u) << j.dump();
+}
+
+// --spec ngram: the answers of plain decoding, token for token (the KV too, where each turn's
+// rejected drafts were rolled back), drafts accepted; and a context filled by a verify step.
+TEST_F(Chat, SpeculationGivesTheAnswersOfPlainDecoding) {
+  const std::string input =
+      "Repeat this twice: The quick brown fox jumps over the lazy dog.\n/stats\nAgain, "
+      "three times.\n/stats\n";
+  nlohmann::json off, on;
+  chat("--temp 0 -n 48 -c 1024", input, &off);
+  const Outcome o = chat("--temp 0 -n 48 -c 1024 --spec ngram --draft-max 6", input, &on);
+  ASSERT_EQ(on["messages"].size(), 4u) << on.dump();
+  EXPECT_EQ(on["messages"], off["messages"]);
+  EXPECT_EQ(on["kv_tokens"], off["kv_tokens"]);
+  int64_t drafted = 0, accepted = 0;
+  for (const auto& t : on["turns"]) {
+    drafted += t["drafted"].get<int64_t>();
+    accepted += t["accepted"].get<int64_t>();
+  }
+  EXPECT_GT(accepted, 5) << on.dump();
+  EXPECT_LT(accepted, drafted);
+  EXPECT_EQ(count(o.out, " accepted"), 2) << o.out;
+  nlohmann::json full;
+  const Outcome f = chat("--temp 0 -n -1 --ignore-eos -c 48 --spec ngram", "Hi\n", &full);
+  EXPECT_TRUE(contains(f.err, "the context is full (-c 48)")) << f.err;
+  EXPECT_EQ(full["kv_tokens"].size(), 48u);
 }
 
 TEST_F(Chat, CtrlCStopsAnAnswerAndCtrlDQuits) {

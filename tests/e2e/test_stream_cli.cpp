@@ -112,6 +112,31 @@ TEST_F(StreamCli, ParallelSequencesDecodeAsTheyWouldAlone) {
       << "the arena should be too small for both histories";
 }
 
+// Prompt lookup on real text that repeats itself: the drafts are verified in the steps of the
+// tokens before them, greedy output equal to decoding without them, while the history streams
+// through a small arena and rejected drafts roll back.
+TEST_F(StreamCli, NgramSpeculationGivesTheTokensOfPlainDecoding) {
+  const std::string prompt =
+      "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog. "
+      "The quick brown fox";
+  const std::string common = "run -m " + test::smollm2() + " -p \"" + prompt +
+                             "\" -n 64 --temp 0 -c 512 --page-size 8 -b 64 --kv-arena 1M "
+                             "--no-phase-arena";
+  const Outcome off = kvstream(common, "spec_off");
+  const Outcome on = kvstream(common + " --spec ngram --draft-max 6", "spec_on");
+  ASSERT_EQ(off.status, 0) << off.err;
+  ASSERT_EQ(on.status, 0) << on.err;
+  EXPECT_EQ(on.json["tokens"], off.json["tokens"]);
+  const auto& sp = on.json["speculation"];
+  EXPECT_GT(sp["accepted"].get<int64_t>(), 10) << on.err;
+  EXPECT_LT(sp["sequence_steps"].get<int64_t>(), 50) << "drafts should save steps";
+  EXPECT_GT(on.json["kv"]["decode"]["bytes_streamed"].get<size_t>(), 0u);
+  EXPECT_NE(on.err.find("kvstream: speculation (ngram):"), std::string::npos) << on.err;
+  const Outcome bad = kvstream("run -m " + test::smollm2() + " -p hi --spec draft", "spec_bad");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.err.find("--spec must be off or ngram"), std::string::npos) << bad.err;
+}
+
 TEST_F(StreamCli, BadStreamingInputIsRefusedClearly) {
   const std::string m = "run -m " + test::smollm2() + " -p hi -n 1";
   Outcome o = kvstream(m + " --kv-arena 1K", "small");
@@ -253,6 +278,42 @@ TEST(BenchCli, DepthSweepAndPairOnTheCpu) {
   const Outcome u = kvstream("bench -m synthetic:tiny --modes unified --n-gen 2 -b 16", "bench_u");
   EXPECT_NE(u.status, 0);
   EXPECT_NE(u.err.find("unified needs the cuda backend"), std::string::npos) << u.err;
+}
+
+// --verify-tokens: at each depth, steps of k tokens with every token's logits, the drafts rolled
+// back, timed beside the one-token step; streamed at the deepest depth, and on the hybrid
+// qwen35 (recurrent layers rolled back) and gemma3 (window layers).
+TEST(BenchCli, VerifyStepsAtDepths) {
+  const Outcome o = kvstream(
+      "bench -m synthetic:tiny-qwen3 --depths 0,300 --n-gen 3 -b 64 --page-size 16 --modes auto "
+      "--kv-arena 160k --no-phase-arena --verify-tokens 1,3,5",
+      "bench_verify");
+  ASSERT_EQ(o.status, 0) << o.err;
+  const auto& runs = o.json["runs"];
+  ASSERT_EQ(runs.size(), 2u) << o.out;
+  for (const auto& run : runs) {
+    const auto& v = run["verify"];
+    ASSERT_EQ(v.size(), 3u) << run.dump();
+    const int kTokens[] = {1, 3, 5};
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(v[i]["tokens"].get<int>(), kTokens[i]);
+      EXPECT_GT(v[i]["step_s"].get<double>(), 0.0);
+      EXPECT_NEAR(v[i]["ratio_to_tg_step"].get<double>(),
+                  v[i]["step_s"].get<double>() * run["tg_tokens_per_s"].get<double>(), 1e-9);
+    }
+  }
+  EXPECT_GT(runs[1]["verify"][2]["streamed_bytes_per_step"].get<double>(), 0.0);
+  EXPECT_NE(o.out.find("| verify5 | "), std::string::npos) << o.out;
+  for (const char* m : {"tiny-qwen35", "tiny-gemma3"}) {
+    const Outcome h = kvstream(std::string("bench -m synthetic:") + m +
+                                   " --depths 40 --n-gen 3 -b 16 --page-size 16 --verify-tokens 4",
+                               std::string("bench_verify_") + m);
+    ASSERT_EQ(h.status, 0) << m << "\n" << h.err;
+    EXPECT_EQ(h.json["runs"][0]["verify"][0]["tokens"].get<int>(), 4) << m;
+  }
+  const Outcome bad = kvstream("bench -m synthetic:tiny --verify-tokens 0", "bench_verify_bad");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.err.find("--verify-tokens"), std::string::npos) << bad.err;
 }
 
 }  // namespace

@@ -4,15 +4,17 @@
 # and refuses launches a real card would (dynamic shared memory over its limit, or over 48 KiB
 # not allowed first). Checked: every architecture, K/V type pair and mode launches on the H200
 # and on three consumer cards (sm_89 and sm_120 with 16 GiB, sm_86) without an error, streaming
-# included; decode steps relaunch one recorded graph; the switches' host paths run;
-# `kvstream run` works; and every launch of tests/cuda's operation tests (head sizes 32 to 256,
-# every K/V type, prefill and decode) is one the consumer cards take. The values are garbage:
-# tests/cuda checks them on a GPU.
-#   tests/nullgpu/launches.sh KVSTREAM LIBKVS_NULL_CUDA [KVS_CUDA_TEST_CUDA_OPS]
+# included; decode steps relaunch one recorded graph (qwen35's too); the switches' host paths
+# run; `kvstream run` works; and every launch of tests/cuda's operation tests (head sizes 32 to
+# 256, every K/V type, prefill and decode; the Gated DeltaNet's, whose chunk kernel falls back to
+# token by token where a card's shared memory cannot hold it) is one the consumer cards take.
+# The values are garbage: tests/cuda checks them on a GPU.
+#   tests/nullgpu/launches.sh KVSTREAM LIBKVS_NULL_CUDA [OPERATION_TEST_BINARY...]
 set -uo pipefail
 bin=$1
 lib=$2
-ops=${3:-}
+shift 2
+ops=("$@")
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 failed=0
@@ -33,7 +35,7 @@ k() {
 field() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))$1)" "$2"; }
 
 for card in h200 rtx4080 rtx3090 rtx5070ti; do
-  for model in tiny tiny-qwen2 tiny-qwen3:q4_0 tiny-h128:q4_0 smollm2-135m:q4_1; do
+  for model in tiny tiny-qwen2 tiny-qwen3:q4_0 tiny-h128:q4_0 smollm2-135m:q4_1 tiny-qwen35:q4_0; do
     for kv in "f16 f16" "q8_0 q8_0" "q8_0 q4_0" "q4_0 q4_0"; do
       set -- $kv
       k "$card" "" bench -m "synthetic:$model" -ctk "$1" -ctv "$2" --backend cuda \
@@ -47,14 +49,17 @@ done
 echo "every model, K/V pair and mode on every card: done"
 
 # A decode step recorded once relaunches as one graph: 32 timed tokens, a few captures.
-k h200 "" bench -m synthetic:tiny --backend cuda --depths 0 --n-gen 32 -p 0 --modes resident &&
-  python3 - "$tmp/r" <<'EOF' || failed=1
+for model in tiny tiny-qwen35; do
+  k h200 "" bench -m "synthetic:$model" --backend cuda --depths 0 --n-gen 32 -p 0 \
+    --modes resident &&
+    python3 - "$tmp/r" "$model" <<'EOF' || failed=1
 import json, sys
 r = json.load(open(sys.argv[1]))
 ok = r["graph_launches"] >= 32 and r["captures"] <= 4
-print(("" if ok else "FAILED: ") + f"graph relaunch: {r}")
+print(("" if ok else "FAILED: ") + f"graph relaunch ({sys.argv[2]}): {r}")
 sys.exit(0 if ok else 1)
 EOF
+done
 # Streaming steps are not recorded (their copies and fences cut them): they launch kernels.
 k rtx4080 "" bench -m synthetic:tiny --backend cuda --depths 300 --n-gen 8 -p 0 --modes auto \
   --kv-arena 160k --page-size 16 -b 64 --no-phase-arena &&
@@ -74,14 +79,16 @@ k rtx3090 "" run -m synthetic:smollm2-135m -p "hello" -n 8 --backend cuda --temp
 
 # The operation tests' launches on the consumer cards: their values fail here (no GPU), but a
 # launch or allocation the card would refuse shows as an error naming the null GPU.
-if [ -n "$ops" ]; then
-  for card in rtx4080 rtx3090 rtx5070ti; do
-    KVS_NULL_GPU="$card" LD_PRELOAD="$lib" "$ops" >"$tmp/ops" 2>&1
-    if grep -q "null GPU)" "$tmp/ops"; then
-      echo "FAILED: $card refuses a launch of the operation tests:"
-      grep -B2 "null GPU)" "$tmp/ops" | head -12
-      failed=1
-    fi
+if [ ${#ops[@]} -gt 0 ]; then
+  for op in "${ops[@]}"; do
+    for card in rtx4080 rtx3090 rtx5070ti; do
+      KVS_NULL_GPU="$card" LD_PRELOAD="$lib" "$op" >"$tmp/ops" 2>&1
+      if grep -q "null GPU)" "$tmp/ops"; then
+        echo "FAILED: $card refuses a launch of $(basename "$op"):"
+        grep -B2 "null GPU)" "$tmp/ops" | head -12
+        failed=1
+      fi
+    done
   done
   echo "the operation tests' launches on consumer cards: done"
 fi

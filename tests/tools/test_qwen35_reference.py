@@ -13,6 +13,7 @@ import tempfile
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 import reference  # noqa: E402  (sets the NumPy/OpenBLAS paths before NumPy loads)
+import ref_qwen35  # noqa: E402
 import numpy as np  # noqa: E402
 
 E, H, HKV, D, F, V = 64, 2, 1, 32, 96, 300
@@ -134,7 +135,7 @@ def check_first_token(tmp):
     run = reference.Runner(m, kv_type="f32")
     c, L = m.cfg, m.layers[0]
     h = np.random.default_rng(2).standard_normal((1, E)).astype(np.float32)
-    got = run._gated_delta_net(0, L, h)
+    got = ref_qwen35.gated_delta_net(run, 0, L, h)
     kd = HK * S
     mixed = (h @ L["attn_qkv"].T)[0]
     conv = reference.silu(mixed * L["ssm_conv1d"][:, KC - 1])  # only the last tap sees data

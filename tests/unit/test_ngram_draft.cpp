@@ -85,7 +85,7 @@ TEST(NgramDraft, RefusesBadSizesByName) {
   try {
     NgramDrafter(3, 2);
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--spec-ngram"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("n-gram sizes"), std::string::npos);
   }
 }
 

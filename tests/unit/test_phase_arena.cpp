@@ -132,16 +132,9 @@ TEST(PhaseArena, APrefillAfterDecodeTakesItBackAtTheMinimumArena) {
   auto m = Model::load("synthetic:tiny");
   const Case c = staggered("tiny");
   auto dev = make_cpu_device(0);
-  EngineOptions o;
-  o.n_ctx = c.n_ctx;
-  o.n_batch = c.batch;
-  o.page_size = c.page;
-  o.k_type = c.kt;
-  o.v_type = c.vt;
-  o.n_seq = 3;
+  EngineOptions o = options(c);
   o.kv_mode = KvMode::Stream;
   o.kv_arena = min_arena(*m, c);
-  o.ring_chunk_bytes = c.chunk;
   Engine e(*m, *dev, o);
   EXPECT_EQ(e.arena_bytes(), o.kv_arena + e.workspace_bytes());
   const std::vector<int32_t> p = tokens(9, 100, m->config.n_vocab);
@@ -164,22 +157,11 @@ TEST(PhaseArena, APrefillAfterDecodeTakesItBackAtTheMinimumArena) {
 TEST(PhaseArena, ArenasBelowTheMinimumNameTheWorkspace) {
   auto m = Model::load("synthetic:tiny");
   const Case c = staggered("tiny");
-  EngineOptions o;
-  o.n_ctx = c.n_ctx;
-  o.n_batch = c.batch;
-  o.page_size = c.page;
-  o.k_type = c.kt;
-  o.v_type = c.vt;
-  o.n_seq = 3;
+  EngineOptions o = options(c);
   o.kv_mode = KvMode::Auto;
   const auto error = [&](size_t capacity) {
     auto dev = make_cpu_device(capacity);
-    try {
-      Engine e(*m, *dev, o);
-    } catch (const Error& err) {
-      return std::string(err.what());
-    }
-    return std::string();
+    return refusal(*m, *dev, o);
   };
   o.kv_arena = min_arena(*m, c) - 1;
   std::string w = error(0);

@@ -1,7 +1,7 @@
 // The server's scheduler (apps/kvstream/scheduler.cpp) on a synthetic model: a long prompt is
 // read in chunks between the decode steps of a running request instead of stalling it; greedy
-// tokens are the same whether requests run alone or together; a full scheduler refuses, and a
-// cancelled request frees its sequence for the next.
+// tokens are the same whether requests run alone or together, and with speculation as without;
+// a full scheduler refuses, and a cancelled request frees its sequence for the next.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -19,7 +19,7 @@ namespace {
 
 struct Fixture {
   explicit Fixture(int32_t n_seq, int32_t n_batch, int32_t max_queue = 8, size_t cache_ram = 0,
-                   KvMode mode = KvMode::Auto)
+                   KvMode mode = KvMode::Auto, Speculation spec = {})
       : model(Model::load("synthetic:tiny")), dev(make_cpu_device(0)) {
     EngineOptions o;
     o.n_ctx = 1024;
@@ -29,8 +29,9 @@ struct Fixture {
     o.cache_ram = cache_ram;
     o.kv_mode = mode;
     o.ring_chunk_bytes = 1024;  // with stream: the smallest arena, most pages streamed
+    o.n_verify = spec.draft_max + 1;
     eng = std::make_unique<Engine>(*model, *dev, o);
-    sched = std::make_unique<Scheduler>(*eng, *model->tokenizer, max_queue, false);
+    sched = std::make_unique<Scheduler>(*eng, *model->tokenizer, max_queue, false, spec);
   }
   std::unique_ptr<Model> model;
   std::unique_ptr<Device> dev;
@@ -178,6 +179,102 @@ TEST(Scheduler, CachedPrefixesGiveTheTokensOfACacheFreeRun) {
   // The first's 6 pages of the shared 100 tokens, then whatever the earlier jobs left.
   EXPECT_GE(s.prompt_cache->tokens_reused, 4 * 96);
   EXPECT_GT(s.bytes_streamed, 0u);
+}
+
+// A prompt that repeats itself, so that prompt lookup has drafts to offer: `period` tokens of
+// its own, `times` times over.
+std::shared_ptr<Job> repeating(int32_t period, int32_t times, int64_t max_tokens, uint32_t seed) {
+  GenRequest r = job_of(period, max_tokens, seed)->request;
+  const std::vector<int32_t> once = r.prompt;
+  for (int32_t i = 1; i < times; ++i) r.prompt.insert(r.prompt.end(), once.begin(), once.end());
+  return std::make_shared<Job>(std::move(r));
+}
+
+// Speculation per slot: greedy jobs running together, each step of each verifying its drafts,
+// give the tokens of plain decoding one job at a time; so they do with the prompt cache under
+// a streaming ring, where later jobs reuse pages of earlier ones whose rejected drafts were
+// rolled back. Rejected and accepted drafts both occur.
+TEST(Scheduler, SpeculationGivesTheTokensOfPlainDecoding) {
+  const auto jobs_of = [] {
+    std::vector<std::shared_ptr<Job>> jobs;
+    for (uint32_t i = 0; i < 4; ++i)
+      jobs.push_back(repeating(5 + 3 * static_cast<int32_t>(i), 6, 40, i));
+    return jobs;
+  };
+  std::vector<std::vector<int32_t>> want(4);
+  {
+    Fixture f(1, 32);
+    auto jobs = jobs_of();
+    for (size_t i = 0; i < 4; ++i) {
+      ASSERT_TRUE(f.sched->submit(jobs[i]));
+      ASSERT_TRUE(drain(*jobs[i], want[i]));
+    }
+  }
+  for (const bool cached : {false, true}) {
+    SCOPED_TRACE(cached ? "prompt cache, streamed" : "resident");
+    Fixture f(3, 32, 8, cached ? size_t{16} << 20 : 0, cached ? KvMode::Stream : KvMode::Auto,
+              Speculation{6, 1});
+    for (int round = 0; round < (cached ? 2 : 1); ++round) {
+      auto jobs = jobs_of();
+      for (auto& j : jobs) ASSERT_TRUE(f.sched->submit(j));
+      for (size_t i = 0; i < 4; ++i) {
+        std::vector<int32_t> got;
+        ASSERT_TRUE(drain(*jobs[i], got));
+        EXPECT_EQ(got, want[i]) << "request " << i << ", round " << round;
+      }
+    }
+    const SchedulerStats s = f.sched->stats();
+    EXPECT_GT(s.accepted, 0);
+    EXPECT_LT(s.accepted, s.drafted);
+    // Fewer steps than tokens: accepted drafts came with the tokens before them.
+    EXPECT_LT(s.steps, s.completion_tokens);
+    if (cached) {
+      ASSERT_TRUE(s.prompt_cache.has_value());
+      EXPECT_GE(s.prompt_cache->hits, 4);
+    }
+  }
+}
+
+// With a temperature the drafts are accepted by speculative sampling. Top-k 1 makes each
+// row's distribution one token, so the jobs must give the tokens of plain decoding, the
+// frequency penalty applied to every verified row as to a sampled one; jobs with a real
+// distribution run to their length.
+TEST(Scheduler, SpeculationWithATemperature) {
+  const auto job = [](uint32_t i, float temp, int32_t top_k) {
+    GenRequest r = repeating(6, 8, 30, i)->request;
+    r.sampling.temp = temp;
+    r.sampling.top_k = top_k;
+    r.sampling.seed = 100 + i;
+    r.frequency_penalty = i % 2 ? 0.5f : 0.0f;
+    return std::make_shared<Job>(std::move(r));
+  };
+  std::vector<std::vector<int32_t>> want(4);
+  {
+    Fixture f(1, 32);
+    for (uint32_t i = 0; i < 4; ++i) {
+      auto j = job(i, 0, 40);
+      ASSERT_TRUE(f.sched->submit(j));
+      ASSERT_TRUE(drain(*j, want[i]));
+    }
+  }
+  Fixture f(2, 32, 8, 0, KvMode::Auto, Speculation{4, 1});
+  std::vector<std::shared_ptr<Job>> jobs;
+  for (uint32_t i = 0; i < 6; ++i) {
+    jobs.push_back(i < 4 ? job(i, 0.7f, 1) : job(i, 0.8f, 40));
+    ASSERT_TRUE(f.sched->submit(jobs.back()));
+  }
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    std::vector<int32_t> ids;
+    ASSERT_TRUE(drain(*jobs[i], ids));
+    if (i < 4)
+      EXPECT_EQ(ids, want[i]) << "request " << i;
+    else
+      EXPECT_LE(ids.size(), 30u) << "request " << i;
+  }
+  const SchedulerStats s = f.sched->stats();
+  EXPECT_EQ(s.finished, 6);
+  EXPECT_GT(s.accepted, 0);
+  EXPECT_LT(s.accepted, s.drafted);
 }
 
 }  // namespace

@@ -55,31 +55,16 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt)
   KVS_CHECK(opt.n_ctx >= 1, "-c/--ctx-size must be at least 1");
   KVS_CHECK(opt.n_batch >= 1, "-b/--batch-size must be at least 1");
   KVS_CHECK(opt.n_seq >= 1 && opt.n_seq <= 4096, "--parallel must be 1 to 4096");
+  KVS_CHECK(opt.n_verify >= 1 && opt.n_verify <= 64, "--draft-max must be 0 to 63, got ",
+            opt.n_verify - 1);
+  KVS_CHECK(decode_rows(opt) <= opt.n_batch, "--parallel ", opt.n_seq, " x (--draft-max ",
+            opt.n_verify - 1, " + 1) tokens are more than -b/--batch-size ", opt.n_batch);
   KVS_CHECK(opt.n_seq <= opt.n_batch, "--parallel ", opt.n_seq, " is more than -b/--batch-size ",
             opt.n_batch, ": a decode step of every sequence must fit one batch");
   KVS_CHECK(cfg_.n_layers_of(LayerKind::Recurrent) == 0 || dev.has_gated_delta_net(),
             cfg_.arch_name, ": the ", dev.name(), " backend has no gated_delta_net (the Gated "
             "DeltaNet layers' operation) yet; run this model on the cpu backend");
-  if (cfg_.attn_gate) {
-    Weights host = model.weights;
-    gated_q_.resize(static_cast<size_t>(cfg_.n_layer));
-    const int64_t hd = cfg_.head_dim;
-    for (int32_t il = 0; il < cfg_.n_layer; ++il) {
-      if (recurrent(il)) continue;
-      Matrix& wq = host.layers[static_cast<size_t>(il)].wq;
-      std::vector<uint8_t>& rows = gated_q_[static_cast<size_t>(il)];
-      rows.resize(wq.bytes());
-      for (int64_t r = 0; r < wq.n_out; ++r) {
-        const int64_t half = r / cfg_.q_dim(), h = r % cfg_.q_dim() / hd, j = r % hd;
-        std::memcpy(rows.data() + static_cast<size_t>(r) * wq.row_bytes,
-                    wq.row(h * 2 * hd + half * hd + j), wq.row_bytes);
-      }
-      wq.data = rows.data();
-    }
-    w_ = dev.place_weights(host);
-  } else {
-    w_ = dev.place_weights(model.weights);
-  }
+  place(model);
   kv_ = KvLayout::make(opt.k_type, opt.v_type, opt.page_size, cfg_.n_head_kv, cfg_.head_dim);
   rope_.mode = cfg_.rope_mode;
   rope_.head_dim = cfg_.head_dim;
@@ -113,15 +98,16 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt)
   // With a phase arena the decode's activations are the only ones of their own; a prefill's
   // live in the workspace.
   const bool phase = phase_arena(cfg_, opt);
-  const int64_t rows = phase ? opt.n_seq : opt.n_batch;
+  const int64_t rows = phase ? decode_rows(opt) : opt.n_batch;
   act_mem_ = dev.alloc(carve(cfg_, rows, nullptr, nullptr), "activations");
   carve(cfg_, rows, act_mem_.as(), &act_);
-  logits_ = dev.alloc(static_cast<size_t>(opt.n_seq) * cfg_.n_vocab * f, "logits");
+  const auto out_rows = static_cast<size_t>(decode_rows(opt));
+  logits_ = dev.alloc(out_rows * cfg_.n_vocab * f, "logits");
   // Pinned, so the step's last copy runs at the bus's speed (a pageable one goes through the
   // driver's staging buffers, on the step's critical path).
-  hlogits_ = dev.alloc_host(static_cast<size_t>(opt.n_seq) * cfg_.n_vocab * f, "logits (host)");
+  hlogits_ = dev.alloc_host(out_rows * cfg_.n_vocab * f, "logits (host)");
   // Before the arena is sized, which takes what is left.
-  if (shape_.recurrent_bytes > 0) rstate_ = dev.alloc(shape_.recurrent_bytes, "recurrent state");
+  alloc_recurrent();
   ids_.resize(b);
   pos_.resize(b);
   page_slot_.resize(b);
@@ -130,7 +116,7 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt)
 
   make_prompt_cache();
   const int64_t max_spans = opt.kv_mode == KvMode::Host ? 0 : max_pages_;
-  dev.reserve(w_, rows, opt.n_seq, max_spans, cfg_.n_head, cfg_.head_dim);
+  dev.reserve(w_, rows, decode_rows(opt), max_spans, cfg_.n_head, cfg_.head_dim);
   if (phase) {
     work_scratch_ = dev.prefill_scratch(w_, opt.n_batch, max_spans, kv_);
     // 256 bytes more: the workspace starts at a frame's address, aligned up.
@@ -212,6 +198,44 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt)
   plan_.extra.assign(slots_.size(), 0);
 }
 
+// qwen35's attention gate: attn_q's rows regrouped [q of every head; gate of every head] (the
+// file has them per head), so that each is one product; then the weights on the device.
+void Engine::place(const Model& model) {
+  if (cfg_.attn_gate) {
+    Weights host = model.weights;
+    gated_q_.resize(static_cast<size_t>(cfg_.n_layer));
+    const int64_t hd = cfg_.head_dim;
+    for (int32_t il = 0; il < cfg_.n_layer; ++il) {
+      if (recurrent(il)) continue;
+      Matrix& wq = host.layers[static_cast<size_t>(il)].wq;
+      std::vector<uint8_t>& rows = gated_q_[static_cast<size_t>(il)];
+      rows.resize(wq.bytes());
+      for (int64_t r = 0; r < wq.n_out; ++r) {
+        const int64_t half = r / cfg_.q_dim(), h = r % cfg_.q_dim() / hd, j = r % hd;
+        std::memcpy(rows.data() + static_cast<size_t>(r) * wq.row_bytes,
+                    wq.row(h * 2 * hd + half * hd + j), wq.row_bytes);
+      }
+      wq.data = rows.data();
+    }
+    w_ = dev_.place_weights(host);
+  } else {
+    w_ = dev_.place_weights(model.weights);
+  }
+}
+
+// The recurrent layers' states, and with n_verify > 1 what a verify step keeps for a rollback.
+void Engine::alloc_recurrent() {
+  if (shape_.recurrent_bytes == 0) return;
+  rstate_ = dev_.alloc(shape_.recurrent_bytes, "recurrent state");
+  if (opt_.n_verify == 1) return;
+  rsnap_ = dev_.alloc(shape_.recurrent_bytes, "recurrent state before a verify step");
+  rec_row_ = cfg_.ssm_conv_dim() + cfg_.ssm_value_dim() + 2 * int64_t{cfg_.ssm_v_heads};
+  rinputs_ = dev_.alloc(static_cast<size_t>(shape_.n_recurrent) * static_cast<size_t>(opt_.n_seq) *
+                            static_cast<size_t>(opt_.n_verify) * static_cast<size_t>(rec_row_) *
+                            sizeof(float),
+                        "recurrent inputs of a verify step");
+}
+
 Engine::~Engine() {
   dev_.sync();
 }
@@ -246,12 +270,12 @@ size_t Engine::pass_bytes(const ModelConfig& c, int64_t rows) {
 
 size_t Engine::activation_bytes(const ModelConfig& c, const EngineOptions& o) {
   return pass_bytes(c, o.n_batch) +
-         static_cast<size_t>(o.n_seq) * static_cast<size_t>(c.n_vocab) * sizeof(float);
+         static_cast<size_t>(decode_rows(o)) * static_cast<size_t>(c.n_vocab) * sizeof(float);
 }
 
 bool Engine::phase_arena(const ModelConfig& c, const EngineOptions& o) {
   return o.phase_arena && (o.kv_mode == KvMode::Auto || o.kv_mode == KvMode::Stream) &&
-         c.n_layers_of(LayerKind::Full) > 0 && o.n_batch > o.n_seq;
+         c.n_layers_of(LayerKind::Full) > 0 && o.n_batch > decode_rows(o);
 }
 
 // Each sequence's tail page in every full layer, plus twice the pages one prompt chunk can fill
@@ -263,8 +287,9 @@ int32_t Engine::fixed_frames(const ModelConfig& c, const EngineOptions& o) {
   return o.n_seq * (k.n_full + k.n_window * k.window_pages) + 2 * ((o.n_batch + P - 1) / P + o.n_seq);
 }
 
-// A window layer's pages hold the last n_swa - 1 positions between steps and the step's own n
-// (at most -b) during one: ceil((n_swa - 1 + n_batch) / P) pages, one more where they straddle.
+// A window layer's pages hold the last n_swa - 1 positions between steps (n_verify - 1 more, to
+// roll back to) and the step's own n (at most -b) during one: ceil((n_swa - 1 + n_verify - 1 +
+// n_batch) / P) pages, one more where they straddle.
 KvShape Engine::kv_shape(const ModelConfig& c, const EngineOptions& o) {
   KvShape k;
   const int64_t P = o.page_size;
@@ -273,7 +298,8 @@ KvShape Engine::kv_shape(const ModelConfig& c, const EngineOptions& o) {
   k.max_pages = static_cast<int32_t>((o.n_ctx + P - 1) / P);
   if (k.n_window > 0)
     k.window_pages = static_cast<int32_t>(
-        std::min<int64_t>(k.max_pages, (int64_t{c.n_swa} - 1 + o.n_batch + P - 1) / P + 1));
+        std::min<int64_t>(k.max_pages,
+                          (int64_t{c.n_swa} - 1 + (o.n_verify - 1) + o.n_batch + P - 1) / P + 1));
   const KvLayout l = KvLayout::make(o.k_type, o.v_type, o.page_size, c.n_head_kv, c.head_dim);
   k.page_bytes = l.page_bytes();
   const size_t seqs = static_cast<size_t>(o.n_seq);
@@ -343,7 +369,14 @@ const float* Engine::eval(Sequence& s, const int32_t* tokens, int32_t n) {
 }
 
 const float* Engine::logits(int32_t i) const {
-  return hlogits_.as<float>() + static_cast<size_t>(i) * cfg_.n_vocab;
+  const auto& [first, rows] = lrows_[static_cast<size_t>(i)];
+  return hlogits_.as<float>() + static_cast<size_t>(first + rows - 1) * cfg_.n_vocab;
+}
+
+const float* Engine::logits(int32_t i, int32_t j) const {
+  const auto& [first, rows] = lrows_[static_cast<size_t>(i)];
+  KVS_CHECK(j >= 0 && j < rows, "logits: entry ", i, " has ", rows, " rows of logits, not ", j + 1);
+  return hlogits_.as<float>() + static_cast<size_t>(first + j) * cfg_.n_vocab;
 }
 
 void Engine::fill_random(Sequence& s, int32_t n, uint32_t seed) {
@@ -413,6 +446,8 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
               " (raise -c/--ctx-size)");
     for (size_t j = 0; j < i; ++j)
       KVS_CHECK(batch[j].seq->id != e.seq->id, "step: a sequence appears twice in one batch");
+    KVS_CHECK(!e.all_logits || e.n <= opt_.n_verify, "step: the logits of ", e.n,
+              " tokens of one sequence, more than n_verify ", opt_.n_verify);
     n_tok += e.n;
   }
   KVS_CHECK(n_tok <= opt_.n_batch, "step: ", n_tok, " tokens are more than -b ", opt_.n_batch);
@@ -440,6 +475,13 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
       page_slot_[t] = static_cast<int32_t>((e.seq->n_past + j) % P);
     }
   }
+  for (const BatchEntry& e : batch) {
+    const auto s = static_cast<size_t>(e.seq->id);
+    slots_[s].verified = e.all_logits && rsnap_.as() ? e.n : 0;
+    if (slots_[s].verified == 0) continue;
+    const size_t bytes = shape_.recurrent_bytes / slots_.size();
+    dev_.copy(Stream::Compute, rsnap_.as() + s * bytes, rstate_.as() + s * bytes, bytes);
+  }
   if (ring_) replan(batch);
   if (ring_) ring_->begin_step(ring_items(batch, false), ring_items(batch, true));
 
@@ -460,13 +502,11 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
     case Arch::Llama:
     case Arch::Qwen2:
     case Arch::Qwen3:
+    case Arch::Qwen35:
       forward_llama(pass);
       break;
     case Arch::Gemma3:
       forward_gemma3(pass);
-      break;
-    case Arch::Qwen35:
-      forward_qwen35(pass);
       break;
   }
   KVS_CHECK(!ring_ || pass.cursor == ring_->n_items(), "ring: ", ring_->n_items() - pass.cursor,
@@ -477,8 +517,9 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
     dev_.end_step(true);
   }
   last_.issue_s = now() - t0;
+  const auto& [first, rows] = lrows_.back();
   dev_.download(hlogits_.as(), logits_.as<float>(),
-                batch.size() * static_cast<size_t>(cfg_.n_vocab) * sizeof(float));
+                static_cast<size_t>(first + rows) * static_cast<size_t>(cfg_.n_vocab) * sizeof(float));
   for (const BatchEntry& e : batch) {
     e.seq->n_past += e.n;
     slots_[static_cast<size_t>(e.seq->id)].n_past = e.seq->n_past;
@@ -568,11 +609,17 @@ void Engine::output_logits(Pass& p) {
   const int64_t d = cfg_.n_embd;
   const float* x = act_.x;
   float* h = act_.h;
+  lrows_.clear();
+  int32_t rows = 0;
   for (size_t i = 0; i < p.batch.size(); ++i) {
-    const float* last = x + (p.offs[i] + p.batch[i].n - 1) * d;
-    dev_.rmsnorm(last, w_.output_norm.data(), h + static_cast<int64_t>(i) * d, 1, d, cfg_.norm_eps);
+    const BatchEntry& e = p.batch[i];
+    const int32_t n = e.all_logits ? e.n : 1;
+    const float* first = x + (p.offs[i] + e.n - n) * d;
+    dev_.rmsnorm(first, w_.output_norm.data(), h + int64_t{rows} * d, n, d, cfg_.norm_eps);
+    lrows_.emplace_back(rows, n);
+    rows += n;
   }
-  dev_.matmul(w_.output, h, logits_.as<float>(), static_cast<int64_t>(p.batch.size()), nullptr);
+  dev_.matmul(w_.output, h, logits_.as<float>(), rows, nullptr);
 }
 
 uint8_t* const* Engine::kv_pages(int32_t il, const std::vector<BatchEntry>& batch) {

@@ -3,6 +3,7 @@
 // the host store, or (host mode) kept and attended on the host.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -45,6 +46,10 @@ struct EngineOptions {
   // by the next sequences whose tokens begin alike); 0: none. Only for models whose layers are
   // all full attention.
   size_t cache_ram = 0;
+  // Tokens of one sequence whose logits one step returns (BatchEntry::all_logits): 1 + the
+  // longest draft that speculative decoding verifies at once. The windows keep n_verify - 1
+  // positions more, so a verify step's rejected tail can be rolled back (Engine::truncate).
+  int32_t n_verify = 1;
 };
 
 // A handle to one sequence: its slot in the engine and its length.
@@ -58,6 +63,9 @@ struct BatchEntry {
   Sequence* seq = nullptr;
   const int32_t* tokens = nullptr;
   int32_t n = 0;
+  // Logits of every token (a speculative verify step, n <= n_verify), not just of the last;
+  // recurrent layers then go token by token, as n one-token steps would.
+  bool all_logits = false;
 };
 
 struct StepStats {
@@ -109,6 +117,8 @@ class Engine {
   static size_t pass_bytes(const ModelConfig& c, int64_t rows);
   // Whether o has a phase arena: a streaming mode with full layers and -b above --parallel.
   static bool phase_arena(const ModelConfig& c, const EngineOptions& o);
+  // Rows of a decode step at most: a token of every sequence, or n_verify of each.
+  static int32_t decode_rows(const EngineOptions& o) { return o.n_seq * o.n_verify; }
   static int32_t fixed_frames(const ModelConfig& c, const EngineOptions& o);
   static KvShape kv_shape(const ModelConfig& c, const EngineOptions& o);
 
@@ -130,6 +140,13 @@ class Engine {
   // those of entry i's last token.
   void step(const std::vector<BatchEntry>& batch);
   const float* logits(int32_t i) const;
+  // Of entry i's token j (entries with all_logits; j = 0 otherwise).
+  const float* logits(int32_t i, int32_t j) const;
+  // Forgets the sequence's positions from n_past on (the rejected drafts of a verify step):
+  // their pages go back, the tail page is writable again. With window layers at most
+  // n_verify - 1 positions can go; with recurrent layers only those of the last step, when it
+  // was a verify step (their states are recomputed from its inputs).
+  void truncate(Sequence& s, int32_t n_past);
   // Appends n positions of random K and V rows (uniform in [-1, 1), from `seed`) to s in every
   // layer without running the model: a benchmark's fill to a depth, whose decode and prefill
   // speed depend on how much the cache holds, not on its values. The pages go where a prefill
@@ -167,6 +184,7 @@ class Engine {
     std::vector<std::vector<int32_t>> frames;
     std::vector<SpanCache> spans;  // [layer]
     std::vector<int32_t> tokens;   // with a prompt cache: the token of every position
+    int32_t verified = 0;  // tokens of its last step if that was a verify step (recurrent rollback)
   };
   // One forward pass: the batch, where each entry's rows start, the next ring item.
   struct Pass {
@@ -196,12 +214,15 @@ class Engine {
     return (host_dev_ ? attn_index_ : kv_index_)[static_cast<size_t>(il)];
   }
 
+  void place(const Model& model);  // the weights on the device (the constructor's)
+  void alloc_recurrent();           // the recurrent states and their rollback buffers
   // The forward pass of each architecture family (engine/forward_*.cpp) over the blocks below.
   void forward_llama(Pass& p);
   void forward_gemma3(Pass& p);
-  void forward_qwen35(Pass& p);
   // h_ (the normed rows) -> q, k, v -> the layer's pages -> att_: every entry's attention.
   void self_attention(Pass& p, int32_t il);
+  // x_ -> ffn_norm -> down(silu(gate) * up) of n rows -> x_ += it.
+  void swiglu_ffn(int32_t il, int32_t n);
   // h_ -> a Gated DeltaNet layer of every entry, each over its sequence's state -> x_ += it.
   void gated_delta_net(Pass& p, int32_t il);
   // Each entry's last row of x_ -> logits_.
@@ -242,6 +263,18 @@ class Engine {
   // per head), so that each is one product: [layer], empty for the others.
   std::vector<std::vector<uint8_t>> gated_q_;
   DeviceBuffer rstate_;  // every sequence's recurrent layers' states (KvShape)
+  // With n_verify > 1: each sequence's recurrent states before its last verify step, and that
+  // step's Gated DeltaNet inputs ([recurrent layer][n_verify rows of mix, z, alpha, beta]), from
+  // which truncate() recomputes the states of the tokens it keeps.
+  DeviceBuffer rsnap_, rinputs_;
+  int64_t rec_row_ = 0;  // floats of one token's inputs to one Gated DeltaNet layer
+  // Where sequence s's verify step keeps layer il's inputs: mix, z, alpha, beta.
+  std::array<float*, 4> saved_inputs(int32_t s, int32_t il) const;
+  // Sequence s's Gated DeltaNet at layer il over n_tok rows: its state, the layer's weights and
+  // the model's shape; the caller points it at the inputs and the output.
+  DeltaNetArgs delta_net_args(int32_t s, int32_t il, int32_t n_tok) const;
+  // The recurrent layers of sequence s after `kept` of its last verify step's tokens.
+  void redo_recurrent(int32_t s, int32_t kept);
   RopeParams rope_, rope_swa_;     // full and window layers
   int32_t max_pages_ = 0;  // per layer and sequence
   int32_t fixed_frames_ = 0;
@@ -285,6 +318,7 @@ class Engine {
   std::unique_ptr<Device> host_dev_;
   // Host mode: activations on the host.
   std::vector<float> hq_, hk_, hv_, hatt_, hacc_;
+  std::vector<std::pair<int32_t, int32_t>> lrows_;  // per entry of the last step: first row, rows
   DeviceBuffer hlogits_;  // the logits, on the host (pinned: [n_seq][n_vocab])
 
   StepStats last_;

@@ -1,4 +1,6 @@
-// The llama family's forward pass (llama, qwen2, qwen3): pre-norm blocks, SwiGLU.
+// The llama family's forward pass (llama, qwen2, qwen3, and qwen35, whose recurrent layers take
+// the attention's place: forward_qwen35.cpp): pre-norm blocks and the SwiGLU FFN (qwen35's FFN
+// pre-norm is the file's post_attention_norm).
 #include "kvs/engine/engine.h"
 
 namespace kvs {
@@ -7,22 +9,32 @@ void Engine::forward_llama(Pass& p) {
   const ModelConfig& c = cfg_;
   const int64_t d = c.n_embd;
   const int32_t n = p.n_tok;
-  float *x = act_.x, *h = act_.h, *att = act_.att, *gate = act_.gate, *up = act_.up;
+  float *x = act_.x, *h = act_.h, *att = act_.att;
   dev_.embed(w_.tok_embd, ids_.data(), n, x);
   for (int32_t il = 0; il < c.n_layer; ++il) {
     const LayerWeights& L = w_.layers[static_cast<size_t>(il)];
     dev_.rmsnorm(x, L.attn_norm.data(), h, n, d, c.norm_eps);
-    self_attention(p, il);
-    const MatJob out{&L.wo, x, nullptr, true};
-    dev_.matmuls(att, n, &out, 1);
-
-    dev_.rmsnorm(x, L.ffn_norm.data(), h, n, d, c.norm_eps);
-    const MatJob ffn[] = {{&L.gate, gate}, {&L.up, up}};
-    dev_.matmuls(h, n, ffn, 2);
-    dev_.swiglu(gate, up, int64_t{n} * c.n_ff);
-    const MatJob down{&L.down, x, nullptr, true};
-    dev_.matmuls(gate, n, &down, 1);
+    if (recurrent(il)) {
+      gated_delta_net(p, il);
+    } else {
+      self_attention(p, il);
+      const MatJob out{&L.wo, x, nullptr, true};
+      dev_.matmuls(att, n, &out, 1);
+    }
+    swiglu_ffn(il, n);
   }
+}
+
+void Engine::swiglu_ffn(int32_t il, int32_t n) {
+  const ModelConfig& c = cfg_;
+  const LayerWeights& L = w_.layers[static_cast<size_t>(il)];
+  float *x = act_.x, *h = act_.h, *gate = act_.gate, *up = act_.up;
+  dev_.rmsnorm(x, L.ffn_norm.data(), h, n, c.n_embd, c.norm_eps);
+  const MatJob ffn[] = {{&L.gate, gate}, {&L.up, up}};
+  dev_.matmuls(h, n, ffn, 2);
+  dev_.swiglu(gate, up, int64_t{n} * c.n_ff);
+  const MatJob down{&L.down, x, nullptr, true};
+  dev_.matmuls(gate, n, &down, 1);
 }
 
 }  // namespace kvs

@@ -9,7 +9,7 @@ namespace kvs {
 
 NgramDrafter::NgramDrafter(int32_t n_min, int32_t n_max) : n_min_(n_min), n_max_(n_max) {
   KVS_CHECK(n_min >= 1 && n_min <= n_max && n_max <= kMaxN,
-            "--spec-ngram: the n-gram sizes must satisfy 1 <= min <= max <= ", kMaxN, ", got ",
+            "ngram drafter: the n-gram sizes must satisfy 1 <= min <= max <= ", kMaxN, ", got ",
             n_min, " and ", n_max);
   prev_.resize(static_cast<size_t>(n_max - n_min + 1));
 }

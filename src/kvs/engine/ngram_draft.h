@@ -12,8 +12,9 @@ namespace kvs {
 
 class NgramDrafter {
  public:
-  // Throws kvs::Error unless 1 <= n_min <= n_max <= kMaxN.
-  NgramDrafter(int32_t n_min, int32_t n_max);
+  // Throws kvs::Error unless 1 <= n_min <= n_max <= kMaxN. The defaults are the apps' (run,
+  // chat, serve): a match of 2 tokens is already a good guess in copied text.
+  explicit NgramDrafter(int32_t n_min = 2, int32_t n_max = 4);
   static constexpr int32_t kMaxN = 8;
 
   // Appends a token of the sequence (prompt and accepted tokens alike).

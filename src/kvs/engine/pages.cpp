@@ -36,7 +36,7 @@ void Engine::replan(const std::vector<BatchEntry>& batch) {
   // the next pass that fits them lends it again.
   int32_t n_tok = 0;
   for (const BatchEntry& e : batch) n_tok += e.n;
-  const int32_t top = n_tok > opt_.n_seq ? work_frames_ : 0;
+  const int32_t top = n_tok > decode_rows(opt_) ? work_frames_ : 0;
   const bool switches = top != pool_->top();
   bool grows = plan_dirty_ || switches;
   std::vector<int32_t> pages(slots_.size(), 0);
@@ -76,7 +76,7 @@ void Engine::replan(const std::vector<BatchEntry>& batch) {
 void Engine::set_phase(bool prefill) {
   if (!prefill) {
     if (work_scratch_) dev_.lend_prefill_scratch(nullptr);
-    carve(cfg_, opt_.n_seq, act_mem_.as(), &act_);
+    carve(cfg_, decode_rows(opt_), act_mem_.as(), &act_);
     return;
   }
   uint8_t* base = pool_->top_memory();
@@ -156,9 +156,54 @@ void Engine::add_pages(int32_t il, const std::vector<BatchEntry>& batch) {
   }
 }
 
+void Engine::truncate(Sequence& s, int32_t n_past) {
+  KVS_CHECK(s.id >= 0 && s.id < opt_.n_seq && slots_[static_cast<size_t>(s.id)].live,
+            "truncate: a sequence that is not open");
+  KVS_CHECK(n_past >= 0 && n_past <= s.n_past, "truncate: to ", n_past, " of ", s.n_past,
+            " positions");
+  if (n_past == s.n_past) return;
+  Slot& sl = slots_[static_cast<size_t>(s.id)];
+  if (shape_.n_recurrent > 0) {
+    KVS_CHECK(s.n_past - n_past < sl.verified, "truncate: recurrent layers roll back only within ",
+              "the last step, and only a verify step's (", sl.verified, " tokens); asked for ",
+              s.n_past - n_past, " positions");
+    redo_recurrent(s.id, sl.verified - (s.n_past - n_past));
+    sl.verified = 0;
+  }
+  KVS_CHECK(shape_.n_window == 0 || host_dev_ || s.n_past - n_past < opt_.n_verify,
+            "truncate: ", s.n_past - n_past, " positions back, more than the windows keep (",
+            opt_.n_verify - 1, ")");
+  const int32_t P = opt_.page_size;
+  const int32_t pages = (n_past + P - 1) / P;  // those holding a kept position
+  if (pool_) {
+    dev_.sync();  // write-backs and prefetches may still read the pages that go
+    reclaim(true);
+    for (int32_t il = 0; il < cfg_.n_layer; ++il) {
+      auto& fr = sl.frames[static_cast<size_t>(il)];
+      while (static_cast<int32_t>(fr.size()) > pages) {
+        if (fr.back() >= 0) pool_->give(fr.back());
+        fr.pop_back();
+      }
+      // The tail page is written again: it needs its frame back where its completion let the
+      // frame go after the write-back (the host store has its kept rows). A chunk the ring
+      // prefetched with it no longer matches the next step's pages and is dropped.
+      if (n_past % P == 0 || fr.empty() || fr.back() >= 0) continue;
+      KVS_CHECK(full(il) && host_, "truncate: a window page behind the window");
+      fr.back() = take_frame();
+      dev_.copy(Stream::Compute, pool_->frame(fr.back()), host_->page(s.id, store_layer(il), pages - 1),
+                kv_.page_bytes());
+    }
+  }
+  if (static_cast<int32_t>(sl.tokens.size()) > n_past) sl.tokens.resize(static_cast<size_t>(n_past));
+  sl.n_past = s.n_past = n_past;
+  ++frames_epoch_;
+  plan_dirty_ = true;
+}
+
 void Engine::trim_windows(const Sequence& s) {
   if (shape_.n_window == 0 || host_dev_) return;  // host mode keeps every page on the host
-  const int32_t keep = std::max(0, s.n_past - cfg_.n_swa + 1) / opt_.page_size;
+  const int32_t keep =
+      std::max(0, s.n_past - cfg_.n_swa + 1 - (opt_.n_verify - 1)) / opt_.page_size;
   Slot& sl = slots_[static_cast<size_t>(s.id)];
   for (int32_t il = 0; il < cfg_.n_layer; ++il) {
     if (full(il)) continue;

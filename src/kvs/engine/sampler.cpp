@@ -73,6 +73,85 @@ void Sampler::apply_penalty(int32_t n_vocab) {
   }
 }
 
+bool Sampler::ranks_before(const Cand& a, const Cand& b) {
+  return better(a.logit, a.id, b.logit, b.id);
+}
+
+// The maximum in 8 independent lanes (vectorises), then the first token that has it.
+size_t Sampler::argmax() const {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  const size_t n = work_.size();
+  float lane[8];
+  for (float& m : lane) m = -kInf;
+  for (size_t i = 0; i + 8 <= n; i += 8) {
+    for (size_t j = 0; j < 8; ++j) lane[j] = work_[i + j] > lane[j] ? work_[i + j] : lane[j];
+  }
+  float mx = -kInf;
+  for (float m : lane) mx = m > mx ? m : mx;
+  for (size_t i = n - n % 8; i < n; ++i) mx = work_[i] > mx ? work_[i] : mx;
+  size_t best = 0;
+  while (best < n && work_[best] != mx) ++best;
+  return best == n ? 0 : best;  // all -inf: the caller refuses it
+}
+
+void Sampler::keep_top_k(size_t k) {
+  const size_t n = work_.size();
+  cand_.clear();
+  if (k <= n / 16) {
+    // One pass with a heap of the k best (front: the worst of them); almost every token is
+    // rejected by one float compare. Ids come in increasing order, so a tie never displaces.
+    for (size_t i = 0; i < k; ++i) cand_.push_back({work_[i], static_cast<int32_t>(i)});
+    std::make_heap(cand_.begin(), cand_.end(), ranks_before);
+    float worst = cand_.front().logit;
+    for (size_t i = k; i < n; ++i) {
+      const float l = work_[i];
+      if (l > worst) {
+        std::pop_heap(cand_.begin(), cand_.end(), ranks_before);
+        cand_.back() = {l, static_cast<int32_t>(i)};
+        std::push_heap(cand_.begin(), cand_.end(), ranks_before);
+        worst = cand_.front().logit;
+      }
+    }
+  } else {
+    for (size_t i = 0; i < n; ++i) cand_.push_back({work_[i], static_cast<int32_t>(i)});
+    std::nth_element(cand_.begin(), cand_.begin() + static_cast<std::ptrdiff_t>(k) - 1, cand_.end(),
+                     ranks_before);
+    cand_.resize(k);
+  }
+  std::sort(cand_.begin(), cand_.end(), ranks_before);
+}
+
+// The smallest prefix with cumulative probability >= top_p (at least one token). Sorted in
+// growing chunks (nth_element + sort of the chunk), so a cut that comes early never pays for a
+// full sort.
+size_t Sampler::top_p_prefix(size_t size, bool sorted, double z, float max_l) {
+  const auto first = cand_.begin();
+  const double target = static_cast<double>(p_.top_p);
+  double cum = 0.0;
+  size_t done = 0, keep = size;
+  size_t chunk = sorted ? size : std::min<size_t>(size, 256);
+  while (done < size) {
+    const auto lo = first + static_cast<std::ptrdiff_t>(done);
+    const auto hi = first + static_cast<std::ptrdiff_t>(chunk);
+    if (!sorted) {
+      if (chunk < size)
+        std::nth_element(lo, hi - 1, first + static_cast<std::ptrdiff_t>(size), ranks_before);
+      std::sort(lo, hi, ranks_before);
+    }
+    for (size_t i = done; i < chunk; ++i) {
+      cum += static_cast<double>(std::exp(cand_[i].logit - max_l)) / z;
+      if (cum >= target) {
+        keep = i + 1;
+        break;
+      }
+    }
+    if (keep < size) break;
+    done = chunk;
+    chunk = std::min(size, chunk * 4);
+  }
+  return keep;
+}
+
 int32_t Sampler::distribution(const float* logits, int32_t n_vocab) {
   KVS_CHECK(n_vocab > 0, "sampler: n_vocab must be > 0, got ", n_vocab);
   KVS_CHECK(logits != nullptr, "sampler: no logits");
@@ -88,60 +167,24 @@ int32_t Sampler::distribution(const float* logits, int32_t n_vocab) {
     work_[i] = l > kMax ? kMax : l;
   }
   apply_penalty(n_vocab);
-
-  // Argmax, lowest id among equal maxima: the maximum in 8 independent lanes (vectorises),
-  // then the first token that has it.
-  float lane[8];
-  for (float& m : lane) m = -kInf;
-  for (size_t i = 0; i + 8 <= n; i += 8) {
-    for (size_t j = 0; j < 8; ++j) lane[j] = work_[i + j] > lane[j] ? work_[i + j] : lane[j];
-  }
-  float mx = -kInf;
-  for (float m : lane) mx = m > mx ? m : mx;
-  for (size_t i = n - n % 8; i < n; ++i) mx = work_[i] > mx ? work_[i] : mx;
-  size_t best = 0;
-  while (best < n && work_[best] != mx) ++best;
-  if (best == n) best = 0;  // all -inf: caught below
+  const size_t best = argmax();
   const float max_l = work_[best];
   KVS_CHECK(max_l > -kInf, "sampler: no finite logit");
-
   if (p_.temp <= 0.0f) {
     last_candidates_ = 1;
     n_cand_ = 0;
     return static_cast<int32_t>(best);
   }
 
-  auto cmp = [](const Cand& a, const Cand& b) { return better(a.logit, a.id, b.logit, b.id); };
   cand_.clear();        // keeps its capacity: no allocation once it has grown
-  bool sorted = false;  // cand_ in cmp order; otherwise in id order
+  bool sorted = false;  // cand_ in rank order; otherwise in id order
   const size_t k = p_.top_k > 0 ? std::min(n, static_cast<size_t>(p_.top_k)) : n;
   if (k < n) {
-    if (k <= n / 16) {
-      // One pass with a heap of the k best (front: the worst of them); almost every token is
-      // rejected by one float compare. Ids come in increasing order, so a tie never displaces.
-      for (size_t i = 0; i < k; ++i) cand_.push_back({work_[i], static_cast<int32_t>(i)});
-      std::make_heap(cand_.begin(), cand_.end(), cmp);
-      float worst = cand_.front().logit;
-      for (size_t i = k; i < n; ++i) {
-        const float l = work_[i];
-        if (l > worst) {
-          std::pop_heap(cand_.begin(), cand_.end(), cmp);
-          cand_.back() = {l, static_cast<int32_t>(i)};
-          std::push_heap(cand_.begin(), cand_.end(), cmp);
-          worst = cand_.front().logit;
-        }
-      }
-    } else {
-      for (size_t i = 0; i < n; ++i) cand_.push_back({work_[i], static_cast<int32_t>(i)});
-      std::nth_element(cand_.begin(), cand_.begin() + static_cast<std::ptrdiff_t>(k) - 1,
-                       cand_.end(), cmp);
-      cand_.resize(k);
-    }
-    std::sort(cand_.begin(), cand_.end(), cmp);
+    keep_top_k(k);
     sorted = true;
   }
 
-  // top-p and min-p both keep a prefix of the top-k survivors in cmp order, measured on their
+  // top-p and min-p both keep a prefix of the top-k survivors in rank order, measured on their
   // temperature-1 softmax; so the result is the shorter prefix, whatever the order of the two.
   // Normaliser of that softmax, over all top-k survivors (before min-p removes any); float exp
   // (the cheaper one), double sums.
@@ -171,38 +214,9 @@ int32_t Sampler::distribution(const float* logits, int32_t n_vocab) {
     }
   }
   size_t size = cand_.size();
-  const auto first = cand_.begin();
-  // top-p: smallest prefix with cumulative probability >= top_p (at least one token). Sorted
-  // in growing chunks (nth_element + sort of the chunk), so a cut that comes early never pays
-  // for a full sort.
-  if (p_.top_p < 1.0f && size > 1) {
-    const double target = static_cast<double>(p_.top_p);
-    double cum = 0.0;
-    size_t done = 0, keep = size;
-    size_t chunk = sorted ? size : std::min<size_t>(size, 256);
-    while (done < size) {
-      const auto lo = first + static_cast<std::ptrdiff_t>(done);
-      const auto hi = first + static_cast<std::ptrdiff_t>(chunk);
-      if (!sorted) {
-        if (chunk < size)
-          std::nth_element(lo, hi - 1, first + static_cast<std::ptrdiff_t>(size), cmp);
-        std::sort(lo, hi, cmp);
-      }
-      for (size_t i = done; i < chunk; ++i) {
-        cum += static_cast<double>(std::exp(cand_[i].logit - max_l)) / z;
-        if (cum >= target) {
-          keep = i + 1;
-          break;
-        }
-      }
-      if (keep < size) break;
-      done = chunk;
-      chunk = std::min(size, chunk * 4);
-    }
-    size = keep;
-  }
+  if (p_.top_p < 1.0f && size > 1) size = top_p_prefix(size, sorted, z, max_l);
 
-  // Temperature on the survivors, softmax. The draws walk the candidates' order (cmp order or
+  // Temperature on the survivors, softmax. The draws walk the candidates' order (rank order or
   // id order), both independent of the standard library.
   const double inv_t = 1.0 / static_cast<double>(p_.temp);
   total_ = 0.0;

@@ -63,7 +63,17 @@ class Sampler {
     int32_t id;
   };
 
+  // Total order: higher logit first, lower id first on ties.
+  static bool ranks_before(const Cand& a, const Cand& b);
+
   void apply_penalty(int32_t n_vocab);
+  // The first id of work_'s largest logit.
+  size_t argmax() const;
+  // cand_ = the k best of work_, in rank order.
+  void keep_top_k(size_t k);
+  // How many of cand_'s first `size` reach top-p (z: the softmax's normaliser); sorts what it
+  // reads into rank order unless cand_ is already.
+  size_t top_p_prefix(size_t size, bool sorted, double z, float max_l);
   // The distribution of `logits` after the chain: cand_[0, n_cand_) with unnormalised weights
   // (in .logit) summing to total_, and -1; greedy: the argmax (n_cand_ = 0).
   int32_t distribution(const float* logits, int32_t n_vocab);

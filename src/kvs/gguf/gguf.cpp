@@ -407,6 +407,47 @@ std::unique_ptr<File> File::from_buffer(std::vector<uint8_t> bytes, std::string 
   return f;
 }
 
+namespace {
+
+// general.alignment (a, or the default where the file has none), checked.
+uint64_t alignment_of(Reader& r, const Value* a) {
+  if (a == nullptr) return kDefaultAlignment;
+  if (!a->is_integer()) r.bad("expected an integer, got ", describe(*a));
+  const auto* i = std::get_if<int64_t>(&a->v);
+  if (i != nullptr && *i < 0) r.bad("alignment ", *i, " is negative");
+  uint64_t al = i != nullptr ? static_cast<uint64_t>(*i) : std::get<uint64_t>(a->v);
+  if (!std::has_single_bit(al)) r.bad("alignment ", al, " is not a nonzero power of two");
+  return al;
+}
+
+// A tensor info's dimensions, type, size and data offset, after its name.
+void read_tensor_info(Reader& r, TensorInfo& ti) {
+  uint32_t nd = r.get<uint32_t>("n_dims");
+  if (nd == 0 || nd > kMaxDims) r.bad("n_dims ", nd, " is out of range (1..", kMaxDims, ")");
+  int64_t ne = 1;
+  for (uint32_t d = 0; d < nd; d++) {
+    auto x = static_cast<int64_t>(r.get<uint64_t>("dimension"));
+    if (x <= 0) r.bad("dimension ", d, " is ", x, " (must be positive)");
+    if (__builtin_mul_overflow(ne, x, &ne)) r.bad("element count overflows 64 bits");
+    ti.dims.push_back(x);
+  }
+  uint32_t id = r.get<uint32_t>("type");
+  const DTypeTraits* tr = dtype_traits(id);
+  if (tr == nullptr) r.bad("unknown tensor type id ", id);
+  ti.type = static_cast<DType>(id);
+  if (ti.dims[0] % tr->block != 0) {
+    r.bad("row length ", ti.dims[0], " is not a multiple of the ", tr->name, " block size ",
+          tr->block);
+  }
+  if (__builtin_mul_overflow(static_cast<uint64_t>(ne / tr->block), uint64_t{tr->block_bytes},
+                             &ti.nbytes)) {
+    r.bad("size in bytes overflows 64 bits");
+  }
+  ti.offset = r.get<uint64_t>("data offset");
+}
+
+}  // namespace
+
 File::~File() {
   if (map_ != nullptr) munmap(map_, size_);
 }
@@ -454,16 +495,7 @@ void File::parse() {
   }
 
   r.ctx = "metadata key 'general.alignment'";
-  if (const Value* a = find("general.alignment")) {
-    if (!a->is_integer()) r.bad("expected an integer, got ", describe(*a));
-    const auto* i = std::get_if<int64_t>(&a->v);
-    if (i != nullptr && *i < 0) r.bad("alignment ", *i, " is negative");
-    uint64_t al = i != nullptr ? static_cast<uint64_t>(*i) : std::get<uint64_t>(a->v);
-    if (!std::has_single_bit(al)) r.bad("alignment ", al, " is not a nonzero power of two");
-    alignment_ = al;
-  } else {
-    alignment_ = kDefaultAlignment;
-  }
+  alignment_ = alignment_of(r, find("general.alignment"));
 
   tensors_.reserve(n_tensors);
   for (uint64_t i = 0; i < n_tensors; i++) {
@@ -472,28 +504,7 @@ void File::parse() {
     ti.name = r.str("tensor name");
     r.ctx = cat("tensor '", printable(ti.name), "'");
     if (tensor_index_.count(ti.name) != 0) r.bad("duplicate tensor name");
-    uint32_t nd = r.get<uint32_t>("n_dims");
-    if (nd == 0 || nd > kMaxDims) r.bad("n_dims ", nd, " is out of range (1..", kMaxDims, ")");
-    int64_t ne = 1;
-    for (uint32_t d = 0; d < nd; d++) {
-      auto x = static_cast<int64_t>(r.get<uint64_t>("dimension"));
-      if (x <= 0) r.bad("dimension ", d, " is ", x, " (must be positive)");
-      if (__builtin_mul_overflow(ne, x, &ne)) r.bad("element count overflows 64 bits");
-      ti.dims.push_back(x);
-    }
-    uint32_t id = r.get<uint32_t>("type");
-    const DTypeTraits* tr = dtype_traits(id);
-    if (tr == nullptr) r.bad("unknown tensor type id ", id);
-    ti.type = static_cast<DType>(id);
-    if (ti.dims[0] % tr->block != 0) {
-      r.bad("row length ", ti.dims[0], " is not a multiple of the ", tr->name, " block size ",
-            tr->block);
-    }
-    if (__builtin_mul_overflow(static_cast<uint64_t>(ne / tr->block), uint64_t{tr->block_bytes},
-                               &ti.nbytes)) {
-      r.bad("size in bytes overflows 64 bits");
-    }
-    ti.offset = r.get<uint64_t>("data offset");
+    read_tensor_info(r, ti);
     tensor_index_.emplace(ti.name, tensors_.size());
     tensors_.push_back(std::move(ti));
   }

@@ -35,6 +35,16 @@ struct Preset {
   int32_t full_interval = 0, rope_dim = 0, n_nextn = 0;
 };
 
+// A qwen35 preset: p with the Gated DeltaNet's key heads, value heads and head size, and the
+// rotated dims; every Qwen3.5 has conv kernels of 4, full attention every 4th layer and one MTP
+// block.
+constexpr Preset qwen35(Preset p, int32_t k_heads, int32_t v_heads, int32_t state,
+                        int32_t rope_dim) {
+  p.ssm_k_heads = k_heads, p.ssm_v_heads = v_heads, p.ssm_state = state, p.ssm_conv = 4;
+  p.full_interval = 4, p.rope_dim = rope_dim, p.n_nextn = 1;
+  return p;
+}
+
 // Shapes as in the real models' config.json / GGUF conversions.
 constexpr Preset kPresets[] = {
     {"tiny", Arch::Llama, "Synthetic Tiny Llama", 2, 128, 384, 4, 2, 0, 512, 4096, 1e-5f, 10000.0f,
@@ -73,92 +83,23 @@ constexpr Preset kPresets[] = {
     // Qwen3.5's hybrid at a tiny size: 8 layers (full attention at 3 and 7), 2 GDN key heads
     // read by 4 value heads (the 27B's 3:1 is 16:48), heads of 32, a quarter of the attention
     // head rotated, and one MTP block.
-    {"tiny-qwen35",
-     Arch::Qwen35,
-     "Synthetic Tiny Qwen3.5",
-     8,
-     128,
-     384,
-     4,
-     1,
-     64,
-     512,
-     4096,
-     1e-6f,
-     10000000.0f,
-     false,
-     true,
-     false,
-     0,
-     10000.0f,
-     1.0f,
-     2,
-     4,
-     32,
-     4,
-     4,
-     16,
-     1},
+    qwen35({"tiny-qwen35", Arch::Qwen35, "Synthetic Tiny Qwen3.5", 8, 128, 384, 4, 1, 64, 512, 4096,
+            1e-6f, 10000000.0f, false, true, false},
+           2, 4, 32, 16),
     // Qwen/Qwen3.5-27B config.json, text_config: hidden_size 5120, intermediate_size 17408, 64
     // layers, full_attention_interval 4, 24 heads, 4 KV heads, head_dim 256,
     // partial_rotary_factor 0.25, rope_theta 1e7, mrope_section [11, 11, 10], linear (GDN)
     // 16 key heads, 48 value heads, head dims 128, conv kernel 4, vocab 248320,
     // rms_norm_eps 1e-6, max_position_embeddings 262144, untied, mtp_num_hidden_layers 1.
-    {"qwen35-27b",
-     Arch::Qwen35,
-     "Qwen3.5 27B (synthetic)",
-     64,
-     5120,
-     17408,
-     24,
-     4,
-     256,
-     248320,
-     262144,
-     1e-6f,
-     10000000.0f,
-     false,
-     true,
-     false,
-     0,
-     10000.0f,
-     1.0f,
-     16,
-     48,
-     128,
-     4,
-     4,
-     64,
-     1},
+    qwen35({"qwen35-27b", Arch::Qwen35, "Qwen3.5 27B (synthetic)", 64, 5120, 17408, 24, 4, 256,
+            248320, 262144, 1e-6f, 10000000.0f, false, true, false},
+           16, 48, 128, 64),
     // Qwen/Qwen3.5-9B config.json, text_config: hidden_size 4096, intermediate_size 12288, 32
     // layers, 16 heads, 4 KV heads, head_dim 256, linear 16 key heads, 32 value heads; the rest
     // as the 27B.
-    {"qwen35-9b",
-     Arch::Qwen35,
-     "Qwen3.5 9B (synthetic)",
-     32,
-     4096,
-     12288,
-     16,
-     4,
-     256,
-     248320,
-     262144,
-     1e-6f,
-     10000000.0f,
-     false,
-     true,
-     false,
-     0,
-     10000.0f,
-     1.0f,
-     16,
-     32,
-     128,
-     4,
-     4,
-     64,
-     1},
+    qwen35({"qwen35-9b", Arch::Qwen35, "Qwen3.5 9B (synthetic)", 32, 4096, 12288, 16, 4, 256,
+            248320, 262144, 1e-6f, 10000000.0f, false, true, false},
+           16, 32, 128, 64),
 };
 
 // A gemma3 preset has a window that fits its context (ModelConfig refuses a larger one, and

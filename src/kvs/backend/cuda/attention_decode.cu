@@ -1,9 +1,9 @@
 // Decode attention: one token's query heads against the spans of a call, continuing a running
 // state (max, sum, unnormalised output) across calls exactly as the CPU kernel does. One block
-// per (span, kv head) on CUDA cores (decode_partials, head sizes 32 and 256; the tensor-core
-// kernel of attention_decode_tc.cu takes 64 and 128) computes the partial of every query head
-// of the group, then the fold (attention_fold.cuh) merges the partials into the state in span
-// order.
+// per (span, kv head) on CUDA cores (decode_partials, head size 32, and 256 where a block's
+// shared memory cannot hold the tensor-core kernel's tiles; attention_decode_tc.cu takes the
+// others) computes the partial of every query head of the group, then the fold
+// (attention_fold.cuh) merges the partials into the state in span order.
 #include "kvs/backend/cuda/attention_fold.cuh"
 #include "kvs/backend/cuda/attention_tile.cuh"
 
@@ -262,7 +262,8 @@ void attention_decode(Ctx& c, Geo& g, const KvLayout& l, bool by_warp) {
   const int d = g.d;
   float* part = c.scratch_part(static_cast<size_t>(g.n_spans) * g.n_head * part_stride(d));
   bool fold_launched = false;  // by the attention's launch
-  if (d == 64 || d == 128) {   // tensor cores
+  // Tensor cores for heads of 256 where a block's shared memory holds their tiles.
+  if (d == 64 || d == 128 || (d == 256 && decode_tc_fits(c, g, l))) {
     fold_launched = launch_decode_tc(c, g, l, by_warp, part);
   } else {
     DecTile t;

@@ -1,7 +1,7 @@
-// Decode attention on tensor cores, for head sizes 64 and 128 and up to 8 query heads per kv
-// head: one warp per (span, kv head), 4 to a block, the kv heads of a span next to each other so
-// that the warps running together read whole K and V rows (or a block per (span, kv head) for a
-// short context, decode_by_warp). A warp walks its span in tiles of 16 keys, up to kStages
+// Decode attention on tensor cores, for head sizes 64, 128 and 256 and up to 8 query heads per
+// kv head: one warp per (span, kv head), 4 to a block, the kv heads of a span next to each other
+// so that the warps running together read whole K and V rows (or a block per (span, kv head) for
+// a short context, decode_by_warp). A warp walks its span in tiles of 16 keys, up to kStages
 // tiles in flight, and writes (or folds) the span's partial itself. Per tile: raw rows copied
 // (cp.async) into the warp's part of shared memory, then two mma.sync m16n8k16 products per
 // tile with the tile's 16 keys or 16 dimensions as the rows and the group's heads as the 8
@@ -44,16 +44,20 @@ constexpr int head_bytes() {
   return T == DType::F16 ? 2 * D : T == DType::Q8_0 ? 34 * D / 32 : 18 * D / 32;
 }
 // Blocks an SM holds (the registers are bounded for it): 3, since at 4 (128 registers) the
-// warps spill. Tiles in flight per warp: as many (2 to 4) as let those blocks' stages stay
-// within 174 KiB of an SM's shared memory with the usual row strides (a head padded to 16 bytes
-// after a shift of 8), so that the rest stays L1, which the .ca copies go through.
-constexpr int kDtBlocks = 3;
+// warps spill; 2 for heads of 256 (their accumulators take twice the registers). Tiles in
+// flight per warp: as many (2 to 4) as let those blocks' stages stay within 174 KiB of an SM's
+// shared memory with the usual row strides (a head padded to 16 bytes after a shift of 8), so
+// that the rest stays L1, which the .ca copies go through.
+template <int D>
+constexpr int dt_blocks() {
+  return D == 256 ? 2 : 3;
+}
 template <DType K, DType V, int D>
 constexpr int dt_stages() {
   constexpr int pad_k = (head_bytes<K, D>() + 8 + 15) / 16 * 16;
   constexpr int pad_v = (head_bytes<V, D>() + 8 + 15) / 16 * 16;
   constexpr int stage = kDtWarps * kDtKeys * (pad_k + pad_v);
-  constexpr int fit = 174 * 1024 / kDtBlocks / stage;
+  constexpr int fit = 174 * 1024 / dt_blocks<D>() / stage;
   return fit >= 4 ? 4 : fit >= 2 ? fit : 2;
 }
 
@@ -83,9 +87,11 @@ struct Scales {
 };
 template <int kB>
 __device__ __forceinline__ Scales<kB> ld_scales(const uint8_t* head) {
-  static_assert(kB == 2 || kB == 4, "head sizes 64 and 128");
+  static_assert(kB == 2 || kB == 4 || kB == 8, "head sizes 64, 128 and 256");
   Scales<kB> r;
-  if constexpr (kB == 4)
+  if constexpr (kB == 8)
+    *reinterpret_cast<uint4*>(r.h) = *reinterpret_cast<const uint4*>(head);
+  else if constexpr (kB == 4)
     *reinterpret_cast<uint2*>(r.h) = *reinterpret_cast<const uint2*>(head);
   else
     *reinterpret_cast<uint32_t*>(r.h) = *reinterpret_cast<const uint32_t*>(head);
@@ -226,7 +232,7 @@ constexpr int kInlineFoldStages = 2;
 // starts, the staged span table and positions included (a recorded step copies them before its
 // first kernel).
 template <DType K, DType V, int D, bool kByWarp, bool kEarly = false>
-__global__ void __launch_bounds__(32 * kDtWarps, kDtBlocks)
+__global__ void __launch_bounds__(32 * kDtWarps, dt_blocks<D>())
     decode_tc(Geo g, float* part, int n_kv, int kst, int vst, int cw, FoldSync fs) {
   static_assert(head_bytes<K, D>() % (D / 16) == 0 && head_bytes<V, D>() % (D / 16) == 0,
                 "heads start (D / 16)-byte aligned in shared memory (ld4, ld_scales)");
@@ -590,41 +596,62 @@ HeadCopies head_copies(const Geo& g, int n_kv) {
 
 }  // namespace
 
+// f(D) for the call's head size (64, 128 or 256).
+template <class F>
+void dispatch_tc_head(int d, F&& f) {
+  if (d == 64) return f.template operator()<64>();
+  if (d == 128) return f.template operator()<128>();
+  return f.template operator()<256>();
+}
+
+bool decode_tc_fits(const Ctx& c, const Geo& g, const KvLayout& l) {
+  size_t smem = 0;
+  dispatch_kv(l.k_type, [&]<DType K>() {
+    dispatch_kv(l.v_type, [&]<DType V>() {
+      dispatch_tc_head(g.d, [&]<int D>() {
+        const HeadCopies hc = head_copies(g, l.n_head_kv);
+        smem = kDtWarps *
+               static_cast<size_t>(dt_warp_bytes(dt_stages<K, V, D>(), hc.kst, hc.vst, g.group, D));
+      });
+    });
+  });
+  return smem <= c.smem_optin;
+}
+
 bool launch_decode_tc(Ctx& c, Geo& g, const KvLayout& l, bool by_warp, float* part) {
   const int d = g.d;
   bool fold_launched = false;
   dispatch_kv(l.k_type, [&]<DType K>() {
     dispatch_kv(l.v_type, [&]<DType V>() {
-      const auto [kst, vst, cw] = head_copies(g, l.n_head_kv);
-      const bool early = by_warp && c.attn_early && c.staged;
-      const auto tc = d == 64 ? (early     ? decode_tc<K, V, 64, true, true>
-                                 : by_warp ? decode_tc<K, V, 64, true>
-                                           : decode_tc<K, V, 64, false>)
-                              : (early     ? decode_tc<K, V, 128, true, true>
-                                 : by_warp ? decode_tc<K, V, 128, true>
-                                           : decode_tc<K, V, 128, false>);
-      const int stages = d == 64 ? dt_stages<K, V, 64>() : dt_stages<K, V, 128>();
-      const size_t tc_smem =
-          kDtWarps * static_cast<size_t>(dt_warp_bytes(stages, kst, vst, g.group, d));
-      allow_smem(tc, tc_smem);
-      // One span (a short context, or a ring chunk of one page): its block or warp folds it.
-      g.fold_in_place = g.n_spans == 1;
-      // (span, kv head): a warp or block each
-      const int items = g.n_spans * l.n_head_kv;
-      // The fold inside the launch when its warps fit a decode warp's shared memory and half
-      // the blocks the GPU holds at once hold them twice over (its warps wait for the spans'
-      // flags: the spans' blocks must always find room).
-      FoldSync fs{};
-      const int fold_blocks = (g.n_head * (d / 32) + kDtWarps - 1) / kDtWarps;
-      if (by_warp && !g.fold_in_place &&
-          dt_warp_bytes(stages, kst, vst, g.group, d) >= fold_bytes(32, kInlineFoldStages) &&
-          2 * fold_blocks <= c.n_sm * resident(tc, 32 * kDtWarps, tc_smem)) {
-        unsigned* buf = c.scratch_flags(2 + static_cast<size_t>(items));
-        fs = {buf + 2, buf, fold_blocks};
-        fold_launched = true;
-      }
-      launch(tc, dim3((by_warp ? (items + kDtWarps - 1) / kDtWarps : items) + fs.blocks),
-             32 * kDtWarps, tc_smem, c.stream, g, part, l.n_head_kv, kst, vst, cw, fs);
+      dispatch_tc_head(d, [&]<int D>() {
+        const auto [kst, vst, cw] = head_copies(g, l.n_head_kv);
+        const bool early = by_warp && c.attn_early && c.staged;
+        const auto tc = early     ? decode_tc<K, V, D, true, true>
+                        : by_warp ? decode_tc<K, V, D, true>
+                                  : decode_tc<K, V, D, false>;
+        const int stages = dt_stages<K, V, D>();
+        const size_t tc_smem =
+            kDtWarps * static_cast<size_t>(dt_warp_bytes(stages, kst, vst, g.group, d));
+        allow_smem(tc, tc_smem);
+        // One span (a short context, or a ring chunk of one page): its block or warp folds it.
+        g.fold_in_place = g.n_spans == 1;
+        // (span, kv head): a warp or block each
+        const int items = g.n_spans * l.n_head_kv;
+        // The fold inside the launch when its warps fit a decode warp's shared memory and half
+        // the blocks the GPU holds at once hold them twice over (its warps wait for the spans'
+        // flags: the spans' blocks must always find room).
+        FoldSync fs{};
+        const int fold_blocks = (g.n_head * (d / 32) + kDtWarps - 1) / kDtWarps;
+        if (by_warp && !g.fold_in_place &&
+            dt_warp_bytes(stages, kst, vst, g.group, d) >= fold_bytes(32, kInlineFoldStages) &&
+            2 * fold_blocks <= c.n_sm * resident(tc, 32 * kDtWarps, tc_smem)) {
+          unsigned* buf = c.scratch_flags(2 + static_cast<size_t>(items));
+          fs = {buf + 2, buf, fold_blocks};
+          fold_launched = true;
+        }
+        launch(tc, dim3((by_warp ? (items + kDtWarps - 1) / kDtWarps : items) + fs.blocks),
+               32 * kDtWarps, tc_smem, c.stream, g, part, l.n_head_kv, kst, vst, cw, fs);
+      });
     });
   });
   return fold_launched;

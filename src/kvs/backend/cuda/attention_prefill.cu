@@ -1,8 +1,8 @@
 // Prefill attention: blocks of query rows (query, head) of one kv head walk the spans in tiles
 // with an online softmax over tiles (prefill_tc on tensor cores over f16 tiles, a quantized
-// cache converted to f16 first; prefill on CUDA cores for head sizes 32 and 256); a tile never
-// crosses a span, so the sequence of operations does not depend on how the spans were split
-// into calls.
+// cache converted to f16 first; prefill on CUDA cores for heads of 32, and of 256 where a
+// block's shared memory cannot hold prefill_tc's tiles); a tile never crosses a span, so the
+// sequence of operations does not depend on how the spans were split into calls.
 #include <algorithm>
 #include <climits>
 
@@ -277,7 +277,7 @@ __global__ void __launch_bounds__(kPreThreads) prefill(Geo g) {
   }
 }
 
-// Prefill on tensor cores, for head sizes 64 and 128, on f16 K and V (a quantized cache is
+// Prefill on tensor cores, for head sizes 64, 128 and 256, on f16 K and V (a quantized cache is
 // converted first, kv_to_f16: once per call, not once per block that reads it): a block of 8
 // warps takes 128 rows (query, head), 16 per warp. Tiles of 64 keys (never crossing a span) are
 // copied into shared memory one tile ahead (cp.async) and multiplied with mma.sync m16n8k16
@@ -547,73 +547,84 @@ __global__ void kv_to_f16(Geo g, int s0, int page_keys, int n_kv, __half* __rest
 }
 
 template <int D>
+constexpr size_t prefill_tc_smem() {
+  return sizeof(__half) * 4 * kTcKeys * (D + 8);
+}
+
+template <int D>
 void launch_prefill_tc(Ctx& c, const Geo& g, int n_kv) {
-  const size_t smem = sizeof(__half) * 4 * kTcKeys * (D + 8);
+  constexpr size_t smem = prefill_tc_smem<D>();
   allow_smem(prefill_tc<D>, smem);
   const int tq = kTcRows / g.group;
   launch(prefill_tc<D>, dim3((g.n_tok + tq - 1) / tq, n_kv), kTcThreads, smem, c.stream, g);
 }
 
+// On tensor cores: an f16 cache as it is, a quantized one converted to f16 in chunks.
 template <DType K, DType V, int D>
-void launch_prefill(Ctx& c, const Geo& g, const KvLayout& l) {
+void launch_prefill_f16(Ctx& c, const Geo& g, const KvLayout& l) {
   const int n_kv = l.n_head_kv;
-  if constexpr (D == 64 || D == 128) {
-    if constexpr (K == DType::F16 && V == DType::F16) {
-      return launch_prefill_tc<D>(c, g, n_kv);
-    } else {
-      if (g.n_spans == 0) return launch_prefill_tc<D>(c, g, n_kv);  // only the state's end
-      // The spans in chunks whose f16 copy fits half the scratch (reserved by the device),
-      // each converted, then attended to as an f16 cache; the running max, sum and output
-      // carry from chunk to chunk as from call to call. With more than one chunk, chunk i + 1
-      // converts on the side stream into the other half while chunk i is attended to (the
-      // attention, one block an SM, leaves room beside it), unless a graph is being recorded.
-      const size_t page16 = 2 * static_cast<size_t>(l.page_size) * n_kv * D * sizeof(__half);
-      const size_t room = std::max(c.kv16.size(), std::min(kKv16Bytes, g.n_spans * page16));
-      const bool one = g.n_spans * page16 <= room;
-      const int per = one ? g.n_spans : static_cast<int>(std::max<size_t>(1, room / 2 / page16));
-      const int halves = one ? 1 : 2;
-      __half* kv16 = c.scratch_kv16(halves * static_cast<size_t>(per) * page16);
-      Span* spans16 = c.scratch_spans16(halves * per);
-      cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-      KVS_CUDA_CHECK(cudaStreamIsCapturing(c.stream, &cap));
-      const bool side = !one && cap == cudaStreamCaptureStatusNone && c.side;
-      const int blocks_y = (2 * l.page_size * n_kv * (D / 8) + 8 * 256 - 1) / (8 * 256);
-      const auto convert = [&](int i, cudaStream_t st) {
-        const int s0 = i * per, n = std::min(per, g.n_spans - s0), b = i % halves;
-        if (side) KVS_CUDA_CHECK(cudaStreamWaitEvent(st, c.consumed[b]));
-        launch(kv_to_f16<K, V, D>, dim3(n, blocks_y), 256, 0, st, g, s0, l.page_size, n_kv,
-               kv16 + b * per * page16 / sizeof(__half), spans16 + b * per);
-        if (side) KVS_CUDA_CHECK(cudaEventRecord(c.converted[b], st));
-      };
-      const int chunks = (g.n_spans + per - 1) / per;
-      if (side) {
-        KVS_CUDA_CHECK(cudaEventRecord(c.side_ready, c.stream));
-        KVS_CUDA_CHECK(cudaStreamWaitEvent(c.side, c.side_ready));
-      }
-      convert(0, side ? c.side : c.stream);
-      for (int i = 0; i < chunks; ++i) {
-        const int s0 = i * per, n = std::min(per, g.n_spans - s0), b = i % halves;
-        if (side) KVS_CUDA_CHECK(cudaStreamWaitEvent(c.stream, c.converted[b]));
-        Geo h = g;
-        h.spans = spans16 + b * per, h.n_spans = n;
-        h.k_row = h.v_row = static_cast<size_t>(n_kv) * D * sizeof(__half);
-        h.k_head = h.v_head = D * sizeof(__half);
-        h.v_offset = static_cast<size_t>(l.page_size) * h.k_row;
-        h.first = g.first && s0 == 0, h.last = g.last && s0 + n == g.n_spans;
-        launch_prefill_tc<D>(c, h, n_kv);
-        if (side) KVS_CUDA_CHECK(cudaEventRecord(c.consumed[b], c.stream));
-        if (i + 1 < chunks) convert(i + 1, side ? c.side : c.stream);
-      }
-    }
+  if constexpr (K == DType::F16 && V == DType::F16) {
+    return launch_prefill_tc<D>(c, g, n_kv);
   } else {
-    using T = Tile<D>;
-    allow_smem(prefill<K, V, D>, T::kSmem);
-    const int tq = T::kRows / g.group;
-    launch(prefill<K, V, D>, dim3((g.n_tok + tq - 1) / tq, n_kv), kPreThreads, T::kSmem, c.stream,
-           g);
+    if (g.n_spans == 0) return launch_prefill_tc<D>(c, g, n_kv);  // only the state's end
+    // The spans in chunks whose f16 copy fits half the scratch (reserved by the device),
+    // each converted, then attended to as an f16 cache; the running max, sum and output
+    // carry from chunk to chunk as from call to call. With more than one chunk, chunk i + 1
+    // converts on the side stream into the other half while chunk i is attended to (the
+    // attention, one block an SM, leaves room beside it), unless a graph is being recorded.
+    const size_t page16 = 2 * static_cast<size_t>(l.page_size) * n_kv * D * sizeof(__half);
+    const size_t room = std::max(c.kv16.size(), std::min(kKv16Bytes, g.n_spans * page16));
+    const bool one = g.n_spans * page16 <= room;
+    const int per = one ? g.n_spans : static_cast<int>(std::max<size_t>(1, room / 2 / page16));
+    const int halves = one ? 1 : 2;
+    __half* kv16 = c.scratch_kv16(halves * static_cast<size_t>(per) * page16);
+    Span* spans16 = c.scratch_spans16(halves * per);
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    KVS_CUDA_CHECK(cudaStreamIsCapturing(c.stream, &cap));
+    const bool side = !one && cap == cudaStreamCaptureStatusNone && c.side;
+    const int blocks_y = (2 * l.page_size * n_kv * (D / 8) + 8 * 256 - 1) / (8 * 256);
+    const auto convert = [&](int i, cudaStream_t st) {
+      const int s0 = i * per, n = std::min(per, g.n_spans - s0), b = i % halves;
+      if (side) KVS_CUDA_CHECK(cudaStreamWaitEvent(st, c.consumed[b]));
+      launch(kv_to_f16<K, V, D>, dim3(n, blocks_y), 256, 0, st, g, s0, l.page_size, n_kv,
+             kv16 + b * per * page16 / sizeof(__half), spans16 + b * per);
+      if (side) KVS_CUDA_CHECK(cudaEventRecord(c.converted[b], st));
+    };
+    const int chunks = (g.n_spans + per - 1) / per;
+    if (side) {
+      KVS_CUDA_CHECK(cudaEventRecord(c.side_ready, c.stream));
+      KVS_CUDA_CHECK(cudaStreamWaitEvent(c.side, c.side_ready));
+    }
+    convert(0, side ? c.side : c.stream);
+    for (int i = 0; i < chunks; ++i) {
+      const int s0 = i * per, n = std::min(per, g.n_spans - s0), b = i % halves;
+      if (side) KVS_CUDA_CHECK(cudaStreamWaitEvent(c.stream, c.converted[b]));
+      Geo h = g;
+      h.spans = spans16 + b * per, h.n_spans = n;
+      h.k_row = h.v_row = static_cast<size_t>(n_kv) * D * sizeof(__half);
+      h.k_head = h.v_head = D * sizeof(__half);
+      h.v_offset = static_cast<size_t>(l.page_size) * h.k_row;
+      h.first = g.first && s0 == 0, h.last = g.last && s0 + n == g.n_spans;
+      launch_prefill_tc<D>(c, h, n_kv);
+      if (side) KVS_CUDA_CHECK(cudaEventRecord(c.consumed[b], c.stream));
+      if (i + 1 < chunks) convert(i + 1, side ? c.side : c.stream);
+    }
   }
 }
 
+template <DType K, DType V, int D>
+void launch_prefill(Ctx& c, const Geo& g, const KvLayout& l) {
+  if constexpr (D != 32) {
+    // Heads of 256 where a block may hold their 132 KiB of tiles (not the consumer cards' 99).
+    if (D != 256 || prefill_tc_smem<D>() <= c.smem_optin)
+      return launch_prefill_f16<K, V, D>(c, g, l);
+  }
+  using T = Tile<D>;
+  allow_smem(prefill<K, V, D>, T::kSmem);
+  const int tq = T::kRows / g.group;
+  launch(prefill<K, V, D>, dim3((g.n_tok + tq - 1) / tq, l.n_head_kv), kPreThreads, T::kSmem,
+         c.stream, g);
+}
 
 }  // namespace
 

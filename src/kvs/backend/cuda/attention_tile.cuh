@@ -5,8 +5,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <mutex>
-#include <unordered_map>
 
 #include "kvs/backend/cuda/common.cuh"
 #include "kvs/backend/cuda/kernels.h"
@@ -99,21 +97,6 @@ __device__ __forceinline__ float ex2(float x) {
 
 }  // namespace
 
-// Dynamic shared memory above 48 KiB has to be allowed once per kernel.
-template <class F>
-void allow_smem(F* kernel, size_t bytes) {
-  // Kernels of one signature share F, so the sizes are kept per kernel address.
-  static std::mutex mu;
-  static std::unordered_map<const void*, size_t> allowed;
-  const std::lock_guard<std::mutex> lock(mu);
-  const void* key = reinterpret_cast<const void*>(kernel);
-  size_t& a = allowed[key];
-  if (bytes <= a) return;
-  KVS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(bytes)));
-  a = bytes;
-}
-
 // The widest cp.async every K and V row of the layout allows (frames are 256-byte aligned).
 inline int copy_width(const Geo& g) {
   const auto aligned = [&](size_t w) {
@@ -125,10 +108,13 @@ inline int copy_width(const Geo& g) {
 
 // One token's attention (attention_decode.cu): g.xq set for the call that also quantizes.
 void attention_decode(Ctx& c, Geo& g, const KvLayout& l, bool by_warp);
-// Decode on tensor cores (attention_decode_tc.cu), head sizes 64 and 128: launches the
+// Decode on tensor cores (attention_decode_tc.cu), head sizes 64, 128 and 256: launches the
 // partials of g's spans into part, or folds a call of one span in place (g.fold_in_place);
 // returns whether its launch also folds the partials.
 bool launch_decode_tc(Ctx& c, Geo& g, const KvLayout& l, bool by_warp, float* part);
+// Whether a block of the tensor-core decode of g's layout fits this GPU's shared memory (heads
+// of 256 need more than the consumer cards give a block).
+bool decode_tc_fits(const Ctx& c, const Geo& g, const KvLayout& l);
 // Several tokens' attention (attention_prefill.cu).
 void attention_prefill(Ctx& c, const Geo& g, const KvLayout& l);
 

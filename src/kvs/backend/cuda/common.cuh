@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <unordered_map>
 #include <utility>
 
 #include "kvs/backend/cuda/layout.h"
@@ -80,6 +81,7 @@ void trace_bind_attention_decode_tc(const Trace& t);
 void trace_bind_attention_prefill(const Trace& t);
 void trace_bind_matmul(const Trace& t);
 void trace_bind_ops(const Trace& t);
+void trace_bind_delta_net(const Trace& t);
 #endif
 
 // Programmatic dependent launch (compute capability 9.0 on): every kernel is launched so that
@@ -131,6 +133,21 @@ int resident(F* kernel, int threads, size_t smem) {
   if (n == 0)
     KVS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
   return std::max(1, n);
+}
+
+// Dynamic shared memory above 48 KiB has to be allowed once per kernel.
+template <class F>
+void allow_smem(F* kernel, size_t bytes) {
+  // Kernels of one signature share F, so the sizes are kept per kernel address.
+  static std::mutex mu;
+  static std::unordered_map<const void*, size_t> allowed;
+  const std::lock_guard<std::mutex> lock(mu);
+  const void* key = reinterpret_cast<const void*>(kernel);
+  size_t& a = allowed[key];
+  if (bytes <= a) return;
+  KVS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(bytes)));
+  a = bytes;
 }
 
 __device__ __forceinline__ float h2f(const uint8_t* p) {

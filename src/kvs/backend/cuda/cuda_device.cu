@@ -24,9 +24,9 @@
 #include "kvs/backend/cuda/kernels.h"
 #include "kvs/backend/cuda/profile.h"
 #include "kvs/backend/cuda/step_calls.h"
+#include "kvs/backend/cuda/weights.h"
 #include "kvs/backend/device.h"
 #include "kvs/util/parse.h"
-#include "kvs/util/threadpool.h"
 
 namespace kvs {
 namespace cuda {
@@ -90,6 +90,7 @@ class CudaDevice final : public Device {
     ctx_.dev = this;
     ctx_.stream = streams_[0];
     ctx_.n_sm = prop.multiProcessorCount;
+    ctx_.smem_optin = prop.sharedMemPerBlockOptin;
     ctx_.decode_split = opt.decode_split;
     ctx_.attn_early = opt.attn_early;
     KVS_CHECK(opt.l2_next_mib >= 0 && opt.l2_next_mib <= 64, "CUDA options: l2_next_mib ",
@@ -117,8 +118,8 @@ class CudaDevice final : public Device {
     ctx_.x16.reset();
     ctx_.part.reset();
     ctx_.xq.reset();
-    weights_.reset();
-    vectors_.reset();
+    placed_.matrices.reset();
+    placed_.vectors.reset();
     for (cudaEvent_t e : fences_) cudaEventDestroy(e);
     cublasDestroy(ctx_.cublas);
     cudaFreeHost(stage_h_);
@@ -229,10 +230,12 @@ class CudaDevice final : public Device {
     const PrefillScratch p = prefill_scratch_of(w, n_tok, n_out_tok, max_spans);
     if (p.w16) ctx_.scratch_w(p.w16 / sizeof(__half)), ctx_.scratch_x(p.x16 / sizeof(__half));
     if (p.kv16) ctx_.scratch_kv16(p.kv16), ctx_.scratch_spans16(cuda::kMaxSpans16);
+    if (p.gdn) ctx_.scratch_gdn(p.gdn / sizeof(float));
     size_t xq = 0;
     for (const LayerWeights& l : w.layers)
-      for (const Matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down})
-        xq = std::max(xq, cuda::xq_bytes(m->n_in, std::min<int64_t>(n_tok, cuda::kMaxVecTok)));
+      for (const Matrix* m : cuda::layer_matrices(l))
+        if (m->n_out > 0)
+          xq = std::max(xq, cuda::xq_bytes(m->n_in, std::min<int64_t>(n_tok, cuda::kMaxVecTok)));
     xq = std::max(xq, cuda::xq_bytes(w.output.n_in, std::min<int64_t>(n_out_tok, cuda::kMaxVecTok)));
     if (xq) ctx_.scratch_xq(xq);
     if (max_spans > 0) ctx_.scratch_part(static_cast<size_t>(max_spans) * n_head * (head_dim + 3));
@@ -256,72 +259,20 @@ class CudaDevice final : public Device {
   void lend_prefill_scratch(uint8_t* p) override {
     KVS_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));  // the kernels may still use it
     KVS_CUDA_CHECK(cudaStreamSynchronize(ctx_.side));
-    ctx_.lent_w16 = ctx_.lent_x16 = ctx_.lent_kv16 = ctx_.lent_spans16 = {};
+    ctx_.lent_w16 = ctx_.lent_x16 = ctx_.lent_kv16 = ctx_.lent_spans16 = ctx_.lent_gdn = {};
     if (!p) return;
     const std::pair<Ctx::Lent*, size_t> parts[] = {{&ctx_.lent_w16, prefill_.w16},
                                                    {&ctx_.lent_x16, prefill_.x16},
                                                    {&ctx_.lent_kv16, prefill_.kv16},
-                                                   {&ctx_.lent_spans16, prefill_.spans16}};
+                                                   {&ctx_.lent_spans16, prefill_.spans16},
+                                                   {&ctx_.lent_gdn, prefill_.gdn}};
     for (size_t off = 0; const auto& [lent, n] : parts) {
       *lent = {p + off, n};
       off += PrefillScratch::align(n);
     }
   }
-  // Matrices in one allocation (256-byte aligned each), the small vectors in another; the
-  // vectors keep their host addresses in Weights, mapped here to their device copies.
   Weights place_weights(const Weights& host) override {
-    Weights out = host;
-    std::vector<Matrix*> mats{&out.tok_embd};
-    if (host.output.data != host.tok_embd.data) mats.push_back(&out.output);
-    for (LayerWeights& l : out.layers)
-      for (Matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down}) mats.push_back(m);
-    // Rows are repacked on the host into the layout of layout.h.
-    std::vector<size_t> pitch(mats.size());
-    size_t total = 0;
-    for (size_t i = 0; i < mats.size(); ++i) {
-      pitch[i] = cuda::device_pitch(mats[i]->type, mats[i]->n_in);
-      total += (pitch[i] * static_cast<size_t>(mats[i]->n_out) + 255) / 256 * 256;
-    }
-    weights_ = alloc(total, "the weights");
-    std::vector<uint8_t> buf;
-    size_t off = 0;
-    for (size_t i = 0; i < mats.size(); ++i) {
-      Matrix* m = mats[i];
-      const int64_t rows_per =
-          std::max<int64_t>(1, static_cast<int64_t>((size_t{64} << 20) / pitch[i]));
-      for (int64_t r0 = 0; r0 < m->n_out; r0 += rows_per) {
-        const int64_t nr = std::min(rows_per, m->n_out - r0);
-        buf.resize(static_cast<size_t>(nr) * pitch[i]);
-        thread_pool().parallel_for(nr, 64, [&](int64_t b, int64_t e) {
-          for (int64_t r = b; r < e; ++r)
-            cuda::pack_row(m->type, m->row(r0 + r), buf.data() + static_cast<size_t>(r) * pitch[i],
-                           m->n_in, pitch[i]);
-        });
-        KVS_CUDA_CHECK(cudaMemcpy(weights_.as() + off + static_cast<size_t>(r0) * pitch[i],
-                                  buf.data(), buf.size(), cudaMemcpyHostToDevice));
-      }
-      m->data = weights_.as() + off;
-      m->row_bytes = pitch[i];
-      off += (pitch[i] * static_cast<size_t>(m->n_out) + 255) / 256 * 256;
-    }
-    if (host.output.data == host.tok_embd.data) out.output = out.tok_embd;  // tied: same layout too
-    std::vector<Vec*> vecs{&out.output_norm, &out.rope_freqs};
-    for (LayerWeights& l : out.layers)
-      for (Vec* v : {&l.attn_norm, &l.bq, &l.bk, &l.bv, &l.q_norm, &l.k_norm, &l.attn_post_norm,
-                     &l.ffn_norm, &l.ffn_post_norm})
-        vecs.push_back(v);
-    size_t nv = 0;
-    for (Vec* v : vecs) nv += (v->size() + 63) / 64 * 64;
-    vectors_ = alloc(std::max<size_t>(nv, 1) * sizeof(float), "the weights' vectors");
-    size_t vo = 0;
-    for (Vec* v : vecs) {
-      if (v->empty()) continue;
-      float* d = vectors_.as<float>() + vo;
-      KVS_CUDA_CHECK(cudaMemcpy(d, v->data(), v->size() * sizeof(float), cudaMemcpyHostToDevice));
-      vec_map_[v->data()] = d;
-      vo += (v->size() + 63) / 64 * 64;
-    }
-    return out;
+    return cuda::place_weights(*this, host, placed_);
   }
 
   // Every operation is launched through run(): at once, or kept for the end of a recorded
@@ -345,19 +296,25 @@ class CudaDevice final : public Device {
   }
   void matmuls(const float* x, int64_t n_tok, const MatJob* jobs, int n_jobs) override {
     KVS_CHECK(n_jobs >= 1 && n_jobs <= 8, "cuda: ", n_jobs, " matrices in one group");
+    // The matrices themselves are kept, not the caller's pointers: a recorded step runs later,
+    // and a caller may pass views it made for this call (qwen35's halves of wq).
     std::array<MatJob, 8> j;
+    std::array<Matrix, 8> w;
     const bool q = quantized_.x == x && quantized_.n == n_tok * jobs[0].w->n_in;
     key(3, x, n_tok, n_jobs, q);
     for (int i = 0; i < n_jobs; ++i) {
       j[i] = jobs[i];
+      w[i] = *jobs[i].w;
       if (j[i].bias) j[i].bias = dv(j[i].bias);
-      const Matrix& m = *j[i].w;
+      const Matrix& m = w[i];
       key(m.data, m.type, m.n_in, m.n_out, m.row_bytes, j[i].y, j[i].bias, j[i].add);
     }
     const int at = next_product(j.data(), n_jobs, n_tok);
     run(n_tok <= cuda::kMaxVecTok ? "matvec" : "gemm", [=, this] {
+      std::array<MatJob, 8> jw = j;
+      for (int i = 0; i < n_jobs; ++i) jw[i].w = &w[i];
       ctx_.next = at >= 0 ? next_[static_cast<size_t>(at)] : cuda::L2Next{};
-      cuda::matmuls(ctx_, x, n_tok, j.data(), n_jobs, xq(q));
+      cuda::matmuls(ctx_, x, n_tok, jw.data(), n_jobs, xq(q));
     });
   }
   void rope(float* q, float* k, const int32_t* pos, int32_t n_tok, int32_t n_head,
@@ -391,6 +348,19 @@ class CudaDevice final : public Device {
     key(6, x, y, n);
     run("add", [=, this] { cuda::add(ctx_, x, y, n); });
   }
+  void sigmoid_mul(float* x, const float* gate, int64_t n) override {
+    key(12, x, gate, n);
+    run("sigmoid_mul", [=, this] { cuda::sigmoid_mul(ctx_, x, gate, n); });
+  }
+  void gated_delta_net(const DeltaNetArgs& a) override {
+    DeltaNetArgs b = a;
+    b.conv_w = dv(a.conv_w), b.dt_bias = dv(a.dt_bias), b.a = dv(a.a), b.norm = dv(a.norm);
+    key(13, b.qkv, b.z, b.alpha, b.beta, b.y, b.conv_state, b.state, b.conv_w, b.dt_bias, b.a,
+        b.norm, b.n_tok, b.conv, b.k_heads, b.v_heads, b.head, b.eps, b.chunk);
+    run(a.chunk > 1 ? "delta net prefill" : "delta net decode",
+        [=, this] { cuda::gated_delta_net(ctx_, b); });
+  }
+  bool has_gated_delta_net() const override { return true; }
   void kv_write(const KvLayout& l, const float* k, const float* v, int32_t n_tok,
                 uint8_t* const* pages, const int32_t* slots) override {
     uint8_t* const* d_pages = stage(pages, n_tok);
@@ -563,11 +533,14 @@ class CudaDevice final : public Device {
   static constexpr size_t kStage = size_t{8} << 20;
 
   // The scratch of passes of more than kMaxVecTok rows: f16 copies of a whole matrix and of its
-  // input rows for cuBLAS, and the prefill attention's f16 chunks of a quantized cache.
+  // input rows for cuBLAS, and the prefill attention's f16 chunks of a quantized cache; and of
+  // any pass, a Gated DeltaNet layer's conv rows and chunk products.
   struct PrefillScratch {
-    size_t w16 = 0, x16 = 0, kv16 = 0, spans16 = 0;
+    size_t w16 = 0, x16 = 0, kv16 = 0, spans16 = 0, gdn = 0;
     static size_t align(size_t n) { return (n + 255) / 256 * 256; }
-    size_t bytes() const { return align(w16) + align(x16) + align(kv16) + align(spans16); }
+    size_t bytes() const {
+      return align(w16) + align(x16) + align(kv16) + align(spans16) + align(gdn);
+    }
   };
   // For passes of n_tok rows through the layers and n_out_tok through the output matrix.
   static PrefillScratch prefill_scratch_of(const Weights& w, int64_t n_tok, int64_t n_out_tok,
@@ -578,8 +551,11 @@ class CudaDevice final : public Device {
       p.w16 = std::max(p.w16, static_cast<size_t>(m.n_in * m.n_out) * sizeof(__half));
       p.x16 = std::max(p.x16, static_cast<size_t>(m.n_in * rows) * sizeof(__half));
     };
-    for (const LayerWeights& l : w.layers)
-      for (const Matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down}) need(*m, n_tok);
+    for (const LayerWeights& l : w.layers) {
+      for (const Matrix* m : cuda::layer_matrices(l)) need(*m, n_tok);
+      if (l.ssm_qkv.n_out > 0)
+        p.gdn = std::max(p.gdn, cuda::delta_net_scratch(n_tok, l.ssm_qkv.n_out, l.ssm_alpha.n_out));
+    }
     need(w.output, n_out_tok);
     if (max_spans > 0 && n_tok > cuda::kMaxVecTok)
       p.kv16 = cuda::kKv16Bytes, p.spans16 = cuda::kMaxSpans16 * sizeof(Span);
@@ -628,8 +604,8 @@ class CudaDevice final : public Device {
     return fences_[static_cast<size_t>(f)];
   }
   const float* dv(const float* host) const {
-    auto it = vec_map_.find(host);
-    return it == vec_map_.end() ? host : it->second;
+    auto it = placed_.vectors_at.find(host);
+    return it == placed_.vectors_at.end() ? host : it->second;
   }
   // A device copy of n elements of a host array, ordered on the compute stream (in a
   // recorded step, by the step's one copy at its start).
@@ -777,8 +753,7 @@ class CudaDevice final : public Device {
   cudaStream_t streams_[kStreams] = {};
   std::vector<cudaEvent_t> fences_;
   Ctx ctx_;
-  DeviceBuffer weights_, vectors_;
-  std::unordered_map<const float*, const float*> vec_map_;
+  cuda::PlacedWeights placed_;
   CopyTimes copy_times_[kStreams];
   EventPool copy_events_;
   Profile prof_;

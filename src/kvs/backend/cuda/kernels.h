@@ -41,8 +41,9 @@ struct Ctx {
   // far), converted[b] and consumed[b] (scratch half b written, and read).
   cudaStream_t side = nullptr;
   cudaEvent_t side_ready = nullptr, converted[2] = {}, consumed[2] = {};
-  DeviceBuffer w16, x16, part, xq, kv16, spans16, flags;
+  DeviceBuffer w16, x16, part, xq, kv16, spans16, flags, gdn;
   int n_sm = 0;  // the GPU's multiprocessors
+  size_t smem_optin = 0;  // the most shared memory a block may have
   // Forces decode_by_warp's answer (CudaOptions::decode_split).
   CudaOptions::DecodeSplit decode_split = CudaOptions::DecodeSplit::Auto;
   L2Next next;  // for the next matmuls call's last launch (set by the device)
@@ -61,7 +62,7 @@ struct Ctx {
     uint8_t* p = nullptr;
     size_t n = 0;
   };
-  Lent lent_w16, lent_x16, lent_kv16, lent_spans16;
+  Lent lent_w16, lent_x16, lent_kv16, lent_spans16, lent_gdn;
   uint8_t* scratch(DeviceBuffer& own, const Lent& lent, size_t bytes, const char* what) {
     return lent.p && bytes <= lent.n ? lent.p : grow(own, bytes, what).as();
   }
@@ -74,6 +75,11 @@ struct Ctx {
   }
   float* scratch_part(size_t n) {
     return grow(part, n * sizeof(float), "attention partials").as<float>();
+  }
+  // A Gated DeltaNet layer's conv output and its chunks' products, n floats.
+  float* scratch_gdn(size_t n) {
+    return reinterpret_cast<float*>(
+        scratch(gdn, lent_gdn, n * sizeof(float), "Gated DeltaNet rows"));
   }
   uint8_t* scratch_xq(size_t bytes) { return grow(xq, bytes, "quantized activations").as(); }
   // Zeroed whenever it grows (the decode fold's flags and launch numbers start over).
@@ -114,17 +120,28 @@ void rope_kv_write(Ctx& c, float* q, float* k, const float* v, const int32_t* po
 void swiglu(Ctx& c, float* gate, const float* up, int64_t n, uint8_t* xq = nullptr);
 void geglu(Ctx& c, float* gate, const float* up, int64_t n, uint8_t* xq = nullptr);
 void scale(Ctx& c, float* x, float s, int64_t n);
+void sigmoid_mul(Ctx& c, float* x, const float* gate, int64_t n);
 void add(Ctx& c, float* x, const float* y, int64_t n);
 void kv_write(Ctx& c, const KvLayout& l, const float* k, const float* v, int32_t n_tok,
               uint8_t* const* pages, const int32_t* slots);
 // How the decode attention of a sequence that sees n_ctx keys splits its work: false, a block
 // per (span, kv head), its warps' quarters of the span merged; true, a warp per (span, kv head)
-// (head sizes 64 and 128; the others take either alike). Decided by the whole context, never
+// (on tensor cores; heads on CUDA cores take either alike). Decided by the whole context, never
 // by the spans of one call, so a streamed run (the ring's chunks) and a resident one (all spans
 // at once) take the same path.
 bool decode_by_warp(const Ctx& c, const KvLayout& l, int64_t n_ctx);
 // a.spans and a.pos point to device copies. xq: a decode's last call also writes its output
 // quantized there (as rmsnorm does). by_warp: decode_by_warp's answer for the sequence.
 void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq = nullptr, bool by_warp = false);
+// Whether gated_delta_net has kernels for value heads of `head` and a conv of `taps`.
+bool delta_net_shape(int64_t head, int64_t taps);
+// Whether a prefill's delta rule (chunk > 1) runs a chunk at a time on this GPU (heads of `head`):
+// where a block's shared memory cannot hold a chunk it runs token by token (equal within rounding).
+bool delta_net_chunked(const Ctx& c, int32_t head);
+// Bytes of scratch_gdn a prefill's call of n_tok tokens needs (the conv's rows, and in chunks of
+// 64 the chunks' state-independent products).
+size_t delta_net_scratch(int64_t n_tok, int64_t conv_dim, int64_t v_heads);
+// Pointers are device memory; the conv's output and the chunks' products go to scratch_gdn.
+void gated_delta_net(Ctx& c, const DeltaNetArgs& a);
 
 }  // namespace kvs::cuda

@@ -121,6 +121,24 @@ __device__ __forceinline__ void finish(const Group& g, int j, int row0, float (&
   }
 }
 
+// x's block i (token t's block b: t * n_blocks + b) as one lane reads it: its two int8 planes
+// as 8 words each into xh and xl, and its meta.
+__device__ __forceinline__ float2 load_x(const XBlock* __restrict__ xq,
+                                         const XMeta* __restrict__ xm, size_t i, int (&xh)[8],
+                                         int (&xl)[8]) {
+  const XBlock* xb = xq + i;
+  const int4 h0 = __ldg(reinterpret_cast<const int4*>(xb->h)),
+             h1 = __ldg(reinterpret_cast<const int4*>(xb->h) + 1);
+  const int4 l0 = __ldg(reinterpret_cast<const int4*>(xb->l)),
+             l1 = __ldg(reinterpret_cast<const int4*>(xb->l) + 1);
+  const float2 m = __ldg(reinterpret_cast<const float2*>(xm + i));
+  xh[0] = h0.x, xh[1] = h0.y, xh[2] = h0.z, xh[3] = h0.w;
+  xh[4] = h1.x, xh[5] = h1.y, xh[6] = h1.z, xh[7] = h1.w;
+  xl[0] = l0.x, xl[1] = l0.y, xl[2] = l0.z, xl[3] = l0.w;
+  xl[4] = l1.x, xl[5] = l1.y, xl[6] = l1.z, xl[7] = l1.w;
+  return m;
+}
+
 // The blocks of U groups of R rows, as one lane loads them: q4_0, q4_1, q8_0.
 template <DType T, int R, int U>
 struct QChunk {
@@ -163,15 +181,8 @@ struct QChunk {
       if (b >= n_blocks) continue;  // its quants and scales are zero
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
-        const XBlock* xb = xq + static_cast<size_t>(t) * n_blocks + b;
-        const int4 h0 = __ldg(reinterpret_cast<const int4*>(xb->h)),
-                   h1 = __ldg(reinterpret_cast<const int4*>(xb->h) + 1);
-        const int4 l0 = __ldg(reinterpret_cast<const int4*>(xb->l)),
-                   l1 = __ldg(reinterpret_cast<const int4*>(xb->l) + 1);
-        const float2 m =
-            __ldg(reinterpret_cast<const float2*>(xm + static_cast<size_t>(t) * n_blocks + b));
-        const int xh[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
-        const int xl[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
+        int xh[8], xl[8];
+        const float2 m = load_x(xq, xm, static_cast<size_t>(t) * n_blocks + b, xh, xl);
 #pragma unroll
         for (int r = 0; r < R; ++r) {
           int sh = 0, sl = 0;
@@ -230,15 +241,8 @@ struct SubChunk {
       if (b >= n_blocks) continue;  // its quants and scales are zero
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
-        const XBlock* xb = xq + static_cast<size_t>(t) * n_blocks + b;
-        const int4 h0 = __ldg(reinterpret_cast<const int4*>(xb->h)),
-                   h1 = __ldg(reinterpret_cast<const int4*>(xb->h) + 1);
-        const int4 l0 = __ldg(reinterpret_cast<const int4*>(xb->l)),
-                   l1 = __ldg(reinterpret_cast<const int4*>(xb->l) + 1);
-        const float2 m =
-            __ldg(reinterpret_cast<const float2*>(xm + static_cast<size_t>(t) * n_blocks + b));
-        const int xh[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
-        const int xl[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
+        int xh[8], xl[8];
+        const float2 m = load_x(xq, xm, static_cast<size_t>(t) * n_blocks + b, xh, xl);
         int xs[2][2] = {};  // [plane h, l][half]: the sums of x's bytes
         if constexpr (kHalves<T>) {
 #pragma unroll

@@ -1,6 +1,6 @@
 // Element-wise and row operations of the forward pass: embedding, RMSNorm, rope, SwiGLU and
-// GeGLU, scaling, residual add, and the KV write that quantizes new rows into their pages (the
-// same rounding as the CPU quantizers).
+// GeGLU, scaling, qwen35's sigmoid gate, residual add, and the KV write that quantizes new rows
+// into their pages (the same rounding as the CPU quantizers).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -174,6 +174,12 @@ __global__ void scale_k(float* __restrict__ x, float s, size_t n) {
   pdl_wait();
   const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) x[i] *= s;
+}
+
+__global__ void sigmoid_mul_k(float* __restrict__ x, const float* __restrict__ gate, size_t n) {
+  pdl_wait();
+  const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = x[i] / (1.0f + expf(-gate[i]));
 }
 
 __global__ void add_k(float* __restrict__ x, const float* __restrict__ y, size_t n) {
@@ -453,6 +459,11 @@ void geglu(Ctx& c, float* gate, const float* up, int64_t n, uint8_t* xq) {
 
 void scale(Ctx& c, float* x, float s, int64_t n) {
   launch(scale_k, blocks(static_cast<size_t>(n), 256), 256, 0, c.stream, x, s,
+         static_cast<size_t>(n));
+}
+
+void sigmoid_mul(Ctx& c, float* x, const float* gate, int64_t n) {
+  launch(sigmoid_mul_k, blocks(static_cast<size_t>(n), 256), 256, 0, c.stream, x, gate,
          static_cast<size_t>(n));
 }
 

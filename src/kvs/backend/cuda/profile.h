@@ -132,7 +132,7 @@ class TraceRing {
     KVS_CUDA_CHECK(cudaMemset(t_.count, 0, sizeof(unsigned long long)));
     for (auto bind : {trace_bind_attention_decode, trace_bind_attention_decode_tc,
                       trace_bind_attention_prefill, trace_bind_matmul,
-                      trace_bind_ops})
+                      trace_bind_ops, trace_bind_delta_net})
       bind(t_);
   }
   TraceRing(const TraceRing&) = delete;

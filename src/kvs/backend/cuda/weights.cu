@@ -1,0 +1,83 @@
+// Weights placement on the GPU (weights.h).
+#include "kvs/backend/cuda/weights.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "kvs/backend/cuda/common.cuh"
+#include "kvs/backend/cuda/kernels.h"
+#include "kvs/backend/cuda/layout.h"
+#include "kvs/util/threadpool.h"
+
+namespace kvs::cuda {
+
+Weights place_weights(Device& dev, const Weights& host, PlacedWeights& placed) {
+  for (size_t il = 0; il < host.layers.size(); ++il) {
+    const LayerWeights& l = host.layers[il];
+    if (l.ssm_qkv.n_out == 0) continue;
+    const int64_t head = static_cast<int64_t>(l.ssm_norm.size());
+    const int64_t taps = static_cast<int64_t>(l.ssm_conv1d.size()) / l.ssm_qkv.n_out;
+    KVS_CHECK(delta_net_shape(head, taps), "cuda: layer ", il, "'s Gated DeltaNet has heads of ",
+              head, " and a conv of ", taps,
+              " taps; the CUDA kernels take heads of 32, 64 or 128 and 2 to 4 taps (run this "
+              "model on the cpu backend)");
+  }
+  Weights out = host;
+  std::vector<Matrix*> mats{&out.tok_embd};
+  if (host.output.data != host.tok_embd.data) mats.push_back(&out.output);
+  for (LayerWeights& l : out.layers)
+    for (Matrix* m : layer_matrices(l))
+      if (m->n_out > 0) mats.push_back(m);
+  // Rows are repacked on the host into the layout of layout.h.
+  std::vector<size_t> pitch(mats.size());
+  size_t total = 0;
+  for (size_t i = 0; i < mats.size(); ++i) {
+    pitch[i] = device_pitch(mats[i]->type, mats[i]->n_in);
+    total += (pitch[i] * static_cast<size_t>(mats[i]->n_out) + 255) / 256 * 256;
+  }
+  placed.matrices = dev.alloc(total, "the weights");
+  std::vector<uint8_t> buf;
+  size_t off = 0;
+  for (size_t i = 0; i < mats.size(); ++i) {
+    Matrix* m = mats[i];
+    const int64_t rows_per =
+        std::max<int64_t>(1, static_cast<int64_t>((size_t{64} << 20) / pitch[i]));
+    for (int64_t r0 = 0; r0 < m->n_out; r0 += rows_per) {
+      const int64_t nr = std::min(rows_per, m->n_out - r0);
+      buf.resize(static_cast<size_t>(nr) * pitch[i]);
+      thread_pool().parallel_for(nr, 64, [&](int64_t b, int64_t e) {
+        for (int64_t r = b; r < e; ++r)
+          pack_row(m->type, m->row(r0 + r), buf.data() + static_cast<size_t>(r) * pitch[i], m->n_in,
+                   pitch[i]);
+      });
+      KVS_CUDA_CHECK(cudaMemcpy(placed.matrices.as() + off + static_cast<size_t>(r0) * pitch[i],
+                                buf.data(), buf.size(), cudaMemcpyHostToDevice));
+    }
+    m->data = placed.matrices.as() + off;
+    m->row_bytes = pitch[i];
+    off += (pitch[i] * static_cast<size_t>(m->n_out) + 255) / 256 * 256;
+  }
+  if (host.output.data == host.tok_embd.data) out.output = out.tok_embd;  // tied: same layout too
+  std::vector<Vec*> vecs{&out.output_norm, &out.rope_freqs};
+  for (LayerWeights& l : out.layers)
+    for (Vec* v : {&l.attn_norm, &l.bq, &l.bk, &l.bv, &l.q_norm, &l.k_norm, &l.attn_post_norm,
+                   &l.ffn_norm, &l.ffn_post_norm, &l.ssm_conv1d, &l.ssm_dt, &l.ssm_a, &l.ssm_norm})
+      vecs.push_back(v);
+  size_t nv = 0;
+  for (Vec* v : vecs) nv += (v->size() + 63) / 64 * 64;
+  placed.vectors = dev.alloc(std::max<size_t>(nv, 1) * sizeof(float), "the weights' vectors");
+  size_t vo = 0;
+  for (Vec* v : vecs) {
+    if (v->empty()) continue;
+    float* d = placed.vectors.as<float>() + vo;
+    KVS_CUDA_CHECK(cudaMemcpy(d, v->data(), v->size() * sizeof(float), cudaMemcpyHostToDevice));
+    placed.vectors_at[v->data()] = d;
+    vo += (v->size() + 63) / 64 * 64;
+  }
+  return out;
+}
+
+}  // namespace kvs::cuda

@@ -1,0 +1,30 @@
+// The CUDA backend's copy of a model's weights (CudaDevice::place_weights): the matrices
+// repacked into the layout of layout.h in one allocation, the small vectors in another.
+#pragma once
+
+#include <array>
+#include <unordered_map>
+
+#include "kvs/backend/device.h"
+#include "kvs/model/weights.h"
+
+namespace kvs::cuda {
+
+struct PlacedWeights {
+  DeviceBuffer matrices, vectors;
+  // The vectors keep their host addresses in Weights, mapped here to their device copies.
+  std::unordered_map<const float*, const float*> vectors_at;
+};
+
+// Every matrix a layer may have (absent ones have n_out 0); L: LayerWeights, const or not.
+template <class L>
+auto layer_matrices(L& l) {
+  return std::array{&l.wq,   &l.wk,      &l.wv,    &l.wo,       &l.gate,      &l.up,
+                    &l.down, &l.ssm_qkv, &l.ssm_z, &l.ssm_beta, &l.ssm_alpha, &l.ssm_out};
+}
+
+// The weights as the kernels read them, allocated on dev into `placed`. Refuses Gated DeltaNet
+// layers of a shape without kernels before allocating anything.
+Weights place_weights(Device& dev, const Weights& host, PlacedWeights& placed);
+
+}  // namespace kvs::cuda

@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "common.h"
-#include "kvs/backend/cpu/quant_dot.h"
 #include "kvs/gguf/gguf.h"
 #include "kvs/tokenizer/tokenizer.h"
 #include "kvs/util/npy.h"
@@ -22,17 +21,11 @@ namespace kvs {
 namespace {
 
 // f16 KV: the reference rounds K and V to f16 exactly as the engine stores them; everything
-// else is f32 in both, so logits differ only by summation order, amplified by the f16 rounding.
-constexpr float kLogitTolerance = 7.5e-3f;  // measured: at most 5.4e-3 on SmolLM2
-// Where the weights are q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k or q6_k the CPU rounds the
-// products' inputs to int8 per block of 32 (as llama.cpp's CPU backend does), which the f32
-// reference does not. Blocks that hold an outlier channel (SmolLM2 and Gemma have some) get a
-// coarse step, and where a value sits near a rounding boundary, a change in its last bit moves
-// the logits by as much as the rounding itself: the reference's own logits move by 0.95 when
-// its inputs are perturbed by 1e-6 relative before such rounding, so no emulation in the
-// reference gets closer. Measured against the f32 reference: at most 0.85 on SmolLM2 (chat),
-// 0.47 on Gemma 3 270M, 0.26 on the synthetic models.
-constexpr float kInt8LogitTolerance = 1.0f;
+// else is f32 in both, except that the CPU's products of quantized weights take the activations
+// as dx (h + l / 254) per block of 32 (backend/cpu/quant_dot.h; at most dx / 508 off each), so
+// logits differ by summation order and that rounding, amplified by the f16 rounding. Measured:
+// at most 8.1e-3 (SmolLM2, 5.4e-3 with f32 activations), 7.7e-3 on Gemma 3 270M.
+constexpr float kLogitTolerance = 1e-2f;
 
 std::string sh(const std::string& cmd) {
   std::string out;
@@ -70,7 +63,6 @@ std::vector<int32_t> split_ids(const std::string& line) {
 struct Result {
   std::vector<float> logits;
   std::vector<int32_t> generated;
-  std::vector<float> gen_logits;  // the reference's: [generated][n_vocab]
 };
 
 Result run_kvstream(const std::string& model, const std::vector<int32_t>& prompt, int n,
@@ -96,13 +88,11 @@ Result run_reference(const std::string& model, const std::vector<int32_t>& promp
   std::string tokens = (dir / (tag + ".tokens")).string();
   std::ofstream(tokens) << join(prompt);
   std::string npy = (dir / (tag + ".ref.npy")).string();
-  std::string gen = (dir / (tag + ".ref-gen.npy")).string();
   std::string out = sh(test::python() + " " + test::source_dir() + "/tools/reference.py " + model +
                        " --tokens-file " + tokens + " -n " + std::to_string(n) +
-                       " --kv-type f16 --logits-out " + npy + (n > 0 ? " --gen-logits-out " + gen : ""));
+                       " --kv-type f16 --logits-out " + npy);
   Result r;
   r.logits = read_npy(npy).data;
-  if (n > 0) r.gen_logits = read_npy(gen).data;
   r.generated = split_ids(out);
   return r;
 }
@@ -114,39 +104,15 @@ float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return m;
 }
 
-// Whether the model has products that the CPU computes with int8 inputs.
-bool int8_products(const std::string& model) {
-  auto f = gguf::File::open(model);
-  for (const auto& t : f->tensors())
-    if (t.dims.size() == 2 && cpu::has_int_dot(t.type)) return true;
-  return false;
-}
-
-// The last prompt logits within the tolerance, and the greedy continuations equal up to the
-// first step where they part at a near tie: the reference's logits of the two tokens within
-// the tolerance of each other (from there on the contexts differ).
 void compare(const std::string& model, const std::vector<int32_t>& prompt, int n,
              const std::string& tag) {
   Result k = run_kvstream(model, prompt, n, tag);
   Result r = run_reference(model, prompt, n, tag);
-  const float tol = int8_products(model) ? kInt8LogitTolerance : kLogitTolerance;
   float diff = max_abs_diff(k.logits, r.logits);
   std::printf("%s: %zu prompt tokens, max |logit diff| = %.3g\n", tag.c_str(), prompt.size(),
               static_cast<double>(diff));
-  EXPECT_LT(diff, tol) << tag;
-  ASSERT_EQ(k.generated.size(), r.generated.size()) << tag;
-  const size_t vocab = r.logits.size();
-  for (size_t i = 0; i < k.generated.size(); ++i) {
-    if (k.generated[i] == r.generated[i]) continue;
-    ASSERT_GE(r.gen_logits.size(), (i + 1) * vocab) << tag;
-    const float* row = r.gen_logits.data() + i * vocab;
-    const float gap = row[r.generated[i]] - row[k.generated[i]];
-    std::printf("%s: parts at generated token %zu, reference logit gap %.3g\n", tag.c_str(), i,
-                static_cast<double>(gap));
-    EXPECT_LT(gap, tol) << tag << ": token " << i << " is " << k.generated[i] << ", the reference's "
-                        << r.generated[i];
-    break;
-  }
+  EXPECT_LT(diff, kLogitTolerance) << tag;
+  EXPECT_EQ(k.generated, r.generated) << tag;
 }
 
 std::vector<int32_t> encode(const std::string& model, const std::string& text, bool special) {

@@ -81,17 +81,17 @@ class CpuDevice final : public Device {
   }
   void matmuls(const float* x, int64_t n_tok, const MatJob* jobs, int n_jobs) override {
     // The jobs share x: it is quantized once for all that take int8 activations.
-    const cpu::XBlock* xq = nullptr;
+    const cpu::XPair* xq = nullptr;
     for (int i = 0; i < n_jobs; ++i) {
       const MatJob& j = jobs[i];
       const Matrix& w = *j.w;
       if (cpu::has_int_dot(w.type) && xq == nullptr) {
-        const size_t nb = static_cast<size_t>(n_tok * (w.n_in / 32));
+        const size_t nb = static_cast<size_t>(n_tok * cpu::x_pairs(w.n_in));
         if (xq_.size() < nb) xq_.resize(nb);
         cpu::quantize_x(x, n_tok, w.n_in, xq_.data());
         xq = xq_.data();
       }
-      const cpu::XBlock* jq = cpu::has_int_dot(w.type) ? xq : nullptr;
+      const cpu::XPair* jq = cpu::has_int_dot(w.type) ? xq : nullptr;
       if (!j.add) {
         cpu::matmul(w, x, jq, j.y, n_tok, j.bias);
         continue;
@@ -186,7 +186,7 @@ class CpuDevice final : public Device {
   std::deque<cpu::Fence> fences_;
   cpu::CopyEngine copy_in_, copy_out_;
   std::vector<float> sum_;       // the product of an accumulating job, before it is added
-  std::vector<cpu::XBlock> xq_;  // the jobs' input quantized: [n_tok][n_in / 32]
+  std::vector<cpu::XPair> xq_;  // the jobs' input quantized: [n_tok][x_pairs(n_in)]
 };
 
 }  // namespace

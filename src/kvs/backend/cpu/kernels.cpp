@@ -106,23 +106,33 @@ void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n, 
   });
 }
 
-void matmul(const Matrix& w, const float* x, const XBlock* xq, float* y, int64_t n_tok,
+void matmul(const Matrix& w, const float* x, const XPair* xq, float* y, int64_t n_tok,
             const float* bias) {
-  constexpr int64_t kTile = 16;  // weight rows dequantized at once (f32 tile stays in L1/L2)
   const int64_t n = w.n_in, n_out = w.n_out;
+  if (xq) {
+    // Tasks of kRows rows x kToks tokens: a task's weights stay in L1 and its activations in
+    // L2 while it runs; consecutive tasks share the activations.
+    constexpr int64_t kRows = 16, kToks = 64;
+    const int64_t rc = (n_out + kRows - 1) / kRows, tc = (n_tok + kToks - 1) / kToks;
+    const DotIsa isa = best_dot_isa();
+    thread_pool().parallel_for(rc * tc, 1, [&](int64_t b, int64_t e) {
+      for (int64_t task = b; task < e; ++task) {
+        const int64_t r0 = task % rc * kRows, nr = std::min(kRows, n_out - r0);
+        const int64_t t0 = task / rc * kToks, t1 = std::min(n_tok, t0 + kToks);
+        int_matmul_rows(w, xq, y, t0, t1, r0, nr, isa);
+        if (bias)
+          for (int64_t tt = t0; tt < t1; ++tt)
+            for (int64_t r = 0; r < nr; ++r) y[tt * n_out + r0 + r] += bias[r0 + r];
+      }
+    });
+    return;
+  }
+  constexpr int64_t kTile = 16;  // weight rows dequantized at once (f32 tile stays in L1/L2)
   const int64_t tiles = (n_out + kTile - 1) / kTile;
-  const DotIsa isa = best_dot_isa();
   thread_pool().parallel_for(tiles, 1, [&](int64_t tb, int64_t te) {
-    std::vector<float>& buf = scratch(xq ? 0 : static_cast<size_t>(kTile * n));
+    std::vector<float>& buf = scratch(static_cast<size_t>(kTile * n));
     for (int64_t tile = tb; tile < te; ++tile) {
       const int64_t r0 = tile * kTile, nr = std::min(kTile, n_out - r0);
-      if (xq) {
-        int_matmul_rows(w, xq, y, n_tok, r0, nr, isa);
-        if (bias)
-          for (int64_t tt = 0; tt < n_tok; ++tt)
-            for (int64_t r = 0; r < nr; ++r) y[tt * n_out + r0 + r] += bias[r0 + r];
-        continue;
-      }
       for (int64_t r = 0; r < nr; ++r) dequantize_row(w.type, w.row(r0 + r), buf.data() + r * n, n);
       int64_t t = 0;
       for (; t + 2 <= n_tok; t += 2) {

@@ -1,8 +1,14 @@
+// The 512-bit kernels are templates inlined (gnu::flatten) into the one function compiled for
+// AVX-512, so no 512-bit value crosses a call (-Wpsabi); GCC 12's AVX-512 intrinsics read a
+// self-initialized "undefined" vector (GCC bug 105593, -Wmaybe-uninitialized).
+#pragma GCC diagnostic ignored "-Wpsabi"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
 #include "kvs/backend/cpu/quant_dot.h"
 
 #include <immintrin.h>
 
-#include <cmath>
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
 
@@ -25,34 +31,62 @@ inline float hmax(__m256 v) {
   return _mm_cvtss_f32(m);
 }
 
-void quantize_block(const float* x, XBlock& b) {
+inline int hsum_i32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+  return _mm_cvtsi128_si32(s);
+}
+
+// 4 vectors of 8 int32 (each within int8) -> 32 bytes in element order.
+inline void pack_bytes(const __m256i q[4], int8_t* out) {
+  // packs works within 128-bit lanes: the dwords come out as 0 4 1 5 2 6 3 7.
+  const __m256i p =
+      _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
+                      _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+
+// Block b (0 or 1) of a pair from the 32 floats at x: quantize_x_block of the CUDA backend
+// (common.cuh), with the same correctly rounded division, reciprocal, products and rint.
+void quantize_block(const float* x, XPair& p, int b) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   __m256 v[4], amax = _mm256_setzero_ps();
   for (int c = 0; c < 4; ++c) {
     v[c] = _mm256_loadu_ps(x + 8 * c);
     amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[c]));
   }
-  const float m = hmax(amax);
-  const float d = m / 127.0f, id = m > 0.0f ? 127.0f / m : 0.0f;
-  __m256i q[4];
-  for (int c = 0; c < 4; ++c) q[c] = _mm256_cvtps_epi32(_mm256_mul_ps(v[c], _mm256_set1_ps(id)));
-  // packs works within 128-bit lanes: the dwords come out as 0 4 1 5 2 6 3 7.
-  const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(b.q),
-                      _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-  const __m256i s4 = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(s4), _mm256_extracti128_si256(s4, 1));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
-  b.d = d;
-  b.s8 = d * static_cast<float>(_mm_cvtsi128_si32(s)) * 0.125f;
+  const float dx = hmax(amax) / 127.0f;
+  const __m256 id = _mm256_set1_ps(dx != 0.0f ? 1.0f / dx : 0.0f);
+  constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  __m256i h[4], l[4];
+  for (int c = 0; c < 4; ++c) {
+    const __m256 s = _mm256_mul_ps(v[c], id), hf = _mm256_round_ps(s, kRound);
+    const __m256 lf = _mm256_round_ps(_mm256_mul_ps(_mm256_sub_ps(s, hf), _mm256_set1_ps(254.0f)),
+                                      kRound);
+    h[c] = _mm256_cvtps_epi32(hf);
+    l[c] = _mm256_cvtps_epi32(lf);
+  }
+  pack_bytes(h, p.h + 32 * b);
+  pack_bytes(l, p.l + 32 * b);
+  // Each half of 16 (the mins of q2_k apply per half): a quarter of its sum in each lane.
+  for (int half = 0; half < 2; ++half) {
+    const int sh = hsum_i32(_mm256_add_epi32(h[2 * half], h[2 * half + 1]));
+    const int sl = hsum_i32(_mm256_add_epi32(l[2 * half], l[2 * half + 1]));
+    const float sum = static_cast<float>(254 * sh + sl) / 254.0f;  // exact numerator
+    _mm_storeu_ps(p.s4 + 8 * b + 4 * half, _mm_set1_ps(dx * sum * 0.25f));
+  }
+  _mm256_storeu_ps(p.d + 8 * b, _mm256_set1_ps(dx / 254.0f));
 }
 
 // ---- weight formats ----
-// Each gives, for sub-block j (32 elements) of a block: its levels as 32 bytes, unsigned (the
-// weight is d (level - 2^kShift), or d level + min) or signed (kSigned: d level); a float scale
-// per int32 lane of the dot (lane i covers elements 4i .. 4i + 3); and with kMin, the min added
-// per element. Scales are read once per block into Scales.
+// Each gives the levels of a sub-block of 32 as 32 bytes in element order (byte k: element k),
+// unsigned (the weight is d (level - 2^kShift), or with kMin d level + min) or signed (kSigned:
+// d level); a float scale per int32 lane of the dot (lane i: elements 4i .. 4i + 3) and with
+// kMin a min per lane. A unit is kSubs sub-blocks read from kBytes of a row: two blocks of the
+// 32-element formats (a pair), or one super-block of 256. scales() reads a unit's scales once;
+// `two` is false for a pair whose second block is past the row's end, which then re-reads the
+// first (its activations are zeros, so it adds exactly nothing).
 
 inline float f16(const uint8_t* p) {
   uint16_t h;
@@ -71,95 +105,107 @@ inline __m256i nibbles(const uint8_t* qs) {
   const __m256i v = _mm256_broadcastsi128_si256(load16(qs));
   return _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_setr_epi64x(0, 0, 4, 4)), bytes(0x0F));
 }
-// The f16 pair (d, m) at p, each in every lane.
-struct PairScales {
-  __m256 d, m;
-};
-inline void pair_scales(const uint8_t* p, PairScales& s) {
-  const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(load_u32(p))));
-  s.d = _mm256_broadcastss_ps(dm);
-  s.m = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
-}
 // 0x10 in byte i where bit i of the 32 bits at p is set (q5_0, q5_1).
 inline __m256i fifth_bits(const uint8_t* p) {
   const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2,
                                           2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
   const __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(load_u32(p))), spread);
-  const __m256i bit = _mm256_set1_epi64x(0x8040201008040201);
+  const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201));
   return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit), bytes(0x10));
 }
-// Bits b, b + 1 of each byte (as 16-bit shifts, masked per byte) moved to bits 4 and 5.
-inline __m256i bits_to_4(__m256i v, int b, int mask) {
-  const __m256i s = b <= 4 ? _mm256_slli_epi16(v, 4 - b) : _mm256_srli_epi16(v, b - 4);
+// Bits b .. b + 1 of each byte (16-bit shifts, masked per byte) moved to the bits of mask.
+inline __m256i move_bits(__m256i v, int from, int to, int mask) {
+  const __m256i s = from <= to ? _mm256_slli_epi16(v, to - from) : _mm256_srli_epi16(v, from - to);
   return _mm256_and_si256(s, bytes(mask));
 }
+// The iq4_nl levels of 32 nibbles (packed as in q4_0): one byte shuffle per 16.
+inline __m256i iq4_levels(const uint8_t* qs) {
+  const __m256i table = _mm256_broadcastsi128_si256(load16(kIq4nlValues));
+  return _mm256_shuffle_epi8(table, nibbles(qs));
+}
+// A float in lanes 0-3 and another in lanes 4-7 (two sub-blocks of 16).
+inline __m256 halves(float lo, float hi) {
+  return _mm256_set_m128(_mm_set1_ps(hi), _mm_set1_ps(lo));
+}
 
+// The 32-element formats: B gives one block's levels and scales; Pair<B> is the unit.
 struct Q8_0 {
-  using Block = BlockQ8_0;
-  static constexpr int kSubs = 1, kShift = 0;
+  static constexpr size_t kBytes = sizeof(BlockQ8_0);
+  static constexpr int kShift = 0;
   static constexpr bool kSigned = true, kMin = false;
-  struct Scales {
-    float d;
-  };
-  static void scales(const uint8_t* b, Scales& s) { s.d = f16(b); }
-  static __m256i levels(const uint8_t* b, int) { return load32(b + 2); }
-  static __m256 scale(const Scales& s, int) { return _mm256_set1_ps(s.d); }
-  static __m256 min(const Scales&, int) { return _mm256_setzero_ps(); }
+  static __m256i levels(const uint8_t* b) { return load32(b + 2); }
 };
-
 struct Q4_0 {
-  using Block = BlockQ4_0;
-  static constexpr int kSubs = 1, kShift = 3;
+  static constexpr size_t kBytes = sizeof(BlockQ4_0);
+  static constexpr int kShift = 3;
   static constexpr bool kSigned = false, kMin = false;
-  using Scales = Q8_0::Scales;
-  static void scales(const uint8_t* b, Scales& s) { s.d = f16(b); }
-  static __m256i levels(const uint8_t* b, int) { return nibbles(b + 2); }
-  static __m256 scale(const Scales& s, int) { return _mm256_set1_ps(s.d); }
-  static __m256 min(const Scales&, int) { return _mm256_setzero_ps(); }
+  static __m256i levels(const uint8_t* b) { return nibbles(b + 2); }
 };
-
 struct Q4_1 {
-  using Block = BlockQ4_1;
-  static constexpr int kSubs = 1, kShift = 0;
+  static constexpr size_t kBytes = sizeof(BlockQ4_1);
+  static constexpr int kShift = 0;
   static constexpr bool kSigned = false, kMin = true;
-  using Scales = PairScales;
-  static void scales(const uint8_t* b, Scales& s) { pair_scales(b, s); }
-  static __m256i levels(const uint8_t* b, int) { return nibbles(b + 4); }
-  static __m256 scale(const Scales& s, int) { return s.d; }
-  static __m256 min(const Scales& s, int) { return s.m; }
+  static __m256i levels(const uint8_t* b) { return nibbles(b + 4); }
 };
-
 struct Q5_0 {
-  using Block = BlockQ5_0;
-  static constexpr int kSubs = 1, kShift = 4;
+  static constexpr size_t kBytes = sizeof(BlockQ5_0);
+  static constexpr int kShift = 4;
   static constexpr bool kSigned = false, kMin = false;
-  using Scales = Q8_0::Scales;
-  static void scales(const uint8_t* b, Scales& s) { s.d = f16(b); }
-  static __m256i levels(const uint8_t* b, int) {
+  static __m256i levels(const uint8_t* b) {
     return _mm256_or_si256(nibbles(b + 6), fifth_bits(b + 2));
   }
-  static __m256 scale(const Scales& s, int) { return _mm256_set1_ps(s.d); }
-  static __m256 min(const Scales&, int) { return _mm256_setzero_ps(); }
 };
-
 struct Q5_1 {
-  using Block = BlockQ5_1;
-  static constexpr int kSubs = 1, kShift = 0;
+  static constexpr size_t kBytes = sizeof(BlockQ5_1);
+  static constexpr int kShift = 0;
   static constexpr bool kSigned = false, kMin = true;
-  using Scales = PairScales;
-  static void scales(const uint8_t* b, Scales& s) { pair_scales(b, s); }
-  static __m256i levels(const uint8_t* b, int) {
+  static __m256i levels(const uint8_t* b) {
     return _mm256_or_si256(nibbles(b + 8), fifth_bits(b + 4));
   }
-  static __m256 scale(const Scales& s, int) { return s.d; }
-  static __m256 min(const Scales& s, int) { return s.m; }
+};
+struct IQ4_NL {
+  static constexpr size_t kBytes = sizeof(BlockIQ4_NL);
+  static constexpr int kShift = 0;
+  static constexpr bool kSigned = true, kMin = false;
+  static __m256i levels(const uint8_t* b) { return iq4_levels(b + 2); }
 };
 
-// q4_k, q5_k: sub-block j's weights are d sc_j level - dmin m_j; d sc_j and dmin m_j are exact.
+// Every 32-element block starts with its f16 scale d; those with a min have it next.
+template <class B>
+struct Pair : B {
+  static constexpr size_t kUnitBytes = 2 * B::kBytes;
+  static constexpr int kSubs = 2;
+  struct Scales {
+    const uint8_t* b[2];
+    float d[2], m[2];
+  };
+  static void scales(const uint8_t* u, bool two, Scales& s) {
+    s.b[0] = u;
+    s.b[1] = two ? u + B::kBytes : u;
+    for (int i = 0; i < 2; ++i) {
+      s.d[i] = f16(s.b[i]);
+      if constexpr (B::kMin) s.m[i] = f16(s.b[i] + 2);
+    }
+  }
+  static __m256i levels(const Scales& s, int j) { return B::levels(s.b[j]); }
+  static __m256 scale(const Scales& s, int j) { return _mm256_set1_ps(s.d[j]); }
+  static __m256 min(const Scales& s, int j) { return _mm256_set1_ps(s.m[j]); }
+};
+
+// The super-block formats: 8 sub-blocks of 32.
+template <class Block>
+struct Super {
+  static constexpr size_t kUnitBytes = sizeof(Block);
+  static constexpr int kSubs = 8;
+};
+
+// q4_k, q5_k: sub-block j's weights are d sc_j level - dmin m_j.
 struct KScales {
+  const uint8_t* b;
   float d[8], m[8];
 };
-inline void k_scales(const uint8_t* b, KScales& s) {
+inline void k4_scales(const uint8_t* b, KScales& s) {
+  s.b = b;
   const float d = f16(b), dmin = f16(b + 2);
   for (int j = 0; j < 8; ++j) {
     int sc, m;
@@ -168,204 +214,368 @@ inline void k_scales(const uint8_t* b, KScales& s) {
     s.m[j] = -(dmin * static_cast<float>(m));
   }
 }
-
 // Sub-blocks 2i and 2i + 1 of a q4_k/q5_k block: the low and high nibbles of qs[32 i ..].
 inline __m256i k_nibbles(const uint8_t* qs, int j) {
   const __m256i v = load32(qs + 32 * (j / 2));
   return _mm256_and_si256(j % 2 ? _mm256_srli_epi16(v, 4) : v, bytes(0x0F));
 }
 
-struct Q4_K {
-  using Block = BlockQ4_K;
-  static constexpr int kSubs = 8, kShift = 0;
+struct Q4_K : Super<BlockQ4_K> {
+  static constexpr int kShift = 0;
   static constexpr bool kSigned = false, kMin = true;
   using Scales = KScales;
-  static void scales(const uint8_t* b, Scales& s) { k_scales(b, s); }
-  static __m256i levels(const uint8_t* b, int j) { return k_nibbles(b + offsetof(Block, qs), j); }
-  static __m256 scale(const Scales& s, int j) { return _mm256_set1_ps(s.d[j]); }
-  static __m256 min(const Scales& s, int j) { return _mm256_set1_ps(s.m[j]); }
-};
-
-struct Q5_K {
-  using Block = BlockQ5_K;
-  static constexpr int kSubs = 8, kShift = 0;
-  static constexpr bool kSigned = false, kMin = true;
-  using Scales = KScales;
-  static void scales(const uint8_t* b, Scales& s) { k_scales(b, s); }
-  // q4_k's nibbles, with the fifth bit of element l in bit j of qh[l].
-  static __m256i levels(const uint8_t* b, int j) {
-    const __m256i h = bits_to_4(load32(b + offsetof(Block, qh)), j, 0x10);
-    return _mm256_or_si256(k_nibbles(b + offsetof(Block, qs), j), h);
+  static void scales(const uint8_t* b, bool, Scales& s) { k4_scales(b, s); }
+  static __m256i levels(const Scales& s, int j) {
+    return k_nibbles(s.b + offsetof(BlockQ4_K, qs), j);
   }
   static __m256 scale(const Scales& s, int j) { return _mm256_set1_ps(s.d[j]); }
   static __m256 min(const Scales& s, int j) { return _mm256_set1_ps(s.m[j]); }
 };
 
-// q6_k: sub-block j of 32 is group k = j % 4 of half h = j / 4 (simd.h's q6_lanes), with the
-// int8 scales of its two halves of 16 elements; weights are d sc (level - 32).
-struct Q6_K {
-  using Block = BlockQ6_K;
-  static constexpr int kSubs = 8, kShift = 5;
+struct Q5_K : Super<BlockQ5_K> {
+  static constexpr int kShift = 0;
+  static constexpr bool kSigned = false, kMin = true;
+  using Scales = KScales;
+  static void scales(const uint8_t* b, bool, Scales& s) { k4_scales(b, s); }
+  // q4_k's nibbles, with the fifth bit of element l in bit j of qh[l].
+  static __m256i levels(const Scales& s, int j) {
+    const __m256i h = move_bits(load32(s.b + offsetof(BlockQ5_K, qh)), j, 4, 0x10);
+    return _mm256_or_si256(k_nibbles(s.b + offsetof(BlockQ5_K, qs), j), h);
+  }
+  static __m256 scale(const Scales& s, int j) { return _mm256_set1_ps(s.d[j]); }
+  static __m256 min(const Scales& s, int j) { return _mm256_set1_ps(s.m[j]); }
+};
+
+// The formats with 16 sub-blocks of 16: each sub-block of 32 has two scales (and mins).
+struct Scales16 {
+  const uint8_t* b;
+  float d[16], m[16];
+};
+
+// q6_k: sub-block j of 32 is group k = j % 4 of half h = j / 4; weights are d sc (level - 32).
+struct Q6_K : Super<BlockQ6_K> {
+  static constexpr int kShift = 5;
   static constexpr bool kSigned = false, kMin = false;
-  struct Scales {
-    float d[16];
-  };
-  static void scales(const uint8_t* b, Scales& s) {
-    const auto* q = reinterpret_cast<const Block*>(b);
+  using Scales = Scales16;
+  static void scales(const uint8_t* b, bool, Scales& s) {
+    const auto* q = reinterpret_cast<const BlockQ6_K*>(b);
+    s.b = b;
     const float d = f16(q->d);
     for (int i = 0; i < 16; ++i) s.d[i] = d * static_cast<float>(q->scales[i]);
   }
-  static __m256i levels(const uint8_t* b, int j) {
-    const auto* q = reinterpret_cast<const Block*>(b);
+  static __m256i levels(const Scales& s, int j) {
+    const auto* q = reinterpret_cast<const BlockQ6_K*>(s.b);
     const int h = j / 4, k = j % 4;
     const __m256i l = load32(q->ql + 64 * h + 32 * (k % 2));
     const __m256i lo = _mm256_and_si256(k < 2 ? l : _mm256_srli_epi16(l, 4), bytes(0x0F));
-    return _mm256_or_si256(lo, bits_to_4(load32(q->qh + 32 * h), 2 * k, 0x30));
+    return _mm256_or_si256(lo, move_bits(load32(q->qh + 32 * h), 2 * k, 4, 0x30));
   }
-  static __m256 scale(const Scales& s, int j) {
-    return _mm256_set_m128(_mm_set1_ps(s.d[2 * j + 1]), _mm_set1_ps(s.d[2 * j]));
-  }
+  static __m256 scale(const Scales& s, int j) { return halves(s.d[2 * j], s.d[2 * j + 1]); }
   static __m256 min(const Scales&, int) { return _mm256_setzero_ps(); }
 };
 
-// ---- instruction sets: lanes acc + sum of 4 products u x (u unsigned, x signed bytes) ----
-// kRows x kToks: the tile of a batch, as many accumulators as the registers hold.
+// q2_k: element 32k + l of half h is bits 2k of qs[32 h + l], so sub-block j of 32 is those
+// bits of qs[32 (j / 4) ..] with k = j % 4; weights d sc level - dmin m per sub-block of 16.
+inline __m256i q2_levels(const uint8_t* qs, int j) {
+  return _mm256_and_si256(_mm256_srli_epi16(load32(qs + 32 * (j / 4)), 2 * (j % 4)), bytes(3));
+}
+struct Q2_K : Super<BlockQ2_K> {
+  static constexpr int kShift = 0;
+  static constexpr bool kSigned = false, kMin = true;
+  using Scales = Scales16;
+  static void scales(const uint8_t* b, bool, Scales& s) {
+    const auto* q = reinterpret_cast<const BlockQ2_K*>(b);
+    s.b = b;
+    const float d = f16(q->d), dmin = f16(q->dmin);
+    for (int i = 0; i < 16; ++i) {
+      s.d[i] = d * static_cast<float>(q->scales[i] & 0xF);
+      s.m[i] = -(dmin * static_cast<float>(q->scales[i] >> 4));
+    }
+  }
+  static __m256i levels(const Scales& s, int j) {
+    return q2_levels(s.b + offsetof(BlockQ2_K, qs), j);
+  }
+  static __m256 scale(const Scales& s, int j) { return halves(s.d[2 * j], s.d[2 * j + 1]); }
+  static __m256 min(const Scales& s, int j) { return halves(s.m[2 * j], s.m[2 * j + 1]); }
+};
 
-struct Avx2 {
-  static constexpr int kRows = 4, kToks = 2;
+// q3_k: q2_k's two bits and a third, bit j of hmask[l] for sub-block j; levels 0..7 stand for
+// -4..3 (the offset 4), scaled by d sc per sub-block of 16.
+struct Q3_K : Super<BlockQ3_K> {
+  static constexpr int kShift = 2;
+  static constexpr bool kSigned = false, kMin = false;
+  using Scales = Scales16;
+  static void scales(const uint8_t* b, bool, Scales& s) {
+    const auto* q = reinterpret_cast<const BlockQ3_K*>(b);
+    s.b = b;
+    const float d = f16(q->d);
+    for (int i = 0; i < 16; ++i) s.d[i] = d * static_cast<float>(scale_q3_k(i, q->scales));
+  }
+  static __m256i levels(const Scales& s, int j) {
+    const __m256i hi = move_bits(load32(s.b + offsetof(BlockQ3_K, hmask)), j, 2, 0x04);
+    return _mm256_or_si256(q2_levels(s.b + offsetof(BlockQ3_K, qs), j), hi);
+  }
+  static __m256 scale(const Scales& s, int j) { return halves(s.d[2 * j], s.d[2 * j + 1]); }
+  static __m256 min(const Scales&, int) { return _mm256_setzero_ps(); }
+};
+
+// iq4_xs: iq4_nl sub-blocks under d times a 6-bit scale each.
+struct IQ4_XS : Super<BlockIQ4_XS> {
+  static constexpr int kShift = 0;
+  static constexpr bool kSigned = true, kMin = false;
+  struct Scales {
+    const uint8_t* b;
+    float d[8];
+  };
+  static void scales(const uint8_t* b, bool, Scales& s) {
+    const auto* q = reinterpret_cast<const BlockIQ4_XS*>(b);
+    s.b = b;
+    const float d = f16(q->d);
+    for (int j = 0; j < 8; ++j) s.d[j] = d * static_cast<float>(scale_iq4_xs(j, *q));
+  }
+  static __m256i levels(const Scales& s, int j) {
+    return iq4_levels(s.b + offsetof(BlockIQ4_XS, qs) + 16 * j);
+  }
+  static __m256 scale(const Scales& s, int j) { return _mm256_set1_ps(s.d[j]); }
+  static __m256 min(const Scales&, int) { return _mm256_setzero_ps(); }
+};
+
+// ---- instruction sets: 16 int32 / float lanes ----
+// dot(acc, u, x): each lane plus the sum of its 4 products u x (u unsigned, x signed bytes),
+// exact: maddubs (AVX2) cannot saturate on these levels, with signed ones taken as |u| and the
+// sign moved to x (kVnni false); VNNI adds 128 to signed levels instead (offset 2^7).
+
+// Two 256-bit halves: AVX2 and AVX-VNNI.
+template <class D>
+struct Ymm2 {
+  static constexpr bool kVnni = D::kVnni;
+  static constexpr int kRows = 2, kToks = 2;  // 16 registers
+  struct VI {
+    __m256i a, b;
+  };
+  struct VF {
+    __m256 a, b;
+  };
+  static VI zero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
+  static VF zerof() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+  static VI join(__m256i a, __m256i b) { return {a, b}; }
+  static VF joinf(__m256 a, __m256 b) { return {a, b}; }
+  static VI load(const int8_t* p) { return {load32(p), load32(p + 32)}; }
+  static VF loadf(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+  static VI dot(VI acc, VI u, VI x) { return {D::dot(acc.a, u.a, x.a), D::dot(acc.b, u.b, x.b)}; }
+  static VI xor80(VI u) { return {_mm256_xor_si256(u.a, bytes(0x80)), _mm256_xor_si256(u.b, bytes(0x80))}; }
+  static VI abs8(VI u) { return {_mm256_sign_epi8(u.a, u.a), _mm256_sign_epi8(u.b, u.b)}; }
+  static VI sign8(VI x, VI u) { return {_mm256_sign_epi8(x.a, u.a), _mm256_sign_epi8(x.b, u.b)}; }
+  // -(the lanes' sums of x) 2^s: the offset's share.
+  static VI offset(VI x, int s) {
+    const VI n = dot(zero(), join(bytes(1), bytes(1)), x);
+    return {_mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(n.a, s)),
+            _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(n.b, s))};
+  }
+  // 254 h + l.
+  static VI combine(VI h, VI l) {
+    const __m256i k = _mm256_set1_epi32(254);
+    return {_mm256_add_epi32(_mm256_mullo_epi32(h.a, k), l.a),
+            _mm256_add_epi32(_mm256_mullo_epi32(h.b, k), l.b)};
+  }
+  static VF mul(VF a, VF b) { return {_mm256_mul_ps(a.a, b.a), _mm256_mul_ps(a.b, b.b)}; }
+  static VF fma(VF a, VF b, VF c) { return {_mm256_fmadd_ps(a.a, b.a, c.a), _mm256_fmadd_ps(a.b, b.b, c.b)}; }
+  static VF cvt(VI v) { return {_mm256_cvtepi32_ps(v.a), _mm256_cvtepi32_ps(v.b)}; }
+  static float sum(VF v) { return hsum(_mm256_add_ps(v.a, v.b)); }
+};
+
+struct Maddubs {
+  static constexpr bool kVnni = false;
   static __m256i dot(__m256i acc, __m256i u, __m256i x) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)));
   }
 };
-struct AvxVnni {
-  static constexpr int kRows = 4, kToks = 2;
+struct DpbusdAvx {
+  static constexpr bool kVnni = true;
   [[gnu::target("avxvnni")]] static __m256i dot(__m256i acc, __m256i u, __m256i x) {
     return _mm256_dpbusd_avx_epi32(acc, u, x);
   }
 };
-struct Avx512Vnni {
-  static constexpr int kRows = 4, kToks = 4;  // 32 vector registers
-  [[gnu::target("avx512vnni,avx512vl")]] static __m256i dot(__m256i acc, __m256i u, __m256i x) {
-    return _mm256_dpbusd_epi32(acc, u, x);
+using Avx2 = Ymm2<Maddubs>;
+using AvxVnni = Ymm2<DpbusdAvx>;
+
+#define KVS_AVX512 gnu::target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")
+
+// One 512-bit register.
+struct Avx512 {
+  static constexpr bool kVnni = true;
+  static constexpr int kRows = 4, kToks = 4;  // 32 registers
+  using VI = __m512i;
+  using VF = __m512;
+  [[KVS_AVX512]] static VI zero() { return _mm512_setzero_si512(); }
+  [[KVS_AVX512]] static VF zerof() { return _mm512_setzero_ps(); }
+  [[KVS_AVX512]] static VI join(__m256i a, __m256i b) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+  }
+  [[KVS_AVX512]] static VF joinf(__m256 a, __m256 b) {
+    return _mm512_insertf32x8(_mm512_castps256_ps512(a), b, 1);
+  }
+  [[KVS_AVX512]] static VI load(const int8_t* p) { return _mm512_loadu_si512(p); }
+  [[KVS_AVX512]] static VF loadf(const float* p) { return _mm512_loadu_ps(p); }
+  [[KVS_AVX512]] static VI dot(VI acc, VI u, VI x) { return _mm512_dpbusd_epi32(acc, u, x); }
+  [[KVS_AVX512]] static VI xor80(VI u) {
+    return _mm512_xor_si512(u, _mm512_set1_epi8(static_cast<char>(0x80)));
+  }
+  [[KVS_AVX512]] static VI abs8(VI u) { return _mm512_abs_epi8(u); }
+  [[KVS_AVX512]] static VI sign8(VI x, VI) { return x; }  // unused: kVnni
+  [[KVS_AVX512]] static VI offset(VI x, int s) {
+    const VI n = _mm512_dpbusd_epi32(zero(), _mm512_set1_epi8(1), x);
+    return _mm512_sub_epi32(zero(), _mm512_slli_epi32(n, static_cast<unsigned>(s)));
+  }
+  [[KVS_AVX512]] static VI combine(VI h, VI l) {
+    return _mm512_add_epi32(_mm512_mullo_epi32(h, _mm512_set1_epi32(254)), l);
+  }
+  [[KVS_AVX512]] static VF mul(VF a, VF b) { return _mm512_mul_ps(a, b); }
+  [[KVS_AVX512]] static VF fma(VF a, VF b, VF c) { return _mm512_fmadd_ps(a, b, c); }
+  [[KVS_AVX512]] static VF cvt(VI v) { return _mm512_cvtepi32_ps(v); }
+  [[KVS_AVX512]] static float sum(VF v) {
+    return hsum(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
   }
 };
 
 // ---- kernels ----
 
-// y[t ldy + r] for R rows (w, ld bytes apart) and T tokens (x, nbx blocks apart), nb format
-// blocks a row. Per output: acc (8 lanes) = fma(lanes as float, scale lanes * d_x, acc), then
-// with kMin acc = fma(min, s_x / 8, acc) (each lane takes an eighth of the min's share), per
-// sub-block in order; the result hsum(acc). Every tile shape performs exactly this sequence, so
-// the shapes agree to the bit.
+// y[t ldy + r] for R rows (w, ld bytes apart) and T tokens (x, np pairs apart), n_units units a
+// row. Per output and pair of sub-blocks, in order: lanes h and l = dot(offset, u, plane),
+// acc = fma(float(254 h + l), dw dx, acc), with kMin acc = fma(min, s4, acc); the result is the
+// 16 lanes' sum. Every tile shape performs exactly this sequence, so the shapes agree.
 template <class F, class I, int R, int T>
-[[gnu::always_inline]] inline void tile(const uint8_t* w, size_t ld, const XBlock* x, int64_t nbx,
-                                        int64_t nb, float* y, int64_t ldy) {
-  const __m256i zero = _mm256_setzero_si256();
-  __m256 acc[R][T];
+[[gnu::always_inline]] inline void tile(const uint8_t* w, size_t ld, const XPair* x, int64_t np,
+                                        int64_t n_units, int64_t n_sub, float* y, int64_t ldy) {
+  using VI = typename I::VI;
+  using VF = typename I::VF;
+  constexpr bool kSignTrick = F::kSigned && !I::kVnni;
+  constexpr int kShift = F::kSigned ? (I::kVnni ? 7 : 0) : F::kShift;
+  VF acc[R][T];
   for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* blk[R];
+    for (int t = 0; t < T; ++t) acc[r][t] = I::zerof();
+  for (int64_t b = 0; b < n_units; ++b) {
     typename F::Scales sc[R];
-    for (int r = 0; r < R; ++r) {
-      blk[r] = w + r * ld + b * sizeof(typename F::Block);
-      F::scales(blk[r], sc[r]);
-    }
-    for (int j = 0; j < F::kSubs; ++j) {
-      __m256i xq[T], base[T];
-      __m256 dx[T], sx[T];
+    const bool two = (b + 1) * F::kSubs <= n_sub;
+    for (int r = 0; r < R; ++r) F::scales(w + r * ld + b * F::kUnitBytes, two, sc[r]);
+    for (int q = 0; q < F::kSubs / 2; ++q) {
+      const int64_t p = b * (F::kSubs / 2) + q;
+      VI xh[T], xl[T], oh[T], ol[T];
       for (int t = 0; t < T; ++t) {
-        const XBlock& xb = x[t * nbx + b * F::kSubs + j];
-        xq[t] = load32(xb.q);
-        dx[t] = _mm256_set1_ps(xb.d);
-        sx[t] = _mm256_set1_ps(xb.s8);
-        // The offset's share, - 2^kShift * (sum of each lane's x), starts the lanes.
-        base[t] = F::kShift ? _mm256_sub_epi32(zero, _mm256_slli_epi32(I::dot(zero, bytes(1), xq[t]),
-                                                                        F::kShift))
-                            : zero;
+        xh[t] = I::load(x[t * np + p].h);
+        xl[t] = I::load(x[t * np + p].l);
+        if constexpr (kShift > 0) {
+          oh[t] = I::offset(xh[t], kShift);
+          ol[t] = I::offset(xl[t], kShift);
+        } else {
+          oh[t] = ol[t] = I::zero();
+        }
       }
       for (int r = 0; r < R; ++r) {
-        const __m256i u = F::levels(blk[r], j);
-        const __m256 dw = F::scale(sc[r], j), mw = F::min(sc[r], j);
+        VI u = I::join(F::levels(sc[r], 2 * q), F::levels(sc[r], 2 * q + 1));
+        const VF dw = I::joinf(F::scale(sc[r], 2 * q), F::scale(sc[r], 2 * q + 1));
+        VI ua = u;
+        if constexpr (kSignTrick) ua = I::abs8(u);
+        if constexpr (F::kSigned && I::kVnni) ua = I::xor80(u);
         for (int t = 0; t < T; ++t) {
-          __m256i lanes;
-          if constexpr (F::kSigned)  // |level| x sign(level) x
-            lanes = I::dot(zero, _mm256_sign_epi8(u, u), _mm256_sign_epi8(xq[t], u));
-          else
-            lanes = I::dot(base[t], u, xq[t]);
-          acc[r][t] =
-              _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_mul_ps(dw, dx[t]), acc[r][t]);
-          if constexpr (F::kMin) acc[r][t] = _mm256_fmadd_ps(mw, sx[t], acc[r][t]);
+          VI lh, ll;
+          if constexpr (kSignTrick) {
+            lh = I::dot(I::zero(), ua, I::sign8(xh[t], u));
+            ll = I::dot(I::zero(), ua, I::sign8(xl[t], u));
+          } else {
+            lh = I::dot(oh[t], ua, xh[t]);
+            ll = I::dot(ol[t], ua, xl[t]);
+          }
+          const VF s = I::mul(dw, I::loadf(x[t * np + p].d));
+          acc[r][t] = I::fma(I::cvt(I::combine(lh, ll)), s, acc[r][t]);
+          if constexpr (F::kMin) {
+            const VF mw = I::joinf(F::min(sc[r], 2 * q), F::min(sc[r], 2 * q + 1));
+            acc[r][t] = I::fma(mw, I::loadf(x[t * np + p].s4), acc[r][t]);
+          }
         }
       }
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) y[t * ldy + r] = hsum(acc[r][t]);
+    for (int t = 0; t < T; ++t) y[t * ldy + r] = I::sum(acc[r][t]);
 }
 
-// Tiles of kRows x kToks (each weight block unpacked once for kToks tokens), then the leftover
+// Tiles of kRows x kToks (each weight unit unpacked once for kToks tokens), then the leftover
 // rows and tokens.
 template <class F, class I>
-[[gnu::always_inline]] inline void rows(const Matrix& w, const XBlock* x, float* y, int64_t n_tok,
-                                        int64_t r0, int64_t nr) {
+[[gnu::always_inline]] inline void rows(const Matrix& w, const XPair* x, float* y, int64_t t0,
+                                        int64_t t1, int64_t r0, int64_t nr) {
   constexpr int R = I::kRows, T = I::kToks;
-  const int64_t nbx = w.n_in / QK, nb = w.n_in / (QK * F::kSubs), ldy = w.n_out;
+  const int64_t np = x_pairs(w.n_in), n_sub = w.n_in / QK, ldy = w.n_out;
+  const int64_t n_units = (n_sub + F::kSubs - 1) / F::kSubs;
   const size_t ld = w.row_bytes;
-  int64_t t = 0;
-  for (; t + T <= n_tok; t += T) {
+  const uint8_t* w0 = w.row(r0);
+  float* y0 = y + r0;
+  int64_t t = t0;
+  for (; t + T <= t1; t += T) {
+    const XPair* xt = x + t * np;
     int64_t r = 0;
     for (; r + R <= nr; r += R)
-      tile<F, I, R, T>(w.row(r0 + r), ld, x + t * nbx, nbx, nb, y + t * ldy + r0 + r, ldy);
+      tile<F, I, R, T>(w0 + r * ld, ld, xt, np, n_units, n_sub, y0 + t * ldy + r, ldy);
     for (; r < nr; ++r)
-      tile<F, I, 1, T>(w.row(r0 + r), ld, x + t * nbx, nbx, nb, y + t * ldy + r0 + r, ldy);
+      tile<F, I, 1, T>(w0 + r * ld, ld, xt, np, n_units, n_sub, y0 + t * ldy + r, ldy);
   }
-  for (; t < n_tok; ++t) {
+  for (; t < t1; ++t) {
+    const XPair* xt = x + t * np;
     int64_t r = 0;
     for (; r + R <= nr; r += R)
-      tile<F, I, R, 1>(w.row(r0 + r), ld, x + t * nbx, nbx, nb, y + t * ldy + r0 + r, ldy);
+      tile<F, I, R, 1>(w0 + r * ld, ld, xt, np, n_units, n_sub, y0 + t * ldy + r, ldy);
     for (; r < nr; ++r)
-      tile<F, I, 1, 1>(w.row(r0 + r), ld, x + t * nbx, nbx, nb, y + t * ldy + r0 + r, ldy);
+      tile<F, I, 1, 1>(w0 + r * ld, ld, xt, np, n_units, n_sub, y0 + t * ldy + r, ldy);
   }
 }
 
 template <class I>
-[[gnu::always_inline]] inline void rows_of(const Matrix& w, const XBlock* x, float* y,
-                                           int64_t n_tok, int64_t r0, int64_t nr) {
+[[gnu::always_inline]] inline void rows_of(const Matrix& w, const XPair* x, float* y, int64_t t0,
+                                           int64_t t1, int64_t r0, int64_t nr) {
   switch (w.type) {
     case DType::Q8_0:
-      return rows<Q8_0, I>(w, x, y, n_tok, r0, nr);
+      return rows<Pair<Q8_0>, I>(w, x, y, t0, t1, r0, nr);
     case DType::Q4_0:
-      return rows<Q4_0, I>(w, x, y, n_tok, r0, nr);
+      return rows<Pair<Q4_0>, I>(w, x, y, t0, t1, r0, nr);
     case DType::Q4_1:
-      return rows<Q4_1, I>(w, x, y, n_tok, r0, nr);
+      return rows<Pair<Q4_1>, I>(w, x, y, t0, t1, r0, nr);
     case DType::Q5_0:
-      return rows<Q5_0, I>(w, x, y, n_tok, r0, nr);
+      return rows<Pair<Q5_0>, I>(w, x, y, t0, t1, r0, nr);
     case DType::Q5_1:
-      return rows<Q5_1, I>(w, x, y, n_tok, r0, nr);
+      return rows<Pair<Q5_1>, I>(w, x, y, t0, t1, r0, nr);
+    case DType::IQ4_NL:
+      return rows<Pair<IQ4_NL>, I>(w, x, y, t0, t1, r0, nr);
+    case DType::Q2_K:
+      return rows<Q2_K, I>(w, x, y, t0, t1, r0, nr);
+    case DType::Q3_K:
+      return rows<Q3_K, I>(w, x, y, t0, t1, r0, nr);
     case DType::Q4_K:
-      return rows<Q4_K, I>(w, x, y, n_tok, r0, nr);
+      return rows<Q4_K, I>(w, x, y, t0, t1, r0, nr);
     case DType::Q5_K:
-      return rows<Q5_K, I>(w, x, y, n_tok, r0, nr);
+      return rows<Q5_K, I>(w, x, y, t0, t1, r0, nr);
     case DType::Q6_K:
-      return rows<Q6_K, I>(w, x, y, n_tok, r0, nr);
+      return rows<Q6_K, I>(w, x, y, t0, t1, r0, nr);
+    case DType::IQ4_XS:
+      return rows<IQ4_XS, I>(w, x, y, t0, t1, r0, nr);
     default:
-      return;
+      fail("int_matmul_rows: no integer kernel for ", dtype_name(w.type));
   }
 }
 
 // One entry per instruction set, compiled for it (the kernels are inlined into it).
-void rows_avx2(const Matrix& w, const XBlock* x, float* y, int64_t n_tok, int64_t r0, int64_t nr) {
-  rows_of<Avx2>(w, x, y, n_tok, r0, nr);
+void rows_avx2(const Matrix& w, const XPair* x, float* y, int64_t t0, int64_t t1, int64_t r0,
+               int64_t nr) {
+  rows_of<Avx2>(w, x, y, t0, t1, r0, nr);
 }
-[[gnu::target("avxvnni"), gnu::flatten]] void rows_avxvnni(const Matrix& w, const XBlock* x,
-                                                            float* y, int64_t n_tok, int64_t r0,
-                                                            int64_t nr) {
-  rows_of<AvxVnni>(w, x, y, n_tok, r0, nr);
+[[gnu::target("avxvnni"), gnu::flatten]] void rows_avxvnni(const Matrix& w, const XPair* x,
+                                                            float* y, int64_t t0, int64_t t1,
+                                                            int64_t r0, int64_t nr) {
+  rows_of<AvxVnni>(w, x, y, t0, t1, r0, nr);
 }
-[[gnu::target("avx512vnni,avx512vl"), gnu::flatten]] void rows_avx512vnni(
-    const Matrix& w, const XBlock* x, float* y, int64_t n_tok, int64_t r0, int64_t nr) {
-  rows_of<Avx512Vnni>(w, x, y, n_tok, r0, nr);
+[[KVS_AVX512, gnu::flatten]] void rows_avx512(const Matrix& w, const XPair* x, float* y,
+                                               int64_t t0, int64_t t1, int64_t r0, int64_t nr) {
+  rows_of<Avx512>(w, x, y, t0, t1, r0, nr);
 }
 
 }  // namespace
@@ -377,7 +587,9 @@ bool cpu_has(DotIsa isa) {
     case DotIsa::AvxVnni:
       return __builtin_cpu_supports("avxvnni");
     case DotIsa::Avx512Vnni:
-      return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+             __builtin_cpu_supports("avx512vnni");
   }
   return false;
 }
@@ -396,32 +608,48 @@ bool has_int_dot(DType t) {
     case DType::Q4_1:
     case DType::Q5_0:
     case DType::Q5_1:
+    case DType::IQ4_NL:
+    case DType::Q2_K:
+    case DType::Q3_K:
     case DType::Q4_K:
     case DType::Q5_K:
     case DType::Q6_K:
+    case DType::IQ4_XS:
       return true;
     default:
       return false;
   }
 }
 
-void quantize_x(const float* x, int64_t n_tok, int64_t n, XBlock* xq) {
+void quantize_x(const float* x, int64_t n_tok, int64_t n, XPair* xq) {
   KVS_CHECK(n % QK == 0, "quantize_x: ", n, " activations is not a whole number of blocks of 32");
-  const int64_t nb = n / QK;
-  thread_pool().parallel_for(n_tok * nb, 256, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) quantize_block(x + i * QK, xq[i]);
+  const int64_t nb = n / QK, np = x_pairs(n);
+  thread_pool().parallel_for(n_tok * np, 128, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const int64_t t = i / np, p = i % np;
+      XPair& xp = xq[i];
+      quantize_block(x + t * n + 2 * p * QK, xp, 0);
+      if (2 * p + 1 < nb) {
+        quantize_block(x + t * n + (2 * p + 1) * QK, xp, 1);
+      } else {  // the odd last block's partner: zeros
+        std::memset(xp.h + 32, 0, 32);
+        std::memset(xp.l + 32, 0, 32);
+        std::fill(xp.d + 8, xp.d + 16, 0.0f);
+        std::fill(xp.s4 + 8, xp.s4 + 16, 0.0f);
+      }
+    }
   });
 }
 
-void int_matmul_rows(const Matrix& w, const XBlock* xq, float* y, int64_t n_tok, int64_t r0,
-                     int64_t nr, DotIsa isa) {
+void int_matmul_rows(const Matrix& w, const XPair* xq, float* y, int64_t t0, int64_t t1,
+                     int64_t r0, int64_t nr, DotIsa isa) {
   switch (isa) {
     case DotIsa::Avx2:
-      return rows_avx2(w, xq, y, n_tok, r0, nr);
+      return rows_avx2(w, xq, y, t0, t1, r0, nr);
     case DotIsa::AvxVnni:
-      return rows_avxvnni(w, xq, y, n_tok, r0, nr);
+      return rows_avxvnni(w, xq, y, t0, t1, r0, nr);
     case DotIsa::Avx512Vnni:
-      return rows_avx512vnni(w, xq, y, n_tok, r0, nr);
+      return rows_avx512(w, xq, y, t0, t1, r0, nr);
   }
 }
 

@@ -1,9 +1,3 @@
-// The 512-bit kernels are templates inlined (gnu::flatten) into the one function compiled for
-// AVX-512, so no 512-bit value crosses a call (-Wpsabi); GCC 12's AVX-512 intrinsics read a
-// self-initialized "undefined" vector (GCC bug 105593, -Wmaybe-uninitialized).
-#pragma GCC diagnostic ignored "-Wpsabi"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-
 #include "kvs/backend/cpu/quant_dot.h"
 
 #include <immintrin.h>
@@ -79,20 +73,8 @@ void quantize_block(const float* x, XPair& p, int b) {
   _mm256_storeu_ps(p.d + 8 * b, _mm256_set1_ps(dx / 254.0f));
 }
 
-// ---- weight formats ----
-// Each gives the levels of a sub-block of 32 as 32 bytes in element order (byte k: element k),
-// unsigned (the weight is d (level - 2^kShift), or with kMin d level + min) or signed (kSigned:
-// d level); a float scale per int32 lane of the dot (lane i: elements 4i .. 4i + 3) and with
-// kMin a min per lane. A unit is kSubs sub-blocks read from kBytes of a row: two blocks of the
-// 32-element formats (a pair), or one super-block of 256. scales() reads a unit's scales once;
-// `two` is false for a pair whose second block is past the row's end, which then re-reads the
-// first (its activations are zeros, so it adds exactly nothing).
+// ---- helpers ----
 
-inline float f16(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return _cvtsh_ss(h);
-}
 inline __m256i load32(const void* p) {
   return _mm256_loadu_si256(static_cast<const __m256i*>(p));
 }
@@ -113,237 +95,17 @@ inline __m256i fifth_bits(const uint8_t* p) {
   const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201));
   return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit), bytes(0x10));
 }
-// Bits b .. b + 1 of each byte (16-bit shifts, masked per byte) moved to the bits of mask.
+// Bits from .. from + 1 of each byte (16-bit shifts, masked per byte) moved to the bits of mask.
 inline __m256i move_bits(__m256i v, int from, int to, int mask) {
   const __m256i s = from <= to ? _mm256_slli_epi16(v, to - from) : _mm256_srli_epi16(v, from - to);
   return _mm256_and_si256(s, bytes(mask));
 }
-// The iq4_nl levels of 32 nibbles (packed as in q4_0): one byte shuffle per 16.
-inline __m256i iq4_levels(const uint8_t* qs) {
-  const __m256i table = _mm256_broadcastsi128_si256(load16(kIq4nlValues));
-  return _mm256_shuffle_epi8(table, nibbles(qs));
-}
-// A float in lanes 0-3 and another in lanes 4-7 (two sub-blocks of 16).
-inline __m256 halves(float lo, float hi) {
-  return _mm256_set_m128(_mm_set1_ps(hi), _mm_set1_ps(lo));
-}
 
-// The 32-element formats: B gives one block's levels and scales; Pair<B> is the unit.
-struct Q8_0 {
-  static constexpr size_t kBytes = sizeof(BlockQ8_0);
-  static constexpr int kShift = 0;
-  static constexpr bool kSigned = true, kMin = false;
-  static __m256i levels(const uint8_t* b) { return load32(b + 2); }
-};
-struct Q4_0 {
-  static constexpr size_t kBytes = sizeof(BlockQ4_0);
-  static constexpr int kShift = 3;
-  static constexpr bool kSigned = false, kMin = false;
-  static __m256i levels(const uint8_t* b) { return nibbles(b + 2); }
-};
-struct Q4_1 {
-  static constexpr size_t kBytes = sizeof(BlockQ4_1);
-  static constexpr int kShift = 0;
-  static constexpr bool kSigned = false, kMin = true;
-  static __m256i levels(const uint8_t* b) { return nibbles(b + 4); }
-};
-struct Q5_0 {
-  static constexpr size_t kBytes = sizeof(BlockQ5_0);
-  static constexpr int kShift = 4;
-  static constexpr bool kSigned = false, kMin = false;
-  static __m256i levels(const uint8_t* b) {
-    return _mm256_or_si256(nibbles(b + 6), fifth_bits(b + 2));
-  }
-};
-struct Q5_1 {
-  static constexpr size_t kBytes = sizeof(BlockQ5_1);
-  static constexpr int kShift = 0;
-  static constexpr bool kSigned = false, kMin = true;
-  static __m256i levels(const uint8_t* b) {
-    return _mm256_or_si256(nibbles(b + 8), fifth_bits(b + 4));
-  }
-};
-struct IQ4_NL {
-  static constexpr size_t kBytes = sizeof(BlockIQ4_NL);
-  static constexpr int kShift = 0;
-  static constexpr bool kSigned = true, kMin = false;
-  static __m256i levels(const uint8_t* b) { return iq4_levels(b + 2); }
-};
-
-// Every 32-element block starts with its f16 scale d; those with a min have it next.
-template <class B>
-struct Pair : B {
-  static constexpr size_t kUnitBytes = 2 * B::kBytes;
-  static constexpr int kSubs = 2;
-  struct Scales {
-    const uint8_t* b[2];
-    float d[2], m[2];
-  };
-  static void scales(const uint8_t* u, bool two, Scales& s) {
-    s.b[0] = u;
-    s.b[1] = two ? u + B::kBytes : u;
-    for (int i = 0; i < 2; ++i) {
-      s.d[i] = f16(s.b[i]);
-      if constexpr (B::kMin) s.m[i] = f16(s.b[i] + 2);
-    }
-  }
-  static __m256i levels(const Scales& s, int j) { return B::levels(s.b[j]); }
-  static __m256 scale(const Scales& s, int j) { return _mm256_set1_ps(s.d[j]); }
-  static __m256 min(const Scales& s, int j) { return _mm256_set1_ps(s.m[j]); }
-};
-
-// The super-block formats: 8 sub-blocks of 32.
-template <class Block>
-struct Super {
-  static constexpr size_t kUnitBytes = sizeof(Block);
-  static constexpr int kSubs = 8;
-};
-
-// q4_k, q5_k: sub-block j's weights are d sc_j level - dmin m_j.
-struct KScales {
-  const uint8_t* b;
-  float d[8], m[8];
-};
-inline void k4_scales(const uint8_t* b, KScales& s) {
-  s.b = b;
-  const float d = f16(b), dmin = f16(b + 2);
-  for (int j = 0; j < 8; ++j) {
-    int sc, m;
-    scale_min_k4(j, b + 4, sc, m);
-    s.d[j] = d * static_cast<float>(sc);
-    s.m[j] = -(dmin * static_cast<float>(m));
-  }
-}
-// Sub-blocks 2i and 2i + 1 of a q4_k/q5_k block: the low and high nibbles of qs[32 i ..].
-inline __m256i k_nibbles(const uint8_t* qs, int j) {
-  const __m256i v = load32(qs + 32 * (j / 2));
-  return _mm256_and_si256(j % 2 ? _mm256_srli_epi16(v, 4) : v, bytes(0x0F));
-}
-
-struct Q4_K : Super<BlockQ4_K> {
-  static constexpr int kShift = 0;
-  static constexpr bool kSigned = false, kMin = true;
-  using Scales = KScales;
-  static void scales(const uint8_t* b, bool, Scales& s) { k4_scales(b, s); }
-  static __m256i levels(const Scales& s, int j) {
-    return k_nibbles(s.b + offsetof(BlockQ4_K, qs), j);
-  }
-  static __m256 scale(const Scales& s, int j) { return _mm256_set1_ps(s.d[j]); }
-  static __m256 min(const Scales& s, int j) { return _mm256_set1_ps(s.m[j]); }
-};
-
-struct Q5_K : Super<BlockQ5_K> {
-  static constexpr int kShift = 0;
-  static constexpr bool kSigned = false, kMin = true;
-  using Scales = KScales;
-  static void scales(const uint8_t* b, bool, Scales& s) { k4_scales(b, s); }
-  // q4_k's nibbles, with the fifth bit of element l in bit j of qh[l].
-  static __m256i levels(const Scales& s, int j) {
-    const __m256i h = move_bits(load32(s.b + offsetof(BlockQ5_K, qh)), j, 4, 0x10);
-    return _mm256_or_si256(k_nibbles(s.b + offsetof(BlockQ5_K, qs), j), h);
-  }
-  static __m256 scale(const Scales& s, int j) { return _mm256_set1_ps(s.d[j]); }
-  static __m256 min(const Scales& s, int j) { return _mm256_set1_ps(s.m[j]); }
-};
-
-// The formats with 16 sub-blocks of 16: each sub-block of 32 has two scales (and mins).
-struct Scales16 {
-  const uint8_t* b;
-  float d[16], m[16];
-};
-
-// q6_k: sub-block j of 32 is group k = j % 4 of half h = j / 4; weights are d sc (level - 32).
-struct Q6_K : Super<BlockQ6_K> {
-  static constexpr int kShift = 5;
-  static constexpr bool kSigned = false, kMin = false;
-  using Scales = Scales16;
-  static void scales(const uint8_t* b, bool, Scales& s) {
-    const auto* q = reinterpret_cast<const BlockQ6_K*>(b);
-    s.b = b;
-    const float d = f16(q->d);
-    for (int i = 0; i < 16; ++i) s.d[i] = d * static_cast<float>(q->scales[i]);
-  }
-  static __m256i levels(const Scales& s, int j) {
-    const auto* q = reinterpret_cast<const BlockQ6_K*>(s.b);
-    const int h = j / 4, k = j % 4;
-    const __m256i l = load32(q->ql + 64 * h + 32 * (k % 2));
-    const __m256i lo = _mm256_and_si256(k < 2 ? l : _mm256_srli_epi16(l, 4), bytes(0x0F));
-    return _mm256_or_si256(lo, move_bits(load32(q->qh + 32 * h), 2 * k, 4, 0x30));
-  }
-  static __m256 scale(const Scales& s, int j) { return halves(s.d[2 * j], s.d[2 * j + 1]); }
-  static __m256 min(const Scales&, int) { return _mm256_setzero_ps(); }
-};
-
-// q2_k: element 32k + l of half h is bits 2k of qs[32 h + l], so sub-block j of 32 is those
-// bits of qs[32 (j / 4) ..] with k = j % 4; weights d sc level - dmin m per sub-block of 16.
-inline __m256i q2_levels(const uint8_t* qs, int j) {
-  return _mm256_and_si256(_mm256_srli_epi16(load32(qs + 32 * (j / 4)), 2 * (j % 4)), bytes(3));
-}
-struct Q2_K : Super<BlockQ2_K> {
-  static constexpr int kShift = 0;
-  static constexpr bool kSigned = false, kMin = true;
-  using Scales = Scales16;
-  static void scales(const uint8_t* b, bool, Scales& s) {
-    const auto* q = reinterpret_cast<const BlockQ2_K*>(b);
-    s.b = b;
-    const float d = f16(q->d), dmin = f16(q->dmin);
-    for (int i = 0; i < 16; ++i) {
-      s.d[i] = d * static_cast<float>(q->scales[i] & 0xF);
-      s.m[i] = -(dmin * static_cast<float>(q->scales[i] >> 4));
-    }
-  }
-  static __m256i levels(const Scales& s, int j) {
-    return q2_levels(s.b + offsetof(BlockQ2_K, qs), j);
-  }
-  static __m256 scale(const Scales& s, int j) { return halves(s.d[2 * j], s.d[2 * j + 1]); }
-  static __m256 min(const Scales& s, int j) { return halves(s.m[2 * j], s.m[2 * j + 1]); }
-};
-
-// q3_k: q2_k's two bits and a third, bit j of hmask[l] for sub-block j; levels 0..7 stand for
-// -4..3 (the offset 4), scaled by d sc per sub-block of 16.
-struct Q3_K : Super<BlockQ3_K> {
-  static constexpr int kShift = 2;
-  static constexpr bool kSigned = false, kMin = false;
-  using Scales = Scales16;
-  static void scales(const uint8_t* b, bool, Scales& s) {
-    const auto* q = reinterpret_cast<const BlockQ3_K*>(b);
-    s.b = b;
-    const float d = f16(q->d);
-    for (int i = 0; i < 16; ++i) s.d[i] = d * static_cast<float>(scale_q3_k(i, q->scales));
-  }
-  static __m256i levels(const Scales& s, int j) {
-    const __m256i hi = move_bits(load32(s.b + offsetof(BlockQ3_K, hmask)), j, 2, 0x04);
-    return _mm256_or_si256(q2_levels(s.b + offsetof(BlockQ3_K, qs), j), hi);
-  }
-  static __m256 scale(const Scales& s, int j) { return halves(s.d[2 * j], s.d[2 * j + 1]); }
-  static __m256 min(const Scales&, int) { return _mm256_setzero_ps(); }
-};
-
-// iq4_xs: iq4_nl sub-blocks under d times a 6-bit scale each.
-struct IQ4_XS : Super<BlockIQ4_XS> {
-  static constexpr int kShift = 0;
-  static constexpr bool kSigned = true, kMin = false;
-  struct Scales {
-    const uint8_t* b;
-    float d[8];
-  };
-  static void scales(const uint8_t* b, bool, Scales& s) {
-    const auto* q = reinterpret_cast<const BlockIQ4_XS*>(b);
-    s.b = b;
-    const float d = f16(q->d);
-    for (int j = 0; j < 8; ++j) s.d[j] = d * static_cast<float>(scale_iq4_xs(j, *q));
-  }
-  static __m256i levels(const Scales& s, int j) {
-    return iq4_levels(s.b + offsetof(BlockIQ4_XS, qs) + 16 * j);
-  }
-  static __m256 scale(const Scales& s, int j) { return _mm256_set1_ps(s.d[j]); }
-  static __m256 min(const Scales&, int) { return _mm256_setzero_ps(); }
-};
-
-// ---- instruction sets: 16 int32 / float lanes ----
+// ---- instruction sets: 16 int32 / float lanes (lane i: elements 4i .. 4i + 3 of a pair) ----
 // dot(acc, u, x): each lane plus the sum of its 4 products u x (u unsigned, x signed bytes),
 // exact: maddubs (AVX2) cannot saturate on these levels, with signed ones taken as |u| and the
-// sign moved to x (kVnni false); VNNI adds 128 to signed levels instead (offset 2^7).
+// sign moved to x (kVnni false); VNNI adds 128 to signed levels instead (offset 2^7). The rest
+// builds a pair's levels and scales from a format's bytes.
 
 // Two 256-bit halves: AVX2 and AVX-VNNI.
 template <class D>
@@ -359,33 +121,68 @@ struct Ymm2 {
   static VI zero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
   static VF zerof() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
   static VI join(__m256i a, __m256i b) { return {a, b}; }
-  static VF joinf(__m256 a, __m256 b) { return {a, b}; }
   static VI load(const int8_t* p) { return {load32(p), load32(p + 32)}; }
   static VF loadf(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+  // The nibbles of 16 bytes at a, then of 16 at b, as levels (nibbles()).
+  static VI nibbles2(const uint8_t* a, const uint8_t* b) { return {nibbles(a), nibbles(b)}; }
+  // 32 bytes at p: their low nibbles, then their high nibbles.
+  static VI nibbles32(const uint8_t* p) {
+    const __m256i v = load32(p);
+    return {_mm256_and_si256(v, bytes(0x0F)), _mm256_and_si256(_mm256_srli_epi16(v, 4), bytes(0x0F))};
+  }
+  static VI bytes2(const uint8_t* a, const uint8_t* b) { return {load32(a), load32(b)}; }
+  static VI lookup(VI idx, __m128i table) {
+    const __m256i t = _mm256_broadcastsi128_si256(table);
+    return {_mm256_shuffle_epi8(t, idx.a), _mm256_shuffle_epi8(t, idx.b)};
+  }
+  static VI bits_or(VI a, VI b) { return {_mm256_or_si256(a.a, b.a), _mm256_or_si256(a.b, b.b)}; }
+  // v[i] in lanes 8 (i - first) .. + 7 for i = first, first + 1.
+  static VF rep8(__m128 v, int first) {
+    const __m256 w = _mm256_castps128_ps256(v);
+    return {_mm256_permutevar8x32_ps(w, _mm256_set1_epi32(first)),
+            _mm256_permutevar8x32_ps(w, _mm256_set1_epi32(first + 1))};
+  }
+  // v[i] in lanes 4 i .. 4 i + 3.
+  static VF rep4(__m128 v) {
+    const __m256 w = _mm256_castps128_ps256(v);
+    return {_mm256_permutevar8x32_ps(w, _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1)),
+            _mm256_permutevar8x32_ps(w, _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3))};
+  }
   static VI dot(VI acc, VI u, VI x) { return {D::dot(acc.a, u.a, x.a), D::dot(acc.b, u.b, x.b)}; }
-  static VI xor80(VI u) { return {_mm256_xor_si256(u.a, bytes(0x80)), _mm256_xor_si256(u.b, bytes(0x80))}; }
+  static VI xor80(VI u) {
+    return {_mm256_xor_si256(u.a, bytes(0x80)), _mm256_xor_si256(u.b, bytes(0x80))};
+  }
   static VI abs8(VI u) { return {_mm256_sign_epi8(u.a, u.a), _mm256_sign_epi8(u.b, u.b)}; }
   static VI sign8(VI x, VI u) { return {_mm256_sign_epi8(x.a, u.a), _mm256_sign_epi8(x.b, u.b)}; }
   // -(the lanes' sums of x) 2^s: the offset's share.
   static VI offset(VI x, int s) {
-    const VI n = dot(zero(), join(bytes(1), bytes(1)), x);
-    return {_mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(n.a, s)),
-            _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(n.b, s))};
+    const VI n = dot(zero(), join(bytes(1 << s), bytes(1 << s)), x);
+    return {_mm256_sub_epi32(_mm256_setzero_si256(), n.a), _mm256_sub_epi32(_mm256_setzero_si256(), n.b)};
   }
-  // 254 h + l.
+  // 254 h + l; with kNarrow every lane of h is within int16 (one multiply-add of its low half).
+  template <bool kNarrow>
   static VI combine(VI h, VI l) {
-    const __m256i k = _mm256_set1_epi32(254);
-    return {_mm256_add_epi32(_mm256_mullo_epi32(h.a, k), l.a),
-            _mm256_add_epi32(_mm256_mullo_epi32(h.b, k), l.b)};
+    if constexpr (kNarrow) {
+      const __m256i k = _mm256_set1_epi32(254);
+      return {_mm256_add_epi32(_mm256_madd_epi16(h.a, k), l.a),
+              _mm256_add_epi32(_mm256_madd_epi16(h.b, k), l.b)};
+    } else {
+      const __m256i k = _mm256_set1_epi32(254);
+      return {_mm256_add_epi32(_mm256_mullo_epi32(h.a, k), l.a),
+              _mm256_add_epi32(_mm256_mullo_epi32(h.b, k), l.b)};
+    }
   }
   static VF mul(VF a, VF b) { return {_mm256_mul_ps(a.a, b.a), _mm256_mul_ps(a.b, b.b)}; }
-  static VF fma(VF a, VF b, VF c) { return {_mm256_fmadd_ps(a.a, b.a, c.a), _mm256_fmadd_ps(a.b, b.b, c.b)}; }
+  static VF fma(VF a, VF b, VF c) {
+    return {_mm256_fmadd_ps(a.a, b.a, c.a), _mm256_fmadd_ps(a.b, b.b, c.b)};
+  }
   static VF cvt(VI v) { return {_mm256_cvtepi32_ps(v.a), _mm256_cvtepi32_ps(v.b)}; }
   static float sum(VF v) { return hsum(_mm256_add_ps(v.a, v.b)); }
 };
 
 struct Maddubs {
   static constexpr bool kVnni = false;
+  // Pairs of products summed to int16 (at most 2 x 128 x 127 here), then pairs of those.
   static __m256i dot(__m256i acc, __m256i u, __m256i x) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)));
   }
@@ -412,11 +209,32 @@ struct Avx512 {
   [[KVS_AVX512]] static VI join(__m256i a, __m256i b) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
   }
-  [[KVS_AVX512]] static VF joinf(__m256 a, __m256 b) {
-    return _mm512_insertf32x8(_mm512_castps256_ps512(a), b, 1);
-  }
   [[KVS_AVX512]] static VI load(const int8_t* p) { return _mm512_loadu_si512(p); }
   [[KVS_AVX512]] static VF loadf(const float* p) { return _mm512_loadu_ps(p); }
+  [[KVS_AVX512]] static VI nibbles2(const uint8_t* a, const uint8_t* b) {
+    const __m512i v = _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(load16(a)), 0xFF00, load16(b));
+    return _mm512_and_si512(_mm512_srlv_epi64(v, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4)),
+                            _mm512_set1_epi8(0x0F));
+  }
+  [[KVS_AVX512]] static VI nibbles32(const uint8_t* p) {
+    const __m512i v = _mm512_broadcast_i64x4(load32(p));
+    return _mm512_and_si512(_mm512_srlv_epi64(v, _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4)),
+                            _mm512_set1_epi8(0x0F));
+  }
+  [[KVS_AVX512]] static VI bytes2(const uint8_t* a, const uint8_t* b) { return join(load32(a), load32(b)); }
+  [[KVS_AVX512]] static VI lookup(VI idx, __m128i table) {
+    return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(table), idx);
+  }
+  [[KVS_AVX512]] static VI bits_or(VI a, VI b) { return _mm512_or_si512(a, b); }
+  [[KVS_AVX512]] static VF rep8(__m128 v, int first) {
+    const __m512i i = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    return _mm512_permutexvar_ps(_mm512_add_epi32(i, _mm512_set1_epi32(first)),
+                                 _mm512_castps128_ps512(v));
+  }
+  [[KVS_AVX512]] static VF rep4(__m128 v) {
+    const __m512i i = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    return _mm512_permutexvar_ps(i, _mm512_castps128_ps512(v));
+  }
   [[KVS_AVX512]] static VI dot(VI acc, VI u, VI x) { return _mm512_dpbusd_epi32(acc, u, x); }
   [[KVS_AVX512]] static VI xor80(VI u) {
     return _mm512_xor_si512(u, _mm512_set1_epi8(static_cast<char>(0x80)));
@@ -424,11 +242,14 @@ struct Avx512 {
   [[KVS_AVX512]] static VI abs8(VI u) { return _mm512_abs_epi8(u); }
   [[KVS_AVX512]] static VI sign8(VI x, VI) { return x; }  // unused: kVnni
   [[KVS_AVX512]] static VI offset(VI x, int s) {
-    const VI n = _mm512_dpbusd_epi32(zero(), _mm512_set1_epi8(1), x);
-    return _mm512_sub_epi32(zero(), _mm512_slli_epi32(n, static_cast<unsigned>(s)));
+    return _mm512_sub_epi32(zero(), _mm512_dpbusd_epi32(zero(), _mm512_set1_epi8(static_cast<char>(1 << s)), x));
   }
+  template <bool kNarrow>
   [[KVS_AVX512]] static VI combine(VI h, VI l) {
-    return _mm512_add_epi32(_mm512_mullo_epi32(h, _mm512_set1_epi32(254)), l);
+    if constexpr (kNarrow)
+      return _mm512_dpwssd_epi32(l, h, _mm512_set1_epi32(254));
+    else
+      return _mm512_add_epi32(_mm512_mullo_epi32(h, _mm512_set1_epi32(254)), l);
   }
   [[KVS_AVX512]] static VF mul(VF a, VF b) { return _mm512_mul_ps(a, b); }
   [[KVS_AVX512]] static VF fma(VF a, VF b, VF c) { return _mm512_fmadd_ps(a, b, c); }
@@ -438,12 +259,303 @@ struct Avx512 {
   }
 };
 
+// ---- weight formats ----
+// A unit is kSubs sub-blocks of 32 read from kUnitBytes of a row: two blocks of the 32-element
+// formats (a pair), or one super-block of 256. scales() reads a unit's scales once; `two` is
+// false for a pair whose second block is past the row's end, which then re-reads the first (its
+// activations are zeros, so it adds exactly nothing). For pair q of the unit (its sub-blocks
+// 2q, 2q + 1) a format gives the levels as 64 bytes in element order, unsigned (the weight is
+// d (level - 2^kShift), or with kMin d level + min) or signed (kSigned: d level); the scales d
+// per lane, and with kMin the mins per lane.
+
+// The 32-element formats: Pair<B> is the unit of two of B's blocks; every block starts with its
+// f16 scale d, and those with a min have it next.
+template <class B>
+struct Pair : B {
+  static constexpr size_t kUnitBytes = 2 * B::kBytes;
+  static constexpr int kSubs = 2;
+  struct Scales {
+    const uint8_t* b[2];
+    __m128 dm;  // d0, d1, m0, m1
+  };
+  static void scales(const uint8_t* u, bool two, Scales& s) {
+    s.b[0] = u;
+    s.b[1] = two ? u + B::kBytes : u;
+    const int h0 = static_cast<int>(load_u32(s.b[0])), h1 = static_cast<int>(load_u32(s.b[1]));
+    s.dm = _mm_cvtph_ps(_mm_unpacklo_epi16(_mm_cvtsi32_si128(h0), _mm_cvtsi32_si128(h1)));
+  }
+  template <class I>
+  [[gnu::always_inline]] static typename I::VI levels(const Scales& s, int) {
+    return B::template levels<I>(s.b[0], s.b[1]);
+  }
+  template <class I>
+  [[gnu::always_inline]] static typename I::VF scale(const Scales& s, int) {
+    return I::rep8(s.dm, 0);
+  }
+  template <class I>
+  [[gnu::always_inline]] static typename I::VF min(const Scales& s, int) {
+    return I::rep8(s.dm, 2);
+  }
+};
+
+struct Q8_0 {
+  static constexpr size_t kBytes = sizeof(BlockQ8_0);
+  static constexpr int kShift = 0;
+  static constexpr bool kSigned = true, kMin = false;
+  template <class I>
+  [[gnu::always_inline]] static typename I::VI levels(const uint8_t* a, const uint8_t* b) {
+    return I::bytes2(a + 2, b + 2);
+  }
+};
+struct Q4_0 {
+  static constexpr size_t kBytes = sizeof(BlockQ4_0);
+  static constexpr int kShift = 3;
+  static constexpr bool kSigned = false, kMin = false;
+  template <class I>
+  [[gnu::always_inline]] static typename I::VI levels(const uint8_t* a, const uint8_t* b) {
+    return I::nibbles2(a + 2, b + 2);
+  }
+};
+struct Q4_1 {
+  static constexpr size_t kBytes = sizeof(BlockQ4_1);
+  static constexpr int kShift = 0;
+  static constexpr bool kSigned = false, kMin = true;
+  template <class I>
+  [[gnu::always_inline]] static typename I::VI levels(const uint8_t* a, const uint8_t* b) {
+    return I::nibbles2(a + 4, b + 4);
+  }
+};
+struct Q5_0 {
+  static constexpr size_t kBytes = sizeof(BlockQ5_0);
+  static constexpr int kShift = 4;
+  static constexpr bool kSigned = false, kMin = false;
+  template <class I>
+  [[gnu::always_inline]] static typename I::VI levels(const uint8_t* a, const uint8_t* b) {
+    return I::bits_or(I::nibbles2(a + 6, b + 6), I::join(fifth_bits(a + 2), fifth_bits(b + 2)));
+  }
+};
+struct Q5_1 {
+  static constexpr size_t kBytes = sizeof(BlockQ5_1);
+  static constexpr int kShift = 0;
+  static constexpr bool kSigned = false, kMin = true;
+  template <class I>
+  [[gnu::always_inline]] static typename I::VI levels(const uint8_t* a, const uint8_t* b) {
+    return I::bits_or(I::nibbles2(a + 8, b + 8), I::join(fifth_bits(a + 4), fifth_bits(b + 4)));
+  }
+};
+struct IQ4_NL {
+  static constexpr size_t kBytes = sizeof(BlockIQ4_NL);
+  static constexpr int kShift = 0;
+  static constexpr bool kSigned = true, kMin = false;
+  template <class I>
+  [[gnu::always_inline]] static typename I::VI levels(const uint8_t* a, const uint8_t* b) {
+    return I::lookup(I::nibbles2(a + 2, b + 2), load16(kIq4nlValues));
+  }
+};
+
+// The super-block formats: 8 sub-blocks of 32 (scales per 32 in d[8], or per 16 in d[16]).
+template <class Block>
+struct Super {
+  static constexpr size_t kUnitBytes = sizeof(Block);
+  static constexpr int kSubs = 8;
+};
+struct Scales8 {
+  const uint8_t* b;
+  float d[8], m[8];
+};
+struct Scales16 {
+  const uint8_t* b;
+  float d[16], m[16];
+};
+inline __m128 load4(const float* p) {
+  return _mm_loadu_ps(p);
+}
+inline __m128 load2(const float* p) {
+  return _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
+
+// q4_k, q5_k: sub-block j's weights are d sc_j level - dmin m_j; the levels of sub-blocks 2q
+// and 2q + 1 are the low and high nibbles of qs[32 q ..].
+inline void k4_scales(const uint8_t* b, Scales8& s) {
+  s.b = b;
+  const float d = load_f16(b), dmin = load_f16(b + 2);
+  for (int j = 0; j < 8; ++j) {
+    int sc, m;
+    scale_min_k4(j, b + 4, sc, m);
+    s.d[j] = d * static_cast<float>(sc);
+    s.m[j] = -(dmin * static_cast<float>(m));
+  }
+}
+struct Q4_K : Super<BlockQ4_K> {
+  static constexpr int kShift = 0;
+  static constexpr bool kSigned = false, kMin = true;
+  using Scales = Scales8;
+  static void scales(const uint8_t* b, bool, Scales& s) { k4_scales(b, s); }
+  template <class I>
+  [[gnu::always_inline]] static typename I::VI levels(const Scales& s, int q) {
+    return I::nibbles32(s.b + offsetof(BlockQ4_K, qs) + 32 * q);
+  }
+  template <class I>
+  [[gnu::always_inline]] static typename I::VF scale(const Scales& s, int q) {
+    return I::rep8(load2(s.d + 2 * q), 0);
+  }
+  template <class I>
+  [[gnu::always_inline]] static typename I::VF min(const Scales& s, int q) {
+    return I::rep8(load2(s.m + 2 * q), 0);
+  }
+};
+// q4_k with the fifth bit of element l of sub-block j in bit j of qh[l].
+struct Q5_K : Super<BlockQ5_K> {
+  static constexpr int kShift = 0;
+  static constexpr bool kSigned = false, kMin = true;
+  using Scales = Scales8;
+  static void scales(const uint8_t* b, bool, Scales& s) { k4_scales(b, s); }
+  template <class I>
+  [[gnu::always_inline]] static typename I::VI levels(const Scales& s, int q) {
+    const __m256i h = load32(s.b + offsetof(BlockQ5_K, qh));
+    return I::bits_or(I::nibbles32(s.b + offsetof(BlockQ5_K, qs) + 32 * q),
+                      I::join(move_bits(h, 2 * q, 4, 0x10), move_bits(h, 2 * q + 1, 4, 0x10)));
+  }
+  template <class I>
+  [[gnu::always_inline]] static typename I::VF scale(const Scales& s, int q) {
+    return I::rep8(load2(s.d + 2 * q), 0);
+  }
+  template <class I>
+  [[gnu::always_inline]] static typename I::VF min(const Scales& s, int q) {
+    return I::rep8(load2(s.m + 2 * q), 0);
+  }
+};
+
+// q6_k: sub-block j of 32 is group k = j % 4 of half h = j / 4: the low 4 bits from ql (low
+// nibbles of ql[64 h + 32 (k % 2) ..] for k < 2, high ones for k >= 2), bits 2k, 2k + 1 of
+// qh[32 h ..]; weights d sc (level - 32) per sub-block of 16.
+struct Q6_K : Super<BlockQ6_K> {
+  static constexpr int kShift = 5;
+  static constexpr bool kSigned = false, kMin = false;
+  using Scales = Scales16;
+  static void scales(const uint8_t* b, bool, Scales& s) {
+    const auto* q = reinterpret_cast<const BlockQ6_K*>(b);
+    s.b = b;
+    const float d = load_f16(q->d);
+    for (int i = 0; i < 16; ++i) s.d[i] = d * static_cast<float>(q->scales[i]);
+  }
+  template <class I>
+  [[gnu::always_inline]] static typename I::VI levels(const Scales& s, int q) {
+    const auto* b = reinterpret_cast<const BlockQ6_K*>(s.b);
+    const int h = q / 2, k = 2 * (q % 2);  // sub-blocks k, k + 1 of half h
+    const __m256i l0 = load32(b->ql + 64 * h), l1 = load32(b->ql + 64 * h + 32);
+    const __m256i lo0 = _mm256_and_si256(k ? _mm256_srli_epi16(l0, 4) : l0, bytes(0x0F));
+    const __m256i lo1 = _mm256_and_si256(k ? _mm256_srli_epi16(l1, 4) : l1, bytes(0x0F));
+    const __m256i qh = load32(b->qh + 32 * h);
+    return I::join(_mm256_or_si256(lo0, move_bits(qh, 2 * k, 4, 0x30)),
+                   _mm256_or_si256(lo1, move_bits(qh, 2 * k + 2, 4, 0x30)));
+  }
+  template <class I>
+  [[gnu::always_inline]] static typename I::VF scale(const Scales& s, int q) {
+    return I::rep4(load4(s.d + 4 * q));
+  }
+  template <class I>
+  [[gnu::always_inline]] static typename I::VF min(const Scales&, int) {
+    return I::zerof();
+  }
+};
+
+// q2_k: element 32k + l of half h is bits 2k of qs[32 h + l], so sub-block j of 32 is those
+// bits of qs[32 (j / 4) ..] with k = j % 4; weights d sc level - dmin m per sub-block of 16.
+inline __m256i q2_levels(const uint8_t* qs, int j) {
+  return _mm256_and_si256(_mm256_srli_epi16(load32(qs + 32 * (j / 4)), 2 * (j % 4)), bytes(3));
+}
+struct Q2_K : Super<BlockQ2_K> {
+  static constexpr int kShift = 0;
+  static constexpr bool kSigned = false, kMin = true;
+  using Scales = Scales16;
+  static void scales(const uint8_t* b, bool, Scales& s) {
+    const auto* q = reinterpret_cast<const BlockQ2_K*>(b);
+    s.b = b;
+    const float d = load_f16(q->d), dmin = load_f16(q->dmin);
+    for (int i = 0; i < 16; ++i) {
+      s.d[i] = d * static_cast<float>(q->scales[i] & 0xF);
+      s.m[i] = -(dmin * static_cast<float>(q->scales[i] >> 4));
+    }
+  }
+  template <class I>
+  [[gnu::always_inline]] static typename I::VI levels(const Scales& s, int q) {
+    const uint8_t* qs = s.b + offsetof(BlockQ2_K, qs);
+    return I::join(q2_levels(qs, 2 * q), q2_levels(qs, 2 * q + 1));
+  }
+  template <class I>
+  [[gnu::always_inline]] static typename I::VF scale(const Scales& s, int q) {
+    return I::rep4(load4(s.d + 4 * q));
+  }
+  template <class I>
+  [[gnu::always_inline]] static typename I::VF min(const Scales& s, int q) {
+    return I::rep4(load4(s.m + 4 * q));
+  }
+};
+
+// q3_k: q2_k's two bits and a third, bit j of hmask[l] for sub-block j; levels 0..7 stand for
+// -4..3 (the offset 4), scaled by d sc per sub-block of 16.
+struct Q3_K : Super<BlockQ3_K> {
+  static constexpr int kShift = 2;
+  static constexpr bool kSigned = false, kMin = false;
+  using Scales = Scales16;
+  static void scales(const uint8_t* b, bool, Scales& s) {
+    const auto* q = reinterpret_cast<const BlockQ3_K*>(b);
+    s.b = b;
+    const float d = load_f16(q->d);
+    for (int i = 0; i < 16; ++i) s.d[i] = d * static_cast<float>(scale_q3_k(i, q->scales));
+  }
+  template <class I>
+  [[gnu::always_inline]] static typename I::VI levels(const Scales& s, int q) {
+    const uint8_t* qs = s.b + offsetof(BlockQ3_K, qs);
+    const __m256i hm = load32(s.b + offsetof(BlockQ3_K, hmask));
+    return I::join(_mm256_or_si256(q2_levels(qs, 2 * q), move_bits(hm, 2 * q, 2, 0x04)),
+                   _mm256_or_si256(q2_levels(qs, 2 * q + 1), move_bits(hm, 2 * q + 1, 2, 0x04)));
+  }
+  template <class I>
+  [[gnu::always_inline]] static typename I::VF scale(const Scales& s, int q) {
+    return I::rep4(load4(s.d + 4 * q));
+  }
+  template <class I>
+  [[gnu::always_inline]] static typename I::VF min(const Scales&, int) {
+    return I::zerof();
+  }
+};
+
+// iq4_xs: iq4_nl sub-blocks of 16 bytes each under d times a 6-bit scale each.
+struct IQ4_XS : Super<BlockIQ4_XS> {
+  static constexpr int kShift = 0;
+  static constexpr bool kSigned = true, kMin = false;
+  using Scales = Scales8;
+  static void scales(const uint8_t* b, bool, Scales& s) {
+    const auto* q = reinterpret_cast<const BlockIQ4_XS*>(b);
+    s.b = b;
+    const float d = load_f16(q->d);
+    for (int j = 0; j < 8; ++j) s.d[j] = d * static_cast<float>(scale_iq4_xs(j, *q));
+  }
+  template <class I>
+  [[gnu::always_inline]] static typename I::VI levels(const Scales& s, int q) {
+    const uint8_t* qs = s.b + offsetof(BlockIQ4_XS, qs) + 32 * q;
+    return I::lookup(I::nibbles2(qs, qs + 16), load16(kIq4nlValues));
+  }
+  template <class I>
+  [[gnu::always_inline]] static typename I::VF scale(const Scales& s, int q) {
+    return I::rep8(load2(s.d + 2 * q), 0);
+  }
+  template <class I>
+  [[gnu::always_inline]] static typename I::VF min(const Scales&, int) {
+    return I::zerof();
+  }
+};
+
 // ---- kernels ----
 
 // y[t ldy + r] for R rows (w, ld bytes apart) and T tokens (x, np pairs apart), n_units units a
 // row. Per output and pair of sub-blocks, in order: lanes h and l = dot(offset, u, plane),
 // acc = fma(float(254 h + l), dw dx, acc), with kMin acc = fma(min, s4, acc); the result is the
-// 16 lanes' sum. Every tile shape performs exactly this sequence, so the shapes agree.
+// 16 lanes' sum. Every tile shape performs exactly this sequence, so the shapes agree. The
+// unsigned levels are below 64 after their offset, so each lane of h is at most 4 x 32 x 127:
+// within int16 (combine's kNarrow).
 template <class F, class I, int R, int T>
 [[gnu::always_inline]] inline void tile(const uint8_t* w, size_t ld, const XPair* x, int64_t np,
                                         int64_t n_units, int64_t n_sub, float* y, int64_t ldy) {
@@ -472,8 +584,9 @@ template <class F, class I, int R, int T>
         }
       }
       for (int r = 0; r < R; ++r) {
-        VI u = I::join(F::levels(sc[r], 2 * q), F::levels(sc[r], 2 * q + 1));
-        const VF dw = I::joinf(F::scale(sc[r], 2 * q), F::scale(sc[r], 2 * q + 1));
+        VI u = F::template levels<I>(sc[r], q);
+        const VF dw = F::template scale<I>(sc[r], q);
+        const VF mw = F::kMin ? F::template min<I>(sc[r], q) : I::zerof();
         VI ua = u;
         if constexpr (kSignTrick) ua = I::abs8(u);
         if constexpr (F::kSigned && I::kVnni) ua = I::xor80(u);
@@ -487,11 +600,8 @@ template <class F, class I, int R, int T>
             ll = I::dot(ol[t], ua, xl[t]);
           }
           const VF s = I::mul(dw, I::loadf(x[t * np + p].d));
-          acc[r][t] = I::fma(I::cvt(I::combine(lh, ll)), s, acc[r][t]);
-          if constexpr (F::kMin) {
-            const VF mw = I::joinf(F::min(sc[r], 2 * q), F::min(sc[r], 2 * q + 1));
-            acc[r][t] = I::fma(mw, I::loadf(x[t * np + p].s4), acc[r][t]);
-          }
+          acc[r][t] = I::fma(I::cvt(I::template combine<!F::kSigned>(lh, ll)), s, acc[r][t]);
+          if constexpr (F::kMin) acc[r][t] = I::fma(mw, I::loadf(x[t * np + p].s4), acc[r][t]);
         }
       }
     }

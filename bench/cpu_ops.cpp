@@ -3,7 +3,7 @@
 // cache at a depth (one query: cache bytes per second; a batch of queries). Best of -r runs.
 //   kvs_cpu_ops [-t threads] [-r runs] [--rows N] [--cols N] [--type q4_1] [--tokens 1,512]
 //               [--depth 4096] [--kv f16] [--heads 9] [--kv-heads 3] [--head-dim 64] [--hot 1]
-//               [--only matmul|attention]
+//               [--only matmul|attention] [--isa avx2|avxvnni|avx512]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -30,6 +30,7 @@ struct Options {
   std::string type = "q4_1", kv = "f16";
   std::vector<int64_t> tokens = {1, 512};
   bool hot = false;  // the same matrix every run (in cache when it fits)
+  std::string isa;   // avx2, avxvnni, avx512: that kernel on one thread (default: the product)
   int heads = 9, kv_heads = 3, head_dim = 64;
 };
 
@@ -68,11 +69,18 @@ void bench_matmul(const Options& o) {
     for (auto& v : x) v = g(rng);
     std::vector<cpu::XPair> xq(static_cast<size_t>(n * cpu::x_pairs(o.cols)));
     const bool int_dot = cpu::has_int_dot(t);
+    const cpu::DotIsa isa = o.isa == "avx2"      ? cpu::DotIsa::Avx2
+                            : o.isa == "avxvnni" ? cpu::DotIsa::AvxVnni
+                                                 : cpu::DotIsa::Avx512Vnni;
     int c = 0;
     const double s = best_seconds(o.runs * (n == 1 ? 20 : 1), [&] {
       w.data = raw.data() + (c++ % copies) * w.bytes();
       if (int_dot) cpu::quantize_x(x.data(), n, o.cols, xq.data());
-      cpu::matmul(w, x.data(), int_dot ? xq.data() : nullptr, y.data(), n, nullptr);
+      const MatJob job{&w, y.data()};
+      if (!o.isa.empty())
+        cpu::int_matmul_rows(w, xq.data(), n, 0, o.rows, y.data(), o.rows, isa);
+      else
+        cpu::matmuls(x.data(), int_dot ? xq.data() : nullptr, n, &job, 1);
     });
     const double macs = static_cast<double>(n) * o.rows * o.cols;
     std::printf("matmul %s %lldx%lld, %lld tokens: %.1f us, %.2f GB/s of weights, %.1f GMAC/s\n",
@@ -163,6 +171,7 @@ int main(int argc, char** argv) {
     else if (k == "--head-dim") o.head_dim = std::atoi(v);
     else if (k == "--only") what = v;
     else if (k == "--hot") o.hot = std::atoi(v) != 0;
+    else if (k == "--isa") o.isa = v;
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;

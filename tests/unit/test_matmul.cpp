@@ -36,11 +36,11 @@ struct Problem {
 
 // Weights quantized from normal values with a scale that varies per 32 columns, and activations
 // with an outlier now and then, as in a model.
-Problem make(DType t, int64_t n_tok, uint32_t seed) {
+Problem make(DType t, int64_t n_tok, uint32_t seed, int64_t n = 0) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> g(0.0f, 1.0f);
   Problem p;
-  const int64_t n = n_in(t);
+  if (n == 0) n = n_in(t);
   std::vector<float> row(static_cast<size_t>(n));
   p.w.type = t;
   p.w.n_in = n;
@@ -65,6 +65,12 @@ std::vector<XPair> quantize(const float* x, int64_t n_tok, int64_t n) {
   std::vector<XPair> q(static_cast<size_t>(n_tok * cpu::x_pairs(n)));
   cpu::quantize_x(x, n_tok, n, q.data());
   return q;
+}
+
+// y = W x through the backend's product of one job.
+void product(const Matrix& w, const float* x, const XPair* xq, float* y, int64_t n_tok) {
+  const MatJob job{&w, y};
+  cpu::matmuls(x, xq, n_tok, &job, 1);
 }
 
 // Activation i of a token's pairs, as the kernels see it: dx (h + l / 254).
@@ -120,7 +126,7 @@ TEST_P(IntMatmul, MatchesDequantizedProduct) {
   Problem p = make(t, n_tok, 11);
   const auto q = quantize(p.x.data(), n_tok, n);
   std::vector<float> y(static_cast<size_t>(n_tok * kOut));
-  cpu::matmul(p.w, p.x.data(), q.data(), y.data(), n_tok, nullptr);
+  product(p.w, p.x.data(), q.data(), y.data(), n_tok);
   std::vector<float> w(static_cast<size_t>(n));
   for (int64_t r = 0; r < kOut; ++r) {
     dequantize_row(t, p.w.row(r), w.data(), n);
@@ -161,16 +167,14 @@ TEST_P(IntMatmul, BatchInvariant) {
   const int threads = thread_pool().size();
   std::vector<float> alone(static_cast<size_t>(kTok * kOut));
   for (int64_t tt = 0; tt < kTok; ++tt)
-    cpu::matmul(p.w, p.x.data() + tt * n, q.data() + tt * np, alone.data() + tt * kOut, 1,
-                nullptr);
+    product(p.w, p.x.data() + tt * n, q.data() + tt * np, alone.data() + tt * kOut, 1);
   for (const int th : {1, 2}) {
     set_thread_count(th);
     for (int64_t b : {1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 64}) {
       std::vector<float> y(static_cast<size_t>(kTok * kOut));
       for (int64_t t0 = 0; t0 < kTok; t0 += b) {
         const int64_t m = std::min(b, kTok - t0);
-        cpu::matmul(p.w, p.x.data() + t0 * n, q.data() + t0 * np, y.data() + t0 * kOut, m,
-                    nullptr);
+        product(p.w, p.x.data() + t0 * n, q.data() + t0 * np, y.data() + t0 * kOut, m);
       }
       EXPECT_TRUE(same_bits(alone.data(), y.data(), y.size()))
           << "batch " << b << ", " << th << " threads";
@@ -181,12 +185,36 @@ TEST_P(IntMatmul, BatchInvariant) {
        {cpu::DotIsa::Avx2, cpu::DotIsa::AvxVnni, cpu::DotIsa::Avx512Vnni}) {
     if (!cpu::cpu_has(isa)) continue;
     std::vector<float> all(alone.size()), single(alone.size());
-    cpu::int_matmul_rows(p.w, q.data(), all.data(), 0, kTok, 0, kOut, isa);
+    cpu::int_matmul_rows(p.w, q.data(), kTok, 0, kOut, all.data(), kOut, isa);
     for (int64_t r = 0; r < kOut; ++r)
-      cpu::int_matmul_rows(p.w, q.data(), single.data(), 0, kTok, r, 1, isa);
+      cpu::int_matmul_rows(p.w, q.data(), kTok, r, 1, single.data() + r, kOut, isa);
     EXPECT_TRUE(same_bits(alone.data(), all.data(), all.size())) << static_cast<int>(isa);
     EXPECT_TRUE(same_bits(alone.data(), single.data(), single.size())) << static_cast<int>(isa);
   }
+}
+
+// Jobs that share x run as one: each job's outputs are its product alone, plus its bias, then
+// written or added to y (the roundings of the separate steps), whatever the other jobs.
+TEST(IntMatmul, JobsOfAGroup) {
+  constexpr int64_t kTok = 70;  // two chunks of tokens
+  Problem a = make(DType::Q4_1, kTok, 7, 768), b = make(DType::Q6_K, kTok, 8, 768);
+  const auto q = quantize(a.x.data(), kTok, 768);
+  std::vector<float> bias(kOut), ya(static_cast<size_t>(kTok * kOut)), yb(ya.size());
+  for (int64_t r = 0; r < kOut; ++r) bias[r] = 0.1f * static_cast<float>(r);
+  for (size_t i = 0; i < yb.size(); ++i) yb[i] = static_cast<float>(i % 7) - 3.0f;
+  std::vector<float> want_a(ya.size()), want_b = yb, pb(yb.size());
+  product(a.w, a.x.data(), q.data(), want_a.data(), kTok);
+  product(b.w, a.x.data(), q.data(), pb.data(), kTok);
+  for (int64_t t = 0; t < kTok; ++t)
+    for (int64_t r = 0; r < kOut; ++r) {
+      want_a[t * kOut + r] += bias[r];
+      want_b[t * kOut + r] += pb[t * kOut + r];
+    }
+  MatJob jobs[2] = {{&a.w, ya.data(), bias.data()}, {&b.w, yb.data()}};
+  jobs[1].add = true;
+  cpu::matmuls(a.x.data(), q.data(), kTok, jobs, 2);
+  EXPECT_TRUE(same_bits(want_a.data(), ya.data(), ya.size()));
+  EXPECT_TRUE(same_bits(want_b.data(), yb.data(), yb.size()));
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, IntMatmul,

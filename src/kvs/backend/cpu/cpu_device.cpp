@@ -81,27 +81,14 @@ class CpuDevice final : public Device {
   }
   void matmuls(const float* x, int64_t n_tok, const MatJob* jobs, int n_jobs) override {
     // The jobs share x: it is quantized once for all that take int8 activations.
-    const cpu::XPair* xq = nullptr;
-    for (int i = 0; i < n_jobs; ++i) {
-      const MatJob& j = jobs[i];
-      const Matrix& w = *j.w;
-      if (cpu::has_int_dot(w.type) && xq == nullptr) {
-        const size_t nb = static_cast<size_t>(n_tok * cpu::x_pairs(w.n_in));
-        if (xq_.size() < nb) xq_.resize(nb);
-        cpu::quantize_x(x, n_tok, w.n_in, xq_.data());
-        xq = xq_.data();
-      }
-      const cpu::XPair* jq = cpu::has_int_dot(w.type) ? xq : nullptr;
-      if (!j.add) {
-        cpu::matmul(w, x, jq, j.y, n_tok, j.bias);
-        continue;
-      }
-      // The same two roundings as a product followed by add().
-      const size_t n = static_cast<size_t>(w.n_out * n_tok);
-      if (sum_.size() < n) sum_.resize(n);
-      cpu::matmul(w, x, jq, sum_.data(), n_tok, j.bias);
-      cpu::add(j.y, sum_.data(), static_cast<int64_t>(n));
+    bool any_int = false;
+    for (int i = 0; i < n_jobs; ++i) any_int = any_int || cpu::has_int_dot(jobs[i].w->type);
+    if (any_int) {
+      const size_t n = static_cast<size_t>(n_tok * cpu::x_pairs(jobs[0].w->n_in));
+      if (xq_.size() < n) xq_.resize(n);
+      cpu::quantize_x(x, n_tok, jobs[0].w->n_in, xq_.data());
     }
+    cpu::matmuls(x, any_int ? xq_.data() : nullptr, n_tok, jobs, n_jobs);
   }
   void rope(float* q, float* k, const int32_t* pos, int32_t n_tok, int32_t n_head,
             int32_t n_head_kv, const RopeParams& p) override {
@@ -185,7 +172,6 @@ class CpuDevice final : public Device {
   std::unordered_set<void*> host_;
   std::deque<cpu::Fence> fences_;
   cpu::CopyEngine copy_in_, copy_out_;
-  std::vector<float> sum_;       // the product of an accumulating job, before it is added
   std::vector<cpu::XPair> xq_;  // the jobs' input quantized: [n_tok][x_pairs(n_in)]
 };
 

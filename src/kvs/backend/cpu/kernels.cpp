@@ -106,27 +106,10 @@ void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n, 
   });
 }
 
-void matmul(const Matrix& w, const float* x, const XPair* xq, float* y, int64_t n_tok,
-            const float* bias) {
+// f32, f16, bf16 and the integer formats without quantized activations: rows dequantized to
+// f32 by tiles, dot products in float.
+void matmul_f32(const Matrix& w, const float* x, float* y, int64_t n_tok, const float* bias) {
   const int64_t n = w.n_in, n_out = w.n_out;
-  if (xq) {
-    // Tasks of kRows rows x kToks tokens: a task's weights stay in L1 and its activations in
-    // L2 while it runs; consecutive tasks share the activations.
-    constexpr int64_t kRows = 16, kToks = 64;
-    const int64_t rc = (n_out + kRows - 1) / kRows, tc = (n_tok + kToks - 1) / kToks;
-    const DotIsa isa = best_dot_isa();
-    thread_pool().parallel_for(rc * tc, 1, [&](int64_t b, int64_t e) {
-      for (int64_t task = b; task < e; ++task) {
-        const int64_t r0 = task % rc * kRows, nr = std::min(kRows, n_out - r0);
-        const int64_t t0 = task / rc * kToks, t1 = std::min(n_tok, t0 + kToks);
-        int_matmul_rows(w, xq, y, t0, t1, r0, nr, isa);
-        if (bias)
-          for (int64_t tt = t0; tt < t1; ++tt)
-            for (int64_t r = 0; r < nr; ++r) y[tt * n_out + r0 + r] += bias[r0 + r];
-      }
-    });
-    return;
-  }
   constexpr int64_t kTile = 16;  // weight rows dequantized at once (f32 tile stays in L1/L2)
   const int64_t tiles = (n_out + kTile - 1) / kTile;
   thread_pool().parallel_for(tiles, 1, [&](int64_t tb, int64_t te) {
@@ -162,6 +145,60 @@ void matmul(const Matrix& w, const float* x, const XPair* xq, float* y, int64_t 
           for (int64_t r = 0; r < nr; ++r) y[tt * n_out + r0 + r] += bias[r0 + r];
     }
   });
+}
+
+void matmuls(const float* x, const XPair* xq, int64_t n_tok, const MatJob* jobs, int n_jobs) {
+  // The integer jobs in one parallel region of tasks of kRows rows x kToks tokens: a task's
+  // weights stay in L1 and its activations in L2 while it runs, and consecutive tasks (the rows
+  // of every job) share the activations.
+  constexpr int64_t kRows = 16, kToks = 64;
+  constexpr int kMaxJobs = 8;
+  KVS_CHECK(n_jobs <= kMaxJobs, "cpu matmuls: ", n_jobs, " jobs (at most ", kMaxJobs, ")");
+  int64_t first[kMaxJobs + 1] = {0};  // the jobs' first row chunk
+  for (int j = 0; j < n_jobs; ++j) {
+    const Matrix& w = *jobs[j].w;
+    first[j + 1] = first[j] + (xq && has_int_dot(w.type) ? (w.n_out + kRows - 1) / kRows : 0);
+  }
+  const int64_t rc = first[n_jobs], tc = (n_tok + kToks - 1) / kToks;
+  if (rc > 0) {
+    const DotIsa isa = best_dot_isa();
+    const int64_t np = x_pairs(jobs[0].w->n_in);
+    thread_pool().parallel_for(rc * tc, 1, [&](int64_t b, int64_t e) {
+      float buf[kRows * kToks];
+      for (int64_t task = b; task < e; ++task) {
+        const int64_t c = task % rc, t0 = task / rc * kToks, nt = std::min(kToks, n_tok - t0);
+        int j = 0;
+        while (c >= first[j + 1]) ++j;
+        const MatJob& job = jobs[j];
+        const int64_t n_out = job.w->n_out, r0 = (c - first[j]) * kRows;
+        const int64_t nr = std::min(kRows, n_out - r0);
+        int_matmul_rows(*job.w, xq + t0 * np, nt, r0, nr, buf, kRows, isa);
+        // The product, plus the bias, then into y or added to it: the roundings of separate
+        // steps.
+        for (int64_t t = 0; t < nt; ++t)
+          for (int64_t r = 0; r < nr; ++r) {
+            float v = buf[t * kRows + r];
+            if (job.bias) v += job.bias[r0 + r];
+            float& out = job.y[(t0 + t) * n_out + r0 + r];
+            out = job.add ? out + v : v;
+          }
+      }
+    });
+  }
+  for (int j = 0; j < n_jobs; ++j) {
+    if (first[j + 1] > first[j]) continue;
+    const MatJob& job = jobs[j];
+    if (!job.add) {
+      matmul_f32(*job.w, x, job.y, n_tok, job.bias);
+      continue;
+    }
+    // The product first (matmul_f32 takes scratch() for its tiles), then added.
+    thread_local std::vector<float> sum;
+    const size_t n = static_cast<size_t>(job.w->n_out * n_tok);
+    if (sum.size() < n) sum.resize(n);
+    matmul_f32(*job.w, x, sum.data(), n_tok, job.bias);
+    add(job.y, sum.data(), static_cast<int64_t>(n));
+  }
 }
 
 void rope(float* x, const int32_t* pos, int32_t n_tok, int32_t n_head, const RopeParams& p) {
@@ -238,236 +275,6 @@ void kv_write(const KvLayout& l, const float* k, const float* v, int32_t n_tok,
       }
     }
   });
-}
-
-namespace {
-
-// Running softmax state of one query head: max, sum of exp, unnormalised output.
-struct Acc {
-  float m;
-  float l;
-  float* o;
-};
-
-// Folds a span's partial (m, l, o) into the accumulator; the fold always runs in logical span
-// order, which makes the result independent of where each span's page lives.
-inline void merge(Acc& acc, float m, float l, const float* o, int32_t d) {
-  if (acc.l == 0.0f) {
-    acc.m = m;
-    acc.l = l;
-    std::copy(o, o + d, acc.o);
-    return;
-  }
-  const float mm = std::max(acc.m, m);
-  const float a = std::exp(acc.m - mm), b = std::exp(m - mm);
-  acc.l = acc.l * a + l * b;
-  for (int32_t i = 0; i < d; ++i) acc.o[i] = acc.o[i] * a + o[i] * b;
-  acc.m = mm;
-}
-
-// s[g * ld] = dot(q + g d, k, d) * scale for the H query heads g < H: each dot()'s arithmetic,
-// the heads' chains interleaved so that they overlap.
-template <int H>
-inline void scores(const float* q, const float* k, int32_t d, float scale, float* s, int64_t ld) {
-  __m256 acc[H];
-  for (int g = 0; g < H; ++g) acc[g] = _mm256_setzero_ps();
-  int32_t i = 0;
-  for (; i + 8 <= d; i += 8) {
-    const __m256 kv = _mm256_loadu_ps(k + i);
-    for (int g = 0; g < H; ++g)
-      acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * d + i), kv, acc[g]);
-  }
-  for (int g = 0; g < H; ++g) {
-    float v = hsum(acc[g]);
-    for (int32_t t = i; t < d; ++t) v = std::fma(q[g * d + t], k[t], v);
-    s[g * ld] = v * scale;
-  }
-}
-
-// o[0 .. 8 C) = fma(p[j], v[j d + i], o[i]) for the keys j < n in order: each element's chain
-// of fmas, C vectors of 8 at once, kept in registers over the keys.
-template <int C>
-inline void accumulate(float* o, const float* p, const float* v, int32_t d, int32_t n) {
-  __m256 acc[C];
-  for (int c = 0; c < C; ++c) acc[c] = _mm256_loadu_ps(o + 8 * c);
-  for (int32_t j = 0; j < n; ++j) {
-    const __m256 pj = _mm256_set1_ps(p[j]);
-    for (int c = 0; c < C; ++c)
-      acc[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + j * d + 8 * c), acc[c]);
-  }
-  for (int c = 0; c < C; ++c) _mm256_storeu_ps(o + 8 * c, acc[c]);
-}
-
-// std::max over p[0 .. n) in order, 8 lanes at a time. Only zeros compare equal with other bits
-// (where the order picks the first one's sign): a maximum of zero is taken again in order.
-inline float max_of(const float* p, int32_t n) {
-  float m = -INFINITY;
-  int32_t j = 0;
-  if (n >= 16) {
-    __m256 v = _mm256_set1_ps(-INFINITY);
-    for (; j + 8 <= n; j += 8) v = _mm256_max_ps(_mm256_loadu_ps(p + j), v);  // v if p is NaN
-    alignas(32) float lanes[8];
-    _mm256_store_ps(lanes, v);
-    for (const float x : lanes) m = std::max(m, x);
-  }
-  for (; j < n; ++j) m = std::max(m, p[j]);
-  if (m == 0.0f) {
-    m = -INFINITY;
-    for (j = 0; j < n; ++j) m = std::max(m, p[j]);
-  }
-  return m;
-}
-
-// The partials of `group` query heads (q, q + d, ...) over the first n rows of a dequantized
-// span (k, v: [n][d]), into out + g * ostride: [max, sum, non-empty, output[d]]. Per head: the
-// scores s_j = dot(q, k_j) * scale, their max m, p_j = exp(s_j - m) summed in key order, and
-// output = sum of p_j v_j by one fma per key in key order (the arithmetic of every decode and
-// prefill call, whatever the span). The heads share each K and V row while it is in cache.
-// s: group * n floats of scratch.
-void partials(const float* q, int32_t group, const float* k, const float* v, int32_t n, int32_t d,
-              float scale, float* s, float* out, int64_t ostride) {
-  if (n <= 0) {
-    for (int32_t g = 0; g < group; ++g) out[g * ostride + 2] = 0.0f;
-    return;
-  }
-  for (int32_t j = 0; j < n; ++j) {
-    const float* kj = k + static_cast<int64_t>(j) * d;
-    int32_t g = 0;
-    for (; g + 4 <= group; g += 4) scores<4>(q + g * d, kj, d, scale, s + g * n + j, n);
-    switch (group - g) {
-      case 3:
-        scores<3>(q + g * d, kj, d, scale, s + g * n + j, n);
-        break;
-      case 2:
-        scores<2>(q + g * d, kj, d, scale, s + g * n + j, n);
-        break;
-      case 1:
-        scores<1>(q + g * d, kj, d, scale, s + g * n + j, n);
-        break;
-    }
-  }
-  for (int32_t g = 0; g < group; ++g) {
-    float* p = s + g * n;  // the scores become the probabilities
-    const float m = max_of(p, n);
-    float sum = 0.0f;
-    for (int32_t j = 0; j < n; ++j) sum += (p[j] = std::exp(p[j] - m));
-    float* o = out + g * ostride;
-    o[0] = m, o[1] = sum, o[2] = 1.0f;
-    o += 3;
-    std::fill(o, o + d, 0.0f);
-    int32_t i = 0;
-    for (; i + 64 <= d; i += 64) accumulate<8>(o + i, p, v + i, d, n);
-    for (; i + 32 <= d; i += 32) accumulate<4>(o + i, p, v + i, d, n);
-    for (; i < d; ++i)
-      for (int32_t j = 0; j < n; ++j)
-        o[i] = std::fma(p[j], v[static_cast<int64_t>(j) * d + i], o[i]);
-  }
-}
-
-// The first key position a query at pos sees.
-inline int32_t first_key(const AttentionArgs& a, int32_t pos) {
-  return a.window > 0 ? pos - a.window + 1 : 0;
-}
-
-// Dequantizes rows [0, n) of head h of a span's K and V into k, v ([n][d] f32).
-void load_span(const KvLayout& l, const Span& sp, int32_t h, int32_t n, float* k, float* v) {
-  const int32_t d = l.head_dim;
-  for (int32_t j = 0; j < n; ++j) {
-    kv_dequantize_head(l.k_type, sp.page + j * l.k_row + h * l.k_head, k + j * d, d);
-    kv_dequantize_head(l.v_type, sp.page + l.v_offset() + j * l.v_row + h * l.v_head, v + j * d, d);
-  }
-}
-
-}  // namespace
-
-void attention(const AttentionArgs& a) {
-  const KvLayout& l = a.kv;
-  const int32_t d = l.head_dim, group = a.n_head / l.n_head_kv, P = l.page_size;
-  const int64_t qstride = static_cast<int64_t>(a.n_head) * d;
-  // acc[(t * n_head + h) * 2 + {0, 1}]: running max and sum; a sum of 0 means "nothing yet".
-  if (a.first)
-    for (int64_t i = 0; i < int64_t{a.n_tok} * a.n_head; ++i) a.acc[2 * i + 1] = 0.0f;
-  if (a.n_tok == 1 && a.n_spans > 0) {
-    // Decode: one task per (kv head, span) stores its partials; then a fold per head in
-    // logical order. Same arithmetic as the prefill path below.
-    const int32_t pos = a.pos[0];
-    const int32_t ns = a.n_spans;
-    std::vector<float> part(static_cast<size_t>(ns) * a.n_head * (d + 3));
-    auto at = [&](int32_t s, int32_t h) {
-      return part.data() + (static_cast<size_t>(s) * a.n_head + h) * (d + 3);
-    };
-    thread_pool().parallel_for(
-        static_cast<int64_t>(ns) * l.n_head_kv, 1, [&](int64_t b, int64_t e) {
-          std::vector<float>& buf = scratch(static_cast<size_t>(2 * P * d + group * P));
-          for (int64_t task = b; task < e; ++task) {
-            const int32_t s = static_cast<int32_t>(task / l.n_head_kv),
-                          hk = static_cast<int32_t>(task % l.n_head_kv);
-            const Span& sp = a.spans[s];
-            const int32_t n = std::min(sp.n, pos - sp.start + 1);
-            const int32_t j0 = std::clamp(first_key(a, pos) - sp.start, 0, std::max(n, 0));
-            float *k = buf.data(), *v = k + P * d, *sc = v + P * d;
-            if (n > 0) load_span(l, sp, hk, n, k, v);
-            partials(a.q + hk * group * d, group, k + j0 * d, v + j0 * d, n - j0, d, a.scale, sc,
-                     at(s, hk * group), d + 3);
-          }
-        });
-    for (int32_t h = 0; h < a.n_head; ++h) {
-      Acc acc{a.acc[2 * h], a.acc[2 * h + 1], a.out + h * d};
-      for (int32_t s = 0; s < ns; ++s) {
-        const float* p = at(s, h);
-        if (p[2] != 0.0f) merge(acc, p[0], p[1], p + 3, d);
-      }
-      a.acc[2 * h] = acc.m;
-      a.acc[2 * h + 1] = acc.l;
-    }
-  } else if (a.n_spans > 0) {
-    // Prefill: one task per (kv head, tile of queries), spans folded in order as they are read.
-    constexpr int32_t kQTile = 8;
-    const int32_t n_tiles = (a.n_tok + kQTile - 1) / kQTile;
-    thread_pool().parallel_for(
-        static_cast<int64_t>(n_tiles) * l.n_head_kv, 1, [&](int64_t b, int64_t e) {
-          std::vector<float>& buf =
-              scratch(static_cast<size_t>(2 * P * d + group * P + group * (d + 3)));
-          for (int64_t task = b; task < e; ++task) {
-            const int32_t tile = static_cast<int32_t>(task / l.n_head_kv),
-                          hk = static_cast<int32_t>(task % l.n_head_kv);
-            const int32_t t0 = tile * kQTile, t1 = std::min(a.n_tok, t0 + kQTile);
-            float *k = buf.data(), *v = k + P * d, *sc = v + P * d, *po = sc + group * P;
-            int32_t max_pos = 0, min_pos = INT32_MAX;
-            for (int32_t t = t0; t < t1; ++t)
-              max_pos = std::max(max_pos, a.pos[t]), min_pos = std::min(min_pos, a.pos[t]);
-            for (int32_t s = 0; s < a.n_spans; ++s) {
-              const Span& sp = a.spans[s];
-              if (sp.start > max_pos) break;
-              if (sp.start + sp.n <= first_key(a, min_pos)) continue;  // before every window
-              const int32_t nload = std::min(sp.n, max_pos - sp.start + 1);
-              load_span(l, sp, hk, nload, k, v);
-              for (int32_t t = t0; t < t1; ++t) {
-                const int32_t n = std::min(sp.n, a.pos[t] - sp.start + 1);
-                const int32_t j0 = std::max(0, first_key(a, a.pos[t]) - sp.start);
-                if (n - j0 <= 0) continue;
-                partials(a.q + t * qstride + hk * group * d, group, k + j0 * d, v + j0 * d, n - j0,
-                         d, a.scale, sc, po, d + 3);
-                for (int32_t g = 0; g < group; ++g) {
-                  const int32_t h = hk * group + g;
-                  const float* pg = po + g * (d + 3);
-                  float* st = a.acc + 2 * (int64_t{t} * a.n_head + h);
-                  Acc acc{st[0], st[1], a.out + t * qstride + h * d};
-                  merge(acc, pg[0], pg[1], pg + 3, d);
-                  st[0] = acc.m;
-                  st[1] = acc.l;
-                }
-              }
-            }
-          }
-        });
-  }
-  if (!a.last) return;
-  for (int64_t i = 0; i < int64_t{a.n_tok} * a.n_head; ++i) {
-    const float inv = 1.0f / a.acc[2 * i + 1];
-    float* o = a.out + i * d;
-    for (int32_t j = 0; j < d; ++j) o[j] *= inv;
-  }
 }
 
 }  // namespace kvs::cpu

@@ -111,7 +111,7 @@ inline __m256i move_bits(__m256i v, int from, int to, int mask) {
 template <class D>
 struct Ymm2 {
   static constexpr bool kVnni = D::kVnni;
-  static constexpr int kRows = 2, kToks = 2;  // 16 registers
+  static constexpr int kRows = 2, kToks = 2, kRows1 = 4;  // 16 registers
   struct VI {
     __m256i a, b;
   };
@@ -201,7 +201,7 @@ using AvxVnni = Ymm2<DpbusdAvx>;
 // One 512-bit register.
 struct Avx512 {
   static constexpr bool kVnni = true;
-  static constexpr int kRows = 4, kToks = 4;  // 32 registers
+  static constexpr int kRows = 2, kToks = 8, kRows1 = 4;  // 32 registers
   using VI = __m512i;
   using VF = __m512;
   [[KVS_AVX512]] static VI zero() { return _mm512_setzero_si512(); }
@@ -611,81 +611,78 @@ template <class F, class I, int R, int T>
 }
 
 // Tiles of kRows x kToks (each weight unit unpacked once for kToks tokens), then the leftover
-// rows and tokens.
+// rows and tokens (kRows1 rows at a time for one token).
 template <class F, class I>
-[[gnu::always_inline]] inline void rows(const Matrix& w, const XPair* x, float* y, int64_t t0,
-                                        int64_t t1, int64_t r0, int64_t nr) {
-  constexpr int R = I::kRows, T = I::kToks;
-  const int64_t np = x_pairs(w.n_in), n_sub = w.n_in / QK, ldy = w.n_out;
+[[gnu::always_inline]] inline void rows(const Matrix& w, const XPair* x, int64_t n_tok, int64_t r0,
+                                        int64_t nr, float* y, int64_t ldy) {
+  constexpr int R = I::kRows, T = I::kToks, R1 = I::kRows1;
+  const int64_t np = x_pairs(w.n_in), n_sub = w.n_in / QK;
   const int64_t n_units = (n_sub + F::kSubs - 1) / F::kSubs;
   const size_t ld = w.row_bytes;
   const uint8_t* w0 = w.row(r0);
-  float* y0 = y + r0;
-  int64_t t = t0;
-  for (; t + T <= t1; t += T) {
-    const XPair* xt = x + t * np;
+  int64_t t = 0;
+  for (; t + T <= n_tok; t += T) {
     int64_t r = 0;
     for (; r + R <= nr; r += R)
-      tile<F, I, R, T>(w0 + r * ld, ld, xt, np, n_units, n_sub, y0 + t * ldy + r, ldy);
+      tile<F, I, R, T>(w0 + r * ld, ld, x + t * np, np, n_units, n_sub, y + t * ldy + r, ldy);
     for (; r < nr; ++r)
-      tile<F, I, 1, T>(w0 + r * ld, ld, xt, np, n_units, n_sub, y0 + t * ldy + r, ldy);
+      tile<F, I, 1, T>(w0 + r * ld, ld, x + t * np, np, n_units, n_sub, y + t * ldy + r, ldy);
   }
-  for (; t < t1; ++t) {
-    const XPair* xt = x + t * np;
+  for (; t < n_tok; ++t) {
     int64_t r = 0;
-    for (; r + R <= nr; r += R)
-      tile<F, I, R, 1>(w0 + r * ld, ld, xt, np, n_units, n_sub, y0 + t * ldy + r, ldy);
+    for (; r + R1 <= nr; r += R1)
+      tile<F, I, R1, 1>(w0 + r * ld, ld, x + t * np, np, n_units, n_sub, y + t * ldy + r, ldy);
     for (; r < nr; ++r)
-      tile<F, I, 1, 1>(w0 + r * ld, ld, xt, np, n_units, n_sub, y0 + t * ldy + r, ldy);
+      tile<F, I, 1, 1>(w0 + r * ld, ld, x + t * np, np, n_units, n_sub, y + t * ldy + r, ldy);
   }
 }
 
 template <class I>
-[[gnu::always_inline]] inline void rows_of(const Matrix& w, const XPair* x, float* y, int64_t t0,
-                                           int64_t t1, int64_t r0, int64_t nr) {
+[[gnu::always_inline]] inline void rows_of(const Matrix& w, const XPair* x, int64_t n_tok,
+                                           int64_t r0, int64_t nr, float* y, int64_t ldy) {
   switch (w.type) {
     case DType::Q8_0:
-      return rows<Pair<Q8_0>, I>(w, x, y, t0, t1, r0, nr);
+      return rows<Pair<Q8_0>, I>(w, x, n_tok, r0, nr, y, ldy);
     case DType::Q4_0:
-      return rows<Pair<Q4_0>, I>(w, x, y, t0, t1, r0, nr);
+      return rows<Pair<Q4_0>, I>(w, x, n_tok, r0, nr, y, ldy);
     case DType::Q4_1:
-      return rows<Pair<Q4_1>, I>(w, x, y, t0, t1, r0, nr);
+      return rows<Pair<Q4_1>, I>(w, x, n_tok, r0, nr, y, ldy);
     case DType::Q5_0:
-      return rows<Pair<Q5_0>, I>(w, x, y, t0, t1, r0, nr);
+      return rows<Pair<Q5_0>, I>(w, x, n_tok, r0, nr, y, ldy);
     case DType::Q5_1:
-      return rows<Pair<Q5_1>, I>(w, x, y, t0, t1, r0, nr);
+      return rows<Pair<Q5_1>, I>(w, x, n_tok, r0, nr, y, ldy);
     case DType::IQ4_NL:
-      return rows<Pair<IQ4_NL>, I>(w, x, y, t0, t1, r0, nr);
+      return rows<Pair<IQ4_NL>, I>(w, x, n_tok, r0, nr, y, ldy);
     case DType::Q2_K:
-      return rows<Q2_K, I>(w, x, y, t0, t1, r0, nr);
+      return rows<Q2_K, I>(w, x, n_tok, r0, nr, y, ldy);
     case DType::Q3_K:
-      return rows<Q3_K, I>(w, x, y, t0, t1, r0, nr);
+      return rows<Q3_K, I>(w, x, n_tok, r0, nr, y, ldy);
     case DType::Q4_K:
-      return rows<Q4_K, I>(w, x, y, t0, t1, r0, nr);
+      return rows<Q4_K, I>(w, x, n_tok, r0, nr, y, ldy);
     case DType::Q5_K:
-      return rows<Q5_K, I>(w, x, y, t0, t1, r0, nr);
+      return rows<Q5_K, I>(w, x, n_tok, r0, nr, y, ldy);
     case DType::Q6_K:
-      return rows<Q6_K, I>(w, x, y, t0, t1, r0, nr);
+      return rows<Q6_K, I>(w, x, n_tok, r0, nr, y, ldy);
     case DType::IQ4_XS:
-      return rows<IQ4_XS, I>(w, x, y, t0, t1, r0, nr);
+      return rows<IQ4_XS, I>(w, x, n_tok, r0, nr, y, ldy);
     default:
       fail("int_matmul_rows: no integer kernel for ", dtype_name(w.type));
   }
 }
 
 // One entry per instruction set, compiled for it (the kernels are inlined into it).
-void rows_avx2(const Matrix& w, const XPair* x, float* y, int64_t t0, int64_t t1, int64_t r0,
-               int64_t nr) {
-  rows_of<Avx2>(w, x, y, t0, t1, r0, nr);
+void rows_avx2(const Matrix& w, const XPair* x, int64_t n_tok, int64_t r0, int64_t nr, float* y,
+               int64_t ldy) {
+  rows_of<Avx2>(w, x, n_tok, r0, nr, y, ldy);
 }
 [[gnu::target("avxvnni"), gnu::flatten]] void rows_avxvnni(const Matrix& w, const XPair* x,
-                                                            float* y, int64_t t0, int64_t t1,
-                                                            int64_t r0, int64_t nr) {
-  rows_of<AvxVnni>(w, x, y, t0, t1, r0, nr);
+                                                            int64_t n_tok, int64_t r0, int64_t nr,
+                                                            float* y, int64_t ldy) {
+  rows_of<AvxVnni>(w, x, n_tok, r0, nr, y, ldy);
 }
-[[KVS_AVX512, gnu::flatten]] void rows_avx512(const Matrix& w, const XPair* x, float* y,
-                                               int64_t t0, int64_t t1, int64_t r0, int64_t nr) {
-  rows_of<Avx512>(w, x, y, t0, t1, r0, nr);
+[[KVS_AVX512, gnu::flatten]] void rows_avx512(const Matrix& w, const XPair* x, int64_t n_tok,
+                                               int64_t r0, int64_t nr, float* y, int64_t ldy) {
+  rows_of<Avx512>(w, x, n_tok, r0, nr, y, ldy);
 }
 
 }  // namespace
@@ -751,15 +748,15 @@ void quantize_x(const float* x, int64_t n_tok, int64_t n, XPair* xq) {
   });
 }
 
-void int_matmul_rows(const Matrix& w, const XPair* xq, float* y, int64_t t0, int64_t t1,
-                     int64_t r0, int64_t nr, DotIsa isa) {
+void int_matmul_rows(const Matrix& w, const XPair* xq, int64_t n_tok, int64_t r0, int64_t nr,
+                     float* y, int64_t ldy, DotIsa isa) {
   switch (isa) {
     case DotIsa::Avx2:
-      return rows_avx2(w, xq, y, t0, t1, r0, nr);
+      return rows_avx2(w, xq, n_tok, r0, nr, y, ldy);
     case DotIsa::AvxVnni:
-      return rows_avxvnni(w, xq, y, t0, t1, r0, nr);
+      return rows_avxvnni(w, xq, n_tok, r0, nr, y, ldy);
     case DotIsa::Avx512Vnni:
-      return rows_avx512(w, xq, y, t0, t1, r0, nr);
+      return rows_avx512(w, xq, n_tok, r0, nr, y, ldy);
   }
 }
 

@@ -42,9 +42,9 @@ bool has_int_dot(DType t);
 // h_i = round(x_i / dx), l_i = round((x_i / dx - h_i) 254), with CUDA's roundings.
 void quantize_x(const float* x, int64_t n_tok, int64_t n, XPair* xq);
 
-// y[t][r] = row r of w . token t for the rows [r0, r0 + nr) and tokens [t0, t1) of xq
-// ([n_tok][x_pairs(w.n_in)]); y is [n_tok][w.n_out]. has_int_dot(w.type) must hold.
-void int_matmul_rows(const Matrix& w, const XPair* xq, float* y, int64_t t0, int64_t t1,
-                     int64_t r0, int64_t nr, DotIsa isa);
+// y[t ldy + r] = row r0 + r of w . token t for r < nr and the n_tok tokens of xq
+// ([n_tok][x_pairs(w.n_in)]). has_int_dot(w.type) must hold.
+void int_matmul_rows(const Matrix& w, const XPair* xq, int64_t n_tok, int64_t r0, int64_t nr,
+                     float* y, int64_t ldy, DotIsa isa);
 
 }  // namespace kvs::cpu

@@ -54,8 +54,7 @@ inline void merge(Acc& acc, float m, float l, const float* o, int32_t d) {
 }
 
 // ---- vectors of W floats ----
-// exp(x) for x <= 0, -inf -> 0 (scores less their max): x = n ln 2 + r with |r| <= ln 2 / 2 (ln 2
-// in two parts, n ln 2 exact), Cephes' expf polynomial for e^r, scaled by 2^n; 0 below -87.
+// exp: quant::exp_ps's steps (the AVX-512 one too), for the scores less their max.
 
 struct Avx2 {
   static constexpr int W = 8;
@@ -88,25 +87,7 @@ struct Avx2 {
     for (int i = 1; i < 8; ++i) m = std::max(m, l[i]);
     return m;
   }
-  static V exp(V x) {
-    const V lo = _mm256_set1_ps(-87.0f);
-    const V under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-    x = _mm256_max_ps(x, lo);
-    const V n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
-                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    V r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    V p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    const __m256i e =
-        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
-  }
+  static V exp(V x) { return quant::exp_ps(x); }
 };
 
 #define KVS_AVX512 gnu::target("avx512f,avx512dq,avx512vl")
@@ -143,7 +124,7 @@ struct Avx512 {
   [[KVS_AVX512]] static V exp(V x) {
     const V lo = _mm512_set1_ps(-87.0f);
     const __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
-    x = _mm512_max_ps(x, lo);
+    x = _mm512_min_ps(_mm512_max_ps(x, lo), _mm512_set1_ps(88.7f));
     const V n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     V r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);

@@ -203,13 +203,17 @@ void matmuls(const float* x, const XPair* xq, int64_t n_tok, const MatJob* jobs,
 
 void rope(float* x, const int32_t* pos, int32_t n_tok, int32_t n_head, const RopeParams& p) {
   const int32_t half = p.rope_dim / 2;
+  // Angles in double: theta_i = pos / scale * base^(-2i/d) / factor_i (the powers once a call).
+  thread_local std::vector<double> freq;
+  freq.resize(static_cast<size_t>(half));
+  for (int32_t i = 0; i < half; ++i) freq[i] = std::pow(static_cast<double>(p.base), -2.0 * i / p.rope_dim);
+  const double* fr = freq.data();  // the caller's (a worker's thread_local is its own)
   thread_pool().parallel_for(n_tok, 4, [&](int64_t b, int64_t e) {
     std::vector<float>& cs = scratch(static_cast<size_t>(2 * half));
     for (int64_t t = b; t < e; ++t) {
-      // Angles in double: theta_i = pos / scale * base^(-2i/d) / factor_i.
       const double ppos = static_cast<double>(pos[t]) / static_cast<double>(p.linear_scale);
       for (int32_t i = 0; i < half; ++i) {
-        double th = ppos * std::pow(static_cast<double>(p.base), -2.0 * i / p.rope_dim);
+        double th = ppos * fr[i];
         if (p.freq_factors) th /= static_cast<double>(p.freq_factors[i]);
         cs[2 * i] = static_cast<float>(std::cos(th));
         cs[2 * i + 1] = static_cast<float>(std::sin(th));
@@ -235,10 +239,23 @@ void sigmoid_mul(float* x, const float* gate, int64_t n) {
 }
 
 void swiglu(float* gate, const float* up, int64_t n) {
+  // g / (1 + e^-g) * up, 8 at a time (e^x by exp_ps), the last few through a copy: the same
+  // steps for every element.
+  const auto eight = [](float* g8, const float* u8) {
+    const __m256 g = _mm256_loadu_ps(g8);
+    const __m256 den =
+        _mm256_add_ps(_mm256_set1_ps(1.0f), quant::exp_ps(_mm256_sub_ps(_mm256_setzero_ps(), g)));
+    _mm256_storeu_ps(g8, _mm256_mul_ps(_mm256_div_ps(g, den), _mm256_loadu_ps(u8)));
+  };
   thread_pool().parallel_for(n, 4096, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      const float g = gate[i];
-      gate[i] = g / (1.0f + std::exp(-g)) * up[i];
+    int64_t i = b;
+    for (; i + 8 <= e; i += 8) eight(gate + i, up + i);
+    if (i < e) {
+      float g8[8] = {}, u8[8] = {};
+      std::copy(gate + i, gate + e, g8);
+      std::copy(up + i, up + e, u8);
+      eight(g8, u8);
+      std::copy(g8, g8 + (e - i), gate + i);
     }
   });
 }

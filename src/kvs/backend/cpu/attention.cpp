@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "kvs/backend/cpu/kernels.h"
@@ -56,8 +57,33 @@ inline void merge(Acc& acc, float m, float l, const float* o, int32_t d) {
 // ---- vectors of W floats ----
 // exp: quant::exp_ps's steps (the AVX-512 one too), for the scores less their max.
 
+// The unpack stages of 8 x 8 transposes of 16-bit values, within each 128-bit lane of T:
+// a[r] (row r's 8 values a lane) becomes, for column c, lane-wise rows 0 .. 7 of column c in
+// out[c].
+template <class T, class Lo16, class Hi16, class Lo32, class Hi32, class Lo64, class Hi64>
+inline void unpack8x8(T a[8], T out[8], Lo16 lo16, Hi16 hi16, Lo32 lo32, Hi32 hi32, Lo64 lo64,
+                      Hi64 hi64) {
+  T b[8];
+  for (int r = 0; r < 4; ++r) {
+    b[r] = lo16(a[2 * r], a[2 * r + 1]);      // rows 2r, 2r + 1: columns 0-3
+    b[r + 4] = hi16(a[2 * r], a[2 * r + 1]);  // columns 4-7
+  }
+  for (int h = 0; h < 2; ++h)  // columns 4h .. 4h + 3
+    for (int r = 0; r < 2; ++r) {
+      a[4 * h + 2 * r] = lo32(b[4 * h + 2 * r], b[4 * h + 2 * r + 1]);
+      a[4 * h + 2 * r + 1] = hi32(b[4 * h + 2 * r], b[4 * h + 2 * r + 1]);
+    }
+  // a[4h + 2r + e]: rows 4r .. 4r + 3, columns 4h + 2e, 4h + 2e + 1.
+  for (int h = 0; h < 2; ++h)
+    for (int e = 0; e < 2; ++e) {
+      out[4 * h + 2 * e] = lo64(a[4 * h + e], a[4 * h + 2 + e]);
+      out[4 * h + 2 * e + 1] = hi64(a[4 * h + e], a[4 * h + 2 + e]);
+    }
+}
+
 struct Avx2 {
   static constexpr int W = 8;
+  static constexpr int kScoreBlocks = 2;  // of a decode pass: 16 registers
   using V = __m256;
   static V zero() { return _mm256_setzero_ps(); }
   static V set1(float f) { return _mm256_set1_ps(f); }
@@ -88,12 +114,23 @@ struct Avx2 {
     return m;
   }
   static V exp(V x) { return quant::exp_ps(x); }
+  // dst[c][k] = f32 of the f16 src[k stride + 2 c], 8 keys k x 8 columns c (dst's rows ld floats
+  // apart).
+  static void transpose_f16(const uint8_t* src, size_t stride, float* dst, int64_t ld) {
+    __m128i a[8], o[8];
+    for (int r = 0; r < 8; ++r)
+      a[r] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + r * stride));
+    unpack8x8(a, o, _mm_unpacklo_epi16, _mm_unpackhi_epi16, _mm_unpacklo_epi32, _mm_unpackhi_epi32,
+              _mm_unpacklo_epi64, _mm_unpackhi_epi64);
+    for (int c = 0; c < 8; ++c) _mm256_storeu_ps(dst + c * ld, _mm256_cvtph_ps(o[c]));
+  }
 };
 
 #define KVS_AVX512 gnu::target("avx512f,avx512dq,avx512vl")
 
 struct Avx512 {
   static constexpr int W = 16;
+  static constexpr int kScoreBlocks = 4;  // of a decode pass: 32 registers
   using V = __m512;
   [[KVS_AVX512]] static V zero() { return _mm512_setzero_ps(); }
   [[KVS_AVX512]] static V set1(float f) { return _mm512_set1_ps(f); }
@@ -121,6 +158,19 @@ struct Avx512 {
     return _mm256_add_ps(_mm256_add_ps(sum8, _mm512_castps512_ps256(v)), _mm512_extractf32x8_ps(v, 1));
   }
   [[KVS_AVX512]] static float hmax(V v) { return _mm512_reduce_max_ps(v); }
+  // dst[c][k] = f32 of the f16 src[k stride + 2 c], 16 keys k x 8 columns c: keys k and k + 8
+  // in the two lanes of a 256-bit transpose.
+  [[KVS_AVX512]] static void transpose_f16(const uint8_t* src, size_t stride, float* dst,
+                                           int64_t ld) {
+    __m256i a[8], o[8];
+    for (int r = 0; r < 8; ++r)
+      a[r] = _mm256_inserti128_si256(
+          _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + r * stride))),
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + (r + 8) * stride)), 1);
+    unpack8x8(a, o, _mm256_unpacklo_epi16, _mm256_unpackhi_epi16, _mm256_unpacklo_epi32,
+              _mm256_unpackhi_epi32, _mm256_unpacklo_epi64, _mm256_unpackhi_epi64);
+    for (int c = 0; c < 8; ++c) _mm512_storeu_ps(dst + c * ld, _mm512_cvtph_ps(o[c]));
+  }
   [[KVS_AVX512]] static V exp(V x) {
     const V lo = _mm512_set1_ps(-87.0f);
     const __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
@@ -168,28 +218,6 @@ inline void transpose8(const float* const src[8], float* dst, int64_t ld) {
     _mm256_storeu_ps(dst + c * ld, _mm256_permute2f128_ps(r[c], r[4 + c], 0x20));
     _mm256_storeu_ps(dst + (c + 4) * ld, _mm256_permute2f128_ps(r[c], r[4 + c], 0x31));
   }
-}
-
-// dst[c][r] = f32 of the f16 src[r][c] for an 8 x 8 block (rows at src[r], ld floats apart).
-inline void transpose8_f16(const uint8_t* const src[8], float* dst, int64_t ld) {
-  __m128i a[8], b[8];
-  for (int r = 0; r < 8; ++r) a[r] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src[r]));
-  for (int r = 0; r < 4; ++r) {
-    b[r] = _mm_unpacklo_epi16(a[2 * r], a[2 * r + 1]);      // rows 2r, 2r + 1: columns 0-3
-    b[r + 4] = _mm_unpackhi_epi16(a[2 * r], a[2 * r + 1]);  // columns 4-7
-  }
-  for (int h = 0; h < 2; ++h)  // columns 4h .. 4h + 3
-    for (int r = 0; r < 2; ++r) {
-      a[4 * h + 2 * r] = _mm_unpacklo_epi32(b[4 * h + 2 * r], b[4 * h + 2 * r + 1]);
-      a[4 * h + 2 * r + 1] = _mm_unpackhi_epi32(b[4 * h + 2 * r], b[4 * h + 2 * r + 1]);
-    }
-  // a[4h + 2r + e]: rows 4r .. 4r + 3, columns 4h + 2e, 4h + 2e + 1.
-  for (int h = 0; h < 2; ++h)
-    for (int e = 0; e < 2; ++e) {
-      const int c = 4 * h + 2 * e;
-      _mm256_storeu_ps(dst + c * ld, _mm256_cvtph_ps(_mm_unpacklo_epi64(a[4 * h + e], a[4 * h + 2 + e])));
-      _mm256_storeu_ps(dst + (c + 1) * ld, _mm256_cvtph_ps(_mm_unpackhi_epi64(a[4 * h + e], a[4 * h + 2 + e])));
-    }
 }
 
 // o_m[0 .. d) = fma chain over the keys j < nk in order of p_m[j * ps] v[j vs + i], from 0, for
@@ -246,23 +274,47 @@ template <class I, class T>
   }
 }
 
-// s[0 .. B W) = the scores of B blocks of W keys (key index j0 + lane): each lane the chain
-// over i of q_i kt[i][lane], times scale; keys outside [lo, hi) -inf.
-template <class I, int B, class Idx>
-[[gnu::always_inline]] inline void score_blocks(const float* q, const float* kt, int64_t ld,
-                                                int32_t d, float scale, int32_t j0, Idx lo, Idx hi,
-                                                float* s) {
+// s_h[0 .. B W) = the scores of H heads for B blocks of W keys (key index j0 + lane): each lane
+// the chain over i of q_h[i] kt[i][lane], times scale; keys outside [lo, hi) -inf.
+template <class I, int B, int H, class Idx>
+[[gnu::always_inline]] inline void score_blocks(const float* const q[H], const float* kt,
+                                                int64_t ld, int32_t d, float scale, int32_t j0,
+                                                Idx lo, Idx hi, float* const s[H]) {
   using V = typename I::V;
   constexpr int W = I::W;
-  V acc[B];
-  for (int b = 0; b < B; ++b) acc[b] = I::zero();
+  V acc[H][B];
+  for (int h = 0; h < H; ++h)
+    for (int b = 0; b < B; ++b) acc[h][b] = I::zero();
   for (int32_t i = 0; i < d; ++i) {
-    const V qi = I::set1(q[i]);
-    for (int b = 0; b < B; ++b) acc[b] = I::fma(qi, I::load(kt + i * ld + b * W), acc[b]);
+    V k[B];
+    for (int b = 0; b < B; ++b) k[b] = I::load(kt + i * ld + b * W);
+    for (int h = 0; h < H; ++h) {
+      const V qi = I::set1(q[h][i]);
+      for (int b = 0; b < B; ++b) acc[h][b] = I::fma(qi, k[b], acc[h][b]);
+    }
   }
-  for (int b = 0; b < B; ++b) {
-    const auto lanes = I::addi(I::iota(), I::seti(j0 + b * W));
-    I::store(s + b * W, I::keep(I::mul(acc[b], I::set1(scale)), lanes, lo, hi));
+  for (int h = 0; h < H; ++h)
+    for (int b = 0; b < B; ++b) {
+      const auto lanes = I::addi(I::iota(), I::seti(j0 + b * W));
+      I::store(s[h] + b * W, I::keep(I::mul(acc[h][b], I::set1(scale)), lanes, lo, hi));
+    }
+}
+
+// score_blocks for the keys [0, nw) (nw a multiple of W), kB blocks at a time, then one.
+template <class I, int H, class Idx>
+[[gnu::always_inline]] inline void score_heads(const float* const q[H], const float* kt,
+                                               int32_t nw, int32_t d, float scale, int32_t jb,
+                                               Idx lo, Idx hi, float* const s[H]) {
+  constexpr int W = I::W, B = I::kScoreBlocks;
+  float* at[H];
+  int32_t j = 0;
+  for (; j + B * W <= nw; j += B * W) {
+    for (int h = 0; h < H; ++h) at[h] = s[h] + j;
+    score_blocks<I, B, H>(q, kt + j, nw, d, scale, jb + j, lo, hi, at);
+  }
+  for (; j < nw; j += W) {
+    for (int h = 0; h < H; ++h) at[h] = s[h] + j;
+    score_blocks<I, 1, H>(q, kt + j, nw, d, scale, jb + j, lo, hi, at);
   }
 }
 
@@ -288,15 +340,30 @@ template <class I, class T>
     for (int32_t g = 0; g < group; ++g) out[g * ostride + 2] = 0.0f;
     return;
   }
-  const int32_t jb = r.j0 / 8 * 8, ld = nw;
+  const int32_t jb = r.j0 / 8 * 8;
   const auto lo = I::seti(r.j0), hi = I::seti(r.n);
+  // The scores of up to 4 heads a pass over the transposed keys.
+  for (int32_t g = 0; g < group; g += 4) {
+    const float* qh[4];
+    float* sh[4];
+    for (int h = 0; h < 4; ++h) qh[h] = q + (g + h) * d, sh[h] = s + (g + h) * nw;
+    switch (std::min(4, group - g)) {
+      case 4:
+        score_heads<I, 4>(qh, kt, nw, d, scale, jb, lo, hi, sh);
+        break;
+      case 3:
+        score_heads<I, 3>(qh, kt, nw, d, scale, jb, lo, hi, sh);
+        break;
+      case 2:
+        score_heads<I, 2>(qh, kt, nw, d, scale, jb, lo, hi, sh);
+        break;
+      default:
+        score_heads<I, 1>(qh, kt, nw, d, scale, jb, lo, hi, sh);
+    }
+  }
   for (int32_t g = 0; g < group; ++g) {
-    const float* qg = q + g * d;
     float* sg = s + g * nw;
-    // 8 blocks of W keys at a time (chains in flight), then one at a time.
-    int32_t j = 0;
-    for (; j + 8 * W <= nw; j += 8 * W) score_blocks<I, 8>(qg, kt + j, ld, d, scale, jb + j, lo, hi, sg + j);
-    for (; j < nw; j += W) score_blocks<I, 1>(qg, kt + j, ld, d, scale, jb + j, lo, hi, sg + j);
+    int32_t j;
     V mv = I::set1(-INFINITY);
     for (j = 0; j < nw; j += W) mv = I::max(mv, I::load(sg + j));
     const float m = I::hmax(mv);
@@ -445,19 +512,25 @@ template <class I>
   if (!f16k || !f16v) load_span(l, sp, hk, n, f16k ? nullptr : k, f16v ? nullptr : v);
   const int32_t jb = j0 / 8 * 8, nw = (n - jb + I::W - 1) / I::W * I::W;
   const uint8_t* kp = sp.page + hk * l.k_head;
-  for (int32_t j = 0; j < nw; j += 8) {
-    int32_t rows8[8];
-    for (int e = 0; e < 8; ++e) rows8[e] = std::min(jb + j + e, n - 1);
-    if (f16k) {
-      const uint8_t* src[8];
-      for (int e = 0; e < 8; ++e) src[e] = kp + rows8[e] * l.k_row;
-      for (int32_t i = 0; i < d; i += 8) {
-        transpose8_f16(src, kt + static_cast<int64_t>(i) * nw + j, nw);
-        for (int e = 0; e < 8; ++e) src[e] += 16;
+  if (f16k) {
+    // Whole groups of W keys from the page, the last one from a copy with its rows repeated.
+    uint8_t last[I::W * 512];  // W rows of a head of at most 256 f16 values
+    KVS_CHECK(l.k_head <= 512, "cpu attention: f16 heads of at most 256");
+    for (int32_t j = 0; j < nw; j += I::W) {
+      const uint8_t* src = kp + (jb + j) * l.k_row;
+      size_t stride = l.k_row;
+      if (jb + j + I::W > n) {
+        for (int e = 0; e < I::W; ++e)
+          std::memcpy(last + e * l.k_head, kp + std::min(jb + j + e, n - 1) * l.k_row, l.k_head);
+        src = last, stride = l.k_head;
       }
-    } else {
+      for (int32_t i = 0; i < d; i += 8)
+        I::transpose_f16(src + 2 * i, stride, kt + static_cast<int64_t>(i) * nw + j, nw);
+    }
+  } else {
+    for (int32_t j = 0; j < nw; j += 8) {
       const float* src[8];
-      for (int e = 0; e < 8; ++e) src[e] = k + static_cast<int64_t>(rows8[e]) * d;
+      for (int e = 0; e < 8; ++e) src[e] = k + static_cast<int64_t>(std::min(jb + j + e, n - 1)) * d;
       for (int32_t i = 0; i < d; i += 8) {
         transpose8(src, kt + static_cast<int64_t>(i) * nw + j, nw);
         for (int e = 0; e < 8; ++e) src[e] += 8;

@@ -630,8 +630,14 @@ template <class F, class I>
   }
   for (; t < n_tok; ++t) {
     int64_t r = 0;
-    for (; r + R1 <= nr; r += R1)
+    for (; r + R1 <= nr; r += R1) {
+      // The rows eight tiles on (past nr too: the next task's), asked of the caches now: one
+      // token's tiles wait on memory, not on arithmetic.
+      const uint8_t* next = w0 + (r + 8 * R1) * ld;
+      for (size_t off = 0; off < R1 * ld; off += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(next + off), _MM_HINT_T0);
       tile<F, I, R1, 1>(w0 + r * ld, ld, x + t * np, np, n_units, n_sub, y + t * ldy + r, ldy);
+    }
     for (; r < nr; ++r)
       tile<F, I, 1, 1>(w0 + r * ld, ld, x + t * np, np, n_units, n_sub, y + t * ldy + r, ldy);
   }

@@ -236,6 +236,8 @@ template <class I, int M, class T>
       for (int c = 0; c < 4; ++c) a[m][c] = I::zero();
     for (int32_t j = 0; j < nk; ++j) {
       const T* vj = v + j * vs + i;
+      if constexpr (sizeof(T) == 2)  // rows of the page: asked of the caches 8 keys ahead
+        _mm_prefetch(reinterpret_cast<const char*>(vj + 8 * vs), _MM_HINT_T0);
       V vc[4];
       for (int c = 0; c < 4; ++c) vc[c] = I::load(vj + c * W);
       for (int m = 0; m < M; ++m) {
@@ -519,6 +521,9 @@ template <class I>
     for (int32_t j = 0; j < nw; j += I::W) {
       const uint8_t* src = kp + (jb + j) * l.k_row;
       size_t stride = l.k_row;
+      for (int e = 0; e < I::W; ++e)  // the next group's rows, asked of the caches
+        for (size_t off = 0; off < l.k_head; off += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(src + (I::W + e) * stride + off), _MM_HINT_T0);
       if (jb + j + I::W > n) {
         for (int e = 0; e < I::W; ++e)
           std::memcpy(last + e * l.k_head, kp + std::min(jb + j + e, n - 1) * l.k_row, l.k_head);

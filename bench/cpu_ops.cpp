@@ -56,7 +56,8 @@ void bench_matmul(const Options& o) {
   w.n_out = o.rows;
   w.row_bytes = row_bytes(t, o.cols);
   const int copies =
-      o.hot ? 1 : static_cast<int>(std::max<int64_t>(1, (256 << 20) / static_cast<int64_t>(w.bytes())));
+      o.hot ? 1
+            : static_cast<int>(std::max<int64_t>(1, (256 << 20) / static_cast<int64_t>(w.bytes())));
   std::vector<uint8_t> raw(w.bytes() * static_cast<size_t>(copies));
   std::vector<float> row(static_cast<size_t>(o.cols));
   for (int64_t r = 0; r < o.rows; ++r) {
@@ -132,11 +133,11 @@ void bench_attention(const Options& o) {
     a.n_head = o.heads;
     a.scale = 0.125f;
     const double s = best_seconds(o.runs, [&] { cpu::attention(a); });
-    const double bytes = static_cast<double>(ctx) * static_cast<double>(l.k_head + l.v_head) *
-                         o.kv_heads;
+    const double bytes =
+        static_cast<double>(ctx) * static_cast<double>(l.k_head + l.v_head) * o.kv_heads;
     std::printf("attention %s depth %lld, %lld queries: %.1f us, %.2f GB/s of cache\n",
-                o.kv.c_str(), static_cast<long long>(o.depth), static_cast<long long>(n),
-                s * 1e6, bytes / s * 1e-9);
+                o.kv.c_str(), static_cast<long long>(o.depth), static_cast<long long>(n), s * 1e6,
+                bytes / s * 1e-9);
   }
 }
 
@@ -158,20 +159,34 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     const char* v = argv[i + 1];
-    if (k == "-t") o.threads = std::atoi(v);
-    else if (k == "-r") o.runs = std::atoi(v);
-    else if (k == "--rows") o.rows = std::atoll(v);
-    else if (k == "--cols") o.cols = std::atoll(v);
-    else if (k == "--type") o.type = v;
-    else if (k == "--tokens") o.tokens = list(v);
-    else if (k == "--depth") o.depth = std::atoll(v);
-    else if (k == "--kv") o.kv = v;
-    else if (k == "--heads") o.heads = std::atoi(v);
-    else if (k == "--kv-heads") o.kv_heads = std::atoi(v);
-    else if (k == "--head-dim") o.head_dim = std::atoi(v);
-    else if (k == "--only") what = v;
-    else if (k == "--hot") o.hot = std::atoi(v) != 0;
-    else if (k == "--isa") o.isa = v;
+    if (k == "-t")
+      o.threads = std::atoi(v);
+    else if (k == "-r")
+      o.runs = std::atoi(v);
+    else if (k == "--rows")
+      o.rows = std::atoll(v);
+    else if (k == "--cols")
+      o.cols = std::atoll(v);
+    else if (k == "--type")
+      o.type = v;
+    else if (k == "--tokens")
+      o.tokens = list(v);
+    else if (k == "--depth")
+      o.depth = std::atoll(v);
+    else if (k == "--kv")
+      o.kv = v;
+    else if (k == "--heads")
+      o.heads = std::atoi(v);
+    else if (k == "--kv-heads")
+      o.kv_heads = std::atoi(v);
+    else if (k == "--head-dim")
+      o.head_dim = std::atoi(v);
+    else if (k == "--only")
+      what = v;
+    else if (k == "--hot")
+      o.hot = std::atoi(v) != 0;
+    else if (k == "--isa")
+      o.isa = v;
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;

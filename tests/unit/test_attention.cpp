@@ -52,7 +52,8 @@ Cache make_cache(DType t, int32_t d, uint32_t seed) {
   }
   c.spans.resize(static_cast<size_t>(n_pages));
   for (int32_t s = 0; s < n_pages; ++s)
-    c.spans[s] = {c.pages.data() + s * c.l.page_bytes(), s * kPage, std::min(kPage, kLen - s * kPage)};
+    c.spans[s] = {c.pages.data() + s * c.l.page_bytes(), s * kPage,
+                  std::min(kPage, kLen - s * kPage)};
   return c;
 }
 
@@ -62,7 +63,8 @@ std::vector<float> attend(const Cache& c, const float* q, const int32_t* pos, in
                           std::vector<std::pair<int32_t, int32_t>> ranges = {}) {
   const int32_t d = c.l.head_dim;
   if (ranges.empty()) ranges = {{0, static_cast<int32_t>(c.spans.size())}};
-  std::vector<float> out(static_cast<size_t>(n_tok) * n_head * d), acc(static_cast<size_t>(n_tok) * n_head * 2);
+  std::vector<float> out(static_cast<size_t>(n_tok) * n_head * d),
+      acc(static_cast<size_t>(n_tok) * n_head * 2);
   for (size_t i = 0; i < ranges.size(); ++i) {
     AttentionArgs a;
     a.q = q;
@@ -146,19 +148,22 @@ TEST_P(CpuAttention, MatchesReferenceAndIsTheSameInEveryCall) {
             << "batch " << b << " at " << t0 << ", isa " << static_cast<int>(isa);
       }
     }
-    const auto split = attend(c, q.data(), pos.data(), n_tok, n_head, window, isa, {{0, 2}, {2, 4}});
+    const auto split =
+        attend(c, q.data(), pos.data(), n_tok, n_head, window, isa, {{0, 2}, {2, 4}});
     EXPECT_TRUE(same_bits(split, all.data(), all.size())) << "spans in two calls";
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, CpuAttention,
-    testing::Combine(testing::Values(DType::F16, DType::Q8_0, DType::Q4_0), testing::Values(64, 128, 256),
-                     testing::Values(1, 3, 4), testing::Values(0, 50)),
-    [](const testing::TestParamInfo<Param>& i) {
-      return std::string(dtype_name(std::get<0>(i.param))) + "_d" + std::to_string(std::get<1>(i.param)) +
-             "_g" + std::to_string(std::get<2>(i.param)) + "_w" + std::to_string(std::get<3>(i.param));
-    });
+INSTANTIATE_TEST_SUITE_P(Shapes, CpuAttention,
+                         testing::Combine(testing::Values(DType::F16, DType::Q8_0, DType::Q4_0),
+                                          testing::Values(64, 128, 256), testing::Values(1, 3, 4),
+                                          testing::Values(0, 50)),
+                         [](const testing::TestParamInfo<Param>& i) {
+                           return std::string(dtype_name(std::get<0>(i.param))) + "_d" +
+                                  std::to_string(std::get<1>(i.param)) + "_g" +
+                                  std::to_string(std::get<2>(i.param)) + "_w" +
+                                  std::to_string(std::get<3>(i.param));
+                         });
 
 }  // namespace
 }  // namespace kvs

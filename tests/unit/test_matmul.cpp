@@ -143,7 +143,8 @@ TEST_P(IntMatmul, MatchesDequantizedProduct) {
       }
       const double got = static_cast<double>(y[static_cast<size_t>(tt * kOut + r)]);
       EXPECT_LE(std::fabs(got - want), 2e-6 * mag) << "row " << r << " token " << tt;
-      EXPECT_LE(std::fabs(got - exact), 1.001 * bound + 2e-6 * mag) << "row " << r << " token " << tt;
+      EXPECT_LE(std::fabs(got - exact), 1.001 * bound + 2e-6 * mag)
+          << "row " << r << " token " << tt;
     }
   }
 }
@@ -181,8 +182,7 @@ TEST_P(IntMatmul, BatchInvariant) {
     }
   }
   set_thread_count(threads);
-  for (const cpu::DotIsa isa :
-       {cpu::DotIsa::Avx2, cpu::DotIsa::AvxVnni, cpu::DotIsa::Avx512Vnni}) {
+  for (const cpu::DotIsa isa : {cpu::DotIsa::Avx2, cpu::DotIsa::AvxVnni, cpu::DotIsa::Avx512Vnni}) {
     if (!cpu::cpu_has(isa)) continue;
     std::vector<float> all(alone.size()), single(alone.size());
     cpu::int_matmul_rows(p.w, q.data(), kTok, 0, kOut, all.data(), kOut, isa);

@@ -76,7 +76,8 @@ void load_span(const KvLayout& l, const Span& sp, int32_t h, int32_t n, float* k
   const auto row = [d](DType t, const uint8_t* src, float* y) {
     if (t == DType::F16) {
       for (int32_t c = 0; c < d; c += 8)
-        _mm256_storeu_ps(y + c, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src) + c / 8)));
+        _mm256_storeu_ps(
+            y + c, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src) + c / 8)));
     } else {
       kv_dequantize_head(t, src, y, d);
     }
@@ -107,7 +108,6 @@ inline size_t prefill_floats(const AttentionArgs& a, int w) {
 // ---- one copy of the kernels per instruction set ----
 // exp: quant::exp_ps's steps (the AVX-512 one too), for the scores less their max.
 
-
 namespace avx2 {
 #include "kvs/backend/cpu/attention_kernels.inc"
 struct Avx2 {
@@ -117,7 +117,9 @@ struct Avx2 {
   static V zero() { return _mm256_setzero_ps(); }
   static V set1(float f) { return _mm256_set1_ps(f); }
   static V load(const float* p) { return _mm256_loadu_ps(p); }
-  static V load(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static V load(const uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
   static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
   static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
   static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
@@ -125,13 +127,15 @@ struct Avx2 {
   static V max(V a, V b) { return _mm256_max_ps(a, b); }
   // Lanes l with lo[l] <= j + l * step < hi[l] kept, the others -inf.
   static V keep(V v, __m256i lanes_j, __m256i lo, __m256i hi) {
-    const __m256i in = _mm256_andnot_si256(_mm256_cmpgt_epi32(lo, lanes_j),
-                                           _mm256_cmpgt_epi32(hi, lanes_j));
+    const __m256i in =
+        _mm256_andnot_si256(_mm256_cmpgt_epi32(lo, lanes_j), _mm256_cmpgt_epi32(hi, lanes_j));
     return _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), v, _mm256_castsi256_ps(in));
   }
   static __m256i iota() { return _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7); }
   static __m256i seti(int32_t v) { return _mm256_set1_epi32(v); }
-  static __m256i loadi(const int32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  static __m256i loadi(const int32_t* p) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  }
   static __m256i addi(__m256i a, __m256i b) { return _mm256_add_epi32(a, b); }
   // sum8 + the lanes in order of 8 (keys j .. j + W with j % 8 == 0).
   static __m256 add8(__m256 sum8, V v) { return _mm256_add_ps(sum8, v); }
@@ -164,7 +168,8 @@ void prefill(const AttentionArgs& a, int64_t task, float* buf) {
 }  // namespace avx2
 
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512dq,avx512vl"))), apply_to = function)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512dq,avx512vl"))), \
+                             apply_to = function)
 #else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512dq,avx512vl")
@@ -198,17 +203,18 @@ struct Avx512 {
   static __m512i loadi(const int32_t* p) { return _mm512_loadu_si512(p); }
   static __m512i addi(__m512i a, __m512i b) { return _mm512_add_epi32(a, b); }
   static __m256 add8(__m256 sum8, V v) {
-    return _mm256_add_ps(_mm256_add_ps(sum8, _mm512_castps512_ps256(v)), _mm512_extractf32x8_ps(v, 1));
+    return _mm256_add_ps(_mm256_add_ps(sum8, _mm512_castps512_ps256(v)),
+                         _mm512_extractf32x8_ps(v, 1));
   }
   static float hmax(V v) { return _mm512_reduce_max_ps(v); }
   // dst[c][k] = f32 of the f16 src[k stride + 2 c], 16 keys k x 8 columns c: keys k and k + 8
   // in the two lanes of a 256-bit transpose.
-  static void transpose_f16(const uint8_t* src, size_t stride, float* dst,
-                                           int64_t ld) {
+  static void transpose_f16(const uint8_t* src, size_t stride, float* dst, int64_t ld) {
     __m256i a[8], o[8];
     for (int r = 0; r < 8; ++r)
       a[r] = _mm256_inserti128_si256(
-          _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + r * stride))),
+          _mm256_castsi128_si256(
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + r * stride))),
           _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + (r + 8) * stride)), 1);
     unpack8x8(a, o, _mm256_unpacklo_epi16, _mm256_unpackhi_epi16, _mm256_unpacklo_epi32,
               _mm256_unpackhi_epi32, _mm256_unpacklo_epi64, _mm256_unpackhi_epi64);
@@ -250,8 +256,8 @@ struct Avx512 {
 #endif
 
 bool has_avx512() {
-  static const bool yes = __builtin_cpu_supports("avx512f") &&
-                          __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+                          __builtin_cpu_supports("avx512vl");
   return yes;
 }
 
@@ -272,13 +278,14 @@ void attention(const AttentionArgs& a, DotIsa isa) {
     // logical order.
     const int32_t ns = a.n_spans;
     std::vector<float>& part = scratch(static_cast<size_t>(ns) * a.n_head * (d + 3));
-    thread_pool().parallel_for(static_cast<int64_t>(ns) * l.n_head_kv, 1, [&](int64_t b, int64_t e) {
-      thread_local std::vector<float> buf;
-      const size_t need = span_rows(a) * static_cast<size_t>(3 * d + a.n_head / l.n_head_kv);
-      if (buf.size() < need) buf.resize(need);
-      for (int64_t task = b; task < e; ++task)
-        (wide ? avx512::decode : avx2::decode)(a, task, part.data(), buf.data());
-    });
+    thread_pool().parallel_for(
+        static_cast<int64_t>(ns) * l.n_head_kv, 1, [&](int64_t b, int64_t e) {
+          thread_local std::vector<float> buf;
+          const size_t need = span_rows(a) * static_cast<size_t>(3 * d + a.n_head / l.n_head_kv);
+          if (buf.size() < need) buf.resize(need);
+          for (int64_t task = b; task < e; ++task)
+            (wide ? avx512::decode : avx2::decode)(a, task, part.data(), buf.data());
+        });
     for (int32_t h = 0; h < a.n_head; ++h) {
       Acc acc{a.acc[2 * h], a.acc[2 * h + 1], a.out + h * d};
       for (int32_t s = 0; s < ns; ++s) {
@@ -292,12 +299,14 @@ void attention(const AttentionArgs& a, DotIsa isa) {
     // Prefill: one task per (kv head, tile of W queries).
     const int w = wide ? avx512::Avx512::W : avx2::Avx2::W;
     const int32_t n_tiles = (a.n_tok + w - 1) / w;
-    thread_pool().parallel_for(static_cast<int64_t>(n_tiles) * l.n_head_kv, 1, [&](int64_t b, int64_t e) {
-      thread_local std::vector<float> buf;
-      if (buf.size() < prefill_floats(a, w)) buf.resize(prefill_floats(a, w));
-      for (int64_t task = b; task < e; ++task)
-        (wide ? avx512::prefill : avx2::prefill)(a, task, buf.data());
-    });
+    thread_pool().parallel_for(static_cast<int64_t>(n_tiles) * l.n_head_kv, 1,
+                               [&](int64_t b, int64_t e) {
+                                 thread_local std::vector<float> buf;
+                                 if (buf.size() < prefill_floats(a, w))
+                                   buf.resize(prefill_floats(a, w));
+                                 for (int64_t task = b; task < e; ++task)
+                                   (wide ? avx512::prefill : avx2::prefill)(a, task, buf.data());
+                               });
   }
   if (!a.last) return;
   for (int64_t i = 0; i < int64_t{a.n_tok} * a.n_head; ++i) {

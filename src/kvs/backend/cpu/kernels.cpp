@@ -206,7 +206,8 @@ void rope(float* x, const int32_t* pos, int32_t n_tok, int32_t n_head, const Rop
   // Angles in double: theta_i = pos / scale * base^(-2i/d) / factor_i (the powers once a call).
   thread_local std::vector<double> freq;
   freq.resize(static_cast<size_t>(half));
-  for (int32_t i = 0; i < half; ++i) freq[i] = std::pow(static_cast<double>(p.base), -2.0 * i / p.rope_dim);
+  for (int32_t i = 0; i < half; ++i)
+    freq[i] = std::pow(static_cast<double>(p.base), -2.0 * i / p.rope_dim);
   const double* fr = freq.data();  // the caller's (a worker's thread_local is its own)
   thread_pool().parallel_for(n_tok, 4, [&](int64_t b, int64_t e) {
     std::vector<float>& cs = scratch(static_cast<size_t>(2 * half));

@@ -57,8 +57,8 @@ void quantize_block(const float* x, XPair& p, int b) {
   __m256i h[4], l[4];
   for (int c = 0; c < 4; ++c) {
     const __m256 s = _mm256_mul_ps(v[c], id), hf = _mm256_round_ps(s, kRound);
-    const __m256 lf = _mm256_round_ps(_mm256_mul_ps(_mm256_sub_ps(s, hf), _mm256_set1_ps(254.0f)),
-                                      kRound);
+    const __m256 lf =
+        _mm256_round_ps(_mm256_mul_ps(_mm256_sub_ps(s, hf), _mm256_set1_ps(254.0f)), kRound);
     h[c] = _mm256_cvtps_epi32(hf);
     l[c] = _mm256_cvtps_epi32(lf);
   }
@@ -82,7 +82,8 @@ struct Maddubs {
   static constexpr bool kVnni = false;
   // Pairs of products summed to int16 (at most 2 x 128 x 127 here), then pairs of those.
   static __m256i dot(__m256i acc, __m256i u, __m256i x) {
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)));
+    return _mm256_add_epi32(acc,
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)));
   }
 };
 void rows(const Matrix& w, const XPair* x, int64_t n_tok, int64_t r0, int64_t nr, float* y,
@@ -105,8 +106,8 @@ struct DpbusdAvx {
     return _mm256_dpbusd_avx_epi32(acc, u, x);
   }
 };
-[[gnu::flatten]] void rows(const Matrix& w, const XPair* x, int64_t n_tok, int64_t r0,
-                          int64_t nr, float* y, int64_t ldy) {
+[[gnu::flatten]] void rows(const Matrix& w, const XPair* x, int64_t n_tok, int64_t r0, int64_t nr,
+                           float* y, int64_t ldy) {
   rows_of<Ymm2<DpbusdAvx>>(w, x, n_tok, r0, nr, y, ldy);
 }
 }  // namespace avxvnni
@@ -117,7 +118,8 @@ struct DpbusdAvx {
 #endif
 
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni"))), apply_to = function)
+#pragma clang attribute push( \
+    __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni"))), apply_to = function)
 #else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")
@@ -138,7 +140,8 @@ struct Avx512 {
   static VI load(const int8_t* p) { return _mm512_loadu_si512(p); }
   static VF loadf(const float* p) { return _mm512_loadu_ps(p); }
   static VI nibbles2(const uint8_t* a, const uint8_t* b) {
-    const __m512i v = _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(load16(a)), 0xFF00, load16(b));
+    const __m512i v =
+        _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(load16(a)), 0xFF00, load16(b));
     return _mm512_and_si512(_mm512_srlv_epi64(v, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4)),
                             _mm512_set1_epi8(0x0F));
   }
@@ -162,13 +165,12 @@ struct Avx512 {
     return _mm512_permutexvar_ps(i, _mm512_castps128_ps512(v));
   }
   static VI dot(VI acc, VI u, VI x) { return _mm512_dpbusd_epi32(acc, u, x); }
-  static VI xor80(VI u) {
-    return _mm512_xor_si512(u, _mm512_set1_epi8(static_cast<char>(0x80)));
-  }
+  static VI xor80(VI u) { return _mm512_xor_si512(u, _mm512_set1_epi8(static_cast<char>(0x80))); }
   static VI abs8(VI u) { return _mm512_abs_epi8(u); }
   static VI sign8(VI x, VI) { return x; }  // unused: kVnni
   static VI offset(VI x, int s) {
-    return _mm512_sub_epi32(zero(), _mm512_dpbusd_epi32(zero(), _mm512_set1_epi8(static_cast<char>(1 << s)), x));
+    return _mm512_sub_epi32(
+        zero(), _mm512_dpbusd_epi32(zero(), _mm512_set1_epi8(static_cast<char>(1 << s)), x));
   }
   template <bool kNarrow>
   static VI combine(VI h, VI l) {
@@ -185,8 +187,8 @@ struct Avx512 {
   }
 };
 
-[[gnu::flatten]] void rows(const Matrix& w, const XPair* x, int64_t n_tok, int64_t r0,
-                          int64_t nr, float* y, int64_t ldy) {
+[[gnu::flatten]] void rows(const Matrix& w, const XPair* x, int64_t n_tok, int64_t r0, int64_t nr,
+                           float* y, int64_t ldy) {
   rows_of<Avx512>(w, x, n_tok, r0, nr, y, ldy);
 }
 }  // namespace avx512

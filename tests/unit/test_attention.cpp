@@ -2,7 +2,7 @@
 // head sizes 64, 128 and 256, groups of 1, 3 and 4 query heads a KV head, with and without a
 // window: against a double-precision softmax over the dequantized cache, and the same bits for a
 // query whatever the call: decode alone, prefill in any batch, the spans in one call or two, on
-// AVX2 or AVX-512.
+// AVX2 or AVX-512, on one thread or two.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,6 +13,7 @@
 
 #include "kvs/backend/cpu/kernels.h"
 #include "kvs/quant/kv_page.h"
+#include "kvs/util/threadpool.h"
 
 namespace kvs {
 namespace {
@@ -152,6 +153,12 @@ TEST_P(CpuAttention, MatchesReferenceAndIsTheSameInEveryCall) {
         attend(c, q.data(), pos.data(), n_tok, n_head, window, isa, {{0, 2}, {2, 4}});
     EXPECT_TRUE(same_bits(split, all.data(), all.size())) << "spans in two calls";
   }
+  // On one thread.
+  const int threads = thread_pool().size();
+  set_thread_count(1);
+  const auto one = attend(c, q.data(), pos.data(), n_tok, n_head, window, best);
+  set_thread_count(threads);
+  EXPECT_TRUE(same_bits(one, all.data(), all.size())) << "one thread";
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CpuAttention,

@@ -129,12 +129,13 @@ void apply_speculation(const SpecArgs& sp, EngineOptions& o, const std::string& 
             "--draft-min must be 0 to --draft-max (", sp.draft_max, "), got ", sp.draft_min);
   if (!sp.on()) return;
   o.n_verify = sp.draft_max + 1;
-  if (backend != "cpu")
+  const int64_t step = int64_t{o.n_verify} * o.n_seq;
+  if (backend == "cuda" && step > kCudaInvariantTokens)
     std::fprintf(stderr,
-                 "kvstream: warning: --spec on the %s backend: a verify step's logits are not "
-                 "bit-identical to one-token steps' (greedy text may differ at near ties); on "
-                 "the cpu backend they are the same bits\n",
-                 backend.c_str());
+                 "kvstream: warning: --spec on cuda: steps of up to %lld tokens (%d sequences of "
+                 "%d) exceed the %d whose logits are bit-identical to one-token steps' (greedy "
+                 "text may differ at near ties); a smaller --draft-max or -np keeps them exact\n",
+                 static_cast<long long>(step), o.n_seq, o.n_verify, kCudaInvariantTokens);
 }
 
 int64_t count_arg(const std::string& text, const char* flag, int64_t lo, int64_t hi) {

@@ -229,5 +229,8 @@ class Device {
 std::unique_ptr<Device> make_cpu_device(size_t capacity);
 // The CUDA backend (builds with KVS_HAVE_CUDA); capacity 0 means the GPU's free memory.
 std::unique_ptr<Device> make_cuda_device(size_t capacity, const CudaOptions& opt);
+// Steps of up to this many tokens (all sequences' together) are batch-invariant on CUDA: each
+// token's logits are the bits of a step of it alone (the CPU backend's steps always are).
+constexpr int kCudaInvariantTokens = 16;
 
 }  // namespace kvs

@@ -235,8 +235,9 @@ class CudaDevice final : public Device {
     for (const LayerWeights& l : w.layers)
       for (const Matrix* m : cuda::layer_matrices(l))
         if (m->n_out > 0)
-          xq = std::max(xq, cuda::xq_bytes(m->n_in, std::min<int64_t>(n_tok, cuda::kMaxVecTok)));
-    xq = std::max(xq, cuda::xq_bytes(w.output.n_in, std::min<int64_t>(n_out_tok, cuda::kMaxVecTok)));
+          xq = std::max(xq, cuda::xq_bytes(m->n_in, std::min<int64_t>(n_tok, cuda::kMaxSliceTok)));
+    xq = std::max(xq,
+                  cuda::xq_bytes(w.output.n_in, std::min<int64_t>(n_out_tok, cuda::kMaxSliceTok)));
     if (xq) ctx_.scratch_xq(xq);
     if (max_spans > 0) ctx_.scratch_part(static_cast<size_t>(max_spans) * n_head * (head_dim + 3));
   }
@@ -247,7 +248,7 @@ class CudaDevice final : public Device {
                          const KvLayout& kv) override {
     prefill_ = prefill_scratch_of(w, n_tok, 0, 0);
     const bool f16 = kv.k_type == DType::F16 && kv.v_type == DType::F16;
-    if (max_spans > 0 && n_tok > cuda::kMaxVecTok && !f16) {
+    if (max_spans > 0 && n_tok > cuda::kMaxSliceTok && !f16) {
       const size_t page16 = 2 * static_cast<size_t>(kv.page_size) * kv.n_head_kv * kv.head_dim *
                             sizeof(__half);
       prefill_.kv16 = std::min(cuda::kKv16Bytes, static_cast<size_t>(max_spans) * page16);
@@ -310,7 +311,7 @@ class CudaDevice final : public Device {
       key(m.data, m.type, m.n_in, m.n_out, m.row_bytes, j[i].y, j[i].bias, j[i].add);
     }
     const int at = next_product(j.data(), n_jobs, n_tok);
-    run(n_tok <= cuda::kMaxVecTok ? "matvec" : "gemm", [=, this] {
+    run(n_tok <= cuda::kMaxSliceTok ? "matvec" : "gemm", [=, this] {
       std::array<MatJob, 8> jw = j;
       for (int i = 0; i < n_jobs; ++i) jw[i].w = &w[i];
       ctx_.next = at >= 0 ? next_[static_cast<size_t>(at)] : cuda::L2Next{};
@@ -395,11 +396,27 @@ class CudaDevice final : public Device {
     });
   }
   void attention(const AttentionArgs& a) override {
+    if (a.n_tok == 1 || a.n_tok > cuda::kMaxSliceTok) return attend(a, a.n_tok == 1);
+    // A few tokens (a verify step's drafts): each through the one-token kernels, over the spans
+    // it sees, so that its bits are the one-token step's (kMaxSliceTok).
+    const size_t row = static_cast<size_t>(a.n_head) * a.kv.head_dim;
+    for (int32_t t = 0; t < a.n_tok; ++t) {
+      AttentionArgs b = a;
+      b.n_tok = 1;
+      b.q = a.q + t * row, b.out = a.out + t * row, b.acc = a.acc + 2 * t * a.n_head;
+      b.pos = a.pos + t;
+      const int32_t p = a.pos[t], from = a.window > 0 ? p - a.window + 1 : 0;
+      while (b.n_spans > 0 && b.spans[b.n_spans - 1].start > p) --b.n_spans;
+      while (b.n_spans > 0 && b.spans[0].start + b.spans[0].n <= from) ++b.spans, --b.n_spans;
+      if (b.n_spans > 0 || b.last) attend(b, false);
+    }
+  }
+  void attend(const AttentionArgs& a, bool may_quantize) {
     AttentionArgs b = a;
     b.spans = a.n_spans > 0 ? stage(a.spans, a.n_spans) : nullptr;
     b.pos = stage(a.pos, a.n_tok);
-    const bool q =
-        a.n_tok == 1 && a.last && quantizing(1, static_cast<int64_t>(a.n_head) * a.kv.head_dim);
+    const bool q = may_quantize && a.last &&
+                   quantizing(1, static_cast<int64_t>(a.n_head) * a.kv.head_dim);
     const bool by_warp =
         a.n_tok == 1 && cuda::decode_by_warp(ctx_, a.kv, int64_t{a.pos[0]} + 1);
     between_ += static_cast<size_t>(a.n_spans) * a.kv.page_bytes();
@@ -532,7 +549,7 @@ class CudaDevice final : public Device {
  private:
   static constexpr size_t kStage = size_t{8} << 20;
 
-  // The scratch of passes of more than kMaxVecTok rows: f16 copies of a whole matrix and of its
+  // The scratch of passes of more than kMaxSliceTok rows: f16 copies of a whole matrix and of its
   // input rows for cuBLAS, and the prefill attention's f16 chunks of a quantized cache; and of
   // any pass, a Gated DeltaNet layer's conv rows and chunk products.
   struct PrefillScratch {
@@ -547,7 +564,7 @@ class CudaDevice final : public Device {
                                            int64_t max_spans) {
     PrefillScratch p;
     const auto need = [&](const Matrix& m, int64_t rows) {
-      if (rows <= cuda::kMaxVecTok || m.n_out == 0) return;
+      if (rows <= cuda::kMaxSliceTok || m.n_out == 0) return;
       p.w16 = std::max(p.w16, static_cast<size_t>(m.n_in * m.n_out) * sizeof(__half));
       p.x16 = std::max(p.x16, static_cast<size_t>(m.n_in * rows) * sizeof(__half));
     };
@@ -557,7 +574,7 @@ class CudaDevice final : public Device {
         p.gdn = std::max(p.gdn, cuda::delta_net_scratch(n_tok, l.ssm_qkv.n_out, l.ssm_alpha.n_out));
     }
     need(w.output, n_out_tok);
-    if (max_spans > 0 && n_tok > cuda::kMaxVecTok)
+    if (max_spans > 0 && n_tok > cuda::kMaxSliceTok)
       p.kv16 = cuda::kKv16Bytes, p.spans16 = cuda::kMaxSpans16 * sizeof(Span);
     return p;
   }
@@ -668,13 +685,13 @@ class CudaDevice final : public Device {
     next_.push_back({});
     return static_cast<int>(next_.size()) - 1;
   }
-  // Whether an operation writing rows <= kMaxVecTok of n elements also writes them quantized
+  // Whether an operation writing rows <= kMaxSliceTok of n elements also writes them quantized
   // into ctx_.xq for the integer matrix-vector kernel, which then skips quantizing its x (a
   // launch saved per product): when the buffer is that large already (it only grows, so it
   // still is when the operation runs). The pointer is read when the operation runs: a step's
   // recorded operations run later, maybe after it grew.
   bool quantizing(int64_t rows, int64_t n) const {
-    return n % 32 == 0 && rows <= cuda::kMaxVecTok &&
+    return n % 32 == 0 && rows <= cuda::kMaxSliceTok &&
            ctx_.xq.size() >= cuda::xq_bytes(n, rows);
   }
   uint8_t* xq(bool q) { return q ? ctx_.xq.as() : nullptr; }

@@ -12,7 +12,11 @@
 
 namespace kvs::cuda {
 
-constexpr int kMaxVecTok = 8;  // tokens up to which matmul is a matrix-vector product
+constexpr int kMaxVecTok = 8;  // tokens of one matrix-vector product kernel
+// Up to this many tokens a step is batch-invariant: every token's bits are those of a step of
+// it alone (products in matrix-vector slices of kMaxVecTok, attention token by token, norms
+// per row), as a speculative verify step's rows must be. Beyond, the prefill kernels.
+constexpr int kMaxSliceTok = kCudaInvariantTokens;
 // Prefill attention on a quantized cache converts it to f16 in chunks of at most half this
 // much, the next chunk converting while the last is attended to (reserved with the other
 // scratch buffers; a larger page takes its own size).

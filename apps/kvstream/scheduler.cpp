@@ -184,15 +184,21 @@ void Scheduler::admit(std::unique_lock<std::mutex>& lock) {
       if (s.job || queue_.empty()) continue;
       s.job = std::move(queue_.front());
       queue_.pop_front();
+      s.admitted = stats_.admitted;
+      ++stats_.admitted;
+      stats_.prompt_tokens += static_cast<int64_t>(s.job->request.prompt.size());
+      ++stats_.slots_busy;  // counted before the unlock, which submit() reads
+      stats_.queued = static_cast<int32_t>(queue_.size());
+      // The engine is this thread's alone: the copies of cached pages do not hold up the
+      // HTTP threads' submissions and statistics.
+      lock.unlock();
       s.seq = eng_.open_sequence();
       s.gen = std::make_unique<Generation>(tok_, s.job->request, spec_.draft_max > 0);
-      s.admitted = stats_.admitted;
       const auto& prompt = s.job->request.prompt;
       s.fed = s.cached =
           eng_.reuse_prefix(s.seq, prompt.data(), static_cast<int32_t>(prompt.size()));
       s.next = -1;
-      ++stats_.admitted;
-      stats_.prompt_tokens += static_cast<int64_t>(s.job->request.prompt.size());
+      lock.lock();
     }
     int32_t busy = 0;
     for (const Slot& s : slots_) busy += s.job ? 1 : 0;

@@ -231,13 +231,12 @@ class CudaDevice final : public Device {
     if (p.w16) ctx_.scratch_w(p.w16 / sizeof(__half)), ctx_.scratch_x(p.x16 / sizeof(__half));
     if (p.kv16) ctx_.scratch_kv16(p.kv16), ctx_.scratch_spans16(cuda::kMaxSpans16);
     if (p.gdn) ctx_.scratch_gdn(p.gdn / sizeof(float));
-    size_t xq = 0;
+    size_t xq = 0;  // for kMaxSliceTok tokens whatever n_tok: a prefill's short chunk too
     for (const LayerWeights& l : w.layers)
       for (const Matrix* m : cuda::layer_matrices(l))
         if (m->n_out > 0)
-          xq = std::max(xq, cuda::xq_bytes(m->n_in, std::min<int64_t>(n_tok, cuda::kMaxSliceTok)));
-    xq = std::max(xq,
-                  cuda::xq_bytes(w.output.n_in, std::min<int64_t>(n_out_tok, cuda::kMaxSliceTok)));
+          xq = std::max(xq, cuda::xq_bytes(m->n_in, cuda::kMaxSliceTok));
+    xq = std::max(xq, cuda::xq_bytes(w.output.n_in, cuda::kMaxSliceTok));
     if (xq) ctx_.scratch_xq(xq);
     if (max_spans > 0) ctx_.scratch_part(static_cast<size_t>(max_spans) * n_head * (head_dim + 3));
   }

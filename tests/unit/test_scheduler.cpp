@@ -19,7 +19,7 @@ namespace {
 
 struct Fixture {
   explicit Fixture(int32_t n_seq, int32_t n_batch, int32_t max_queue = 8, size_t cache_ram = 0,
-                   KvMode mode = KvMode::Auto, Speculation spec = {})
+                   KvMode mode = KvMode::Auto, SpecOptions spec = {})
       : model(Model::load("synthetic:tiny")), dev(make_cpu_device(0)) {
     EngineOptions o;
     o.n_ctx = 1024;
@@ -29,13 +29,16 @@ struct Fixture {
     o.cache_ram = cache_ram;
     o.kv_mode = mode;
     o.ring_chunk_bytes = 1024;  // with stream: the smallest arena, most pages streamed
-    o.n_verify = spec.draft_max + 1;
+    if (spec.mode != SpecMode::Off) o.n_verify = spec.draft_max + 1;
     eng = std::make_unique<Engine>(*model, *dev, o);
-    sched = std::make_unique<Scheduler>(*eng, *model->tokenizer, max_queue, false, spec);
+    speculator = std::make_unique<Speculator>(spec, *eng, nullptr);
+    sched = std::make_unique<Scheduler>(*eng, *model->tokenizer, max_queue, false,
+                                        speculator->on() ? speculator.get() : nullptr);
   }
   std::unique_ptr<Model> model;
   std::unique_ptr<Device> dev;
   std::unique_ptr<Engine> eng;
+  std::unique_ptr<Speculator> speculator;
   std::unique_ptr<Scheduler> sched;
 };
 
@@ -213,7 +216,7 @@ TEST(Scheduler, SpeculationGivesTheTokensOfPlainDecoding) {
   for (const bool cached : {false, true}) {
     SCOPED_TRACE(cached ? "prompt cache, streamed" : "resident");
     Fixture f(3, 32, 8, cached ? size_t{16} << 20 : 0, cached ? KvMode::Stream : KvMode::Auto,
-              Speculation{6, 1});
+              SpecOptions{SpecMode::Ngram, 6, 1});
     for (int round = 0; round < (cached ? 2 : 1); ++round) {
       auto jobs = jobs_of();
       for (auto& j : jobs) ASSERT_TRUE(f.sched->submit(j));
@@ -257,7 +260,7 @@ TEST(Scheduler, SpeculationWithATemperature) {
       ASSERT_TRUE(drain(*j, want[i]));
     }
   }
-  Fixture f(2, 32, 8, 0, KvMode::Auto, Speculation{4, 1});
+  Fixture f(2, 32, 8, 0, KvMode::Auto, SpecOptions{SpecMode::Ngram, 4, 1});
   std::vector<std::shared_ptr<Job>> jobs;
   for (uint32_t i = 0; i < 6; ++i) {
     jobs.push_back(i < 4 ? job(i, 0.7f, 1) : job(i, 0.8f, 40));

@@ -165,8 +165,8 @@ void Engine::truncate(Sequence& s, int32_t n_past) {
   Slot& sl = slots_[static_cast<size_t>(s.id)];
   if (shape_.n_recurrent > 0) {
     KVS_CHECK(s.n_past - n_past < sl.verified, "truncate: recurrent layers roll back only within ",
-              "the last step, and only a verify step's (", sl.verified, " tokens); asked for ",
-              s.n_past - n_past, " positions");
+              "the last step, a verify step, and the steps that extended it, but its first token (",
+              sl.verified, " tokens); asked for ", s.n_past - n_past, " positions");
     redo_recurrent(s.id, sl.verified - (s.n_past - n_past));
     sl.verified = 0;
   }

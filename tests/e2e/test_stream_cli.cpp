@@ -160,6 +160,14 @@ TEST_F(StreamCli, DraftModelSpeculationGivesTheTokensOfPlainDecoding) {
   EXPECT_GT(on.json["kv"]["decode"]["bytes_streamed"].get<size_t>(), 0u);
   EXPECT_NE(on.err.find("kvstream: draft model"), std::string::npos) << on.err;
   EXPECT_NE(on.err.find("kvstream: speculation (draft):"), std::string::npos) << on.err;
+  // kvstream plan counts what the draft model takes, as the run measured it on the CPU.
+  const Outcome plan = kvstream("plan -m " + test::smollm2() + " -c 512 --page-size 8 -b 64 -md " +
+                                    test::smollm2() + " --draft-max 6 --vram-limit 1G",
+                                "draft_plan");
+  ASSERT_EQ(plan.status, 0) << plan.err;
+  EXPECT_EQ(plan.json["draft_bytes"], sp["draft_device_bytes"]);
+  EXPECT_NE(plan.out.find("less weights and buffers and the draft model"), std::string::npos)
+      << plan.out;
   const std::string m = "run -m " + test::smollm2() + " -p hi -n 4";
   Outcome bad = kvstream(m + " -md synthetic:tiny", "draft_vocab");
   EXPECT_NE(bad.status, 0);

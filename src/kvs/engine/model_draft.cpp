@@ -71,6 +71,14 @@ ModelDrafter::ModelDrafter(const Model& draft, const Model& target, Device& dev,
   for (Seq& s : seqs_) s.draft = eng_.open_sequence();
 }
 
+size_t ModelDrafter::planned_bytes(const ModelConfig& c, size_t weights, const EngineOptions& o,
+                                   int32_t draft_max) {
+  const EngineOptions d = draft_options(o, draft_max);
+  const KvShape k = Engine::kv_shape(c, d);
+  return weights + Engine::activation_bytes(c, d) + k.full_bytes + k.window_bytes +
+         k.recurrent_bytes;
+}
+
 void ModelDrafter::start(int32_t seq, const int32_t* tokens, int32_t n, const SamplerParams& sp) {
   Seq& s = seqs_.at(static_cast<size_t>(seq));
   s.tokens.assign(tokens, tokens + n);

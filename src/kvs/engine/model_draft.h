@@ -53,6 +53,12 @@ class ModelDrafter {
   // than -b tokens still to read reads -b of them and drafts nothing this time.
   void propose(const std::vector<Ask>& asks);
 
+  // What a draft model of config c (its matrices: `weights` bytes) takes on the device beside a
+  // target of options o, without building it: its weights, activations and logits, and its
+  // whole KV (kvstream plan's figure; the buffers of the backend's kernels come on top).
+  static size_t planned_bytes(const ModelConfig& c, size_t weights, const EngineOptions& o,
+                              int32_t draft_max);
+
   const Engine& engine() const { return eng_; }
   size_t device_bytes() const { return device_bytes_; }  // weights, buffers and KV
 

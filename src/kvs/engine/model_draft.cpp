@@ -29,7 +29,7 @@ void check_draft_vocab(const Model& target, const Model& draft) {
 
 namespace {
 
-EngineOptions draft_options(const EngineOptions& o, int32_t draft_max) {
+EngineOptions draft_options(const ModelConfig& c, const EngineOptions& o, int32_t draft_max) {
   EngineOptions d;
   d.n_ctx = o.n_ctx;
   d.n_batch = o.n_batch;
@@ -39,7 +39,10 @@ EngineOptions draft_options(const EngineOptions& o, int32_t draft_max) {
   d.n_seq = o.n_seq;
   d.kv_mode = KvMode::Resident;
   d.phase_arena = false;
-  d.n_verify = draft_max + 1;
+  // Full attention layers roll back anywhere; window layers keep the positions of the drafts
+  // they may drop, recurrent layers the inputs of the steps since the one that read the
+  // accepted tokens (at most 2, then draft_max - 1 drafts).
+  d.n_verify = c.n_layers_of(LayerKind::Full) == c.n_layer ? 1 : draft_max + 1;
   return d;
 }
 
@@ -64,8 +67,9 @@ ModelDrafter::ModelDrafter(const Model& draft, const Model& target, Device& dev,
                            const EngineOptions& o, int32_t draft_max, double p_min)
     : cfg_(draft.config),
       p_min_(p_min),
+      draft_max_(draft_max),
       device_bytes_(dev.used()),
-      eng_(draft_engine(draft, target, dev, draft_options(o, draft_max))),
+      eng_(draft_engine(draft, target, dev, draft_options(draft.config, o, draft_max))),
       seqs_(static_cast<size_t>(o.n_seq)) {
   device_bytes_ = dev.used() - device_bytes_;
   for (Seq& s : seqs_) s.draft = eng_.open_sequence();
@@ -73,7 +77,7 @@ ModelDrafter::ModelDrafter(const Model& draft, const Model& target, Device& dev,
 
 size_t ModelDrafter::planned_bytes(const ModelConfig& c, size_t weights, const EngineOptions& o,
                                    int32_t draft_max) {
-  const EngineOptions d = draft_options(o, draft_max);
+  const EngineOptions d = draft_options(c, o, draft_max);
   const KvShape k = Engine::kv_shape(c, d);
   return weights + Engine::activation_bytes(c, d) + k.full_bytes + k.window_bytes +
          k.recurrent_bytes;
@@ -84,8 +88,10 @@ void ModelDrafter::start(int32_t seq, const int32_t* tokens, int32_t n, const Sa
   s.tokens.assign(tokens, tokens + n);
   SamplerParams p = sp;
   // A generator of its own: the drafts must not be drawn from the numbers verify() draws.
-  if (p.seed != Sampler::kSeedRandom) p.seed ^= 0x9E3779B97F4A7C15ull;
-  if (p.seed == Sampler::kSeedRandom) p.seed ^= 1;
+  if (p.seed != Sampler::kSeedRandom) {
+    p.seed ^= 0x9E3779B97F4A7C15ull;
+    if (p.seed == Sampler::kSeedRandom) p.seed ^= 1;
+  }
   s.sampler.emplace(p);
   s.drafted = 0;
   for (int32_t t : s.tokens) s.sampler->accept(t);
@@ -138,8 +144,7 @@ void ModelDrafter::propose(const std::vector<Ask>& asks) {
     a.out->tokens.clear();
     a.out->q.clear();
     if (a.max <= 0) continue;
-    KVS_CHECK(a.max < eng_.options().n_verify, "draft model: ", a.max, " drafts, more than ",
-              eng_.options().n_verify - 1);
+    KVS_CHECK(a.max <= draft_max_, "draft model: ", a.max, " drafts, more than ", draft_max_);
     Seq& s = seqs_.at(static_cast<size_t>(a.seq));
     KVS_CHECK(s.sampler.has_value(), "draft model: sequence ", a.seq, " was not started");
     if (s.tokens.empty()) continue;

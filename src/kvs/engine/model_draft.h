@@ -30,7 +30,7 @@ struct Drafts {
 class ModelDrafter {
  public:
   // The draft engine's options follow the target's (o: -c, -b, --parallel, --page-size, -ctk,
-  // -ctv), its KV resident, verifying up to draft_max + 1 tokens at once. p_min: drafting stops
+  // -ctv), its KV resident, drafting up to draft_max tokens a step of the target. p_min: drafting stops
   // at a token the draft model gives less probability than that (--draft-p-min). Fails, naming
   // the draft model, when the vocabularies differ (before allocating anything) or its KV does not
   // fit what the device has left.
@@ -79,6 +79,7 @@ class ModelDrafter {
 
   const ModelConfig& cfg_;
   const double p_min_;
+  const int32_t draft_max_;
   size_t device_bytes_ = 0;
   Engine eng_;
   std::vector<Seq> seqs_;

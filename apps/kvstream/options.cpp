@@ -137,8 +137,8 @@ void apply_speculation(const SpecArgs& sp, EngineOptions& o, const std::string& 
             "--spec must be off, ngram or draft, got '", sp.mode, "'");
   KVS_CHECK(kind != "draft" || !sp.model_draft.empty(),
             "--spec draft needs a draft model: -md/--model-draft FILE");
-  KVS_CHECK(kind == "draft" || sp.model_draft.empty(), "-md/--model-draft is for --spec draft, not ",
-            kind);
+  KVS_CHECK(kind == "draft" || sp.model_draft.empty(),
+            "-md/--model-draft is for --spec draft, not ", kind);
   KVS_CHECK(sp.draft_max >= 1 && sp.draft_max <= 63, "--draft-max must be 1 to 63, got ",
             sp.draft_max);
   KVS_CHECK(sp.draft_min >= 0 && sp.draft_min <= sp.draft_max,
@@ -312,8 +312,9 @@ std::vector<std::string> rewrite_llama_flags(int argc, char** argv) {
       {"-md", "--model-draft"},
   };
   // Options whose value is free text: a value that looks like a flag stays as it is.
-  static const char* kText[] = {"-p",     "--prompt", "-sys", "--system-prompt", "--system", "-f",
-                                "--file", "--json",   "-m",   "--model", "--model-draft"};
+  static const char* kText[] = {"-p",       "--prompt", "-sys",         "--system-prompt",
+                                "--system", "-f",       "--file",       "--json",
+                                "-m",       "--model",  "--model-draft"};
   std::vector<std::string> out;
   for (int i = 1; i < argc; ++i) {
     std::string s = argv[i];

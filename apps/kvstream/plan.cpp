@@ -67,8 +67,9 @@ Figures figures(const PlanArgs& pa) {
   const EngineOptions& o = f.o;
   if (pa.spec.kind() == "draft") {
     const auto [dc, dw] = shape_of(pa.spec.model_draft);
-    KVS_CHECK(dc.n_vocab == c.n_vocab, "-md/--model-draft: the draft model's vocabulary is not the "
-              "target's: ", dc.n_vocab, " tokens against ", c.n_vocab, " (vocab size)");
+    KVS_CHECK(dc.n_vocab == c.n_vocab,
+              "-md/--model-draft: the draft model's vocabulary is not the target's: ", dc.n_vocab,
+              " tokens against ", c.n_vocab, " (vocab size)");
     f.draft = ModelDrafter::planned_bytes(dc, dw, o, pa.spec.draft_max);
   }
   const int64_t ctx = o.n_ctx;

@@ -281,10 +281,10 @@ int64_t Scheduler::advance(Slot& s, int32_t entry) {
     const float* logits = eng_.logits(entry, j);
     const float* from = g.penalised(r, logits, n_vocab);
     bool ok = false;
-    const int32_t id = j < n_draft ? g.sampler.verify(from, n_vocab,
-                                                      s.feed[static_cast<size_t>(j) + 1],
-                                                      spec_->q(seq, j), &ok)
-                                   : g.sampler.sample(from, n_vocab);
+    const int32_t id = j < n_draft
+                           ? g.sampler.verify(from, n_vocab, s.feed[static_cast<size_t>(j) + 1],
+                                              spec_->q(seq, j), &ok)
+                           : g.sampler.sample(from, n_vocab);
     const int32_t kept = n_past - (n_draft - j);  // the positions before id
     const End end = deliver(s, id, logits, kept, ok);
     // The drafts after id leave the KV (and so never reach the prompt cache).

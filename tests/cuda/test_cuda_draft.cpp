@@ -148,9 +148,9 @@ TEST(CudaDraft, ItsMemoryComesOutOfTheTargetsArena) {
     ModelDrafter dr(*d, *m, *dev, o, 4, 0.0);
     beside = Engine(*m, *dev, o).arena_bytes();
   }
-  const size_t page = KvLayout::make(o.k_type, o.v_type, o.page_size, m->config.n_head_kv,
-                                     m->config.head_dim)
-                          .page_bytes();
+  const size_t page =
+      KvLayout::make(o.k_type, o.v_type, o.page_size, m->config.n_head_kv, m->config.head_dim)
+          .page_bytes();
   EXPECT_LT(alone, want);
   EXPECT_LE(alone - beside, draft_bytes + page);
   EXPECT_GE(alone - beside, draft_bytes / 2);

@@ -16,12 +16,12 @@
 #include <random>
 #include <vector>
 
+#include "draft_cases.h"
 #include "kvs/engine/speculation.h"
 #include "kvs/gguf/gguf.h"
 #include "kvs/model/synthetic.h"
 #include "kvs/tokenizer/tokenizer.h"
 #include "kvs/util/error.h"
-#include "draft_cases.h"
 
 namespace kvs::test {
 namespace {
@@ -122,9 +122,9 @@ TEST(DraftModel, ItsMemoryComesOutOfTheTargetsArena) {
     beside = Engine(*m, *dev, o).arena_bytes();
   }
   EXPECT_LT(alone, want);
-  const size_t page = KvLayout::make(o.k_type, o.v_type, o.page_size, m->config.n_head_kv,
-                                     m->config.head_dim)
-                          .page_bytes();
+  const size_t page =
+      KvLayout::make(o.k_type, o.v_type, o.page_size, m->config.n_head_kv, m->config.head_dim)
+          .page_bytes();
   EXPECT_NEAR(static_cast<double>(alone - beside), static_cast<double>(draft_bytes),
               static_cast<double>(page));
 }
@@ -136,7 +136,8 @@ std::string tiny_with(const char* name, gguf::Value v, const std::string& file) 
   const std::vector<uint8_t> bytes = w.to_bytes();
   const std::string path = (std::filesystem::temp_directory_path() / file).string();
   std::ofstream(path, std::ios::binary)
-      .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+      .write(reinterpret_cast<const char*>(bytes.data()),
+             static_cast<std::streamsize>(bytes.size()));
   return path;
 }
 
@@ -197,8 +198,8 @@ std::vector<std::pair<int32_t, double>> law_of(const float* logits, int32_t V,
   double z = 0;
   for (int32_t k = 0; k < sp.top_k; ++k) {
     const int32_t id = ids[static_cast<size_t>(k)];
-    const double w = std::exp(static_cast<double>(logits[id] - logits[ids[0]]) /
-                              static_cast<double>(sp.temp));
+    const double w =
+        std::exp(static_cast<double>(logits[id] - logits[ids[0]]) / static_cast<double>(sp.temp));
     law.emplace_back(id, w);
     z += w;
   }

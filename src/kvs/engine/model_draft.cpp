@@ -12,8 +12,8 @@ void check_draft_vocab(const Model& target, const Model& draft) {
             " tokens against ", target.config.n_vocab, " (vocab size)");
   const Tokenizer* t = target.tokenizer.get();
   const Tokenizer* d = draft.tokenizer.get();
-  KVS_CHECK((t == nullptr) == (d == nullptr), what, ": only ",
-            t ? "the target" : "the draft model", " has a tokenizer");
+  KVS_CHECK((t == nullptr) == (d == nullptr), what, ": only ", t ? "the target" : "the draft model",
+            " has a tokenizer");
   if (!t) return;
   KVS_CHECK(d->n_vocab() == t->n_vocab(), what, ": ", d->n_vocab(), " token texts against ",
             t->n_vocab(), " (vocab size)");
@@ -110,11 +110,11 @@ void ModelDrafter::sync(Seq& s) {
   s.sampler->forget(s.drafted);
   s.drafted = 0;
   // The last token is read again when the KV has it already: its logits start the drafts.
-  const auto common = std::min(
-      static_cast<int32_t>(
-          std::mismatch(s.kv.begin(), s.kv.end(), s.tokens.begin(), s.tokens.end()).first -
-          s.kv.begin()),
-      len(s.tokens) - 1);
+  const auto common =
+      std::min(static_cast<int32_t>(
+                   std::mismatch(s.kv.begin(), s.kv.end(), s.tokens.begin(), s.tokens.end()).first -
+                   s.kv.begin()),
+               len(s.tokens) - 1);
   if (common == len(s.kv)) return;
   if (common >= s.floor) {
     eng_.truncate(s.draft, common);
@@ -174,9 +174,9 @@ void ModelDrafter::propose(const std::vector<Ask>& asks) {
       const bool sampled = s->sampler->params().temp > 0;
       const size_t k = d.tokens.size();
       if (sampled) d.q.resize((k + 1) * static_cast<size_t>(V));
-      const int32_t t = s->sampler->draft(eng_.logits(static_cast<int32_t>(i)), V, p_min_,
-                                          sampled ? d.q.data() + k * static_cast<size_t>(V)
-                                                  : nullptr);
+      const int32_t t =
+          s->sampler->draft(eng_.logits(static_cast<int32_t>(i)), V, p_min_,
+                            sampled ? d.q.data() + k * static_cast<size_t>(V) : nullptr);
       if (t < 0) {  // too unsure to be worth verifying: the drafts end
         if (sampled) d.q.resize(k * static_cast<size_t>(V));
         continue;

@@ -30,10 +30,10 @@ struct Drafts {
 class ModelDrafter {
  public:
   // The draft engine's options follow the target's (o: -c, -b, --parallel, --page-size, -ctk,
-  // -ctv), its KV resident, drafting up to draft_max tokens a step of the target. p_min: drafting stops
-  // at a token the draft model gives less probability than that (--draft-p-min). Fails, naming
-  // the draft model, when the vocabularies differ (before allocating anything) or its KV does not
-  // fit what the device has left.
+  // -ctv), its KV resident, drafting up to draft_max tokens a step of the target. p_min: drafting
+  // stops at a token the draft model gives less probability than that (--draft-p-min). Fails,
+  // naming the draft model, when the vocabularies differ (before allocating anything) or its KV
+  // does not fit what the device has left.
   ModelDrafter(const Model& draft, const Model& target, Device& dev, const EngineOptions& o,
                int32_t draft_max, double p_min);
 
@@ -46,8 +46,8 @@ class ModelDrafter {
 
   struct Ask {
     int32_t seq = 0;
-    int32_t max = 0;         // drafts at most
-    Drafts* out = nullptr;   // replaced
+    int32_t max = 0;        // drafts at most
+    Drafts* out = nullptr;  // replaced
   };
   // The drafts of several sequences, their draft model steps batched. A sequence with more
   // than -b tokens still to read reads -b of them and drafts nothing this time.

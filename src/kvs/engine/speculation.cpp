@@ -31,8 +31,8 @@ Speculator::Speculator(const SpecOptions& o, const Engine& target, ModelDrafter*
   KVS_CHECK(o.draft_max >= 1 && o.draft_max < target.options().n_verify,
             "speculation: --draft-max ", o.draft_max, " needs an engine that verifies ",
             o.draft_max + 1, " tokens at once");
-  KVS_CHECK(o.draft_min >= 0 && o.draft_min <= o.draft_max, "--draft-min must be 0 to --draft-max (",
-            o.draft_max, "), got ", o.draft_min);
+  KVS_CHECK(o.draft_min >= 0 && o.draft_min <= o.draft_max,
+            "--draft-min must be 0 to --draft-max (", o.draft_max, "), got ", o.draft_min);
 }
 
 void Speculator::start(int32_t seq, const int32_t* tokens, int32_t n, const SamplerParams& sp) {

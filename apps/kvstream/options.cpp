@@ -109,24 +109,41 @@ void add_sampling(CLI::App* c, GenArgs& g) {
 
 void add_speculation(CLI::App* c, SpecArgs& sp) {
   c->add_option("--spec,--spec-type", sp.mode,
-                "Speculative decoding: off, or ngram (drafts found earlier in the sequence by "
-                "prompt lookup, verified in the step of the token before them)")
-      ->capture_default_str();
+                "Speculative decoding: off, ngram (drafts found earlier in the sequence by "
+                "prompt lookup) or draft (drafts of a draft model, -md; the default with -md), "
+                "verified in the step of the token before them");
+  c->add_option("--model-draft", sp.model_draft,
+                "-md: the draft model for --spec draft, a small GGUF of the same vocabulary "
+                "(its KV resident beside the target's)");
   c->add_option("--draft-max,--draft,--draft-n,--spec-draft-n-max", sp.draft_max,
-                "Most draft tokens a step verifies")
+                "Most draft tokens a step verifies (the length adapts below it)")
       ->capture_default_str();
   c->add_option("--draft-min,--draft-n-min,--spec-draft-n-min", sp.draft_min,
                 "Fewest draft tokens worth a verify step (fewer: the step goes without them)")
       ->capture_default_str();
+  c->add_option("--draft-p-min", sp.p_min,
+                "A draft model stops drafting at a token it gives less probability than this")
+      ->capture_default_str();
+}
+
+std::string SpecArgs::kind() const {
+  if (mode.empty()) return model_draft.empty() ? "off" : "draft";
+  return mode == "none" ? "off" : mode;
 }
 
 void apply_speculation(const SpecArgs& sp, EngineOptions& o, const std::string& backend) {
-  KVS_CHECK(sp.mode == "off" || sp.mode == "none" || sp.on(), "--spec must be off or ngram, got '",
-            sp.mode, "'");
+  const std::string kind = sp.kind();
+  KVS_CHECK(kind == "off" || kind == "ngram" || kind == "draft",
+            "--spec must be off, ngram or draft, got '", sp.mode, "'");
+  KVS_CHECK(kind != "draft" || !sp.model_draft.empty(),
+            "--spec draft needs a draft model: -md/--model-draft FILE");
+  KVS_CHECK(kind == "draft" || sp.model_draft.empty(),
+            "-md/--model-draft is for --spec draft, not ", kind);
   KVS_CHECK(sp.draft_max >= 1 && sp.draft_max <= 63, "--draft-max must be 1 to 63, got ",
             sp.draft_max);
   KVS_CHECK(sp.draft_min >= 0 && sp.draft_min <= sp.draft_max,
             "--draft-min must be 0 to --draft-max (", sp.draft_max, "), got ", sp.draft_min);
+  KVS_CHECK(sp.p_min >= 0.0 && sp.p_min <= 1.0, "--draft-p-min must be 0 to 1, got ", sp.p_min);
   if (!sp.on()) return;
   o.n_verify = sp.draft_max + 1;
   const int64_t step = int64_t{o.n_verify} * o.n_seq;
@@ -136,6 +153,36 @@ void apply_speculation(const SpecArgs& sp, EngineOptions& o, const std::string& 
                  "%d) exceed the %d whose logits are bit-identical to one-token steps' (greedy "
                  "text may differ at near ties); a smaller --draft-max or -np keeps them exact\n",
                  static_cast<long long>(step), o.n_seq, o.n_verify, kCudaInvariantTokens);
+}
+
+SpecOptions spec_options(const SpecArgs& sp) {
+  const std::string kind = sp.kind();
+  SpecOptions o;
+  o.mode = kind == "ngram" ? SpecMode::Ngram : kind == "draft" ? SpecMode::Draft : SpecMode::Off;
+  o.draft_max = sp.draft_max;
+  o.draft_min = sp.draft_min;
+  return o;
+}
+
+std::unique_ptr<Model> load_draft(const SpecArgs& sp, const Model& target) {
+  if (sp.kind() != "draft") return nullptr;
+  auto draft = Model::load(sp.model_draft);
+  check_draft_vocab(target, *draft);
+  return draft;
+}
+
+std::unique_ptr<ModelDrafter> make_drafter(const SpecArgs& sp, const Model* draft,
+                                           const Model& target, Device& dev,
+                                           const EngineOptions& o) {
+  if (!draft) return nullptr;
+  auto d = std::make_unique<ModelDrafter>(*draft, target, dev, o, sp.draft_max, sp.p_min);
+  const ModelConfig& c = draft->config;
+  std::fprintf(stderr,
+               "kvstream: draft model %s (%s, %d layers): %s on the %s device (weights, "
+               "buffers and its whole KV, resident)\n",
+               sp.model_draft.c_str(), c.arch_name.c_str(), c.n_layer,
+               format_bytes(d->device_bytes()).c_str(), dev.name().c_str());
+  return d;
 }
 
 int64_t count_arg(const std::string& text, const char* flag, int64_t lo, int64_t hi) {
@@ -263,10 +310,12 @@ std::vector<std::string> rewrite_llama_flags(int argc, char** argv) {
       {"-sys", "--system-prompt"},      {"-cnv", "--conversation"},
       {"-no-cnv", "--no-conversation"}, {"-ctk", "--cache-type-k"},
       {"-ctv", "--cache-type-v"},       {"-to", "--timeout"},
+      {"-md", "--model-draft"},
   };
   // Options whose value is free text: a value that looks like a flag stays as it is.
-  static const char* kText[] = {"-p",     "--prompt", "-sys", "--system-prompt", "--system", "-f",
-                                "--file", "--json",   "-m",   "--model"};
+  static const char* kText[] = {"-p",       "--prompt", "-sys",         "--system-prompt",
+                                "--system", "-f",       "--file",       "--json",
+                                "-m",       "--model",  "--model-draft"};
   std::vector<std::string> out;
   for (int i = 1; i < argc; ++i) {
     std::string s = argv[i];

@@ -7,6 +7,7 @@
 
 #include "commands.h"
 #include "kvs/engine/engine.h"
+#include "kvs/engine/model_draft.h"
 #include "kvs/gguf/gguf.h"
 #include "kvs/kv/planner.h"
 #include "kvs/model/config.h"
@@ -20,6 +21,7 @@ namespace {
 
 struct PlanArgs {
   SharedArgs s;
+  SpecArgs spec;
   std::string json_out;
   double hbm_gbps = 4400;
 };
@@ -43,6 +45,7 @@ struct Figures {
   EngineOptions o;
   KvShape shape;
   size_t weights = 0, page = 0, kv_token = 0;
+  size_t draft = 0;  // -md: the draft model's weights, buffers and KV
   int32_t fixed = 0;
   // With the phase arena the prefill's activations are the arena's top (work), lent to the KV
   // while decoding: `arena` is the decode's, `prefill_arena` the KV's while prefilling.
@@ -59,7 +62,16 @@ Figures figures(const PlanArgs& pa) {
   Figures f;
   std::tie(f.c, f.weights) = shape_of(a.model);
   const ModelConfig& c = f.c;
-  const EngineOptions& o = f.o = engine_options(a, c);
+  f.o = engine_options(a, c);
+  apply_speculation(pa.spec, f.o, backend_of(a));
+  const EngineOptions& o = f.o;
+  if (pa.spec.kind() == "draft") {
+    const auto [dc, dw] = shape_of(pa.spec.model_draft);
+    KVS_CHECK(dc.n_vocab == c.n_vocab,
+              "-md/--model-draft: the draft model's vocabulary is not the target's: ", dc.n_vocab,
+              " tokens against ", c.n_vocab, " (vocab size)");
+    f.draft = ModelDrafter::planned_bytes(dc, dw, o, pa.spec.draft_max);
+  }
   const int64_t ctx = o.n_ctx;
   const int32_t parallel = o.n_seq;
   KVS_CHECK(o.kv_mode == KvMode::Auto || o.kv_mode == KvMode::Stream,
@@ -88,11 +100,13 @@ Figures figures(const PlanArgs& pa) {
     f.arena_from = "--kv-arena";
   } else if (!a.vram_limit.empty()) {
     const size_t limit = parse_size(a.vram_limit, "--vram-limit");
-    KVS_CHECK(limit > f.weights + buffers, "--vram-limit ", format_bytes(limit),
+    KVS_CHECK(limit > f.weights + buffers + f.draft, "--vram-limit ", format_bytes(limit),
               " does not hold the weights (", format_bytes(f.weights), ") and buffers (",
-              format_bytes(buffers), ")");
-    arena = limit - f.weights - buffers;
-    f.arena_from = cat("--vram-limit ", format_bytes(limit), " less weights and buffers");
+              format_bytes(buffers), ")",
+              f.draft ? cat(" and the draft model (", format_bytes(f.draft), ")") : "");
+    arena = limit - f.weights - buffers - f.draft;
+    f.arena_from = cat("--vram-limit ", format_bytes(limit), " less weights and buffers",
+                       f.draft ? " and the draft model" : "");
     KVS_CHECK(arena > f.work, "--vram-limit ", format_bytes(limit),
               " does not hold the prefill's workspace (", format_bytes(f.work), ")");
     arena -= f.work;
@@ -154,6 +168,9 @@ void print(const PlanArgs& pa, const Figures& f) {
     std::printf(", %d recurrent (resident state beside the arena: %s)", shape.n_recurrent,
                 format_bytes(shape.recurrent_bytes).c_str());
   std::printf("\n");
+  if (f.draft)
+    std::printf("draft      %s: %s on the device (weights, buffers, its whole KV resident)\n",
+                pa.spec.model_draft.c_str(), format_bytes(f.draft).c_str());
   std::printf("context    %lld tokens x %d sequence(s): KV %s in %d pages of %s per full layer\n",
               static_cast<long long>(f.o.n_ctx), f.o.n_seq, format_bytes(shape.full_bytes).c_str(),
               shape.max_pages, format_bytes(f.page).c_str());
@@ -191,6 +208,7 @@ nlohmann::json plan_json(const PlanArgs& pa, const Figures& f) {
   j["ctx"] = f.o.n_ctx;
   j["parallel"] = f.o.n_seq;
   j["weights_bytes"] = f.weights;
+  j["draft_bytes"] = f.draft;
   j["kv_bytes_per_token"] = f.kv_token;
   j["kv_bytes"] = shape.full_bytes;
   j["page_bytes"] = f.page;
@@ -242,6 +260,7 @@ void register_plan(CLI::App& app) {
   c->add_option("--hbm-gbps", a->hbm_gbps, "Device memory bandwidth for T_gpu, GB/s")
       ->capture_default_str();
   c->add_option("--json", a->json_out, "Also write the plan as JSON to this file");
+  add_speculation(c, a->spec);
   c->callback([a] { plan_cmd(*a); });
 }
 

@@ -56,5 +56,38 @@ TEST(Speculative, TruncateRefusesWhatItCannotUndo) {
   EXPECT_THROW(r.truncate(t, 10), Error);  // once
 }
 
+// A draft model's steps: a verify step, then one-token steps that extend it. A rollback into
+// them recomputes the recurrent states of the tokens kept, bit for bit those of a sequence fed
+// only these (token by token); an extension needs a verify step before it and room in n_verify.
+TEST(Speculative, ExtendedVerifyStepsRollBack) {
+  auto q = Model::load("synthetic:tiny-qwen35");
+  auto dev = make_cpu_device(0);
+  EngineOptions o;
+  o.n_ctx = 256;
+  o.page_size = 8;
+  o.n_seq = 2;
+  o.n_verify = 5;
+  Engine e(*q, *dev, o);
+  const int32_t V = q->config.n_vocab;
+  const auto p = tokens(3, 30, V);
+  const std::vector<int32_t> t = {11, 12, 13, 14, 15, 16};
+  Sequence a = e.open_sequence(), b = e.open_sequence();
+  e.eval(a, p.data(), 30);
+  e.eval(b, p.data(), 30);
+  EXPECT_THROW(e.step({BatchEntry{&a, &t[0], 1, true, true}}), Error);  // no verify step before
+  e.step({BatchEntry{&a, &t[0], 2, true}});
+  e.step({BatchEntry{&a, &t[2], 1, true, true}});
+  e.step({BatchEntry{&a, &t[3], 1, true, true}});
+  EXPECT_THROW(e.step({BatchEntry{&a, &t[4], 2, true, true}}), Error);  // 4 + 2 > n_verify
+  EXPECT_THROW(e.truncate(a, 30), Error);  // the verify step's first token stays
+  e.truncate(a, 33);                       // t[2] kept, t[3] dropped
+  e.step({BatchEntry{&a, &t[5], 1}});
+  const std::vector<float> got(e.logits(0), e.logits(0) + V);
+  e.step({BatchEntry{&b, &t[0], 3, true}});
+  e.step({BatchEntry{&b, &t[5], 1}});
+  ASSERT_EQ(std::memcmp(got.data(), e.logits(0), got.size() * sizeof(float)), 0);
+  EXPECT_THROW(e.step({BatchEntry{&a, &t[0], 1, true, true}}), Error);  // the last was no verify
+}
+
 }  // namespace
 }  // namespace kvs::test

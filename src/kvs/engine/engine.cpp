@@ -327,6 +327,7 @@ Sequence Engine::open_sequence() {
       slots_[i].live = true;
       slots_[i].n_past = 0;
       slots_[i].tokens.clear();
+      slots_[i].verified = 0;
       if (shape_.n_recurrent > 0) {  // a new sequence's recurrent layers start from zero
         const std::vector<uint8_t> zero(shape_.recurrent_bytes / slots_.size(), 0);
         dev_.upload(rstate_.as() + i * zero.size(), zero.data(), zero.size());
@@ -477,8 +478,19 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
   }
   for (const BatchEntry& e : batch) {
     const auto s = static_cast<size_t>(e.seq->id);
-    slots_[s].verified = e.all_logits && rsnap_.as() ? e.n : 0;
-    if (slots_[s].verified == 0) continue;
+    int32_t& verified = slots_[s].verified;
+    if (!e.all_logits || !rsnap_.as()) {
+      verified = 0;
+      continue;
+    }
+    if (e.extend_verify) {  // its inputs go after those of the steps it extends
+      KVS_CHECK(verified > 0 && verified + e.n <= opt_.n_verify, "step: ", e.n,
+                " tokens extend a verify step of ", verified, ", more than n_verify ",
+                opt_.n_verify, " in all, or the sequence's last step was no verify step");
+      verified += e.n;
+      continue;
+    }
+    verified = e.n;
     const size_t bytes = shape_.recurrent_bytes / slots_.size();
     dev_.copy(Stream::Compute, rsnap_.as() + s * bytes, rstate_.as() + s * bytes, bytes);
   }

@@ -66,6 +66,10 @@ struct BatchEntry {
   // Logits of every token (a speculative verify step, n <= n_verify), not just of the last;
   // recurrent layers then go token by token, as n one-token steps would.
   bool all_logits = false;
+  // With all_logits: the step continues the sequence's last verify step instead of starting
+  // one (a draft model's drafts, a token a step after the step that fed it the accepted
+  // tokens), so that truncate() can roll back into any of them; at most n_verify tokens in all.
+  bool extend_verify = false;
 };
 
 struct StepStats {
@@ -145,7 +149,8 @@ class Engine {
   // Forgets the sequence's positions from n_past on (the rejected drafts of a verify step):
   // their pages go back, the tail page is writable again. With window layers at most
   // n_verify - 1 positions can go; with recurrent layers only those of the last step, when it
-  // was a verify step (their states are recomputed from its inputs).
+  // was a verify step, and of the steps that extended it, but never its first token (their
+  // states are recomputed from the steps' inputs).
   void truncate(Sequence& s, int32_t n_past);
   // Appends n positions of random K and V rows (uniform in [-1, 1), from `seed`) to s in every
   // layer without running the model: a benchmark's fill to a depth, whose decode and prefill
@@ -184,7 +189,9 @@ class Engine {
     std::vector<std::vector<int32_t>> frames;
     std::vector<SpanCache> spans;  // [layer]
     std::vector<int32_t> tokens;   // with a prompt cache: the token of every position
-    int32_t verified = 0;  // tokens of its last step if that was a verify step (recurrent rollback)
+    // Tokens of its last verify step and the steps that extended it, if the last step was one
+    // of those (the recurrent rollback).
+    int32_t verified = 0;
   };
   // One forward pass: the batch, where each entry's rows start, the next ring item.
   struct Pass {

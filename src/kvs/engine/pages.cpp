@@ -165,8 +165,8 @@ void Engine::truncate(Sequence& s, int32_t n_past) {
   Slot& sl = slots_[static_cast<size_t>(s.id)];
   if (shape_.n_recurrent > 0) {
     KVS_CHECK(s.n_past - n_past < sl.verified, "truncate: recurrent layers roll back only within ",
-              "the last step, and only a verify step's (", sl.verified, " tokens); asked for ",
-              s.n_past - n_past, " positions");
+              "the last step, a verify step, and the steps that extended it, but its first token (",
+              sl.verified, " tokens); asked for ", s.n_past - n_past, " positions");
     redo_recurrent(s.id, sl.verified - (s.n_past - n_past));
     sl.verified = 0;
   }
@@ -176,8 +176,14 @@ void Engine::truncate(Sequence& s, int32_t n_past) {
   const int32_t P = opt_.page_size;
   const int32_t pages = (n_past + P - 1) / P;  // those holding a kept position
   if (pool_) {
-    dev_.sync();  // write-backs and prefetches may still read the pages that go
-    reclaim(true);
+    // Write-backs and prefetches may still read the pages that go. Without a ring (a resident
+    // engine, a draft model's) there are none, and the compute stream orders the last step's
+    // reads before the next one's writes: nothing to wait for, nor to keep a draft model's
+    // rollback from overlapping the target's prefetches.
+    if (ring_) {
+      dev_.sync();
+      reclaim(true);
+    }
     for (int32_t il = 0; il < cfg_.n_layer; ++il) {
       auto& fr = sl.frames[static_cast<size_t>(il)];
       while (static_cast<int32_t>(fr.size()) > pages) {

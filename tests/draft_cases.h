@@ -9,20 +9,9 @@
 #include <vector>
 
 #include "kvs/engine/speculation.h"
-#include "stream_cases.h"
+#include "speculative_cases.h"
 
 namespace kvs::test {
-
-inline int32_t argmax(const float* l, int32_t n) {
-  return static_cast<int32_t>(std::max_element(l, l + n) - l);
-}
-
-struct Decoded {
-  std::vector<std::vector<int32_t>> tokens;           // [sequence][i]
-  std::vector<std::vector<std::vector<float>>> rows;  // the logits token i was chosen from
-  EngineStats totals;
-  int64_t drafted = 0, accepted = 0;
-};
 
 // Greedy decode of the case's sequences (its prompts, gen_len tokens each) together, as
 // `kvstream run` does: with a draft model each step of a sequence carries its token and the
@@ -127,16 +116,6 @@ inline Decoded decode(const Model& m, const Model* draft, const Case& c, KvMode 
   }
   r.totals = e.totals();
   return r;
-}
-
-inline void expect_same(const Decoded& want, const Decoded& got) {
-  ASSERT_EQ(want.tokens, got.tokens);
-  for (size_t u = 0; u < want.rows.size(); ++u)
-    for (size_t i = 0; i < want.rows[u].size(); ++i)
-      ASSERT_EQ(std::memcmp(want.rows[u][i].data(), got.rows[u][i].data(),
-                            want.rows[u][i].size() * sizeof(float)),
-                0)
-          << "sequence " << u << ": the logits of token " << i << " differ";
 }
 
 }  // namespace kvs::test

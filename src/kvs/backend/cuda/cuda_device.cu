@@ -118,8 +118,7 @@ class CudaDevice final : public Device {
     ctx_.x16.reset();
     ctx_.part.reset();
     ctx_.xq.reset();
-    placed_.matrices.reset();
-    placed_.vectors.reset();
+    placed_.buffers.clear();
     for (cudaEvent_t e : fences_) cudaEventDestroy(e);
     cublasDestroy(ctx_.cublas);
     cudaFreeHost(stage_h_);

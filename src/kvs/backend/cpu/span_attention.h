@@ -1,0 +1,81 @@
+// Attention of the query heads of one kv head over the rows of one span, on the CPU at the
+// speed of memory: the partial (max, sum, unnormalised output) of each head, which the drivers
+// merge in logical span order (attention.cpp for the CPU backend and host mode; split
+// attention hands them to the GPU's fold). Each K row is read once for all heads of the group:
+// quantized keys (q8_0, q4_0) by integer dot products with the query as 16-bit levels
+// (vpdpwssd where the CPU has AVX-VNNI or AVX-512 VNNI, vpmaddwd otherwise), f16 keys by f32
+// products; a V row is dequantized once and accumulated into every head's output.
+//
+// The arithmetic of a partial depends only on the query, the keys and the rows' values: not on
+// the instruction set (integer sums are exact, the float operations the same on every path),
+// not on where the span starts in a page or which thread computes it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kvs/backend/cpu/isa.h"
+#include "kvs/quant/types.h"
+
+namespace kvs::cpu {
+
+// A partial row of one query head: max, sum, non-empty (1 or 0), 0, then the unnormalised
+// output [d]. The CUDA decode's layout (rows of a multiple of 16 bytes), so that split
+// attention hands the GPU the CPU's rows as they are.
+constexpr int kPartHead = 4;
+constexpr size_t part_stride(int32_t d) {
+  return static_cast<size_t>(d) + kPartHead;
+}
+
+// One token's query heads prepared for the kernels. For quantized keys every block of 32 of a
+// head is held as int16 levels with a step of its own (q ~ step q16, |q16| <= 32767): the CUDA
+// matmul's two int8 planes h + l / 254 are such levels (254 h + l, on a grid of the block's
+// max / 32258), a little coarser. A key's score is then per block an exact integer sum of
+// level products times the two steps: the scores are within about 3e-5 of |q| |k| scale,
+// closer than an f16 rounding of q would leave them.
+struct Query {
+  const float* q = nullptr;      // [n_head][d]
+  const int16_t* q16 = nullptr;  // [n_head][d]
+  const float* step = nullptr;   // [n_head][query_blocks(d)]: the steps of q16's blocks
+};
+// Blocks of a head's steps in Query::step, rounded up to 8 for the kernels' vector loads.
+constexpr int32_t query_blocks(int32_t d) {
+  return (d / 32 + 7) / 8 * 8;
+}
+// Fills q16 and step for n_head heads of q (nothing for f16 keys, which take q itself).
+void prepare_query(DType k_type, const float* q, int32_t n_head, int32_t d, int16_t* q16,
+                   float* step);
+
+// Rows [0, n) of one kv head in a span: its K and V slices in the cache's formats (kv_page.h).
+struct HeadRows {
+  const uint8_t* k = nullptr;  // the first row's K slice; rows k_row bytes apart
+  const uint8_t* v = nullptr;  // the first row's V slice; rows v_row bytes apart
+  size_t k_row = 0, v_row = 0;
+  int32_t n = 0;
+};
+
+// The kernels of one layout and group size on one instruction set, chosen once per call.
+struct SpanKernels {
+  // s[g * ld + j] = score of head g (q at its group's first head) against key j < n.
+  using Scores = void (*)(const float* q, const int16_t* q16, const float* step, float scale,
+                          int32_t d, const uint8_t* k, size_t k_row, int32_t n, float* s,
+                          int64_t ld);
+  // V rows [0, n) dequantized to f32 [n][d], the values kv_dequantize_head gives.
+  using VRows = void (*)(const uint8_t* v, size_t v_row, int32_t n, int32_t d, float* out);
+  Scores scores = nullptr;
+  VRows v_rows = nullptr;
+  int32_t group = 0, d = 0;
+  float scale = 1.0f;  // of the scores (AttentionArgs::scale)
+};
+SpanKernels span_kernels(DType k_type, DType v_type, int32_t group, int32_t d, float scale,
+                         Isa isa);
+
+// Floats of scratch span_partials needs for up to n rows.
+size_t span_scratch(const SpanKernels& ks, int32_t n);
+// The partials of the group's heads, those of query heads h0 .. h0 + group of q, over r:
+// out + g * part_stride(d). vf: the rows' V as f32 [n][d] (dequantized once for several
+// tokens, v_rows), or null to dequantize here a piece at a time.
+void span_partials(const SpanKernels& ks, const Query& q, int32_t h0, const HeadRows& r,
+                   const float* vf, float* scratch, float* out);
+
+}  // namespace kvs::cpu

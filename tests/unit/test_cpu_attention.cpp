@@ -17,6 +17,7 @@
 #include "kvs/backend/cpu/kernels.h"
 #include "kvs/backend/cpu/span_attention.h"
 #include "kvs/quant/kv_page.h"
+#include "kvs/util/threadpool.h"
 
 namespace kvs {
 namespace {
@@ -184,12 +185,12 @@ TEST(CpuAttention, SpanPartialsMatchTheScalarReference) {
               std::vector<float> out(static_cast<size_t>(n_head) * os);
               for (int32_t hk = 0; hk < nkv; ++hk) {
                 const cpu::HeadRows r{c.row_k(0, from, hk), c.row_v(0, from, hk), c.l.k_row,
-                                      c.l.v_row, count};
+                                      c.l.v_row, c.l.v_head, count};
                 float* o = out.data() + static_cast<size_t>(hk * group) * os;
                 cpu::span_partials(ks, qy, hk * group, r, nullptr, scratch.data(), o);
-                // The same partial from V given as f32 rows (the prefill's way): the same bits.
+                // The same partial from the V levels as an f32 tile (the prefill's way): the same bits.
                 std::vector<float> vf(static_cast<size_t>(count) * d), o2(group * os);
-                ks.v_rows(r.v, r.v_row, count, d, vf.data());
+                ks.v_levels(r.v, r.v_row, count, d, vf.data());
                 cpu::span_partials(ks, qy, hk * group, r, vf.data(), scratch.data(), o2.data());
                 ASSERT_EQ(std::memcmp(o, o2.data(), o2.size() * sizeof(float)), 0);
                 for (int32_t gi = 0; gi < group; ++gi) {
@@ -234,7 +235,7 @@ TEST(CpuAttention, EmptySpansAreMarkedEmpty) {
       cpu::span_kernels(DType::Q8_0, DType::Q4_0, 4, 64, 0.125f, cpu::best_isa());
   std::vector<float> scratch(cpu::span_scratch(ks, 16)), out(4 * cpu::part_stride(64), 7.0f);
   cpu::span_partials(ks, {q.data(), q16.data(), step.data()}, 0,
-                     {c.bytes.data(), c.bytes.data() + c.l.v_offset(), c.l.k_row, c.l.v_row, 0},
+                     {c.bytes.data(), c.bytes.data() + c.l.v_offset(), c.l.k_row, c.l.v_row, c.l.v_head, 0},
                      nullptr, scratch.data(), out.data());
   for (int32_t h = 0; h < 4; ++h) EXPECT_EQ(out[h * cpu::part_stride(64) + 2], 0.0f);
 }
@@ -275,53 +276,61 @@ void attend(const Cache& c, const std::vector<float>& q, const std::vector<int32
   cpu::attention(a);
 }
 
+// Decode over 3 pages takes a task per (page, kv head), over 40 a task per page (its kv heads
+// together, a piece of rows each in turn); prefill always the former: all give the same bits.
 TEST(CpuAttention, AttentionMatchesTheScalarReferenceAndItselfBitForBit) {
+  set_thread_count(2);  // 40 pages are enough spans to be taken whole
   std::mt19937 g(2026);
   double worst = 0;
   for (DType kt : kTypes)
     for (DType vt : kTypes)
       for (int32_t d : {64, 128, 256})
-        for (int32_t group : {1, 3, 4, 8}) {
-          constexpr int32_t P = 32, nkv = 2, ctx = 5 * P - 11;
-          const Cache c(kt, vt, P, nkv, d, 5, g);
-          const std::vector<Span> ss = spans_of(c, ctx);
-          const int32_t n_head = group * nkv;
-          for (int32_t window : {0, 45}) {
-            SCOPED_TRACE(std::string(dtype_name(kt)) + "/" + dtype_name(vt) + " d " +
-                         std::to_string(d) + " group " + std::to_string(group) + " window " +
-                         std::to_string(window));
-            // The last 5 positions as one prefill call, and each as a decode step.
-            std::vector<int32_t> pos;
-            for (int32_t t = ctx - 5; t < ctx; ++t) pos.push_back(t);
-            const std::vector<float> q = normal(pos.size() * n_head * d, g);
-            Call all;
-            attend(c, q, pos, ss, 0, ss.size(), n_head, window, true, true, all);
-            for (size_t t = 0; t < pos.size(); ++t) {
-              const std::vector<float> qt(q.begin() + static_cast<int64_t>(t * n_head * d),
-                                          q.begin() + static_cast<int64_t>((t + 1) * n_head * d));
-              Call one, cut;
-              attend(c, qt, {pos[t]}, ss, 0, ss.size(), n_head, window, true, true, one);
-              // The spans in two calls, as the ring hands them over.
-              attend(c, qt, {pos[t]}, ss, 0, 2, n_head, window, true, false, cut);
-              attend(c, qt, {pos[t]}, ss, 2, ss.size(), n_head, window, false, true, cut);
-              const size_t row = static_cast<size_t>(n_head) * d;
-              ASSERT_EQ(std::memcmp(one.out.data(), all.out.data() + t * row, row * 4), 0)
-                  << "decode != prefill at token " << t;
-              ASSERT_EQ(std::memcmp(one.out.data(), cut.out.data(), row * 4), 0)
-                  << "two calls != one at token " << t;
-              for (int32_t h = 0; h < n_head; ++h) {
-                const int32_t lo = window > 0 ? std::max(0, pos[t] - window + 1) : 0;
-                const Ref r = reference(c, qt.data() + static_cast<size_t>(h) * d, h / group, lo,
-                                        pos[t] + 1, 1.0f / std::sqrt(static_cast<float>(d)));
-                for (int32_t i = 0; i < d; ++i)
-                  worst = std::max(
-                      worst, std::fabs(static_cast<double>(one.out[static_cast<size_t>(h) * d + i]) -
-                                       r.o[static_cast<size_t>(i)]));
+        for (int32_t group : {1, 3, 4, 8})
+          for (int32_t pages : {3, 40}) {
+            constexpr int32_t P = 16, nkv = 2;
+            if (pages > 3 && group != 4 && d != 128) continue;  // the long case on fewer shapes
+            const int32_t ctx = pages * P - 5;
+            const Cache c(kt, vt, P, nkv, d, pages, g);
+            const std::vector<Span> ss = spans_of(c, ctx);
+            const int32_t n_head = group * nkv;
+            for (int32_t window : {0, 21}) {
+              SCOPED_TRACE(std::string(dtype_name(kt)) + "/" + dtype_name(vt) + " d " +
+                           std::to_string(d) + " group " + std::to_string(group) + " pages " +
+                           std::to_string(pages) + " window " + std::to_string(window));
+              // The last 5 positions as one prefill call, and each as a decode step.
+              std::vector<int32_t> pos;
+              for (int32_t t = ctx - 5; t < ctx; ++t) pos.push_back(t);
+              const std::vector<float> q = normal(pos.size() * n_head * d, g);
+              Call all;
+              attend(c, q, pos, ss, 0, ss.size(), n_head, window, true, true, all);
+              for (size_t t = 0; t < pos.size(); ++t) {
+                const std::vector<float> qt(q.begin() + static_cast<int64_t>(t * n_head * d),
+                                            q.begin() + static_cast<int64_t>((t + 1) * n_head * d));
+                Call one, cut;
+                attend(c, qt, {pos[t]}, ss, 0, ss.size(), n_head, window, true, true, one);
+                // The spans in two calls, as the ring hands them over.
+                attend(c, qt, {pos[t]}, ss, 0, 2, n_head, window, true, false, cut);
+                attend(c, qt, {pos[t]}, ss, 2, ss.size(), n_head, window, false, true, cut);
+                const size_t row = static_cast<size_t>(n_head) * d;
+                ASSERT_EQ(std::memcmp(one.out.data(), all.out.data() + t * row, row * 4), 0)
+                    << "decode != prefill at token " << t;
+                ASSERT_EQ(std::memcmp(one.out.data(), cut.out.data(), row * 4), 0)
+                    << "two calls != one at token " << t;
+                for (int32_t h = 0; h < n_head; ++h) {
+                  const int32_t lo = window > 0 ? std::max(0, pos[t] - window + 1) : 0;
+                  const Ref r = reference(c, qt.data() + static_cast<size_t>(h) * d, h / group, lo,
+                                          pos[t] + 1, 1.0f / std::sqrt(static_cast<float>(d)));
+                  for (int32_t i = 0; i < d; ++i)
+                    worst = std::max(
+                        worst,
+                        std::fabs(static_cast<double>(one.out[static_cast<size_t>(h) * d + i]) -
+                                  r.o[static_cast<size_t>(i)]));
+                }
               }
             }
           }
-        }
-  std::printf("attention over 5 pages: worst |output - ref| %.3g\n", worst);
+  set_thread_count(0);
+  std::printf("attention over 3 and 40 pages: worst |output - ref| %.3g\n", worst);
   EXPECT_LT(worst, kOutTol);
 }
 
@@ -341,8 +350,9 @@ TEST(CpuAttention, IntegerScoresAgainstTheFloatPath) {
     const cpu::SpanKernels ks =
         cpu::span_kernels(kt, DType::F16, group, d, scale, cpu::best_isa());
     std::vector<float> s(group * P);
-    ks.scores(q.data(), q16.data(), step.data(), scale, d, c.bytes.data(), c.l.k_row, P, s.data(),
-              P);
+    ks.scores(q.data(), q16.data(), step.data(), scale, d,
+              {c.bytes.data(), c.bytes.data() + c.l.v_offset(), c.l.k_row, c.l.v_row, c.l.v_head, P},
+              s.data(), P);
     double err_int = 0, err_f32 = 0, top = 0;
     for (int32_t h = 0; h < group; ++h)
       for (int32_t j = 0; j < P; ++j) {

@@ -74,7 +74,36 @@ HeadRows head_rows(const KvLayout& l, const Span& sp, int32_t hk, int32_t j0, in
   return HeadRows{sp.page + static_cast<size_t>(j0) * l.k_row + static_cast<size_t>(hk) * l.k_head,
                   sp.page + l.v_offset() + static_cast<size_t>(j0) * l.v_row +
                       static_cast<size_t>(hk) * l.v_head,
-                  l.k_row, l.v_row, n};
+                  l.k_row, l.v_row, l.v_head, n};
+}
+
+// A span's partials of every query head, its kv heads taken together a piece of rows at a time
+// so that the page is read in order (a head's rows are slices a row apart); the same bits as a
+// span_partials call per kv head.
+void span_all_heads(const SpanKernels& ks, const KvLayout& l, const Query& q, const Span& sp,
+                    int32_t j0, int32_t n, float* buf, float* out) {
+  const int32_t nkv = l.n_head_kv, group = ks.group;
+  const size_t stride = part_stride(ks.d);
+  const auto head_out = [&](int32_t hk) { return out + static_cast<size_t>(hk * group) * stride; };
+  if (n <= 0) {
+    for (int32_t h = 0; h < nkv * group; ++h) out[h * stride + 2] = 0.0f;
+    return;
+  }
+  constexpr int32_t kPiece = 16;
+  const int64_t ld = score_stride(n);
+  float* w = buf + static_cast<size_t>(nkv * group) * static_cast<size_t>(ld);
+  const auto scores_of = [&](int32_t hk) { return buf + static_cast<size_t>(hk * group) * ld; };
+  for (int32_t j = 0; j < n; j += kPiece)
+    for (int32_t hk = 0; hk < nkv; ++hk) {
+      HeadRows r = head_rows(l, sp, hk, j0 + j, std::min(kPiece, n - j));
+      r.more = n - j - r.n;
+      span_scores(ks, q, hk * group, r, scores_of(hk) + j, ld);
+    }
+  for (int32_t hk = 0; hk < nkv; ++hk) span_softmax(ks, n, scores_of(hk), ld, head_out(hk));
+  for (int32_t j = 0; j < n; j += kPiece)
+    for (int32_t hk = 0; hk < nkv; ++hk)
+      span_values(ks, scores_of(hk) + j, ld, head_rows(l, sp, hk, j0 + j, std::min(kPiece, n - j)),
+                  nullptr, w, head_out(hk));
 }
 
 void decode_partials(const AttentionArgs& a, const Queries& qs, float* part) {
@@ -84,25 +113,34 @@ void decode_partials(const AttentionArgs& a, const Queries& qs, float* part) {
   const Query q = qs.query(0);
   const int32_t pos = a.pos[0];
   const size_t stride = part_stride(d);
-  // A task per (span, kv head), the heads of a span next to each other; with many spans a
-  // thread takes a whole span, whose heads then share the cache lines their slices straddle.
-  const int64_t tasks = static_cast<int64_t>(a.n_spans) * nkv;
-  const int64_t grain = a.n_spans >= 4 * thread_pool().size() ? nkv : 1;
-  thread_pool().parallel_for(tasks, grain, [&](int64_t b, int64_t e) {
-    float* buf = scratch(span_scratch(ks, l.page_size)).data();
+  // A task per span, its kv heads together, where there are spans enough for the threads; a
+  // task per (span, kv head) otherwise. Either way the same partials.
+  const bool by_span = a.n_spans >= 4 * thread_pool().size();
+  const int64_t tasks = static_cast<int64_t>(a.n_spans) * (by_span ? 1 : nkv);
+  thread_pool().parallel_for(tasks, 1, [&](int64_t b, int64_t e) {
+    const size_t floats = by_span ? static_cast<size_t>(nkv * group) * static_cast<size_t>(score_stride(l.page_size)) +
+                                        value_scratch(ks)
+                                  : span_scratch(ks, l.page_size);
+    float* buf = scratch(floats).data();
     for (int64_t task = b; task < e; ++task) {
-      const int32_t s = static_cast<int32_t>(task / nkv), hk = static_cast<int32_t>(task % nkv);
+      const auto s = static_cast<int32_t>(by_span ? task : task / nkv);
       const Span& sp = a.spans[s];
       const int32_t n = std::min(sp.n, pos - sp.start + 1);
       const int32_t j0 = std::clamp(first_key(a, pos) - sp.start, 0, std::max(n, 0));
-      span_partials(ks, q, hk * group, head_rows(l, sp, hk, j0, n - j0), nullptr, buf,
-                    part + (static_cast<size_t>(s) * a.n_head + static_cast<size_t>(hk * group)) * stride);
+      float* out = part + static_cast<size_t>(s) * a.n_head * stride;
+      if (by_span) {
+        span_all_heads(ks, l, q, sp, j0, n - j0, buf, out);
+      } else {
+        const auto hk = static_cast<int32_t>(task % nkv);
+        span_partials(ks, q, hk * group, head_rows(l, sp, hk, j0, n - j0), nullptr, buf,
+                      out + static_cast<size_t>(hk * group) * stride);
+      }
     }
   });
 }
 
-// Prefill: a task per (kv head, tile of queries); the spans in order, each span's V rows
-// dequantized once for the tile, each query's partial folded as it is made.
+// Prefill: a task per (kv head, tile of queries); the spans in order, each span's V levels
+// read once for the tile, each query's partial folded as it is made.
 void prefill(const AttentionArgs& a, const Queries& qs) {
   const KvLayout& l = a.kv;
   const int32_t d = l.head_dim, group = a.n_head / l.n_head_kv, P = l.page_size;
@@ -132,7 +170,7 @@ void prefill(const AttentionArgs& a, const Queries& qs) {
             const int32_t nload = std::min(sp.n, max_pos - sp.start + 1);
             const int32_t lo = std::clamp(first_key(a, min_pos) - sp.start, 0, nload);
             const HeadRows rows = head_rows(l, sp, hk, lo, nload - lo);
-            ks.v_rows(rows.v, rows.v_row, rows.n, d, vf + static_cast<int64_t>(lo) * d);
+            ks.v_levels(rows.v, rows.v_row, rows.n, d, vf + static_cast<int64_t>(lo) * d);
             for (int32_t t = t0; t < t1; ++t) {
               const int32_t n = std::min(sp.n, a.pos[t] - sp.start + 1);
               const int32_t j0 = std::max(0, first_key(a, a.pos[t]) - sp.start);

@@ -47,90 +47,124 @@ inline __m256 lane_sums(const __m256* v) {
 
 // ---- scores ----
 
-// acc[g] = the 8 lanes of head g's sum against one key's K slice k (d values): f32 products of
-// q for f16 keys; for quantized keys, per block of 32 the exact integer sum of q16 x levels in
-// each lane (4 products), converted and scaled by the key block's scale times q's step.
-template <class I, DType K, int G>
-inline void key_sums(const float* q, const int16_t* q16, const float* step, int32_t d,
-                     const uint8_t* k, __m256* acc) {
-  for (int g = 0; g < G; ++g) acc[g] = _mm256_setzero_ps();
+// acc[kk * G + g] = the 8 lanes of head g's sum against key kk's K slice (at k + kk k_row, d
+// values), kk < KN: f32 products of q for f16 keys; for quantized keys, per block of 32 the
+// exact integer sum of q16 x levels in each lane (4 products), converted and scaled by the key
+// block's scale times q's step. The keys' chains are interleaved, each its own.
+template <class I, DType K, int G, int KN>
+[[gnu::always_inline]] inline void key_sums(const float* q, const int16_t* q16, const float* step,
+                                            int32_t d, const uint8_t* k, size_t k_row,
+                                            __m256 (&acc)[8]) {
+  for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
   if constexpr (K == DType::F16) {
-    for (int32_t i = 0; i < d; i += 8) {
-      const __m256 kv = _mm256_cvtph_ps(quant::load16(k + 2 * i));
-      for (int g = 0; g < G; ++g)
-        acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * d + i), kv, acc[g]);
-    }
+    for (int32_t i = 0; i < d; i += 8)
+      for (int kk = 0; kk < KN; ++kk) {
+        const __m256 kv = _mm256_cvtph_ps(quant::load16(k + kk * k_row + 2 * i));
+        for (int g = 0; g < G; ++g)
+          acc[kk * G + g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * d + i), kv, acc[kk * G + g]);
+      }
   } else {
     const int32_t nb = d / 32, sb = query_blocks(d);
-    // sc[g][b]: the key's scale of block b times head g's step there. The scales are read 8 at
-    // a time from the slice's start (within it: it holds 34 or 18 bytes a block); lanes past
+    // sc[kk][g][b]: key kk's scale of block b times head g's step there. The scales are read 8
+    // at a time from the slice's start (within it: it holds 34 or 18 bytes a block); lanes past
     // nb are not used.
-    alignas(32) float sc[G][16];
-    for (int32_t b = 0; b < nb; b += 8) {
-      const __m256 dk = _mm256_cvtph_ps(quant::load16(k + 2 * b));
-      for (int g = 0; g < G; ++g)
-        _mm256_store_ps(sc[g] + b, _mm256_mul_ps(dk, _mm256_loadu_ps(step + g * sb + b)));
-    }
-    const uint8_t* qs = k + 2 * nb;
-    for (int32_t b = 0; b < nb; ++b) {
-      __m256i k0, k1;  // levels of elements 0-15 and 16-31 of the block
-      if constexpr (K == DType::Q8_0) {
-        k0 = _mm256_cvtepi8_epi16(quant::load16(qs + 32 * b));
-        k1 = _mm256_cvtepi8_epi16(quant::load16(qs + 32 * b + 16));
-      } else {
-        const __m128i raw = quant::load16(qs + 16 * b), m = _mm_set1_epi8(0x0F),
-                      eight = _mm_set1_epi8(8);
-        k0 = _mm256_cvtepi8_epi16(_mm_sub_epi8(_mm_and_si128(raw, m), eight));
-        k1 = _mm256_cvtepi8_epi16(_mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(raw, 4), m), eight));
+    alignas(32) float sc[KN][G][16];
+    for (int kk = 0; kk < KN; ++kk)
+      for (int32_t b = 0; b < nb; b += 8) {
+        const __m256 dk = _mm256_cvtph_ps(quant::load16(k + kk * k_row + 2 * b));
+        for (int g = 0; g < G; ++g)
+          _mm256_store_ps(sc[kk][g] + b, _mm256_mul_ps(dk, _mm256_loadu_ps(step + g * sb + b)));
       }
-      for (int g = 0; g < G; ++g) {
-        const int16_t* qb = q16 + g * d + 32 * b;
-        const __m256i s = I::dot(I::dot(_mm256_setzero_si256(), k0, load256(qb)), k1,
-                                 load256(qb + 16));
-        acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_broadcast_ss(sc[g] + b), acc[g]);
+    for (int32_t b = 0; b < nb; ++b)
+      for (int kk = 0; kk < KN; ++kk) {
+        const uint8_t* qs = k + kk * k_row + 2 * nb;
+        __m256i k0, k1;  // levels of elements 0-15 and 16-31 of the block
+        if constexpr (K == DType::Q8_0) {
+          k0 = _mm256_cvtepi8_epi16(quant::load16(qs + 32 * b));
+          k1 = _mm256_cvtepi8_epi16(quant::load16(qs + 32 * b + 16));
+        } else {
+          const __m128i raw = quant::load16(qs + 16 * b), m = _mm_set1_epi8(0x0F),
+                        eight = _mm_set1_epi8(8);
+          k0 = _mm256_cvtepi8_epi16(_mm_sub_epi8(_mm_and_si128(raw, m), eight));
+          k1 = _mm256_cvtepi8_epi16(_mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(raw, 4), m), eight));
+        }
+        for (int g = 0; g < G; ++g) {
+          const int16_t* qb = q16 + g * d + 32 * b;
+          const __m256i s = I::dot(I::dot(_mm256_setzero_si256(), k0, load256(qb)), k1,
+                                   load256(qb + 16));
+          acc[kk * G + g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_broadcast_ss(sc[kk][g] + b),
+                                            acc[kk * G + g]);
+        }
       }
-    }
   }
 }
 
-// Scores of G heads against keys [0, n): kp keys a step, so that the step's G kp lane sums
-// take one lane_sums (kp G <= 8; the unused vectors are zero).
+// s[g * ld + j + kk] for KN keys from j: their G KN lane sums by one lane_sums (KN G <= 8, the
+// other vectors zero), times the scale.
+template <class I, DType K, int G, int KN>
+[[gnu::always_inline]] inline void keys(const float* q, const int16_t* q16, const float* step,
+                                        float scale, int32_t d, const uint8_t* k, size_t k_row,
+                                        int32_t j, float* s, int64_t ld) {
+  __m256 acc[8];
+  key_sums<I, K, G, KN>(q, q16, step, d, k + j * k_row, k_row, acc);
+  alignas(32) float sums[8];
+  _mm256_store_ps(sums, lane_sums(acc));
+  for (int kk = 0; kk < KN; ++kk)
+    for (int g = 0; g < G; ++g) s[g * ld + j + kk] = sums[kk * G + g] * scale;
+}
+
+// Lines of [p, p + bytes) towards the caches. A span's rows of one kv head are slices a row
+// apart, which the hardware's prefetchers follow poorly.
+inline void prefetch(const uint8_t* p, size_t bytes) {
+  const auto first = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{63};
+  for (uintptr_t a = first; a < reinterpret_cast<uintptr_t>(p) + bytes; a += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(a), _MM_HINT_T0);
+}
+constexpr int32_t kAhead = 16;  // K rows prefetched ahead of the one being read
+
+// Scores of G heads against rows [0, r.n), 8 / G keys a step, the rest one by one (a key's
+// score does not depend on the others of its step). Meanwhile the K rows ahead and the V rows
+// of the same keys (read right after the softmax) come into the caches.
 template <class I, DType K, int G>
 void scores(const float* q, const int16_t* q16, const float* step, float scale, int32_t d,
-            const uint8_t* k, size_t k_row, int32_t n, float* s, int64_t ld) {
-  constexpr int kp = G >= 8 ? 1 : 8 / G;
-  __m256 acc[8];
-  alignas(32) float sums[8];
-  const auto keys = [&](int32_t j, int kn) {
-    for (int kk = 0; kk < kn; ++kk)
-      key_sums<I, K, G>(q, q16, step, d, k + (j + kk) * k_row, acc + kk * G);
-    for (int i = kn * G; i < 8; ++i) acc[i] = _mm256_setzero_ps();
-    _mm256_store_ps(sums, lane_sums(acc));
-    for (int kk = 0; kk < kn; ++kk)
-      for (int g = 0; g < G; ++g) s[g * ld + j + kk] = sums[kk * G + g] * scale;
+            const HeadRows& r, float* s, int64_t ld) {
+  constexpr int kn = G >= 8 ? 1 : 8 / G;
+  const size_t k_bytes = row_bytes(K, d);
+  const auto ahead = [&](int32_t j) {
+    for (int32_t i = j; i < j + kn; ++i) {
+      if (i + kAhead < r.n + r.more)
+        prefetch(r.k + static_cast<size_t>(i + kAhead) * r.k_row, k_bytes);
+      if (i < r.n) prefetch(r.v + static_cast<size_t>(i) * r.v_row, r.v_head);
+    }
   };
   int32_t j = 0;
-  for (; j + kp <= n; j += kp) keys(j, kp);
-  if (j < n) keys(j, n - j);
+  for (; j + kn <= r.n; j += kn) {
+    ahead(j);
+    keys<I, K, G, kn>(q, q16, step, scale, d, r.k, r.k_row, j, s, ld);
+  }
+  for (; j < r.n; ++j) {
+    ahead(j);
+    keys<I, K, G, 1>(q, q16, step, scale, d, r.k, r.k_row, j, s, ld);
+  }
 }
 
 // One entry per instruction set, the kernel inlined into it, compiled for it.
 template <DType K, int G>
 void scores_avx2(const float* q, const int16_t* q16, const float* step, float scale, int32_t d,
-                 const uint8_t* k, size_t k_row, int32_t n, float* s, int64_t ld) {
-  scores<Avx2, K, G>(q, q16, step, scale, d, k, k_row, n, s, ld);
+                 const HeadRows& r, float* s, int64_t ld) {
+  scores<Avx2, K, G>(q, q16, step, scale, d, r, s, ld);
 }
 template <DType K, int G>
 [[gnu::target("avxvnni"), gnu::flatten]] void scores_avxvnni(
     const float* q, const int16_t* q16, const float* step, float scale, int32_t d,
-    const uint8_t* k, size_t k_row, int32_t n, float* s, int64_t ld) {
-  scores<AvxVnni, K, G>(q, q16, step, scale, d, k, k_row, n, s, ld);
+    const HeadRows& r, float* s, int64_t ld) {
+  scores<AvxVnni, K, G>(q, q16, step, scale, d, r, s, ld);
 }
 template <DType K, int G>
 [[gnu::target("avx512vnni,avx512vl"), gnu::flatten]] void scores_avx512vnni(
     const float* q, const int16_t* q16, const float* step, float scale, int32_t d,
-    const uint8_t* k, size_t k_row, int32_t n, float* s, int64_t ld) {
-  scores<Avx512Vnni, K, G>(q, q16, step, scale, d, k, k_row, n, s, ld);
+    const HeadRows& r, float* s, int64_t ld) {
+  scores<Avx512Vnni, K, G>(q, q16, step, scale, d, r, s, ld);
 }
 
 template <DType K, int G>
@@ -171,32 +205,7 @@ SpanKernels::Scores scores_for(int32_t group, Isa isa) {
   }
 }
 
-// ---- values ----
-
-template <DType V>
-void v_rows(const uint8_t* v, size_t v_row, int32_t n, int32_t d, float* out) {
-  const int32_t nb = d / 32;
-  for (int32_t j = 0; j < n; ++j, v += v_row, out += d) {
-    if constexpr (V == DType::F16) {
-      for (int32_t i = 0; i < d; i += 8)
-        _mm256_storeu_ps(out + i, _mm256_cvtph_ps(quant::load16(v + 2 * i)));
-    } else {
-      const uint8_t* qs = v + 2 * nb;
-      for (int32_t b = 0; b < nb; ++b) {
-        const __m256 scale = quant::bcast_f16(v + 2 * b);
-        __m256i lv[4];
-        if constexpr (V == DType::Q8_0) {
-          for (int c = 0; c < 4; ++c)
-            lv[c] = quant::i8_lanes(reinterpret_cast<const int8_t*>(qs) + 32 * b + 8 * c);
-        } else {
-          quant::q4_levels(qs + 16 * b, _mm256_set1_epi32(8), lv);
-        }
-        for (int c = 0; c < 4; ++c)
-          _mm256_storeu_ps(out + 32 * b + 8 * c, _mm256_mul_ps(scale, quant::to_ps(lv[c])));
-      }
-    }
-  }
-}
+// ---- softmax ----
 
 // e^x for x <= 0, 0 below -87.3 (e^-inf = 0): Cephes' expf (2^n e^r, |r| <= ln 2 / 2, a
 // polynomial of degree 7 in r), within 2 ulp.
@@ -239,40 +248,184 @@ inline void softmax(float* p, int32_t n8, float& m, float& l) {
   l = hsum(sum);
 }
 
-// o[g * os + i] = fma(p[g * ld + j], vf[j d + i], o[g * os + i]) for the keys j < n in order:
-// each element's chain of fmas in key order, kG heads x kC vectors of 8 dimensions at a time.
-template <int kG, int kC>
-inline void accumulate_tile(float* o, size_t os, const float* p, int64_t ld, const float* vf,
-                            int32_t d, int32_t n) {
-  __m256 acc[kG][kC];
-  for (int g = 0; g < kG; ++g)
-    for (int c = 0; c < kC; ++c) acc[g][c] = _mm256_loadu_ps(o + g * os + 8 * c);
+// ---- values ----
+
+// Where a pass reads the levels of V rows, unscaled (a quantized value is its block's scale
+// times its level; an f16 value is itself): the rows themselves, or a tile of them in f32 (a
+// prefill's, made by v_levels once for its queries). Either gives the same floats.
+template <DType T>
+struct RowLevels {
+  const uint8_t* v;
+  size_t v_row;
+  int32_t nb;
+  RowLevels from(int32_t j) const { return {v + static_cast<size_t>(j) * v_row, v_row, nb}; }
+  const uint8_t* row(int32_t j) const { return v + static_cast<size_t>(j) * v_row; }
+};
+struct TileLevels {
+  const float* t;
+  int32_t d;
+  TileLevels from(int32_t j) const { return {t + static_cast<int64_t>(j) * d, d}; }
+  const float* row(int32_t j) const { return t + static_cast<int64_t>(j) * d; }
+};
+
+// Vectors of 8 (AVX2) or 16 (AVX-512) floats for the value passes, which do the same fma per
+// element with either; at() gives dims [e, e + kLanes) of a row's levels.
+struct Ymm {
+  using V = __m256;
+  static constexpr int kLanes = 8, kMaxHeads = 4;  // 16 registers: 8 accumulators
+  static V load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static V bcast(const float* p) { return _mm256_broadcast_ss(p); }
+  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static V at(const TileLevels& l, int32_t j, int32_t e) { return load(l.row(j) + e); }
+  template <DType T>
+  static V at(const RowLevels<T>& l, int32_t j, int32_t e) {
+    const uint8_t* row = l.row(j);
+    if constexpr (T == DType::F16) return _mm256_cvtph_ps(quant::load16(row + 2 * e));
+    if constexpr (T == DType::Q8_0)
+      return quant::to_ps(quant::i8_lanes(reinterpret_cast<const int8_t*>(row + 2 * l.nb + e)));
+    // q4_0: a block's elements 0-15 in the low nibbles of its 16 bytes, 16-31 in the high ones
+    const int32_t o = e % 32;
+    const __m256i x = quant::u8_lanes(row + 2 * l.nb + 16 * (e / 32) + o % 16);
+    return quant::to_ps(
+        _mm256_sub_epi32(o < 16 ? quant::low4(x) : quant::high4(x), _mm256_set1_epi32(8)));
+  }
+};
+struct Zmm {
+  using V = __m512;
+  static constexpr int kLanes = 16, kMaxHeads = 8;  // 32 registers: 16 accumulators
+  [[gnu::target("avx512f")]] static V load(const float* p) { return _mm512_loadu_ps(p); }
+  [[gnu::target("avx512f")]] static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  [[gnu::target("avx512f")]] static V bcast(const float* p) { return _mm512_set1_ps(*p); }
+  [[gnu::target("avx512f")]] static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  [[gnu::target("avx512f")]] static V at(const TileLevels& l, int32_t j, int32_t e) {
+    return load(l.row(j) + e);
+  }
+  // (The conversions in their zero-masked forms with every lane kept: the plain ones trip GCC
+  // 12's -Wmaybe-uninitialized on their undefined pass-through operand.)
+  template <DType T>
+  [[gnu::target("avx512f")]] static V at(const RowLevels<T>& l, int32_t j, int32_t e) {
+    constexpr __mmask16 all = 0xFFFF;
+    const uint8_t* row = l.row(j);
+    if constexpr (T == DType::F16)
+      return _mm512_maskz_cvtph_ps(
+          all, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * e)));
+    if constexpr (T == DType::Q8_0)
+      return _mm512_maskz_cvtepi32_ps(
+          all, _mm512_maskz_cvtepi8_epi32(all, quant::load16(row + 2 * l.nb + e)));
+    const __m512i x =
+        _mm512_maskz_cvtepu8_epi32(all, quant::load16(row + 2 * l.nb + 16 * (e / 32)));
+    const __m512i v = e % 32 == 0 ? _mm512_and_si512(x, _mm512_set1_epi32(0x0F))
+                                  : _mm512_maskz_srli_epi32(all, x, 4);
+    return _mm512_maskz_cvtepi32_ps(all, _mm512_sub_epi32(v, _mm512_set1_epi32(8)));
+  }
+};
+
+template <DType T>
+void v_levels(const uint8_t* v, size_t v_row, int32_t n, int32_t d, float* out) {
+  const RowLevels<T> levels{v, v_row, d / 32};
+  for (int32_t j = 0; j < n; ++j)
+    for (int32_t e = 0; e < d; e += 8) Ymm::store(out + int64_t{j} * d + e, Ymm::at(levels, j, e));
+}
+
+// The value passes below are inlined into their entries (always_inline down to W's
+// operations), so a Zmm vector never crosses a call outside the AVX-512 entry: GCC's note that
+// such calls would change the ABI does not apply.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+// o[g * os + e .. e + 2 kLanes) += w_gj level_j for heads g < kH and keys j < n in order, an
+// fma a key; w_gj at w[j wj + g wg]. A row's levels are converted once for the kH heads.
+template <class W, int kH, class L>
+[[gnu::always_inline]] inline void v_pass(const L& levels, int32_t e, const float* w, int64_t wj, int64_t wg, int32_t n,
+                   float* o, size_t os) {
+  constexpr int k = W::kLanes;
+  typename W::V acc[kH][2];
+  for (int g = 0; g < kH; ++g)
+    acc[g][0] = W::load(o + g * os + e), acc[g][1] = W::load(o + g * os + e + k);
   for (int32_t j = 0; j < n; ++j) {
-    __m256 v[kC];
-    for (int c = 0; c < kC; ++c) v[c] = _mm256_loadu_ps(vf + static_cast<int64_t>(j) * d + 8 * c);
-    for (int g = 0; g < kG; ++g) {
-      const __m256 pj = _mm256_broadcast_ss(p + g * ld + j);
-      for (int c = 0; c < kC; ++c) acc[g][c] = _mm256_fmadd_ps(pj, v[c], acc[g][c]);
+    const typename W::V a = W::at(levels, j, e), b = W::at(levels, j, e + k);
+    for (int g = 0; g < kH; ++g) {
+      const typename W::V x = W::bcast(w + j * wj + g * wg);
+      acc[g][0] = W::fma(x, a, acc[g][0]);
+      acc[g][1] = W::fma(x, b, acc[g][1]);
     }
   }
-  for (int g = 0; g < kG; ++g)
-    for (int c = 0; c < kC; ++c) _mm256_storeu_ps(o + g * os + 8 * c, acc[g][c]);
+  for (int g = 0; g < kH; ++g)
+    W::store(o + g * os + e, acc[g][0]), W::store(o + g * os + e + k, acc[g][1]);
 }
-
-void accumulate(float* o, size_t os, const float* p, int64_t ld, const float* vf, int32_t d,
-                int32_t n, int32_t group) {
-  for (int32_t i = 0; i < d; i += 32) {
-    int32_t g = 0;
-    for (; g + 2 <= group; g += 2)
-      accumulate_tile<2, 4>(o + g * os + i, os, p + g * ld, ld, vf + i, d, n);
-    if (g < group) accumulate_tile<1, 4>(o + g * os + i, os, p + g * ld, ld, vf + i, d, n);
+template <class W, int kH, class L>
+[[gnu::always_inline]] inline void v_pass_of(int heads, const L& levels, int32_t e, const float* w, int64_t wj,
+                      int64_t wg, int32_t n, float* o, size_t os) {
+  if constexpr (kH <= W::kMaxHeads) {
+    if (heads == kH) return v_pass<W, kH>(levels, e, w, wj, wg, n, o, os);
+    v_pass_of<W, kH + 1>(heads, levels, e, w, wj, wg, n, o, os);
   }
 }
 
-constexpr int32_t kVPiece = 64;  // V rows dequantized at a time when not given: within L1
+constexpr int32_t kWKeys = 64;  // keys whose weights are made at a time (w: within L1)
 
-int64_t round8(int32_t n) {
-  return (static_cast<int64_t>(n) + 7) / 8 * 8;
+// o[g] = the sum over keys j < n of p_gj times V row j for the group's heads, each element an
+// fma per key in key order of w = p x the row's block scale (p for f16 rows) and the level.
+// Heads go W::kMaxHeads at a time through a row's levels, 2 W::kLanes dimensions a pass (as
+// many accumulators as the registers hold); a quantized block (32) is one or two passes.
+template <class W, DType T, class L>
+[[gnu::always_inline]] inline void values(const L& levels, const uint8_t* v, size_t v_row, const float* p, int64_t ld,
+                   int32_t n, int32_t d, int32_t group, float* w, float* o, size_t os) {
+  const int32_t nb = d / 32, sb = query_blocks(d);
+  for (int32_t j0 = 0; j0 < n; j0 += kWKeys) {
+    const int32_t m = std::min(kWKeys, n - j0);
+    const float* wk = p + j0;  // f16: w = p, at p[g ld + j]
+    int64_t wj = 1, wg = ld;
+    if constexpr (T != DType::F16) {  // w[(j group + g) sb + b] = p_gj x scale of block b
+      for (int32_t j = 0; j < m; ++j) {
+        const uint8_t* row = v + static_cast<size_t>(j0 + j) * v_row;
+        for (int32_t b = 0; b < nb; b += 8) {  // 16 bytes from the slice's start: within it
+          const __m256 scales = _mm256_cvtph_ps(quant::load16(row + 2 * b));
+          for (int32_t g = 0; g < group; ++g)
+            _mm256_storeu_ps(w + (j * group + g) * sb + b,
+                             _mm256_mul_ps(scales, _mm256_broadcast_ss(p + g * ld + j0 + j)));
+        }
+      }
+      wk = w, wj = int64_t{group} * sb, wg = sb;
+    }
+    const L at = levels.from(j0);
+    for (int32_t g0 = 0; g0 < group; g0 += W::kMaxHeads) {
+      const int heads = std::min(W::kMaxHeads, group - g0);
+      for (int32_t e = 0; e < d; e += 2 * W::kLanes)
+        v_pass_of<W, 1>(heads, at, e, wk + g0 * wg + (T == DType::F16 ? 0 : e / 32), wj, wg, m,
+                        o + g0 * os, os);
+    }
+  }
+}
+
+template <class W, DType T>
+[[gnu::always_inline]] inline void values_of(const float* p, int64_t ld, int32_t n, const uint8_t* v, size_t v_row,
+                      const float* tile, int32_t d, int32_t group, float* w, float* o) {
+  const size_t os = part_stride(d);
+  if (tile)
+    values<W, T>(TileLevels{tile, d}, v, v_row, p, ld, n, d, group, w, o, os);
+  else
+    values<W, T>(RowLevels<T>{v, v_row, d / 32}, v, v_row, p, ld, n, d, group, w, o, os);
+}
+
+#pragma GCC diagnostic pop
+
+template <DType T>
+void values_avx2(const float* p, int64_t ld, int32_t n, const uint8_t* v, size_t v_row,
+                 const float* tile, int32_t d, int32_t group, float* w, float* o) {
+  values_of<Ymm, T>(p, ld, n, v, v_row, tile, d, group, w, o);
+}
+template <DType T>
+[[gnu::target("avx512f,avx512vl"), gnu::flatten]] void values_avx512(
+    const float* p, int64_t ld, int32_t n, const uint8_t* v, size_t v_row, const float* tile,
+    int32_t d, int32_t group, float* w, float* o) {
+  values_of<Zmm, T>(p, ld, n, v, v_row, tile, d, group, w, o);
+}
+
+template <DType T>
+SpanKernels::Values values_for(Isa isa) {
+  return isa == Isa::Avx512Vnni ? values_avx512<T> : values_avx2<T>;
 }
 
 }  // namespace
@@ -327,13 +480,16 @@ SpanKernels span_kernels(DType k_type, DType v_type, int32_t group, int32_t d, f
   }
   switch (v_type) {
     case DType::F16:
-      ks.v_rows = v_rows<DType::F16>;
+      ks.values = values_for<DType::F16>(isa);
+      ks.v_levels = v_levels<DType::F16>;
       break;
     case DType::Q8_0:
-      ks.v_rows = v_rows<DType::Q8_0>;
+      ks.values = values_for<DType::Q8_0>(isa);
+      ks.v_levels = v_levels<DType::Q8_0>;
       break;
     case DType::Q4_0:
-      ks.v_rows = v_rows<DType::Q4_0>;
+      ks.values = values_for<DType::Q4_0>(isa);
+      ks.v_levels = v_levels<DType::Q4_0>;
       break;
     default:
       fail("cpu attention: V cache type ", dtype_name(v_type), " (f16, q8_0, q4_0)");
@@ -342,43 +498,51 @@ SpanKernels span_kernels(DType k_type, DType v_type, int32_t group, int32_t d, f
 }
 
 size_t span_scratch(const SpanKernels& ks, int32_t n) {
-  return static_cast<size_t>(ks.group * round8(n) + int64_t{kVPiece} * ks.d);
+  return static_cast<size_t>(ks.group) * static_cast<size_t>(score_stride(n)) + value_scratch(ks);
 }
 
-void span_partials(const SpanKernels& ks, const Query& q, int32_t h0, const HeadRows& r,
-                   const float* vf, float* scratch, float* out) {
-  const int32_t G = ks.group, d = ks.d, n = r.n;
-  const size_t os = part_stride(d);
-  if (n <= 0) {
-    for (int32_t g = 0; g < G; ++g) out[g * os + 2] = 0.0f;
-    return;
-  }
-  const int64_t ld = round8(n);
-  float* p = scratch;  // [G][ld]: the scores, then the probabilities
-  const int64_t off = static_cast<int64_t>(h0) * d;
+size_t value_scratch(const SpanKernels& ks) {
+  return static_cast<size_t>(ks.group) * static_cast<size_t>(kWKeys * query_blocks(ks.d));
+}
+
+void span_scores(const SpanKernels& ks, const Query& q, int32_t h0, const HeadRows& r, float* p,
+                 int64_t ld) {
+  const int64_t off = static_cast<int64_t>(h0) * ks.d;
   const bool ints = q.q16 != nullptr;  // null for f16 keys
   ks.scores(q.q + off, ints ? q.q16 + off : nullptr,
-            ints ? q.step + static_cast<int64_t>(h0) * query_blocks(d) : nullptr, ks.scale, d, r.k,
-            r.k_row, n, p, ld);
-  for (int32_t g = 0; g < G; ++g) {
+            ints ? q.step + static_cast<int64_t>(h0) * query_blocks(ks.d) : nullptr, ks.scale, ks.d,
+            r, p, ld);
+}
+
+void span_softmax(const SpanKernels& ks, int32_t n, float* p, int64_t ld, float* out) {
+  const size_t os = part_stride(ks.d);
+  for (int32_t g = 0; g < ks.group; ++g) {
     float* pg = p + g * ld;
-    std::fill(pg + n, pg + ld, -INFINITY);
+    std::fill(pg + n, pg + score_stride(n), -INFINITY);
     float* o = out + g * os;
-    softmax(pg, static_cast<int32_t>(ld), o[0], o[1]);
+    softmax(pg, static_cast<int32_t>(score_stride(n)), o[0], o[1]);
     o[2] = 1.0f;
     o[3] = 0.0f;
     std::fill(o + kPartHead, o + os, 0.0f);
   }
-  if (vf) {
-    accumulate(out + kPartHead, os, p, ld, vf, d, n, G);
+}
+
+void span_values(const SpanKernels& ks, const float* p, int64_t ld, const HeadRows& r,
+                 const float* levels, float* scratch, float* out) {
+  ks.values(p, ld, r.n, r.v, r.v_row, levels, ks.d, ks.group, scratch, out + kPartHead);
+}
+
+void span_partials(const SpanKernels& ks, const Query& q, int32_t h0, const HeadRows& r,
+                   const float* levels, float* scratch, float* out) {
+  if (r.n <= 0) {
+    for (int32_t g = 0; g < ks.group; ++g) out[g * part_stride(ks.d) + 2] = 0.0f;
     return;
   }
-  float* tile = p + G * ld;  // [kVPiece][d]
-  for (int32_t j = 0; j < n; j += kVPiece) {
-    const int32_t m = std::min(kVPiece, n - j);
-    ks.v_rows(r.v + static_cast<size_t>(j) * r.v_row, r.v_row, m, d, tile);
-    accumulate(out + kPartHead, os, p + j, ld, tile, d, m, G);
-  }
+  const int64_t ld = score_stride(r.n);
+  float* p = scratch;  // [group][ld]: the scores, then the probabilities
+  span_scores(ks, q, h0, r, p, ld);
+  span_softmax(ks, r.n, p, ld, out);
+  span_values(ks, p, ld, r, levels, p + ks.group * ld, out);
 }
 
 }  // namespace kvs::cpu

@@ -49,33 +49,55 @@ void prepare_query(DType k_type, const float* q, int32_t n_head, int32_t d, int1
 // Rows [0, n) of one kv head in a span: its K and V slices in the cache's formats (kv_page.h).
 struct HeadRows {
   const uint8_t* k = nullptr;  // the first row's K slice; rows k_row bytes apart
-  const uint8_t* v = nullptr;  // the first row's V slice; rows v_row bytes apart
-  size_t k_row = 0, v_row = 0;
+  const uint8_t* v = nullptr;  // the first row's V slice (v_head bytes); rows v_row bytes apart
+  size_t k_row = 0, v_row = 0, v_head = 0;
   int32_t n = 0;
+  int32_t more = 0;  // rows after these that the same head reads next (prefetched ahead)
 };
 
 // The kernels of one layout and group size on one instruction set, chosen once per call.
 struct SpanKernels {
-  // s[g * ld + j] = score of head g (q at its group's first head) against key j < n.
+  // s[g * ld + j] = score of head g (q at its group's first head) against key j < r.n.
   using Scores = void (*)(const float* q, const int16_t* q16, const float* step, float scale,
-                          int32_t d, const uint8_t* k, size_t k_row, int32_t n, float* s,
-                          int64_t ld);
-  // V rows [0, n) dequantized to f32 [n][d], the values kv_dequantize_head gives.
-  using VRows = void (*)(const uint8_t* v, size_t v_row, int32_t n, int32_t d, float* out);
+                          int32_t d, const HeadRows& r, float* s, int64_t ld);
+  // out[g][i] = sum over rows j < n of p[g * ld + j] x row j's value i, for the group's heads
+  // (out: rows of part_stride(d), zeroed first). The rows' levels (a quantized value's level,
+  // or an f16 value) come from tile ([n][d] f32, v_levels') or, where it is null, from the rows;
+  // the block scales from the rows.
+  using Values = void (*)(const float* p, int64_t ld, int32_t n, const uint8_t* v, size_t v_row,
+                          const float* tile, int32_t d, int32_t group, float* scratch, float* out);
+  // The levels of V rows [0, n) as f32 [n][d].
+  using VLevels = void (*)(const uint8_t* v, size_t v_row, int32_t n, int32_t d, float* out);
   Scores scores = nullptr;
-  VRows v_rows = nullptr;
+  Values values = nullptr;
+  VLevels v_levels = nullptr;
   int32_t group = 0, d = 0;
   float scale = 1.0f;  // of the scores (AttentionArgs::scale)
 };
 SpanKernels span_kernels(DType k_type, DType v_type, int32_t group, int32_t d, float scale,
                          Isa isa);
 
-// Floats of scratch span_partials needs for up to n rows.
+// Floats of scratch span_partials needs for up to n rows; span_values for any.
 size_t span_scratch(const SpanKernels& ks, int32_t n);
+size_t value_scratch(const SpanKernels& ks);
 // The partials of the group's heads, those of query heads h0 .. h0 + group of q, over r:
-// out + g * part_stride(d). vf: the rows' V as f32 [n][d] (dequantized once for several
-// tokens, v_rows), or null to dequantize here a piece at a time.
+// out + g * part_stride(d). levels: the V rows' levels (v_levels, made once for several
+// queries), or null to read them from the rows; either gives the same bits.
 void span_partials(const SpanKernels& ks, const Query& q, int32_t h0, const HeadRows& r,
-                   const float* vf, float* scratch, float* out);
+                   const float* levels, float* scratch, float* out);
+
+// span_partials in its three steps, for a caller that reads the kv heads of a span together
+// (a piece of rows of each in turn, so that the page is read in order): the scores of r's rows
+// (r.n of them: p[g * ld + j]); over all n (>= 1) of them the softmax and the partials' heads,
+// the outputs zeroed; the values of r's rows (p at r's first row) added to the outputs. Pieces
+// of any size give the bits of one call.
+void span_scores(const SpanKernels& ks, const Query& q, int32_t h0, const HeadRows& r, float* p,
+                 int64_t ld);
+void span_softmax(const SpanKernels& ks, int32_t n, float* p, int64_t ld, float* out);
+void span_values(const SpanKernels& ks, const float* p, int64_t ld, const HeadRows& r,
+                 const float* levels, float* scratch, float* out);
+constexpr int64_t score_stride(int32_t n) {  // ld for n rows: a multiple of 8
+  return (static_cast<int64_t>(n) + 7) / 8 * 8;
+}
 
 }  // namespace kvs::cpu

@@ -68,7 +68,8 @@ std::vector<uint8_t> make_cache(const KvLayout& l, int32_t pages) {
                        l.head_dim);
     }
   std::vector<uint8_t> cache(page.size() * static_cast<size_t>(pages));
-  for (int32_t p = 0; p < pages; ++p) std::memcpy(cache.data() + p * page.size(), page.data(), page.size());
+  for (int32_t p = 0; p < pages; ++p)
+    std::memcpy(cache.data() + p * page.size(), page.data(), page.size());
   return cache;
 }
 
@@ -84,7 +85,9 @@ double read_gbps(const std::vector<uint8_t>& cache, int reps) {
     thread_pool().parallel_for((n + kPiece - 1) / kPiece, 1, [&](int64_t b, int64_t e) {
       __m256i acc = _mm256_setzero_si256();
       for (int64_t i = b * kPiece; i < std::min(n, e * kPiece); i += 32)
-        acc = _mm256_add_epi64(acc, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(&cache[static_cast<size_t>(i)])));
+        acc = _mm256_add_epi64(
+            acc,
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(&cache[static_cast<size_t>(i)])));
       sink[static_cast<size_t>(b % thread_pool().size()) * 8] += _mm256_extract_epi64(acc, 0);
     });
     if (r > 0) best = std::min(best, now() - t0);  // the first read warms the pages
@@ -99,8 +102,7 @@ int main(int argc, char** argv) {
     int64_t ctx = 256 * 1024;
     int32_t kv_heads = 8, group = 4, page = 256, reps = 10;
     std::vector<std::string> heads = {"64", "128", "256"},
-                             types = {"q8_0/q8_0", "q8_0/q4_0", "q4_0/q4_0", "f16/f16"},
-                             threads;
+                             types = {"q8_0/q8_0", "q8_0/q4_0", "q4_0/q4_0", "f16/f16"}, threads;
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
       KVS_CHECK(i + 1 < argc, a, ": a value is missing");
@@ -126,12 +128,14 @@ int main(int argc, char** argv) {
     }
     if (threads.empty())
       for (int t = 1; t <= hardware_threads(); t *= 2) threads.push_back(std::to_string(t));
-    std::printf("cpu attention, decode: %lld tokens, %d kv heads x %d query heads, pages of %d, "
-                "%s; load average %s\n",
-                static_cast<long long>(ctx), kv_heads, group, page, cpu::isa_name(cpu::best_isa()),
-                loadavg().c_str());
-    std::printf("| K/V | head | threads | ms / call | GB/s | read GB/s | of read |\n"
-                "| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    std::printf(
+        "cpu attention, decode: %lld tokens, %d kv heads x %d query heads, pages of %d, "
+        "%s; load average %s\n",
+        static_cast<long long>(ctx), kv_heads, group, page, cpu::isa_name(cpu::best_isa()),
+        loadavg().c_str());
+    std::printf(
+        "| K/V | head | threads | ms / call | GB/s | read GB/s | of read |\n"
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     for (const std::string& t : types) {
       const size_t slash = t.find('/');
       KVS_CHECK(slash != std::string::npos, "--types: ", t, " is not K/V");
@@ -176,7 +180,8 @@ int main(int argc, char** argv) {
           const double mean = sum / reps, read = read_gbps(cache, 3);
           std::printf("| %s | %d | %d | %.2f (best %.2f) | %.1f (best %.1f) | %.1f | %.0f %% |\n",
                       t.c_str(), d, thread_pool().size(), mean * 1e3, best * 1e3,
-                      bytes / mean / 1e9, bytes / best / 1e9, read, 100 * bytes / best / 1e9 / read);
+                      bytes / mean / 1e9, bytes / best / 1e9, read,
+                      100 * bytes / best / 1e9 / read);
           std::fflush(stdout);
         }
       }

@@ -74,8 +74,12 @@ struct Cache {
     return ((static_cast<size_t>(p) * l.page_size + j) * l.n_head_kv + h) * l.head_dim;
   }
   // Token t of the history (page t / P, row t % P).
-  const float* key(int32_t t, int32_t h) const { return &k[at(t / l.page_size, t % l.page_size, h)]; }
-  const float* val(int32_t t, int32_t h) const { return &v[at(t / l.page_size, t % l.page_size, h)]; }
+  const float* key(int32_t t, int32_t h) const {
+    return &k[at(t / l.page_size, t % l.page_size, h)];
+  }
+  const float* val(int32_t t, int32_t h) const {
+    return &v[at(t / l.page_size, t % l.page_size, h)];
+  }
 };
 
 // The scalar reference: softmax(q . k * scale) v over the keys in [lo, hi), in double.
@@ -134,7 +138,8 @@ struct Check {
   void operator()(const float* part, const Ref& r, double b, double vmax) {
     const double pm = part[0], pl = part[1];
     const double rel = std::expm1(2 * b) + 1e-5;
-    const double em = std::fabs(pm - r.m) / b, el = std::fabs(pl * std::exp(pm - r.m) / r.l - 1.0) / rel;
+    const double em = std::fabs(pm - r.m) / b,
+                 el = std::fabs(pl * std::exp(pm - r.m) / r.l - 1.0) / rel;
     double eo = 0;
     for (size_t i = 0; i < r.o.size(); ++i)
       eo = std::max(eo, std::fabs(static_cast<double>(part[cpu::kPartHead + i]) / pl - r.o[i]) /
@@ -169,9 +174,10 @@ TEST(CpuAttention, SpanPartialsMatchTheScalarReference) {
           q[3] *= 20.0f;  // an outlier dimension in head 0, which sets its int16 step
           std::vector<int16_t> q16(q.size());
           std::vector<float> step(static_cast<size_t>(n_head * cpu::query_blocks(d)));
+          std::vector<int32_t> offset(q.size() / 4);
           const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-          cpu::prepare_query(kt, q.data(), n_head, d, q16.data(), step.data());
-          const cpu::Query qy{q.data(), q16.data(), step.data()};
+          cpu::prepare_query(kt, q.data(), n_head, d, q16.data(), step.data(), offset.data());
+          const cpu::Query qy{q.data(), q16.data(), step.data(), offset.data()};
           const size_t os = cpu::part_stride(d);
           for (const auto& [from, count] : cuts) {
             std::vector<float> first;
@@ -184,11 +190,16 @@ TEST(CpuAttention, SpanPartialsMatchTheScalarReference) {
               std::vector<float> scratch(cpu::span_scratch(ks, P));
               std::vector<float> out(static_cast<size_t>(n_head) * os);
               for (int32_t hk = 0; hk < nkv; ++hk) {
-                const cpu::HeadRows r{c.row_k(0, from, hk), c.row_v(0, from, hk), c.l.k_row,
-                                      c.l.v_row, c.l.v_head, count};
+                const cpu::HeadRows r{c.row_k(0, from, hk),
+                                      c.row_v(0, from, hk),
+                                      c.l.k_row,
+                                      c.l.v_row,
+                                      c.l.v_head,
+                                      count};
                 float* o = out.data() + static_cast<size_t>(hk * group) * os;
                 cpu::span_partials(ks, qy, hk * group, r, nullptr, scratch.data(), o);
-                // The same partial from the V levels as an f32 tile (the prefill's way): the same bits.
+                // The same partial from the V levels as an f32 tile (the prefill's way): the same
+                // bits.
                 std::vector<float> vf(static_cast<size_t>(count) * d), o2(group * os);
                 ks.v_levels(r.v, r.v_row, count, d, vf.data());
                 cpu::span_partials(ks, qy, hk * group, r, vf.data(), scratch.data(), o2.data());
@@ -197,9 +208,8 @@ TEST(CpuAttention, SpanPartialsMatchTheScalarReference) {
                   const int32_t h = hk * group + gi;
                   const float* qh = q.data() + static_cast<size_t>(h) * d;
                   const Ref ref = reference(c, qh, hk, from, from + count, scale);
-                  const double bound =
-                      score_bound(c, qh, step.data() + h * cpu::query_blocks(d), hk, from,
-                                  from + count, scale);
+                  const double bound = score_bound(c, qh, step.data() + h * cpu::query_blocks(d),
+                                                   hk, from, from + count, scale);
                   const float* part = o + gi * os;
                   ASSERT_EQ(part[2], 1.0f);
                   double vmax = 0;
@@ -230,13 +240,14 @@ TEST(CpuAttention, EmptySpansAreMarkedEmpty) {
   const std::vector<float> q = normal(4 * 64, g);
   std::vector<int16_t> q16(q.size());
   std::vector<float> step(4 * cpu::query_blocks(64));
-  cpu::prepare_query(DType::Q8_0, q.data(), 4, 64, q16.data(), step.data());
+  cpu::prepare_query(DType::Q8_0, q.data(), 4, 64, q16.data(), step.data(), nullptr);
   const cpu::SpanKernels ks =
       cpu::span_kernels(DType::Q8_0, DType::Q4_0, 4, 64, 0.125f, cpu::best_isa());
   std::vector<float> scratch(cpu::span_scratch(ks, 16)), out(4 * cpu::part_stride(64), 7.0f);
-  cpu::span_partials(ks, {q.data(), q16.data(), step.data()}, 0,
-                     {c.bytes.data(), c.bytes.data() + c.l.v_offset(), c.l.k_row, c.l.v_row, c.l.v_head, 0},
-                     nullptr, scratch.data(), out.data());
+  cpu::span_partials(
+      ks, {q.data(), q16.data(), step.data()}, 0,
+      {c.bytes.data(), c.bytes.data() + c.l.v_offset(), c.l.k_row, c.l.v_row, c.l.v_head, 0},
+      nullptr, scratch.data(), out.data());
   for (int32_t h = 0; h < 4; ++h) EXPECT_EQ(out[h * cpu::part_stride(64) + 2], 0.0f);
 }
 
@@ -345,14 +356,15 @@ TEST(CpuAttention, IntegerScoresAgainstTheFloatPath) {
     q[5] *= 20.0f;
     std::vector<int16_t> q16(q.size());
     std::vector<float> step(group * cpu::query_blocks(d));
+    std::vector<int32_t> offset(q.size() / 4);
     const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-    cpu::prepare_query(kt, q.data(), group, d, q16.data(), step.data());
-    const cpu::SpanKernels ks =
-        cpu::span_kernels(kt, DType::F16, group, d, scale, cpu::best_isa());
-    std::vector<float> s(group * P);
-    ks.scores(q.data(), q16.data(), step.data(), scale, d,
-              {c.bytes.data(), c.bytes.data() + c.l.v_offset(), c.l.k_row, c.l.v_row, c.l.v_head, P},
-              s.data(), P);
+    cpu::prepare_query(kt, q.data(), group, d, q16.data(), step.data(), offset.data());
+    const cpu::SpanKernels ks = cpu::span_kernels(kt, DType::F16, group, d, scale, cpu::best_isa());
+    std::vector<float> s(static_cast<size_t>(cpu::score_floats(P, group)));
+    ks.scores(
+        {q.data(), q16.data(), step.data(), offset.data()}, 0, scale, d,
+        {c.bytes.data(), c.bytes.data() + c.l.v_offset(), c.l.k_row, c.l.v_row, c.l.v_head, P},
+        s.data());
     double err_int = 0, err_f32 = 0, top = 0;
     for (int32_t h = 0; h < group; ++h)
       for (int32_t j = 0; j < P; ++j) {
@@ -364,7 +376,8 @@ TEST(CpuAttention, IntegerScoresAgainstTheFloatPath) {
         }
         ref *= static_cast<double>(scale);
         top = std::max(top, std::fabs(ref));
-        err_int = std::max(err_int, std::fabs(static_cast<double>(s[h * P + j]) - ref));
+        const double got = s[static_cast<size_t>(j * cpu::score_slots(group) + h)];
+        err_int = std::max(err_int, std::fabs(got - ref));
         err_f32 = std::max(err_f32, std::fabs(static_cast<double>(f32 * scale) - ref));
       }
     std::printf("%s keys: scores up to %.3g; worst error int16 q %.3g, f32 q %.3g\n",

@@ -51,21 +51,26 @@ struct Queries {
   const AttentionArgs& a;
   int16_t* q16;
   float* step;
+  int32_t* offset;
   explicit Queries(const AttentionArgs& args) : a(args) {
     thread_local std::vector<int16_t> q16_buf;
     thread_local std::vector<float> step_buf;
-    const int32_t d = a.kv.head_dim;
+    thread_local std::vector<int32_t> offset_buf;
+    const auto d = static_cast<size_t>(a.kv.head_dim);
     const size_t heads = static_cast<size_t>(a.n_tok) * static_cast<size_t>(a.n_head);
-    q16_buf.resize(std::max(q16_buf.size(), heads * static_cast<size_t>(d)));
-    step_buf.resize(std::max(step_buf.size(), heads * static_cast<size_t>(query_blocks(d))));
+    q16_buf.resize(std::max(q16_buf.size(), heads * d));
+    step_buf.resize(
+        std::max(step_buf.size(), heads * static_cast<size_t>(query_blocks(a.kv.head_dim))));
+    offset_buf.resize(std::max(offset_buf.size(), heads * d / 4));
     q16 = q16_buf.data();
     step = step_buf.data();
-    prepare_query(a.kv.k_type, a.q, a.n_tok * a.n_head, d, q16, step);
+    offset = offset_buf.data();
+    prepare_query(a.kv.k_type, a.q, a.n_tok * a.n_head, a.kv.head_dim, q16, step, offset);
   }
   Query query(int32_t t) const {
-    const int64_t heads = static_cast<int64_t>(t) * a.n_head;
-    return Query{a.q + heads * a.kv.head_dim, q16 + heads * a.kv.head_dim,
-                 step + heads * query_blocks(a.kv.head_dim)};
+    const int64_t heads = static_cast<int64_t>(t) * a.n_head, d = a.kv.head_dim;
+    return Query{a.q + heads * d, q16 + heads * d, step + heads * query_blocks(a.kv.head_dim),
+                 offset + heads * d / 4};
   }
 };
 
@@ -74,7 +79,10 @@ HeadRows head_rows(const KvLayout& l, const Span& sp, int32_t hk, int32_t j0, in
   return HeadRows{sp.page + static_cast<size_t>(j0) * l.k_row + static_cast<size_t>(hk) * l.k_head,
                   sp.page + l.v_offset() + static_cast<size_t>(j0) * l.v_row +
                       static_cast<size_t>(hk) * l.v_head,
-                  l.k_row, l.v_row, l.v_head, n};
+                  l.k_row,
+                  l.v_row,
+                  l.v_head,
+                  n};
 }
 
 // A span's partials of every query head, its kv heads taken together a piece of rows at a time
@@ -90,20 +98,21 @@ void span_all_heads(const SpanKernels& ks, const KvLayout& l, const Query& q, co
     return;
   }
   constexpr int32_t kPiece = 16;
-  const int64_t ld = score_stride(n);
-  float* w = buf + static_cast<size_t>(nkv * group) * static_cast<size_t>(ld);
-  const auto scores_of = [&](int32_t hk) { return buf + static_cast<size_t>(hk * group) * ld; };
+  const int64_t per_head = score_floats(n, group);
+  const int32_t slots = score_slots(group);
+  float* w = buf + nkv * per_head;
+  const auto scores_of = [&](int32_t hk) { return buf + hk * per_head; };
   for (int32_t j = 0; j < n; j += kPiece)
     for (int32_t hk = 0; hk < nkv; ++hk) {
       HeadRows r = head_rows(l, sp, hk, j0 + j, std::min(kPiece, n - j));
       r.more = n - j - r.n;
-      span_scores(ks, q, hk * group, r, scores_of(hk) + j, ld);
+      span_scores(ks, q, hk * group, r, scores_of(hk) + j * slots);
     }
-  for (int32_t hk = 0; hk < nkv; ++hk) span_softmax(ks, n, scores_of(hk), ld, head_out(hk));
+  for (int32_t hk = 0; hk < nkv; ++hk) span_softmax(ks, n, scores_of(hk), head_out(hk));
   for (int32_t j = 0; j < n; j += kPiece)
     for (int32_t hk = 0; hk < nkv; ++hk)
-      span_values(ks, scores_of(hk) + j, ld, head_rows(l, sp, hk, j0 + j, std::min(kPiece, n - j)),
-                  nullptr, w, head_out(hk));
+      span_values(ks, scores_of(hk) + j * slots,
+                  head_rows(l, sp, hk, j0 + j, std::min(kPiece, n - j)), nullptr, w, head_out(hk));
 }
 
 void decode_partials(const AttentionArgs& a, const Queries& qs, float* part) {
@@ -118,9 +127,9 @@ void decode_partials(const AttentionArgs& a, const Queries& qs, float* part) {
   const bool by_span = a.n_spans >= 4 * thread_pool().size();
   const int64_t tasks = static_cast<int64_t>(a.n_spans) * (by_span ? 1 : nkv);
   thread_pool().parallel_for(tasks, 1, [&](int64_t b, int64_t e) {
-    const size_t floats = by_span ? static_cast<size_t>(nkv * group) * static_cast<size_t>(score_stride(l.page_size)) +
-                                        value_scratch(ks)
-                                  : span_scratch(ks, l.page_size);
+    const size_t floats =
+        by_span ? static_cast<size_t>(nkv * score_floats(l.page_size, group)) + value_scratch(ks)
+                : span_scratch(ks, l.page_size);
     float* buf = scratch(floats).data();
     for (int64_t task = b; task < e; ++task) {
       const auto s = static_cast<int32_t>(by_span ? task : task / nkv);

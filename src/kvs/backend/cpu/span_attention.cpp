@@ -47,21 +47,21 @@ inline __m256 lane_sums(const __m256* v) {
 
 // ---- scores ----
 
-// acc[kk * G + g] = the 8 lanes of head g's sum against key kk's K slice (at k + kk k_row, d
-// values), kk < KN: f32 products of q for f16 keys; for quantized keys, per block of 32 the
-// exact integer sum of q16 x levels in each lane (4 products), converted and scaled by the key
-// block's scale times q's step. The keys' chains are interleaved, each its own.
-template <class I, DType K, int G, int KN>
+// acc[kk * S + g] = the 8 lanes of head g's sum against key kk's K slice (at k + kk k_row, d
+// values), kk < KN, S = score_slots(G): f32 products of q for f16 keys; for quantized keys, per
+// block of 32 the exact integer sum of q16 x levels in each lane (4 products), converted and scaled
+// by the key block's scale times q's step. The keys' chains are interleaved, each its own.
+template <class I, DType K, int G, int KN, int S = score_slots(G)>
 [[gnu::always_inline]] inline void key_sums(const float* q, const int16_t* q16, const float* step,
-                                            int32_t d, const uint8_t* k, size_t k_row,
-                                            __m256 (&acc)[8]) {
+                                            const int32_t* offset, int32_t d, const uint8_t* k,
+                                            size_t k_row, __m256 (&acc)[8]) {
   for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
   if constexpr (K == DType::F16) {
     for (int32_t i = 0; i < d; i += 8)
       for (int kk = 0; kk < KN; ++kk) {
         const __m256 kv = _mm256_cvtph_ps(quant::load16(k + kk * k_row + 2 * i));
         for (int g = 0; g < G; ++g)
-          acc[kk * G + g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * d + i), kv, acc[kk * G + g]);
+          acc[kk * S + g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * d + i), kv, acc[kk * S + g]);
       }
   } else {
     const int32_t nb = d / 32, sb = query_blocks(d);
@@ -78,39 +78,39 @@ template <class I, DType K, int G, int KN>
     for (int32_t b = 0; b < nb; ++b)
       for (int kk = 0; kk < KN; ++kk) {
         const uint8_t* qs = k + kk * k_row + 2 * nb;
-        __m256i k0, k1;  // levels of elements 0-15 and 16-31 of the block
+        // Elements 0-15 and 16-31 of the block: q8_0 levels; q4_0 nibbles (levels + 8), the
+        // sums starting from offset (-8 x q16's sums in each lane) instead of zero.
+        __m256i k0, k1;
         if constexpr (K == DType::Q8_0) {
           k0 = _mm256_cvtepi8_epi16(quant::load16(qs + 32 * b));
           k1 = _mm256_cvtepi8_epi16(quant::load16(qs + 32 * b + 16));
         } else {
-          const __m128i raw = quant::load16(qs + 16 * b), m = _mm_set1_epi8(0x0F),
-                        eight = _mm_set1_epi8(8);
-          k0 = _mm256_cvtepi8_epi16(_mm_sub_epi8(_mm_and_si128(raw, m), eight));
-          k1 = _mm256_cvtepi8_epi16(_mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(raw, 4), m), eight));
+          const __m256i bytes = _mm256_cvtepu8_epi16(quant::load16(qs + 16 * b));
+          k0 = _mm256_and_si256(bytes, _mm256_set1_epi16(0x0F));
+          k1 = _mm256_srli_epi16(bytes, 4);
         }
         for (int g = 0; g < G; ++g) {
           const int16_t* qb = q16 + g * d + 32 * b;
-          const __m256i s = I::dot(I::dot(_mm256_setzero_si256(), k0, load256(qb)), k1,
-                                   load256(qb + 16));
-          acc[kk * G + g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_broadcast_ss(sc[kk][g] + b),
-                                            acc[kk * G + g]);
+          const __m256i start =
+              K == DType::Q4_0 ? load256(offset + (g * nb + b) * 8) : _mm256_setzero_si256();
+          const __m256i s = I::dot(I::dot(start, k0, load256(qb)), k1, load256(qb + 16));
+          acc[kk * S + g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s),
+                                            _mm256_broadcast_ss(sc[kk][g] + b), acc[kk * S + g]);
         }
       }
   }
 }
 
-// s[g * ld + j + kk] for KN keys from j: their G KN lane sums by one lane_sums (KN G <= 8, the
-// other vectors zero), times the scale.
+// p[(j + kk) S + g] for KN keys from j, S = score_slots(G): their lane sums by one lane_sums
+// (KN S <= 8; the other vectors zero), times the scale, as one vector of 8 (whatever it writes
+// past the KN keys' slots is the next keys', or p's slack).
 template <class I, DType K, int G, int KN>
 [[gnu::always_inline]] inline void keys(const float* q, const int16_t* q16, const float* step,
-                                        float scale, int32_t d, const uint8_t* k, size_t k_row,
-                                        int32_t j, float* s, int64_t ld) {
+                                        const int32_t* offset, float scale, int32_t d,
+                                        const uint8_t* k, size_t k_row, int32_t j, float* p) {
   __m256 acc[8];
-  key_sums<I, K, G, KN>(q, q16, step, d, k + j * k_row, k_row, acc);
-  alignas(32) float sums[8];
-  _mm256_store_ps(sums, lane_sums(acc));
-  for (int kk = 0; kk < KN; ++kk)
-    for (int g = 0; g < G; ++g) s[g * ld + j + kk] = sums[kk * G + g] * scale;
+  key_sums<I, K, G, KN>(q, q16, step, offset, d, k + j * k_row, k_row, acc);
+  _mm256_storeu_ps(p + j * score_slots(G), _mm256_mul_ps(lane_sums(acc), _mm256_set1_ps(scale)));
 }
 
 // Lines of [p, p + bytes) towards the caches. A span's rows of one kv head are slices a row
@@ -122,13 +122,17 @@ inline void prefetch(const uint8_t* p, size_t bytes) {
 }
 constexpr int32_t kAhead = 16;  // K rows prefetched ahead of the one being read
 
-// Scores of G heads against rows [0, r.n), 8 / G keys a step, the rest one by one (a key's
-// score does not depend on the others of its step). Meanwhile the K rows ahead and the V rows
-// of the same keys (read right after the softmax) come into the caches.
+// Scores of G heads against rows [0, r.n), 8 / score_slots(G) keys a step, the rest one by one
+// (a key's score does not depend on the others of its step). Meanwhile the K rows ahead and the V
+// rows of the same keys (read right after the softmax) come into the caches.
 template <class I, DType K, int G>
-void scores(const float* q, const int16_t* q16, const float* step, float scale, int32_t d,
-            const HeadRows& r, float* s, int64_t ld) {
-  constexpr int kn = G >= 8 ? 1 : 8 / G;
+void scores(const Query& qy, int32_t h0, float scale, int32_t d, const HeadRows& r, float* p) {
+  constexpr int kn = 8 / score_slots(G);
+  // The group's heads: for quantized keys q16, its steps and (q4_0) offsets.
+  const float* q = qy.q + int64_t{h0} * d;
+  const int16_t* q16 = K == DType::F16 ? nullptr : qy.q16 + int64_t{h0} * d;
+  const float* step = K == DType::F16 ? nullptr : qy.step + int64_t{h0} * query_blocks(d);
+  const int32_t* offset = K == DType::Q4_0 ? qy.offset + int64_t{h0} * d / 4 : nullptr;
   const size_t k_bytes = row_bytes(K, d);
   const auto ahead = [&](int32_t j) {
     for (int32_t i = j; i < j + kn; ++i) {
@@ -140,31 +144,29 @@ void scores(const float* q, const int16_t* q16, const float* step, float scale, 
   int32_t j = 0;
   for (; j + kn <= r.n; j += kn) {
     ahead(j);
-    keys<I, K, G, kn>(q, q16, step, scale, d, r.k, r.k_row, j, s, ld);
+    keys<I, K, G, kn>(q, q16, step, offset, scale, d, r.k, r.k_row, j, p);
   }
   for (; j < r.n; ++j) {
     ahead(j);
-    keys<I, K, G, 1>(q, q16, step, scale, d, r.k, r.k_row, j, s, ld);
+    keys<I, K, G, 1>(q, q16, step, offset, scale, d, r.k, r.k_row, j, p);
   }
 }
 
 // One entry per instruction set, the kernel inlined into it, compiled for it.
 template <DType K, int G>
-void scores_avx2(const float* q, const int16_t* q16, const float* step, float scale, int32_t d,
-                 const HeadRows& r, float* s, int64_t ld) {
-  scores<Avx2, K, G>(q, q16, step, scale, d, r, s, ld);
+void scores_avx2(const Query& q, int32_t h0, float scale, int32_t d, const HeadRows& r, float* p) {
+  scores<Avx2, K, G>(q, h0, scale, d, r, p);
 }
 template <DType K, int G>
-[[gnu::target("avxvnni"), gnu::flatten]] void scores_avxvnni(
-    const float* q, const int16_t* q16, const float* step, float scale, int32_t d,
-    const HeadRows& r, float* s, int64_t ld) {
-  scores<AvxVnni, K, G>(q, q16, step, scale, d, r, s, ld);
+[[gnu::target("avxvnni"), gnu::flatten]] void scores_avxvnni(const Query& q, int32_t h0,
+                                                             float scale, int32_t d,
+                                                             const HeadRows& r, float* p) {
+  scores<AvxVnni, K, G>(q, h0, scale, d, r, p);
 }
 template <DType K, int G>
 [[gnu::target("avx512vnni,avx512vl"), gnu::flatten]] void scores_avx512vnni(
-    const float* q, const int16_t* q16, const float* step, float scale, int32_t d,
-    const HeadRows& r, float* s, int64_t ld) {
-  scores<Avx512Vnni, K, G>(q, q16, step, scale, d, r, s, ld);
+    const Query& q, int32_t h0, float scale, int32_t d, const HeadRows& r, float* p) {
+  scores<Avx512Vnni, K, G>(q, h0, scale, d, r, p);
 }
 
 template <DType K, int G>
@@ -225,27 +227,35 @@ inline __m256 exp_le0(__m256 x) {
   y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
   y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), r);
   y = _mm256_add_ps(y, _mm256_set1_ps(1.0f));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256i e =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(e)), live);
 }
 
-// p[0 .. n8) (n8 a multiple of 8, the scores past n -inf) -> e^(p - m) with m their max;
-// returns m and the sum of the e^, 8 lanes summed in order then across (hsum).
-inline void softmax(float* p, int32_t n8, float& m, float& l) {
-  __m256 mv = _mm256_set1_ps(-INFINITY);
-  for (int32_t j = 0; j < n8; j += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(p + j));
-  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mv), _mm256_extractf128_ps(mv, 1));
-  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-  m = _mm_cvtss_f32(m4);
-  const __m256 mb = _mm256_set1_ps(m);
+// Every lane the max (or sum) of the lanes of its head: lanes l and l + S, l + 2 S, ... hold one
+// head (S = 1, 2, 4 or 8 slots a key), combined in a fixed order.
+template <class Op>
+inline __m256 per_head(__m256 v, int32_t slots, Op op) {
+  if (slots <= 4) v = op(v, _mm256_permute2f128_ps(v, v, 1));
+  if (slots <= 2) v = op(v, _mm256_permute_ps(v, 0x4E));
+  if (slots <= 1) v = op(v, _mm256_permute_ps(v, 0xB1));
+  return v;
+}
+
+// p[0 .. n8) (n8 a multiple of 8; the scores of key j's head g at j S + g, -inf past the last
+// key) -> e^(p - m) with m the max of the head's; returns each head's m and the sum of its e^
+// (8 lanes summed in key order, then the head's lanes together) in lane g of m, l.
+inline void softmax(float* p, int32_t n8, int32_t slots, __m256& m, __m256& l) {
+  m = _mm256_set1_ps(-INFINITY);
+  for (int32_t j = 0; j < n8; j += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(p + j));
+  m = per_head(m, slots, [](__m256 a, __m256 b) { return _mm256_max_ps(a, b); });
   __m256 sum = _mm256_setzero_ps();
   for (int32_t j = 0; j < n8; j += 8) {
-    const __m256 e = exp_le0(_mm256_sub_ps(_mm256_loadu_ps(p + j), mb));
+    const __m256 e = exp_le0(_mm256_sub_ps(_mm256_loadu_ps(p + j), m));
     _mm256_storeu_ps(p + j, e);
     sum = _mm256_add_ps(sum, e);
   }
-  l = hsum(sum);
+  l = per_head(sum, slots, [](__m256 a, __m256 b) { return _mm256_add_ps(a, b); });
 }
 
 // ---- values ----
@@ -337,8 +347,8 @@ void v_levels(const uint8_t* v, size_t v_row, int32_t n, int32_t d, float* out) 
 // o[g * os + e .. e + 2 kLanes) += w_gj level_j for heads g < kH and keys j < n in order, an
 // fma a key; w_gj at w[j wj + g wg]. A row's levels are converted once for the kH heads.
 template <class W, int kH, class L>
-[[gnu::always_inline]] inline void v_pass(const L& levels, int32_t e, const float* w, int64_t wj, int64_t wg, int32_t n,
-                   float* o, size_t os) {
+[[gnu::always_inline]] inline void v_pass(const L& levels, int32_t e, const float* w, int64_t wj,
+                                          int64_t wg, int32_t n, float* o, size_t os) {
   constexpr int k = W::kLanes;
   typename W::V acc[kH][2];
   for (int g = 0; g < kH; ++g)
@@ -355,8 +365,9 @@ template <class W, int kH, class L>
     W::store(o + g * os + e, acc[g][0]), W::store(o + g * os + e + k, acc[g][1]);
 }
 template <class W, int kH, class L>
-[[gnu::always_inline]] inline void v_pass_of(int heads, const L& levels, int32_t e, const float* w, int64_t wj,
-                      int64_t wg, int32_t n, float* o, size_t os) {
+[[gnu::always_inline]] inline void v_pass_of(int heads, const L& levels, int32_t e, const float* w,
+                                             int64_t wj, int64_t wg, int32_t n, float* o,
+                                             size_t os) {
   if constexpr (kH <= W::kMaxHeads) {
     if (heads == kH) return v_pass<W, kH>(levels, e, w, wj, wg, n, o, os);
     v_pass_of<W, kH + 1>(heads, levels, e, w, wj, wg, n, o, os);
@@ -370,13 +381,14 @@ constexpr int32_t kWKeys = 64;  // keys whose weights are made at a time (w: wit
 // Heads go W::kMaxHeads at a time through a row's levels, 2 W::kLanes dimensions a pass (as
 // many accumulators as the registers hold); a quantized block (32) is one or two passes.
 template <class W, DType T, class L>
-[[gnu::always_inline]] inline void values(const L& levels, const uint8_t* v, size_t v_row, const float* p, int64_t ld,
-                   int32_t n, int32_t d, int32_t group, float* w, float* o, size_t os) {
-  const int32_t nb = d / 32, sb = query_blocks(d);
+[[gnu::always_inline]] inline void values(const L& levels, const uint8_t* v, size_t v_row,
+                                          const float* p, int32_t n, int32_t d, int32_t group,
+                                          float* w, float* o, size_t os) {
+  const int32_t nb = d / 32, sb = query_blocks(d), slots = score_slots(group);
   for (int32_t j0 = 0; j0 < n; j0 += kWKeys) {
     const int32_t m = std::min(kWKeys, n - j0);
-    const float* wk = p + j0;  // f16: w = p, at p[g ld + j]
-    int64_t wj = 1, wg = ld;
+    const float* wk = p + j0 * slots;  // f16: w = p
+    int64_t wj = slots, wg = 1;
     if constexpr (T != DType::F16) {  // w[(j group + g) sb + b] = p_gj x scale of block b
       for (int32_t j = 0; j < m; ++j) {
         const uint8_t* row = v + static_cast<size_t>(j0 + j) * v_row;
@@ -384,7 +396,7 @@ template <class W, DType T, class L>
           const __m256 scales = _mm256_cvtph_ps(quant::load16(row + 2 * b));
           for (int32_t g = 0; g < group; ++g)
             _mm256_storeu_ps(w + (j * group + g) * sb + b,
-                             _mm256_mul_ps(scales, _mm256_broadcast_ss(p + g * ld + j0 + j)));
+                             _mm256_mul_ps(scales, _mm256_broadcast_ss(p + (j0 + j) * slots + g)));
         }
       }
       wk = w, wj = int64_t{group} * sb, wg = sb;
@@ -400,27 +412,30 @@ template <class W, DType T, class L>
 }
 
 template <class W, DType T>
-[[gnu::always_inline]] inline void values_of(const float* p, int64_t ld, int32_t n, const uint8_t* v, size_t v_row,
-                      const float* tile, int32_t d, int32_t group, float* w, float* o) {
+[[gnu::always_inline]] inline void values_of(const float* p, int32_t n, const uint8_t* v,
+                                             size_t v_row, const float* tile, int32_t d,
+                                             int32_t group, float* w, float* o) {
   const size_t os = part_stride(d);
   if (tile)
-    values<W, T>(TileLevels{tile, d}, v, v_row, p, ld, n, d, group, w, o, os);
+    values<W, T>(TileLevels{tile, d}, v, v_row, p, n, d, group, w, o, os);
   else
-    values<W, T>(RowLevels<T>{v, v_row, d / 32}, v, v_row, p, ld, n, d, group, w, o, os);
+    values<W, T>(RowLevels<T>{v, v_row, d / 32}, v, v_row, p, n, d, group, w, o, os);
 }
 
 #pragma GCC diagnostic pop
 
 template <DType T>
-void values_avx2(const float* p, int64_t ld, int32_t n, const uint8_t* v, size_t v_row,
-                 const float* tile, int32_t d, int32_t group, float* w, float* o) {
-  values_of<Ymm, T>(p, ld, n, v, v_row, tile, d, group, w, o);
+void values_avx2(const float* p, int32_t n, const uint8_t* v, size_t v_row, const float* tile,
+                 int32_t d, int32_t group, float* w, float* o) {
+  values_of<Ymm, T>(p, n, v, v_row, tile, d, group, w, o);
 }
 template <DType T>
-[[gnu::target("avx512f,avx512vl"), gnu::flatten]] void values_avx512(
-    const float* p, int64_t ld, int32_t n, const uint8_t* v, size_t v_row, const float* tile,
-    int32_t d, int32_t group, float* w, float* o) {
-  values_of<Zmm, T>(p, ld, n, v, v_row, tile, d, group, w, o);
+[[gnu::target("avx512f,avx512vl"), gnu::flatten]] void values_avx512(const float* p, int32_t n,
+                                                                     const uint8_t* v, size_t v_row,
+                                                                     const float* tile, int32_t d,
+                                                                     int32_t group, float* w,
+                                                                     float* o) {
+  values_of<Zmm, T>(p, n, v, v_row, tile, d, group, w, o);
 }
 
 template <DType T>
@@ -431,7 +446,7 @@ SpanKernels::Values values_for(Isa isa) {
 }  // namespace
 
 void prepare_query(DType k_type, const float* q, int32_t n_head, int32_t d, int16_t* q16,
-                   float* step) {
+                   float* step, int32_t* offset) {
   if (k_type == DType::F16) return;
   const __m256 abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   const int32_t nb = d / 32, sb = query_blocks(d);
@@ -440,7 +455,8 @@ void prepare_query(DType k_type, const float* q, int32_t n_head, int32_t d, int1
       const float* x = q + static_cast<int64_t>(h) * d + 32 * b;
       int16_t* y = q16 + static_cast<int64_t>(h) * d + 32 * b;
       __m256 mv = _mm256_setzero_ps();
-      for (int c = 0; c < 4; ++c) mv = _mm256_max_ps(mv, _mm256_and_ps(_mm256_loadu_ps(x + 8 * c), abs));
+      for (int c = 0; c < 4; ++c)
+        mv = _mm256_max_ps(mv, _mm256_and_ps(_mm256_loadu_ps(x + 8 * c), abs));
       alignas(32) float lanes[8];
       _mm256_store_ps(lanes, mv);
       float amax = 0.0f;
@@ -454,6 +470,14 @@ void prepare_query(DType k_type, const float* q, int32_t n_head, int32_t d, int1
                             _mm256_permute4x64_epi64(_mm256_packs_epi32(lo, hi), 0xD8));
       }
       step[h * sb + b] = amax / 32767.0f;
+      if (k_type != DType::Q4_0) continue;
+      // -8 x the sums of q16 in the lanes of the block's dot products: (2i, 2i + 1, 16 + 2i,
+      // 16 + 2i + 1) in lane i.
+      const __m256i ones = _mm256_set1_epi16(1);
+      const __m256i sums = _mm256_add_epi32(_mm256_madd_epi16(load256(y), ones),
+                                            _mm256_madd_epi16(load256(y + 16), ones));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(offset + (h * nb + b) * 8),
+                          _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sums, 3)));
     }
 }
 
@@ -498,38 +522,40 @@ SpanKernels span_kernels(DType k_type, DType v_type, int32_t group, int32_t d, f
 }
 
 size_t span_scratch(const SpanKernels& ks, int32_t n) {
-  return static_cast<size_t>(ks.group) * static_cast<size_t>(score_stride(n)) + value_scratch(ks);
+  return static_cast<size_t>(score_floats(n, ks.group)) + value_scratch(ks);
 }
 
 size_t value_scratch(const SpanKernels& ks) {
   return static_cast<size_t>(ks.group) * static_cast<size_t>(kWKeys * query_blocks(ks.d));
 }
 
-void span_scores(const SpanKernels& ks, const Query& q, int32_t h0, const HeadRows& r, float* p,
-                 int64_t ld) {
-  const int64_t off = static_cast<int64_t>(h0) * ks.d;
-  const bool ints = q.q16 != nullptr;  // null for f16 keys
-  ks.scores(q.q + off, ints ? q.q16 + off : nullptr,
-            ints ? q.step + static_cast<int64_t>(h0) * query_blocks(ks.d) : nullptr, ks.scale, ks.d,
-            r, p, ld);
+void span_scores(const SpanKernels& ks, const Query& q, int32_t h0, const HeadRows& r, float* p) {
+  ks.scores(q, h0, ks.scale, ks.d, r, p);
 }
 
-void span_softmax(const SpanKernels& ks, int32_t n, float* p, int64_t ld, float* out) {
+void span_softmax(const SpanKernels& ks, int32_t n, float* p, float* out) {
+  const int32_t slots = score_slots(ks.group);
+  const int64_t used = int64_t{n} * slots, n8 = (used + 7) / 8 * 8;
+  std::fill(p + used, p + n8, -INFINITY);
+  __m256 m, l;
+  softmax(p, static_cast<int32_t>(n8), slots, m, l);
+  alignas(32) float ms[8], ls[8];
+  _mm256_store_ps(ms, m);
+  _mm256_store_ps(ls, l);
   const size_t os = part_stride(ks.d);
   for (int32_t g = 0; g < ks.group; ++g) {
-    float* pg = p + g * ld;
-    std::fill(pg + n, pg + score_stride(n), -INFINITY);
     float* o = out + g * os;
-    softmax(pg, static_cast<int32_t>(score_stride(n)), o[0], o[1]);
+    o[0] = ms[g];
+    o[1] = ls[g];
     o[2] = 1.0f;
     o[3] = 0.0f;
     std::fill(o + kPartHead, o + os, 0.0f);
   }
 }
 
-void span_values(const SpanKernels& ks, const float* p, int64_t ld, const HeadRows& r,
-                 const float* levels, float* scratch, float* out) {
-  ks.values(p, ld, r.n, r.v, r.v_row, levels, ks.d, ks.group, scratch, out + kPartHead);
+void span_values(const SpanKernels& ks, const float* p, const HeadRows& r, const float* levels,
+                 float* scratch, float* out) {
+  ks.values(p, r.n, r.v, r.v_row, levels, ks.d, ks.group, scratch, out + kPartHead);
 }
 
 void span_partials(const SpanKernels& ks, const Query& q, int32_t h0, const HeadRows& r,
@@ -538,11 +564,10 @@ void span_partials(const SpanKernels& ks, const Query& q, int32_t h0, const Head
     for (int32_t g = 0; g < ks.group; ++g) out[g * part_stride(ks.d) + 2] = 0.0f;
     return;
   }
-  const int64_t ld = score_stride(r.n);
-  float* p = scratch;  // [group][ld]: the scores, then the probabilities
-  span_scores(ks, q, h0, r, p, ld);
-  span_softmax(ks, r.n, p, ld, out);
-  span_values(ks, p, ld, r, levels, p + ks.group * ld, out);
+  float* p = scratch;  // the scores, then the probabilities
+  span_scores(ks, q, h0, r, p);
+  span_softmax(ks, r.n, p, out);
+  span_values(ks, p, r, levels, p + score_floats(r.n, ks.group), out);
 }
 
 }  // namespace kvs::cpu

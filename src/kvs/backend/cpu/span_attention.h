@@ -34,17 +34,20 @@ constexpr size_t part_stride(int32_t d) {
 // level products times the two steps: the scores are within about 3e-5 of |q| |k| scale,
 // closer than an f16 rounding of q would leave them.
 struct Query {
-  const float* q = nullptr;      // [n_head][d]
-  const int16_t* q16 = nullptr;  // [n_head][d]
-  const float* step = nullptr;   // [n_head][query_blocks(d)]: the steps of q16's blocks
+  const float* q = nullptr;         // [n_head][d]
+  const int16_t* q16 = nullptr;     // [n_head][d]
+  const float* step = nullptr;      // [n_head][query_blocks(d)]: the steps of q16's blocks
+  const int32_t* offset = nullptr;  // q4_0 keys: [n_head][d / 32][8], where the block sums start
 };
 // Blocks of a head's steps in Query::step, rounded up to 8 for the kernels' vector loads.
 constexpr int32_t query_blocks(int32_t d) {
   return (d / 32 + 7) / 8 * 8;
 }
-// Fills q16 and step for n_head heads of q (nothing for f16 keys, which take q itself).
+// Fills q16, step and (q4_0 keys) offset for n_head heads of q; nothing for f16 keys, which
+// take q itself. A q4_0 key's nibbles are its levels + 8: a block's sum starts from -8 x the
+// sum of q16 over each lane's elements.
 void prepare_query(DType k_type, const float* q, int32_t n_head, int32_t d, int16_t* q16,
-                   float* step);
+                   float* step, int32_t* offset);
 
 // Rows [0, n) of one kv head in a span: its K and V slices in the cache's formats (kv_page.h).
 struct HeadRows {
@@ -57,14 +60,15 @@ struct HeadRows {
 
 // The kernels of one layout and group size on one instruction set, chosen once per call.
 struct SpanKernels {
-  // s[g * ld + j] = score of head g (q at its group's first head) against key j < r.n.
-  using Scores = void (*)(const float* q, const int16_t* q16, const float* step, float scale,
-                          int32_t d, const HeadRows& r, float* s, int64_t ld);
-  // out[g][i] = sum over rows j < n of p[g * ld + j] x row j's value i, for the group's heads
-  // (out: rows of part_stride(d), zeroed first). The rows' levels (a quantized value's level,
-  // or an f16 value) come from tile ([n][d] f32, v_levels') or, where it is null, from the rows;
-  // the block scales from the rows.
-  using Values = void (*)(const float* p, int64_t ld, int32_t n, const uint8_t* v, size_t v_row,
+  // p[j * score_slots(group) + g] = score of query head h0 + g against key j < r.n; p has
+  // score_floats(r.n, group) floats.
+  using Scores = void (*)(const Query& q, int32_t h0, float scale, int32_t d, const HeadRows& r,
+                          float* p);
+  // out[g][i] += sum over rows j < n of p[j * score_slots(group) + g] x row j's value i, for
+  // the group's heads (out: rows of part_stride(d)). The rows' levels (a quantized value's
+  // level, or an f16 value) come from tile ([n][d] f32, v_levels') or, where it is null, from
+  // the rows; the block scales from the rows.
+  using Values = void (*)(const float* p, int32_t n, const uint8_t* v, size_t v_row,
                           const float* tile, int32_t d, int32_t group, float* scratch, float* out);
   // The levels of V rows [0, n) as f32 [n][d].
   using VLevels = void (*)(const uint8_t* v, size_t v_row, int32_t n, int32_t d, float* out);
@@ -88,16 +92,22 @@ void span_partials(const SpanKernels& ks, const Query& q, int32_t h0, const Head
 
 // span_partials in its three steps, for a caller that reads the kv heads of a span together
 // (a piece of rows of each in turn, so that the page is read in order): the scores of r's rows
-// (r.n of them: p[g * ld + j]); over all n (>= 1) of them the softmax and the partials' heads,
-// the outputs zeroed; the values of r's rows (p at r's first row) added to the outputs. Pieces
-// of any size give the bits of one call.
-void span_scores(const SpanKernels& ks, const Query& q, int32_t h0, const HeadRows& r, float* p,
-                 int64_t ld);
-void span_softmax(const SpanKernels& ks, int32_t n, float* p, int64_t ld, float* out);
-void span_values(const SpanKernels& ks, const float* p, int64_t ld, const HeadRows& r,
-                 const float* levels, float* scratch, float* out);
-constexpr int64_t score_stride(int32_t n) {  // ld for n rows: a multiple of 8
-  return (static_cast<int64_t>(n) + 7) / 8 * 8;
+// (at p + j * score_slots(group) for row j); over all n (>= 1) of them the softmax and the
+// partials' heads, the outputs zeroed; the values of r's rows (p at r's first row) added to
+// the outputs. Pieces of any size give the bits of one call.
+void span_scores(const SpanKernels& ks, const Query& q, int32_t h0, const HeadRows& r, float* p);
+void span_softmax(const SpanKernels& ks, int32_t n, float* p, float* out);
+void span_values(const SpanKernels& ks, const float* p, const HeadRows& r, const float* levels,
+                 float* scratch, float* out);
+
+// The scores of a key, one slot per head of the group (1, 2, 4 or 8 slots: a vector of 8
+// holds whole keys), and the floats the scores of n keys take (a multiple of 8, and 8 more
+// that a key's vector may write past its slots).
+constexpr int32_t score_slots(int32_t group) {
+  return group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : 8;
+}
+constexpr int64_t score_floats(int32_t n, int32_t group) {
+  return (int64_t{n} * score_slots(group) + 7) / 8 * 8 + 8;
 }
 
 }  // namespace kvs::cpu

@@ -332,6 +332,21 @@ nlohmann::json measure_depth(const BenchArgs& a, Engine& eng, Sequence& s, int64
   r["plan_slot_pages"] = eng.plan().slot_pages;
   r["plan_resident_pages"] = eng.plan().resident;
   r["plan_streamed_bytes_per_step"] = eng.plan().streamed_bytes;
+  // Split: the CPU's pages and time per token, its rate, and which bound held (the largest of
+  // the copy's time, the CPU's and the rest of the step).
+  const double cpu_s = (after.cpu_s - before.cpu_s) / static_cast<double>(n_tg),
+               cpu_b = static_cast<double>(after.cpu_bytes - before.cpu_bytes) /
+                       static_cast<double>(n_tg);
+  if (cpu_b > 0) {
+    const double copy_s = h2d > 0 ? streamed / h2d : 0.0;
+    r["cpu_bytes_per_token"] = cpu_b;
+    r["cpu_s_per_token"] = cpu_s;
+    r["cpu_bytes_per_s"] = cpu_s > 0 ? cpu_b / cpu_s : 0.0;
+    r["plan_cpu_pages"] = eng.plan().cpu;
+    r["bound"] = copy_s >= cpu_s && copy_s >= 0.9 / tg.mean ? "pcie"
+                 : cpu_s >= 0.9 / tg.mean                   ? "cpu"
+                                                            : "gpu";
+  }
   return r;
 }
 

@@ -26,6 +26,8 @@ struct SharedArgs {
   int32_t ring_slots = 0;
   bool no_phase_arena = false;
   double h2d_gbps = 0;
+  int32_t split_threads = 0;  // --split-threads
+  double cpu_gbps = 0;        // --cpu-gbps
   int32_t threads = 0;
   std::string backend;        // empty: -ngl decides, else cpu
   int32_t n_gpu_layers = -1;  // -1: not given
@@ -42,7 +44,7 @@ enum SharedFlags : unsigned {
   kDevice = 16,    // --backend, -ngl, -t, -fa
   kMemory = 32,    // --kv-arena, --vram-limit, --ring-chunk, --ring-slots, --no-phase-arena,
                    // --h2d-gbps
-  kKvMode = 64,    // --kv-mode
+  kKvMode = 64,    // --kv-mode, --split-threads, --cpu-gbps
   kVerbose = 128,  // -v
   kAllShared = 255,
 };

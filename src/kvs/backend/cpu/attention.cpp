@@ -115,7 +115,7 @@ void span_all_heads(const SpanKernels& ks, const KvLayout& l, const Query& q, co
                   head_rows(l, sp, hk, j0 + j, std::min(kPiece, n - j)), nullptr, w, head_out(hk));
 }
 
-void decode_partials(const AttentionArgs& a, const Queries& qs, float* part) {
+void decode_partials(const AttentionArgs& a, const Queries& qs, ThreadPool& pool, float* part) {
   const KvLayout& l = a.kv;
   const int32_t d = l.head_dim, group = a.n_head / l.n_head_kv, nkv = l.n_head_kv;
   const SpanKernels ks = span_kernels(l.k_type, l.v_type, group, d, a.scale, best_isa());
@@ -124,9 +124,9 @@ void decode_partials(const AttentionArgs& a, const Queries& qs, float* part) {
   const size_t stride = part_stride(d);
   // A task per span, its kv heads together, where there are spans enough for the threads; a
   // task per (span, kv head) otherwise. Either way the same partials.
-  const bool by_span = a.n_spans >= 4 * thread_pool().size();
+  const bool by_span = a.n_spans >= 4 * pool.size();
   const int64_t tasks = static_cast<int64_t>(a.n_spans) * (by_span ? 1 : nkv);
-  thread_pool().parallel_for(tasks, 1, [&](int64_t b, int64_t e) {
+  pool.parallel_for(tasks, 1, [&](int64_t b, int64_t e) {
     const size_t floats =
         by_span ? static_cast<size_t>(nkv * score_floats(l.page_size, group)) + value_scratch(ks)
                 : span_scratch(ks, l.page_size);
@@ -201,48 +201,68 @@ void prefill(const AttentionArgs& a, const Queries& qs) {
       });
 }
 
-}  // namespace
-
-void decode_partials(const AttentionArgs& a, float* part) {
-  decode_partials(a, Queries(a), part);
+// Folds the rows of a.n_spans spans' partials (decode_partials') into the state of a's one
+// token, head by head in span order.
+void fold_rows(const AttentionArgs& a, const float* parts) {
+  const int32_t d = a.kv.head_dim;
+  const size_t stride = part_stride(d);
+  thread_pool().parallel_for(a.n_head, 1, [&](int64_t b, int64_t e) {
+    for (auto h = static_cast<int32_t>(b); h < e; ++h) {
+      Acc acc{a.acc[2 * h], a.acc[2 * h + 1], a.out + h * d};
+      for (int32_t s = 0; s < a.n_spans; ++s) {
+        const float* p = parts + (static_cast<size_t>(s) * a.n_head + h) * stride;
+        if (p[2] != 0.0f) merge(acc, p[0], p[1], p + kPartHead, d);
+      }
+      a.acc[2 * h] = acc.m;
+      a.acc[2 * h + 1] = acc.l;
+    }
+  });
 }
 
-void attention(const AttentionArgs& a) {
-  const int32_t d = a.kv.head_dim;
-  // acc[(t * n_head + h) * 2 + {0, 1}]: running max and sum; a sum of 0 means "nothing yet".
+// acc[(t * n_head + h) * 2 + {0, 1}]: running max and sum; a sum of 0 means "nothing yet".
+void start(const AttentionArgs& a) {
   if (a.first)
     for (int64_t i = 0; i < int64_t{a.n_tok} * a.n_head; ++i) a.acc[2 * i + 1] = 0.0f;
-  if (a.n_spans > 0) {
-    const Queries qs(a);
-    if (a.n_tok == 1) {
-      // Decode: every span's partials, then a fold per head in logical order. Same arithmetic
-      // per query as the prefill path.
-      const size_t stride = part_stride(d);
-      thread_local std::vector<float> part;  // not scratch(): the tasks take that one
-      part.resize(std::max(part.size(), static_cast<size_t>(a.n_spans) * a.n_head * stride));
-      const float* parts = part.data();  // a thread_local names each thread's own
-      decode_partials(a, qs, part.data());
-      thread_pool().parallel_for(a.n_head, 1, [&](int64_t b, int64_t e) {
-        for (auto h = static_cast<int32_t>(b); h < e; ++h) {
-          Acc acc{a.acc[2 * h], a.acc[2 * h + 1], a.out + h * d};
-          for (int32_t s = 0; s < a.n_spans; ++s) {
-            const float* p = parts + (static_cast<size_t>(s) * a.n_head + h) * stride;
-            if (p[2] != 0.0f) merge(acc, p[0], p[1], p + kPartHead, d);
-          }
-          a.acc[2 * h] = acc.m;
-          a.acc[2 * h + 1] = acc.l;
-        }
-      });
-    } else {
-      prefill(a, qs);
-    }
-  }
+}
+void finish(const AttentionArgs& a) {
   if (!a.last) return;
+  const int32_t d = a.kv.head_dim;
   for (int64_t i = 0; i < int64_t{a.n_tok} * a.n_head; ++i) {
     const float inv = 1.0f / a.acc[2 * i + 1];
     float* o = a.out + i * d;
     for (int32_t j = 0; j < d; ++j) o[j] *= inv;
   }
+}
+
+}  // namespace
+
+void decode_partials(const AttentionArgs& a, ThreadPool& pool, float* part) {
+  decode_partials(a, Queries(a), pool, part);
+}
+
+void fold_partials(const AttentionArgs& a, const float* part) {
+  start(a);
+  fold_rows(a, part);
+  finish(a);
+}
+
+void attention(const AttentionArgs& a) {
+  start(a);
+  if (a.n_spans > 0) {
+    const Queries qs(a);
+    if (a.n_tok == 1) {
+      // Decode: every span's partials, then a fold per head in logical order. Same arithmetic
+      // per query as the prefill path.
+      thread_local std::vector<float> part;  // not scratch(): the tasks take that one
+      part.resize(std::max(part.size(), static_cast<size_t>(a.n_spans) * a.n_head *
+                                            part_stride(a.kv.head_dim)));
+      decode_partials(a, qs, thread_pool(), part.data());
+      fold_rows(a, part.data());
+    } else {
+      prefill(a, qs);
+    }
+  }
+  finish(a);
 }
 
 }  // namespace kvs::cpu

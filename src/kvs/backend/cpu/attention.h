@@ -4,11 +4,18 @@
 #pragma once
 
 #include "kvs/backend/device.h"
+#include "kvs/util/threadpool.h"
 
 namespace kvs::cpu {
 
 // One token's partials over each span of a (a.n_tok == 1, a.pos its position), every query
-// head: part + (s * a.n_head + h) * part_stride(head size), the rows span_partials writes.
-void decode_partials(const AttentionArgs& a, float* part);
+// head: part + (s * a.n_head + h) * part_stride(head size), the rows span_partials writes; on
+// the threads of `pool`.
+void decode_partials(const AttentionArgs& a, ThreadPool& pool, float* part);
+
+// Folds a.n_spans spans' partials (rows as decode_partials writes them) into the running state
+// of a's one token in span order, as attention() folds those it computes (a.first starts the
+// state, a.last normalises a.out).
+void fold_partials(const AttentionArgs& a, const float* part);
 
 }  // namespace kvs::cpu

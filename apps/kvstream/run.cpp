@@ -455,14 +455,14 @@ void report_run(const RunArgs& a, const Engine& eng, const Outcome& r, int64_t p
                count_of(r.n_dec, "token").c_str(), r.t_decode, tg,
                format_bytes(peak_rss()).c_str());
   if (a.spec.on())
-    std::fprintf(
-        stderr,
-        "kvstream: speculation (%s): %lld drafted, %lld accepted (%.1f %%), %.2f tokens "
-        "per sequence step, %s streamed per token\n",
-        a.spec.mode.c_str(), static_cast<long long>(r.drafted), static_cast<long long>(r.accepted),
-        r.drafted ? 100.0 * static_cast<double>(r.accepted) / static_cast<double>(r.drafted) : 0.0,
-        r.seq_steps ? static_cast<double>(r.n_dec) / static_cast<double>(r.seq_steps) : 0.0,
-        format_bytes(r.n_dec ? r.decode.bytes_in / static_cast<size_t>(r.n_dec) : 0).c_str());
+    std::fprintf(stderr,
+                 "kvstream: speculation (%s): %lld drafted, %lld accepted (%.1f %%), %.2f tokens "
+                 "per sequence step, %s streamed per token\n",
+                 a.spec.mode.c_str(), static_cast<long long>(r.drafted),
+                 static_cast<long long>(r.accepted),
+                 r.drafted ? 100.0 * static_cast<double>(r.accepted) / static_cast<double>(r.drafted) : 0.0,
+                 r.seq_steps ? static_cast<double>(r.n_dec) / static_cast<double>(r.seq_steps) : 0.0,
+                 format_bytes(r.n_dec ? r.decode.bytes_in / static_cast<size_t>(r.n_dec) : 0).c_str());
   const EngineStats& tot = eng.totals();
   if (a.s.verbose || tot.bytes_in > 0)
     std::fprintf(

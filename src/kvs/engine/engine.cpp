@@ -65,8 +65,7 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt)
   KVS_CHECK(opt.n_seq <= opt.n_batch, "--parallel ", opt.n_seq, " is more than -b/--batch-size ",
             opt.n_batch, ": a decode step of every sequence must fit one batch");
   KVS_CHECK(cfg_.n_layers_of(LayerKind::Recurrent) == 0 || dev.has_gated_delta_net(),
-            cfg_.arch_name, ": the ", dev.name(),
-            " backend has no gated_delta_net (the Gated "
+            cfg_.arch_name, ": the ", dev.name(), " backend has no gated_delta_net (the Gated "
             "DeltaNet layers' operation) yet; run this model on the cpu backend");
   place(model);
   kv_ = KvLayout::make(opt.k_type, opt.v_type, opt.page_size, cfg_.n_head_kv, cfg_.head_dim);
@@ -249,21 +248,18 @@ size_t Engine::carve(const ModelConfig& c, int64_t rows, uint8_t* base, Activati
   Activations sizes_only{};
   Activations& t = a ? *a : sizes_only;
   const bool rec = c.n_layers_of(LayerKind::Recurrent) > 0;
-  const std::pair<float**, int64_t> arrays[] = {{&t.x, c.n_embd},
-                                                {&t.h, std::max(c.n_embd, c.q_dim())},
-                                                {&t.q, c.q_dim()},
-                                                {&t.k, c.kv_dim()},
-                                                {&t.v, c.kv_dim()},
-                                                {&t.att, c.q_dim()},
-                                                {&t.acc, 2 * c.n_head},
-                                                {&t.gate, c.n_ff},
-                                                {&t.up, c.n_ff},
-                                                {&t.attn_gate, c.attn_gate ? c.q_dim() : 0},
-                                                {&t.mix, rec ? c.ssm_conv_dim() : 0},
-                                                {&t.z, rec ? c.ssm_value_dim() : 0},
-                                                {&t.alpha, rec ? c.ssm_v_heads : 0},
-                                                {&t.beta, rec ? c.ssm_v_heads : 0},
-                                                {&t.y, rec ? c.ssm_value_dim() : 0}};
+  const std::pair<float**, int64_t> arrays[] = {
+      {&t.x, c.n_embd},       {&t.h, std::max(c.n_embd, c.q_dim())},
+      {&t.q, c.q_dim()},      {&t.k, c.kv_dim()},
+      {&t.v, c.kv_dim()},     {&t.att, c.q_dim()},
+      {&t.acc, 2 * c.n_head}, {&t.gate, c.n_ff},
+      {&t.up, c.n_ff},
+      {&t.attn_gate, c.attn_gate ? c.q_dim() : 0},
+      {&t.mix, rec ? c.ssm_conv_dim() : 0},
+      {&t.z, rec ? c.ssm_value_dim() : 0},
+      {&t.alpha, rec ? c.ssm_v_heads : 0},
+      {&t.beta, rec ? c.ssm_v_heads : 0},
+      {&t.y, rec ? c.ssm_value_dim() : 0}};
   size_t off = 0;
   for (const auto& [array, width] : arrays) {
     if (base) *array = reinterpret_cast<float*>(base + off);
@@ -293,8 +289,7 @@ bool Engine::phase_arena(const ModelConfig& c, const EngineOptions& o) {
 int32_t Engine::fixed_frames(const ModelConfig& c, const EngineOptions& o) {
   const KvShape k = kv_shape(c, o);
   const int32_t P = o.page_size;
-  return o.n_seq * (k.n_full + k.n_window * k.window_pages) +
-         2 * ((o.n_batch + P - 1) / P + o.n_seq);
+  return o.n_seq * (k.n_full + k.n_window * k.window_pages) + 2 * ((o.n_batch + P - 1) / P + o.n_seq);
 }
 
 // A window layer's pages hold the last n_swa - 1 positions between steps (n_verify - 1 more, to
@@ -307,13 +302,13 @@ KvShape Engine::kv_shape(const ModelConfig& c, const EngineOptions& o) {
   k.n_window = c.n_layers_of(LayerKind::Window);
   k.max_pages = static_cast<int32_t>((o.n_ctx + P - 1) / P);
   if (k.n_window > 0)
-    k.window_pages = static_cast<int32_t>(std::min<int64_t>(
-        k.max_pages, (int64_t{c.n_swa} - 1 + (o.n_verify - 1) + o.n_batch + P - 1) / P + 1));
+    k.window_pages = static_cast<int32_t>(
+        std::min<int64_t>(k.max_pages,
+                          (int64_t{c.n_swa} - 1 + (o.n_verify - 1) + o.n_batch + P - 1) / P + 1));
   const KvLayout l = KvLayout::make(o.k_type, o.v_type, o.page_size, c.n_head_kv, c.head_dim);
   k.page_bytes = l.page_bytes();
   const size_t seqs = static_cast<size_t>(o.n_seq);
-  k.full_bytes =
-      static_cast<size_t>(k.max_pages) * static_cast<size_t>(k.n_full) * seqs * k.page_bytes;
+  k.full_bytes = static_cast<size_t>(k.max_pages) * static_cast<size_t>(k.n_full) * seqs * k.page_bytes;
   k.window_bytes =
       static_cast<size_t>(k.window_pages) * static_cast<size_t>(k.n_window) * seqs * k.page_bytes;
   k.n_recurrent = c.n_layers_of(LayerKind::Recurrent);
@@ -532,9 +527,8 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
   }
   last_.issue_s = now() - t0;
   const auto& [first, rows] = lrows_.back();
-  dev_.download(
-      hlogits_.as(), logits_.as<float>(),
-      static_cast<size_t>(first + rows) * static_cast<size_t>(cfg_.n_vocab) * sizeof(float));
+  dev_.download(hlogits_.as(), logits_.as<float>(),
+                static_cast<size_t>(first + rows) * static_cast<size_t>(cfg_.n_vocab) * sizeof(float));
   for (const BatchEntry& e : batch) {
     e.seq->n_past += e.n;
     slots_[static_cast<size_t>(e.seq->id)].n_past = e.seq->n_past;
@@ -579,8 +573,7 @@ void Engine::measure(const StepStats& st) {
     cpu_rate_ = ema(cpu_rate_, static_cast<double>(st.cpu_bytes) / st.cpu_s);
   if (st.n_tokens == st.n_seqs) {  // decode steps: the figures the plan is for
     // Per full layer, the window layers' time between them included: what the ring must cover.
-    layer_s_ =
-        ema(layer_s_, std::max(0.0, st.seconds - st.ready_wait_s) / std::max(1, shape_.n_full));
+    layer_s_ = ema(layer_s_, std::max(0.0, st.seconds - st.ready_wait_s) / std::max(1, shape_.n_full));
     stall_s_ = ema(stall_s_, st.ready_wait_s);
   }
 }

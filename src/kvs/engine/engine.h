@@ -103,8 +103,8 @@ struct EngineStats {
 // The KV cache's shape by layer kind, for planning without building an engine.
 struct KvShape {
   int32_t n_full = 0, n_window = 0, n_recurrent = 0;  // layers of each kind
-  int32_t max_pages = 0;     // pages of one sequence's whole history in a full layer
-  int32_t window_pages = 0;  // frames one sequence's window takes in a window layer
+  int32_t max_pages = 0;             // pages of one sequence's whole history in a full layer
+  int32_t window_pages = 0;          // frames one sequence's window takes in a window layer
   size_t page_bytes = 0;
   size_t full_bytes = 0;    // every full layer's history of every sequence
   size_t window_bytes = 0;  // every window layer's frames of every sequence
@@ -226,7 +226,7 @@ class Engine {
   }
 
   void place(const Model& model);  // the weights on the device (the constructor's)
-  void alloc_recurrent();          // the recurrent states and their rollback buffers
+  void alloc_recurrent();           // the recurrent states and their rollback buffers
   // The forward pass of each architecture family (engine/forward_*.cpp) over the blocks below.
   void forward_llama(Pass& p);
   void forward_gemma3(Pass& p);
@@ -274,8 +274,8 @@ class Engine {
   Weights w_;
   KvLayout kv_;
   KvShape shape_;
-  std::vector<int32_t> kv_index_;    // [layer]: index among the full layers, -1 for the others
-  std::vector<int32_t> rec_index_;   // [layer]: index among the recurrent layers, -1 for the others
+  std::vector<int32_t> kv_index_;   // [layer]: index among the full layers, -1 for the others
+  std::vector<int32_t> rec_index_;  // [layer]: index among the recurrent layers, -1 for the others
   std::vector<int32_t> attn_index_;  // [layer]: index among the others, -1 for the recurrent
   // qwen35: attn_q's rows regrouped [q of every head; gate of every head] (the file has them
   // per head), so that each is one product: [layer], empty for the others.
@@ -293,8 +293,8 @@ class Engine {
   DeltaNetArgs delta_net_args(int32_t s, int32_t il, int32_t n_tok) const;
   // The recurrent layers of sequence s after `kept` of its last verify step's tokens.
   void redo_recurrent(int32_t s, int32_t kept);
-  RopeParams rope_, rope_swa_;  // full and window layers
-  int32_t max_pages_ = 0;       // per layer and sequence
+  RopeParams rope_, rope_swa_;     // full and window layers
+  int32_t max_pages_ = 0;  // per layer and sequence
   int32_t fixed_frames_ = 0;
   std::vector<Slot> slots_;
   uint64_t frames_epoch_ = 1;  // bumped whenever any slot's frames change

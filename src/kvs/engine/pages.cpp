@@ -192,12 +192,11 @@ void Engine::truncate(Sequence& s, int32_t n_past) {
       if (n_past % P == 0 || fr.empty() || fr.back() >= 0) continue;
       KVS_CHECK(full(il) && host_, "truncate: a window page behind the window");
       fr.back() = take_frame();
-      dev_.copy(Stream::Compute, pool_->frame(fr.back()),
-                host_->page(s.id, store_layer(il), pages - 1), kv_.page_bytes());
+      dev_.copy(Stream::Compute, pool_->frame(fr.back()), host_->page(s.id, store_layer(il), pages - 1),
+                kv_.page_bytes());
     }
   }
-  if (static_cast<int32_t>(sl.tokens.size()) > n_past)
-    sl.tokens.resize(static_cast<size_t>(n_past));
+  if (static_cast<int32_t>(sl.tokens.size()) > n_past) sl.tokens.resize(static_cast<size_t>(n_past));
   sl.n_past = s.n_past = n_past;
   ++frames_epoch_;
   plan_dirty_ = true;

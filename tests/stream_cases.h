@@ -34,6 +34,7 @@ struct Case {
   int32_t stagger = 0;        // > 0: sequence i starts after i x stagger steps
   int32_t n_verify = 1;       // EngineOptions::n_verify
   int32_t split_threads = 0;  // EngineOptions::split_threads (--kv-mode split)
+  double split_share = 0;     // EngineOptions::split_share
   std::string str() const {
     std::ostringstream o;
     o << preset << " page " << page << " batch " << batch << " kv " << dtype_name(kt) << "/"
@@ -64,6 +65,7 @@ inline EngineOptions options(const Case& c) {
   o.phase_arena = c.phase_arena;
   o.n_verify = c.n_verify;
   o.split_threads = c.split_threads;
+  o.split_share = c.split_share;
   return o;
 }
 

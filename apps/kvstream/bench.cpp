@@ -383,8 +383,9 @@ void bench(BenchArgs& a) {
       a.depths.empty() ? std::vector<int64_t>{} : parse_count_list(a.depths, "--depths");
   a.n_gen = static_cast<int32_t>(count_arg(a.n_gen_text, "--n-gen", 1, 1 << 24));
   for (const std::string& m : split(a.modes))
-    KVS_CHECK(m == "auto" || m == "resident" || m == "stream" || m == "host" || m == "unified",
-              "--modes: '", m, "' is not a mode (auto, resident, stream, host, unified)");
+    KVS_CHECK(m == "auto" || m == "resident" || m == "stream" || m == "host" || m == "unified" ||
+                  m == "split",
+              "--modes: '", m, "' is not a mode (auto, resident, stream, host, unified, split)");
   a.backend = backend_of(a.s);
   check_flash_attn(a.s);
   apply_threads(a.s);
@@ -480,7 +481,7 @@ void register_bench(CLI::App& app, std::string command) {
   CLI::Option* depths = c->add_option("--depths", a->depths,
                                       "Context depths, e.g. 0,4k,32k (default 0 unless --pair)")
                             ->capture_default_str();
-  c->add_option("--modes", a->modes, "KV modes: auto, resident, stream, host, unified")
+  c->add_option("--modes", a->modes, "KV modes: auto, resident, stream, host, unified, split")
       ->capture_default_str();
   c->add_option("--n-gen", a->n_gen_text, "Tokens decoded at each depth")
       ->type_name("N")

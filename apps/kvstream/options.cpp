@@ -68,6 +68,10 @@ void add_shared(CLI::App* c, SharedArgs& a, unsigned flags) {
                   "--kv-mode split: GB/s of K and V the planner assumes the CPU attends to until "
                   "measured (0: it gives the CPU half the streamed pages)")
         ->capture_default_str();
+    c->add_option("--split-share", a.split_share,
+                  "--kv-mode split: the CPU takes this share of the pages that would stream, "
+                  "whatever the measured rates (0: by the rates)")
+        ->check(CLI::Range(0.0, 1.0));
   }
   if (flags & kMemory) {
     c->add_option("--kv-arena", a.kv_arena, "Device memory for the KV cache, e.g. 512M, 2.2G")
@@ -195,6 +199,7 @@ EngineOptions engine_options(const SharedArgs& a, const ModelConfig& c) {
   KVS_CHECK(a.cpu_gbps >= 0, "--cpu-gbps must be 0 or more");
   o.cpu_bytes_per_s = a.cpu_gbps * 1e9;
   o.split_threads = a.split_threads;
+  o.split_share = a.split_share;
   // Buffers that -b and -np size, checked here so a huge value is a message, not bad_alloc.
   const size_t act = Engine::activation_bytes(c, o), ram = physical_memory();
   KVS_CHECK(act <= ram, "-b/--batch-size ", o.n_batch, " with -np/--parallel ", o.n_seq, " needs ",

@@ -28,6 +28,7 @@ struct SharedArgs {
   double h2d_gbps = 0;
   int32_t split_threads = 0;  // --split-threads
   double cpu_gbps = 0;        // --cpu-gbps
+  double split_share = 0;     // --split-share
   int32_t threads = 0;
   std::string backend;        // empty: -ngl decides, else cpu
   int32_t n_gpu_layers = -1;  // -1: not given
@@ -44,7 +45,7 @@ enum SharedFlags : unsigned {
   kDevice = 16,    // --backend, -ngl, -t, -fa
   kMemory = 32,    // --kv-arena, --vram-limit, --ring-chunk, --ring-slots, --no-phase-arena,
                    // --h2d-gbps
-  kKvMode = 64,    // --kv-mode, --split-threads, --cpu-gbps
+  kKvMode = 64,    // --kv-mode, --split-threads, --cpu-gbps, --split-share
   kVerbose = 128,  // -v
   kAllShared = 255,
 };

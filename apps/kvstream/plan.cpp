@@ -125,6 +125,7 @@ Figures figures(const PlanArgs& pa) {
     in.force_ring = o.kv_mode == KvMode::Stream;
     in.split = o.kv_mode == KvMode::Split;
     in.cpu_bytes_per_s = a.cpu_gbps * 1e9;
+    in.split_share = a.split_share;
     return plan(in);
   };
   const auto resident_of = [&](const Plan& p) {

@@ -138,10 +138,9 @@ void Engine::attend_host(int32_t il, const BatchEntry& e, int32_t off) {
 void Engine::make_split() {
   split_ = std::make_unique<Split>();
   Split& sp = *split_;
-  const size_t rows = static_cast<size_t>(opt_.n_seq) * static_cast<size_t>(max_pages_);
+  const auto rows = static_cast<size_t>(opt_.n_seq);
   const size_t row = static_cast<size_t>(cfg_.n_head) * (static_cast<size_t>(cfg_.head_dim) + 4);
   const size_t f = sizeof(float);
-  sp.rows = static_cast<int32_t>(rows);
   sp.q = dev_.alloc_host(static_cast<size_t>(shape_.n_full) * static_cast<size_t>(opt_.n_seq) *
                              static_cast<size_t>(cfg_.q_dim()) * f,
                          "split attention: queries");
@@ -151,7 +150,7 @@ void Engine::make_split() {
   sp.stored = dev_.make_fence();
   sp.flag = dev_.make_flag();
   sp.tickets.assign(static_cast<size_t>(opt_.n_seq), 0);
-  sp.first.assign(static_cast<size_t>(opt_.n_seq), 0);
+  sp.place.assign(static_cast<size_t>(opt_.n_seq), 0);
   sp.worker = std::make_unique<SplitWorker>(
       dev_, kv_, cfg_.n_head, cfg_.attn_scale,
       opt_.split_threads > 0 ? opt_.split_threads : default_split_threads());
@@ -178,7 +177,6 @@ void Engine::post_split(int32_t il, const Pass& p) {
   Split& sp = *split_;
   const int32_t layer = kv_index_[static_cast<size_t>(il)], P = opt_.page_size;
   SplitJob job;
-  int32_t rows = 0;
   for (size_t i = 0; i < p.batch.size(); ++i) {
     const BatchEntry& e = p.batch[i];
     const auto [from, to] = cpu_pages(il, e, false);
@@ -186,13 +184,10 @@ void Engine::post_split(int32_t il, const Pass& p) {
     if (from >= to) continue;
     SplitEntry se;
     se.pos = e.seq->n_past;
-    se.q_row = static_cast<int32_t>(job.entries.size());
-    se.first = rows;
     for (int32_t q = from; q < to; ++q)
       se.spans.push_back({host_->page(e.seq->id, layer, q), q * P, P});
-    sp.first[i] = rows;
+    sp.place[i] = static_cast<int32_t>(job.entries.size());
     sp.tickets[i] = sp.ticket + 1 + job.entries.size();
-    rows += to - from;
     job.entries.push_back(std::move(se));
   }
   if (job.entries.empty()) return;
@@ -214,19 +209,19 @@ void Engine::post_split(int32_t il, const Pass& p) {
   sp.worker->post(std::move(job));
 }
 
-// Entry i's partials of its CPU pages at layer il into a's state: once the worker has raised
-// the flag, the rows to the device and folded there (after the device's own pages before them).
+// Entry i's partial of its CPU pages at layer il into a's state: once the worker has raised
+// the flag, to the device and folded there (after the device's own pages before them).
 void Engine::fold_cpu(int32_t il, int32_t i, int32_t pages, AttentionArgs& a) {
   Split& sp = *split_;
   const int32_t layer = kv_index_[static_cast<size_t>(il)];
   const size_t row = static_cast<size_t>(cfg_.n_head) * (static_cast<size_t>(cfg_.head_dim) + 4);
-  const size_t at = static_cast<size_t>(sp.first[static_cast<size_t>(i)]) * row;
+  const size_t at = static_cast<size_t>(sp.place[static_cast<size_t>(i)]) * row;
   dev_.wait_flag(Stream::Compute, sp.flag, sp.tickets[static_cast<size_t>(i)]);
   dev_.copy(Stream::Compute, sp.given.as<float>() + at, sp.part[layer % 2].as<float>() + at,
-            static_cast<size_t>(pages) * row * sizeof(float));
+            row * sizeof(float));
   AttentionArgs g = a;
   g.spans = nullptr;
-  g.n_spans = pages;
+  g.n_spans = 1;
   g.last = false;
   dev_.fold(g, sp.given.as<float>() + at);
   a.first = false;

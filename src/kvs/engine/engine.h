@@ -53,10 +53,13 @@ struct EngineOptions {
   // longest draft that speculative decoding verifies at once. The windows keep n_verify - 1
   // positions more, so a verify step's rejected tail can be rolled back (Engine::truncate).
   int32_t n_verify = 1;
-  // --kv-mode split: the CPU's threads (--split-threads; 0: all but one) and the rate its
-  // partials are assumed to read K and V at until measured (--cpu-gbps; 0: the planner's guess).
+  // --kv-mode split: the CPU's threads (--split-threads; 0: all but one), the rate its
+  // partials are assumed to read K and V at until measured (--cpu-gbps; 0: the planner's guess)
+  // and, where given, the share of the pages that would stream that it takes whatever the
+  // rates (--split-share: a fixed plan, for measurements and tests).
   int32_t split_threads = 0;
   double cpu_bytes_per_s = 0;
+  double split_share = 0;
 };
 
 // A handle to one sequence: its slot in the engine and its length.
@@ -312,9 +315,10 @@ class Engine {
   double h2d_ = 0, layer_s_ = 0, stall_s_ = 0, cpu_rate_ = 0;
 
   // Split mode: the worker, each full layer's queries in pinned memory and the fence of their
-  // copy, the partials in pinned memory (a layer's and the one before's: the worker writes one
-  // while the device may still read the other) and their device copy, the write-backs' fence,
-  // the flag, the tickets of the current layer's entries (0: none) and where their rows start.
+  // copy, the CPU's partials in pinned memory (a layer's and the one before's: the worker writes
+  // one while the device may still read the other) and their device copy, a row per head and
+  // sequence; the write-backs' fence, the flag, and the current layer's entries' tickets (0:
+  // none) and places among its partials.
   struct Split {
     std::unique_ptr<SplitWorker> worker;
     DeviceBuffer q, part[2], given;
@@ -323,8 +327,7 @@ class Engine {
     FlagId flag = -1;
     uint64_t ticket = 0;
     std::vector<uint64_t> tickets;
-    std::vector<int32_t> first;
-    int32_t rows = 0;  // span rows the buffers hold
+    std::vector<int32_t> place;
     double busy0 = 0;  // the worker's figures when the step began
     size_t bytes0 = 0;
   };

@@ -63,6 +63,7 @@ void Engine::replan(const std::vector<BatchEntry>& batch) {
   in.force_ring = opt_.kv_mode == KvMode::Stream;
   in.split = split_ != nullptr;
   in.cpu_bytes_per_s = cpu_rate_;
+  in.split_share = opt_.split_share;
   Plan p = kvs::plan(in, &plan_);
   if (switches && top == 0) set_phase(false);  // before pages move into the workspace
   if (switches || relayout_ || p.resident != plan_.resident || p.extra != plan_.extra ||

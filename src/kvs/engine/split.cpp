@@ -76,8 +76,7 @@ void SplitWorker::run(const SplitJob& job) {
     for (; k < job.entries.size(); ++k) {
       const SplitEntry& e = job.entries[k];
       AttentionArgs a;
-      a.q = job.q + static_cast<size_t>(e.q_row) * static_cast<size_t>(n_head_) *
-                        static_cast<size_t>(kv_.head_dim);
+      a.q = job.q + k * static_cast<size_t>(n_head_) * static_cast<size_t>(kv_.head_dim);
       a.pos = &e.pos;
       a.n_tok = 1;
       a.spans = e.spans.data();
@@ -85,7 +84,9 @@ void SplitWorker::run(const SplitJob& job) {
       a.kv = kv_;
       a.n_head = n_head_;
       a.scale = scale_;
-      cpu::decode_partials(a, pool_, job.out + static_cast<size_t>(e.first) * row);
+      rows_.resize(std::max(rows_.size(), e.spans.size() * row));
+      cpu::decode_partials(a, pool_, rows_.data());
+      cpu::merge_partials(a, rows_.data(), pool_, job.out + k * row);
       for (const Span& s : e.spans) bytes += static_cast<size_t>(s.n) * (kv_.k_row + kv_.v_row);
       dev_.raise(job.flag, job.ticket + k);
     }

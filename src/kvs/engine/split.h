@@ -1,8 +1,9 @@
 // Split attention's CPU side (--kv-mode split): while the ring streams some of a layer's
 // non-resident pages to the device, a thread with a pool of its own computes the partials of
 // the others straight from the host store, as soon as the layer's queries reach host memory,
-// into pinned memory; a flag tells the device they are there, and the device folds them with
-// its own in logical order (Engine::attend).
+// and folds them in logical order into one partial per sequence and head, in pinned memory (a
+// few KiB a layer cross the bus, not a row per page); a flag tells the device it is there, and
+// the device folds it with its own partials in its logical place (Engine::attend).
 #pragma once
 
 #include <condition_variable>
@@ -22,15 +23,13 @@ namespace kvs {
 // One sequence's part of a layer's job: its query and the host pages the CPU attends.
 struct SplitEntry {
   int32_t pos = 0;          // the query's position
-  int32_t q_row = 0;        // its row among the layer's queries
-  int32_t first = 0;        // its first span's row among the layer's partials
   std::vector<Span> spans;  // pages of the host store, in logical order
 };
 
 // A layer's work for the CPU. The worker waits for `stored` (the write-backs of the pages it
-// reads have landed) and `q_ready` (the queries are in q), then writes entry k's partials at
-// rows [first, first + spans) of out (span_attention.h's rows, n_head a span) and raises `flag`
-// to ticket + k.
+// reads have landed) and `q_ready` (the queries are in q, entry k's at row k), then writes
+// entry k's partial of its spans at out + k * n_head * part_stride(head size) (span_attention.h's
+// rows, one a head) and raises `flag` to ticket + k.
 struct SplitJob {
   FenceId stored = -1, q_ready = -1;
   const float* q = nullptr;  // [rows][n_head * head_dim]
@@ -69,6 +68,7 @@ class SplitWorker {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<SplitJob> jobs_;
+  std::vector<float> rows_;  // an entry's partials, a row per span and head
   bool stop_ = false;
   double busy_s_ = 0;  // guarded by mu_
   size_t bytes_ = 0;

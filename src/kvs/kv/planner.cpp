@@ -49,7 +49,8 @@ void fill(const std::vector<int32_t>& pages, int64_t frames, int32_t n_layer,
 // Split: each sequence's CPU pages, a share of those past its cap before the tail page (at
 // least the lower cap of every layer), taken from the streamed pages.
 void split_pages(const PlanInput& in, const Plan* prev, Plan& p) {
-  const double share = in.cpu_bytes_per_s > 0 && in.h2d_bytes_per_s > 0
+  const double share = in.split_share > 0 ? in.split_share
+                       : in.cpu_bytes_per_s > 0 && in.h2d_bytes_per_s > 0
                            ? in.cpu_bytes_per_s / (in.cpu_bytes_per_s + in.h2d_bytes_per_s)
                            : 0.5;
   const std::vector<int32_t>& pages = in.seq_pages;

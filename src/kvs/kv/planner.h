@@ -30,6 +30,7 @@ struct PlanInput {
   // store, at its measured rate (bytes of K and V a second; 0: not measured yet).
   bool split = false;
   double cpu_bytes_per_s = 0;
+  double split_share = 0;  // > 0: the CPU's share, whatever the rates
 };
 
 constexpr int32_t kUnlimited = INT32_MAX;

@@ -240,6 +240,22 @@ void decode_partials(const AttentionArgs& a, ThreadPool& pool, float* part) {
   decode_partials(a, Queries(a), pool, part);
 }
 
+void merge_partials(const AttentionArgs& a, const float* part, ThreadPool& pool, float* out) {
+  const int32_t d = a.kv.head_dim;
+  const size_t stride = part_stride(d);
+  pool.parallel_for(a.n_head, 1, [&](int64_t b, int64_t e) {
+    for (auto h = static_cast<int32_t>(b); h < e; ++h) {
+      float* row = out + static_cast<size_t>(h) * stride;
+      Acc acc{0.0f, 0.0f, row + kPartHead};
+      for (int32_t s = 0; s < a.n_spans; ++s) {
+        const float* p = part + (static_cast<size_t>(s) * a.n_head + h) * stride;
+        if (p[2] != 0.0f) merge(acc, p[0], p[1], p + kPartHead, d);
+      }
+      row[0] = acc.m, row[1] = acc.l, row[2] = acc.l != 0.0f ? 1.0f : 0.0f, row[3] = 0.0f;
+    }
+  });
+}
+
 void fold_partials(const AttentionArgs& a, const float* part) {
   start(a);
   fold_rows(a, part);

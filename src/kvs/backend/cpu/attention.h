@@ -18,4 +18,8 @@ void decode_partials(const AttentionArgs& a, ThreadPool& pool, float* part);
 // state, a.last normalises a.out).
 void fold_partials(const AttentionArgs& a, const float* part);
 
+// The partial of a.n_spans spans' partials together: folded head by head in span order, as
+// fold_partials does, into one row per head (out + h * part_stride(head size)); on `pool`.
+void merge_partials(const AttentionArgs& a, const float* part, ThreadPool& pool, float* out);
+
 }  // namespace kvs::cpu

@@ -7,7 +7,10 @@
 
 namespace kvs::cuda {
 
-void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq, bool by_warp) {
+namespace {
+
+// The call as the kernels see it.
+Geo geo_of(const AttentionArgs& a, uint8_t* xq) {
   const KvLayout& l = a.kv;
   const int d = l.head_dim, P = l.page_size;
   KVS_CHECK(d == 32 || d == 64 || d == 128 || d == 256, "cuda attention: head size ", d,
@@ -23,6 +26,19 @@ void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq, bool by_warp) {
   g.window = a.window;
   KVS_CHECK(g.group >= 1 && g.group <= kMaxGroup, "cuda attention: ", g.group,
             " query heads per kv head (at most ", kMaxGroup, ")");
+  return g;
+}
+
+}  // namespace
+
+void fold_partials(Ctx& c, const AttentionArgs& a, const float* part, uint8_t* xq) {
+  KVS_CHECK(a.n_tok == 1, "cuda: a fold of partials is of one token's");
+  attention_fold(c, geo_of(a, xq), part);
+}
+
+void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq, bool by_warp) {
+  Geo g = geo_of(a, xq);
+  const KvLayout& l = a.kv;
   if (a.n_tok == 1)
     attention_decode(c, g, l, by_warp);
   else

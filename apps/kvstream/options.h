@@ -44,8 +44,8 @@ enum SharedFlags : unsigned {
   kCache = 8,      // -b, --page-size, -ctk, -ctv
   kDevice = 16,    // --backend, -ngl, -t, -fa
   kMemory = 32,    // --kv-arena, --vram-limit, --ring-chunk, --ring-slots, --no-phase-arena,
-                   // --h2d-gbps
-  kKvMode = 64,    // --kv-mode, --split-threads, --cpu-gbps, --split-share
+                   // --h2d-gbps, --split-threads, --cpu-gbps, --split-share
+  kKvMode = 64,    // --kv-mode
   kVerbose = 128,  // -v
   kAllShared = 255,
 };

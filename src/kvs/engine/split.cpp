@@ -70,10 +70,9 @@ void SplitWorker::run(const SplitJob& job) {
   try {
     dev_.wait_host(job.stored);
     dev_.wait_host(job.q_ready);
-    const auto t0 = std::chrono::steady_clock::now();
-    size_t bytes = 0;
     const size_t row = static_cast<size_t>(n_head_) * cpu::part_stride(kv_.head_dim);
     for (; k < job.entries.size(); ++k) {
+      const auto t0 = std::chrono::steady_clock::now();
       const SplitEntry& e = job.entries[k];
       AttentionArgs a;
       a.q = job.q + k * static_cast<size_t>(n_head_) * static_cast<size_t>(kv_.head_dim);
@@ -87,13 +86,15 @@ void SplitWorker::run(const SplitJob& job) {
       rows_.resize(std::max(rows_.size(), e.spans.size() * row));
       cpu::decode_partials(a, pool_, rows_.data());
       cpu::merge_partials(a, rows_.data(), pool_, job.out + k * row);
+      size_t bytes = 0;
       for (const Span& s : e.spans) bytes += static_cast<size_t>(s.n) * (kv_.k_row + kv_.v_row);
+      {  // counted before the flag: the step that waits for it then sees them
+        std::lock_guard<std::mutex> lock(mu_);
+        busy_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        bytes_ += bytes;
+      }
       dev_.raise(job.flag, job.ticket + k);
     }
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::lock_guard<std::mutex> lock(mu_);
-    busy_s_ += s;
-    bytes_ += bytes;
   } catch (...) {
     {
       std::lock_guard<std::mutex> lock(mu_);

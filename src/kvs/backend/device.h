@@ -227,10 +227,10 @@ class Device {
   virtual FlagId make_flag();
   virtual void raise(FlagId f, uint64_t value);
   virtual void wait_flag(Stream s, FlagId f, uint64_t value);
-  // Folds a.n_spans spans' partials computed elsewhere (split attention: by the CPU), in device
-  // memory, into the running state of a's one token, as attention() folds those it computes
-  // (a.spans are not read): rows of head_dim + 4 floats [max, sum, non-empty (1 or 0), 0,
-  // unnormalised output], span s's head h at row s * n_head + h.
+  // Folds a.n_spans spans' partials computed elsewhere (split attention: by the CPU), in
+  // pinned host memory (alloc_host), into the running state of a's one token, as attention()
+  // folds those it computes (a.spans are not read): rows of head_dim + 4 floats [max, sum,
+  // non-empty (1 or 0), 0, unnormalised output], span s's head h at row s * n_head + h.
   virtual void fold(const AttentionArgs& a, const float* parts);
 
   // A step whose work is all on the compute stream, with no host waits inside, may be recorded

@@ -145,7 +145,6 @@ void Engine::make_split() {
                              static_cast<size_t>(cfg_.q_dim()) * f,
                          "split attention: queries");
   for (DeviceBuffer& b : sp.part) b = dev_.alloc_host(rows * row * f, "split attention: partials");
-  sp.given = dev_.alloc(rows * row * f, "split attention: the CPU's partials");
   for (int32_t l = 0; l < shape_.n_full; ++l) sp.q_ready.push_back(dev_.make_fence());
   sp.stored = dev_.make_fence();
   sp.flag = dev_.make_flag();
@@ -210,20 +209,18 @@ void Engine::post_split(int32_t il, const Pass& p) {
 }
 
 // Entry i's partial of its CPU pages at layer il into a's state: once the worker has raised
-// the flag, to the device and folded there (after the device's own pages before them).
+// the flag, folded on the device (after the device's own pages before them).
 void Engine::fold_cpu(int32_t il, int32_t i, int32_t pages, AttentionArgs& a) {
   Split& sp = *split_;
   const int32_t layer = kv_index_[static_cast<size_t>(il)];
   const size_t row = static_cast<size_t>(cfg_.n_head) * (static_cast<size_t>(cfg_.head_dim) + 4);
-  const size_t at = static_cast<size_t>(sp.place[static_cast<size_t>(i)]) * row;
   dev_.wait_flag(Stream::Compute, sp.flag, sp.tickets[static_cast<size_t>(i)]);
-  dev_.copy(Stream::Compute, sp.given.as<float>() + at, sp.part[layer % 2].as<float>() + at,
-            row * sizeof(float));
   AttentionArgs g = a;
   g.spans = nullptr;
   g.n_spans = 1;
   g.last = false;
-  dev_.fold(g, sp.given.as<float>() + at);
+  dev_.fold(g, sp.part[layer % 2].as<float>() +
+                   static_cast<size_t>(sp.place[static_cast<size_t>(i)]) * row);
   a.first = false;
   last_.cpu_pages += pages;
 }

@@ -132,7 +132,7 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt)
       opt.n_seq;
   KVS_CHECK(all_frames < (int64_t{1} << 31), "the KV cache has too many pages; raise --page-size");
   const size_t all_bytes = static_cast<size_t>(all_frames) * page;
-  if (opt.kv_mode == KvMode::Split) make_split();  // its device buffer before the arena
+  if (opt.kv_mode == KvMode::Split) make_split();
   const size_t free_bytes = dev.capacity() == 0 ? SIZE_MAX : dev.capacity() - dev.used();
   if (opt.kv_mode == KvMode::Host) {
     host_ = std::make_unique<HostStore>(dev, page, shape_.n_full + shape_.n_window, opt.n_seq,

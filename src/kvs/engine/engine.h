@@ -316,12 +316,12 @@ class Engine {
 
   // Split mode: the worker, each full layer's queries in pinned memory and the fence of their
   // copy, the CPU's partials in pinned memory (a layer's and the one before's: the worker writes
-  // one while the device may still read the other) and their device copy, a row per head and
-  // sequence; the write-backs' fence, the flag, and the current layer's entries' tickets (0:
-  // none) and places among its partials.
+  // one while the device may still read the other), a row per head and sequence; the
+  // write-backs' fence, the flag, and the current layer's entries' tickets (0: none) and places
+  // among its partials.
   struct Split {
     std::unique_ptr<SplitWorker> worker;
-    DeviceBuffer q, part[2], given;
+    DeviceBuffer q, part[2];
     std::vector<FenceId> q_ready;
     FenceId stored = -1;
     FlagId flag = -1;

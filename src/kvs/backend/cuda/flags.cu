@@ -7,9 +7,15 @@ namespace kvs::cuda {
 namespace {
 
 // Returns once the host has raised the counter to `value`: a read over the bus a microsecond
-// or so, while the rest of the GPU goes on with the other streams.
-__global__ void wait_flag(const volatile unsigned long long* flag, unsigned long long value) {
-  while (*flag < value) __nanosleep(1000);
+// or so (of system scope, acquiring: what the host wrote before the count is seen after it),
+// while the rest of the GPU goes on with the other streams.
+__device__ __forceinline__ unsigned long long load_acquire(const unsigned long long* p) {
+  unsigned long long v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__global__ void wait_flag(const unsigned long long* flag, unsigned long long value) {
+  while (load_acquire(flag) < value) __nanosleep(1000);
 }
 
 }  // namespace
@@ -44,8 +50,7 @@ void Flags::raise(FlagId f, uint64_t value) {
 
 void Flags::wait(cudaStream_t s, FlagId f, uint64_t value) {
   at(f);
-  launch(wait_flag, dim3(1), dim3(1), 0, s,
-         reinterpret_cast<const volatile unsigned long long*>(device_ + f),
+  launch(wait_flag, dim3(1), dim3(1), 0, s, reinterpret_cast<const unsigned long long*>(device_ + f),
          static_cast<unsigned long long>(value));
 }
 

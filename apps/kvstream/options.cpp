@@ -57,7 +57,9 @@ void add_shared(CLI::App* c, SharedArgs& a, unsigned flags) {
         ->check(CLI::IsMember({"on", "off", "auto"}));
   }
   if (flags & kKvMode)
-    c->add_option("--kv-mode", a.kv_mode, "KV placement: auto, resident, stream, host, unified")
+    c->add_option("--kv-mode", a.kv_mode,
+                  "KV placement: auto, resident, stream, host, unified, split (auto, the CPU "
+                  "attending to a share of the pages that stream)")
         ->capture_default_str();
   if (flags & kMemory) {
     c->add_option("--kv-arena", a.kv_arena, "Device memory for the KV cache, e.g. 512M, 2.2G")
@@ -78,6 +80,17 @@ void add_shared(CLI::App* c, SharedArgs& a, unsigned flags) {
                   "Host-to-device bandwidth in GB/s the planner assumes (run: until measured; 0: "
                   "a default)")
         ->capture_default_str();
+    c->add_option("--split-threads", a.split_threads,
+                  "--kv-mode split: CPU threads for the CPU's pages (0: all but one)")
+        ->check(CLI::Range(0, 4096));
+    c->add_option("--cpu-gbps", a.cpu_gbps,
+                  "--kv-mode split: GB/s of K and V the planner assumes the CPU attends to until "
+                  "measured (0: it gives the CPU half the streamed pages)")
+        ->capture_default_str();
+    c->add_option("--split-share", a.split_share,
+                  "--kv-mode split: the CPU takes this share of the pages that would stream, "
+                  "whatever the measured rates (0: by the rates)")
+        ->check(CLI::Range(0.0, 1.0));
   }
   if (flags & kVerbose)
     c->add_flag("-v,--verbose", a.verbose, "Print every step's streaming statistics");
@@ -230,6 +243,10 @@ EngineOptions engine_options(const SharedArgs& a, const ModelConfig& c) {
   o.phase_arena = !a.no_phase_arena;
   KVS_CHECK(a.h2d_gbps >= 0, "--h2d-gbps must be 0 or more");
   o.h2d_bytes_per_s = a.h2d_gbps * 1e9;
+  KVS_CHECK(a.cpu_gbps >= 0, "--cpu-gbps must be 0 or more");
+  o.cpu_bytes_per_s = a.cpu_gbps * 1e9;
+  o.split_threads = a.split_threads;
+  o.split_share = a.split_share;
   // Buffers that -b and -np size, checked here so a huge value is a message, not bad_alloc.
   const size_t act = Engine::activation_bytes(c, o), ram = physical_memory();
   KVS_CHECK(act <= ram, "-b/--batch-size ", o.n_batch, " with -np/--parallel ", o.n_seq, " needs ",

@@ -28,6 +28,9 @@ struct SharedArgs {
   int32_t ring_slots = 0;
   bool no_phase_arena = false;
   double h2d_gbps = 0;
+  int32_t split_threads = 0;  // --split-threads
+  double cpu_gbps = 0;        // --cpu-gbps
+  double split_share = 0;     // --split-share
   int32_t threads = 0;
   std::string backend;        // empty: -ngl decides, else cpu
   int32_t n_gpu_layers = -1;  // -1: not given
@@ -43,7 +46,7 @@ enum SharedFlags : unsigned {
   kCache = 8,      // -b, --page-size, -ctk, -ctv
   kDevice = 16,    // --backend, -ngl, -t, -fa
   kMemory = 32,    // --kv-arena, --vram-limit, --ring-chunk, --ring-slots, --no-phase-arena,
-                   // --h2d-gbps
+                   // --h2d-gbps, --split-threads, --cpu-gbps, --split-share
   kKvMode = 64,    // --kv-mode
   kVerbose = 128,  // -v
   kAllShared = 255,

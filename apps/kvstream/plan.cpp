@@ -74,8 +74,8 @@ Figures figures(const PlanArgs& pa) {
   }
   const int64_t ctx = o.n_ctx;
   const int32_t parallel = o.n_seq;
-  KVS_CHECK(o.kv_mode == KvMode::Auto || o.kv_mode == KvMode::Stream,
-            "kvstream plan: --kv-mode is auto or stream");
+  KVS_CHECK(o.kv_mode == KvMode::Auto || o.kv_mode == KvMode::Stream || o.kv_mode == KvMode::Split,
+            "kvstream plan: --kv-mode is auto, stream or split");
   const KvLayout kv = KvLayout::make(o.k_type, o.v_type, o.page_size, c.n_head_kv, c.head_dim);
   const KvShape& shape = f.shape = Engine::kv_shape(c, o);
   const int32_t fixed = f.fixed = Engine::fixed_frames(c, o), L = shape.n_full;
@@ -137,6 +137,9 @@ Figures figures(const PlanArgs& pa) {
     in.min_chunk_bytes = o.ring_chunk_bytes;
     in.min_slots = a.ring_slots;
     in.force_ring = o.kv_mode == KvMode::Stream;
+    in.split = o.kv_mode == KvMode::Split;
+    in.cpu_bytes_per_s = a.cpu_gbps * 1e9;
+    in.split_share = a.split_share;
     return plan(in);
   };
   const auto resident_of = [&](const Plan& p) {
@@ -151,6 +154,11 @@ Figures figures(const PlanArgs& pa) {
   f.tok_s = parallel / f.p.predicted_step_s;
   f.per_token = f.p.streamed_bytes / static_cast<size_t>(parallel);
   return f;
+}
+
+// Which term of max(T_gpu, S / B, CPU) the step's time is.
+const char* bound_name(const Plan& p) {
+  return p.predicted_step_s == p.gpu_s ? "gpu" : p.predicted_step_s == p.copy_s ? "pcie" : "cpu";
 }
 
 void print(const PlanArgs& pa, const Figures& f) {
@@ -194,10 +202,16 @@ void print(const PlanArgs& pa, const Figures& f) {
   }
   std::printf("streamed   %s per step, %s per token\n", format_bytes(p.streamed_bytes).c_str(),
               format_bytes(f.per_token).c_str());
-  std::printf(
-      "bound      T_gpu %.3f ms (at %.0f GB/s), S/B %.3f ms (at %.1f GB/s): %.3f ms per "
-      "step, %.1f tokens/s\n",
-      p.gpu_s * 1e3, pa.hbm_gbps, p.copy_s * 1e3, a.h2d_gbps, p.predicted_step_s * 1e3, f.tok_s);
+  if (p.cpu_bytes > 0)
+    std::printf(
+        "split      the CPU attends %d pages per layer and sequence from the host store: "
+        "%s per step, %.3f ms at %.1f GB/s\n",
+        p.cpu[0], format_bytes(p.cpu_bytes).c_str(), p.cpu_s * 1e3, a.cpu_gbps);
+  std::printf("bound      T_gpu %.3f ms (at %.0f GB/s), S/B %.3f ms (at %.1f GB/s)", p.gpu_s * 1e3,
+              pa.hbm_gbps, p.copy_s * 1e3, a.h2d_gbps);
+  if (p.cpu_bytes > 0) std::printf(", CPU %.3f ms", p.cpu_s * 1e3);
+  std::printf(": %.3f ms per step (%s), %.1f tokens/s\n", p.predicted_step_s * 1e3, bound_name(p),
+              f.tok_s);
 }
 
 nlohmann::json plan_json(const PlanArgs& pa, const Figures& f) {
@@ -233,6 +247,11 @@ nlohmann::json plan_json(const PlanArgs& pa, const Figures& f) {
   j["streamed_bytes_per_token"] = f.per_token;
   j["t_gpu_s"] = p.gpu_s;
   j["copy_s"] = p.copy_s;
+  j["cpu_pages"] = p.cpu;
+  j["cpu_bytes_per_step"] = p.cpu_bytes;
+  j["cpu_s"] = p.cpu_s;
+  j["cpu_gbps"] = pa.s.cpu_gbps;
+  j["bound"] = bound_name(p);
   j["predicted_step_s"] = p.predicted_step_s;
   j["predicted_tokens_per_s"] = f.tok_s;
   j["h2d_gbps"] = pa.s.h2d_gbps;
@@ -254,6 +273,7 @@ void plan_cmd(const PlanArgs& pa) {
 void register_plan(CLI::App& app) {
   auto a = std::make_shared<PlanArgs>();
   a->s.h2d_gbps = 55;
+  a->s.cpu_gbps = 75;  // ../shared/ceilings.md: int8 q8_0 K . q on the GPU machine's 16 threads
   CLI::App* c =
       app.add_subcommand("plan", "Show the KV partition and predicted decode speed at a context");
   add_shared(c, a->s, kModel | kContext | kParallel | kCache | kMemory | kKvMode);

@@ -99,9 +99,9 @@ std::vector<std::vector<int32_t>> prompts_of(const RunArgs& a, const Model& mode
 // Totals of the steps of one phase (prefill or decode).
 struct Phase {
   int64_t steps = 0, tokens = 0, chunks = 0;
-  double seconds = 0, ready_wait_s = 0, copy_busy_s = 0, occupancy_sum = 0;
-  size_t bytes_in = 0, bytes_out = 0;
-  int64_t repartitions = 0;
+  double seconds = 0, ready_wait_s = 0, copy_busy_s = 0, occupancy_sum = 0, cpu_s = 0;
+  size_t bytes_in = 0, bytes_out = 0, cpu_bytes = 0;
+  int64_t repartitions = 0, cpu_pages = 0;
   void add(const StepStats& s) {
     ++steps;
     tokens += s.n_tokens;
@@ -113,6 +113,9 @@ struct Phase {
     bytes_in += s.bytes_in;
     bytes_out += s.bytes_out;
     repartitions += s.repartitioned;
+    cpu_pages += s.cpu_pages;
+    cpu_bytes += s.cpu_bytes;
+    cpu_s += s.cpu_s;
   }
   nlohmann::json json() const {
     nlohmann::json j;
@@ -129,6 +132,10 @@ struct Phase {
     j["copy_busy_fraction"] = seconds > 0 ? copy_busy_s / seconds : 0.0;
     j["ring_occupancy"] = steps > 0 ? occupancy_sum / steps : 0.0;
     j["repartitions"] = repartitions;
+    j["cpu_pages"] = cpu_pages;  // split: pages the CPU attended, their bytes, its time
+    j["cpu_bytes"] = cpu_bytes;
+    j["cpu_s"] = cpu_s;
+    j["cpu_busy_fraction"] = seconds > 0 ? cpu_s / seconds : 0.0;
     return j;
   }
 };
@@ -142,19 +149,27 @@ std::string plan_text(const Engine& e) {
   std::string caps = lo == kUnlimited ? "all"
                      : lo == hi       ? std::to_string(lo)
                                       : cat(lo, "-", hi == kUnlimited ? 0 : hi);
+  int32_t cpu = 0;
+  for (int32_t c : p.cpu) cpu += c;
   return cat("resident ", caps, " pages/layer/sequence, ring ", p.n_slots, " x ", p.slot_pages,
              " pages, ", format_bytes(p.streamed_bytes), " streamed per step",
+             cpu > 0 ? cat(", the CPU ", cpu, " pages/layer (", format_bytes(p.cpu_bytes), ")")
+                     : std::string(),
              e.in_prefill_phase() ? " (prefill: the workspace taken back)" : "");
 }
 
 void print_step(const char* phase, int64_t i, const StepStats& s, const Engine& e) {
   std::fprintf(stderr,
                "kvstream: %s %lld: %d tok, %.2f ms, streamed %s in %lld chunks, ready wait %.3f "
-               "ms, copy busy %.0f%%, ring %.0f%% full%s\n",
+               "ms, copy busy %.0f%%, ring %.0f%% full%s%s\n",
                phase, static_cast<long long>(i), s.n_tokens, s.seconds * 1e3,
                format_bytes(s.bytes_in).c_str(), static_cast<long long>(s.chunks),
                s.ready_wait_s * 1e3, s.seconds > 0 ? 100 * s.copy_busy_s / s.seconds : 0.0,
                100 * s.occupancy,
+               s.cpu_pages > 0 ? cat(", CPU ", s.cpu_pages, " pages (", format_bytes(s.cpu_bytes),
+                                     ") in ", s.cpu_s * 1e3, " ms")
+                                     .c_str()
+                               : "",
                s.repartitioned ? cat(" | repartition: ", plan_text(e)).c_str() : "");
 }
 

@@ -117,6 +117,9 @@ constexpr int kStreams = 3;
 
 // A fence is made once and re-armed by every record(); waits refer to its latest record.
 using FenceId = int32_t;
+// A flag is a counter that host threads raise and streams wait for: the CPU's side of split
+// attention tells the device that a layer's partials are in host memory.
+using FlagId = int32_t;
 
 class Device {
  public:
@@ -217,6 +220,18 @@ class Device {
   // measured where the waiting happens (on the GPU for CUDA).
   virtual double wait_seconds() = 0;
   virtual void sync() = 0;  // waits for all queued work on all streams
+
+  // Flags (split attention; the other modes do not use them): raise() from any host thread
+  // sets the counter to `value`, never lower; later work on s waits until it is at least
+  // `value`.
+  virtual FlagId make_flag();
+  virtual void raise(FlagId f, uint64_t value);
+  virtual void wait_flag(Stream s, FlagId f, uint64_t value);
+  // Folds a.n_spans spans' partials computed elsewhere (split attention: by the CPU), in
+  // pinned host memory (alloc_host), into the running state of a's one token, as attention()
+  // folds those it computes (a.spans are not read): rows of head_dim + 4 floats [max, sum,
+  // non-empty (1 or 0), 0, unnormalised output], span s's head h at row s * n_head + h.
+  virtual void fold(const AttentionArgs& a, const float* parts);
 
   // A step whose work is all on the compute stream, with no host waits inside, may be recorded
   // between these calls and run as one unit (a CUDA graph); end_step(false) drops it after an

@@ -61,6 +61,9 @@ void Engine::replan(const std::vector<BatchEntry>& batch) {
   in.min_chunk_bytes = opt_.ring_chunk_bytes;
   in.min_slots = opt_.ring_slots;
   in.force_ring = opt_.kv_mode == KvMode::Stream;
+  in.split = split_ != nullptr;
+  in.cpu_bytes_per_s = cpu_rate_;
+  in.split_share = opt_.split_share;
   Plan p = kvs::plan(in, &plan_);
   if (switches && top == 0) set_phase(false);  // before pages move into the workspace
   if (switches || relayout_ || p.resident != plan_.resident || p.extra != plan_.extra ||
@@ -223,8 +226,9 @@ void Engine::trim_windows(const Sequence& s) {
   }
 }
 
-// The non-resident pages of a pass in visiting order: layer, then sequence, then page. With
-// `next`, those of the pass after it, if every sequence goes on.
+// The non-resident pages of a pass in visiting order: layer, then sequence, then page, but for
+// those the CPU attends (split). With `next`, those of the pass after it, if every sequence
+// goes on.
 std::vector<RingItem> Engine::ring_items(const std::vector<BatchEntry>& batch, bool next) const {
   std::vector<RingItem> items;
   const int32_t P = opt_.page_size;
@@ -233,8 +237,9 @@ std::vector<RingItem> Engine::ring_items(const std::vector<BatchEntry>& batch, b
     for (const BatchEntry& e : batch) {
       const int32_t s = e.seq->id;
       const int32_t done = (e.seq->n_past + (next ? e.n : 0)) / P;
+      const auto [cpu_from, cpu_to] = cpu_pages(l, e, next);  // split: the CPU's, not streamed
       for (int32_t q = std::min(done, cap(s, l)); q < done; ++q)
-        items.push_back({store_layer(l), s, q});
+        if (q < cpu_from || q >= cpu_to) items.push_back({store_layer(l), s, q});
     }
   }
   return items;

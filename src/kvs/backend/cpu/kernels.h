@@ -18,7 +18,7 @@ void scale(float* x, float s, int64_t n);
 void add(float* x, const float* y, int64_t n);
 void kv_write(const KvLayout& l, const float* k, const float* v, int32_t n_tok,
               uint8_t* const* pages, const int32_t* slots);
-void attention(const AttentionArgs& a);
+void attention(const AttentionArgs& a);       // attention.cpp
 void gated_delta_net(const DeltaNetArgs& a);  // delta_net.cpp
 
 }  // namespace kvs::cpu

@@ -23,6 +23,7 @@
 #include "kvs/backend/cuda/common.cuh"
 #include "kvs/backend/cuda/kernels.h"
 #include "kvs/backend/cuda/profile.h"
+#include "kvs/backend/cuda/flags.h"
 #include "kvs/backend/cuda/step_calls.h"
 #include "kvs/backend/cuda/weights.h"
 #include "kvs/backend/device.h"
@@ -111,7 +112,7 @@ class CudaDevice final : public Device {
     prof_.report();
     if (exec_) cudaGraphExecDestroy(exec_);
     if (balloon_) cudaFree(balloon_);
-    for (CopyTimes& ct : copy_times_)
+    for (cuda::CopyTimes& ct : copy_times_)
       for (auto [a, b] : ct.open) cudaEventDestroy(a), cudaEventDestroy(b);
     inv_freq_.clear();
     ctx_.w16.reset();
@@ -434,7 +435,7 @@ class CudaDevice final : public Device {
       KVS_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, stream(s)));
       return;
     }
-    CopyTimes& ct = copy_times_[static_cast<int>(s)];
+    cuda::CopyTimes& ct = copy_times_[static_cast<int>(s)];
     const cudaEvent_t a = copy_events_.take(), b = copy_events_.take();
     KVS_CUDA_CHECK(cudaEventRecord(a, stream(s)));
     KVS_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, stream(s)));
@@ -464,7 +465,7 @@ class CudaDevice final : public Device {
     KVS_CUDA_CHECK(cudaEventRecord(b, stream(s)));
     copy_times_[0].open.push_back({a, b});
   }
-  double wait_seconds() override { return finished(copy_times_[0]); }
+  double wait_seconds() override { return copy_times_[0].finished(copy_events_); }
   void wait_host(FenceId f) override { KVS_CUDA_CHECK(cudaEventSynchronize(fence(f))); }
   bool done(FenceId f) override {
     const cudaError_t e = cudaEventQuery(fence(f));
@@ -474,8 +475,24 @@ class CudaDevice final : public Device {
   }
   // The time of the finished copies on s (one copy at a time per stream, so they add up).
   double busy_seconds(Stream s) override {
-    return s == Stream::Compute ? 0.0 : finished(copy_times_[static_cast<int>(s)]);
+    return s == Stream::Compute ? 0.0 : copy_times_[static_cast<int>(s)].finished(copy_events_);
   }
+  // Split attention: flags in pinned memory a kernel polls; the CPU's partials folded by the
+  // decode's fold.
+  FlagId make_flag() override { return flags_.make(); }
+  void raise(FlagId f, uint64_t value) override { flags_.raise(f, value); }
+  void wait_flag(Stream s, FlagId f, uint64_t value) override {
+    cut();
+    flush_stage();
+    flags_.wait(stream(s), f, value);
+  }
+  void fold(const AttentionArgs& a, const float* parts) override {
+    cut();
+    const bool q = a.last && quantizing(1, static_cast<int64_t>(a.n_head) * a.kv.head_dim);
+    run("attention fold", [=, this] { cuda::fold_partials(ctx_, a, parts, xq(q)); });
+    if (q) quantized_ = {a.out, static_cast<int64_t>(a.n_head) * a.kv.head_dim};
+  }
+
   void sync() override {
     for (cudaStream_t s : streams_) KVS_CUDA_CHECK(cudaStreamSynchronize(s));
     KVS_CUDA_CHECK(cudaStreamSynchronize(ctx_.side));
@@ -577,27 +594,6 @@ class CudaDevice final : public Device {
     return p;
   }
   PrefillScratch prefill_;  // the geometry of the memory lend_prefill_scratch() is given
-
-  struct CopyTimes {
-    std::deque<std::pair<cudaEvent_t, cudaEvent_t>> open;  // recorded, not yet read
-    double seconds = 0;
-  };
-  // The summed time of the finished event pairs of ct.
-  double finished(CopyTimes& ct) {
-    while (!ct.open.empty()) {
-      const auto [a, b] = ct.open.front();
-      const cudaError_t e = cudaEventQuery(b);
-      if (e == cudaErrorNotReady) break;
-      KVS_CUDA_CHECK(e);
-      float ms = 0.0f;
-      KVS_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-      ct.seconds += ms / 1000.0;
-      copy_events_.give(a);
-      copy_events_.give(b);
-      ct.open.pop_front();
-    }
-    return ct.seconds;
-  }
 
   // While a step is captured, a scratch buffer must grow: what was captured so far runs and
   // is waited for (the old buffer may be in use), then ctx_.resume captures on.
@@ -769,8 +765,9 @@ class CudaDevice final : public Device {
   std::vector<cudaEvent_t> fences_;
   Ctx ctx_;
   cuda::PlacedWeights placed_;
-  CopyTimes copy_times_[kStreams];
+  cuda::CopyTimes copy_times_[kStreams];
   EventPool copy_events_;
+  cuda::Flags flags_;
   Profile prof_;
 #ifdef KVS_TRACE
   cuda::TraceRing trace_;

@@ -1,0 +1,284 @@
+#include "kvs/backend/cpu/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "kvs/backend/cpu/kernels.h"
+#include "kvs/backend/cpu/span_attention.h"
+#include "kvs/util/threadpool.h"
+
+namespace kvs::cpu {
+namespace {
+
+// Running softmax state of one query head: max, sum of exp, unnormalised output.
+struct Acc {
+  float m;
+  float l;
+  float* o;
+};
+
+// Folds a span's partial (m, l, o) into the accumulator; the fold always runs in logical span
+// order, which makes the result independent of where each span's page lives.
+inline void merge(Acc& acc, float m, float l, const float* o, int32_t d) {
+  if (acc.l == 0.0f) {
+    acc.m = m;
+    acc.l = l;
+    std::copy(o, o + d, acc.o);
+    return;
+  }
+  const float mm = std::max(acc.m, m);
+  const float a = std::exp(acc.m - mm), b = std::exp(m - mm);
+  acc.l = acc.l * a + l * b;
+  for (int32_t i = 0; i < d; ++i) acc.o[i] = acc.o[i] * a + o[i] * b;
+  acc.m = mm;
+}
+
+// The first key position a query at pos sees.
+inline int32_t first_key(const AttentionArgs& a, int32_t pos) {
+  return a.window > 0 ? pos - a.window + 1 : 0;
+}
+
+std::vector<float>& scratch(size_t n) {
+  thread_local std::vector<float> buf;
+  if (buf.size() < n) buf.resize(n);
+  return buf;
+}
+
+// The queries of a call prepared for the span kernels (span_attention.h), in the calling
+// thread's buffers: token t's heads are query(t).
+struct Queries {
+  const AttentionArgs& a;
+  int16_t* q16;
+  float* step;
+  int32_t* offset;
+  explicit Queries(const AttentionArgs& args) : a(args) {
+    thread_local std::vector<int16_t> q16_buf;
+    thread_local std::vector<float> step_buf;
+    thread_local std::vector<int32_t> offset_buf;
+    const auto d = static_cast<size_t>(a.kv.head_dim);
+    const size_t heads = static_cast<size_t>(a.n_tok) * static_cast<size_t>(a.n_head);
+    q16_buf.resize(std::max(q16_buf.size(), heads * d));
+    step_buf.resize(
+        std::max(step_buf.size(), heads * static_cast<size_t>(query_blocks(a.kv.head_dim))));
+    offset_buf.resize(std::max(offset_buf.size(), heads * d / 4));
+    q16 = q16_buf.data();
+    step = step_buf.data();
+    offset = offset_buf.data();
+    prepare_query(a.kv.k_type, a.q, a.n_tok * a.n_head, a.kv.head_dim, q16, step, offset);
+  }
+  Query query(int32_t t) const {
+    const int64_t heads = static_cast<int64_t>(t) * a.n_head, d = a.kv.head_dim;
+    return Query{a.q + heads * d, q16 + heads * d, step + heads * query_blocks(a.kv.head_dim),
+                 offset + heads * d / 4};
+  }
+};
+
+// Rows [j0, j0 + n) of kv head hk in span sp.
+HeadRows head_rows(const KvLayout& l, const Span& sp, int32_t hk, int32_t j0, int32_t n) {
+  return HeadRows{sp.page + static_cast<size_t>(j0) * l.k_row + static_cast<size_t>(hk) * l.k_head,
+                  sp.page + l.v_offset() + static_cast<size_t>(j0) * l.v_row +
+                      static_cast<size_t>(hk) * l.v_head,
+                  l.k_row,
+                  l.v_row,
+                  l.v_head,
+                  n};
+}
+
+// A span's partials of every query head, its kv heads taken together a piece of rows at a time
+// so that the page is read in order (a head's rows are slices a row apart); the same bits as a
+// span_partials call per kv head.
+void span_all_heads(const SpanKernels& ks, const KvLayout& l, const Query& q, const Span& sp,
+                    int32_t j0, int32_t n, float* buf, float* out) {
+  const int32_t nkv = l.n_head_kv, group = ks.group;
+  const size_t stride = part_stride(ks.d);
+  const auto head_out = [&](int32_t hk) { return out + static_cast<size_t>(hk * group) * stride; };
+  if (n <= 0) {
+    for (int32_t h = 0; h < nkv * group; ++h) out[h * stride + 2] = 0.0f;
+    return;
+  }
+  constexpr int32_t kPiece = 16;
+  const int64_t per_head = score_floats(n, group);
+  const int32_t slots = score_slots(group);
+  float* w = buf + nkv * per_head;
+  const auto scores_of = [&](int32_t hk) { return buf + hk * per_head; };
+  for (int32_t j = 0; j < n; j += kPiece)
+    for (int32_t hk = 0; hk < nkv; ++hk) {
+      HeadRows r = head_rows(l, sp, hk, j0 + j, std::min(kPiece, n - j));
+      r.more = n - j - r.n;
+      span_scores(ks, q, hk * group, r, scores_of(hk) + j * slots);
+    }
+  for (int32_t hk = 0; hk < nkv; ++hk) span_softmax(ks, n, scores_of(hk), head_out(hk));
+  for (int32_t j = 0; j < n; j += kPiece)
+    for (int32_t hk = 0; hk < nkv; ++hk)
+      span_values(ks, scores_of(hk) + j * slots,
+                  head_rows(l, sp, hk, j0 + j, std::min(kPiece, n - j)), nullptr, w, head_out(hk));
+}
+
+void decode_partials(const AttentionArgs& a, const Queries& qs, ThreadPool& pool, float* part) {
+  const KvLayout& l = a.kv;
+  const int32_t d = l.head_dim, group = a.n_head / l.n_head_kv, nkv = l.n_head_kv;
+  const SpanKernels ks = span_kernels(l.k_type, l.v_type, group, d, a.scale, best_isa());
+  const Query q = qs.query(0);
+  const int32_t pos = a.pos[0];
+  const size_t stride = part_stride(d);
+  // A task per span, its kv heads together, where there are spans enough for the threads; a
+  // task per (span, kv head) otherwise. Either way the same partials.
+  const bool by_span = a.n_spans >= 4 * pool.size();
+  const int64_t tasks = static_cast<int64_t>(a.n_spans) * (by_span ? 1 : nkv);
+  pool.parallel_for(tasks, 1, [&](int64_t b, int64_t e) {
+    const size_t floats =
+        by_span ? static_cast<size_t>(nkv * score_floats(l.page_size, group)) + value_scratch(ks)
+                : span_scratch(ks, l.page_size);
+    float* buf = scratch(floats).data();
+    for (int64_t task = b; task < e; ++task) {
+      const auto s = static_cast<int32_t>(by_span ? task : task / nkv);
+      const Span& sp = a.spans[s];
+      const int32_t n = std::min(sp.n, pos - sp.start + 1);
+      const int32_t j0 = std::clamp(first_key(a, pos) - sp.start, 0, std::max(n, 0));
+      float* out = part + static_cast<size_t>(s) * a.n_head * stride;
+      if (by_span) {
+        span_all_heads(ks, l, q, sp, j0, n - j0, buf, out);
+      } else {
+        const auto hk = static_cast<int32_t>(task % nkv);
+        span_partials(ks, q, hk * group, head_rows(l, sp, hk, j0, n - j0), nullptr, buf,
+                      out + static_cast<size_t>(hk * group) * stride);
+      }
+    }
+  });
+}
+
+// Prefill: a task per (kv head, tile of queries); the spans in order, each span's V levels
+// read once for the tile, each query's partial folded as it is made.
+void prefill(const AttentionArgs& a, const Queries& qs) {
+  const KvLayout& l = a.kv;
+  const int32_t d = l.head_dim, group = a.n_head / l.n_head_kv, P = l.page_size;
+  const SpanKernels ks = span_kernels(l.k_type, l.v_type, group, d, a.scale, best_isa());
+  const int64_t qstride = static_cast<int64_t>(a.n_head) * d;
+  const size_t stride = part_stride(d);
+  constexpr int32_t kQTile = 8;
+  const int32_t n_tiles = (a.n_tok + kQTile - 1) / kQTile;
+  const size_t span_floats = span_scratch(ks, P);
+  thread_pool().parallel_for(
+      static_cast<int64_t>(n_tiles) * l.n_head_kv, 1, [&](int64_t b, int64_t e) {
+        std::vector<float>& buf = scratch(static_cast<size_t>(P) * static_cast<size_t>(d) +
+                                          span_floats + static_cast<size_t>(group) * stride);
+        float *vf = buf.data(), *sc = vf + static_cast<size_t>(P) * static_cast<size_t>(d),
+              *po = sc + span_floats;
+        for (int64_t task = b; task < e; ++task) {
+          const int32_t tile = static_cast<int32_t>(task / l.n_head_kv),
+                        hk = static_cast<int32_t>(task % l.n_head_kv);
+          const int32_t t0 = tile * kQTile, t1 = std::min(a.n_tok, t0 + kQTile);
+          int32_t max_pos = 0, min_pos = INT32_MAX;
+          for (int32_t t = t0; t < t1; ++t)
+            max_pos = std::max(max_pos, a.pos[t]), min_pos = std::min(min_pos, a.pos[t]);
+          for (int32_t s = 0; s < a.n_spans; ++s) {
+            const Span& sp = a.spans[s];
+            if (sp.start > max_pos) break;
+            if (sp.start + sp.n <= first_key(a, min_pos)) continue;  // before every window
+            const int32_t nload = std::min(sp.n, max_pos - sp.start + 1);
+            const int32_t lo = std::clamp(first_key(a, min_pos) - sp.start, 0, nload);
+            const HeadRows rows = head_rows(l, sp, hk, lo, nload - lo);
+            ks.v_levels(rows.v, rows.v_row, rows.n, d, vf + static_cast<int64_t>(lo) * d);
+            for (int32_t t = t0; t < t1; ++t) {
+              const int32_t n = std::min(sp.n, a.pos[t] - sp.start + 1);
+              const int32_t j0 = std::max(0, first_key(a, a.pos[t]) - sp.start);
+              if (n - j0 <= 0) continue;
+              span_partials(ks, qs.query(t), hk * group, head_rows(l, sp, hk, j0, n - j0),
+                            vf + static_cast<int64_t>(j0) * d, sc, po);
+              for (int32_t g = 0; g < group; ++g) {
+                const int32_t h = hk * group + g;
+                const float* pg = po + static_cast<size_t>(g) * stride;
+                float* st = a.acc + 2 * (int64_t{t} * a.n_head + h);
+                Acc acc{st[0], st[1], a.out + t * qstride + h * d};
+                merge(acc, pg[0], pg[1], pg + kPartHead, d);
+                st[0] = acc.m;
+                st[1] = acc.l;
+              }
+            }
+          }
+        }
+      });
+}
+
+// Folds the rows of a.n_spans spans' partials (decode_partials') into the state of a's one
+// token, head by head in span order.
+void fold_rows(const AttentionArgs& a, const float* parts) {
+  const int32_t d = a.kv.head_dim;
+  const size_t stride = part_stride(d);
+  thread_pool().parallel_for(a.n_head, 1, [&](int64_t b, int64_t e) {
+    for (auto h = static_cast<int32_t>(b); h < e; ++h) {
+      Acc acc{a.acc[2 * h], a.acc[2 * h + 1], a.out + h * d};
+      for (int32_t s = 0; s < a.n_spans; ++s) {
+        const float* p = parts + (static_cast<size_t>(s) * a.n_head + h) * stride;
+        if (p[2] != 0.0f) merge(acc, p[0], p[1], p + kPartHead, d);
+      }
+      a.acc[2 * h] = acc.m;
+      a.acc[2 * h + 1] = acc.l;
+    }
+  });
+}
+
+// acc[(t * n_head + h) * 2 + {0, 1}]: running max and sum; a sum of 0 means "nothing yet".
+void start(const AttentionArgs& a) {
+  if (a.first)
+    for (int64_t i = 0; i < int64_t{a.n_tok} * a.n_head; ++i) a.acc[2 * i + 1] = 0.0f;
+}
+void finish(const AttentionArgs& a) {
+  if (!a.last) return;
+  const int32_t d = a.kv.head_dim;
+  for (int64_t i = 0; i < int64_t{a.n_tok} * a.n_head; ++i) {
+    const float inv = 1.0f / a.acc[2 * i + 1];
+    float* o = a.out + i * d;
+    for (int32_t j = 0; j < d; ++j) o[j] *= inv;
+  }
+}
+
+}  // namespace
+
+void decode_partials(const AttentionArgs& a, ThreadPool& pool, float* part) {
+  decode_partials(a, Queries(a), pool, part);
+}
+
+void merge_partials(const AttentionArgs& a, const float* part, ThreadPool& pool, float* out) {
+  const int32_t d = a.kv.head_dim;
+  const size_t stride = part_stride(d);
+  pool.parallel_for(a.n_head, 1, [&](int64_t b, int64_t e) {
+    for (auto h = static_cast<int32_t>(b); h < e; ++h) {
+      float* row = out + static_cast<size_t>(h) * stride;
+      Acc acc{0.0f, 0.0f, row + kPartHead};
+      for (int32_t s = 0; s < a.n_spans; ++s) {
+        const float* p = part + (static_cast<size_t>(s) * a.n_head + h) * stride;
+        if (p[2] != 0.0f) merge(acc, p[0], p[1], p + kPartHead, d);
+      }
+      row[0] = acc.m, row[1] = acc.l, row[2] = acc.l != 0.0f ? 1.0f : 0.0f, row[3] = 0.0f;
+    }
+  });
+}
+
+void fold_partials(const AttentionArgs& a, const float* part) {
+  start(a);
+  fold_rows(a, part);
+  finish(a);
+}
+
+void attention(const AttentionArgs& a) {
+  start(a);
+  if (a.n_spans > 0) {
+    const Queries qs(a);
+    if (a.n_tok == 1) {
+      // Decode: every span's partials, then a fold per head in logical order. Same arithmetic
+      // per query as the prefill path.
+      thread_local std::vector<float> part;  // not scratch(): the tasks take that one
+      part.resize(std::max(part.size(), static_cast<size_t>(a.n_spans) * a.n_head *
+                                            part_stride(a.kv.head_dim)));
+      decode_partials(a, qs, thread_pool(), part.data());
+      fold_rows(a, part.data());
+    } else {
+      prefill(a, qs);
+    }
+  }
+  finish(a);
+}
+
+}  // namespace kvs::cpu

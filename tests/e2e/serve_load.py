@@ -4,7 +4,9 @@ that pages stream, -b 64 so that long prompts are read in chunks between the oth
 steps, and the prompt cache on: 8 clients send 200 requests (chats and completions of random
 lengths, a third of them after a shared long prefix that the cache serves, some streamed),
 hang up on some midway and send malformed ones meanwhile. Every greedy answer completed under
-load equals the same request served alone by a server of one slot without a prompt cache;
+load equals the same request served alone by a server of one slot without a prompt cache
+(the same page size: pages split the attention's sums, and the CPU's int8 products can turn
+that rounding into another token);
 hang-ups cancel their generation and free its slot; malformed requests get 400; /metrics
 counts agree with what the clients saw, nothing is lost. Then, with one slot and no queue, a
 second request gets 503 with Retry-After, and a cancelled stream gives its slot to the next.
@@ -81,7 +83,8 @@ def main():
     rng = random.Random(31)
     requests = distinct_requests(rng, 40)
     # The answers alone: one slot, no prompt cache, each request after the other.
-    ref = Server(BINARY, MODEL, "-np", "1", "-c", "1024", "--cache-ram", "0", "-a", "m")
+    ref = Server(BINARY, MODEL, "-np", "1", "-c", "1024", "--page-size", "16", "--cache-ram", "0",
+                 "-a", "m")
     client = openai.OpenAI(base_url=ref.url + "/v1", api_key="none", max_retries=0, timeout=120)
     alone = [ask(client, *r) for r in requests]
     client.close()

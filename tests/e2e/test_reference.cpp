@@ -21,8 +21,14 @@ namespace kvs {
 namespace {
 
 // f16 KV: the reference rounds K and V to f16 exactly as the engine stores them; everything
-// else is f32 in both, so logits differ only by summation order, amplified by the f16 rounding.
-constexpr float kLogitTolerance = 7.5e-3f;  // measured: at most 5.4e-3 on SmolLM2
+// else is f32 in both, except that the CPU's products of quantized weights take the activations
+// as dx (h + l / 254) per block of 32, as the CUDA backend does (backend/cpu/quant_dot.h): at
+// most dx / 508 off each, which in a block with one of SmolLM2's outlier channels is large
+// against its other values. Logits differ by that rounding and the summation order, amplified where
+// a K or V value crosses an f16 rounding boundary. Measured: at most 1.05e-2 on SmolLM2, 7.7e-3
+// on Gemma 3 270M, 1.4e-3 on the synthetic models; other orders of the attention's sums gave up
+// to 1.5e-2 on SmolLM2 (with f32 activations: 4.7e-3).
+constexpr float kLogitTolerance = 2e-2f;
 
 std::string sh(const std::string& cmd) {
   std::string out;

@@ -1,7 +1,9 @@
 // Split attention (--kv-mode split) on the CPU backend: the CPU's side computes the partials of
 // the pages it takes with the same kernels as the device's side and folds them, in logical
 // order, into one partial that the device folds in their place. The logits differ from
-// resident ones only by that regrouping of the fold: within 1e-5 of the logits' scale. The same
+// resident ones only by that regrouping of the fold, which the products' int8 activations turn
+// into a quantization step wherever an element crosses a rounding boundary: within 1e-3 of the
+// logits' scale (the regrouping alone: 2e-6; with the steps: up to 4.3e-4 measured). The same
 // plan gives the same bits run after run, whatever the CPU's thread count. The worker runs on a
 // thread and a pool of its own, with the device's streams and fences as in a real run (races
 // included: the tsan preset runs this).
@@ -36,7 +38,7 @@ double rel_diff(const Result& a, const Result& b) {
   return worst;
 }
 
-constexpr double kTol = 1e-5;  // of the logits' scale
+constexpr double kTol = 1e-3;  // of the logits' scale
 
 TEST(Split, RandomCasesWithinTheToleranceOfResident) {
   std::mt19937 g(33);

@@ -81,18 +81,15 @@ class CpuDevice final : public Device {
     cpu::rmsnorm(x, w, y, rows, n, eps);
   }
   void matmuls(const float* x, int64_t n_tok, const MatJob* jobs, int n_jobs) override {
-    for (int i = 0; i < n_jobs; ++i) {
-      const MatJob& j = jobs[i];
-      if (!j.add) {
-        cpu::matmul(*j.w, x, j.y, n_tok, j.bias);
-        continue;
-      }
-      // The same two roundings as a product followed by add().
-      const size_t n = static_cast<size_t>(j.w->n_out * n_tok);
-      if (sum_.size() < n) sum_.resize(n);
-      cpu::matmul(*j.w, x, sum_.data(), n_tok, j.bias);
-      cpu::add(j.y, sum_.data(), static_cast<int64_t>(n));
+    // The jobs share x: it is quantized once for all that take int8 activations.
+    bool any_int = false;
+    for (int i = 0; i < n_jobs; ++i) any_int = any_int || cpu::has_int_dot(jobs[i].w->type);
+    if (any_int) {
+      const size_t n = static_cast<size_t>(n_tok * cpu::x_pairs(jobs[0].w->n_in));
+      if (xq_.size() < n) xq_.resize(n);
+      cpu::quantize_x(x, n_tok, jobs[0].w->n_in, xq_.data());
     }
+    cpu::matmuls(x, any_int ? xq_.data() : nullptr, n_tok, jobs, n_jobs);
   }
   void rope(float* q, float* k, const int32_t* pos, int32_t n_tok, int32_t n_head,
             int32_t n_head_kv, const RopeParams& p) override {
@@ -198,7 +195,7 @@ class CpuDevice final : public Device {
   std::unordered_set<void*> host_;
   std::deque<cpu::Fence> fences_, flags_;
   cpu::CopyEngine copy_in_, copy_out_;
-  std::vector<float> sum_;  // the product of an accumulating job, before it is added
+  std::vector<cpu::XPair> xq_;  // the jobs' input quantized: [n_tok][x_pairs(n_in)]
 };
 
 }  // namespace

@@ -6,7 +6,6 @@
 #include <cmath>
 #include <vector>
 
-#include "kvs/quant/blocks.h"
 #include "kvs/quant/simd.h"
 #include "kvs/util/error.h"
 #include "kvs/util/threadpool.h"
@@ -79,69 +78,6 @@ inline void dot4x1(const float* w, int64_t ld, const float* x, int64_t n, float 
   }
 }
 
-// The 32 weights of a q8_0, q4_0 or q4_1 block as 4 vectors of 8, the values dequantize_row
-// gives (d q, d q + m: a multiply, then an add, never fused).
-template <DType T>
-inline void block_weights(const uint8_t* p, __m256 w[4]) {
-  using namespace quant;
-  __m256i q[4];
-  if constexpr (T == DType::Q8_0) {
-    const auto* b = reinterpret_cast<const BlockQ8_0*>(p);
-    for (int c = 0; c < 4; ++c) q[c] = i8_lanes(b->qs + 8 * c);
-  } else if constexpr (T == DType::Q4_0) {
-    q4_levels(reinterpret_cast<const BlockQ4_0*>(p)->qs, _mm256_set1_epi32(8), q);
-  } else {
-    q4_levels(reinterpret_cast<const BlockQ4_1*>(p)->qs, _mm256_setzero_si256(), q);
-  }
-  const __m256 d = bcast_f16(p);  // every block type starts with its f16 scale
-  for (int c = 0; c < 4; ++c) w[c] = _mm256_mul_ps(d, to_ps(q[c]));
-  if constexpr (T == DType::Q4_1) {
-    const __m256 m = bcast_f16(reinterpret_cast<const BlockQ4_1*>(p)->m);
-    for (int c = 0; c < 4; ++c) w[c] = _mm256_add_ps(w[c], m);
-  }
-}
-
-// R rows x 1 token (decode) straight from q8_0, q4_0 or q4_1 rows (n a multiple of 32): the
-// weights dequantize_row gives and each row's chain as dot()'s on them, without the f32 tile.
-template <DType T, int R>
-inline void dot_blocks(const uint8_t* w, size_t ld, const float* x, int64_t n, float* out) {
-  constexpr size_t kBlock = T == DType::Q8_0   ? sizeof(quant::BlockQ8_0)
-                            : T == DType::Q4_0 ? sizeof(quant::BlockQ4_0)
-                                               : sizeof(quant::BlockQ4_1);
-  __m256 a[R];
-  for (int r = 0; r < R; ++r) a[r] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < n / 32; ++b) {
-    __m256 u[4];
-    for (int c = 0; c < 4; ++c) u[c] = _mm256_loadu_ps(x + 32 * b + 8 * c);
-    for (int r = 0; r < R; ++r) {
-      __m256 wv[4];
-      block_weights<T>(w + r * ld + b * kBlock, wv);
-      for (int c = 0; c < 4; ++c) a[r] = _mm256_fmadd_ps(wv[c], u[c], a[r]);
-    }
-  }
-  for (int r = 0; r < R; ++r) out[r] = hsum(a[r]);
-}
-
-// One token's product for q8_0, q4_0 and q4_1 rows by dot_blocks; false for other types.
-bool matvec_blocks(const Matrix& w, const float* x, float* y, int64_t r0, int64_t nr) {
-  const auto run = [&]<DType T>() {
-    int64_t r = 0;
-    for (; r + 4 <= nr; r += 4) dot_blocks<T, 4>(w.row(r0 + r), w.row_bytes, x, w.n_in, y + r0 + r);
-    for (; r < nr; ++r) dot_blocks<T, 1>(w.row(r0 + r), w.row_bytes, x, w.n_in, y + r0 + r);
-    return true;
-  };
-  switch (w.type) {
-    case DType::Q8_0:
-      return run.template operator()<DType::Q8_0>();
-    case DType::Q4_0:
-      return run.template operator()<DType::Q4_0>();
-    case DType::Q4_1:
-      return run.template operator()<DType::Q4_1>();
-    default:
-      return false;
-  }
-}
-
 std::vector<float>& scratch(size_t n) {
   thread_local std::vector<float> buf;
   if (buf.size() < n) buf.resize(n);
@@ -170,19 +106,16 @@ void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n, 
   });
 }
 
-void matmul(const Matrix& w, const float* x, float* y, int64_t n_tok, const float* bias) {
-  constexpr int64_t kTile = 16;  // weight rows dequantized at once (f32 tile stays in L1/L2)
+// f32, f16, bf16 and the integer formats without quantized activations: rows dequantized to
+// f32 by tiles, dot products in float.
+void matmul_f32(const Matrix& w, const float* x, float* y, int64_t n_tok, const float* bias) {
   const int64_t n = w.n_in, n_out = w.n_out;
+  constexpr int64_t kTile = 16;  // weight rows dequantized at once (f32 tile stays in L1/L2)
   const int64_t tiles = (n_out + kTile - 1) / kTile;
   thread_pool().parallel_for(tiles, 1, [&](int64_t tb, int64_t te) {
     std::vector<float>& buf = scratch(static_cast<size_t>(kTile * n));
     for (int64_t tile = tb; tile < te; ++tile) {
       const int64_t r0 = tile * kTile, nr = std::min(kTile, n_out - r0);
-      if (n_tok == 1 && matvec_blocks(w, x, y, r0, nr)) {
-        if (bias)
-          for (int64_t r = 0; r < nr; ++r) y[r0 + r] += bias[r0 + r];
-        continue;
-      }
       for (int64_t r = 0; r < nr; ++r) dequantize_row(w.type, w.row(r0 + r), buf.data() + r * n, n);
       int64_t t = 0;
       for (; t + 2 <= n_tok; t += 2) {
@@ -214,15 +147,73 @@ void matmul(const Matrix& w, const float* x, float* y, int64_t n_tok, const floa
   });
 }
 
+void matmuls(const float* x, const XPair* xq, int64_t n_tok, const MatJob* jobs, int n_jobs) {
+  // The integer jobs in one parallel region of tasks of kRows rows x kToks tokens: a task's
+  // weights stay in L1 and its activations in L2 while it runs, and consecutive tasks (the rows
+  // of every job) share the activations.
+  constexpr int64_t kRows = 16, kToks = 64;
+  constexpr int kMaxJobs = 8;
+  KVS_CHECK(n_jobs <= kMaxJobs, "cpu matmuls: ", n_jobs, " jobs (at most ", kMaxJobs, ")");
+  int64_t first[kMaxJobs + 1] = {0};  // the jobs' first row chunk
+  for (int j = 0; j < n_jobs; ++j) {
+    const Matrix& w = *jobs[j].w;
+    first[j + 1] = first[j] + (xq && has_int_dot(w.type) ? (w.n_out + kRows - 1) / kRows : 0);
+  }
+  const int64_t rc = first[n_jobs], tc = (n_tok + kToks - 1) / kToks;
+  if (rc > 0) {
+    const DotIsa isa = best_dot_isa();
+    const int64_t np = x_pairs(jobs[0].w->n_in);
+    thread_pool().parallel_for(rc * tc, 1, [&](int64_t b, int64_t e) {
+      float buf[kRows * kToks];
+      for (int64_t task = b; task < e; ++task) {
+        const int64_t c = task % rc, t0 = task / rc * kToks, nt = std::min(kToks, n_tok - t0);
+        int j = 0;
+        while (c >= first[j + 1]) ++j;
+        const MatJob& job = jobs[j];
+        const int64_t n_out = job.w->n_out, r0 = (c - first[j]) * kRows;
+        const int64_t nr = std::min(kRows, n_out - r0);
+        int_matmul_rows(*job.w, xq + t0 * np, nt, r0, nr, buf, kRows, isa);
+        // The product, plus the bias, then into y or added to it: the roundings of separate
+        // steps.
+        for (int64_t t = 0; t < nt; ++t)
+          for (int64_t r = 0; r < nr; ++r) {
+            float v = buf[t * kRows + r];
+            if (job.bias) v += job.bias[r0 + r];
+            float& out = job.y[(t0 + t) * n_out + r0 + r];
+            out = job.add ? out + v : v;
+          }
+      }
+    });
+  }
+  for (int j = 0; j < n_jobs; ++j) {
+    if (first[j + 1] > first[j]) continue;
+    const MatJob& job = jobs[j];
+    if (!job.add) {
+      matmul_f32(*job.w, x, job.y, n_tok, job.bias);
+      continue;
+    }
+    // The product first (matmul_f32 takes scratch() for its tiles), then added.
+    thread_local std::vector<float> sum;
+    const size_t n = static_cast<size_t>(job.w->n_out * n_tok);
+    if (sum.size() < n) sum.resize(n);
+    matmul_f32(*job.w, x, sum.data(), n_tok, job.bias);
+    add(job.y, sum.data(), static_cast<int64_t>(n));
+  }
+}
+
 void rope(float* x, const int32_t* pos, int32_t n_tok, int32_t n_head, const RopeParams& p) {
   const int32_t half = p.rope_dim / 2;
+  // Angles in double: theta_i = pos / scale * base^(-2i/d) / factor_i (the powers once a call).
+  thread_local std::vector<double> freq;
+  freq.resize(static_cast<size_t>(half));
+  for (int32_t i = 0; i < half; ++i) freq[i] = std::pow(static_cast<double>(p.base), -2.0 * i / p.rope_dim);
+  const double* fr = freq.data();  // the caller's (a worker's thread_local is its own)
   thread_pool().parallel_for(n_tok, 4, [&](int64_t b, int64_t e) {
     std::vector<float>& cs = scratch(static_cast<size_t>(2 * half));
     for (int64_t t = b; t < e; ++t) {
-      // Angles in double: theta_i = pos / scale * base^(-2i/d) / factor_i.
       const double ppos = static_cast<double>(pos[t]) / static_cast<double>(p.linear_scale);
       for (int32_t i = 0; i < half; ++i) {
-        double th = ppos * std::pow(static_cast<double>(p.base), -2.0 * i / p.rope_dim);
+        double th = ppos * fr[i];
         if (p.freq_factors) th /= static_cast<double>(p.freq_factors[i]);
         cs[2 * i] = static_cast<float>(std::cos(th));
         cs[2 * i + 1] = static_cast<float>(std::sin(th));
@@ -248,10 +239,23 @@ void sigmoid_mul(float* x, const float* gate, int64_t n) {
 }
 
 void swiglu(float* gate, const float* up, int64_t n) {
+  // g / (1 + e^-g) * up, 8 at a time (e^x by exp_ps), the last few through a copy: the same
+  // steps for every element.
+  const auto eight = [](float* g8, const float* u8) {
+    const __m256 g = _mm256_loadu_ps(g8);
+    const __m256 den =
+        _mm256_add_ps(_mm256_set1_ps(1.0f), quant::exp_ps(_mm256_sub_ps(_mm256_setzero_ps(), g)));
+    _mm256_storeu_ps(g8, _mm256_mul_ps(_mm256_div_ps(g, den), _mm256_loadu_ps(u8)));
+  };
   thread_pool().parallel_for(n, 4096, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      const float g = gate[i];
-      gate[i] = g / (1.0f + std::exp(-g)) * up[i];
+    int64_t i = b;
+    for (; i + 8 <= e; i += 8) eight(gate + i, up + i);
+    if (i < e) {
+      float g8[8] = {}, u8[8] = {};
+      std::copy(gate + i, gate + e, g8);
+      std::copy(up + i, up + e, u8);
+      eight(g8, u8);
+      std::copy(g8, g8 + (e - i), gate + i);
     }
   });
 }

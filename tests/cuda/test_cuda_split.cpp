@@ -98,6 +98,7 @@ EngineOptions options(DType kt, DType vt, KvMode mode) {
   o.kv_mode = mode;
   o.ring_chunk_bytes = 64 << 10;
   o.split_share = 0.5;
+  o.phase_arena = false;  // the prefill's workspace would hold these short histories when decoding
   return o;
 }
 

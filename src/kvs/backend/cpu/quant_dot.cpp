@@ -198,6 +198,10 @@ using AvxVnni = Ymm2<DpbusdAvx>;
 
 #define KVS_AVX512 gnu::target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")
 
+// Clang refuses 512-bit values through the templates' calls, which GCC's flatten inlines into
+// the AVX-512 function: a clang build takes the 256-bit kernels there (the same bits).
+#ifndef __clang__
+#define KVS_HAVE_AVX512_KERNELS 1
 // One 512-bit register.
 struct Avx512 {
   static constexpr bool kVnni = true;
@@ -258,6 +262,7 @@ struct Avx512 {
     return hsum(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
   }
 };
+#endif
 
 // ---- weight formats ----
 // A unit is kSubs sub-blocks of 32 read from kUnitBytes of a row: two blocks of the 32-element
@@ -686,33 +691,14 @@ void rows_avx2(const Matrix& w, const XPair* x, int64_t n_tok, int64_t r0, int64
                                                             float* y, int64_t ldy) {
   rows_of<AvxVnni>(w, x, n_tok, r0, nr, y, ldy);
 }
+#ifdef KVS_HAVE_AVX512_KERNELS
 [[KVS_AVX512, gnu::flatten]] void rows_avx512(const Matrix& w, const XPair* x, int64_t n_tok,
                                                int64_t r0, int64_t nr, float* y, int64_t ldy) {
   rows_of<Avx512>(w, x, n_tok, r0, nr, y, ldy);
 }
+#endif
 
 }  // namespace
-
-bool cpu_has(DotIsa isa) {
-  switch (isa) {
-    case DotIsa::Avx2:
-      return true;
-    case DotIsa::AvxVnni:
-      return __builtin_cpu_supports("avxvnni");
-    case DotIsa::Avx512Vnni:
-      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
-             __builtin_cpu_supports("avx512vnni");
-  }
-  return false;
-}
-
-DotIsa best_dot_isa() {
-  static const DotIsa best = cpu_has(DotIsa::Avx512Vnni) ? DotIsa::Avx512Vnni
-                             : cpu_has(DotIsa::AvxVnni)  ? DotIsa::AvxVnni
-                                                         : DotIsa::Avx2;
-  return best;
-}
 
 bool has_int_dot(DType t) {
   switch (t) {
@@ -762,7 +748,12 @@ void int_matmul_rows(const Matrix& w, const XPair* xq, int64_t n_tok, int64_t r0
     case DotIsa::AvxVnni:
       return rows_avxvnni(w, xq, n_tok, r0, nr, y, ldy);
     case DotIsa::Avx512Vnni:
+#ifdef KVS_HAVE_AVX512_KERNELS
       return rows_avx512(w, xq, n_tok, r0, nr, y, ldy);
+#else
+      return cpu_has(DotIsa::AvxVnni) ? rows_avxvnni(w, xq, n_tok, r0, nr, y, ldy)
+                                      : rows_avx2(w, xq, n_tok, r0, nr, y, ldy);
+#endif
   }
 }
 

@@ -301,6 +301,10 @@ struct Ymm {
         _mm256_sub_epi32(o < 16 ? quant::low4(x) : quant::high4(x), _mm256_set1_epi32(8)));
   }
 };
+// Clang refuses 512-bit values through the templates' calls, which GCC's flatten inlines into
+// the AVX-512 function: a clang build takes the 256-bit kernels (the same bits).
+#ifndef __clang__
+#define KVS_HAVE_ZMM_VALUES 1
 struct Zmm {
   using V = __m512;
   static constexpr int kLanes = 16, kMaxHeads = 8;  // 32 registers: 16 accumulators
@@ -330,6 +334,7 @@ struct Zmm {
     return _mm512_maskz_cvtepi32_ps(all, _mm512_sub_epi32(v, _mm512_set1_epi32(8)));
   }
 };
+#endif
 
 template <DType T>
 void v_levels(const uint8_t* v, size_t v_row, int32_t n, int32_t d, float* out) {
@@ -429,6 +434,7 @@ void values_avx2(const float* p, int32_t n, const uint8_t* v, size_t v_row, cons
                  int32_t d, int32_t group, float* w, float* o) {
   values_of<Ymm, T>(p, n, v, v_row, tile, d, group, w, o);
 }
+#ifdef KVS_HAVE_ZMM_VALUES
 template <DType T>
 [[gnu::target("avx512f,avx512vl"), gnu::flatten]] void values_avx512(const float* p, int32_t n,
                                                                      const uint8_t* v, size_t v_row,
@@ -437,10 +443,16 @@ template <DType T>
                                                                      float* o) {
   values_of<Zmm, T>(p, n, v, v_row, tile, d, group, w, o);
 }
+#endif
 
 template <DType T>
 SpanKernels::Values values_for(Isa isa) {
+#ifdef KVS_HAVE_ZMM_VALUES
   return isa == Isa::Avx512Vnni ? values_avx512<T> : values_avx2<T>;
+#else
+  (void)isa;
+  return values_avx2<T>;
+#endif
 }
 
 }  // namespace

@@ -52,6 +52,8 @@ def stream(url, prompt, n_gen):
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             j = json.loads(line[6:])
+            if j.get("error"):
+                raise RuntimeError("the server's answer: %s" % j["error"])
             if j.get("usage"):
                 usage = j["usage"]
             if j.get("kvstream"):
@@ -103,6 +105,9 @@ def main():
                 t.start()
             for t in threads:
                 t.join()
+            if any(r is None or not r[1] for r in results):
+                raise RuntimeError("%d of %d requests gave no tokens" %
+                                   (sum(r is None or not r[1] for r in results), c))
             # The window in which every request decodes: from the last first token to the
             # first last token; the tokens of all of them stamped inside it.
             lo = max(r[1][0] for r in results)
@@ -120,6 +125,10 @@ def main():
                   % (c, rate, n, hi - lo, " ".join("%.2f" % s for s in single)), flush=True)
         metrics = urllib.request.urlopen(url + "/metrics", timeout=60).read().decode()
         out["metrics"] = [l for l in metrics.splitlines() if l and not l.startswith("#")]
+    except Exception:
+        sys.stderr.write("serve-bench: the server's log ends:\n" + open(log, errors="replace")
+                         .read()[-3000:])
+        raise
     finally:
         proc.terminate()
         proc.wait(timeout=60)

@@ -30,9 +30,11 @@ struct Case {
   KvMode mode = KvMode::Stream;
   size_t chunk = 64 << 10;
   uint32_t seed = 1;
-  bool phase_arena = true;  // EngineOptions::phase_arena
-  int32_t stagger = 0;      // > 0: sequence i starts after i x stagger steps
-  int32_t n_verify = 1;     // EngineOptions::n_verify
+  bool phase_arena = true;    // EngineOptions::phase_arena
+  int32_t stagger = 0;        // > 0: sequence i starts after i x stagger steps
+  int32_t n_verify = 1;       // EngineOptions::n_verify
+  int32_t split_threads = 0;  // EngineOptions::split_threads (--kv-mode split)
+  double split_share = 0;     // EngineOptions::split_share
   std::string str() const {
     std::ostringstream o;
     o << preset << " page " << page << " batch " << batch << " kv " << dtype_name(kt) << "/"
@@ -62,6 +64,8 @@ inline EngineOptions options(const Case& c) {
   o.ring_chunk_bytes = c.chunk;
   o.phase_arena = c.phase_arena;
   o.n_verify = c.n_verify;
+  o.split_threads = c.split_threads;
+  o.split_share = c.split_share;
   return o;
 }
 

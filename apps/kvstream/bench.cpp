@@ -332,6 +332,21 @@ nlohmann::json measure_depth(const BenchArgs& a, Engine& eng, Sequence& s, int64
   r["plan_slot_pages"] = eng.plan().slot_pages;
   r["plan_resident_pages"] = eng.plan().resident;
   r["plan_streamed_bytes_per_step"] = eng.plan().streamed_bytes;
+  // Split: the CPU's pages and time per token, its rate, and which bound held (the largest of
+  // the copy's time, the CPU's and the rest of the step).
+  const double cpu_s = (after.cpu_s - before.cpu_s) / static_cast<double>(n_tg),
+               cpu_b = static_cast<double>(after.cpu_bytes - before.cpu_bytes) /
+                       static_cast<double>(n_tg);
+  if (cpu_b > 0) {
+    const double copy_s = h2d > 0 ? streamed / h2d : 0.0;
+    r["cpu_bytes_per_token"] = cpu_b;
+    r["cpu_s_per_token"] = cpu_s;
+    r["cpu_bytes_per_s"] = cpu_s > 0 ? cpu_b / cpu_s : 0.0;
+    r["plan_cpu_pages"] = eng.plan().cpu;
+    r["bound"] = copy_s >= cpu_s && copy_s >= 0.9 / tg.mean ? "pcie"
+                 : cpu_s >= 0.9 / tg.mean                   ? "cpu"
+                                                            : "gpu";
+  }
   return r;
 }
 
@@ -368,8 +383,9 @@ void bench(BenchArgs& a) {
       a.depths.empty() ? std::vector<int64_t>{} : parse_count_list(a.depths, "--depths");
   a.n_gen = static_cast<int32_t>(count_arg(a.n_gen_text, "--n-gen", 1, 1 << 24));
   for (const std::string& m : split(a.modes))
-    KVS_CHECK(m == "auto" || m == "resident" || m == "stream" || m == "host" || m == "unified",
-              "--modes: '", m, "' is not a mode (auto, resident, stream, host, unified)");
+    KVS_CHECK(m == "auto" || m == "resident" || m == "stream" || m == "host" || m == "unified" ||
+                  m == "split",
+              "--modes: '", m, "' is not a mode (auto, resident, stream, host, unified, split)");
   a.backend = backend_of(a.s);
   check_flash_attn(a.s);
   apply_threads(a.s);
@@ -465,7 +481,7 @@ void register_bench(CLI::App& app, std::string command) {
   CLI::Option* depths = c->add_option("--depths", a->depths,
                                       "Context depths, e.g. 0,4k,32k (default 0 unless --pair)")
                             ->capture_default_str();
-  c->add_option("--modes", a->modes, "KV modes: auto, resident, stream, host, unified")
+  c->add_option("--modes", a->modes, "KV modes: auto, resident, stream, host, unified, split")
       ->capture_default_str();
   c->add_option("--n-gen", a->n_gen_text, "Tokens decoded at each depth")
       ->type_name("N")

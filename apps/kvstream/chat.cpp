@@ -12,7 +12,6 @@
 
 #include "commands.h"
 #include "kvs/engine/engine.h"
-#include "kvs/engine/ngram_draft.h"
 #include "kvs/engine/sampler.h"
 #include "kvs/model/model.h"
 #include "kvs/util/error.h"
@@ -67,7 +66,7 @@ struct TurnStats {
 
 class Chat {
  public:
-  Chat(const SharedArgs& s, const GenArgs& g, const SpecArgs& spec, const Model& model, Engine& eng)
+  Chat(const SharedArgs& s, const GenArgs& g, Speculator& spec, const Model& model, Engine& eng)
       : s_(s),
         g_(g),
         spec_(spec),
@@ -200,18 +199,21 @@ class Chat {
  private:
   // The answer to a message (`target`: the conversation up to it, in the KV; `logits`: of its
   // last token), streamed: every chosen token but the last goes into the KV, the template's
-  // end of turn being part of the next prompt. With --spec a step also carries the drafts the
-  // conversation's prompt lookup proposes; the first rejected one and those after it are
-  // rolled back.
+  // end of turn being part of the next prompt. With --spec a step also carries the drafts its
+  // drafter proposes, the whole conversation being its history; the first rejected one and
+  // those after it are rolled back.
   void answer(const std::vector<int32_t>& target, const float* logits, StreamDecoder& dec,
               std::string& reply, TurnStats& st, bool& full) {
     const int32_t n_ctx = eng_.options().n_ctx, n_vocab = model_.config.n_vocab;
-    NgramDrafter drafter;
-    if (spec_.on()) drafter.accept(target.data(), static_cast<int32_t>(target.size()));
+    if (spec_.on()) {
+      SamplerParams sp = sampler_.params();
+      sp.seed = sampler_.seed();
+      spec_.start(0, target.data(), static_cast<int32_t>(target.size()), sp);
+    }
     // Shows a chosen token (`n_past` positions before it); false when the answer ends with it.
     auto take = [&](int32_t id, int32_t n_past) {
       ++st.answer_tokens;
-      if (spec_.on()) drafter.accept(id);
+      if (spec_.on()) spec_.accept(0, id);
       if (!g_.ignore_eos && tok_.is_eog(id)) return false;
       emit(dec.push(id), reply);
       if (st.answer_tokens == n_predict_) return false;
@@ -225,21 +227,22 @@ class Chat {
       if (spec_.on()) {
         int64_t room = int64_t{n_ctx} - seq_.n_past - 1;
         if (n_predict_ >= 0) room = std::min(room, n_predict_ - st.answer_tokens - 1);
-        const std::vector<int32_t> d =
-            drafter.propose(static_cast<int32_t>(std::clamp<int64_t>(room, 0, spec_.draft_max)));
-        if (static_cast<int32_t>(d.size()) >= spec_.draft_min)
-          feed.insert(feed.end(), d.begin(), d.end());
+        spec_.propose({{0, room}});
+        const std::vector<int32_t>& d = spec_.drafts(0);
+        feed.insert(feed.end(), d.begin(), d.end());
       }
       const auto n = static_cast<int32_t>(feed.size());
       eng_.step({BatchEntry{&seq_, feed.data(), n, n > 1}});
       kv_.insert(kv_.end(), feed.begin(), feed.end());
       st.drafted += n - 1;
+      int32_t accepted = 0;
       for (int32_t j = 0; j < n; ++j) {
         bool ok = false;
         id = j + 1 < n ? sampler_.verify(eng_.logits(0, j), n_vocab,
-                                         feed[static_cast<size_t>(j) + 1], nullptr, &ok)
+                                         feed[static_cast<size_t>(j) + 1], spec_.q(0, j), &ok)
                        : sampler_.sample(eng_.logits(0, j), n_vocab);
         st.accepted += ok;
+        accepted += ok;
         const int32_t kept = seq_.n_past - (n - 1 - j);  // the positions before id
         more = take(id, kept);
         if (ok && more) continue;
@@ -249,6 +252,7 @@ class Chat {
         }
         break;
       }
+      if (n > 1) spec_.verified(0, accepted);
     }
   }
 
@@ -270,7 +274,7 @@ class Chat {
 
   const SharedArgs& s_;
   const GenArgs& g_;
-  const SpecArgs& spec_;
+  Speculator& spec_;
   const Model& model_;
   const Tokenizer& tok_;
   Engine& eng_;
@@ -304,6 +308,7 @@ void chat_session(const SharedArgs& s, const GenArgs& g, const SpecArgs& spec,
   auto model = Model::load(s.model);
   EngineOptions eo = engine_options(s, model->config);
   apply_speculation(spec, eo, backend);
+  const auto draft_model = load_draft(spec, *model);
   const Tokenizer& tok = *model->tokenizer;
   if (tok.chat_family() == "none")
     std::fprintf(stderr,
@@ -311,8 +316,10 @@ void chat_session(const SharedArgs& s, const GenArgs& g, const SpecArgs& spec,
                  "written as 'role: text' lines\n");
   check_host_kv(eo, model->config, backend);
   auto dev = device_of(s, backend, vram);
+  const auto drafter = make_drafter(spec, draft_model.get(), *model, *dev, eo);
   Engine eng(*model, *dev, eo);
-  Chat chat(s, g, spec, *model, eng);
+  Speculator speculator(spec_options(spec), eng, drafter.get());
+  Chat chat(s, g, speculator, *model, eng);
   const bool terminal = isatty(STDIN_FILENO) != 0;
   std::fprintf(stderr,
                "kvstream: chat with %s (%s template), -c %d, %d threads, seed %llu\n"

@@ -57,7 +57,9 @@ void add_shared(CLI::App* c, SharedArgs& a, unsigned flags) {
         ->check(CLI::IsMember({"on", "off", "auto"}));
   }
   if (flags & kKvMode)
-    c->add_option("--kv-mode", a.kv_mode, "KV placement: auto, resident, stream, host, unified")
+    c->add_option("--kv-mode", a.kv_mode,
+                  "KV placement: auto, resident, stream, host, unified, split (auto, the CPU "
+                  "attending to a share of the pages that stream)")
         ->capture_default_str();
   if (flags & kMemory) {
     c->add_option("--kv-arena", a.kv_arena, "Device memory for the KV cache, e.g. 512M, 2.2G")
@@ -78,6 +80,17 @@ void add_shared(CLI::App* c, SharedArgs& a, unsigned flags) {
                   "Host-to-device bandwidth in GB/s the planner assumes (run: until measured; 0: "
                   "a default)")
         ->capture_default_str();
+    c->add_option("--split-threads", a.split_threads,
+                  "--kv-mode split: CPU threads for the CPU's pages (0: all but one)")
+        ->check(CLI::Range(0, 4096));
+    c->add_option("--cpu-gbps", a.cpu_gbps,
+                  "--kv-mode split: GB/s of K and V the planner assumes the CPU attends to until "
+                  "measured (0: it gives the CPU half the streamed pages)")
+        ->capture_default_str();
+    c->add_option("--split-share", a.split_share,
+                  "--kv-mode split: the CPU takes this share of the pages that would stream, "
+                  "whatever the measured rates (0: by the rates)")
+        ->check(CLI::Range(0.0, 1.0));
   }
   if (flags & kVerbose)
     c->add_flag("-v,--verbose", a.verbose, "Print every step's streaming statistics");
@@ -109,32 +122,80 @@ void add_sampling(CLI::App* c, GenArgs& g) {
 
 void add_speculation(CLI::App* c, SpecArgs& sp) {
   c->add_option("--spec,--spec-type", sp.mode,
-                "Speculative decoding: off, or ngram (drafts found earlier in the sequence by "
-                "prompt lookup, verified in the step of the token before them)")
-      ->capture_default_str();
+                "Speculative decoding: off, ngram (drafts found earlier in the sequence by "
+                "prompt lookup) or draft (drafts of a draft model, -md; the default with -md), "
+                "verified in the step of the token before them");
+  c->add_option("--model-draft", sp.model_draft,
+                "-md: the draft model for --spec draft, a small GGUF of the same vocabulary "
+                "(its KV resident beside the target's)");
   c->add_option("--draft-max,--draft,--draft-n,--spec-draft-n-max", sp.draft_max,
-                "Most draft tokens a step verifies")
+                "Most draft tokens a step verifies (the length adapts below it)")
       ->capture_default_str();
   c->add_option("--draft-min,--draft-n-min,--spec-draft-n-min", sp.draft_min,
                 "Fewest draft tokens worth a verify step (fewer: the step goes without them)")
       ->capture_default_str();
+  c->add_option("--draft-p-min", sp.p_min,
+                "A draft model stops drafting at a token it gives less probability than this")
+      ->capture_default_str();
+}
+
+std::string SpecArgs::kind() const {
+  if (mode.empty()) return model_draft.empty() ? "off" : "draft";
+  return mode == "none" ? "off" : mode;
 }
 
 void apply_speculation(const SpecArgs& sp, EngineOptions& o, const std::string& backend) {
-  KVS_CHECK(sp.mode == "off" || sp.mode == "none" || sp.on(), "--spec must be off or ngram, got '",
-            sp.mode, "'");
+  const std::string kind = sp.kind();
+  KVS_CHECK(kind == "off" || kind == "ngram" || kind == "draft",
+            "--spec must be off, ngram or draft, got '", sp.mode, "'");
+  KVS_CHECK(kind != "draft" || !sp.model_draft.empty(),
+            "--spec draft needs a draft model: -md/--model-draft FILE");
+  KVS_CHECK(kind == "draft" || sp.model_draft.empty(),
+            "-md/--model-draft is for --spec draft, not ", kind);
   KVS_CHECK(sp.draft_max >= 1 && sp.draft_max <= 63, "--draft-max must be 1 to 63, got ",
             sp.draft_max);
   KVS_CHECK(sp.draft_min >= 0 && sp.draft_min <= sp.draft_max,
             "--draft-min must be 0 to --draft-max (", sp.draft_max, "), got ", sp.draft_min);
+  KVS_CHECK(sp.p_min >= 0.0 && sp.p_min <= 1.0, "--draft-p-min must be 0 to 1, got ", sp.p_min);
   if (!sp.on()) return;
   o.n_verify = sp.draft_max + 1;
-  if (backend != "cpu")
+  const int64_t step = int64_t{o.n_verify} * o.n_seq;
+  if (backend == "cuda" && step > kCudaInvariantTokens)
     std::fprintf(stderr,
-                 "kvstream: warning: --spec on the %s backend: a verify step's logits are not "
-                 "bit-identical to one-token steps' (greedy text may differ at near ties); on "
-                 "the cpu backend they are the same bits\n",
-                 backend.c_str());
+                 "kvstream: warning: --spec on cuda: steps of up to %lld tokens (%d sequences of "
+                 "%d) exceed the %d whose logits are bit-identical to one-token steps' (greedy "
+                 "text may differ at near ties); a smaller --draft-max or -np keeps them exact\n",
+                 static_cast<long long>(step), o.n_seq, o.n_verify, kCudaInvariantTokens);
+}
+
+SpecOptions spec_options(const SpecArgs& sp) {
+  const std::string kind = sp.kind();
+  SpecOptions o;
+  o.mode = kind == "ngram" ? SpecMode::Ngram : kind == "draft" ? SpecMode::Draft : SpecMode::Off;
+  o.draft_max = sp.draft_max;
+  o.draft_min = sp.draft_min;
+  return o;
+}
+
+std::unique_ptr<Model> load_draft(const SpecArgs& sp, const Model& target) {
+  if (sp.kind() != "draft") return nullptr;
+  auto draft = Model::load(sp.model_draft);
+  check_draft_vocab(target, *draft);
+  return draft;
+}
+
+std::unique_ptr<ModelDrafter> make_drafter(const SpecArgs& sp, const Model* draft,
+                                           const Model& target, Device& dev,
+                                           const EngineOptions& o) {
+  if (!draft) return nullptr;
+  auto d = std::make_unique<ModelDrafter>(*draft, target, dev, o, sp.draft_max, sp.p_min);
+  const ModelConfig& c = draft->config;
+  std::fprintf(stderr,
+               "kvstream: draft model %s (%s, %d layers): %s on the %s device (weights, "
+               "buffers and its whole KV, resident)\n",
+               sp.model_draft.c_str(), c.arch_name.c_str(), c.n_layer,
+               format_bytes(d->device_bytes()).c_str(), dev.name().c_str());
+  return d;
 }
 
 int64_t count_arg(const std::string& text, const char* flag, int64_t lo, int64_t hi) {
@@ -182,6 +243,10 @@ EngineOptions engine_options(const SharedArgs& a, const ModelConfig& c) {
   o.phase_arena = !a.no_phase_arena;
   KVS_CHECK(a.h2d_gbps >= 0, "--h2d-gbps must be 0 or more");
   o.h2d_bytes_per_s = a.h2d_gbps * 1e9;
+  KVS_CHECK(a.cpu_gbps >= 0, "--cpu-gbps must be 0 or more");
+  o.cpu_bytes_per_s = a.cpu_gbps * 1e9;
+  o.split_threads = a.split_threads;
+  o.split_share = a.split_share;
   // Buffers that -b and -np size, checked here so a huge value is a message, not bad_alloc.
   const size_t act = Engine::activation_bytes(c, o), ram = physical_memory();
   KVS_CHECK(act <= ram, "-b/--batch-size ", o.n_batch, " with -np/--parallel ", o.n_seq, " needs ",
@@ -262,10 +327,12 @@ std::vector<std::string> rewrite_llama_flags(int argc, char** argv) {
       {"-sys", "--system-prompt"},      {"-cnv", "--conversation"},
       {"-no-cnv", "--no-conversation"}, {"-ctk", "--cache-type-k"},
       {"-ctv", "--cache-type-v"},       {"-to", "--timeout"},
+      {"-md", "--model-draft"},
   };
   // Options whose value is free text: a value that looks like a flag stays as it is.
-  static const char* kText[] = {"-p",     "--prompt", "-sys", "--system-prompt", "--system", "-f",
-                                "--file", "--json",   "-m",   "--model"};
+  static const char* kText[] = {"-p",       "--prompt", "-sys",         "--system-prompt",
+                                "--system", "-f",       "--file",       "--json",
+                                "-m",       "--model",  "--model-draft"};
   std::vector<std::string> out;
   for (int i = 1; i < argc; ++i) {
     std::string s = argv[i];

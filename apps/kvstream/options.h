@@ -12,7 +12,9 @@
 #include "kvs/backend/device.h"
 #include "kvs/engine/engine.h"
 #include "kvs/engine/sampler.h"
+#include "kvs/engine/speculation.h"
 #include "kvs/model/config.h"
+#include "kvs/model/model.h"
 
 namespace kvs::cli {
 
@@ -26,6 +28,9 @@ struct SharedArgs {
   int32_t ring_slots = 0;
   bool no_phase_arena = false;
   double h2d_gbps = 0;
+  int32_t split_threads = 0;  // --split-threads
+  double cpu_gbps = 0;        // --cpu-gbps
+  double split_share = 0;     // --split-share
   int32_t threads = 0;
   std::string backend;        // empty: -ngl decides, else cpu
   int32_t n_gpu_layers = -1;  // -1: not given
@@ -41,7 +46,7 @@ enum SharedFlags : unsigned {
   kCache = 8,      // -b, --page-size, -ctk, -ctv
   kDevice = 16,    // --backend, -ngl, -t, -fa
   kMemory = 32,    // --kv-arena, --vram-limit, --ring-chunk, --ring-slots, --no-phase-arena,
-                   // --h2d-gbps
+                   // --h2d-gbps, --split-threads, --cpu-gbps, --split-share
   kKvMode = 64,    // --kv-mode
   kVerbose = 128,  // -v
   kAllShared = 255,
@@ -60,17 +65,30 @@ void add_generation(CLI::App* c, GenArgs& g);
 // The sampling flags of add_generation alone (--temp ... -s).
 void add_sampling(CLI::App* c, GenArgs& g);
 
-// Speculative decoding (run, chat, serve): --spec ngram drafts by prompt lookup, verified in the
-// step of the token before them; llama.cpp's --draft-max/--draft-min and --spec-draft-n-* names.
+// Speculative decoding (run, chat, serve): --spec ngram drafts by prompt lookup, --spec draft
+// (or -md alone) by a draft model; the drafts are verified in the step of the token before them.
+// llama.cpp's -md, --draft-max/--draft-min, --draft-p-min and --spec-draft-n-* names.
 struct SpecArgs {
-  std::string mode = "off";  // --spec, --spec-type: off (none), ngram
+  std::string mode;         // --spec, --spec-type: off (none), ngram, draft; empty: draft with -md
+  std::string model_draft;  // -md, --model-draft
   int32_t draft_max = 8, draft_min = 1;
-  bool on() const { return mode == "ngram"; }
+  double p_min = 0.75;  // --draft-p-min
+  // off, ngram or draft, once apply_speculation() has checked the flags.
+  std::string kind() const;
+  bool on() const { return kind() != "off"; }
 };
 void add_speculation(CLI::App* c, SpecArgs& sp);
 // Checks the flags and makes room for the verify steps (o.n_verify); warns that on a GPU backend
 // verified logits are within its tolerance of one-token steps rather than the same bits.
 void apply_speculation(const SpecArgs& sp, EngineOptions& o, const std::string& backend);
+SpecOptions spec_options(const SpecArgs& sp);
+// --spec draft: the draft model (-md), its vocabulary checked against the target's; else null.
+std::unique_ptr<Model> load_draft(const SpecArgs& sp, const Model& target);
+// The draft model's engine on dev (null without one), built before the target's so that the
+// target's arena takes what it leaves; says on stderr what it holds.
+std::unique_ptr<ModelDrafter> make_drafter(const SpecArgs& sp, const Model* draft,
+                                           const Model& target, Device& dev,
+                                           const EngineOptions& o);
 
 // The engine options of the shared flags for this model, every limit checked first (-c 0: the
 // trained context).

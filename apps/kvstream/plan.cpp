@@ -7,6 +7,7 @@
 
 #include "commands.h"
 #include "kvs/engine/engine.h"
+#include "kvs/engine/model_draft.h"
 #include "kvs/gguf/gguf.h"
 #include "kvs/kv/planner.h"
 #include "kvs/model/config.h"
@@ -20,6 +21,7 @@ namespace {
 
 struct PlanArgs {
   SharedArgs s;
+  SpecArgs spec;
   std::string json_out;
   double hbm_gbps = 4400;
 };
@@ -43,6 +45,7 @@ struct Figures {
   EngineOptions o;
   KvShape shape;
   size_t weights = 0, page = 0, kv_token = 0;
+  size_t draft = 0;  // -md: the draft model's weights, buffers and KV
   int32_t fixed = 0;
   // With the phase arena the prefill's activations are the arena's top (work), lent to the KV
   // while decoding: `arena` is the decode's, `prefill_arena` the KV's while prefilling.
@@ -59,11 +62,20 @@ Figures figures(const PlanArgs& pa) {
   Figures f;
   std::tie(f.c, f.weights) = shape_of(a.model);
   const ModelConfig& c = f.c;
-  const EngineOptions& o = f.o = engine_options(a, c);
+  f.o = engine_options(a, c);
+  apply_speculation(pa.spec, f.o, backend_of(a));
+  const EngineOptions& o = f.o;
+  if (pa.spec.kind() == "draft") {
+    const auto [dc, dw] = shape_of(pa.spec.model_draft);
+    KVS_CHECK(dc.n_vocab == c.n_vocab,
+              "-md/--model-draft: the draft model's vocabulary is not the target's: ", dc.n_vocab,
+              " tokens against ", c.n_vocab, " (vocab size)");
+    f.draft = ModelDrafter::planned_bytes(dc, dw, o, pa.spec.draft_max);
+  }
   const int64_t ctx = o.n_ctx;
   const int32_t parallel = o.n_seq;
-  KVS_CHECK(o.kv_mode == KvMode::Auto || o.kv_mode == KvMode::Stream,
-            "kvstream plan: --kv-mode is auto or stream");
+  KVS_CHECK(o.kv_mode == KvMode::Auto || o.kv_mode == KvMode::Stream || o.kv_mode == KvMode::Split,
+            "kvstream plan: --kv-mode is auto, stream or split");
   const KvLayout kv = KvLayout::make(o.k_type, o.v_type, o.page_size, c.n_head_kv, c.head_dim);
   const KvShape& shape = f.shape = Engine::kv_shape(c, o);
   const int32_t fixed = f.fixed = Engine::fixed_frames(c, o), L = shape.n_full;
@@ -88,11 +100,13 @@ Figures figures(const PlanArgs& pa) {
     f.arena_from = "--kv-arena";
   } else if (!a.vram_limit.empty()) {
     const size_t limit = parse_size(a.vram_limit, "--vram-limit");
-    KVS_CHECK(limit > f.weights + buffers, "--vram-limit ", format_bytes(limit),
+    KVS_CHECK(limit > f.weights + buffers + f.draft, "--vram-limit ", format_bytes(limit),
               " does not hold the weights (", format_bytes(f.weights), ") and buffers (",
-              format_bytes(buffers), ")");
-    arena = limit - f.weights - buffers;
-    f.arena_from = cat("--vram-limit ", format_bytes(limit), " less weights and buffers");
+              format_bytes(buffers), ")",
+              f.draft ? cat(" and the draft model (", format_bytes(f.draft), ")") : "");
+    arena = limit - f.weights - buffers - f.draft;
+    f.arena_from = cat("--vram-limit ", format_bytes(limit), " less weights and buffers",
+                       f.draft ? " and the draft model" : "");
     KVS_CHECK(arena > f.work, "--vram-limit ", format_bytes(limit),
               " does not hold the prefill's workspace (", format_bytes(f.work), ")");
     arena -= f.work;
@@ -123,6 +137,9 @@ Figures figures(const PlanArgs& pa) {
     in.min_chunk_bytes = o.ring_chunk_bytes;
     in.min_slots = a.ring_slots;
     in.force_ring = o.kv_mode == KvMode::Stream;
+    in.split = o.kv_mode == KvMode::Split;
+    in.cpu_bytes_per_s = a.cpu_gbps * 1e9;
+    in.split_share = a.split_share;
     return plan(in);
   };
   const auto resident_of = [&](const Plan& p) {
@@ -137,6 +154,11 @@ Figures figures(const PlanArgs& pa) {
   f.tok_s = parallel / f.p.predicted_step_s;
   f.per_token = f.p.streamed_bytes / static_cast<size_t>(parallel);
   return f;
+}
+
+// Which term of max(T_gpu, S / B, CPU) the step's time is.
+const char* bound_name(const Plan& p) {
+  return p.predicted_step_s == p.gpu_s ? "gpu" : p.predicted_step_s == p.copy_s ? "pcie" : "cpu";
 }
 
 void print(const PlanArgs& pa, const Figures& f) {
@@ -154,6 +176,9 @@ void print(const PlanArgs& pa, const Figures& f) {
     std::printf(", %d recurrent (resident state beside the arena: %s)", shape.n_recurrent,
                 format_bytes(shape.recurrent_bytes).c_str());
   std::printf("\n");
+  if (f.draft)
+    std::printf("draft      %s: %s on the device (weights, buffers, its whole KV resident)\n",
+                pa.spec.model_draft.c_str(), format_bytes(f.draft).c_str());
   std::printf("context    %lld tokens x %d sequence(s): KV %s in %d pages of %s per full layer\n",
               static_cast<long long>(f.o.n_ctx), f.o.n_seq, format_bytes(shape.full_bytes).c_str(),
               shape.max_pages, format_bytes(f.page).c_str());
@@ -177,10 +202,16 @@ void print(const PlanArgs& pa, const Figures& f) {
   }
   std::printf("streamed   %s per step, %s per token\n", format_bytes(p.streamed_bytes).c_str(),
               format_bytes(f.per_token).c_str());
-  std::printf(
-      "bound      T_gpu %.3f ms (at %.0f GB/s), S/B %.3f ms (at %.1f GB/s): %.3f ms per "
-      "step, %.1f tokens/s\n",
-      p.gpu_s * 1e3, pa.hbm_gbps, p.copy_s * 1e3, a.h2d_gbps, p.predicted_step_s * 1e3, f.tok_s);
+  if (p.cpu_bytes > 0)
+    std::printf(
+        "split      the CPU attends %d pages per layer and sequence from the host store: "
+        "%s per step, %.3f ms at %.1f GB/s\n",
+        p.cpu[0], format_bytes(p.cpu_bytes).c_str(), p.cpu_s * 1e3, a.cpu_gbps);
+  std::printf("bound      T_gpu %.3f ms (at %.0f GB/s), S/B %.3f ms (at %.1f GB/s)", p.gpu_s * 1e3,
+              pa.hbm_gbps, p.copy_s * 1e3, a.h2d_gbps);
+  if (p.cpu_bytes > 0) std::printf(", CPU %.3f ms", p.cpu_s * 1e3);
+  std::printf(": %.3f ms per step (%s), %.1f tokens/s\n", p.predicted_step_s * 1e3, bound_name(p),
+              f.tok_s);
 }
 
 nlohmann::json plan_json(const PlanArgs& pa, const Figures& f) {
@@ -191,6 +222,7 @@ nlohmann::json plan_json(const PlanArgs& pa, const Figures& f) {
   j["ctx"] = f.o.n_ctx;
   j["parallel"] = f.o.n_seq;
   j["weights_bytes"] = f.weights;
+  j["draft_bytes"] = f.draft;
   j["kv_bytes_per_token"] = f.kv_token;
   j["kv_bytes"] = shape.full_bytes;
   j["page_bytes"] = f.page;
@@ -215,6 +247,11 @@ nlohmann::json plan_json(const PlanArgs& pa, const Figures& f) {
   j["streamed_bytes_per_token"] = f.per_token;
   j["t_gpu_s"] = p.gpu_s;
   j["copy_s"] = p.copy_s;
+  j["cpu_pages"] = p.cpu;
+  j["cpu_bytes_per_step"] = p.cpu_bytes;
+  j["cpu_s"] = p.cpu_s;
+  j["cpu_gbps"] = pa.s.cpu_gbps;
+  j["bound"] = bound_name(p);
   j["predicted_step_s"] = p.predicted_step_s;
   j["predicted_tokens_per_s"] = f.tok_s;
   j["h2d_gbps"] = pa.s.h2d_gbps;
@@ -236,12 +273,14 @@ void plan_cmd(const PlanArgs& pa) {
 void register_plan(CLI::App& app) {
   auto a = std::make_shared<PlanArgs>();
   a->s.h2d_gbps = 55;
+  a->s.cpu_gbps = 75;  // ../shared/ceilings.md: int8 q8_0 K . q on the GPU machine's 16 threads
   CLI::App* c =
       app.add_subcommand("plan", "Show the KV partition and predicted decode speed at a context");
   add_shared(c, a->s, kModel | kContext | kParallel | kCache | kMemory | kKvMode);
   c->add_option("--hbm-gbps", a->hbm_gbps, "Device memory bandwidth for T_gpu, GB/s")
       ->capture_default_str();
   c->add_option("--json", a->json_out, "Also write the plan as JSON to this file");
+  add_speculation(c, a->spec);
   c->callback([a] { plan_cmd(*a); });
 }
 

@@ -11,7 +11,6 @@
 #include "commands.h"
 #include "kvs/backend/device.h"
 #include "kvs/engine/engine.h"
-#include "kvs/engine/ngram_draft.h"
 #include "kvs/engine/sampler.h"
 #include "kvs/model/model.h"
 #include "kvs/util/error.h"
@@ -100,9 +99,9 @@ std::vector<std::vector<int32_t>> prompts_of(const RunArgs& a, const Model& mode
 // Totals of the steps of one phase (prefill or decode).
 struct Phase {
   int64_t steps = 0, tokens = 0, chunks = 0;
-  double seconds = 0, ready_wait_s = 0, copy_busy_s = 0, occupancy_sum = 0;
-  size_t bytes_in = 0, bytes_out = 0;
-  int64_t repartitions = 0;
+  double seconds = 0, ready_wait_s = 0, copy_busy_s = 0, occupancy_sum = 0, cpu_s = 0;
+  size_t bytes_in = 0, bytes_out = 0, cpu_bytes = 0;
+  int64_t repartitions = 0, cpu_pages = 0;
   void add(const StepStats& s) {
     ++steps;
     tokens += s.n_tokens;
@@ -114,6 +113,9 @@ struct Phase {
     bytes_in += s.bytes_in;
     bytes_out += s.bytes_out;
     repartitions += s.repartitioned;
+    cpu_pages += s.cpu_pages;
+    cpu_bytes += s.cpu_bytes;
+    cpu_s += s.cpu_s;
   }
   nlohmann::json json() const {
     nlohmann::json j;
@@ -130,6 +132,10 @@ struct Phase {
     j["copy_busy_fraction"] = seconds > 0 ? copy_busy_s / seconds : 0.0;
     j["ring_occupancy"] = steps > 0 ? occupancy_sum / steps : 0.0;
     j["repartitions"] = repartitions;
+    j["cpu_pages"] = cpu_pages;  // split: pages the CPU attended, their bytes, its time
+    j["cpu_bytes"] = cpu_bytes;
+    j["cpu_s"] = cpu_s;
+    j["cpu_busy_fraction"] = seconds > 0 ? cpu_s / seconds : 0.0;
     return j;
   }
 };
@@ -143,19 +149,27 @@ std::string plan_text(const Engine& e) {
   std::string caps = lo == kUnlimited ? "all"
                      : lo == hi       ? std::to_string(lo)
                                       : cat(lo, "-", hi == kUnlimited ? 0 : hi);
+  int32_t cpu = 0;
+  for (int32_t c : p.cpu) cpu += c;
   return cat("resident ", caps, " pages/layer/sequence, ring ", p.n_slots, " x ", p.slot_pages,
              " pages, ", format_bytes(p.streamed_bytes), " streamed per step",
+             cpu > 0 ? cat(", the CPU ", cpu, " pages/layer (", format_bytes(p.cpu_bytes), ")")
+                     : std::string(),
              e.in_prefill_phase() ? " (prefill: the workspace taken back)" : "");
 }
 
 void print_step(const char* phase, int64_t i, const StepStats& s, const Engine& e) {
   std::fprintf(stderr,
                "kvstream: %s %lld: %d tok, %.2f ms, streamed %s in %lld chunks, ready wait %.3f "
-               "ms, copy busy %.0f%%, ring %.0f%% full%s\n",
+               "ms, copy busy %.0f%%, ring %.0f%% full%s%s\n",
                phase, static_cast<long long>(i), s.n_tokens, s.seconds * 1e3,
                format_bytes(s.bytes_in).c_str(), static_cast<long long>(s.chunks),
                s.ready_wait_s * 1e3, s.seconds > 0 ? 100 * s.copy_busy_s / s.seconds : 0.0,
                100 * s.occupancy,
+               s.cpu_pages > 0 ? cat(", CPU ", s.cpu_pages, " pages (", format_bytes(s.cpu_bytes),
+                                     ") in ", s.cpu_s * 1e3, " ms")
+                                     .c_str()
+                               : "",
                s.repartitioned ? cat(" | repartition: ", plan_text(e)).c_str() : "");
 }
 
@@ -217,22 +231,22 @@ void prefill_all(const RunArgs& a, Engine& eng, const std::vector<std::vector<in
 
 // Decode: every unfinished sequence in one batch per step; a finished one gives its pages back
 // at once. One sequence's text streams to stdout; several are printed as they end. With --spec
-// ngram a sequence's step also carries the drafts its prompt lookup proposes, all verified by
-// that one step; the first rejected one and those after it are rolled back.
-void decode_all(const RunArgs& a, Engine& eng, const Tokenizer& tok, std::vector<Sampler>& samplers,
-                const std::vector<std::vector<int32_t>>& prompts, int64_t n_predict,
-                int32_t n_vocab, Outcome& r) {
+// a sequence's step also carries the drafts its drafter proposes, all verified by that one
+// step; the first rejected one and those after it are rolled back.
+void decode_all(const RunArgs& a, Engine& eng, Speculator& spec, const Tokenizer& tok,
+                std::vector<Sampler>& samplers, const std::vector<std::vector<int32_t>>& prompts,
+                int64_t n_predict, int32_t n_vocab, Outcome& r) {
   const size_t N = samplers.size();
   r.out.assign(N, {});
   r.texts.assign(N, {});
   std::vector<StreamDecoder> decoders;
-  std::vector<NgramDrafter> drafters;
-  const bool spec = a.spec.on();
   for (size_t i = 0; i < N; ++i) {
     decoders.emplace_back(tok);
-    if (!spec) continue;
-    drafters.emplace_back();
-    drafters.back().accept(prompts[i].data(), static_cast<int32_t>(prompts[i].size()));
+    if (!spec.on()) continue;
+    SamplerParams sp = samplers[i].params();
+    sp.seed = samplers[i].seed();  // the drafts' generator follows the printed seed
+    spec.start(static_cast<int32_t>(i), prompts[i].data(), static_cast<int32_t>(prompts[i].size()),
+               sp);
   }
   const bool prefilled = !interrupted();
   std::vector<bool> live(N, n_predict > 0 && prefilled);
@@ -245,7 +259,7 @@ void decode_all(const RunArgs& a, Engine& eng, const Tokenizer& tok, std::vector
   // Emits a chosen token; false when the sequence ends with it (and its pages are given back).
   auto emit = [&](size_t u, int32_t id) {
     r.out[u].push_back(id);
-    if (spec) drafters[u].accept(id);
+    if (spec.on()) spec.accept(static_cast<int32_t>(u), id);
     const bool eog = !a.g.ignore_eos && tok.is_eog(id);
     if (!eog) {
       std::string piece = decoders[u].push(id);
@@ -263,9 +277,10 @@ void decode_all(const RunArgs& a, Engine& eng, const Tokenizer& tok, std::vector
     return true;
   };
   const double t1 = now();
+  std::vector<Speculator::Ask> asks;
   while (prefilled && !interrupted()) {
-    std::vector<BatchEntry> batch;
     std::vector<size_t> who;
+    asks.clear();
     for (size_t u = 0; u < N; ++u) {
       if (!live[u]) continue;
       int32_t id = pending[u];
@@ -275,20 +290,23 @@ void decode_all(const RunArgs& a, Engine& eng, const Tokenizer& tok, std::vector
         if (!emit(u, id)) continue;
       }
       feed[u].assign(1, id);
-      if (spec) {
-        // No draft past the tokens still wanted or the context.
-        const int64_t room = std::min<int64_t>(n_predict - static_cast<int64_t>(r.out[u].size()),
-                                               eng.options().n_ctx - r.seqs[u].n_past - 1);
-        const std::vector<int32_t> d =
-            drafters[u].propose(static_cast<int32_t>(std::min<int64_t>(a.spec.draft_max, room)));
-        if (static_cast<int32_t>(d.size()) >= a.spec.draft_min)
-          feed[u].insert(feed[u].end(), d.begin(), d.end());
+      who.push_back(u);
+      // No draft past the tokens still wanted or the context.
+      asks.push_back({static_cast<int32_t>(u),
+                      std::min<int64_t>(n_predict - static_cast<int64_t>(r.out[u].size()),
+                                        eng.options().n_ctx - r.seqs[u].n_past - 1)});
+    }
+    if (who.empty()) break;
+    if (spec.on()) spec.propose(asks);
+    std::vector<BatchEntry> batch;
+    for (size_t u : who) {
+      if (spec.on()) {
+        const std::vector<int32_t>& d = spec.drafts(static_cast<int32_t>(u));
+        feed[u].insert(feed[u].end(), d.begin(), d.end());
       }
       const auto n = static_cast<int32_t>(feed[u].size());
       batch.push_back({&r.seqs[u], feed[u].data(), n, n > 1});
-      who.push_back(u);
     }
-    if (batch.empty()) break;
     eng.step(batch);
     r.decode.add(eng.last_step());
     if (a.s.verbose) print_step("decode", r.decode.steps, eng.last_step(), eng);
@@ -299,11 +317,13 @@ void decode_all(const RunArgs& a, Engine& eng, const Tokenizer& tok, std::vector
       ++r.seq_steps;
       cur[u] = eng.logits(e);
       r.drafted += n_draft;
+      int32_t accepted = 0;
       for (int32_t k = 0; k < n_draft; ++k) {
         bool ok = false;
-        const int32_t t = samplers[u].verify(eng.logits(e, k), n_vocab,
-                                             feed[u][static_cast<size_t>(k) + 1], nullptr, &ok);
-        r.accepted += ok;
+        const int32_t t =
+            samplers[u].verify(eng.logits(e, k), n_vocab, feed[u][static_cast<size_t>(k) + 1],
+                               spec.q(static_cast<int32_t>(u), k), &ok);
+        accepted += ok;
         if (!emit(u, t)) break;
         if (!ok) {  // t replaces the draft; the drafts from it on leave the cache
           eng.truncate(r.seqs[u], r.seqs[u].n_past - (n_draft - k));
@@ -311,6 +331,8 @@ void decode_all(const RunArgs& a, Engine& eng, const Tokenizer& tok, std::vector
           break;
         }
       }
+      r.accepted += accepted;
+      if (n_draft > 0) spec.verified(static_cast<int32_t>(u), accepted);
     }
   }
   for (size_t u = 0; u < N; ++u) {
@@ -329,7 +351,7 @@ void decode_all(const RunArgs& a, Engine& eng, const Tokenizer& tok, std::vector
   for (const auto& o : r.out) r.n_dec += std::max<int64_t>(0, static_cast<int64_t>(o.size()) - 1);
 }
 
-void write_run_json(const RunArgs& a, const Engine& eng,
+void write_run_json(const RunArgs& a, const Engine& eng, const ModelDrafter* draft,
                     const std::vector<std::vector<int32_t>>& prompts, const Outcome& r) {
   const size_t N = prompts.size();
   nlohmann::json j;
@@ -349,11 +371,19 @@ void write_run_json(const RunArgs& a, const Engine& eng,
   j["decode_tokens_per_s"] = r.n_dec > 0 ? static_cast<double>(r.n_dec) / r.t_decode : 0.0;
   j["prefill_s"] = r.t_prefill;
   j["decode_s"] = r.t_decode;
-  j["speculation"] = {{"mode", a.spec.on() ? "ngram" : "off"},
-                      {"draft_max", a.spec.on() ? a.spec.draft_max : 0},
-                      {"drafted", r.drafted},
-                      {"accepted", r.accepted},
-                      {"sequence_steps", r.seq_steps}};
+  j["speculation"] = {
+      {"mode", a.spec.kind()},
+      {"draft_model", a.spec.model_draft},
+      {"draft_max", a.spec.on() ? a.spec.draft_max : 0},
+      {"draft_min", a.spec.on() ? a.spec.draft_min : 0},
+      {"drafted", r.drafted},
+      {"accepted", r.accepted},
+      {"acceptance_rate",
+       r.drafted ? static_cast<double>(r.accepted) / static_cast<double>(r.drafted) : 0.0},
+      {"sequence_steps", r.seq_steps},
+      {"tokens_per_sequence_step",
+       r.seq_steps ? static_cast<double>(r.n_dec) / static_cast<double>(r.seq_steps) : 0.0},
+      {"draft_device_bytes", draft ? draft->device_bytes() : 0}};
   j["peak_rss_bytes"] = peak_rss();
   j["kv_bytes_per_token"] = eng.kv_bytes_per_token();
   const EngineStats& tot = eng.totals();
@@ -440,14 +470,15 @@ void report_run(const RunArgs& a, const Engine& eng, const Outcome& r, int64_t p
                count_of(r.n_dec, "token").c_str(), r.t_decode, tg,
                format_bytes(peak_rss()).c_str());
   if (a.spec.on())
-    std::fprintf(stderr,
-                 "kvstream: speculation (%s): %lld drafted, %lld accepted (%.1f %%), %.2f tokens "
-                 "per sequence step, %s streamed per token\n",
-                 a.spec.mode.c_str(), static_cast<long long>(r.drafted),
-                 static_cast<long long>(r.accepted),
-                 r.drafted ? 100.0 * static_cast<double>(r.accepted) / static_cast<double>(r.drafted) : 0.0,
-                 r.seq_steps ? static_cast<double>(r.n_dec) / static_cast<double>(r.seq_steps) : 0.0,
-                 format_bytes(r.n_dec ? r.decode.bytes_in / static_cast<size_t>(r.n_dec) : 0).c_str());
+    std::fprintf(
+        stderr,
+        "kvstream: speculation (%s): %lld drafted, %lld accepted (%.1f %%), %.2f tokens "
+        "per sequence step, %s streamed per token\n",
+        a.spec.kind().c_str(), static_cast<long long>(r.drafted),
+        static_cast<long long>(r.accepted),
+        r.drafted ? 100.0 * static_cast<double>(r.accepted) / static_cast<double>(r.drafted) : 0.0,
+        r.seq_steps ? static_cast<double>(r.n_dec) / static_cast<double>(r.seq_steps) : 0.0,
+        format_bytes(r.n_dec ? r.decode.bytes_in / static_cast<size_t>(r.n_dec) : 0).c_str());
   const EngineStats& tot = eng.totals();
   if (a.s.verbose || tot.bytes_in > 0)
     std::fprintf(
@@ -487,13 +518,16 @@ void run(const RunArgs& a) {
   auto model = Model::load(a.s.model);
   EngineOptions eo = engine_options(a.s, model->config);
   apply_speculation(a.spec, eo, backend);
+  const auto draft_model = load_draft(a.spec, *model);
   const int32_t n_vocab = model->config.n_vocab;
   const auto prompts = prompts_of(a, *model, eo, n_predict);
   const int32_t N = eo.n_seq;
 
   check_host_kv(eo, model->config, backend);
   auto dev = device_of(a.s, backend, vram);
+  const auto drafter = make_drafter(a.spec, draft_model.get(), *model, *dev, eo);
   Engine eng(*model, *dev, eo);
+  Speculator spec(spec_options(a.spec), eng, drafter.get());
   std::vector<Sampler> samplers = samplers_for(a.g, prompts);
   int64_t prompt_tokens = 0;
   for (const auto& p : prompts) prompt_tokens += static_cast<int64_t>(p.size());
@@ -513,10 +547,10 @@ void run(const RunArgs& a) {
   }
   if (a.s.verbose) std::fprintf(stderr, "kvstream: plan: %s\n", plan_text(eng).c_str());
   const bool prefilled = !interrupted();
-  decode_all(a, eng, *model->tokenizer, samplers, prompts, n_predict, n_vocab, r);
+  decode_all(a, eng, spec, *model->tokenizer, samplers, prompts, n_predict, n_vocab, r);
 
   report_run(a, eng, r, prompt_tokens, prefilled, t0 - t_load);
-  if (!a.json_out.empty()) write_run_json(a, eng, prompts, r);
+  if (!a.json_out.empty()) write_run_json(a, eng, drafter.get(), prompts, r);
 }
 
 }  // namespace

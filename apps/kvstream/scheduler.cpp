@@ -71,14 +71,10 @@ TokenLogprob logprob_of(const float* logits, int32_t n_vocab, int32_t id, int32_
 }  // namespace
 
 // A request's generation state: its sampler, the text decoder with the stop strings, the
-// counts the penalties need, its drafter, its clock.
+// counts the penalties need, its clock.
 struct Scheduler::Generation {
-  Generation(const Tokenizer& tok, const GenRequest& r, bool speculate)
-      : sampler(r.sampling), dec(tok) {
+  Generation(const Tokenizer& tok, const GenRequest& r) : sampler(r.sampling), dec(tok) {
     for (int32_t id : r.prompt) sampler.accept(id);
-    if (!speculate) return;
-    drafter.emplace();
-    drafter->accept(r.prompt.data(), static_cast<int32_t>(r.prompt.size()));
   }
 
   // `logits` with OpenAI's penalties applied: each token sampled so far, by whether and how
@@ -126,16 +122,13 @@ struct Scheduler::Generation {
   std::string held;
   std::unordered_map<int32_t, int32_t> counts;  // generated tokens, for the penalties
   std::vector<float> work;
-  std::optional<NgramDrafter> drafter;  // with speculation: fed the prompt and every token sent
   int64_t generated = 0, drafted = 0, accepted = 0;
   double t_admit = now(), t_first = 0;
 };
 
 Scheduler::Scheduler(Engine& eng, const Tokenizer& tok, int32_t max_queue, bool verbose,
-                     Speculation spec)
+                     Speculator* spec)
     : eng_(eng), tok_(tok), max_queue_(max_queue), verbose_(verbose), spec_(spec) {
-  KVS_CHECK(spec.draft_max < eng.options().n_verify, "serve: --draft-max ", spec.draft_max,
-            " needs an engine that verifies ", spec.draft_max + 1, " tokens at once");
   slots_.resize(static_cast<size_t>(eng.options().n_seq));
   stats_.slots.resize(slots_.size());
   thread_ = std::thread([this] { loop(); });
@@ -184,15 +177,26 @@ void Scheduler::admit(std::unique_lock<std::mutex>& lock) {
       if (s.job || queue_.empty()) continue;
       s.job = std::move(queue_.front());
       queue_.pop_front();
-      s.seq = eng_.open_sequence();
-      s.gen = std::make_unique<Generation>(tok_, s.job->request, spec_.draft_max > 0);
       s.admitted = stats_.admitted;
+      ++stats_.admitted;
+      stats_.prompt_tokens += static_cast<int64_t>(s.job->request.prompt.size());
+      ++stats_.slots_busy;  // counted before the unlock, which submit() reads
+      stats_.queued = static_cast<int32_t>(queue_.size());
+      // The engine is this thread's alone: the copies of cached pages do not hold up the
+      // HTTP threads' submissions and statistics.
+      lock.unlock();
+      s.seq = eng_.open_sequence();
+      s.gen = std::make_unique<Generation>(tok_, s.job->request);
       const auto& prompt = s.job->request.prompt;
+      if (spec_) {
+        SamplerParams sp = s.job->request.sampling;
+        sp.seed = s.gen->sampler.seed();  // the drafts' generator follows the request's seed
+        spec_->start(index(s), prompt.data(), static_cast<int32_t>(prompt.size()), sp);
+      }
       s.fed = s.cached =
           eng_.reuse_prefix(s.seq, prompt.data(), static_cast<int32_t>(prompt.size()));
       s.next = -1;
-      ++stats_.admitted;
-      stats_.prompt_tokens += static_cast<int64_t>(s.job->request.prompt.size());
+      lock.lock();
     }
     int32_t busy = 0;
     for (const Slot& s : slots_) busy += s.job ? 1 : 0;
@@ -255,18 +259,12 @@ void Scheduler::fail(Slot& s, const char* what) {
   job->push(ended(what));
 }
 
-void Scheduler::draft(Slot& s) {
-  s.feed.assign(1, s.next);
-  Generation& g = *s.gen;
-  if (!g.drafter) return;
+int64_t Scheduler::room(const Slot& s) const {
   // No draft past the context, nor one whose row could only give a token past max_tokens.
   int64_t room = int64_t{eng_.options().n_ctx} - s.seq.n_past - 1;
   const int64_t max_tokens = s.job->request.max_tokens;
-  if (max_tokens >= 0) room = std::min(room, max_tokens - g.generated - 1);
-  const std::vector<int32_t> d =
-      g.drafter->propose(static_cast<int32_t>(std::clamp<int64_t>(room, 0, spec_.draft_max)));
-  if (static_cast<int32_t>(d.size()) >= spec_.draft_min)
-    s.feed.insert(s.feed.end(), d.begin(), d.end());
+  if (max_tokens >= 0) room = std::min(room, max_tokens - s.gen->generated - 1);
+  return room;
 }
 
 int64_t Scheduler::advance(Slot& s, int32_t entry) {
@@ -284,18 +282,20 @@ int64_t Scheduler::advance(Slot& s, int32_t entry) {
   }
   // Row j's logits follow the token at position n_past - n_draft - 1 + j and choose the one
   // after it, where draft j + 1 stands.
+  const int32_t seq = index(s);
   for (int32_t j = 0;; ++j) {
     const float* logits = eng_.logits(entry, j);
     const float* from = g.penalised(r, logits, n_vocab);
     bool ok = false;
-    const int32_t id =
-        j < n_draft
-            ? g.sampler.verify(from, n_vocab, s.feed[static_cast<size_t>(j) + 1], nullptr, &ok)
-            : g.sampler.sample(from, n_vocab);
+    const int32_t id = j < n_draft
+                           ? g.sampler.verify(from, n_vocab, s.feed[static_cast<size_t>(j) + 1],
+                                              spec_->q(seq, j), &ok)
+                           : g.sampler.sample(from, n_vocab);
     const int32_t kept = n_past - (n_draft - j);  // the positions before id
     const End end = deliver(s, id, logits, kept, ok);
     // The drafts after id leave the KV (and so never reach the prompt cache).
     if ((!ok || end.reason) && kept < s.seq.n_past) eng_.truncate(s.seq, kept);
+    if ((!ok || end.reason) && n_draft > 0) spec_->verified(seq, j + ok);
     if (end.reason) {
       finish(s, end.reason, end.flush);
       return j + 1;
@@ -314,7 +314,7 @@ Scheduler::End Scheduler::deliver(Slot& s, int32_t id, const float* logits, int3
   ++g.counts[id];
   ++g.generated;
   g.accepted += accepted;
-  if (g.drafter) g.drafter->accept(id);
+  if (spec_) spec_->accept(index(s), id);
   {  // counted, and the slot shown decoding, before the client can see the token
     SlotInfo info;
     describe(s, info);
@@ -396,6 +396,7 @@ void Scheduler::loop() {
   std::vector<BatchEntry> batch;
   std::vector<Slot*> who;
   std::vector<bool> samples;
+  std::vector<Speculator::Ask> asks;
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mu_);
@@ -414,9 +415,17 @@ void Scheduler::loop() {
     who.clear();
     samples.clear();
     int32_t budget = n_batch;
+    asks.clear();
+    for (Slot& s : slots_)
+      if (s.job && s.next >= 0) asks.push_back({index(s), room(s)});
+    if (spec_ && !asks.empty()) spec_->propose(asks);
     for (Slot& s : slots_)
       if (s.job && s.next >= 0) {
-        draft(s);
+        s.feed.assign(1, s.next);
+        if (spec_) {
+          const std::vector<int32_t>& d = spec_->drafts(index(s));
+          s.feed.insert(s.feed.end(), d.begin(), d.end());
+        }
         const auto n = static_cast<int32_t>(s.feed.size());
         batch.push_back({&s.seq, s.feed.data(), n, n > 1});
         who.push_back(&s);

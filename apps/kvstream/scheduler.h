@@ -2,8 +2,9 @@
 // read their tokens from the job's channel. Between steps, waiting jobs take free sequences;
 // each step carries one token of every decoding sequence and, in what is left of -b, chunks of
 // the prompts being read, so a long prompt never stalls the others by more than a step of -b.
-// With speculation a decoding sequence's token comes with the drafts its prompt lookup proposes,
-// all verified in that step; the rejected ones are rolled back.
+// With speculation a decoding sequence's token comes with the drafts its drafter proposes (each
+// slot a sequence of the Speculator's), all verified in that step; the rejected ones are rolled
+// back.
 #pragma once
 
 #include <atomic>
@@ -19,8 +20,8 @@
 #include <vector>
 
 #include "kvs/engine/engine.h"
-#include "kvs/engine/ngram_draft.h"
 #include "kvs/engine/sampler.h"
+#include "kvs/engine/speculation.h"
 #include "kvs/tokenizer/tokenizer.h"
 
 namespace kvs::cli {
@@ -97,17 +98,11 @@ struct SchedulerStats {
   std::vector<SlotInfo> slots;
 };
 
-// serve --spec ngram: each step of a decoding sequence carries up to draft_max drafts (none
-// when its prompt lookup proposes fewer than draft_min); draft_max 0: off. The engine's
-// n_verify must be at least draft_max + 1.
-struct Speculation {
-  int32_t draft_max = 0, draft_min = 0;
-};
-
 class Scheduler {
  public:
+  // spec: the drafters of serve --spec, for eng's sequences (null: off).
   Scheduler(Engine& eng, const Tokenizer& tok, int32_t max_queue, bool verbose,
-            Speculation spec = {});
+            Speculator* spec = nullptr);
   ~Scheduler();  // stops the loop; jobs still running end with an error event
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
@@ -137,8 +132,9 @@ class Scheduler {
   void loop();
   void admit(std::unique_lock<std::mutex>& lock);
   void release(Slot& s);
-  // s.feed for its decode step: s.next and the drafts that fit.
-  void draft(Slot& s);
+  // The drafts that fit s's next decode step: the context's room and its request's.
+  int64_t room(const Slot& s) const;
+  int32_t index(const Slot& s) const { return static_cast<int32_t>(&s - slots_.data()); }
   // After the step of s (batch entry `entry`): its next token from the logits of its last row,
   // or, after a verify step, each draft checked in turn, the first rejected one replaced and
   // the rest rolled back; each token sent. Returns the tokens sent.
@@ -158,7 +154,7 @@ class Scheduler {
   const Tokenizer& tok_;
   const int32_t max_queue_;
   const bool verbose_;
-  const Speculation spec_;
+  Speculator* const spec_;
   std::vector<Slot> slots_;
   std::vector<Slot*> reading_;  // scratch: the slots reading their prompts, in admission order
 

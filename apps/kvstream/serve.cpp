@@ -656,6 +656,7 @@ void serve(const ServeArgs& a) {
   EngineOptions eo = engine_options(a.s, model->config);
   eo.cache_ram = cache_ram_of(a.cache_ram);
   apply_speculation(a.spec, eo, backend);
+  const auto draft_model = load_draft(a.spec, *model);
   if (eo.cache_ram > 0 && model->config.n_layers_of(LayerKind::Full) != model->config.n_layer) {
     std::fprintf(stderr, "kvstream: the prompt cache is off: %s has window or recurrent layers\n",
                  model->config.arch_name.c_str());
@@ -663,10 +664,11 @@ void serve(const ServeArgs& a) {
   }
   check_host_kv(eo, model->config, backend);
   auto dev = device_of(a.s, backend, vram);
+  const auto drafter = make_drafter(a.spec, draft_model.get(), *model, *dev, eo);
   Engine eng(*model, *dev, eo);
+  Speculator spec(spec_options(a.spec), eng, drafter.get());
 
-  Scheduler sched(eng, *model->tokenizer, a.queue, a.s.verbose,
-                  {a.spec.on() ? a.spec.draft_max : 0, a.spec.draft_min});
+  Scheduler sched(eng, *model->tokenizer, a.queue, a.s.verbose, spec.on() ? &spec : nullptr);
   const std::string id =
       a.alias.empty() ? std::filesystem::path(a.s.model).filename().string() : a.alias;
   Api api{a, *model, *model->tokenizer, eo, sched, id};
@@ -703,7 +705,8 @@ void serve(const ServeArgs& a) {
       id.c_str(), model->tokenizer->chat_family().c_str(), a.host.c_str(), port, eo.n_seq, eo.n_ctx,
       eo.n_batch, kv_mode_name(eo.kv_mode), format_bytes(eng.arena_bytes()).c_str(),
       pc ? format_bytes(pc->budget).c_str() : "off", thread_pool().size(),
-      a.spec.on() ? cat(", --spec ngram up to ", a.spec.draft_max, " drafts").c_str() : "");
+      a.spec.on() ? cat(", --spec ", a.spec.kind(), " up to ", a.spec.draft_max, " drafts").c_str()
+                  : "");
   std::fflush(stderr);
   svr.listen_after_bind();
   if (stopper.joinable()) {

@@ -4,7 +4,8 @@ log-probabilities, float32 values printed in full, a chat, a stream) equal those
 without speculation token for token, while most drafts of a prompt that repeats itself are
 accepted (timings.draft_n, draft_n_accepted as llama-server names them, and /metrics); the
 prompt cache gives the same answer again from cached pages; requests with a temperature, two
-at once, run to their length.
+at once, run to their length; a draft model (-md, SmolLM2 for itself) gives the same answers,
+its drafts nearly all accepted, two requests at once.
 Usage: serve_spec.py KVSTREAM MODEL"""
 import sys
 import threading
@@ -100,10 +101,38 @@ def main():
                                                    r.usage.completion_tokens == 40),
               "a sampled request's length: %r" % r.usage)
 
-    plain.close()
     spec.close()
-    plain_srv.stop()
     srv.stop()
+
+    # A draft model (SmolLM2 drafting for itself, -md alone turning it on): each slot's draft
+    # sequence follows its requests; the answers are plain decoding's, nearly every draft accepted.
+    draft_srv = Server(BINARY, MODEL, *common, "-md", MODEL, "--draft-p-min", "0.3")
+    draft = openai.OpenAI(base_url=draft_srv.url + "/v1", api_key="none", max_retries=0)
+    got = completion(draft, FOX)
+    check(got[:4] == want[:4], "draft model completion differs:\n%r\n%r" % (got[0], want[0]))
+    t = timings(got[4])
+    check(t["draft_n"] > 0 and t["draft_n_accepted"] >= 0.9 * t["draft_n"],
+          "the draft model's drafts: %r" % t)
+    answers = [None, None]
+
+    def ask(i):
+        answers[i] = draft.chat.completions.create(model="m", messages=msgs, temperature=0,
+                                                   max_tokens=N)
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    for a in answers:
+        check(a.choices[0].message.content == chat[0].choices[0].message.content,
+              "draft model chat answer differs")
+    m = draft_srv.metrics()
+    check(m["spec_drafted_total"] > 0, "draft model metrics %r" % m)
+    draft.close()
+    draft_srv.stop()
+    plain.close()
+    plain_srv.stop()
     print("serve spec: ok (%d of %d drafts accepted)" % (accepted, drafted))
 
 

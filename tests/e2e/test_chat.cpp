@@ -132,8 +132,9 @@ TEST_F(Chat, AFullContextIsSaidAndTheSessionGoesOn) {
   EXPECT_EQ(j["messages"].size(), 2u) << j.dump();
 }
 
-// --spec ngram: the answers of plain decoding, token for token (the KV too, where each turn's
-// rejected drafts were rolled back), drafts accepted; and a context filled by a verify step.
+// --spec ngram, and a draft model: the answers of plain decoding, token for token (the KV too,
+// where each turn's rejected drafts were rolled back), drafts accepted; and a context filled by
+// a verify step.
 TEST_F(Chat, SpeculationGivesTheAnswersOfPlainDecoding) {
   const std::string input =
       "Repeat this twice: The quick brown fox jumps over the lazy dog.\n/stats\nAgain, "
@@ -152,6 +153,18 @@ TEST_F(Chat, SpeculationGivesTheAnswersOfPlainDecoding) {
   EXPECT_GT(accepted, 5) << on.dump();
   EXPECT_LT(accepted, drafted);
   EXPECT_EQ(count(o.out, " accepted"), 2) << o.out;
+  // A draft model (SmolLM2 drafting for itself) following the conversation across turns.
+  nlohmann::json draft;
+  chat("--temp 0 -n 48 -c 1024 -md " + test::smollm2() + " --draft-p-min 0.3", input, &draft);
+  EXPECT_EQ(draft["messages"], off["messages"]);
+  EXPECT_EQ(draft["kv_tokens"], off["kv_tokens"]);
+  drafted = accepted = 0;
+  for (const auto& t : draft["turns"]) {
+    drafted += t["drafted"].get<int64_t>();
+    accepted += t["accepted"].get<int64_t>();
+  }
+  EXPECT_GT(drafted, 20) << draft.dump();
+  EXPECT_GE(accepted, drafted * 9 / 10) << draft.dump();
   nlohmann::json full;
   const Outcome f = chat("--temp 0 -n -1 --ignore-eos -c 48 --spec ngram", "Hi\n", &full);
   EXPECT_TRUE(contains(f.err, "the context is full (-c 48)")) << f.err;

@@ -132,9 +132,53 @@ TEST_F(StreamCli, NgramSpeculationGivesTheTokensOfPlainDecoding) {
   EXPECT_LT(sp["sequence_steps"].get<int64_t>(), 50) << "drafts should save steps";
   EXPECT_GT(on.json["kv"]["decode"]["bytes_streamed"].get<size_t>(), 0u);
   EXPECT_NE(on.err.find("kvstream: speculation (ngram):"), std::string::npos) << on.err;
-  const Outcome bad = kvstream("run -m " + test::smollm2() + " -p hi --spec draft", "spec_bad");
+  const Outcome bad = kvstream("run -m " + test::smollm2() + " -p hi --spec mtp", "spec_bad");
   EXPECT_NE(bad.status, 0);
-  EXPECT_NE(bad.err.find("--spec must be off or ngram"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("--spec must be off, ngram or draft"), std::string::npos) << bad.err;
+}
+
+// A draft model: SmolLM2 drafting for itself (its one-token steps give the logits the target's
+// verify steps give, so nearly every draft is accepted), greedy output equal to decoding
+// without it while the target's history streams through a small arena; -md alone turns it on.
+// A draft model of another vocabulary, or none, is refused by name.
+TEST_F(StreamCli, DraftModelSpeculationGivesTheTokensOfPlainDecoding) {
+  const std::string common = "run -m " + test::smollm2() +
+                             " -p \"Write a short story about a fox.\" --chat -n 64 --temp 0 "
+                             "-c 512 --page-size 8 -b 64 --kv-arena 1M --no-phase-arena";
+  const Outcome off = kvstream(common + " --spec off", "draft_off");
+  const Outcome on =
+      kvstream(common + " -md " + test::smollm2() + " --draft-max 6 --draft-p-min 0.2", "draft_on");
+  ASSERT_EQ(off.status, 0) << off.err;
+  ASSERT_EQ(on.status, 0) << on.err;
+  EXPECT_EQ(on.json["tokens"], off.json["tokens"]);
+  const auto& sp = on.json["speculation"];
+  EXPECT_EQ(sp["mode"], "draft");
+  EXPECT_GT(sp["drafted"].get<int64_t>(), 20) << on.err;
+  EXPECT_GE(sp["acceptance_rate"].get<double>(), 0.95) << on.err;
+  EXPECT_GT(sp["tokens_per_sequence_step"].get<double>(), 1.3) << on.err;
+  EXPECT_GT(sp["draft_device_bytes"].get<size_t>(), 0u);
+  EXPECT_GT(on.json["kv"]["decode"]["bytes_streamed"].get<size_t>(), 0u);
+  EXPECT_NE(on.err.find("kvstream: draft model"), std::string::npos) << on.err;
+  EXPECT_NE(on.err.find("kvstream: speculation (draft):"), std::string::npos) << on.err;
+  // kvstream plan counts what the draft model takes, as the run measured it on the CPU.
+  const Outcome plan = kvstream("plan -m " + test::smollm2() + " -c 512 --page-size 8 -b 64 -md " +
+                                    test::smollm2() + " --draft-max 6 --vram-limit 1G",
+                                "draft_plan");
+  ASSERT_EQ(plan.status, 0) << plan.err;
+  EXPECT_EQ(plan.json["draft_bytes"], sp["draft_device_bytes"]);
+  EXPECT_NE(plan.out.find("less weights and buffers and the draft model"), std::string::npos)
+      << plan.out;
+  const std::string m = "run -m " + test::smollm2() + " -p hi -n 4";
+  Outcome bad = kvstream(m + " -md synthetic:tiny", "draft_vocab");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.err.find("-md/--model-draft: the draft model's vocabulary is not the target's: "
+                         "512 tokens against 49152 (vocab size)"),
+            std::string::npos)
+      << bad.err;
+  bad = kvstream(m + " --spec draft", "draft_none");
+  EXPECT_NE(bad.err.find("--spec draft needs a draft model"), std::string::npos) << bad.err;
+  bad = kvstream(m + " --spec ngram -md " + test::smollm2(), "draft_ngram");
+  EXPECT_NE(bad.err.find("-md/--model-draft is for --spec draft"), std::string::npos) << bad.err;
 }
 
 TEST_F(StreamCli, BadStreamingInputIsRefusedClearly) {

@@ -65,6 +65,13 @@ k rtx4080 "" bench -m synthetic:tiny --backend cuda --depths 300 --n-gen 8 -p 0 
   --kv-arena 160k --page-size 16 -b 64 --no-phase-arena &&
   [ "$(field "['runs'][0]['streamed_bytes_per_token'] > 0" "$tmp/j")" = True ] ||
   { echo "FAILED: stream mode streamed nothing"; failed=1; }
+# Split: the CPU's pages, folded on the device after its flag (the flag's kernel, the fold's;
+# the null GPU does not wait for the flag, so only the ring's bytes are checked: fewer).
+k rtx4080 "" bench -m synthetic:tiny --backend cuda --depths 300 --n-gen 8 -p 0 \
+  --modes stream,split --kv-arena 160k --page-size 16 -b 64 --no-phase-arena --split-share 0.5 &&
+  python3 -c "import json, sys; r = json.load(open(sys.argv[1]))['runs']
+sys.exit(r[1]['streamed_bytes_per_token'] >= r[0]['streamed_bytes_per_token'])" "$tmp/j" ||
+  { echo "FAILED: split mode streamed what stream mode does"; failed=1; }
 
 # The switches' host paths (their bits are tests/cuda's).
 for env in "KVS_CUDA_GRAPHS=0" "KVS_PDL=0" "KVS_PROFILE=1" "KVS_DECODE_WARP=0" \

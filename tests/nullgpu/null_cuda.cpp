@@ -197,6 +197,10 @@ cudaError_t cudaMallocManaged(void** p, size_t n, unsigned) {
 cudaError_t cudaHostAlloc(void** p, size_t n, unsigned) {
   return map(p, n);
 }
+cudaError_t cudaHostGetDevicePointer(void** d, void* h, unsigned) {
+  *d = h;
+  return cudaSuccess;
+}
 cudaError_t cudaFree(void* p) {
   return unmap(p);
 }

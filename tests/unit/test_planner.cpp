@@ -3,6 +3,9 @@
 // product; the predicted bound) with hand-computed figures.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+
 #include "kvs/kv/planner.h"
 #include "kvs/util/error.h"
 
@@ -163,6 +166,52 @@ TEST(Planner, BelowTheMinimumArenaIsRefused) {
   EXPECT_EQ(p.n_slots, 1);
   EXPECT_EQ(p.slot_pages, 1);
   EXPECT_EQ(p.resident[0], 0);
+}
+
+}  // namespace
+}  // namespace kvs
+
+namespace kvs {
+namespace {
+
+// Split: the CPU takes B_cpu / (B_cpu + B) of the pages past the cap before the tail page, the
+// ring streams the rest, and the predicted step is the largest of the three times.
+TEST(Planner, SplitSharesTheStreamedPagesByTheRates) {
+  PlanInput in = input(60, {50});  // 4 layers x 50 pages, 54 frames for pages: most stream
+  const Plan stream = plan(in);
+  in.split = true;
+  in.cpu_bytes_per_s = 150e9;  // three times B: the CPU takes 3/4
+  const Plan p = plan(in);
+  ASSERT_EQ(p.cpu.size(), 1u);
+  EXPECT_EQ(p.resident, stream.resident);
+  const int32_t past = 50 - 1 - p.resident[0];
+  EXPECT_EQ(p.cpu[0], static_cast<int32_t>(std::lround(0.75 * past)));
+  // The pages the CPU takes no longer stream: per layer, the layers with a page more have one
+  // page fewer past their cap.
+  int64_t taken = 0;
+  for (int32_t l = 0; l < in.n_layer; ++l)
+    taken += std::min(p.cpu[0], past - (l < p.extra[0] ? 1 : 0));
+  EXPECT_EQ(p.streamed_pages, stream.streamed_pages - taken);
+  EXPECT_EQ(p.cpu_bytes, static_cast<size_t>(taken) * kPage);
+  EXPECT_DOUBLE_EQ(p.cpu_s, static_cast<double>(p.cpu_bytes) / 150e9);
+  EXPECT_DOUBLE_EQ(p.predicted_step_s, std::max({p.gpu_s, p.copy_s, p.cpu_s}));
+  EXPECT_LT(p.predicted_step_s, stream.predicted_step_s / 3);
+  // Unmeasured, the CPU takes half.
+  in.cpu_bytes_per_s = 0;
+  EXPECT_EQ(plan(in).cpu[0], static_cast<int32_t>(std::lround(0.5 * past)));
+}
+
+TEST(Planner, SplitKeepsItsShareWhileTheRatesMoveLittle) {
+  PlanInput in = input(60, {50});
+  in.split = true;
+  in.cpu_bytes_per_s = 50e9;
+  const Plan p = plan(in);
+  in.cpu_bytes_per_s = 53e9;  // a share a page or so larger: kept
+  EXPECT_EQ(plan(in, &p).cpu, p.cpu);
+  in.cpu_bytes_per_s = 150e9;  // much faster: taken
+  EXPECT_GT(plan(in, &p).cpu[0], p.cpu[0] + 2);
+  // Nothing streams, nothing to split.
+  EXPECT_EQ(plan(input(1000, {50}), &p).cpu_bytes, 0u);
 }
 
 }  // namespace

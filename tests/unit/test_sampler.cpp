@@ -522,6 +522,91 @@ TEST(Sampler, SpeculativeAcceptanceRateIsOneMinusTotalVariation) {
   EXPECT_NEAR(n_accepted / static_cast<double>(kN), 0.75, 0.01);
 }
 
+// A drafter's tokens (Sampler::draft) come with the distribution they were drawn from, its
+// chain (top-k, then the temperature) on the drafter's logits. Verified with it, the tokens that
+// come out follow the target's chain on its own logits (the chi-square bound above); verified
+// with the drafter's distribution before its temperature, they do not.
+TEST(Sampler, DraftedTokensVerifiedWithTheirQKeepTheTargetDistribution) {
+  const std::vector<float> target = logits_of({0.30, 0.20, 0.15, 0.12, 0.10, 0.07, 0.04, 0.02});
+  const std::vector<float> drafter = logits_of({0.05, 0.40, 0.05, 0.20, 0.02, 0.08, 0.10, 0.10});
+  SamplerParams tp = plain(0.8f, 5);
+  tp.top_k = 6;
+  // p: the target's six best, at temperature 0.8.
+  std::vector<double> p(8, 0.0);
+  double z = 0.0;
+  for (size_t i = 0; i < 6; ++i) z += p[i] = std::exp(static_cast<double>(target[i]) / 0.8);
+  for (double& x : p) x /= z;
+  std::vector<float> untempered(8);
+  SamplerParams up = tp;
+  up.temp = 1.0f;
+  ASSERT_GE(Sampler(up).draft(drafter.data(), 8, 0.0, untempered.data()), 0);
+  constexpr int kN = 200000;
+  constexpr double kBound = 50.0;  // 7 degrees of freedom
+  double chi2[2] = {0.0, 0.0};
+  for (int wrong = 0; wrong < 2; ++wrong) {
+    Sampler s(tp);
+    SamplerParams dp = tp;
+    dp.seed = 6;
+    Sampler d(dp);
+    std::vector<float> q(8);
+    std::vector<double> counts(8, 0.0);
+    int n_accepted = 0;
+    for (int i = 0; i < kN; ++i) {
+      const int32_t x = d.draft(drafter.data(), 8, 0.0, q.data());
+      double sum = 0.0;
+      for (float v : q) sum += static_cast<double>(v);
+      if (i < 100) {
+        EXPECT_NEAR(sum, 1.0, 1e-6);
+        EXPECT_GT(q[static_cast<size_t>(x)], 0.0f);
+        EXPECT_EQ(q[2], 0.0f) << "the drafter's top-k keeps token 0 of the tie, not 2";
+      }
+      bool a = false;
+      const int32_t t = s.verify(target.data(), 8, x, wrong ? untempered.data() : q.data(), &a);
+      n_accepted += a;
+      counts[static_cast<size_t>(t)] += 1.0;
+    }
+    EXPECT_EQ(counts[6] + counts[7], 0.0);
+    counts.resize(6);
+    p.resize(6);
+    chi2[wrong] = chi_square(counts, p, kN);
+    p.resize(8, 0.0);
+    EXPECT_GT(n_accepted, kN / 3);
+  }
+  EXPECT_LT(chi2[0], kBound);
+  EXPECT_GT(chi2[1], 10 * kBound);
+}
+
+// A drafter stops where its most likely token is too unsure (below p_min), drawing nothing and
+// leaving its history as it was; greedy, by the argmax's probability at temperature 1.
+TEST(Sampler, DraftStopsBelowPMin) {
+  const std::vector<float> logits = logits_of({0.6, 0.3, 0.1});
+  std::vector<float> q(3);
+  SamplerParams p = plain(1.0f, 3);
+  p.repeat_penalty = 2.0f;  // the history then changes the distribution
+  Sampler s(p);
+  EXPECT_EQ(s.draft(logits.data(), 3, 0.61, q.data()), -1);
+  EXPECT_GE(s.draft(logits.data(), 3, 0.59, q.data()), 0);
+  Sampler g(plain(0.0f));
+  EXPECT_EQ(g.draft(logits.data(), 3, 0.61, nullptr), -1);
+  EXPECT_EQ(g.draft(logits.data(), 3, 0.59, nullptr), 0);
+  // forget() undoes what a draft added to the penalty's history: the distributions of a
+  // drafter that forgets its drafts stay those of a fresh one with the same history.
+  Sampler b(p);
+  b.accept(1);
+  std::vector<float> qa(3), qb(3);
+  int others = 0;  // drafts that would have changed the penalty
+  for (int i = 0; i < 20; ++i) {
+    Sampler a(p);
+    a.accept(1);
+    a.draft(logits.data(), 3, 0.0, qa.data());
+    others += b.draft(logits.data(), 3, 0.0, qb.data()) != 1;
+    b.forget(1);
+    EXPECT_EQ(qa, qb) << "draft " << i;
+  }
+  EXPECT_GT(others, 0);
+  EXPECT_THROW(b.forget(2), Error);
+}
+
 TEST(Sampler, GreedyVerifyAcceptsExactlyTheArgmax) {
   Sampler s(plain(0.0f));
   const std::vector<float> logits = random_logits(1000, 2.0f, 5);

@@ -17,9 +17,10 @@
 namespace kvs::cli {
 namespace {
 
+// draft: a synthetic preset, the draft model of --spec draft.
 struct Fixture {
   explicit Fixture(int32_t n_seq, int32_t n_batch, int32_t max_queue = 8, size_t cache_ram = 0,
-                   KvMode mode = KvMode::Auto, Speculation spec = {})
+                   KvMode mode = KvMode::Auto, SpecOptions spec = {}, const char* draft = nullptr)
       : model(Model::load("synthetic:tiny")), dev(make_cpu_device(0)) {
     EngineOptions o;
     o.n_ctx = 1024;
@@ -29,13 +30,21 @@ struct Fixture {
     o.cache_ram = cache_ram;
     o.kv_mode = mode;
     o.ring_chunk_bytes = 1024;  // with stream: the smallest arena, most pages streamed
-    o.n_verify = spec.draft_max + 1;
+    if (spec.mode != SpecMode::Off) o.n_verify = spec.draft_max + 1;
+    if (draft) {
+      draft_model = Model::load(std::string("synthetic:") + draft);
+      drafter = std::make_unique<ModelDrafter>(*draft_model, *model, *dev, o, spec.draft_max, 0.0);
+    }
     eng = std::make_unique<Engine>(*model, *dev, o);
-    sched = std::make_unique<Scheduler>(*eng, *model->tokenizer, max_queue, false, spec);
+    speculator = std::make_unique<Speculator>(spec, *eng, drafter.get());
+    sched = std::make_unique<Scheduler>(*eng, *model->tokenizer, max_queue, false,
+                                        speculator->on() ? speculator.get() : nullptr);
   }
-  std::unique_ptr<Model> model;
+  std::unique_ptr<Model> model, draft_model;
   std::unique_ptr<Device> dev;
+  std::unique_ptr<ModelDrafter> drafter;
   std::unique_ptr<Engine> eng;
+  std::unique_ptr<Speculator> speculator;
   std::unique_ptr<Scheduler> sched;
 };
 
@@ -213,7 +222,7 @@ TEST(Scheduler, SpeculationGivesTheTokensOfPlainDecoding) {
   for (const bool cached : {false, true}) {
     SCOPED_TRACE(cached ? "prompt cache, streamed" : "resident");
     Fixture f(3, 32, 8, cached ? size_t{16} << 20 : 0, cached ? KvMode::Stream : KvMode::Auto,
-              Speculation{6, 1});
+              SpecOptions{SpecMode::Ngram, 6, 1});
     for (int round = 0; round < (cached ? 2 : 1); ++round) {
       auto jobs = jobs_of();
       for (auto& j : jobs) ASSERT_TRUE(f.sched->submit(j));
@@ -257,7 +266,7 @@ TEST(Scheduler, SpeculationWithATemperature) {
       ASSERT_TRUE(drain(*j, want[i]));
     }
   }
-  Fixture f(2, 32, 8, 0, KvMode::Auto, Speculation{4, 1});
+  Fixture f(2, 32, 8, 0, KvMode::Auto, SpecOptions{SpecMode::Ngram, 4, 1});
   std::vector<std::shared_ptr<Job>> jobs;
   for (uint32_t i = 0; i < 6; ++i) {
     jobs.push_back(i < 4 ? job(i, 0.7f, 1) : job(i, 0.8f, 40));
@@ -273,6 +282,63 @@ TEST(Scheduler, SpeculationWithATemperature) {
   }
   const SchedulerStats s = f.sched->stats();
   EXPECT_EQ(s.finished, 6);
+  EXPECT_GT(s.accepted, 0);
+  EXPECT_LT(s.accepted, s.drafted);
+}
+
+// A draft model per slot: each slot's sequence in the draft engine follows the jobs it takes
+// (a new job's prompt replacing the last one's tokens), greedy tokens those of plain decoding;
+// the target drafting for itself has every draft accepted, another quantization of it most;
+// with a temperature the jobs run to their end, their drafts verified with the drafts' q.
+TEST(Scheduler, DraftModelPerSlotGivesTheTokensOfPlainDecoding) {
+  const auto jobs_of = [](float temp) {
+    std::vector<std::shared_ptr<Job>> jobs;
+    for (uint32_t i = 0; i < 5; ++i) {
+      GenRequest r = job_of(7 + 9 * static_cast<int32_t>(i), 30, i + 10)->request;
+      r.sampling.temp = temp;
+      r.sampling.seed = 50 + i;
+      jobs.push_back(std::make_shared<Job>(std::move(r)));
+    }
+    return jobs;
+  };
+  std::vector<std::vector<int32_t>> want(5);
+  {
+    Fixture f(1, 32);
+    auto jobs = jobs_of(0);
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      ASSERT_TRUE(f.sched->submit(jobs[i]));
+      ASSERT_TRUE(drain(*jobs[i], want[i]));
+    }
+  }
+  for (const char* draft : {"tiny", "tiny:q4_0"}) {
+    SCOPED_TRACE(draft);
+    Fixture f(3, 32, 8, 0, KvMode::Stream, SpecOptions{SpecMode::Draft, 5, 1}, draft);
+    auto jobs = jobs_of(0);
+    for (auto& j : jobs) ASSERT_TRUE(f.sched->submit(j));
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      std::vector<int32_t> got;
+      ASSERT_TRUE(drain(*jobs[i], got));
+      EXPECT_EQ(got, want[i]) << "request " << i;
+    }
+    const SchedulerStats s = f.sched->stats();
+    EXPECT_GT(s.drafted, 30);
+    if (std::string(draft) == "tiny") {
+      EXPECT_EQ(s.accepted, s.drafted);
+    } else {
+      EXPECT_GT(s.accepted, s.drafted / 3);
+    }
+    EXPECT_LT(s.steps, s.completion_tokens);
+  }
+  Fixture f(2, 32, 8, 0, KvMode::Auto, SpecOptions{SpecMode::Draft, 4, 1}, "tiny:q4_0");
+  auto jobs = jobs_of(0.9f);
+  for (auto& j : jobs) ASSERT_TRUE(f.sched->submit(j));
+  for (auto& j : jobs) {
+    std::vector<int32_t> got;
+    ASSERT_TRUE(drain(*j, got));
+    EXPECT_LE(got.size(), 30u);
+  }
+  const SchedulerStats s = f.sched->stats();
+  EXPECT_EQ(s.finished, 5);
   EXPECT_GT(s.accepted, 0);
   EXPECT_LT(s.accepted, s.drafted);
 }

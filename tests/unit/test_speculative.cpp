@@ -10,160 +10,19 @@
 #include <vector>
 
 #include "kvs/util/error.h"
-#include "stream_cases.h"
+#include "speculative_cases.h"
 
 namespace kvs::test {
 namespace {
 
-struct Decoded {
-  std::vector<std::vector<int32_t>> tokens;             // [sequence][i]
-  std::vector<std::vector<std::vector<float>>> rows;    // the logits token i was chosen from
-  EngineStats totals;
-  int64_t drafted = 0, accepted = 0, page_rollbacks = 0;
-};
-
-int32_t argmax(const float* l, int32_t n) {
-  return static_cast<int32_t>(std::max_element(l, l + n) - l);
-}
-
-// Greedy decode of the case's sequences (its prompts, gen_len tokens each), batched. With
-// draft_max > 0 each sequence's step carries up to draft_max drafts: the tokens `oracle` chose
-// after it, each replaced by a random one with probability 0.3, so steps accept all, some or
-// none; a rejected draft's replacement goes into the next step, as `kvstream run --spec` does.
-Decoded decode(const Model& m, const Case& c, KvMode mode, size_t arena, int32_t draft_max,
-               const Decoded* oracle) {
-  auto dev = make_cpu_device(0);
-  EngineOptions o = options(c);
-  o.kv_mode = mode;
-  o.kv_arena = arena;
-  o.n_verify = draft_max + 1;
-  Engine e(m, *dev, o);
-  const int32_t V = m.config.n_vocab, N = o.n_seq;
-  std::mt19937 g(c.seed * 7 + 3);
-  Decoded r;
-  r.tokens.resize(static_cast<size_t>(N));
-  r.rows.resize(static_cast<size_t>(N));
-  std::vector<Sequence> seqs(static_cast<size_t>(N));
-  std::vector<std::vector<float>> cur(static_cast<size_t>(N));
-  std::vector<int32_t> pending(static_cast<size_t>(N), -1);
-  std::vector<std::vector<int32_t>> feed(static_cast<size_t>(N));
-  for (int32_t i = 0; i < N; ++i) {
-    const auto p = tokens(c.seed * 100 + static_cast<uint32_t>(i), c.prompt_len[static_cast<size_t>(i)], V);
-    seqs[static_cast<size_t>(i)] = e.open_sequence();
-    const float* l = e.eval(seqs[static_cast<size_t>(i)], p.data(), static_cast<int32_t>(p.size()));
-    cur[static_cast<size_t>(i)].assign(l, l + V);
-  }
-  // Records a chosen token; false when its sequence is complete (and closed).
-  auto choose = [&](size_t u, const float* row, int32_t t) {
-    r.rows[u].emplace_back(row, row + V);
-    r.tokens[u].push_back(t);
-    if (static_cast<int32_t>(r.tokens[u].size()) < c.gen_len[u]) return true;
-    e.close_sequence(seqs[u]);
-    return false;
-  };
-  for (size_t u = 0; u < static_cast<size_t>(N); ++u)
-    if (c.gen_len[u] == 0) e.close_sequence(seqs[u]);
-  for (;;) {
-    std::vector<BatchEntry> batch;
-    std::vector<size_t> who;
-    for (size_t u = 0; u < static_cast<size_t>(N); ++u) {
-      if (seqs[u].id < 0) continue;
-      int32_t id = pending[u];
-      pending[u] = -1;
-      if (id < 0) {
-        id = argmax(cur[u].data(), V);
-        if (!choose(u, cur[u].data(), id)) continue;
-      }
-      feed[u].assign(1, id);
-      if (draft_max > 0) {
-        const auto have = static_cast<int32_t>(r.tokens[u].size());
-        int32_t k = static_cast<int32_t>(g() % static_cast<uint32_t>(draft_max + 1));
-        k = std::min({k, c.gen_len[u] - have, c.n_ctx - seqs[u].n_past - 1});
-        for (int32_t j = 0; j < k; ++j)
-          feed[u].push_back(g() % 10 < 7 ? oracle->tokens[u][static_cast<size_t>(have + j)]
-                                         : static_cast<int32_t>(g() % static_cast<uint32_t>(V)));
-      }
-      const auto n = static_cast<int32_t>(feed[u].size());
-      batch.push_back({&seqs[u], feed[u].data(), n, n > 1});
-      who.push_back(u);
-    }
-    if (batch.empty()) break;
-    e.step(batch);
-    for (size_t j = 0; j < who.size(); ++j) {
-      const size_t u = who[j];
-      const auto ej = static_cast<int32_t>(j);
-      const float* last = e.logits(ej);
-      cur[u].assign(last, last + V);
-      const auto nd = static_cast<int32_t>(feed[u].size()) - 1;
-      r.drafted += nd;
-      for (int32_t k = 0; k < nd; ++k) {
-        const float* row = e.logits(ej, k);
-        const int32_t t = argmax(row, V);
-        const bool ok = t == feed[u][static_cast<size_t>(k) + 1];
-        r.accepted += ok;
-        if (!choose(u, row, t)) break;
-        if (!ok) {
-          const int32_t before = seqs[u].n_past, after = before - (nd - k);
-          e.truncate(seqs[u], after);
-          EXPECT_EQ(seqs[u].n_past, after);
-          r.page_rollbacks += after / c.page < before / c.page;
-          pending[u] = t;
-          break;
-        }
-      }
-    }
-  }
-  r.totals = e.totals();
-  return r;
-}
-
-void expect_same(const Decoded& want, const Decoded& got) {
-  ASSERT_EQ(want.tokens, got.tokens);
-  for (size_t u = 0; u < want.rows.size(); ++u)
-    for (size_t i = 0; i < want.rows[u].size(); ++i)
-      ASSERT_EQ(std::memcmp(want.rows[u][i].data(), got.rows[u][i].data(),
-                            want.rows[u][i].size() * sizeof(float)),
-                0)
-          << "sequence " << u << ": the logits of token " << i << " differ";
-}
-
 TEST(Speculative, VerifiedRowsAreBitIdenticalToOneTokenSteps) {
-  std::mt19937 g(20261206);
-  int64_t drafted = 0, accepted = 0, rejected = 0, page_rollbacks = 0, streamed = 0;
-  for (int k = 0; k < 24; ++k) {
-    Case c = random_case(g, k);
-    if (k % 4 == 1) c.preset = k % 8 == 1 ? "tiny-gemma3" : "tiny-gemma3:q4_0";
-    if (k % 4 == 2) c.preset = k % 8 == 2 ? "tiny-qwen35" : "tiny-qwen35:q4_k";
-    auto m = Model::load("synthetic:" + c.preset);
-    if (m->config.arch == Arch::Gemma3) m->config.n_swa = static_cast<int32_t>(1 + g() % 40);
-    for (auto& n : c.gen_len) n += 20;
-    const int32_t draft_max = static_cast<int32_t>(1 + g() % 8);
-    c.batch = std::max(c.batch, static_cast<int32_t>(c.prompt_len.size()) * (draft_max + 1));
-    c.n_verify = draft_max + 1;  // the windows' frames in the arena's least
-    const KvMode modes[] = {KvMode::Stream, KvMode::Auto, KvMode::Resident, KvMode::Host};
-    const KvMode mode = modes[k % 4];
-    if (mode == KvMode::Stream) {  // long histories through the least arena: most pages stream
-      c.n_ctx = 1024;
-      for (auto& n : c.prompt_len) n += 400;
-      c.arena_frac = 0;
-    }
-    const size_t arena =
-        mode == KvMode::Stream || mode == KvMode::Auto ? case_arena(*m, c) : 0;
-    SCOPED_TRACE(cat(c.str(), " drafts up to ", draft_max, " in mode ", kv_mode_name(mode)));
-    const Decoded want = decode(*m, c, KvMode::Resident, 0, 0, nullptr);
-    const Decoded got = decode(*m, c, mode, arena, draft_max, &want);
-    expect_same(want, got);
-    drafted += got.drafted;
-    accepted += got.accepted;
-    rejected += got.drafted - got.accepted;
-    page_rollbacks += got.page_rollbacks;
-    streamed += got.totals.bytes_in > 0;
-  }
+  auto dev = make_cpu_device(0);
+  const VerifyTotals t = verify_cases(*dev, 24);
   // The cases must have exercised what they are for.
-  EXPECT_GT(accepted, 200);
-  EXPECT_GT(rejected, 100);
-  EXPECT_GT(page_rollbacks, 10);
-  EXPECT_GE(streamed, 4);
+  EXPECT_GT(t.accepted, 200);
+  EXPECT_GT(t.rejected, 100);
+  EXPECT_GT(t.page_rollbacks, 10);
+  EXPECT_GE(t.streamed, 4);
 }
 
 TEST(Speculative, TruncateRefusesWhatItCannotUndo) {
@@ -195,6 +54,39 @@ TEST(Speculative, TruncateRefusesWhatItCannotUndo) {
   EXPECT_THROW(r.truncate(t, 10), Error);  // all four: the step's first token stays
   r.truncate(t, 11);
   EXPECT_THROW(r.truncate(t, 10), Error);  // once
+}
+
+// A draft model's steps: a verify step, then one-token steps that extend it. A rollback into
+// them recomputes the recurrent states of the tokens kept, bit for bit those of a sequence fed
+// only these (token by token); an extension needs a verify step before it and room in n_verify.
+TEST(Speculative, ExtendedVerifyStepsRollBack) {
+  auto q = Model::load("synthetic:tiny-qwen35");
+  auto dev = make_cpu_device(0);
+  EngineOptions o;
+  o.n_ctx = 256;
+  o.page_size = 8;
+  o.n_seq = 2;
+  o.n_verify = 5;
+  Engine e(*q, *dev, o);
+  const int32_t V = q->config.n_vocab;
+  const auto p = tokens(3, 30, V);
+  const std::vector<int32_t> t = {11, 12, 13, 14, 15, 16};
+  Sequence a = e.open_sequence(), b = e.open_sequence();
+  e.eval(a, p.data(), 30);
+  e.eval(b, p.data(), 30);
+  EXPECT_THROW(e.step({BatchEntry{&a, &t[0], 1, true, true}}), Error);  // no verify step before
+  e.step({BatchEntry{&a, &t[0], 2, true}});
+  e.step({BatchEntry{&a, &t[2], 1, true, true}});
+  e.step({BatchEntry{&a, &t[3], 1, true, true}});
+  EXPECT_THROW(e.step({BatchEntry{&a, &t[4], 2, true, true}}), Error);  // 4 + 2 > n_verify
+  EXPECT_THROW(e.truncate(a, 30), Error);  // the verify step's first token stays
+  e.truncate(a, 33);                       // t[2] kept, t[3] dropped
+  e.step({BatchEntry{&a, &t[5], 1}});
+  const std::vector<float> got(e.logits(0), e.logits(0) + V);
+  e.step({BatchEntry{&b, &t[0], 3, true}});
+  e.step({BatchEntry{&b, &t[5], 1}});
+  ASSERT_EQ(std::memcmp(got.data(), e.logits(0), got.size() * sizeof(float)), 0);
+  EXPECT_THROW(e.step({BatchEntry{&a, &t[0], 1, true, true}}), Error);  // the last was no verify
 }
 
 }  // namespace

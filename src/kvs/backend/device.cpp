@@ -34,4 +34,17 @@ void Device::sigmoid_mul(float*, const float*, int64_t) {
        " backend");
 }
 
+FlagId Device::make_flag() {
+  fail("--kv-mode split is not available on the ", name(), " backend");
+}
+void Device::raise(FlagId, uint64_t) {
+  fail("--kv-mode split is not available on the ", name(), " backend");
+}
+void Device::wait_flag(Stream, FlagId, uint64_t) {
+  fail("--kv-mode split is not available on the ", name(), " backend");
+}
+void Device::fold(const AttentionArgs&, const float*) {
+  fail("--kv-mode split is not available on the ", name(), " backend");
+}
+
 }  // namespace kvs

@@ -117,6 +117,9 @@ constexpr int kStreams = 3;
 
 // A fence is made once and re-armed by every record(); waits refer to its latest record.
 using FenceId = int32_t;
+// A flag is a counter that host threads raise and streams wait for: the CPU's side of split
+// attention tells the device that a layer's partials are in host memory.
+using FlagId = int32_t;
 
 class Device {
  public:
@@ -218,6 +221,18 @@ class Device {
   virtual double wait_seconds() = 0;
   virtual void sync() = 0;  // waits for all queued work on all streams
 
+  // Flags (split attention; the other modes do not use them): raise() from any host thread
+  // sets the counter to `value`, never lower; later work on s waits until it is at least
+  // `value`.
+  virtual FlagId make_flag();
+  virtual void raise(FlagId f, uint64_t value);
+  virtual void wait_flag(Stream s, FlagId f, uint64_t value);
+  // Folds a.n_spans spans' partials computed elsewhere (split attention: by the CPU), in
+  // pinned host memory (alloc_host), into the running state of a's one token, as attention()
+  // folds those it computes (a.spans are not read): rows of head_dim + 4 floats [max, sum,
+  // non-empty (1 or 0), 0, unnormalised output], span s's head h at row s * n_head + h.
+  virtual void fold(const AttentionArgs& a, const float* parts);
+
   // A step whose work is all on the compute stream, with no host waits inside, may be recorded
   // between these calls and run as one unit (a CUDA graph); end_step(false) drops it after an
   // error. The CPU runs each operation as it is called.
@@ -229,5 +244,8 @@ class Device {
 std::unique_ptr<Device> make_cpu_device(size_t capacity);
 // The CUDA backend (builds with KVS_HAVE_CUDA); capacity 0 means the GPU's free memory.
 std::unique_ptr<Device> make_cuda_device(size_t capacity, const CudaOptions& opt);
+// Steps of up to this many tokens (all sequences' together) are batch-invariant on CUDA: each
+// token's logits are the bits of a step of it alone (the CPU backend's steps always are).
+constexpr int kCudaInvariantTokens = 16;
 
 }  // namespace kvs

@@ -31,7 +31,8 @@ KvMode parse_kv_mode(const char* text) {
   if (s == "stream") return KvMode::Stream;
   if (s == "host") return KvMode::Host;
   if (s == "unified") return KvMode::Unified;
-  fail("--kv-mode: '", s, "' is not a mode (auto, resident, stream, host, unified)");
+  if (s == "split") return KvMode::Split;
+  fail("--kv-mode: '", s, "' is not a mode (auto, resident, stream, host, unified, split)");
 }
 
 const char* kv_mode_name(KvMode m) {
@@ -46,6 +47,8 @@ const char* kv_mode_name(KvMode m) {
       return "host";
     case KvMode::Unified:
       return "unified";
+    case KvMode::Split:
+      return "split";
   }
   return "?";
 }
@@ -129,6 +132,7 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt)
       opt.n_seq;
   KVS_CHECK(all_frames < (int64_t{1} << 31), "the KV cache has too many pages; raise --page-size");
   const size_t all_bytes = static_cast<size_t>(all_frames) * page;
+  if (opt.kv_mode == KvMode::Split) make_split();
   const size_t free_bytes = dev.capacity() == 0 ? SIZE_MAX : dev.capacity() - dev.used();
   if (opt.kv_mode == KvMode::Host) {
     host_ = std::make_unique<HostStore>(dev, page, shape_.n_full + shape_.n_window, opt.n_seq,
@@ -154,7 +158,7 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt)
   }
   // Without full layers nothing can stream: everything is resident.
   if (opt.kv_mode == KvMode::Resident ||
-      (shape_.n_full == 0 && (opt.kv_mode == KvMode::Auto || opt.kv_mode == KvMode::Stream))) {
+      (shape_.n_full == 0 && opt.kv_mode != KvMode::Host && opt.kv_mode != KvMode::Unified)) {
     const size_t arena = opt.kv_arena ? opt.kv_arena : std::min(all_bytes, free_bytes);
     if (arena < all_bytes)
       fail("--kv-mode resident: the KV cache of -c ", opt.n_ctx, " x --parallel ", opt.n_seq,
@@ -166,7 +170,7 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt)
     plan_.extra.assign(slots_.size(), 0);
     return;
   }
-  // Auto and stream: the host store holds everything; the arena what it can.
+  // Auto, stream and split: the host store holds everything; the arena what it can.
   fixed_frames_ = fixed_frames(cfg_, opt);
   const size_t min_arena = min_arena_bytes(page, fixed_frames_);
   const int32_t chunk_pages =
@@ -274,7 +278,8 @@ size_t Engine::activation_bytes(const ModelConfig& c, const EngineOptions& o) {
 }
 
 bool Engine::phase_arena(const ModelConfig& c, const EngineOptions& o) {
-  return o.phase_arena && (o.kv_mode == KvMode::Auto || o.kv_mode == KvMode::Stream) &&
+  return o.phase_arena &&
+         (o.kv_mode == KvMode::Auto || o.kv_mode == KvMode::Stream || o.kv_mode == KvMode::Split) &&
          c.n_layers_of(LayerKind::Full) > 0 && o.n_batch > decode_rows(o);
 }
 
@@ -327,6 +332,7 @@ Sequence Engine::open_sequence() {
       slots_[i].live = true;
       slots_[i].n_past = 0;
       slots_[i].tokens.clear();
+      slots_[i].verified = 0;
       if (shape_.n_recurrent > 0) {  // a new sequence's recurrent layers start from zero
         const std::vector<uint8_t> zero(shape_.recurrent_bytes / slots_.size(), 0);
         dev_.upload(rstate_.as() + i * zero.size(), zero.data(), zero.size());
@@ -428,7 +434,6 @@ void Engine::fill_random(Sequence& s, int32_t n, uint32_t seed) {
   }
 }
 
-
 // ---- the forward pass ----
 
 void Engine::step(const std::vector<BatchEntry>& batch) {
@@ -477,13 +482,29 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
   }
   for (const BatchEntry& e : batch) {
     const auto s = static_cast<size_t>(e.seq->id);
-    slots_[s].verified = e.all_logits && rsnap_.as() ? e.n : 0;
-    if (slots_[s].verified == 0) continue;
+    int32_t& verified = slots_[s].verified;
+    if (!e.all_logits || !rsnap_.as()) {
+      verified = 0;
+      continue;
+    }
+    if (e.extend_verify) {  // its inputs go after those of the steps it extends
+      KVS_CHECK(verified > 0 && verified + e.n <= opt_.n_verify, "step: ", e.n,
+                " tokens extend a verify step of ", verified, ", more than n_verify ",
+                opt_.n_verify, " in all, or the sequence's last step was no verify step");
+      verified += e.n;
+      continue;
+    }
+    verified = e.n;
     const size_t bytes = shape_.recurrent_bytes / slots_.size();
     dev_.copy(Stream::Compute, rsnap_.as() + s * bytes, rstate_.as() + s * bytes, bytes);
   }
   if (ring_) replan(batch);
   if (ring_) ring_->begin_step(ring_items(batch, false), ring_items(batch, true));
+  if (split_) {  // the CPU reads pages whose write-backs were issued before this step
+    dev_.record(Stream::CopyOut, split_->stored);
+    split_->busy0 = split_->worker->busy_seconds();
+    split_->bytes0 = split_->worker->bytes();
+  }
 
   // Decode steps with nothing to stream touch only the compute stream (a write-back cuts the
   // recording): the device may record and replay them (prefill steps are few and long,
@@ -527,6 +548,11 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
   }
 
   last_.seconds = now() - t0;
+  if (split_) {
+    split_->worker->check();
+    last_.cpu_s = split_->worker->busy_seconds() - split_->busy0;
+    last_.cpu_bytes = split_->worker->bytes() - split_->bytes0;
+  }
   if (ring_) {
     const RingStats& r = ring_->stats();
     last_.bytes_in = r.bytes_in - r0.bytes_in;
@@ -548,11 +574,15 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
   totals_.ready_wait_s += last_.ready_wait_s;
   totals_.issue_s += last_.issue_s;
   totals_.copy_busy_s += last_.copy_busy_s;
+  totals_.cpu_s += last_.cpu_s;
+  totals_.cpu_bytes += last_.cpu_bytes;
 }
 
 void Engine::measure(const StepStats& st) {
   if (st.copy_busy_s > 0 && st.bytes_in > 0)
     h2d_ = ema(h2d_, static_cast<double>(st.bytes_in) / st.copy_busy_s);
+  if (st.cpu_s > 0 && st.cpu_bytes > 0)
+    cpu_rate_ = ema(cpu_rate_, static_cast<double>(st.cpu_bytes) / st.cpu_s);
   if (st.n_tokens == st.n_seqs) {  // decode steps: the figures the plan is for
     // Per full layer, the window layers' time between them included: what the ring must cover.
     layer_s_ = ema(layer_s_, std::max(0.0, st.seconds - st.ready_wait_s) / std::max(1, shape_.n_full));
@@ -591,12 +621,13 @@ void Engine::self_attention(Pass& p, int32_t il) {
     add_pages(il, p.batch);
     dev_.rope_kv_write(q, k, v, pos_.data(), n, c.n_head, rope, kv_, kv_pages(il, p.batch),
                        page_slot_.data(), c.qk_norm ? &norm : nullptr);
+    if (full(il)) post_split(il, p);
   }
   for (size_t i = 0; i < p.batch.size(); ++i) {
     if (host)
       attend_host(il, p.batch[i], p.offs[i]);
     else
-      attend(il, p.batch[i], p.offs[i], p.cursor);
+      attend(il, p.batch[i], static_cast<int32_t>(i), p.offs[i], p.cursor);
   }
   if (c.attn_gate) dev_.sigmoid_mul(act_.att, act_.attn_gate, int64_t{n} * c.q_dim());
   if (ring_ && full(il)) {
@@ -631,121 +662,6 @@ uint8_t* const* Engine::kv_pages(int32_t il, const std::vector<BatchEntry>& batc
       dst_[t++] = pool_->frame(fr[static_cast<size_t>((e.seq->n_past + j) / P)]);
   }
   return dst_.data();
-}
-
-// Attention of one sequence at one layer: its pages in logical order, resident ones straight
-// from their frames, streamed ones from the ring as each chunk lands. A call to the kernel ends
-// at every chunk boundary so the chunk can be released before the next one is needed.
-void Engine::attend(int32_t il, const BatchEntry& e, int32_t off, int32_t& cursor) {
-  const int32_t P = opt_.page_size, s = e.seq->id;
-  const int32_t total = e.seq->n_past + e.n;
-  const auto& fr = slots_[static_cast<size_t>(s)].frames[static_cast<size_t>(il)];
-  AttentionArgs a;
-  a.q = act_.q + int64_t{off} * cfg_.q_dim();
-  a.out = act_.att + int64_t{off} * cfg_.q_dim();
-  a.acc = act_.acc + int64_t{off} * cfg_.n_head * 2;
-  a.pos = pos_.data() + off;
-  a.n_tok = e.n;
-  a.kv = kv_;
-  a.n_head = cfg_.n_head;
-  a.scale = cfg_.attn_scale;
-  a.first = true;
-  if (!full(il)) {  // the window's pages, always resident
-    a.window = cfg_.n_swa;
-    spans_.clear();
-    for (int32_t p = std::max(0, e.seq->n_past - cfg_.n_swa + 1) / P; p * P < total; ++p) {
-      const int32_t f = fr[static_cast<size_t>(p)];
-      KVS_CHECK(f >= 0, "window: page ", p, " of layer ", il, " has no frame; this is a bug");
-      spans_.push_back({pool_->frame(f), p * P, std::min(P, total - p * P)});
-    }
-    a.spans = spans_.data();
-    a.n_spans = static_cast<int32_t>(spans_.size());
-    dev_.attention(a);
-    return;
-  }
-  // Every page resident: the layer's spans as last built, the last one lengthened (pages
-  // before the last are full).
-  SpanCache& sc = slots_[static_cast<size_t>(s)].spans[static_cast<size_t>(il)];
-  const int32_t n_pages = (total + P - 1) / P;
-  if (sc.epoch != frames_epoch_ || sc.pages != n_pages) {
-    sc.epoch = frames_epoch_;
-    sc.pages = n_pages;
-    sc.spans.clear();
-    sc.resident = static_cast<int32_t>(fr.size()) >= n_pages;
-    for (int32_t p = 0; p < n_pages && sc.resident; ++p) {
-      const int32_t f = fr[static_cast<size_t>(p)];
-      sc.resident = f >= 0;
-      if (sc.resident) sc.spans.push_back({pool_->frame(f), p * P, std::min(P, total - p * P)});
-    }
-  }
-  if (sc.resident) {
-    sc.spans.back().n = total - (n_pages - 1) * P;
-    a.spans = sc.spans.data();
-    a.n_spans = n_pages;
-    a.last = true;
-    dev_.attention(a);
-    return;
-  }
-  spans_.clear();
-  int32_t chunk = -1;  // the ring chunk whose pages are in spans_
-  auto flush = [&](bool last) {
-    a.spans = spans_.data();
-    a.n_spans = static_cast<int32_t>(spans_.size());
-    a.last = last;
-    dev_.attention(a);
-    a.first = false;
-    spans_.clear();
-    if (chunk >= 0) ring_->release(cursor);
-    chunk = -1;
-  };
-  for (int32_t p = 0; p * P < total; ++p) {
-    const Span sp{nullptr, p * P, std::min(P, total - p * P)};
-    const int32_t f = fr[static_cast<size_t>(p)];
-    if (f >= 0) {
-      spans_.push_back({pool_->frame(f), sp.start, sp.n});
-      continue;
-    }
-    KVS_CHECK(ring_ && cursor < ring_->n_items() && ring_->item(cursor) == (RingItem{store_layer(il), s, p}),
-              "ring: the schedule does not match the pages of layer ", il);
-    if (chunk >= 0 && ring_->chunk_of(cursor) != chunk) flush(false);
-    chunk = ring_->chunk_of(cursor);
-    spans_.push_back({ring_->acquire(cursor), sp.start, sp.n});
-    ++cursor;
-  }
-  flush(true);
-}
-
-// Host mode: K/V rows and attention on the host over the host store, by the CPU backend.
-void Engine::attend_host(int32_t il, const BatchEntry& e, int32_t off) {
-  const int32_t P = opt_.page_size, s = e.seq->id;
-  const int64_t qd = cfg_.q_dim(), kvd = cfg_.kv_dim();
-  const size_t f = sizeof(float);
-  dev_.sync();
-  dev_.download(hq_.data(), act_.q + off * qd, static_cast<size_t>(e.n * qd) * f);
-  dev_.download(hk_.data(), act_.k + off * kvd, static_cast<size_t>(e.n * kvd) * f);
-  dev_.download(hv_.data(), act_.v + off * kvd, static_cast<size_t>(e.n * kvd) * f);
-  for (int32_t j = 0; j < e.n; ++j)
-    dst_[static_cast<size_t>(j)] = host_->page(s, store_layer(il), (e.seq->n_past + j) / P);
-  host_dev_->kv_write(kv_, hk_.data(), hv_.data(), e.n, dst_.data(), page_slot_.data() + off);
-  spans_.clear();
-  const int32_t total = e.seq->n_past + e.n;
-  const int32_t window = full(il) ? 0 : cfg_.n_swa;
-  for (int32_t p = window > 0 ? std::max(0, e.seq->n_past - window + 1) / P : 0; p * P < total; ++p)
-    spans_.push_back({host_->page(s, store_layer(il), p), p * P, std::min(P, total - p * P)});
-  AttentionArgs a;
-  a.q = hq_.data();
-  a.out = hatt_.data();
-  a.acc = hacc_.data();
-  a.pos = pos_.data() + off;
-  a.n_tok = e.n;
-  a.spans = spans_.data();
-  a.n_spans = static_cast<int32_t>(spans_.size());
-  a.kv = kv_;
-  a.n_head = cfg_.n_head;
-  a.scale = cfg_.attn_scale;
-  a.window = window;
-  host_dev_->attention(a);
-  dev_.upload(act_.att + off * qd, hatt_.data(), static_cast<size_t>(e.n * qd) * f);
 }
 
 }  // namespace kvs

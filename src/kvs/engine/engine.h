@@ -7,10 +7,12 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "kvs/backend/device.h"
 #include "kvs/engine/prompt_cache.h"
+#include "kvs/engine/split.h"
 #include "kvs/kv/device_pool.h"
 #include "kvs/kv/host_store.h"
 #include "kvs/kv/planner.h"
@@ -22,8 +24,9 @@ namespace kvs {
 
 // --kv-mode: auto (resident while everything fits, streaming after), resident (everything on
 // the device or a clear error), stream (the ring always on), host (KV and attention on the host),
-// unified (the whole KV in managed memory, paged by the driver: the baseline streaming beats).
-enum class KvMode { Auto, Resident, Stream, Host, Unified };
+// unified (the whole KV in managed memory, paged by the driver: the baseline streaming beats),
+// split (auto, and once pages stream the CPU attends to a share of them from the host store).
+enum class KvMode { Auto, Resident, Stream, Host, Unified, Split };
 KvMode parse_kv_mode(const char* text);
 const char* kv_mode_name(KvMode m);
 
@@ -50,6 +53,13 @@ struct EngineOptions {
   // longest draft that speculative decoding verifies at once. The windows keep n_verify - 1
   // positions more, so a verify step's rejected tail can be rolled back (Engine::truncate).
   int32_t n_verify = 1;
+  // --kv-mode split: the CPU's threads (--split-threads; 0: all but one), the rate its
+  // partials are assumed to read K and V at until measured (--cpu-gbps; 0: the planner's guess)
+  // and, where given, the share of the pages that would stream that it takes whatever the
+  // rates (--split-share: a fixed plan, for measurements and tests).
+  int32_t split_threads = 0;
+  double cpu_bytes_per_s = 0;
+  double split_share = 0;
 };
 
 // A handle to one sequence: its slot in the engine and its length.
@@ -66,6 +76,10 @@ struct BatchEntry {
   // Logits of every token (a speculative verify step, n <= n_verify), not just of the last;
   // recurrent layers then go token by token, as n one-token steps would.
   bool all_logits = false;
+  // With all_logits: the step continues the sequence's last verify step instead of starting
+  // one (a draft model's drafts, a token a step after the step that fed it the accepted
+  // tokens), so that truncate() can roll back into any of them; at most n_verify tokens in all.
+  bool extend_verify = false;
 };
 
 struct StepStats {
@@ -79,14 +93,18 @@ struct StepStats {
   double issue_s = 0;       // host time to issue the step (before waiting for its logits)
   double occupancy = 0;     // mean fraction of ring slots in flight when a chunk was needed
   bool repartitioned = false;
+  // Split: the pages the CPU attended (all layers), their bytes and the CPU's time on them.
+  int64_t cpu_pages = 0;
+  size_t cpu_bytes = 0;
+  double cpu_s = 0;
 };
 
 struct EngineStats {
   int64_t steps = 0, tokens = 0, chunks = 0, repartitions = 0;
   int64_t prefetch_kept = 0, prefetch_dropped = 0;
   int64_t workspace_taken = 0;  // prefills that took the workspace back from the KV
-  double seconds = 0, ready_wait_s = 0, copy_busy_s = 0, issue_s = 0;
-  size_t bytes_in = 0, bytes_out = 0;
+  double seconds = 0, ready_wait_s = 0, copy_busy_s = 0, issue_s = 0, cpu_s = 0;
+  size_t bytes_in = 0, bytes_out = 0, cpu_bytes = 0;
 };
 
 // The KV cache's shape by layer kind, for planning without building an engine.
@@ -145,7 +163,8 @@ class Engine {
   // Forgets the sequence's positions from n_past on (the rejected drafts of a verify step):
   // their pages go back, the tail page is writable again. With window layers at most
   // n_verify - 1 positions can go; with recurrent layers only those of the last step, when it
-  // was a verify step (their states are recomputed from its inputs).
+  // was a verify step, and of the steps that extended it, but never its first token (their
+  // states are recomputed from the steps' inputs).
   void truncate(Sequence& s, int32_t n_past);
   // Appends n positions of random K and V rows (uniform in [-1, 1), from `seed`) to s in every
   // layer without running the model: a benchmark's fill to a depth, whose decode and prefill
@@ -184,7 +203,9 @@ class Engine {
     std::vector<std::vector<int32_t>> frames;
     std::vector<SpanCache> spans;  // [layer]
     std::vector<int32_t> tokens;   // with a prompt cache: the token of every position
-    int32_t verified = 0;  // tokens of its last step if that was a verify step (recurrent rollback)
+    // Tokens of its last verify step and the steps that extended it, if the last step was one
+    // of those (the recurrent rollback).
+    int32_t verified = 0;
   };
   // One forward pass: the batch, where each entry's rows start, the next ring item.
   struct Pass {
@@ -245,10 +266,17 @@ class Engine {
   std::vector<RingItem> ring_items(const std::vector<BatchEntry>& batch, bool next) const;
   // The page frames of the batch's tokens at layer il, in batch order (in dst_).
   uint8_t* const* kv_pages(int32_t il, const std::vector<BatchEntry>& batch);
-  void attend(int32_t il, const BatchEntry& e, int32_t off, int32_t& cursor);
+  void attend(int32_t il, const BatchEntry& e, int32_t entry, int32_t off, int32_t& cursor);
   void write_back(int32_t il, const std::vector<BatchEntry>& batch);
   void attend_host(int32_t il, const BatchEntry& e, int32_t off);
   void measure(const StepStats& st);
+  // Split (engine/attend.cpp): pages [first, second) of entry e at full layer il go to the CPU
+  // this step (with `next`, the step after it); the layer's queries to the host and its job to
+  // the worker; entry i's partials folded on the device after the CPU raised its flag.
+  std::pair<int32_t, int32_t> cpu_pages(int32_t il, const BatchEntry& e, bool next) const;
+  void post_split(int32_t il, const Pass& p);
+  void fold_cpu(int32_t il, int32_t entry, int32_t pages, AttentionArgs& a);
+  void make_split();  // the constructor's part
 
   const ModelConfig& cfg_;
   Device& dev_;
@@ -291,7 +319,26 @@ class Engine {
   std::vector<int32_t> pending_;  // frames of written-back pages, free once wb_ is reached
   FenceId wb_ = -1, computed_ = -1;
   // Measured figures for the planner (exponential averages).
-  double h2d_ = 0, layer_s_ = 0, stall_s_ = 0;
+  double h2d_ = 0, layer_s_ = 0, stall_s_ = 0, cpu_rate_ = 0;
+
+  // Split mode: the worker, each full layer's queries in pinned memory and the fence of their
+  // copy, the CPU's partials in pinned memory (a layer's and the one before's: the worker writes
+  // one while the device may still read the other), a row per head and sequence; the
+  // write-backs' fence, the flag, and the current layer's entries' tickets (0: none) and places
+  // among its partials.
+  struct Split {
+    std::unique_ptr<SplitWorker> worker;
+    DeviceBuffer q, part[2];
+    std::vector<FenceId> q_ready;
+    FenceId stored = -1;
+    FlagId flag = -1;
+    uint64_t ticket = 0;
+    std::vector<uint64_t> tickets;
+    std::vector<int32_t> place;
+    double busy0 = 0;  // the worker's figures when the step began
+    size_t bytes0 = 0;
+  };
+  std::unique_ptr<Split> split_;
 
   // Activations of a pass (rows: its tokens), carved from one region by carve().
   struct Activations {

@@ -31,10 +31,13 @@ void Engine::gated_delta_net(Pass& p, int32_t il) {
     a.beta = act_.beta + off * c.ssm_v_heads;
     a.y = act_.y + off * vd;
     a.chunk = e.n > 1 && !e.all_logits ? kDeltaNetChunk : 1;
-    if (slots_[static_cast<size_t>(e.seq->id)].verified > 0) {  // kept for a rollback
+    // Kept for a rollback, after the inputs of the steps this one extends.
+    if (const int32_t verified = slots_[static_cast<size_t>(e.seq->id)].verified; verified > 0) {
       const auto [qkv, z, alpha, beta] = saved_inputs(e.seq->id, il);
+      const int64_t row = verified - e.n;
       const auto keep = [&](float* dst, const float* src, int64_t width) {
-        dev_.copy(Stream::Compute, dst, src, static_cast<size_t>(e.n * width) * sizeof(float));
+        dev_.copy(Stream::Compute, dst + row * width, src,
+                  static_cast<size_t>(e.n * width) * sizeof(float));
       };
       keep(qkv, a.qkv, c.ssm_conv_dim());
       keep(z, a.z, vd);

@@ -61,6 +61,9 @@ void Engine::replan(const std::vector<BatchEntry>& batch) {
   in.min_chunk_bytes = opt_.ring_chunk_bytes;
   in.min_slots = opt_.ring_slots;
   in.force_ring = opt_.kv_mode == KvMode::Stream;
+  in.split = split_ != nullptr;
+  in.cpu_bytes_per_s = cpu_rate_;
+  in.split_share = opt_.split_share;
   Plan p = kvs::plan(in, &plan_);
   if (switches && top == 0) set_phase(false);  // before pages move into the workspace
   if (switches || relayout_ || p.resident != plan_.resident || p.extra != plan_.extra ||
@@ -165,8 +168,8 @@ void Engine::truncate(Sequence& s, int32_t n_past) {
   Slot& sl = slots_[static_cast<size_t>(s.id)];
   if (shape_.n_recurrent > 0) {
     KVS_CHECK(s.n_past - n_past < sl.verified, "truncate: recurrent layers roll back only within ",
-              "the last step, and only a verify step's (", sl.verified, " tokens); asked for ",
-              s.n_past - n_past, " positions");
+              "the last step, a verify step, and the steps that extended it, but its first token (",
+              sl.verified, " tokens); asked for ", s.n_past - n_past, " positions");
     redo_recurrent(s.id, sl.verified - (s.n_past - n_past));
     sl.verified = 0;
   }
@@ -176,8 +179,14 @@ void Engine::truncate(Sequence& s, int32_t n_past) {
   const int32_t P = opt_.page_size;
   const int32_t pages = (n_past + P - 1) / P;  // those holding a kept position
   if (pool_) {
-    dev_.sync();  // write-backs and prefetches may still read the pages that go
-    reclaim(true);
+    // Write-backs and prefetches may still read the pages that go. Without a ring (a resident
+    // engine, a draft model's) there are none, and the compute stream orders the last step's
+    // reads before the next one's writes: nothing to wait for, nor to keep a draft model's
+    // rollback from overlapping the target's prefetches.
+    if (ring_) {
+      dev_.sync();
+      reclaim(true);
+    }
     for (int32_t il = 0; il < cfg_.n_layer; ++il) {
       auto& fr = sl.frames[static_cast<size_t>(il)];
       while (static_cast<int32_t>(fr.size()) > pages) {
@@ -217,8 +226,9 @@ void Engine::trim_windows(const Sequence& s) {
   }
 }
 
-// The non-resident pages of a pass in visiting order: layer, then sequence, then page. With
-// `next`, those of the pass after it, if every sequence goes on.
+// The non-resident pages of a pass in visiting order: layer, then sequence, then page, but for
+// those the CPU attends (split). With `next`, those of the pass after it, if every sequence
+// goes on.
 std::vector<RingItem> Engine::ring_items(const std::vector<BatchEntry>& batch, bool next) const {
   std::vector<RingItem> items;
   const int32_t P = opt_.page_size;
@@ -227,8 +237,9 @@ std::vector<RingItem> Engine::ring_items(const std::vector<BatchEntry>& batch, b
     for (const BatchEntry& e : batch) {
       const int32_t s = e.seq->id;
       const int32_t done = (e.seq->n_past + (next ? e.n : 0)) / P;
+      const auto [cpu_from, cpu_to] = cpu_pages(l, e, next);  // split: the CPU's, not streamed
       for (int32_t q = std::min(done, cap(s, l)); q < done; ++q)
-        items.push_back({store_layer(l), s, q});
+        if (q < cpu_from || q >= cpu_to) items.push_back({store_layer(l), s, q});
     }
   }
   return items;

@@ -47,11 +47,18 @@ void Sampler::reset() {
 
 void Sampler::accept(int32_t token) {
   history_.push_back(token);
-  // Keep only what the penalty can look at (amortised: trim in batches).
-  const auto n = static_cast<size_t>(p_.repeat_last_n);
+  // Keep only what the penalty can look at, and what forget() may drop (amortised: trim in
+  // batches).
+  const size_t n = static_cast<size_t>(p_.repeat_last_n) + kMaxForget;
   if (p_.repeat_last_n >= 0 && history_.size() > 2 * n + 256) {
     history_.erase(history_.begin(), history_.end() - static_cast<std::ptrdiff_t>(n));
   }
+}
+
+void Sampler::forget(int32_t n) {
+  KVS_CHECK(n >= 0 && n <= kMaxForget && static_cast<size_t>(n) <= history_.size(),
+            "sampler: cannot forget ", n, " of ", history_.size(), " tokens");
+  history_.resize(history_.size() - static_cast<size_t>(n));
 }
 
 double Sampler::uniform() {
@@ -243,6 +250,28 @@ int32_t Sampler::draw(double total) {
 int32_t Sampler::sample(const float* logits, int32_t n_vocab) {
   int32_t token = distribution(logits, n_vocab);
   if (token < 0) token = draw(total_);
+  accept(token);
+  return token;
+}
+
+int32_t Sampler::draft(const float* logits, int32_t n_vocab, double p_min, float* q) {
+  int32_t token = distribution(logits, n_vocab);
+  if (token >= 0) {
+    const float max_l = work_[static_cast<size_t>(token)];
+    double z = 0.0;
+    for (float l : work_) z += static_cast<double>(std::exp(l - max_l));
+    if (1.0 / z < p_min) return -1;
+  } else {
+    double top = 0.0;
+    for (size_t i = 0; i < n_cand_; ++i) top = std::max(top, static_cast<double>(cand_[i].logit));
+    if (top / total_ < p_min) return -1;
+    token = draw(total_);
+    if (q) {
+      std::fill(q, q + n_vocab, 0.0f);
+      for (size_t i = 0; i < n_cand_; ++i)
+        q[cand_[i].id] = static_cast<float>(static_cast<double>(cand_[i].logit) / total_);
+    }
+  }
   accept(token);
   return token;
 }

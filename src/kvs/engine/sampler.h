@@ -46,8 +46,17 @@ class Sampler {
   // argmax, which it returns. The returned token joins the history.
   int32_t verify(const float* logits, int32_t n_vocab, int32_t draft, const float* q,
                  bool* accepted);
+  // A draft model's token, drawn as sample() draws it (it joins the history); or -1, drawing
+  // nothing, when the most likely token's probability is below p_min (greedy: its softmax
+  // probability at temperature 1), the stop deciding nothing about the token drawn. With a
+  // temperature and q, q [n_vocab] receives the distribution it was drawn from (zero outside
+  // the candidates), which verify() then takes.
+  int32_t draft(const float* logits, int32_t n_vocab, double p_min, float* q);
   // Adds a token to the history the repetition penalty looks at (prompt tokens too).
   void accept(int32_t token);
+  // Drops the last n tokens of the history (a drafter's rejected drafts); n <= kMaxForget.
+  void forget(int32_t n);
+  static constexpr int32_t kMaxForget = 64;
   // The seed actually used (print it so a run can be repeated).
   uint64_t seed() const { return seed_; }
   // Clears the history and restarts the random sequence from seed().

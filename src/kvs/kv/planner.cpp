@@ -46,6 +46,30 @@ void fill(const std::vector<int32_t>& pages, int64_t frames, int32_t n_layer,
     }
 }
 
+// Split: each sequence's CPU pages, a share of those past its cap before the tail page (at
+// least the lower cap of every layer), taken from the streamed pages.
+void split_pages(const PlanInput& in, const Plan* prev, Plan& p) {
+  const double share = in.split_share > 0 ? in.split_share
+                       : in.cpu_bytes_per_s > 0 && in.h2d_bytes_per_s > 0
+                           ? in.cpu_bytes_per_s / (in.cpu_bytes_per_s + in.h2d_bytes_per_s)
+                           : 0.5;
+  const std::vector<int32_t>& pages = in.seq_pages;
+  p.cpu.assign(pages.size(), 0);
+  int64_t taken = 0;
+  for (size_t s = 0; s < pages.size(); ++s) {
+    if (p.resident[s] == kUnlimited) continue;
+    const int32_t past = std::max(0, pages[s] - 1 - p.resident[s]);
+    int32_t c = static_cast<int32_t>(std::lround(share * past));
+    if (prev && s < prev->cpu.size() && std::abs(c - prev->cpu[s]) <= std::max(1, prev->cpu[s] / 8))
+      c = prev->cpu[s];
+    p.cpu[s] = std::clamp(c, 0, past);
+    for (int32_t l = 0; l < in.n_layer; ++l)  // layers [0, extra) hold one page more
+      taken += std::min(p.cpu[s], std::max(0, past - (l < p.extra[s] ? 1 : 0)));
+  }
+  p.streamed_pages -= taken;
+  p.cpu_bytes = static_cast<size_t>(taken) * in.page_bytes;
+}
+
 }  // namespace
 
 size_t min_arena_bytes(size_t page_bytes, int32_t fixed_frames) {
@@ -127,11 +151,13 @@ Plan plan(const PlanInput& in, const Plan* previous) {
     }
   }
   p.streamed_pages = demand - resident_frames(pages, p.resident, p.extra, L);
+  if (in.split) split_pages(in, prev, p);
   p.streamed_bytes = static_cast<size_t>(p.streamed_pages) * in.page_bytes;
   p.gpu_s = in.layer_s * L;
   p.copy_s =
       in.h2d_bytes_per_s > 0 ? static_cast<double>(p.streamed_bytes) / in.h2d_bytes_per_s : 0.0;
-  p.predicted_step_s = std::max(p.gpu_s, p.copy_s);
+  p.cpu_s = in.cpu_bytes_per_s > 0 ? static_cast<double>(p.cpu_bytes) / in.cpu_bytes_per_s : 0.0;
+  p.predicted_step_s = std::max({p.gpu_s, p.copy_s, p.cpu_s});
   return p;
 }
 

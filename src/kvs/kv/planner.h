@@ -26,6 +26,11 @@ struct PlanInput {
   size_t min_chunk_bytes = size_t{16} << 20;  // the smallest copy that reaches full bandwidth
   bool force_ring = false;                    // --kv-mode stream: a ring even when all fits
   int32_t min_slots = 0;                      // --ring-slots: at least this many slots (0: 2)
+  // --kv-mode split: the CPU attends to some of the pages that would stream, from the host
+  // store, at its measured rate (bytes of K and V a second; 0: not measured yet).
+  bool split = false;
+  double cpu_bytes_per_s = 0;
+  double split_share = 0;  // > 0: the CPU's share, whatever the rates
 };
 
 constexpr int32_t kUnlimited = INT32_MAX;
@@ -37,9 +42,14 @@ struct Plan {
   int32_t n_slots = 0;            // 0: no ring, everything resident
   int64_t streamed_pages = 0;     // pages copied per decode step, all layers and sequences
   size_t streamed_bytes = 0;      // the same in bytes: S
-  double gpu_s = 0;               // T_gpu: a step's compute with all data present
-  double copy_s = 0;              // S / B
-  double predicted_step_s = 0;    // max(T_gpu, S / B)
+  // Split: per sequence, pages per layer the CPU attends instead of streaming them (the last
+  // complete ones before the tail page; empty or zeros: none), and their bytes in all layers.
+  std::vector<int32_t> cpu;
+  size_t cpu_bytes = 0;
+  double gpu_s = 0;             // T_gpu: a step's compute with all data present
+  double copy_s = 0;            // S / B
+  double cpu_s = 0;             // the CPU's bytes at its rate
+  double predicted_step_s = 0;  // max(T_gpu, S / B, CPU)
   int32_t ring_frames() const { return slot_pages * n_slots; }
   bool streams() const { return n_slots > 0; }
   bool operator==(const Plan&) const = default;
@@ -55,7 +65,10 @@ inline int32_t resident_cap(const Plan& p, size_t s, int32_t l) {
 size_t min_arena_bytes(size_t page_bytes, int32_t fixed_frames);
 
 // The partition for `in`. With `previous`, keeps its ring while the new ideal is close to it and
-// its resident caps while they still fit (hysteresis), so the layout changes rarely.
+// its resident caps while they still fit, and (split) each sequence's CPU pages while the new
+// share is within an eighth of them (hysteresis), so the layout changes rarely. The CPU takes
+// the share of the pages that would stream which it attends in the time the ring copies the
+// rest: B_cpu / (B_cpu + B), half while B_cpu is not measured.
 Plan plan(const PlanInput& in, const Plan* previous = nullptr);
 
 }  // namespace kvs

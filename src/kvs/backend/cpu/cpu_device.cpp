@@ -10,6 +10,7 @@
 
 #include <deque>
 
+#include "kvs/backend/cpu/attention.h"
 #include "kvs/backend/cpu/copy_engine.h"
 #include "kvs/backend/cpu/kernels.h"
 #include "kvs/backend/device.h"
@@ -157,6 +158,24 @@ class CpuDevice final : public Device {
     copy_out_.drain();
   }
 
+  // A flag is a fence that host threads open: its `reached` is the counter.
+  FlagId make_flag() override {
+    flags_.emplace_back();
+    return static_cast<FlagId>(flags_.size() - 1);
+  }
+  void raise(FlagId id, uint64_t value) override { flag(id).open(value); }
+  void wait_flag(Stream s, FlagId id, uint64_t value) override {
+    cpu::Fence& f = flag(id);
+    if (s == Stream::Compute) {
+      const auto t0 = std::chrono::steady_clock::now();
+      f.block_until(value);
+      wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    } else {
+      engine(s).wait(&f, value);
+    }
+  }
+  void fold(const AttentionArgs& a, const float* parts) override { cpu::fold_partials(a, parts); }
+
  private:
   double wait_s_ = 0;  // the compute thread blocked on fences
   cpu::CopyEngine& engine(Stream s) { return s == Stream::CopyIn ? copy_in_ : copy_out_; }
@@ -164,13 +183,17 @@ class CpuDevice final : public Device {
     KVS_CHECK(id >= 0 && static_cast<size_t>(id) < fences_.size(), "unknown fence ", id);
     return fences_[static_cast<size_t>(id)];
   }
+  cpu::Fence& flag(FlagId id) {
+    KVS_CHECK(id >= 0 && static_cast<size_t>(id) < flags_.size(), "unknown flag ", id);
+    return flags_[static_cast<size_t>(id)];
+  }
 
   size_t capacity_;
   size_t used_ = 0;
   std::mutex mu_;
   std::unordered_map<void*, size_t> sizes_;
   std::unordered_set<void*> host_;
-  std::deque<cpu::Fence> fences_;
+  std::deque<cpu::Fence> fences_, flags_;
   cpu::CopyEngine copy_in_, copy_out_;
   std::vector<cpu::XPair> xq_;  // the jobs' input quantized: [n_tok][x_pairs(n_in)]
 };

@@ -23,8 +23,7 @@ void scale(float* x, float s, int64_t n);
 void add(float* x, const float* y, int64_t n);
 void kv_write(const KvLayout& l, const float* k, const float* v, int32_t n_tok,
               uint8_t* const* pages, const int32_t* slots);
-// AVX-512 kernels where isa is Avx512Vnni, else AVX2: the same bits either way.
-void attention(const AttentionArgs& a, DotIsa isa = best_dot_isa());
+void attention(const AttentionArgs& a);       // attention.cpp
 void gated_delta_net(const DeltaNetArgs& a);  // delta_net.cpp
 
 }  // namespace kvs::cpu

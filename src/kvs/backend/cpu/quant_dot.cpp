@@ -1,6 +1,5 @@
 #include "kvs/backend/cpu/quant_dot.h"
 
-#include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -57,8 +56,8 @@ void quantize_block(const float* x, XPair& p, int b) {
   __m256i h[4], l[4];
   for (int c = 0; c < 4; ++c) {
     const __m256 s = _mm256_mul_ps(v[c], id), hf = _mm256_round_ps(s, kRound);
-    const __m256 lf =
-        _mm256_round_ps(_mm256_mul_ps(_mm256_sub_ps(s, hf), _mm256_set1_ps(254.0f)), kRound);
+    const __m256 lf = _mm256_round_ps(_mm256_mul_ps(_mm256_sub_ps(s, hf), _mm256_set1_ps(254.0f)),
+                                      kRound);
     h[c] = _mm256_cvtps_epi32(hf);
     l[c] = _mm256_cvtps_epi32(lf);
   }
@@ -74,154 +73,632 @@ void quantize_block(const float* x, XPair& p, int b) {
   _mm256_storeu_ps(p.d + 8 * b, _mm256_set1_ps(dx / 254.0f));
 }
 
-// ---- one copy of the kernels per instruction set ----
+// ---- helpers ----
 
-namespace avx2 {
-#include "kvs/backend/cpu/quant_dot_kernels.inc"
+inline __m256i load32(const void* p) {
+  return _mm256_loadu_si256(static_cast<const __m256i*>(p));
+}
+inline __m256i bytes(int v) {
+  return _mm256_set1_epi8(static_cast<char>(v));
+}
+// 16 bytes of nibbles -> 32 levels: element j in the low nibble of byte j, j + 16 in the high
+// (the bytes in both halves, the upper half shifted).
+inline __m256i nibbles(const uint8_t* qs) {
+  const __m256i v = _mm256_broadcastsi128_si256(load16(qs));
+  return _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_setr_epi64x(0, 0, 4, 4)), bytes(0x0F));
+}
+// 0x10 in byte i where bit i of the 32 bits at p is set (q5_0, q5_1).
+inline __m256i fifth_bits(const uint8_t* p) {
+  const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2,
+                                          2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  const __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(load_u32(p))), spread);
+  const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit), bytes(0x10));
+}
+// Bits from .. from + 1 of each byte (16-bit shifts, masked per byte) moved to the bits of mask.
+inline __m256i move_bits(__m256i v, int from, int to, int mask) {
+  const __m256i s = from <= to ? _mm256_slli_epi16(v, to - from) : _mm256_srli_epi16(v, from - to);
+  return _mm256_and_si256(s, bytes(mask));
+}
+
+// ---- instruction sets: 16 int32 / float lanes (lane i: elements 4i .. 4i + 3 of a pair) ----
+// dot(acc, u, x): each lane plus the sum of its 4 products u x (u unsigned, x signed bytes),
+// exact: maddubs (AVX2) cannot saturate on these levels, with signed ones taken as |u| and the
+// sign moved to x (kVnni false); VNNI adds 128 to signed levels instead (offset 2^7). The rest
+// builds a pair's levels and scales from a format's bytes.
+
+// Two 256-bit halves: AVX2 and AVX-VNNI.
+template <class D>
+struct Ymm2 {
+  static constexpr bool kVnni = D::kVnni;
+  static constexpr int kRows = 2, kToks = 2, kRows1 = 4;  // 16 registers
+  struct VI {
+    __m256i a, b;
+  };
+  struct VF {
+    __m256 a, b;
+  };
+  static VI zero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
+  static VF zerof() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+  static VI join(__m256i a, __m256i b) { return {a, b}; }
+  static VI load(const int8_t* p) { return {load32(p), load32(p + 32)}; }
+  static VF loadf(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+  // The nibbles of 16 bytes at a, then of 16 at b, as levels (nibbles()).
+  static VI nibbles2(const uint8_t* a, const uint8_t* b) { return {nibbles(a), nibbles(b)}; }
+  // 32 bytes at p: their low nibbles, then their high nibbles.
+  static VI nibbles32(const uint8_t* p) {
+    const __m256i v = load32(p);
+    return {_mm256_and_si256(v, bytes(0x0F)), _mm256_and_si256(_mm256_srli_epi16(v, 4), bytes(0x0F))};
+  }
+  static VI bytes2(const uint8_t* a, const uint8_t* b) { return {load32(a), load32(b)}; }
+  static VI lookup(VI idx, __m128i table) {
+    const __m256i t = _mm256_broadcastsi128_si256(table);
+    return {_mm256_shuffle_epi8(t, idx.a), _mm256_shuffle_epi8(t, idx.b)};
+  }
+  static VI bits_or(VI a, VI b) { return {_mm256_or_si256(a.a, b.a), _mm256_or_si256(a.b, b.b)}; }
+  // v[i] in lanes 8 (i - first) .. + 7 for i = first, first + 1.
+  static VF rep8(__m128 v, int first) {
+    const __m256 w = _mm256_castps128_ps256(v);
+    return {_mm256_permutevar8x32_ps(w, _mm256_set1_epi32(first)),
+            _mm256_permutevar8x32_ps(w, _mm256_set1_epi32(first + 1))};
+  }
+  // v[i] in lanes 4 i .. 4 i + 3.
+  static VF rep4(__m128 v) {
+    const __m256 w = _mm256_castps128_ps256(v);
+    return {_mm256_permutevar8x32_ps(w, _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1)),
+            _mm256_permutevar8x32_ps(w, _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3))};
+  }
+  static VI dot(VI acc, VI u, VI x) { return {D::dot(acc.a, u.a, x.a), D::dot(acc.b, u.b, x.b)}; }
+  static VI xor80(VI u) {
+    return {_mm256_xor_si256(u.a, bytes(0x80)), _mm256_xor_si256(u.b, bytes(0x80))};
+  }
+  static VI abs8(VI u) { return {_mm256_sign_epi8(u.a, u.a), _mm256_sign_epi8(u.b, u.b)}; }
+  static VI sign8(VI x, VI u) { return {_mm256_sign_epi8(x.a, u.a), _mm256_sign_epi8(x.b, u.b)}; }
+  // -(the lanes' sums of x) 2^s: the offset's share.
+  static VI offset(VI x, int s) {
+    const VI n = dot(zero(), join(bytes(1 << s), bytes(1 << s)), x);
+    return {_mm256_sub_epi32(_mm256_setzero_si256(), n.a), _mm256_sub_epi32(_mm256_setzero_si256(), n.b)};
+  }
+  // 254 h + l; with kNarrow every lane of h is within int16 (one multiply-add of its low half).
+  template <bool kNarrow>
+  static VI combine(VI h, VI l) {
+    if constexpr (kNarrow) {
+      const __m256i k = _mm256_set1_epi32(254);
+      return {_mm256_add_epi32(_mm256_madd_epi16(h.a, k), l.a),
+              _mm256_add_epi32(_mm256_madd_epi16(h.b, k), l.b)};
+    } else {
+      const __m256i k = _mm256_set1_epi32(254);
+      return {_mm256_add_epi32(_mm256_mullo_epi32(h.a, k), l.a),
+              _mm256_add_epi32(_mm256_mullo_epi32(h.b, k), l.b)};
+    }
+  }
+  static VF mul(VF a, VF b) { return {_mm256_mul_ps(a.a, b.a), _mm256_mul_ps(a.b, b.b)}; }
+  static VF fma(VF a, VF b, VF c) {
+    return {_mm256_fmadd_ps(a.a, b.a, c.a), _mm256_fmadd_ps(a.b, b.b, c.b)};
+  }
+  static VF cvt(VI v) { return {_mm256_cvtepi32_ps(v.a), _mm256_cvtepi32_ps(v.b)}; }
+  static float sum(VF v) { return hsum(_mm256_add_ps(v.a, v.b)); }
+};
+
 struct Maddubs {
   static constexpr bool kVnni = false;
   // Pairs of products summed to int16 (at most 2 x 128 x 127 here), then pairs of those.
   static __m256i dot(__m256i acc, __m256i u, __m256i x) {
-    return _mm256_add_epi32(acc,
-                            _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)));
   }
 };
-void rows(const Matrix& w, const XPair* x, int64_t n_tok, int64_t r0, int64_t nr, float* y,
-          int64_t ldy) {
-  rows_of<Ymm2<Maddubs>>(w, x, n_tok, r0, nr, y, ldy);
-}
-}  // namespace avx2
-
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avxvnni"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avxvnni")
-#endif
-namespace avxvnni {
-#include "kvs/backend/cpu/quant_dot_kernels.inc"
 struct DpbusdAvx {
   static constexpr bool kVnni = true;
-  static __m256i dot(__m256i acc, __m256i u, __m256i x) {
+  [[gnu::target("avxvnni")]] static __m256i dot(__m256i acc, __m256i u, __m256i x) {
     return _mm256_dpbusd_avx_epi32(acc, u, x);
   }
 };
-[[gnu::flatten]] void rows(const Matrix& w, const XPair* x, int64_t n_tok, int64_t r0, int64_t nr,
-                           float* y, int64_t ldy) {
-  rows_of<Ymm2<DpbusdAvx>>(w, x, n_tok, r0, nr, y, ldy);
-}
-}  // namespace avxvnni
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+using Avx2 = Ymm2<Maddubs>;
+using AvxVnni = Ymm2<DpbusdAvx>;
 
-#if defined(__clang__)
-#pragma clang attribute push( \
-    __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")
-#endif
-namespace avx512 {
-#include "kvs/backend/cpu/quant_dot_kernels.inc"
+#define KVS_AVX512 gnu::target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")
+
+// Clang refuses 512-bit values through the templates' calls, which GCC's flatten inlines into
+// the AVX-512 function: a clang build takes the 256-bit kernels there (the same bits).
+#ifndef __clang__
+#define KVS_HAVE_AVX512_KERNELS 1
 // One 512-bit register.
 struct Avx512 {
   static constexpr bool kVnni = true;
   static constexpr int kRows = 2, kToks = 8, kRows1 = 4;  // 32 registers
   using VI = __m512i;
   using VF = __m512;
-  static VI zero() { return _mm512_setzero_si512(); }
-  static VF zerof() { return _mm512_setzero_ps(); }
-  static VI join(__m256i a, __m256i b) {
+  [[KVS_AVX512]] static VI zero() { return _mm512_setzero_si512(); }
+  [[KVS_AVX512]] static VF zerof() { return _mm512_setzero_ps(); }
+  [[KVS_AVX512]] static VI join(__m256i a, __m256i b) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
   }
-  static VI load(const int8_t* p) { return _mm512_loadu_si512(p); }
-  static VF loadf(const float* p) { return _mm512_loadu_ps(p); }
-  static VI nibbles2(const uint8_t* a, const uint8_t* b) {
-    const __m512i v =
-        _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(load16(a)), 0xFF00, load16(b));
+  [[KVS_AVX512]] static VI load(const int8_t* p) { return _mm512_loadu_si512(p); }
+  [[KVS_AVX512]] static VF loadf(const float* p) { return _mm512_loadu_ps(p); }
+  [[KVS_AVX512]] static VI nibbles2(const uint8_t* a, const uint8_t* b) {
+    const __m512i v = _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(load16(a)), 0xFF00, load16(b));
     return _mm512_and_si512(_mm512_srlv_epi64(v, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4)),
                             _mm512_set1_epi8(0x0F));
   }
-  static VI nibbles32(const uint8_t* p) {
+  [[KVS_AVX512]] static VI nibbles32(const uint8_t* p) {
     const __m512i v = _mm512_broadcast_i64x4(load32(p));
     return _mm512_and_si512(_mm512_srlv_epi64(v, _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4)),
                             _mm512_set1_epi8(0x0F));
   }
-  static VI bytes2(const uint8_t* a, const uint8_t* b) { return join(load32(a), load32(b)); }
-  static VI lookup(VI idx, __m128i table) {
+  [[KVS_AVX512]] static VI bytes2(const uint8_t* a, const uint8_t* b) { return join(load32(a), load32(b)); }
+  [[KVS_AVX512]] static VI lookup(VI idx, __m128i table) {
     return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(table), idx);
   }
-  static VI bits_or(VI a, VI b) { return _mm512_or_si512(a, b); }
-  static VF rep8(__m128 v, int first) {
+  [[KVS_AVX512]] static VI bits_or(VI a, VI b) { return _mm512_or_si512(a, b); }
+  [[KVS_AVX512]] static VF rep8(__m128 v, int first) {
     const __m512i i = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     return _mm512_permutexvar_ps(_mm512_add_epi32(i, _mm512_set1_epi32(first)),
                                  _mm512_castps128_ps512(v));
   }
-  static VF rep4(__m128 v) {
+  [[KVS_AVX512]] static VF rep4(__m128 v) {
     const __m512i i = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     return _mm512_permutexvar_ps(i, _mm512_castps128_ps512(v));
   }
-  static VI dot(VI acc, VI u, VI x) { return _mm512_dpbusd_epi32(acc, u, x); }
-  static VI xor80(VI u) { return _mm512_xor_si512(u, _mm512_set1_epi8(static_cast<char>(0x80))); }
-  static VI abs8(VI u) { return _mm512_abs_epi8(u); }
-  static VI sign8(VI x, VI) { return x; }  // unused: kVnni
-  static VI offset(VI x, int s) {
-    return _mm512_sub_epi32(
-        zero(), _mm512_dpbusd_epi32(zero(), _mm512_set1_epi8(static_cast<char>(1 << s)), x));
+  [[KVS_AVX512]] static VI dot(VI acc, VI u, VI x) { return _mm512_dpbusd_epi32(acc, u, x); }
+  [[KVS_AVX512]] static VI xor80(VI u) {
+    return _mm512_xor_si512(u, _mm512_set1_epi8(static_cast<char>(0x80)));
+  }
+  [[KVS_AVX512]] static VI abs8(VI u) { return _mm512_abs_epi8(u); }
+  [[KVS_AVX512]] static VI sign8(VI x, VI) { return x; }  // unused: kVnni
+  [[KVS_AVX512]] static VI offset(VI x, int s) {
+    return _mm512_sub_epi32(zero(), _mm512_dpbusd_epi32(zero(), _mm512_set1_epi8(static_cast<char>(1 << s)), x));
   }
   template <bool kNarrow>
-  static VI combine(VI h, VI l) {
+  [[KVS_AVX512]] static VI combine(VI h, VI l) {
     if constexpr (kNarrow)
       return _mm512_dpwssd_epi32(l, h, _mm512_set1_epi32(254));
     else
       return _mm512_add_epi32(_mm512_mullo_epi32(h, _mm512_set1_epi32(254)), l);
   }
-  static VF mul(VF a, VF b) { return _mm512_mul_ps(a, b); }
-  static VF fma(VF a, VF b, VF c) { return _mm512_fmadd_ps(a, b, c); }
-  static VF cvt(VI v) { return _mm512_cvtepi32_ps(v); }
-  static float sum(VF v) {
+  [[KVS_AVX512]] static VF mul(VF a, VF b) { return _mm512_mul_ps(a, b); }
+  [[KVS_AVX512]] static VF fma(VF a, VF b, VF c) { return _mm512_fmadd_ps(a, b, c); }
+  [[KVS_AVX512]] static VF cvt(VI v) { return _mm512_cvtepi32_ps(v); }
+  [[KVS_AVX512]] static float sum(VF v) {
     return hsum(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
   }
 };
+#endif
 
-[[gnu::flatten]] void rows(const Matrix& w, const XPair* x, int64_t n_tok, int64_t r0, int64_t nr,
-                           float* y, int64_t ldy) {
+// ---- weight formats ----
+// A unit is kSubs sub-blocks of 32 read from kUnitBytes of a row: two blocks of the 32-element
+// formats (a pair), or one super-block of 256. scales() reads a unit's scales once; `two` is
+// false for a pair whose second block is past the row's end, which then re-reads the first (its
+// activations are zeros, so it adds exactly nothing). For pair q of the unit (its sub-blocks
+// 2q, 2q + 1) a format gives the levels as 64 bytes in element order, unsigned (the weight is
+// d (level - 2^kShift), or with kMin d level + min) or signed (kSigned: d level); the scales d
+// per lane, and with kMin the mins per lane.
+
+// The 32-element formats: Pair<B> is the unit of two of B's blocks; every block starts with its
+// f16 scale d, and those with a min have it next.
+template <class B>
+struct Pair : B {
+  static constexpr size_t kUnitBytes = 2 * B::kBytes;
+  static constexpr int kSubs = 2;
+  struct Scales {
+    const uint8_t* b[2];
+    __m128 dm;  // d0, d1, m0, m1
+  };
+  static void scales(const uint8_t* u, bool two, Scales& s) {
+    s.b[0] = u;
+    s.b[1] = two ? u + B::kBytes : u;
+    const int h0 = static_cast<int>(load_u32(s.b[0])), h1 = static_cast<int>(load_u32(s.b[1]));
+    s.dm = _mm_cvtph_ps(_mm_unpacklo_epi16(_mm_cvtsi32_si128(h0), _mm_cvtsi32_si128(h1)));
+  }
+  template <class I>
+  [[gnu::always_inline]] static typename I::VI levels(const Scales& s, int) {
+    return B::template levels<I>(s.b[0], s.b[1]);
+  }
+  template <class I>
+  [[gnu::always_inline]] static typename I::VF scale(const Scales& s, int) {
+    return I::rep8(s.dm, 0);
+  }
+  template <class I>
+  [[gnu::always_inline]] static typename I::VF min(const Scales& s, int) {
+    return I::rep8(s.dm, 2);
+  }
+};
+
+struct Q8_0 {
+  static constexpr size_t kBytes = sizeof(BlockQ8_0);
+  static constexpr int kShift = 0;
+  static constexpr bool kSigned = true, kMin = false;
+  template <class I>
+  [[gnu::always_inline]] static typename I::VI levels(const uint8_t* a, const uint8_t* b) {
+    return I::bytes2(a + 2, b + 2);
+  }
+};
+struct Q4_0 {
+  static constexpr size_t kBytes = sizeof(BlockQ4_0);
+  static constexpr int kShift = 3;
+  static constexpr bool kSigned = false, kMin = false;
+  template <class I>
+  [[gnu::always_inline]] static typename I::VI levels(const uint8_t* a, const uint8_t* b) {
+    return I::nibbles2(a + 2, b + 2);
+  }
+};
+struct Q4_1 {
+  static constexpr size_t kBytes = sizeof(BlockQ4_1);
+  static constexpr int kShift = 0;
+  static constexpr bool kSigned = false, kMin = true;
+  template <class I>
+  [[gnu::always_inline]] static typename I::VI levels(const uint8_t* a, const uint8_t* b) {
+    return I::nibbles2(a + 4, b + 4);
+  }
+};
+struct Q5_0 {
+  static constexpr size_t kBytes = sizeof(BlockQ5_0);
+  static constexpr int kShift = 4;
+  static constexpr bool kSigned = false, kMin = false;
+  template <class I>
+  [[gnu::always_inline]] static typename I::VI levels(const uint8_t* a, const uint8_t* b) {
+    return I::bits_or(I::nibbles2(a + 6, b + 6), I::join(fifth_bits(a + 2), fifth_bits(b + 2)));
+  }
+};
+struct Q5_1 {
+  static constexpr size_t kBytes = sizeof(BlockQ5_1);
+  static constexpr int kShift = 0;
+  static constexpr bool kSigned = false, kMin = true;
+  template <class I>
+  [[gnu::always_inline]] static typename I::VI levels(const uint8_t* a, const uint8_t* b) {
+    return I::bits_or(I::nibbles2(a + 8, b + 8), I::join(fifth_bits(a + 4), fifth_bits(b + 4)));
+  }
+};
+struct IQ4_NL {
+  static constexpr size_t kBytes = sizeof(BlockIQ4_NL);
+  static constexpr int kShift = 0;
+  static constexpr bool kSigned = true, kMin = false;
+  template <class I>
+  [[gnu::always_inline]] static typename I::VI levels(const uint8_t* a, const uint8_t* b) {
+    return I::lookup(I::nibbles2(a + 2, b + 2), load16(kIq4nlValues));
+  }
+};
+
+// The super-block formats: 8 sub-blocks of 32 (scales per 32 in d[8], or per 16 in d[16]).
+template <class Block>
+struct Super {
+  static constexpr size_t kUnitBytes = sizeof(Block);
+  static constexpr int kSubs = 8;
+};
+struct Scales8 {
+  const uint8_t* b;
+  float d[8], m[8];
+};
+struct Scales16 {
+  const uint8_t* b;
+  float d[16], m[16];
+};
+inline __m128 load4(const float* p) {
+  return _mm_loadu_ps(p);
+}
+inline __m128 load2(const float* p) {
+  return _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
+
+// q4_k, q5_k: sub-block j's weights are d sc_j level - dmin m_j; the levels of sub-blocks 2q
+// and 2q + 1 are the low and high nibbles of qs[32 q ..].
+inline void k4_scales(const uint8_t* b, Scales8& s) {
+  s.b = b;
+  const float d = load_f16(b), dmin = load_f16(b + 2);
+  for (int j = 0; j < 8; ++j) {
+    int sc, m;
+    scale_min_k4(j, b + 4, sc, m);
+    s.d[j] = d * static_cast<float>(sc);
+    s.m[j] = -(dmin * static_cast<float>(m));
+  }
+}
+struct Q4_K : Super<BlockQ4_K> {
+  static constexpr int kShift = 0;
+  static constexpr bool kSigned = false, kMin = true;
+  using Scales = Scales8;
+  static void scales(const uint8_t* b, bool, Scales& s) { k4_scales(b, s); }
+  template <class I>
+  [[gnu::always_inline]] static typename I::VI levels(const Scales& s, int q) {
+    return I::nibbles32(s.b + offsetof(BlockQ4_K, qs) + 32 * q);
+  }
+  template <class I>
+  [[gnu::always_inline]] static typename I::VF scale(const Scales& s, int q) {
+    return I::rep8(load2(s.d + 2 * q), 0);
+  }
+  template <class I>
+  [[gnu::always_inline]] static typename I::VF min(const Scales& s, int q) {
+    return I::rep8(load2(s.m + 2 * q), 0);
+  }
+};
+// q4_k with the fifth bit of element l of sub-block j in bit j of qh[l].
+struct Q5_K : Super<BlockQ5_K> {
+  static constexpr int kShift = 0;
+  static constexpr bool kSigned = false, kMin = true;
+  using Scales = Scales8;
+  static void scales(const uint8_t* b, bool, Scales& s) { k4_scales(b, s); }
+  template <class I>
+  [[gnu::always_inline]] static typename I::VI levels(const Scales& s, int q) {
+    const __m256i h = load32(s.b + offsetof(BlockQ5_K, qh));
+    return I::bits_or(I::nibbles32(s.b + offsetof(BlockQ5_K, qs) + 32 * q),
+                      I::join(move_bits(h, 2 * q, 4, 0x10), move_bits(h, 2 * q + 1, 4, 0x10)));
+  }
+  template <class I>
+  [[gnu::always_inline]] static typename I::VF scale(const Scales& s, int q) {
+    return I::rep8(load2(s.d + 2 * q), 0);
+  }
+  template <class I>
+  [[gnu::always_inline]] static typename I::VF min(const Scales& s, int q) {
+    return I::rep8(load2(s.m + 2 * q), 0);
+  }
+};
+
+// q6_k: sub-block j of 32 is group k = j % 4 of half h = j / 4: the low 4 bits from ql (low
+// nibbles of ql[64 h + 32 (k % 2) ..] for k < 2, high ones for k >= 2), bits 2k, 2k + 1 of
+// qh[32 h ..]; weights d sc (level - 32) per sub-block of 16.
+struct Q6_K : Super<BlockQ6_K> {
+  static constexpr int kShift = 5;
+  static constexpr bool kSigned = false, kMin = false;
+  using Scales = Scales16;
+  static void scales(const uint8_t* b, bool, Scales& s) {
+    const auto* q = reinterpret_cast<const BlockQ6_K*>(b);
+    s.b = b;
+    const float d = load_f16(q->d);
+    for (int i = 0; i < 16; ++i) s.d[i] = d * static_cast<float>(q->scales[i]);
+  }
+  template <class I>
+  [[gnu::always_inline]] static typename I::VI levels(const Scales& s, int q) {
+    const auto* b = reinterpret_cast<const BlockQ6_K*>(s.b);
+    const int h = q / 2, k = 2 * (q % 2);  // sub-blocks k, k + 1 of half h
+    const __m256i l0 = load32(b->ql + 64 * h), l1 = load32(b->ql + 64 * h + 32);
+    const __m256i lo0 = _mm256_and_si256(k ? _mm256_srli_epi16(l0, 4) : l0, bytes(0x0F));
+    const __m256i lo1 = _mm256_and_si256(k ? _mm256_srli_epi16(l1, 4) : l1, bytes(0x0F));
+    const __m256i qh = load32(b->qh + 32 * h);
+    return I::join(_mm256_or_si256(lo0, move_bits(qh, 2 * k, 4, 0x30)),
+                   _mm256_or_si256(lo1, move_bits(qh, 2 * k + 2, 4, 0x30)));
+  }
+  template <class I>
+  [[gnu::always_inline]] static typename I::VF scale(const Scales& s, int q) {
+    return I::rep4(load4(s.d + 4 * q));
+  }
+  template <class I>
+  [[gnu::always_inline]] static typename I::VF min(const Scales&, int) {
+    return I::zerof();
+  }
+};
+
+// q2_k: element 32k + l of half h is bits 2k of qs[32 h + l], so sub-block j of 32 is those
+// bits of qs[32 (j / 4) ..] with k = j % 4; weights d sc level - dmin m per sub-block of 16.
+inline __m256i q2_levels(const uint8_t* qs, int j) {
+  return _mm256_and_si256(_mm256_srli_epi16(load32(qs + 32 * (j / 4)), 2 * (j % 4)), bytes(3));
+}
+struct Q2_K : Super<BlockQ2_K> {
+  static constexpr int kShift = 0;
+  static constexpr bool kSigned = false, kMin = true;
+  using Scales = Scales16;
+  static void scales(const uint8_t* b, bool, Scales& s) {
+    const auto* q = reinterpret_cast<const BlockQ2_K*>(b);
+    s.b = b;
+    const float d = load_f16(q->d), dmin = load_f16(q->dmin);
+    for (int i = 0; i < 16; ++i) {
+      s.d[i] = d * static_cast<float>(q->scales[i] & 0xF);
+      s.m[i] = -(dmin * static_cast<float>(q->scales[i] >> 4));
+    }
+  }
+  template <class I>
+  [[gnu::always_inline]] static typename I::VI levels(const Scales& s, int q) {
+    const uint8_t* qs = s.b + offsetof(BlockQ2_K, qs);
+    return I::join(q2_levels(qs, 2 * q), q2_levels(qs, 2 * q + 1));
+  }
+  template <class I>
+  [[gnu::always_inline]] static typename I::VF scale(const Scales& s, int q) {
+    return I::rep4(load4(s.d + 4 * q));
+  }
+  template <class I>
+  [[gnu::always_inline]] static typename I::VF min(const Scales& s, int q) {
+    return I::rep4(load4(s.m + 4 * q));
+  }
+};
+
+// q3_k: q2_k's two bits and a third, bit j of hmask[l] for sub-block j; levels 0..7 stand for
+// -4..3 (the offset 4), scaled by d sc per sub-block of 16.
+struct Q3_K : Super<BlockQ3_K> {
+  static constexpr int kShift = 2;
+  static constexpr bool kSigned = false, kMin = false;
+  using Scales = Scales16;
+  static void scales(const uint8_t* b, bool, Scales& s) {
+    const auto* q = reinterpret_cast<const BlockQ3_K*>(b);
+    s.b = b;
+    const float d = load_f16(q->d);
+    for (int i = 0; i < 16; ++i) s.d[i] = d * static_cast<float>(scale_q3_k(i, q->scales));
+  }
+  template <class I>
+  [[gnu::always_inline]] static typename I::VI levels(const Scales& s, int q) {
+    const uint8_t* qs = s.b + offsetof(BlockQ3_K, qs);
+    const __m256i hm = load32(s.b + offsetof(BlockQ3_K, hmask));
+    return I::join(_mm256_or_si256(q2_levels(qs, 2 * q), move_bits(hm, 2 * q, 2, 0x04)),
+                   _mm256_or_si256(q2_levels(qs, 2 * q + 1), move_bits(hm, 2 * q + 1, 2, 0x04)));
+  }
+  template <class I>
+  [[gnu::always_inline]] static typename I::VF scale(const Scales& s, int q) {
+    return I::rep4(load4(s.d + 4 * q));
+  }
+  template <class I>
+  [[gnu::always_inline]] static typename I::VF min(const Scales&, int) {
+    return I::zerof();
+  }
+};
+
+// iq4_xs: iq4_nl sub-blocks of 16 bytes each under d times a 6-bit scale each.
+struct IQ4_XS : Super<BlockIQ4_XS> {
+  static constexpr int kShift = 0;
+  static constexpr bool kSigned = true, kMin = false;
+  using Scales = Scales8;
+  static void scales(const uint8_t* b, bool, Scales& s) {
+    const auto* q = reinterpret_cast<const BlockIQ4_XS*>(b);
+    s.b = b;
+    const float d = load_f16(q->d);
+    for (int j = 0; j < 8; ++j) s.d[j] = d * static_cast<float>(scale_iq4_xs(j, *q));
+  }
+  template <class I>
+  [[gnu::always_inline]] static typename I::VI levels(const Scales& s, int q) {
+    const uint8_t* qs = s.b + offsetof(BlockIQ4_XS, qs) + 32 * q;
+    return I::lookup(I::nibbles2(qs, qs + 16), load16(kIq4nlValues));
+  }
+  template <class I>
+  [[gnu::always_inline]] static typename I::VF scale(const Scales& s, int q) {
+    return I::rep8(load2(s.d + 2 * q), 0);
+  }
+  template <class I>
+  [[gnu::always_inline]] static typename I::VF min(const Scales&, int) {
+    return I::zerof();
+  }
+};
+
+// ---- kernels ----
+
+// y[t ldy + r] for R rows (w, ld bytes apart) and T tokens (x, np pairs apart), n_units units a
+// row. Per output and pair of sub-blocks, in order: lanes h and l = dot(offset, u, plane),
+// acc = fma(float(254 h + l), dw dx, acc), with kMin acc = fma(min, s4, acc); the result is the
+// 16 lanes' sum. Every tile shape performs exactly this sequence, so the shapes agree. The
+// unsigned levels are below 64 after their offset, so each lane of h is at most 4 x 32 x 127:
+// within int16 (combine's kNarrow).
+template <class F, class I, int R, int T>
+[[gnu::always_inline]] inline void tile(const uint8_t* w, size_t ld, const XPair* x, int64_t np,
+                                        int64_t n_units, int64_t n_sub, float* y, int64_t ldy) {
+  using VI = typename I::VI;
+  using VF = typename I::VF;
+  constexpr bool kSignTrick = F::kSigned && !I::kVnni;
+  constexpr int kShift = F::kSigned ? (I::kVnni ? 7 : 0) : F::kShift;
+  VF acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = I::zerof();
+  for (int64_t b = 0; b < n_units; ++b) {
+    typename F::Scales sc[R];
+    const bool two = (b + 1) * F::kSubs <= n_sub;
+    for (int r = 0; r < R; ++r) F::scales(w + r * ld + b * F::kUnitBytes, two, sc[r]);
+    for (int q = 0; q < F::kSubs / 2; ++q) {
+      const int64_t p = b * (F::kSubs / 2) + q;
+      VI xh[T], xl[T], oh[T], ol[T];
+      for (int t = 0; t < T; ++t) {
+        xh[t] = I::load(x[t * np + p].h);
+        xl[t] = I::load(x[t * np + p].l);
+        if constexpr (kShift > 0) {
+          oh[t] = I::offset(xh[t], kShift);
+          ol[t] = I::offset(xl[t], kShift);
+        } else {
+          oh[t] = ol[t] = I::zero();
+        }
+      }
+      for (int r = 0; r < R; ++r) {
+        VI u = F::template levels<I>(sc[r], q);
+        const VF dw = F::template scale<I>(sc[r], q);
+        const VF mw = F::kMin ? F::template min<I>(sc[r], q) : I::zerof();
+        VI ua = u;
+        if constexpr (kSignTrick) ua = I::abs8(u);
+        if constexpr (F::kSigned && I::kVnni) ua = I::xor80(u);
+        for (int t = 0; t < T; ++t) {
+          VI lh, ll;
+          if constexpr (kSignTrick) {
+            lh = I::dot(I::zero(), ua, I::sign8(xh[t], u));
+            ll = I::dot(I::zero(), ua, I::sign8(xl[t], u));
+          } else {
+            lh = I::dot(oh[t], ua, xh[t]);
+            ll = I::dot(ol[t], ua, xl[t]);
+          }
+          const VF s = I::mul(dw, I::loadf(x[t * np + p].d));
+          acc[r][t] = I::fma(I::cvt(I::template combine<!F::kSigned>(lh, ll)), s, acc[r][t]);
+          if constexpr (F::kMin) acc[r][t] = I::fma(mw, I::loadf(x[t * np + p].s4), acc[r][t]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) y[t * ldy + r] = I::sum(acc[r][t]);
+}
+
+// Tiles of kRows x kToks (each weight unit unpacked once for kToks tokens), then the leftover
+// rows and tokens (kRows1 rows at a time for one token).
+template <class F, class I>
+[[gnu::always_inline]] inline void rows(const Matrix& w, const XPair* x, int64_t n_tok, int64_t r0,
+                                        int64_t nr, float* y, int64_t ldy) {
+  constexpr int R = I::kRows, T = I::kToks, R1 = I::kRows1;
+  const int64_t np = x_pairs(w.n_in), n_sub = w.n_in / QK;
+  const int64_t n_units = (n_sub + F::kSubs - 1) / F::kSubs;
+  const size_t ld = w.row_bytes;
+  const uint8_t* w0 = w.row(r0);
+  int64_t t = 0;
+  for (; t + T <= n_tok; t += T) {
+    int64_t r = 0;
+    for (; r + R <= nr; r += R)
+      tile<F, I, R, T>(w0 + r * ld, ld, x + t * np, np, n_units, n_sub, y + t * ldy + r, ldy);
+    for (; r < nr; ++r)
+      tile<F, I, 1, T>(w0 + r * ld, ld, x + t * np, np, n_units, n_sub, y + t * ldy + r, ldy);
+  }
+  for (; t < n_tok; ++t) {
+    int64_t r = 0;
+    for (; r + R1 <= nr; r += R1) {
+      // The rows eight tiles on (past nr too: the next task's), asked of the caches now: one
+      // token's tiles wait on memory, not on arithmetic.
+      const uint8_t* next = w0 + (r + 8 * R1) * ld;
+      for (size_t off = 0; off < R1 * ld; off += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(next + off), _MM_HINT_T0);
+      tile<F, I, R1, 1>(w0 + r * ld, ld, x + t * np, np, n_units, n_sub, y + t * ldy + r, ldy);
+    }
+    for (; r < nr; ++r)
+      tile<F, I, 1, 1>(w0 + r * ld, ld, x + t * np, np, n_units, n_sub, y + t * ldy + r, ldy);
+  }
+}
+
+template <class I>
+[[gnu::always_inline]] inline void rows_of(const Matrix& w, const XPair* x, int64_t n_tok,
+                                           int64_t r0, int64_t nr, float* y, int64_t ldy) {
+  switch (w.type) {
+    case DType::Q8_0:
+      return rows<Pair<Q8_0>, I>(w, x, n_tok, r0, nr, y, ldy);
+    case DType::Q4_0:
+      return rows<Pair<Q4_0>, I>(w, x, n_tok, r0, nr, y, ldy);
+    case DType::Q4_1:
+      return rows<Pair<Q4_1>, I>(w, x, n_tok, r0, nr, y, ldy);
+    case DType::Q5_0:
+      return rows<Pair<Q5_0>, I>(w, x, n_tok, r0, nr, y, ldy);
+    case DType::Q5_1:
+      return rows<Pair<Q5_1>, I>(w, x, n_tok, r0, nr, y, ldy);
+    case DType::IQ4_NL:
+      return rows<Pair<IQ4_NL>, I>(w, x, n_tok, r0, nr, y, ldy);
+    case DType::Q2_K:
+      return rows<Q2_K, I>(w, x, n_tok, r0, nr, y, ldy);
+    case DType::Q3_K:
+      return rows<Q3_K, I>(w, x, n_tok, r0, nr, y, ldy);
+    case DType::Q4_K:
+      return rows<Q4_K, I>(w, x, n_tok, r0, nr, y, ldy);
+    case DType::Q5_K:
+      return rows<Q5_K, I>(w, x, n_tok, r0, nr, y, ldy);
+    case DType::Q6_K:
+      return rows<Q6_K, I>(w, x, n_tok, r0, nr, y, ldy);
+    case DType::IQ4_XS:
+      return rows<IQ4_XS, I>(w, x, n_tok, r0, nr, y, ldy);
+    default:
+      fail("int_matmul_rows: no integer kernel for ", dtype_name(w.type));
+  }
+}
+
+// One entry per instruction set, compiled for it (the kernels are inlined into it).
+void rows_avx2(const Matrix& w, const XPair* x, int64_t n_tok, int64_t r0, int64_t nr, float* y,
+               int64_t ldy) {
+  rows_of<Avx2>(w, x, n_tok, r0, nr, y, ldy);
+}
+[[gnu::target("avxvnni"), gnu::flatten]] void rows_avxvnni(const Matrix& w, const XPair* x,
+                                                            int64_t n_tok, int64_t r0, int64_t nr,
+                                                            float* y, int64_t ldy) {
+  rows_of<AvxVnni>(w, x, n_tok, r0, nr, y, ldy);
+}
+#ifdef KVS_HAVE_AVX512_KERNELS
+[[KVS_AVX512, gnu::flatten]] void rows_avx512(const Matrix& w, const XPair* x, int64_t n_tok,
+                                               int64_t r0, int64_t nr, float* y, int64_t ldy) {
   rows_of<Avx512>(w, x, n_tok, r0, nr, y, ldy);
 }
-}  // namespace avx512
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
 #endif
 
 }  // namespace
-
-bool cpu_has(DotIsa isa) {
-  switch (isa) {
-    case DotIsa::Avx2:
-      return true;
-    case DotIsa::AvxVnni: {  // CPUID leaf 7, sub-leaf 1: EAX bit 4 (not every compiler names it)
-      unsigned a = 0, b = 0, c = 0, d = 0;
-      return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 4 & 1) != 0;
-    }
-    case DotIsa::Avx512Vnni:
-      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
-             __builtin_cpu_supports("avx512vnni");
-  }
-  return false;
-}
-
-DotIsa best_dot_isa() {
-  static const DotIsa best = cpu_has(DotIsa::Avx512Vnni) ? DotIsa::Avx512Vnni
-                             : cpu_has(DotIsa::AvxVnni)  ? DotIsa::AvxVnni
-                                                         : DotIsa::Avx2;
-  return best;
-}
 
 bool has_int_dot(DType t) {
   switch (t) {
@@ -267,11 +744,16 @@ void int_matmul_rows(const Matrix& w, const XPair* xq, int64_t n_tok, int64_t r0
                      float* y, int64_t ldy, DotIsa isa) {
   switch (isa) {
     case DotIsa::Avx2:
-      return avx2::rows(w, xq, n_tok, r0, nr, y, ldy);
+      return rows_avx2(w, xq, n_tok, r0, nr, y, ldy);
     case DotIsa::AvxVnni:
-      return avxvnni::rows(w, xq, n_tok, r0, nr, y, ldy);
+      return rows_avxvnni(w, xq, n_tok, r0, nr, y, ldy);
     case DotIsa::Avx512Vnni:
-      return avx512::rows(w, xq, n_tok, r0, nr, y, ldy);
+#ifdef KVS_HAVE_AVX512_KERNELS
+      return rows_avx512(w, xq, n_tok, r0, nr, y, ldy);
+#else
+      return cpu_has(DotIsa::AvxVnni) ? rows_avxvnni(w, xq, n_tok, r0, nr, y, ldy)
+                                      : rows_avx2(w, xq, n_tok, r0, nr, y, ldy);
+#endif
   }
 }
 

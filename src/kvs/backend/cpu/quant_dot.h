@@ -11,6 +11,7 @@
 
 #include <cstdint>
 
+#include "kvs/backend/cpu/isa.h"
 #include "kvs/backend/device.h"
 
 namespace kvs::cpu {
@@ -29,11 +30,11 @@ inline int64_t x_pairs(int64_t n) {
   return (n / 32 + 1) / 2;
 }
 
-enum class DotIsa { Avx2, AvxVnni, Avx512Vnni };
-
-// The best instruction set of this CPU; whether it can run `isa`.
-DotIsa best_dot_isa();
-bool cpu_has(DotIsa isa);
+// The instruction sets of isa.h: the products' kernels and attention's choose alike.
+using DotIsa = Isa;
+inline DotIsa best_dot_isa() {
+  return best_isa();
+}
 
 // Whether `t` has an integer kernel (f32, f16 and bf16 keep float products).
 bool has_int_dot(DType t);

@@ -254,6 +254,10 @@ dim3 fold_grid(const Geo& g) {
 
 }  // namespace
 
+void attention_fold(Ctx& c, const Geo& g, const float* part) {
+  launch(decode_fold, fold_grid(g), 32, 0, c.stream, g, part);
+}
+
 void attention_decode(Ctx& c, Geo& g, const KvLayout& l, bool by_warp) {
   if (g.n_spans == 0) {  // only the state's end
     launch(decode_fold, fold_grid(g), 32, 0, c.stream, g, nullptr);

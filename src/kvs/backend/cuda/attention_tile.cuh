@@ -108,6 +108,8 @@ inline int copy_width(const Geo& g) {
 
 // One token's attention (attention_decode.cu): g.xq set for the call that also quantizes.
 void attention_decode(Ctx& c, Geo& g, const KvLayout& l, bool by_warp);
+// The decode's fold alone, of g.n_spans partials at part (fold_partials).
+void attention_fold(Ctx& c, const Geo& g, const float* part);
 // Decode on tensor cores (attention_decode_tc.cu), head sizes 64, 128 and 256: launches the
 // partials of g's spans into part, or folds a call of one span in place (g.fold_in_place);
 // returns whether its launch also folds the partials.

@@ -23,6 +23,7 @@
 #include "kvs/backend/cuda/common.cuh"
 #include "kvs/backend/cuda/kernels.h"
 #include "kvs/backend/cuda/profile.h"
+#include "kvs/backend/cuda/flags.h"
 #include "kvs/backend/cuda/step_calls.h"
 #include "kvs/backend/cuda/weights.h"
 #include "kvs/backend/device.h"
@@ -111,15 +112,14 @@ class CudaDevice final : public Device {
     prof_.report();
     if (exec_) cudaGraphExecDestroy(exec_);
     if (balloon_) cudaFree(balloon_);
-    for (CopyTimes& ct : copy_times_)
+    for (cuda::CopyTimes& ct : copy_times_)
       for (auto [a, b] : ct.open) cudaEventDestroy(a), cudaEventDestroy(b);
     inv_freq_.clear();
     ctx_.w16.reset();
     ctx_.x16.reset();
     ctx_.part.reset();
     ctx_.xq.reset();
-    placed_.matrices.reset();
-    placed_.vectors.reset();
+    placed_.buffers.clear();
     for (cudaEvent_t e : fences_) cudaEventDestroy(e);
     cublasDestroy(ctx_.cublas);
     cudaFreeHost(stage_h_);
@@ -231,12 +231,12 @@ class CudaDevice final : public Device {
     if (p.w16) ctx_.scratch_w(p.w16 / sizeof(__half)), ctx_.scratch_x(p.x16 / sizeof(__half));
     if (p.kv16) ctx_.scratch_kv16(p.kv16), ctx_.scratch_spans16(cuda::kMaxSpans16);
     if (p.gdn) ctx_.scratch_gdn(p.gdn / sizeof(float));
-    size_t xq = 0;
+    size_t xq = 0;  // for kMaxSliceTok tokens whatever n_tok: a prefill's short chunk too
     for (const LayerWeights& l : w.layers)
       for (const Matrix* m : cuda::layer_matrices(l))
         if (m->n_out > 0)
-          xq = std::max(xq, cuda::xq_bytes(m->n_in, std::min<int64_t>(n_tok, cuda::kMaxVecTok)));
-    xq = std::max(xq, cuda::xq_bytes(w.output.n_in, std::min<int64_t>(n_out_tok, cuda::kMaxVecTok)));
+          xq = std::max(xq, cuda::xq_bytes(m->n_in, cuda::kMaxSliceTok));
+    xq = std::max(xq, cuda::xq_bytes(w.output.n_in, cuda::kMaxSliceTok));
     if (xq) ctx_.scratch_xq(xq);
     if (max_spans > 0) ctx_.scratch_part(static_cast<size_t>(max_spans) * n_head * (head_dim + 3));
   }
@@ -247,7 +247,7 @@ class CudaDevice final : public Device {
                          const KvLayout& kv) override {
     prefill_ = prefill_scratch_of(w, n_tok, 0, 0);
     const bool f16 = kv.k_type == DType::F16 && kv.v_type == DType::F16;
-    if (max_spans > 0 && n_tok > cuda::kMaxVecTok && !f16) {
+    if (max_spans > 0 && n_tok > cuda::kMaxSliceTok && !f16) {
       const size_t page16 = 2 * static_cast<size_t>(kv.page_size) * kv.n_head_kv * kv.head_dim *
                             sizeof(__half);
       prefill_.kv16 = std::min(cuda::kKv16Bytes, static_cast<size_t>(max_spans) * page16);
@@ -310,7 +310,7 @@ class CudaDevice final : public Device {
       key(m.data, m.type, m.n_in, m.n_out, m.row_bytes, j[i].y, j[i].bias, j[i].add);
     }
     const int at = next_product(j.data(), n_jobs, n_tok);
-    run(n_tok <= cuda::kMaxVecTok ? "matvec" : "gemm", [=, this] {
+    run(n_tok <= cuda::kMaxSliceTok ? "matvec" : "gemm", [=, this] {
       std::array<MatJob, 8> jw = j;
       for (int i = 0; i < n_jobs; ++i) jw[i].w = &w[i];
       ctx_.next = at >= 0 ? next_[static_cast<size_t>(at)] : cuda::L2Next{};
@@ -395,11 +395,27 @@ class CudaDevice final : public Device {
     });
   }
   void attention(const AttentionArgs& a) override {
+    if (a.n_tok == 1 || a.n_tok > cuda::kMaxSliceTok) return attend(a, a.n_tok == 1);
+    // A few tokens (a verify step's drafts): each through the one-token kernels, over the spans
+    // it sees, so that its bits are the one-token step's (kMaxSliceTok).
+    const size_t row = static_cast<size_t>(a.n_head) * a.kv.head_dim;
+    for (int32_t t = 0; t < a.n_tok; ++t) {
+      AttentionArgs b = a;
+      b.n_tok = 1;
+      b.q = a.q + t * row, b.out = a.out + t * row, b.acc = a.acc + 2 * t * a.n_head;
+      b.pos = a.pos + t;
+      const int32_t p = a.pos[t], from = a.window > 0 ? p - a.window + 1 : 0;
+      while (b.n_spans > 0 && b.spans[b.n_spans - 1].start > p) --b.n_spans;
+      while (b.n_spans > 0 && b.spans[0].start + b.spans[0].n <= from) ++b.spans, --b.n_spans;
+      if (b.n_spans > 0 || b.last) attend(b, false);
+    }
+  }
+  void attend(const AttentionArgs& a, bool may_quantize) {
     AttentionArgs b = a;
     b.spans = a.n_spans > 0 ? stage(a.spans, a.n_spans) : nullptr;
     b.pos = stage(a.pos, a.n_tok);
-    const bool q =
-        a.n_tok == 1 && a.last && quantizing(1, static_cast<int64_t>(a.n_head) * a.kv.head_dim);
+    const bool q = may_quantize && a.last &&
+                   quantizing(1, static_cast<int64_t>(a.n_head) * a.kv.head_dim);
     const bool by_warp =
         a.n_tok == 1 && cuda::decode_by_warp(ctx_, a.kv, int64_t{a.pos[0]} + 1);
     between_ += static_cast<size_t>(a.n_spans) * a.kv.page_bytes();
@@ -419,7 +435,7 @@ class CudaDevice final : public Device {
       KVS_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, stream(s)));
       return;
     }
-    CopyTimes& ct = copy_times_[static_cast<int>(s)];
+    cuda::CopyTimes& ct = copy_times_[static_cast<int>(s)];
     const cudaEvent_t a = copy_events_.take(), b = copy_events_.take();
     KVS_CUDA_CHECK(cudaEventRecord(a, stream(s)));
     KVS_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, stream(s)));
@@ -449,7 +465,7 @@ class CudaDevice final : public Device {
     KVS_CUDA_CHECK(cudaEventRecord(b, stream(s)));
     copy_times_[0].open.push_back({a, b});
   }
-  double wait_seconds() override { return finished(copy_times_[0]); }
+  double wait_seconds() override { return copy_times_[0].finished(copy_events_); }
   void wait_host(FenceId f) override { KVS_CUDA_CHECK(cudaEventSynchronize(fence(f))); }
   bool done(FenceId f) override {
     const cudaError_t e = cudaEventQuery(fence(f));
@@ -459,8 +475,24 @@ class CudaDevice final : public Device {
   }
   // The time of the finished copies on s (one copy at a time per stream, so they add up).
   double busy_seconds(Stream s) override {
-    return s == Stream::Compute ? 0.0 : finished(copy_times_[static_cast<int>(s)]);
+    return s == Stream::Compute ? 0.0 : copy_times_[static_cast<int>(s)].finished(copy_events_);
   }
+  // Split attention: flags in pinned memory a kernel polls; the CPU's partials folded by the
+  // decode's fold.
+  FlagId make_flag() override { return flags_.make(); }
+  void raise(FlagId f, uint64_t value) override { flags_.raise(f, value); }
+  void wait_flag(Stream s, FlagId f, uint64_t value) override {
+    cut();
+    flush_stage();
+    flags_.wait(stream(s), f, value);
+  }
+  void fold(const AttentionArgs& a, const float* parts) override {
+    cut();
+    const bool q = a.last && quantizing(1, static_cast<int64_t>(a.n_head) * a.kv.head_dim);
+    run("attention fold", [=, this] { cuda::fold_partials(ctx_, a, parts, xq(q)); });
+    if (q) quantized_ = {a.out, static_cast<int64_t>(a.n_head) * a.kv.head_dim};
+  }
+
   void sync() override {
     for (cudaStream_t s : streams_) KVS_CUDA_CHECK(cudaStreamSynchronize(s));
     KVS_CUDA_CHECK(cudaStreamSynchronize(ctx_.side));
@@ -532,7 +564,7 @@ class CudaDevice final : public Device {
  private:
   static constexpr size_t kStage = size_t{8} << 20;
 
-  // The scratch of passes of more than kMaxVecTok rows: f16 copies of a whole matrix and of its
+  // The scratch of passes of more than kMaxSliceTok rows: f16 copies of a whole matrix and of its
   // input rows for cuBLAS, and the prefill attention's f16 chunks of a quantized cache; and of
   // any pass, a Gated DeltaNet layer's conv rows and chunk products.
   struct PrefillScratch {
@@ -547,7 +579,7 @@ class CudaDevice final : public Device {
                                            int64_t max_spans) {
     PrefillScratch p;
     const auto need = [&](const Matrix& m, int64_t rows) {
-      if (rows <= cuda::kMaxVecTok || m.n_out == 0) return;
+      if (rows <= cuda::kMaxSliceTok || m.n_out == 0) return;
       p.w16 = std::max(p.w16, static_cast<size_t>(m.n_in * m.n_out) * sizeof(__half));
       p.x16 = std::max(p.x16, static_cast<size_t>(m.n_in * rows) * sizeof(__half));
     };
@@ -557,32 +589,11 @@ class CudaDevice final : public Device {
         p.gdn = std::max(p.gdn, cuda::delta_net_scratch(n_tok, l.ssm_qkv.n_out, l.ssm_alpha.n_out));
     }
     need(w.output, n_out_tok);
-    if (max_spans > 0 && n_tok > cuda::kMaxVecTok)
+    if (max_spans > 0 && n_tok > cuda::kMaxSliceTok)
       p.kv16 = cuda::kKv16Bytes, p.spans16 = cuda::kMaxSpans16 * sizeof(Span);
     return p;
   }
   PrefillScratch prefill_;  // the geometry of the memory lend_prefill_scratch() is given
-
-  struct CopyTimes {
-    std::deque<std::pair<cudaEvent_t, cudaEvent_t>> open;  // recorded, not yet read
-    double seconds = 0;
-  };
-  // The summed time of the finished event pairs of ct.
-  double finished(CopyTimes& ct) {
-    while (!ct.open.empty()) {
-      const auto [a, b] = ct.open.front();
-      const cudaError_t e = cudaEventQuery(b);
-      if (e == cudaErrorNotReady) break;
-      KVS_CUDA_CHECK(e);
-      float ms = 0.0f;
-      KVS_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-      ct.seconds += ms / 1000.0;
-      copy_events_.give(a);
-      copy_events_.give(b);
-      ct.open.pop_front();
-    }
-    return ct.seconds;
-  }
 
   // While a step is captured, a scratch buffer must grow: what was captured so far runs and
   // is waited for (the old buffer may be in use), then ctx_.resume captures on.
@@ -668,13 +679,13 @@ class CudaDevice final : public Device {
     next_.push_back({});
     return static_cast<int>(next_.size()) - 1;
   }
-  // Whether an operation writing rows <= kMaxVecTok of n elements also writes them quantized
+  // Whether an operation writing rows <= kMaxSliceTok of n elements also writes them quantized
   // into ctx_.xq for the integer matrix-vector kernel, which then skips quantizing its x (a
   // launch saved per product): when the buffer is that large already (it only grows, so it
   // still is when the operation runs). The pointer is read when the operation runs: a step's
   // recorded operations run later, maybe after it grew.
   bool quantizing(int64_t rows, int64_t n) const {
-    return n % 32 == 0 && rows <= cuda::kMaxVecTok &&
+    return n % 32 == 0 && rows <= cuda::kMaxSliceTok &&
            ctx_.xq.size() >= cuda::xq_bytes(n, rows);
   }
   uint8_t* xq(bool q) { return q ? ctx_.xq.as() : nullptr; }
@@ -754,8 +765,9 @@ class CudaDevice final : public Device {
   std::vector<cudaEvent_t> fences_;
   Ctx ctx_;
   cuda::PlacedWeights placed_;
-  CopyTimes copy_times_[kStreams];
+  cuda::CopyTimes copy_times_[kStreams];
   EventPool copy_events_;
+  cuda::Flags flags_;
   Profile prof_;
 #ifdef KVS_TRACE
   cuda::TraceRing trace_;

@@ -12,7 +12,11 @@
 
 namespace kvs::cuda {
 
-constexpr int kMaxVecTok = 8;  // tokens up to which matmul is a matrix-vector product
+constexpr int kMaxVecTok = 8;  // tokens of one matrix-vector product kernel
+// Up to this many tokens a step is batch-invariant: every token's bits are those of a step of
+// it alone (products in matrix-vector slices of kMaxVecTok, attention token by token, norms
+// per row), as a speculative verify step's rows must be. Beyond, the prefill kernels.
+constexpr int kMaxSliceTok = kCudaInvariantTokens;
 // Prefill attention on a quantized cache converts it to f16 in chunks of at most half this
 // much, the next chunk converting while the last is attended to (reserved with the other
 // scratch buffers; a larger page takes its own size).
@@ -133,6 +137,9 @@ bool decode_by_warp(const Ctx& c, const KvLayout& l, int64_t n_ctx);
 // a.spans and a.pos point to device copies. xq: a decode's last call also writes its output
 // quantized there (as rmsnorm does). by_warp: decode_by_warp's answer for the sequence.
 void attention(Ctx& c, const AttentionArgs& a, uint8_t* xq = nullptr, bool by_warp = false);
+// Device::fold: a.n_spans spans' partials at part (pinned host memory, the decode's rows)
+// fetched into the partials' scratch and folded into a's state by the decode's fold.
+void fold_partials(Ctx& c, const AttentionArgs& a, const float* part, uint8_t* xq = nullptr);
 // Whether gated_delta_net has kernels for value heads of `head` and a conv of `taps`.
 bool delta_net_shape(int64_t head, int64_t taps);
 // Whether a prefill's delta rule (chunk > 1) runs a chunk at a time on this GPU (heads of `head`):

@@ -1,5 +1,6 @@
 // Matrix products y[t][n_out] (+)= W x[t][n_in] (+ bias) for groups of matrices sharing x.
-// Up to kMaxVecTok tokens it is a matrix-vector product that reads the weights once:
+// Up to kMaxSliceTok tokens it is a matrix-vector product that reads the weights once per
+// kMaxVecTok of them:
 // - q4_0, q4_1, q8_0, the k-quants, iq4_xs and iq4_nl (rows in the layout of layout.h): x is
 //   first quantized per 32-element block to two int8 planes, x = dx (h + l / 254) (relative
 //   error below 2e-5 of the block's largest value, about f32's rounding of the old float
@@ -147,14 +148,15 @@ struct QChunk {
   uint32_t q[U][R][kWords];
   float d[U][R], mn[U][R];
 
-  // Groups [g0, g0 + U) of the rows (lane's blocks past the row's end: zeros).
-  __device__ __forceinline__ void load(const uint8_t* const* rows, int g0, int lane, int n_blocks) {
+  // Groups g0 + u gs (u < U) of the rows (lane's blocks past the row's end: zeros).
+  __device__ __forceinline__ void load(const uint8_t* const* rows, int g0, int gs, int lane,
+                                       int n_blocks) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const bool ok = (g0 + u) * 32 + lane < n_blocks;
+      const bool ok = (g0 + u * gs) * 32 + lane < n_blocks;
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        const uint8_t* grp = rows[r] + static_cast<size_t>(g0 + u) * pk.stride();
+        const uint8_t* grp = rows[r] + static_cast<size_t>(g0 + u * gs) * pk.stride();
         const uint8_t* sc = grp + 32 * pk.quant + 2 * lane;  // the block's scale
 #pragma unroll
         for (int k = 0; k < kWords / 4; ++k) {
@@ -174,10 +176,11 @@ struct QChunk {
   // acc[r][t] += the chunk's dot products with x of the NT tokens.
   template <int NT>
   __device__ __forceinline__ void dot(const XBlock* __restrict__ xq, const XMeta* __restrict__ xm,
-                                      int g0, int lane, int n_blocks, float (&acc)[R][NT]) const {
+                                      int g0, int gs, int lane, int n_blocks,
+                                      float (&acc)[R][NT]) const {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int b = (g0 + u) * 32 + lane;
+      const int b = (g0 + u * gs) * 32 + lane;
       if (b >= n_blocks) continue;  // its quants and scales are zero
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
@@ -222,22 +225,24 @@ struct SubChunk {
   static constexpr Packed pk = packed(T);
   Sub<T> s[U][R];
 
-  __device__ __forceinline__ void load(const uint8_t* const* rows, int g0, int lane, int n_blocks) {
+  __device__ __forceinline__ void load(const uint8_t* const* rows, int g0, int gs, int lane,
+                                       int n_blocks) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const bool ok = (g0 + u) * 32 + lane < n_blocks;
+      const bool ok = (g0 + u * gs) * 32 + lane < n_blocks;
 #pragma unroll
       for (int r = 0; r < R; ++r)
-        s[u][r].load(rows[r] + static_cast<size_t>(g0 + u) * pk.stride(), lane, ok);
+        s[u][r].load(rows[r] + static_cast<size_t>(g0 + u * gs) * pk.stride(), lane, ok);
     }
   }
 
   template <int NT>
   __device__ __forceinline__ void dot(const XBlock* __restrict__ xq, const XMeta* __restrict__ xm,
-                                      int g0, int lane, int n_blocks, float (&acc)[R][NT]) const {
+                                      int g0, int gs, int lane, int n_blocks,
+                                      float (&acc)[R][NT]) const {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int b = (g0 + u) * 32 + lane;
+      const int b = (g0 + u * gs) * 32 + lane;
       if (b >= n_blocks) continue;  // its quants and scales are zero
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
@@ -320,8 +325,9 @@ __device__ __forceinline__ void prefetch_next(const L2Next& nx, int lane) {
 template <DType T, int R, int U>
 using Chunk = std::conditional_t<kSubFormat<T>, SubChunk<T, R, U>, QChunk<T, R, U>>;
 
-// R rows per warp, g.split warps per R rows (each taking every split-th chunk of U groups,
-// summed through shared memory). The first chunk's weights are loaded before pdl_wait(): no
+// R rows per warp, g.split warps per R rows (warp part takes groups part, part + split, ...,
+// U of them a chunk, summed through shared memory): a row's sums come in one order whatever U,
+// R and the tokens, so the split alone, which q_shape picks by the matrix, sets a token's bits. The first chunk's weights are loaded before pdl_wait(): no
 // kernel writes them, so their latency overlaps the kernel before. kPipe: the next chunk is
 // loaded before the current one is used (twice the registers, no gap between the loads).
 // kNext: at its end, asks L2 for the next product's first weights (nx; one token, in a
@@ -344,19 +350,19 @@ __global__ void __launch_bounds__(kWarps * 32)
   for (int r = 0; r < R; ++r)  // a row past the end re-reads the last one; not stored
     rows[r] = g.w[j] + static_cast<size_t>(min(row0 + r, n_out - 1)) * g.pitch[j];
   C c;
-  if (live) c.load(rows, part * U, lane, n_blocks);
+  if (live) c.load(rows, part, split, lane, n_blocks);
   pdl_wait();
   if (!live) return;
   float acc[R][NT] = {};
-  for (int g0 = part * U; g0 < n_groups; g0 += step) {
+  for (int g0 = part; g0 < n_groups; g0 += step) {
     if constexpr (kPipe) {
       C next;
-      next.load(rows, g0 + step, lane, n_blocks);  // zeros past the end
-      c.template dot<NT>(xq, xm, g0, lane, n_blocks, acc);
+      next.load(rows, g0 + step, split, lane, n_blocks);  // zeros past the end
+      c.template dot<NT>(xq, xm, g0, split, lane, n_blocks, acc);
       c = next;
     } else {
-      if (g0 != part * U) c.load(rows, g0, lane, n_blocks);
-      c.template dot<NT>(xq, xm, g0, lane, n_blocks, acc);
+      if (g0 != part) c.load(rows, g0, split, lane, n_blocks);
+      c.template dot<NT>(xq, xm, g0, split, lane, n_blocks, acc);
     }
   }
   if (kNext) prefetch_next(nx, lane);
@@ -548,34 +554,28 @@ struct QShape {
   bool pipe;
 };
 constexpr bool eight_rows(int bytes, bool sub, int64_t n_tok) {
-  return bytes <= 16 && !(sub && n_tok > 1);
+  return bytes <= 16 && n_tok <= 2 && !(sub && n_tok > 1);
 }
 QShape q_shape(int rows, int n_in, int64_t n_tok, int bytes, bool sub) {
-  if (n_tok > 4) return {1, 2, 1, false};
-  if (n_tok > 2) return {2, 2, 1, false};
+  // Not by n_tok: a verify step's rows must be the one-token step's bits (batch invariance).
+  const int split = n_in > 8192 || bytes <= 16 || rows <= 4096 || rows >= 16384 ? 2 : 1;
   const int r = eight_rows(bytes, sub, n_tok) && (bytes < 16 || rows > 4096) ? 8 : 4;
-  if (n_in > 8192) return {r, 1, 2, true};
-  return {r, 2, bytes <= 16 || rows <= 4096 || rows >= 16384 ? 2 : 1, false};
+  if (n_in > 8192) return {r, 1, split, true};
+  return {r, 2, split, false};
 }
 
 template <DType T, int NT>
 void matvec_q_any(Ctx& c, const MatJob* jobs, int n, const XBlock* xq, const XMeta* xm, int n_in,
                   QShape s) {
-  if constexpr (NT > 4) {
-    launch_q<T, NT, 1, 2, false>(c, jobs, n, s.split, xq, xm, n_in);
-  } else if constexpr (NT > 2) {
-    launch_q<T, NT, 2, 2, false>(c, jobs, n, s.split, xq, xm, n_in);
-  } else {
-    if constexpr (eight_rows(packed(T).lane_bytes(), kSubFormat<T>, NT)) {
-      if (s.r == 8)
-        return s.pipe ? launch_q<T, NT, 8, 1, true>(c, jobs, n, s.split, xq, xm, n_in)
-                      : launch_q<T, NT, 8, 2, false>(c, jobs, n, s.split, xq, xm, n_in);
-    }
-    if (s.pipe)
-      launch_q<T, NT, 4, 1, true>(c, jobs, n, s.split, xq, xm, n_in);
-    else
-      launch_q<T, NT, 4, 2, false>(c, jobs, n, s.split, xq, xm, n_in);
+  if constexpr (eight_rows(packed(T).lane_bytes(), kSubFormat<T>, NT)) {
+    if (s.r == 8)
+      return s.pipe ? launch_q<T, NT, 8, 1, true>(c, jobs, n, s.split, xq, xm, n_in)
+                    : launch_q<T, NT, 8, 2, false>(c, jobs, n, s.split, xq, xm, n_in);
   }
+  if (s.pipe)
+    launch_q<T, NT, 4, 1, true>(c, jobs, n, s.split, xq, xm, n_in);
+  else
+    launch_q<T, NT, 4, 2, false>(c, jobs, n, s.split, xq, xm, n_in);
 }
 
 // One launch for jobs [0, n) of one weight type; xq/xm hold x quantized for matvec_q.
@@ -657,7 +657,7 @@ void matmuls(Ctx& c, const float* x, int64_t n_tok, const MatJob* jobs, int n_jo
               " elements (need a multiple of 32)");
     KVS_CHECK(w.n_in == jobs[0].w->n_in, "cuda: the matrices of one group differ in width");
   }
-  if (n_tok > kMaxVecTok) {
+  if (n_tok > kMaxSliceTok) {
     for (int i = 0; i < n_jobs; ++i) gemm(c, x, n_tok, jobs[i]);
     return;
   }
@@ -681,12 +681,23 @@ void matmuls(Ctx& c, const float* x, int64_t n_tok, const MatJob* jobs, int n_jo
       }
     });
   // Runs of jobs with one weight type share a launch; the last asks for the next product.
+  // More than kMaxVecTok tokens go in slices, each a matrix-vector product of its own.
   const L2Next next = c.next;
+  const int64_t n_in = jobs[0].w->n_in, per_tok = n_in / 32;
   for (int i = 0; i < n_jobs;) {
     int n = 1;
     while (i + n < n_jobs && n < kMaxJobs && jobs[i + n].w->type == jobs[i].w->type) ++n;
     c.next = i + n == n_jobs ? next : L2Next{};
-    matvec(c, x, n_tok, jobs + i, n, xq, xm);
+    for (int64_t t0 = 0; t0 < n_tok; t0 += kMaxVecTok) {
+      MatJob slice[kMaxJobs];
+      for (int k = 0; k < n; ++k) {
+        slice[k] = jobs[i + k];
+        slice[k].y += t0 * slice[k].w->n_out;
+      }
+      const size_t b0 = static_cast<size_t>(t0 * per_tok);
+      matvec(c, x + t0 * n_in, std::min<int64_t>(kMaxVecTok, n_tok - t0), slice, n,
+             xq ? xq + b0 : nullptr, xm ? xm + b0 : nullptr);
+    }
     i += n;
   }
   c.next = {};

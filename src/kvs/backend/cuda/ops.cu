@@ -386,7 +386,7 @@ void rmsnorm(Ctx& c, const float* x, const float* w, float* y, int64_t rows, int
   KVS_CHECK(!xq || n % 32 == 0, "cuda: rmsnorm quantizing rows of ", n, " elements");
   const auto [xb, xm] = xq_parts(xq, static_cast<size_t>(rows * n));
   // Few rows, not in place (the blocks of a row all read it whole).
-  if (x != y && rows <= kMaxVecTok && n % kNormPart == 0 && n >= 4 * kNormPart) {
+  if (x != y && rows <= kMaxSliceTok && n % kNormPart == 0 && n >= 4 * kNormPart) {
     launch(rmsnorm_wide, dim3(static_cast<unsigned>(rows), static_cast<unsigned>(n / kNormPart)),
            kNormThreads, 0, c.stream, x, w, y, static_cast<int>(n), eps, xb, xm);
     return;

@@ -1,5 +1,5 @@
-// The CUDA device's instruments: the per-operation profile (CudaOptions::profile) and the
-// timing build's trace ring (CudaOptions::trace).
+// The CUDA device's instruments: the copy streams' busy time, the per-operation profile
+// (CudaOptions::profile) and the timing build's trace ring (CudaOptions::trace).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -8,9 +8,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "kvs/backend/cuda/common.cuh"
@@ -41,6 +43,29 @@ class EventPool {
 
  private:
   std::vector<cudaEvent_t> free_;
+};
+
+// The time of a copy stream's copies (or the compute stream's waits), from a pair of events
+// recorded around each.
+struct CopyTimes {
+  std::deque<std::pair<cudaEvent_t, cudaEvent_t>> open;  // recorded, not yet read
+  double seconds = 0;
+  // The summed time of the finished pairs; their events go back to `pool`.
+  double finished(EventPool& pool) {
+    while (!open.empty()) {
+      const auto [a, b] = open.front();
+      const cudaError_t e = cudaEventQuery(b);
+      if (e == cudaErrorNotReady) break;
+      KVS_CUDA_CHECK(e);
+      float ms = 0.0f;
+      KVS_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+      seconds += ms / 1000.0;
+      pool.give(a);
+      pool.give(b);
+      open.pop_front();
+    }
+    return seconds;
+  }
 };
 
 // CudaOptions::profile: the GPU time of every Device operation, from events recorded around it on

@@ -38,7 +38,7 @@ Weights place_weights(Device& dev, const Weights& host, PlacedWeights& placed) {
     pitch[i] = device_pitch(mats[i]->type, mats[i]->n_in);
     total += (pitch[i] * static_cast<size_t>(mats[i]->n_out) + 255) / 256 * 256;
   }
-  placed.matrices = dev.alloc(total, "the weights");
+  uint8_t* const base = placed.buffers.emplace_back(dev.alloc(total, "the weights")).as();
   std::vector<uint8_t> buf;
   size_t off = 0;
   for (size_t i = 0; i < mats.size(); ++i) {
@@ -53,10 +53,10 @@ Weights place_weights(Device& dev, const Weights& host, PlacedWeights& placed) {
           pack_row(m->type, m->row(r0 + r), buf.data() + static_cast<size_t>(r) * pitch[i], m->n_in,
                    pitch[i]);
       });
-      KVS_CUDA_CHECK(cudaMemcpy(placed.matrices.as() + off + static_cast<size_t>(r0) * pitch[i],
+      KVS_CUDA_CHECK(cudaMemcpy(base + off + static_cast<size_t>(r0) * pitch[i],
                                 buf.data(), buf.size(), cudaMemcpyHostToDevice));
     }
-    m->data = placed.matrices.as() + off;
+    m->data = base + off;
     m->row_bytes = pitch[i];
     off += (pitch[i] * static_cast<size_t>(m->n_out) + 255) / 256 * 256;
   }
@@ -68,11 +68,14 @@ Weights place_weights(Device& dev, const Weights& host, PlacedWeights& placed) {
       vecs.push_back(v);
   size_t nv = 0;
   for (Vec* v : vecs) nv += (v->size() + 63) / 64 * 64;
-  placed.vectors = dev.alloc(std::max<size_t>(nv, 1) * sizeof(float), "the weights' vectors");
+  float* const vbase =
+      placed.buffers.emplace_back(dev.alloc(std::max<size_t>(nv, 1) * sizeof(float),
+                                            "the weights' vectors"))
+          .as<float>();
   size_t vo = 0;
   for (Vec* v : vecs) {
     if (v->empty()) continue;
-    float* d = placed.vectors.as<float>() + vo;
+    float* d = vbase + vo;
     KVS_CUDA_CHECK(cudaMemcpy(d, v->data(), v->size() * sizeof(float), cudaMemcpyHostToDevice));
     placed.vectors_at[v->data()] = d;
     vo += (v->size() + 63) / 64 * 64;

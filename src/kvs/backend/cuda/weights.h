@@ -1,9 +1,11 @@
-// The CUDA backend's copy of a model's weights (CudaDevice::place_weights): the matrices
-// repacked into the layout of layout.h in one allocation, the small vectors in another.
+// The CUDA backend's copies of models' weights (CudaDevice::place_weights): per model, the
+// matrices repacked into the layout of layout.h in one allocation, the small vectors in
+// another; every model placed on the device (a draft model's and its target's) kept.
 #pragma once
 
 #include <array>
 #include <unordered_map>
+#include <vector>
 
 #include "kvs/backend/device.h"
 #include "kvs/model/weights.h"
@@ -11,7 +13,7 @@
 namespace kvs::cuda {
 
 struct PlacedWeights {
-  DeviceBuffer matrices, vectors;
+  std::vector<DeviceBuffer> buffers;
   // The vectors keep their host addresses in Weights, mapped here to their device copies.
   std::unordered_map<const float*, const float*> vectors_at;
 };

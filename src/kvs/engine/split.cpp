@@ -1,0 +1,111 @@
+#include "kvs/engine/split.h"
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+
+#include "kvs/backend/cpu/attention.h"
+#include "kvs/backend/cpu/span_attention.h"
+
+namespace kvs {
+
+SplitWorker::SplitWorker(Device& dev, const KvLayout& kv, int32_t n_head, float scale,
+                         int32_t threads)
+    : dev_(dev), kv_(kv), n_head_(n_head), scale_(scale), pool_(threads) {
+  thread_ = std::thread([this] { loop(); });
+}
+
+SplitWorker::~SplitWorker() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void SplitWorker::post(SplitJob job) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs_.push_back(std::move(job));
+  }
+  cv_.notify_one();
+}
+
+double SplitWorker::busy_seconds() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return busy_s_;
+}
+
+size_t SplitWorker::bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return bytes_;
+}
+
+void SplitWorker::check() {
+  std::exception_ptr e;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::swap(e, error_);
+  }
+  if (e) std::rethrow_exception(e);
+}
+
+void SplitWorker::loop() {
+  for (;;) {
+    SplitJob job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+      if (jobs_.empty()) return;  // stopping, nothing left
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+    }
+    run(job);
+  }
+}
+
+void SplitWorker::run(const SplitJob& job) {
+  size_t k = 0;
+  try {
+    dev_.wait_host(job.stored);
+    dev_.wait_host(job.q_ready);
+    const size_t row = static_cast<size_t>(n_head_) * cpu::part_stride(kv_.head_dim);
+    for (; k < job.entries.size(); ++k) {
+      const auto t0 = std::chrono::steady_clock::now();
+      const SplitEntry& e = job.entries[k];
+      AttentionArgs a;
+      a.q = job.q + k * static_cast<size_t>(n_head_) * static_cast<size_t>(kv_.head_dim);
+      a.pos = &e.pos;
+      a.n_tok = 1;
+      a.spans = e.spans.data();
+      a.n_spans = static_cast<int32_t>(e.spans.size());
+      a.kv = kv_;
+      a.n_head = n_head_;
+      a.scale = scale_;
+      rows_.resize(std::max(rows_.size(), e.spans.size() * row));
+      cpu::decode_partials(a, pool_, rows_.data());
+      cpu::merge_partials(a, rows_.data(), pool_, job.out + k * row);
+      size_t bytes = 0;
+      for (const Span& s : e.spans) bytes += static_cast<size_t>(s.n) * (kv_.k_row + kv_.v_row);
+      {  // counted before the flag: the step that waits for it then sees them
+        std::lock_guard<std::mutex> lock(mu_);
+        busy_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        bytes_ += bytes;
+      }
+      dev_.raise(job.flag, job.ticket + k);
+    }
+  } catch (...) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!error_) error_ = std::current_exception();
+    }
+    if (!job.entries.empty()) dev_.raise(job.flag, job.ticket + job.entries.size() - 1);
+  }
+}
+
+int32_t default_split_threads() {
+  return std::max(1, default_thread_count() - 1);
+}
+
+}  // namespace kvs

@@ -1,0 +1,82 @@
+// Split attention's CPU side (--kv-mode split): while the ring streams some of a layer's
+// non-resident pages to the device, a thread with a pool of its own computes the partials of
+// the others straight from the host store, as soon as the layer's queries reach host memory,
+// and folds them in logical order into one partial per sequence and head, in pinned memory (a
+// few KiB a layer cross the bus, not a row per page); a flag tells the device it is there, and
+// the device folds it with its own partials in its logical place (Engine::attend).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "kvs/backend/device.h"
+#include "kvs/quant/kv_page.h"
+#include "kvs/util/threadpool.h"
+
+namespace kvs {
+
+// One sequence's part of a layer's job: its query and the host pages the CPU attends.
+struct SplitEntry {
+  int32_t pos = 0;          // the query's position
+  std::vector<Span> spans;  // pages of the host store, in logical order
+};
+
+// A layer's work for the CPU. The worker waits for `stored` (the write-backs of the pages it
+// reads have landed) and `q_ready` (the queries are in q, entry k's at row k), then writes
+// entry k's partial of its spans at out + k * n_head * part_stride(head size) (span_attention.h's
+// rows, one a head) and raises `flag` to ticket + k.
+struct SplitJob {
+  FenceId stored = -1, q_ready = -1;
+  const float* q = nullptr;  // [rows][n_head * head_dim]
+  float* out = nullptr;
+  FlagId flag = -1;
+  uint64_t ticket = 0;
+  std::vector<SplitEntry> entries;
+};
+
+class SplitWorker {
+ public:
+  // `threads` for its pool: apart from the global one, so that the thread issuing the device's
+  // work is not slowed by the CPU's attention.
+  SplitWorker(Device& dev, const KvLayout& kv, int32_t n_head, float scale, int32_t threads);
+  ~SplitWorker();
+  SplitWorker(const SplitWorker&) = delete;
+  SplitWorker& operator=(const SplitWorker&) = delete;
+
+  void post(SplitJob job);
+  // Seconds spent computing partials, and bytes of K and V read, since it started.
+  double busy_seconds() const;
+  size_t bytes() const;
+  // Rethrows the first error a job met. A failed job raises its flags all the same, so the
+  // device never waits forever; the engine calls this after each step.
+  void check();
+
+ private:
+  void loop();
+  void run(const SplitJob& job);
+
+  Device& dev_;
+  KvLayout kv_;
+  int32_t n_head_;
+  float scale_;
+  ThreadPool pool_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<SplitJob> jobs_;
+  std::vector<float> rows_;  // an entry's partials, a row per span and head
+  bool stop_ = false;
+  double busy_s_ = 0;  // guarded by mu_
+  size_t bytes_ = 0;
+  std::exception_ptr error_;
+  std::thread thread_;
+};
+
+// Threads for the worker's pool by default: all but one, which issues the device's work.
+int32_t default_split_threads();
+
+}  // namespace kvs

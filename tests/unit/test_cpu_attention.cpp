@@ -1,4 +1,5 @@
-// The CPU attention kernels (backend/cpu/span_attention.h, attention.h) against a scalar
+// The CPU attention kernels (backend/cpu/span_attention.h, attention.h; span_tile.cpp's
+// prefill tiles against span_partials) against a scalar
 // reference that dequantizes the cache (kv_dequantize_head) and computes in double: every K and
 // V type, head sizes 32 to 256, 1 to 8 query heads a kv head, every instruction set the CPU
 // has, spans cut at odd rows and lengths. The partials are bit-identical across instruction
@@ -296,7 +297,7 @@ TEST(CpuAttention, AttentionMatchesTheScalarReferenceAndItselfBitForBit) {
   for (DType kt : kTypes)
     for (DType vt : kTypes)
       for (int32_t d : {64, 128, 256})
-        for (int32_t group : {1, 3, 4, 8})
+        for (int32_t group : {1, 2, 3, 4, 8})
           for (int32_t pages : {3, 40}) {
             constexpr int32_t P = 16, nkv = 2;
             if (pages > 3 && group != 4 && d != 128) continue;  // the long case on fewer shapes
@@ -304,7 +305,7 @@ TEST(CpuAttention, AttentionMatchesTheScalarReferenceAndItselfBitForBit) {
             const Cache c(kt, vt, P, nkv, d, pages, g);
             const std::vector<Span> ss = spans_of(c, ctx);
             const int32_t n_head = group * nkv;
-            for (int32_t window : {0, 21}) {
+            for (int32_t window : {0, 21, 24}) {  // 24: a page starts inside the 5 windows
               SCOPED_TRACE(std::string(dtype_name(kt)) + "/" + dtype_name(vt) + " d " +
                            std::to_string(d) + " group " + std::to_string(group) + " pages " +
                            std::to_string(pages) + " window " + std::to_string(window));
@@ -343,6 +344,74 @@ TEST(CpuAttention, AttentionMatchesTheScalarReferenceAndItselfBitForBit) {
   set_thread_count(0);
   std::printf("attention over 3 and 40 pages: worst |output - ref| %.3g\n", worst);
   EXPECT_LT(worst, kOutTol);
+}
+
+// Prefill's tiles (tile_partials, f16 keys): each lane's partial is span_partials' for its
+// query alone, bit for bit, for every V type, head size and group, with 8 lanes and (where the
+// build and the CPU have it) 16, lanes with no query and lanes of different lengths.
+TEST(CpuAttention, PrefillTilesAreSpanPartials) {
+  std::mt19937 g(7);
+  constexpr int32_t P = 40;
+  std::vector<int> lanes = {8};
+  if (cpu::tile_lanes(cpu::best_isa()) == 16) lanes.push_back(16);
+  for (DType vt : kTypes)
+    for (int32_t d : {32, 64, 128, 256})
+      for (int32_t group : {1, 2, 3, 4, 8})
+        for (int L : lanes) {
+          SCOPED_TRACE(std::string(dtype_name(vt)) + " d " + std::to_string(d) + " group " +
+                       std::to_string(group) + " lanes " + std::to_string(L));
+          const Cache c(DType::F16, vt, P, 1, d, 1, g);
+          const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+          const cpu::SpanKernels ks =
+              cpu::span_kernels(DType::F16, vt, group, d, scale, cpu::best_isa());
+          std::vector<int32_t> n(static_cast<size_t>(L));
+          for (int l = 0; l < L; ++l) n[l] = l % 5 == 3 ? 0 : 1 + static_cast<int32_t>(g() % P);
+          const int32_t rows = *std::max_element(n.begin(), n.end());
+          const std::vector<float> q = normal(static_cast<size_t>(L) * group * d, g);
+          // The keys and the values' levels as the prefill makes them.
+          std::vector<float> kf(static_cast<size_t>(rows) * d), lv(kf.size());
+          for (int32_t j = 0; j < rows; ++j)
+            std::copy(c.key(j, 0), c.key(j, 0) + d, kf.begin() + static_cast<int64_t>(j) * d);
+          ks.v_levels(c.row_v(0, 0, 0), c.l.v_row, rows, d, lv.data());
+          const size_t stride = cpu::part_stride(d);
+          std::vector<float> scratch(cpu::tile_scratch(rows, d, L) + cpu::span_scratch(ks, P));
+          for (int32_t h = 0; h < group; ++h) {
+            std::vector<float> qt(static_cast<size_t>(d) * L), out(static_cast<size_t>(L) * stride);
+            for (int32_t i = 0; i < d; ++i)
+              for (int l = 0; l < L; ++l)
+                qt[static_cast<size_t>(i) * L + l] =
+                    q[(static_cast<size_t>(l) * group + h) * d + i];
+            cpu::TileArgs t;
+            t.qt = qt.data();
+            t.n = n.data();
+            t.rows = rows;
+            t.k = kf.data();
+            t.levels = lv.data();
+            t.v = c.row_v(0, 0, 0);
+            t.v_row = c.l.v_row;
+            t.v_type = vt;
+            t.d = d;
+            t.slots = cpu::score_slots(group);
+            t.lanes = L;
+            t.scale = scale;
+            t.scratch = scratch.data();
+            t.out = out.data();
+            t.out_stride = stride;
+            cpu::tile_partials(t);
+            for (int l = 0; l < L; ++l) {
+              if (n[l] == 0) continue;
+              std::vector<float> want(static_cast<size_t>(group) * stride);
+              const cpu::HeadRows r{c.row_k(0, 0, 0), c.row_v(0, 0, 0), c.l.k_row,
+                                    c.l.v_row,        c.l.v_head,       n[l]};
+              cpu::span_partials(ks, cpu::Query{q.data() + static_cast<size_t>(l) * group * d}, 0,
+                                 r, nullptr, scratch.data(), want.data());
+              ASSERT_EQ(std::memcmp(want.data() + h * stride, out.data() + l * stride,
+                                    stride * sizeof(float)),
+                        0)
+                  << "head " << h << " lane " << l << " (" << n[l] << " keys)";
+            }
+          }
+        }
 }
 
 // The int16 query against the f32 one (the kernel before it): both against the double

@@ -1,5 +1,7 @@
 #include "kvs/backend/cpu/attention.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -148,23 +150,47 @@ void decode_partials(const AttentionArgs& a, const Queries& qs, ThreadPool& pool
   });
 }
 
+// Folds query t's partials of the group's heads (rows of po, part_stride apart) into its state.
+void merge_group(const AttentionArgs& a, int32_t t, int32_t h0, int32_t group, const float* po) {
+  const int32_t d = a.kv.head_dim;
+  const int64_t qstride = static_cast<int64_t>(a.n_head) * d;
+  for (int32_t g = 0; g < group; ++g) {
+    const int32_t h = h0 + g;
+    const float* pg = po + static_cast<size_t>(g) * part_stride(d);
+    float* st = a.acc + 2 * (int64_t{t} * a.n_head + h);
+    Acc acc{st[0], st[1], a.out + t * qstride + h * d};
+    merge(acc, pg[0], pg[1], pg + kPartHead, d);
+    st[0] = acc.m;
+    st[1] = acc.l;
+  }
+}
+
 // Prefill: a task per (kv head, tile of queries); the spans in order, each span's V levels
-// read once for the tile, each query's partial folded as it is made.
+// read once for the tile, each query's partial folded as it is made. With f16 keys a tile is
+// the lanes of a vector and a span's partials are made for all its queries at once
+// (tile_partials) wherever none of them starts inside the span (a window's start); elsewhere
+// query by query (span_partials): the same bits.
 void prefill(const AttentionArgs& a, const Queries& qs) {
   const KvLayout& l = a.kv;
   const int32_t d = l.head_dim, group = a.n_head / l.n_head_kv, P = l.page_size;
   const SpanKernels ks = span_kernels(l.k_type, l.v_type, group, d, a.scale, best_isa());
   const int64_t qstride = static_cast<int64_t>(a.n_head) * d;
   const size_t stride = part_stride(d);
-  constexpr int32_t kQTile = 8;
+  const bool tiles = l.k_type == DType::F16;
+  const int32_t kQTile = tiles ? tile_lanes(best_isa()) : 8;
   const int32_t n_tiles = (a.n_tok + kQTile - 1) / kQTile;
   const size_t span_floats = span_scratch(ks, P);
+  const size_t pd = static_cast<size_t>(P) * static_cast<size_t>(d);
+  // Per task: V levels and (tiles) K rows of a span; scratch; the queries transposed; partials.
+  const size_t floats =
+      pd + span_floats + static_cast<size_t>(kQTile) * group * stride +
+      (tiles ? pd + tile_scratch(P, d, kQTile) + static_cast<size_t>(group) * d * kQTile : 0);
   thread_pool().parallel_for(
       static_cast<int64_t>(n_tiles) * l.n_head_kv, 1, [&](int64_t b, int64_t e) {
-        std::vector<float>& buf = scratch(static_cast<size_t>(P) * static_cast<size_t>(d) +
-                                          span_floats + static_cast<size_t>(group) * stride);
-        float *vf = buf.data(), *sc = vf + static_cast<size_t>(P) * static_cast<size_t>(d),
-              *po = sc + span_floats;
+        float* vf = scratch(floats).data();
+        float *sc = vf + pd, *po = sc + span_floats;
+        float *kf = po + static_cast<size_t>(kQTile) * group * stride, *ts = kf + pd;
+        float* qt = ts + tile_scratch(P, d, kQTile);
         for (int64_t task = b; task < e; ++task) {
           const int32_t tile = static_cast<int32_t>(task / l.n_head_kv),
                         hk = static_cast<int32_t>(task % l.n_head_kv);
@@ -172,6 +198,12 @@ void prefill(const AttentionArgs& a, const Queries& qs) {
           int32_t max_pos = 0, min_pos = INT32_MAX;
           for (int32_t t = t0; t < t1; ++t)
             max_pos = std::max(max_pos, a.pos[t]), min_pos = std::min(min_pos, a.pos[t]);
+          if (tiles)  // qt[g][i][lane], the lanes past the tile's queries 0
+            for (int32_t g = 0; g < group; ++g)
+              for (int32_t i = 0; i < d; ++i)
+                for (int32_t t = 0; t < kQTile; ++t)
+                  qt[(static_cast<size_t>(g) * d + i) * kQTile + t] =
+                      t0 + t < t1 ? a.q[(t0 + t) * qstride + (hk * group + g) * d + i] : 0.0f;
           for (int32_t s = 0; s < a.n_spans; ++s) {
             const Span& sp = a.spans[s];
             if (sp.start > max_pos) break;
@@ -180,21 +212,46 @@ void prefill(const AttentionArgs& a, const Queries& qs) {
             const int32_t lo = std::clamp(first_key(a, min_pos) - sp.start, 0, nload);
             const HeadRows rows = head_rows(l, sp, hk, lo, nload - lo);
             ks.v_levels(rows.v, rows.v_row, rows.n, d, vf + static_cast<int64_t>(lo) * d);
+            if (tiles && first_key(a, max_pos) <= sp.start) {  // every query from row 0
+              int32_t n[16] = {};
+              for (int32_t t = t0; t < t1; ++t) n[t - t0] = std::min(sp.n, a.pos[t] - sp.start + 1);
+              for (int32_t j = 0; j < nload; ++j)
+                for (int32_t i = 0; i < d; i += 8)
+                  _mm256_storeu_ps(kf + static_cast<int64_t>(j) * d + i,
+                                   _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(
+                                       rows.k + static_cast<size_t>(j) * rows.k_row + 2 * i))));
+              for (int32_t g = 0; g < group; ++g) {
+                TileArgs ta;
+                ta.qt = qt + static_cast<size_t>(g) * d * kQTile;
+                ta.n = n;
+                ta.rows = nload;
+                ta.k = kf;
+                ta.levels = vf;
+                ta.v = rows.v;
+                ta.v_row = rows.v_row;
+                ta.v_type = l.v_type;
+                ta.d = d;
+                ta.slots = score_slots(group);
+                ta.lanes = kQTile;
+                ta.scale = a.scale;
+                ta.scratch = ts;
+                ta.out = po + static_cast<size_t>(g) * stride;
+                ta.out_stride = static_cast<size_t>(group) * stride;
+                tile_partials(ta);
+              }
+              for (int32_t t = t0; t < t1; ++t)
+                if (n[t - t0] > 0)
+                  merge_group(a, t, hk * group, group,
+                              po + static_cast<size_t>(t - t0) * group * stride);
+              continue;
+            }
             for (int32_t t = t0; t < t1; ++t) {
               const int32_t n = std::min(sp.n, a.pos[t] - sp.start + 1);
               const int32_t j0 = std::max(0, first_key(a, a.pos[t]) - sp.start);
               if (n - j0 <= 0) continue;
               span_partials(ks, qs.query(t), hk * group, head_rows(l, sp, hk, j0, n - j0),
                             vf + static_cast<int64_t>(j0) * d, sc, po);
-              for (int32_t g = 0; g < group; ++g) {
-                const int32_t h = hk * group + g;
-                const float* pg = po + static_cast<size_t>(g) * stride;
-                float* st = a.acc + 2 * (int64_t{t} * a.n_head + h);
-                Acc acc{st[0], st[1], a.out + t * qstride + h * d};
-                merge(acc, pg[0], pg[1], pg + kPartHead, d);
-                st[0] = acc.m;
-                st[1] = acc.l;
-              }
+              merge_group(a, t, hk * group, group, po);
             }
           }
         }
@@ -270,8 +327,8 @@ void attention(const AttentionArgs& a) {
       // Decode: every span's partials, then a fold per head in logical order. Same arithmetic
       // per query as the prefill path.
       thread_local std::vector<float> part;  // not scratch(): the tasks take that one
-      part.resize(std::max(part.size(), static_cast<size_t>(a.n_spans) * a.n_head *
-                                            part_stride(a.kv.head_dim)));
+      part.resize(std::max(part.size(),
+                           static_cast<size_t>(a.n_spans) * a.n_head * part_stride(a.kv.head_dim)));
       decode_partials(a, qs, thread_pool(), part.data());
       fold_rows(a, part.data());
     } else {

@@ -209,29 +209,6 @@ SpanKernels::Scores scores_for(int32_t group, Isa isa) {
 
 // ---- softmax ----
 
-// e^x for x <= 0, 0 below -87.3 (e^-inf = 0): Cephes' expf (2^n e^r, |r| <= ln 2 / 2, a
-// polynomial of degree 7 in r), within 2 ulp.
-inline __m256 exp_le0(__m256 x) {
-  const __m256 lo = _mm256_set1_ps(-87.33654f);
-  const __m256 live = _mm256_cmp_ps(x, lo, _CMP_GE_OQ);
-  x = _mm256_max_ps(x, lo);
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), r);
-  y = _mm256_add_ps(y, _mm256_set1_ps(1.0f));
-  const __m256i e =
-      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(e)), live);
-}
-
 // Every lane the max (or sum) of the lanes of its head: lanes l and l + S, l + 2 S, ... hold one
 // head (S = 1, 2, 4 or 8 slots a key), combined in a fixed order.
 template <class Op>
@@ -251,7 +228,7 @@ inline void softmax(float* p, int32_t n8, int32_t slots, __m256& m, __m256& l) {
   m = per_head(m, slots, [](__m256 a, __m256 b) { return _mm256_max_ps(a, b); });
   __m256 sum = _mm256_setzero_ps();
   for (int32_t j = 0; j < n8; j += 8) {
-    const __m256 e = exp_le0(_mm256_sub_ps(_mm256_loadu_ps(p + j), m));
+    const __m256 e = quant::exp_ps(_mm256_sub_ps(_mm256_loadu_ps(p + j), m));
     _mm256_storeu_ps(p + j, e);
     sum = _mm256_add_ps(sum, e);
   }

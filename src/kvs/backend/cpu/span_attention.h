@@ -100,6 +100,28 @@ void span_softmax(const SpanKernels& ks, int32_t n, float* p, float* out);
 void span_values(const SpanKernels& ks, const float* p, const HeadRows& r, const float* levels,
                  float* scratch, float* out);
 
+// A tile of prefill's queries (span_tile.cpp), f16 keys: the partials of `lanes` queries (the
+// lanes of a vector: tile_lanes) for one head over rows [0, n[l]) of a span, each lane the bits
+// span_partials gives its query alone over those rows.
+struct TileArgs {
+  const float* qt = nullptr;      // the lanes' queries of the head, transposed: [d][lanes]
+  const int32_t* n = nullptr;     // [lanes]: each lane's keys, from row 0 (0: no query)
+  int32_t rows = 0;               // the largest n
+  const float* k = nullptr;       // K rows [rows][d] in f32
+  const float* levels = nullptr;  // V rows' levels [rows][d] (SpanKernels::v_levels)
+  const uint8_t* v = nullptr;     // V rows (their block scales, where quantized), v_row apart
+  size_t v_row = 0;
+  DType v_type = DType::F16;
+  int32_t d = 0, slots = 1, lanes = 8;  // slots: score_slots(group)
+  float scale = 1.0f;
+  float* scratch = nullptr;  // tile_scratch floats
+  float* out = nullptr;      // lane l's partial row at out + l * out_stride
+  size_t out_stride = 0;
+};
+int tile_lanes(Isa isa);  // 8, or 16 where the build and the CPU have AVX-512
+size_t tile_scratch(int32_t rows, int32_t d, int lanes);
+void tile_partials(const TileArgs& t);
+
 // The scores of a key, one slot per head of the group (1, 2, 4 or 8 slots: a vector of 8
 // holds whole keys), and the floats the scores of n keys take (a multiple of 8, and 8 more
 // that a key's vector may write past its slots).

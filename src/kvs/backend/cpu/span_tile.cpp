@@ -161,13 +161,13 @@ template <class X>
   // Softmax: the max, e^(s - max), the partial sums by key and their tree.
   V m = X::set1(-INFINITY);
   for (int32_t j = 0; j < rows; ++j) m = X::max(m, X::load(s + int64_t{j} * L));
-  const int32_t parts = 8 / t.slots;
+  const int32_t parts = 8 / t.slots;  // 1, 2, 4 or 8
   V sums[8];
   for (int c = 0; c < 8; ++c) sums[c] = X::zero();
   for (int32_t j = 0; j < rows; ++j) {
     const V p = X::exp(X::sub(X::load(s + int64_t{j} * L), m));
     X::store(s + int64_t{j} * L, p);
-    sums[j % parts] = X::add(sums[j % parts], p);
+    sums[j & (parts - 1)] = X::add(sums[j & (parts - 1)], p);
   }
   alignas(64) float ms[L], ls[L];
   X::store(ms, m);

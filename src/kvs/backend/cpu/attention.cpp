@@ -327,8 +327,8 @@ void attention(const AttentionArgs& a) {
       // Decode: every span's partials, then a fold per head in logical order. Same arithmetic
       // per query as the prefill path.
       thread_local std::vector<float> part;  // not scratch(): the tasks take that one
-      part.resize(std::max(part.size(),
-                           static_cast<size_t>(a.n_spans) * a.n_head * part_stride(a.kv.head_dim)));
+      part.resize(std::max(part.size(), static_cast<size_t>(a.n_spans) * a.n_head *
+                                            part_stride(a.kv.head_dim)));
       decode_partials(a, qs, thread_pool(), part.data());
       fold_rows(a, part.data());
     } else {

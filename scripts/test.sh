@@ -2,7 +2,8 @@
 # The whole test suite, stage by stage, every build with -Werror and ccache where installed:
 #   cpu tests       build/cpu, then ctest (extra arguments go to it: -L unit, -R gguf)
 #   sanitizers      the streams, fences, thread pool, the streaming engine (ring, write-back,
-#                   smallest rings), the prompt cache and the server's scheduler under
+#                   smallest rings), split attention's worker, the prompt cache and the
+#                   server's scheduler under
 #                   ThreadSanitizer (build/tsan; each test a process, as many at once as there
 #                   are cores)
 #   clang build     the library and kvstream compiled with clang (build/clang; not run: the
@@ -74,7 +75,7 @@ each_test() {  # BINARY...
 sanitizers() {
   export TSAN_OPTIONS="halt_on_error=1"
   local tests=(kvs_unit_test_device kvs_unit_test_threadpool kvs_unit_test_stream
-               kvs_unit_test_scheduler kvs_unit_test_prompt_cache)
+               kvs_unit_test_scheduler kvs_unit_test_prompt_cache kvs_unit_test_split)
   cmake --preset tsan "${cfg[@]}" &&
     cmake --build build/tsan -j "$jobs" --target "${tests[@]}" &&
     each_test "${tests[@]/#/build/tsan/tests/}"

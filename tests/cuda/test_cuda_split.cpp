@@ -1,11 +1,13 @@
 // Split attention on the CUDA backend (skipped without a GPU): the CPU attends to a share of
 // the pages that would stream and the GPU folds its partials with its own in logical order.
-// Split logits against resident ones, relative to the logits' scale: within 1e-5 where both
+// Split logits against resident ones, relative to the logits' scale: within 1e-3 where both
 // sides compute partials in f32 (f16 keys; heads of 32, which the GPU's decode takes on CUDA
-// cores), and within the CUDA-vs-CPU tolerance where the GPU rounds q and the probabilities to
-// f16 for its tensor cores while the CPU takes q as int16 levels against quantized keys (each
-// figure printed). With the same plan (a fixed share) a split run is bit-identical to the
-// next; SmolLM2's greedy text at 2K with a tiny arena is that of resident decoding.
+// cores), as on the CPU backend (test_split.cpp: the fold's regrouping, turned into quantization
+// steps by the products' int8 activations), and within the CUDA-vs-CPU tolerance where the GPU
+// rounds q and the probabilities to f16 for its tensor cores while the CPU takes q as int16
+// levels against quantized keys (each figure printed). With the same plan (a fixed share) a
+// split run is bit-identical to the next; SmolLM2's greedy text at 2K with a tiny arena is that
+// of resident decoding.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -109,7 +111,7 @@ size_t small_arena(const Model& m, const EngineOptions& o) {
          8 * l.page_bytes() * static_cast<size_t>(m.config.n_layer);
 }
 
-constexpr double kExact = 1e-5;  // f32 partials on both sides
+constexpr double kF32 = 1e-3;  // f32 partials on both sides
 constexpr double kTol = 2e-2;    // test_cuda.cpp's CUDA against CPU
 
 TEST(CudaSplit, LogitsAgainstResident) {
@@ -119,7 +121,7 @@ TEST(CudaSplit, LogitsAgainstResident) {
     DType kt, vt;
     double tol;
   };
-  const Shape shapes[] = {{"tiny", DType::F16, DType::F16, kExact},
+  const Shape shapes[] = {{"tiny", DType::F16, DType::F16, kF32},
                           {"tiny", DType::Q8_0, DType::Q4_0, kTol},
                           {"tiny-h128", DType::F16, DType::F16, kTol},
                           {"tiny-h128", DType::Q8_0, DType::Q4_0, kTol},

@@ -587,6 +587,7 @@ void Engine::measure(const StepStats& st) {
     // Per full layer, the window layers' time between them included: what the ring must cover.
     layer_s_ = ema(layer_s_, std::max(0.0, st.seconds - st.ready_wait_s) / std::max(1, shape_.n_full));
     stall_s_ = ema(stall_s_, st.ready_wait_s);
+    ring_check_ = plan_.streams();
   }
 }
 

@@ -47,7 +47,11 @@ void Engine::replan(const std::vector<BatchEntry>& batch) {
     grows |= after > pages[static_cast<size_t>(e.seq->id)];
     pages[static_cast<size_t>(e.seq->id)] = after;
   }
-  if (!grows) return;  // repartition only at page boundaries and phase changes
+  // Repartition at page boundaries and phase changes; between them only to grow the ring, once
+  // decode steps have measured what it must cover (the first plan of a decode knows nothing).
+  const bool ring_only = !grows && ring_check_;
+  ring_check_ = false;
+  if (!grows && !ring_only) return;
   plan_dirty_ = false;
   PlanInput in;
   in.arena_bytes = static_cast<size_t>(pool_->n_frames() - top) * kv_.page_bytes();
@@ -65,6 +69,7 @@ void Engine::replan(const std::vector<BatchEntry>& batch) {
   in.cpu_bytes_per_s = cpu_rate_;
   in.split_share = opt_.split_share;
   Plan p = kvs::plan(in, &plan_);
+  if (ring_only && p.ring_frames() <= plan_.ring_frames()) return;
   if (switches && top == 0) set_phase(false);  // before pages move into the workspace
   if (switches || relayout_ || p.resident != plan_.resident || p.extra != plan_.extra ||
       p.slot_pages != plan_.slot_pages || p.n_slots != plan_.n_slots) {

@@ -587,7 +587,13 @@ void Engine::measure(const StepStats& st) {
     // Per full layer, the window layers' time between them included: what the ring must cover.
     layer_s_ = ema(layer_s_, std::max(0.0, st.seconds - st.ready_wait_s) / std::max(1, shape_.n_full));
     stall_s_ = ema(stall_s_, st.ready_wait_s);
-    ring_check_ = plan_.streams();
+    // The compute waited while the copy engine idled: the ring, not the link, held it back. Two
+    // such steps in a row, so that a step starting cold (nothing prefetched) does not count.
+    const bool short_ring = plan_.streams() && !st.repartitioned &&
+                            st.ready_wait_s > 0.05 * st.seconds &&
+                            st.copy_busy_s < 0.9 * st.seconds;
+    short_ring_steps_ = short_ring ? short_ring_steps_ + 1 : 0;
+    ring_check_ = short_ring_steps_ >= 2;
   }
 }
 

@@ -314,7 +314,8 @@ class Engine {
   std::unique_ptr<Ring> ring_;
   Plan plan_;
   bool plan_dirty_ = true;
-  bool ring_check_ = false;  // a decode step streamed: the ring may be too small for its stalls
+  bool ring_check_ = false;  // decode steps found the ring too small: replan to grow it
+  int32_t short_ring_steps_ = 0;
   bool relayout_ = false;  // the next plan is applied even if unchanged (pages were adopted)
   std::unique_ptr<PromptCache> cache_;
   std::vector<int32_t> pending_;  // frames of written-back pages, free once wb_ is reached

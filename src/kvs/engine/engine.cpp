@@ -594,6 +594,7 @@ void Engine::measure(const StepStats& st) {
                             st.copy_busy_s < 0.9 * st.seconds;
     short_ring_steps_ = short_ring ? short_ring_steps_ + 1 : 0;
     ring_check_ = short_ring_steps_ >= 2;
+    ring_stall_s_ = st.ready_wait_s;
   }
 }
 

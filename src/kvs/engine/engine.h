@@ -316,6 +316,7 @@ class Engine {
   bool plan_dirty_ = true;
   bool ring_check_ = false;  // decode steps found the ring too small: replan to grow it
   int32_t short_ring_steps_ = 0;
+  double ring_stall_s_ = 0;  // the last decode step's wait, which sizes such a growth
   bool relayout_ = false;  // the next plan is applied even if unchanged (pages were adopted)
   std::unique_ptr<PromptCache> cache_;
   std::vector<int32_t> pending_;  // frames of written-back pages, free once wb_ is reached

@@ -61,7 +61,7 @@ void Engine::replan(const std::vector<BatchEntry>& batch) {
   in.seq_pages = pages;
   in.h2d_bytes_per_s = h2d_;
   in.layer_s = layer_s_;
-  in.stall_s = stall_s_;
+  in.stall_s = ring_only ? ring_stall_s_ : stall_s_;  // not the average, which a cold step swells
   in.min_chunk_bytes = opt_.ring_chunk_bytes;
   in.min_slots = opt_.ring_slots;
   in.force_ring = opt_.kv_mode == KvMode::Stream;

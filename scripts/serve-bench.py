@@ -6,7 +6,7 @@
     prefix plus a short turn of its own, counted over the window in which all of them decode
     (every streamed token is time-stamped);
 and writes the figures as JSON. Prompts are random token ids (a synthetic model's text means
-nothing); greedy, so every answer runs to --n-gen tokens unless the model ends it.
+nothing); greedy with ignore_eos, so every answer runs to --n-gen tokens.
 
   scripts/serve-bench.py --bin build/kvstream -m MODEL [--prefix 32768] [--turn 1024]
       [--n-gen 64] [--concurrency 1,2,4,8] [--json OUT] -- SERVE_FLAGS...
@@ -41,8 +41,8 @@ def start(binary, model, flags):
 def stream(url, prompt, n_gen):
     """One streamed completion: (its start, the time of each token's chunk, the final usage,
     the server's figures of the answer)."""
-    body = {"prompt": prompt, "max_tokens": n_gen, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {"prompt": prompt, "max_tokens": n_gen, "temperature": 0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}
     req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     times, usage, figures, t0 = [], None, None, time.perf_counter()

@@ -325,7 +325,7 @@ Scheduler::End Scheduler::deliver(Slot& s, int32_t id, const float* logits, int3
     stats_.accepted += accepted;
     stats_.slots[static_cast<size_t>(&s - slots_.data())] = info;
   }
-  if (tok_.is_eog(id)) return {"stop", true};  // not text, and no log-probability
+  if (!r.ignore_eos && tok_.is_eog(id)) return {"stop", true};  // not text, no log-probability
   Event e;
   if (r.top_logprobs >= 0) e.logprob = logprob_of(logits, tok_.n_vocab(), id, r.top_logprobs);
   bool stopped = false;

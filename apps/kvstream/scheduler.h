@@ -34,6 +34,7 @@ struct GenRequest {
   std::vector<std::string> stop;
   float presence_penalty = 0, frequency_penalty = 0;
   int32_t top_logprobs = -1;  // -1: no log-probabilities; 0..20: the chosen token's and N best
+  bool ignore_eos = false;     // end-of-generation tokens do not end it (llama-server's name)
 };
 
 struct TokenLogprob {

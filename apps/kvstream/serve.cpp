@@ -150,6 +150,7 @@ struct Api {
     sp.repeat_penalty = real("repeat_penalty", sp.repeat_penalty, 1e-3, 10);
     r.presence_penalty = real("presence_penalty", 0, -2, 2);
     r.frequency_penalty = real("frequency_penalty", 0, -2, 2);
+    r.ignore_eos = boolean(b, "ignore_eos", a.g.ignore_eos);
     const int64_t seed = integer(b, "seed", a.g.seed, INT64_MIN, INT64_MAX);
     sp.seed = seed >= 0 ? static_cast<uint64_t>(seed) : Sampler::kSeedRandom;
     const int64_t n_def = n_predict_of(a.g);

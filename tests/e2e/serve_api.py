@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """`kvstream serve` through the official `openai` client on SmolLM2-135M: greedy chat
 completions (whole and streamed) and completions equal `kvstream run` greedy on the same
-prompt; a two-turn conversation equals `kvstream chat`'s; logprobs, stop strings, seeds,
+prompt; a two-turn conversation equals `kvstream chat`'s; ignore_eos, logprobs, stop strings, seeds,
 /v1/models, /health, /metrics, /slots; malformed requests get OpenAI-style 4xx bodies while
 the server keeps serving; --api-key. Usage: serve_api.py KVSTREAM MODEL"""
 import json
@@ -60,6 +60,17 @@ def main():
     check("".join(parts) == ref["text"], "streamed chat %r" % "".join(parts))
     check(usage is not None and usage.completion_tokens == len(ref["tokens"]), "stream usage")
     check(finish == r.choices[0].finish_reason, "streamed finish_reason %r" % finish)
+
+    # ignore_eos (llama-server's): the answer that ended its turn runs on to max_tokens.
+    short = client.chat.completions.create(model=model_id, messages=msgs, temperature=0,
+                                           max_tokens=64)
+    check(short.choices[0].finish_reason == "stop", "the answer did not end its turn")
+    long = client.chat.completions.create(model=model_id, messages=msgs, temperature=0,
+                                          max_tokens=64, extra_body={"ignore_eos": True})
+    check(long.usage.completion_tokens == 64 and long.choices[0].finish_reason == "length" and
+          long.choices[0].message.content.startswith(short.choices[0].message.content),
+          "ignore_eos gave %d tokens, %r" % (long.usage.completion_tokens,
+                                             long.choices[0].finish_reason))
 
     # Completions against `kvstream run` greedy without the template.
     prompt = "The three primary colors are"

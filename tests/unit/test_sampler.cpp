@@ -121,6 +121,21 @@ TEST(Sampler, GreedyIsArgmax) {
   Sampler s3(plain(0.0f));
   EXPECT_EQ(s3.sample(nan.data(), 3), 2);
   const float inf = std::numeric_limits<float>::infinity();
+  // Vocabularies past the vector widths: NaNs among them, the largest in the tail, then ties.
+  for (const size_t n : {33u, 100u, 4099u}) {
+    std::vector<float> l(n, -1.0f);
+    for (size_t i = 3; i < n; i += 7) l[i] = std::nanf("");
+    l[n - 1] = 2.0f;
+    Sampler g(plain(0.0f));
+    EXPECT_EQ(g.sample(l.data(), static_cast<int32_t>(n)), static_cast<int32_t>(n - 1)) << n;
+    l[n / 2 + 1] = 2.0f;
+    l[n / 2 + 9] = 2.0f;
+    EXPECT_EQ(g.sample(l.data(), static_cast<int32_t>(n)), static_cast<int32_t>(n / 2 + 1)) << n;
+    l[9] = inf;
+    EXPECT_EQ(g.sample(l.data(), static_cast<int32_t>(n)), 9) << n;
+    std::fill(l.begin(), l.end(), std::nanf(""));
+    EXPECT_THROW(g.sample(l.data(), static_cast<int32_t>(n)), Error) << n;
+  }
   std::vector<float> masked = {-inf, 0.0f, -inf, 0.0f, std::nanf("")};
   Sampler s4(plain(1.0f));
   for (int i = 0; i < 100; ++i) {

@@ -5,6 +5,10 @@
 #include <cmath>
 #include <limits>
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
 #include "kvs/util/error.h"
 
 namespace kvs {
@@ -23,6 +27,36 @@ uint64_t random_seed() {
   s ^= static_cast<uint64_t>(std::chrono::high_resolution_clock::now().time_since_epoch().count());
   if (s == Sampler::kSeedRandom) s ^= 1;
   return s;
+}
+
+// The first id of the largest logit, NaNs skipped (a NaN compares false); n when every logit is
+// NaN or -inf. Lanes of maxima, then the first eight holding it.
+size_t first_max(const float* l, size_t n) {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  float mx = -kInf;
+  size_t i = 0;
+#if defined(__AVX2__)
+  __m256 lane[4];  // four chains, so that each max waits on the one four before
+  for (__m256& v : lane) v = _mm256_set1_ps(-kInf);
+  for (; i + 32 <= n; i += 32)
+    for (size_t j = 0; j < 4; ++j)  // a NaN loses: max_ps returns its second operand
+      lane[j] = _mm256_max_ps(_mm256_loadu_ps(l + i + 8 * j), lane[j]);
+  float m8[8];
+  _mm256_storeu_ps(m8, _mm256_max_ps(_mm256_max_ps(lane[0], lane[1]),
+                                     _mm256_max_ps(lane[2], lane[3])));
+  for (float m : m8) mx = m > mx ? m : mx;
+#endif
+  for (; i < n; ++i) mx = l[i] > mx ? l[i] : mx;
+  if (!(mx > -kInf)) return n;
+  i = 0;
+#if defined(__AVX2__)
+  const __m256 want = _mm256_set1_ps(mx);
+  for (; i + 8 <= n; i += 8)
+    if (const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(l + i), want, _CMP_EQ_OQ)))
+      return i + static_cast<size_t>(__builtin_ctz(static_cast<unsigned>(hit)));
+#endif
+  while (l[i] != mx) ++i;
+  return i;
 }
 
 }  // namespace
@@ -84,22 +118,6 @@ bool Sampler::ranks_before(const Cand& a, const Cand& b) {
   return better(a.logit, a.id, b.logit, b.id);
 }
 
-// The maximum in 8 independent lanes (vectorises), then the first token that has it.
-size_t Sampler::argmax() const {
-  constexpr float kInf = std::numeric_limits<float>::infinity();
-  const size_t n = work_.size();
-  float lane[8];
-  for (float& m : lane) m = -kInf;
-  for (size_t i = 0; i + 8 <= n; i += 8) {
-    for (size_t j = 0; j < 8; ++j) lane[j] = work_[i + j] > lane[j] ? work_[i + j] : lane[j];
-  }
-  float mx = -kInf;
-  for (float m : lane) mx = m > mx ? m : mx;
-  for (size_t i = n - n % 8; i < n; ++i) mx = work_[i] > mx ? work_[i] : mx;
-  size_t best = 0;
-  while (best < n && work_[best] != mx) ++best;
-  return best == n ? 0 : best;  // all -inf: the caller refuses it
-}
 
 void Sampler::keep_top_k(size_t k) {
   const size_t n = work_.size();
@@ -174,9 +192,9 @@ int32_t Sampler::distribution(const float* logits, int32_t n_vocab) {
     work_[i] = l > kMax ? kMax : l;
   }
   apply_penalty(n_vocab);
-  const size_t best = argmax();
+  const size_t best = first_max(work_.data(), n);
+  KVS_CHECK(best < n, "sampler: no finite logit");
   const float max_l = work_[best];
-  KVS_CHECK(max_l > -kInf, "sampler: no finite logit");
   if (p_.temp <= 0.0f) {
     last_candidates_ = 1;
     n_cand_ = 0;
@@ -247,8 +265,20 @@ int32_t Sampler::draw(double total) {
   return cand_[n_cand_ - 1].id;
 }
 
+int32_t Sampler::pick(const float* logits, int32_t n_vocab) {
+  const bool penalty = p_.repeat_penalty != 1.0f && p_.repeat_last_n != 0 && !history_.empty();
+  if (p_.temp > 0.0f || penalty || n_vocab <= 0 || logits == nullptr)
+    return distribution(logits, n_vocab);
+  // Greedy without penalties needs no sanitised copy: the first largest logit, +inf included.
+  const size_t best = first_max(logits, static_cast<size_t>(n_vocab));
+  KVS_CHECK(best < static_cast<size_t>(n_vocab), "sampler: no finite logit");
+  last_candidates_ = 1;
+  n_cand_ = 0;
+  return static_cast<int32_t>(best);
+}
+
 int32_t Sampler::sample(const float* logits, int32_t n_vocab) {
-  int32_t token = distribution(logits, n_vocab);
+  int32_t token = pick(logits, n_vocab);
   if (token < 0) token = draw(total_);
   accept(token);
   return token;
@@ -278,7 +308,7 @@ int32_t Sampler::draft(const float* logits, int32_t n_vocab, double p_min, float
 
 int32_t Sampler::verify(const float* logits, int32_t n_vocab, int32_t draft, const float* q,
                         bool* accepted) {
-  int32_t token = distribution(logits, n_vocab);
+  int32_t token = pick(logits, n_vocab);
   if (token >= 0) {
     *accepted = token == draft;
     accept(token);

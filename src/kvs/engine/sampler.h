@@ -76,8 +76,6 @@ class Sampler {
   static bool ranks_before(const Cand& a, const Cand& b);
 
   void apply_penalty(int32_t n_vocab);
-  // The first id of work_'s largest logit.
-  size_t argmax() const;
   // cand_ = the k best of work_, in rank order.
   void keep_top_k(size_t k);
   // How many of cand_'s first `size` reach top-p (z: the softmax's normaliser); sorts what it
@@ -86,6 +84,8 @@ class Sampler {
   // The distribution of `logits` after the chain: cand_[0, n_cand_) with unnormalised weights
   // (in .logit) summing to total_, and -1; greedy: the argmax (n_cand_ = 0).
   int32_t distribution(const float* logits, int32_t n_vocab);
+  // distribution(), or for greedy decoding without penalties the argmax straight from `logits`.
+  int32_t pick(const float* logits, int32_t n_vocab);
   // A token of cand_ drawn by its weight; `total`: their sum.
   int32_t draw(double total);
   double uniform();  // [0, 1)

@@ -453,6 +453,7 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
       KVS_CHECK(batch[j].seq->id != e.seq->id, "step: a sequence appears twice in one batch");
     KVS_CHECK(!e.all_logits || e.n <= opt_.n_verify, "step: the logits of ", e.n,
               " tokens of one sequence, more than n_verify ", opt_.n_verify);
+    KVS_CHECK(!e.embd || cfg_.arch != Arch::Gemma3, "step: gemma3 takes no input rows");
     n_tok += e.n;
   }
   KVS_CHECK(n_tok <= opt_.n_batch, "step: ", n_tok, " tokens are more than -b ", opt_.n_batch);
@@ -533,6 +534,8 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
   KVS_CHECK(!ring_ || pass.cursor == ring_->n_items(), "ring: ", ring_->n_items() - pass.cursor,
             " streamed pages were not read");
   output_logits(pass);
+  hidden_ = act_.x;
+  offs_ = pass.offs;
   if (capture.dev) {
     capture.dev = nullptr;
     dev_.end_step(true);
@@ -576,6 +579,7 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
   totals_.copy_busy_s += last_.copy_busy_s;
   totals_.cpu_s += last_.cpu_s;
   totals_.cpu_bytes += last_.cpu_bytes;
+  if (observer_) observer_->stepped(*this, batch);
 }
 
 void Engine::measure(const StepStats& st) {

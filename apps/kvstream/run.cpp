@@ -526,8 +526,9 @@ void run(const RunArgs& a) {
   check_host_kv(eo, model->config, backend);
   auto dev = device_of(a.s, backend, vram);
   const auto drafter = make_drafter(a.spec, draft_model.get(), *model, *dev, eo);
+  const auto mtp = make_mtp(a.spec, *model, *dev, eo);
   Engine eng(*model, *dev, eo);
-  Speculator spec(spec_options(a.spec), eng, drafter.get());
+  Speculator spec(spec_options(a.spec), eng, drafter.get(), mtp.get());
   std::vector<Sampler> samplers = samplers_for(a.g, prompts);
   int64_t prompt_tokens = 0;
   for (const auto& p : prompts) prompt_tokens += static_cast<int64_t>(p.size());

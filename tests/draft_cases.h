@@ -43,7 +43,8 @@ inline Decoded decode(const Model& m, const Model* draft, const Case& c, KvMode 
   Decoded r;
   r.tokens.resize(static_cast<size_t>(N));
   r.rows.resize(static_cast<size_t>(N));
-  r.first_draft.assign(static_cast<size_t>(N), std::vector<int32_t>(static_cast<size_t>(c.n_ctx), -1));
+  r.first_draft.assign(static_cast<size_t>(N),
+                       std::vector<int32_t>(static_cast<size_t>(c.n_ctx), -1));
   std::vector<Sequence> seqs(static_cast<size_t>(N));
   std::vector<std::vector<float>> cur(static_cast<size_t>(N));
   std::vector<int32_t> pending(static_cast<size_t>(N), -1);
@@ -109,7 +110,9 @@ inline Decoded decode(const Model& m, const Model* draft, const Case& c, KvMode 
         accepted += ok;
         if (!choose(u, row, t)) break;
         if (!ok) {
-          e.truncate(seqs[u], seqs[u].n_past - (nd - k));
+          const int32_t before = seqs[u].n_past, after = before - (nd - k);
+          e.truncate(seqs[u], after);
+          r.page_rollbacks += after / c.page < before / c.page;
           pending[u] = t;
           break;
         }

@@ -552,9 +552,9 @@ void run(const RunArgs& a) {
   decode_all(a, eng, spec, *model->tokenizer, samplers, prompts, n_predict, n_vocab, r);
 
   report_run(a, eng, r, prompt_tokens, prefilled, t0 - t_load);
+  const size_t draft_bytes = drafter ? drafter->device_bytes() : 0;
   if (!a.json_out.empty())
-    write_run_json(a, eng,
-                   drafter ? drafter->device_bytes() : mtp ? mtp->device_bytes() : 0, prompts, r);
+    write_run_json(a, eng, mtp ? mtp->device_bytes() : draft_bytes, prompts, r);
 }
 
 }  // namespace

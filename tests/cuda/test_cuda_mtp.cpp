@@ -64,8 +64,7 @@ TEST(CudaMtp, GreedyIsPlainDecodingBitForBit) {
     ASSERT_LE(mc.n_seq * (mc.draft_max + 1), kCudaInvariantTokens);
     auto plain_dev = cuda_or_null(), spec_dev = cuda_or_null();
     const Decoded want = decode(*m, nullptr, c, KvMode::Resident, 0, mc.draft_max, plain_dev.get());
-    const Decoded got =
-        decode(*m, nullptr, c, mc.mode, arena, mc.draft_max, spec_dev.get(), true);
+    const Decoded got = decode(*m, nullptr, c, mc.mode, arena, mc.draft_max, spec_dev.get(), true);
     expect_same(want, got);
     EXPECT_GT(got.drafted, 0);
     if (mc.mode == KvMode::Stream) {

@@ -87,7 +87,8 @@ TEST(Mtp, LogitsMatchTheReference) {
       const float* got = mtp.engine().logits(0);
       const float* want = ref.data() + static_cast<size_t>(t - 1) * static_cast<size_t>(V);
       worst = std::max(worst, max_diff(got, want, V));
-      spread = std::max(spread, *std::max_element(want, want + V) - *std::min_element(want, want + V));
+      spread =
+          std::max(spread, *std::max_element(want, want + V) - *std::min_element(want, want + V));
     }
     std::printf("MTP logits token by token: max |diff| %.3g (logits spread %.3g)\n",
                 static_cast<double>(worst), static_cast<double>(spread));
@@ -142,7 +143,8 @@ std::vector<int32_t> first_drafts_alone(const Model& m, const Case& c, size_t i)
 // several and rejecting the rest. With `always`, the block's final norm is zero: its logits are
 // too, and it drafts token 0 every time, which the trunk takes about half the time: long runs
 // of drafts accepted. `rows` holds the matrix, in f32.
-std::unique_ptr<Model> favouring_token_0(const char* preset, bool always, std::vector<float>& rows) {
+std::unique_ptr<Model> favouring_token_0(const char* preset, bool always,
+                                         std::vector<float>& rows) {
   auto m = Model::load(std::string("synthetic:") + preset);
   Matrix& out = m->weights.output;
   rows.resize(static_cast<size_t>(out.n_in * out.n_out));
@@ -168,13 +170,17 @@ struct MtpCase {
 
 TEST(Mtp, GreedyGivesTheTokensAndLogitsOfPlainDecoding) {
   const MtpCase cases[] = {
-      {"tiny-qwen35", KvMode::Resident, 1, 4, 0},    {"tiny-qwen35", KvMode::Stream, 2, 6, 0},
-      {"tiny-qwen35:q4_k", KvMode::Resident, 3, 3, 0}, {"tiny-qwen35:q4_k", KvMode::Stream, 4, 5, 0},
-      {"tiny-qwen35", KvMode::Resident, 2, 6, 1},    {"tiny-qwen35", KvMode::Stream, 3, 4, 1},
-      {"tiny-qwen35", KvMode::Auto, 1, 8, 1},        {"tiny-qwen35", KvMode::Resident, 2, 5, 2},
+      {"tiny-qwen35", KvMode::Resident, 1, 4, 0},
+      {"tiny-qwen35", KvMode::Stream, 2, 6, 0},
+      {"tiny-qwen35:q4_k", KvMode::Resident, 3, 3, 0},
+      {"tiny-qwen35:q4_k", KvMode::Stream, 4, 5, 0},
+      {"tiny-qwen35", KvMode::Resident, 2, 6, 1},
+      {"tiny-qwen35", KvMode::Stream, 3, 4, 1},
+      {"tiny-qwen35", KvMode::Auto, 1, 8, 1},
+      {"tiny-qwen35", KvMode::Resident, 2, 5, 2},
       {"tiny-qwen35", KvMode::Stream, 4, 7, 2},
   };
-  int64_t accepted = 0, rejected = 0, compared = 0;
+  int64_t accepted = 0, rejected = 0, compared = 0, page_rollbacks = 0;
   uint32_t seed = 3;
   for (const MtpCase& mc : cases) {
     Case c;
@@ -193,7 +199,8 @@ TEST(Mtp, GreedyGivesTheTokensAndLogitsOfPlainDecoding) {
     auto m = mc.favour_0 ? favouring_token_0(mc.preset, mc.favour_0 == 2, rows)
                          : Model::load(std::string("synthetic:") + mc.preset);
     const size_t arena = mc.mode == KvMode::Resident ? 0 : case_arena(*m, c);
-    SCOPED_TRACE(cat(mc.preset, mc.favour_0 ? " favouring token 0" : "", mc.favour_0 == 2 ? " always" : "", ", up to ", mc.draft_max,
+    SCOPED_TRACE(cat(mc.preset, mc.favour_0 ? " favouring token 0" : "",
+                     mc.favour_0 == 2 ? " always" : "", ", up to ", mc.draft_max,
                      " MTP drafts, mode ", kv_mode_name(mc.mode), ", ", mc.n_seq, " sequences"));
     const Decoded want = decode(*m, nullptr, c, KvMode::Resident, 0, mc.draft_max);
     const Decoded got = decode(*m, nullptr, c, mc.mode, arena, mc.draft_max, nullptr, true);
@@ -204,6 +211,7 @@ TEST(Mtp, GreedyGivesTheTokensAndLogitsOfPlainDecoding) {
     }
     accepted += got.accepted;
     rejected += got.drafted - got.accepted;
+    page_rollbacks += got.page_rollbacks;
     for (size_t i = 0; i < static_cast<size_t>(mc.n_seq); ++i) {
       const std::vector<int32_t> alone = first_drafts_alone(*m, c, i);
       for (size_t q = 0; q < alone.size(); ++q) {
@@ -213,12 +221,15 @@ TEST(Mtp, GreedyGivesTheTokensAndLogitsOfPlainDecoding) {
       }
     }
   }
-  std::printf("MTP drafts: %lld accepted, %lld rejected; %lld first drafts compared\n",
-              static_cast<long long>(accepted), static_cast<long long>(rejected),
-              static_cast<long long>(compared));
+  std::printf(
+      "MTP drafts: %lld accepted, %lld rejected, %lld rollbacks across a page; %lld first drafts "
+      "compared\n",
+      static_cast<long long>(accepted), static_cast<long long>(rejected),
+      static_cast<long long>(page_rollbacks), static_cast<long long>(compared));
   EXPECT_GT(accepted, 0);
   EXPECT_GT(rejected, 100);
   EXPECT_GT(compared, 200);
+  EXPECT_GT(page_rollbacks, 20);
 }
 
 // Sampling with a temperature: each draft comes with the distribution it was drawn from (a
@@ -268,8 +279,8 @@ std::vector<int32_t> sampled_decode(const Model& m, uint64_t seed, int64_t* draf
     next = -1;
     for (int32_t j = 0; j < n - 1; ++j) {
       bool ok = false;
-      const int32_t t = sampler.verify(e.logits(0, j), V, feed[static_cast<size_t>(j) + 1],
-                                       spec.q(s.id, j), &ok);
+      const int32_t t =
+          sampler.verify(e.logits(0, j), V, feed[static_cast<size_t>(j) + 1], spec.q(s.id, j), &ok);
       if (!ok) {
         e.truncate(s, s.n_past - (n - 1 - j));
         next = t;

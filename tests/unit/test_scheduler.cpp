@@ -353,7 +353,8 @@ TEST(Scheduler, DraftModelPerSlotGivesTheTokensOfPlainDecoding) {
 TEST(Scheduler, MtpPerSlotGivesTheTokensOfPlainDecoding) {
   std::vector<std::vector<int32_t>> want(5);
   std::vector<std::shared_ptr<Job>> jobs;
-  for (uint32_t i = 0; i < 5; ++i) jobs.push_back(job_of(7 + 9 * static_cast<int32_t>(i), 30, i + 10));
+  for (uint32_t i = 0; i < 5; ++i)
+    jobs.push_back(job_of(7 + 9 * static_cast<int32_t>(i), 30, i + 10));
   {
     Fixture f(1, 32, 8, 0, KvMode::Auto, {}, nullptr, "tiny-qwen35");
     for (size_t i = 0; i < jobs.size(); ++i) {
@@ -362,7 +363,8 @@ TEST(Scheduler, MtpPerSlotGivesTheTokensOfPlainDecoding) {
     }
   }
   jobs.clear();
-  for (uint32_t i = 0; i < 5; ++i) jobs.push_back(job_of(7 + 9 * static_cast<int32_t>(i), 30, i + 10));
+  for (uint32_t i = 0; i < 5; ++i)
+    jobs.push_back(job_of(7 + 9 * static_cast<int32_t>(i), 30, i + 10));
   Fixture f(3, 32, 8, 0, KvMode::Stream, SpecOptions{SpecMode::Mtp, 5, 1}, nullptr, "tiny-qwen35");
   for (auto& j : jobs) ASSERT_TRUE(f.sched->submit(j));
   for (size_t i = 0; i < jobs.size(); ++i) {

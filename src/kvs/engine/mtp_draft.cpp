@@ -69,8 +69,8 @@ int32_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>&
 
 }  // namespace
 
-MtpDrafter::MtpDrafter(const Model& target, Device& dev, const EngineOptions& o,
-                       int32_t draft_max, double p_min)
+MtpDrafter::MtpDrafter(const Model& target, Device& dev, const EngineOptions& o, int32_t draft_max,
+                       double p_min)
     : cfg_(target.config),
       dev_(dev),
       p_min_(p_min),
@@ -178,7 +178,8 @@ void MtpDrafter::stepped(const Engine& e, const std::vector<BatchEntry>& batch) 
       add_row(s.seen[static_cast<size_t>(q) + 1], q >= p ? rows + (q - p) * d : kept_row(s, q),
               out_norm);
     if (s.mtp.n_past > q0) eng_.truncate(s.mtp, q0);
-    batch_.push_back({&s.mtp, s.seen.data() + q0 + 1, end - q0, false, false, in_.as<float>() + at * d});
+    batch_.push_back(
+        {&s.mtp, s.seen.data() + q0 + 1, end - q0, false, false, in_.as<float>() + at * d});
     s.n_true = end;
     s.basis.assign(s.seen.begin(), s.seen.begin() + end + 1);
   }

@@ -80,7 +80,7 @@ class MtpDrafter final : public StepObserver {
   const double p_min_;
   const int32_t draft_max_, keep_;  // rows kept per sequence: n_verify
   size_t device_bytes_ = 0;
-  Model block_;  // the MTP block as a one-layer model over the target's embedding and head
+  Model block_;     // the MTP block as a one-layer model over the target's embedding and head
   Matrix eh_proj_;  // [n_embd x 2 n_embd], placed on the device
   // [enorm; hnorm; the target's output norm; the block's final norm], [n_embd] each
   DeviceBuffer norms_;

@@ -34,7 +34,7 @@ inline Decoded decode(const Model& m, const Model* draft, const Case& c, KvMode 
   if (draft || mtp) o.n_verify = draft_max + 1;
   if (draft) drafter = std::make_unique<ModelDrafter>(*draft, m, *dev, o, draft_max, 0.0);
   if (mtp) block = std::make_unique<MtpDrafter>(m, *dev, o, draft_max, 0.0);
-  Engine e(m, *dev, o);
+  Engine e(m, *dev, o, block ? &block->engine() : nullptr);
   const SpecMode sm = draft ? SpecMode::Draft : mtp ? SpecMode::Mtp : SpecMode::Off;
   Speculator spec({sm, draft_max, 1}, e, drafter.get(), block.get());
   const int32_t V = m.config.n_vocab, N = o.n_seq;

@@ -528,7 +528,7 @@ void run(const RunArgs& a) {
   auto dev = device_of(a.s, backend, vram);
   const auto drafter = make_drafter(a.spec, draft_model.get(), *model, *dev, eo);
   const auto mtp = make_mtp(a.spec, *model, *dev, eo);
-  Engine eng(*model, *dev, eo);
+  Engine eng(*model, *dev, eo, mtp ? &mtp->engine() : nullptr);
   Speculator spec(spec_options(a.spec), eng, drafter.get(), mtp.get());
   std::vector<Sampler> samplers = samplers_for(a.g, prompts);
   int64_t prompt_tokens = 0;

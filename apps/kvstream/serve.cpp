@@ -666,7 +666,7 @@ void serve(const ServeArgs& a) {
   auto dev = device_of(a.s, backend, vram);
   const auto drafter = make_drafter(a.spec, draft_model.get(), *model, *dev, eo);
   const auto mtp = make_mtp(a.spec, *model, *dev, eo);
-  Engine eng(*model, *dev, eo);
+  Engine eng(*model, *dev, eo, mtp ? &mtp->engine() : nullptr);
   Speculator spec(spec_options(a.spec), eng, drafter.get(), mtp.get());
 
   Scheduler sched(eng, *model->tokenizer, a.queue, a.s.verbose, spec.on() ? &spec : nullptr);

@@ -75,8 +75,9 @@ TEST(CudaMtp, GreedyIsPlainDecodingBitForBit) {
   }
 }
 
-// The block's logits of each entry of a prompt fed token by token (then the prompt's last entry
-// from one step of the whole prompt) on dev.
+// The block's logits of each entry of a prompt fed token by token, the target reading the
+// block's embedding and head (then the prompt's last entry from one step of the whole prompt,
+// the target with its own) on dev.
 std::vector<std::vector<float>> mtp_logits(const Model& m, Device& dev,
                                            const std::vector<int32_t>& prompt) {
   EngineOptions o;
@@ -87,7 +88,7 @@ std::vector<std::vector<float>> mtp_logits(const Model& m, Device& dev,
   std::vector<std::vector<float>> rows;
   {
     MtpDrafter mtp(m, dev, o, 4, 0.0);
-    Engine e(m, dev, o);
+    Engine e(m, dev, o, &mtp.engine());
     mtp.follow(e);
     Sequence s = e.open_sequence();
     for (int32_t t = 0; t < T; ++t) {

@@ -77,7 +77,7 @@ TEST(Mtp, LogitsMatchTheReference) {
   {
     auto dev = make_cpu_device(0);
     MtpDrafter mtp(*m, *dev, o, 4, 0.0);
-    Engine e(*m, *dev, o);
+    Engine e(*m, *dev, o, &mtp.engine());
     mtp.follow(e);
     Sequence s = e.open_sequence();
     float worst = 0, spread = 0;
@@ -244,7 +244,7 @@ std::vector<int32_t> sampled_decode(const Model& m, uint64_t seed, int64_t* draf
   o.n_verify = draft_max + 1;
   auto dev = make_cpu_device(0);
   MtpDrafter mtp(m, *dev, o, draft_max, 0.0);
-  Engine e(m, *dev, o);
+  Engine e(m, *dev, o, &mtp.engine());
   Speculator spec({SpecMode::Mtp, draft_max, 1}, e, nullptr, &mtp);
   SamplerParams sp;
   sp.temp = 1.5f;
@@ -307,6 +307,34 @@ TEST(Mtp, SampledDraftsComeWithTheirLaw) {
   EXPECT_GT(drafted, 20);
   EXPECT_GT(accepted, 0);
   EXPECT_LT(accepted, drafted);
+}
+
+// The target's engine reads the block's copies of the embedding and the LM head (the block, built
+// first, places them): with the block beside it the device holds those matrices once.
+TEST(Mtp, TheTargetSharesTheBlocksEmbeddingAndHead) {
+  auto m = Model::load("synthetic:tiny-qwen35");
+  EngineOptions o;
+  o.n_ctx = 256;
+  o.page_size = 16;
+  o.n_verify = 4;
+  o.kv_mode = KvMode::Resident;
+  size_t alone = 0;
+  {
+    auto dev = make_cpu_device(0);
+    Engine e(*m, *dev, o);
+    alone = dev->used();
+  }
+  const size_t both = m->weights.tok_embd.bytes() + m->weights.output.bytes();
+  ASSERT_NE(m->weights.tok_embd.data, m->weights.output.data);
+  auto dev = make_cpu_device(0);
+  MtpDrafter mtp(*m, *dev, o, 3, 0.0);
+  ASSERT_GT(mtp.device_bytes(), both);
+  const size_t before = dev->used();
+  Engine e(*m, *dev, o, &mtp.engine());
+  EXPECT_EQ(dev->used() - before, alone - both);
+  EXPECT_EQ(e.weights().tok_embd.data, mtp.engine().weights().tok_embd.data);
+  EXPECT_EQ(e.weights().output.data, mtp.engine().weights().output.data);
+  EXPECT_EQ(e.weights().output.n_out, m->config.n_vocab);
 }
 
 TEST(Mtp, ModelsWithoutAnMtpBlockAreRefusedByName) {

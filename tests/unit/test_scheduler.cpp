@@ -38,7 +38,7 @@ struct Fixture {
     }
     if (spec.mode == SpecMode::Mtp)
       mtp = std::make_unique<MtpDrafter>(*model, *dev, o, spec.draft_max, 0.0);
-    eng = std::make_unique<Engine>(*model, *dev, o);
+    eng = std::make_unique<Engine>(*model, *dev, o, mtp ? &mtp->engine() : nullptr);
     speculator = std::make_unique<Speculator>(spec, *eng, drafter.get(), mtp.get());
     sched = std::make_unique<Scheduler>(*eng, *model->tokenizer, max_queue, false,
                                         speculator->on() ? speculator.get() : nullptr);

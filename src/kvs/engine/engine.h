@@ -138,7 +138,10 @@ struct KvShape {
 
 class Engine {
  public:
-  Engine(const Model& model, Device& dev, const EngineOptions& opt);
+  // shared: an engine on dev whose model has the same embedding or output matrix (the MTP
+  // block's, built first): this one reads its copies instead of placing its own.
+  Engine(const Model& model, Device& dev, const EngineOptions& opt,
+         const Engine* shared = nullptr);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -258,7 +261,7 @@ class Engine {
     return (host_dev_ ? attn_index_ : kv_index_)[static_cast<size_t>(il)];
   }
 
-  void place(const Model& model);  // the weights on the device (the constructor's)
+  void place(const Model& model, const Engine* shared);  // the weights on the device
   void alloc_recurrent();           // the recurrent states and their rollback buffers
   // The forward pass of each architecture family (engine/forward_*.cpp) over the blocks below.
   void forward_llama(Pass& p);
@@ -307,6 +310,7 @@ class Engine {
   Device& dev_;
   EngineOptions opt_;
   Weights w_;
+  const uint8_t *host_embd_ = nullptr, *host_output_ = nullptr;  // the model's, as loaded
   KvLayout kv_;
   KvShape shape_;
   std::vector<int32_t> kv_index_;   // [layer]: index among the full layers, -1 for the others

@@ -1,6 +1,7 @@
-// Greedy decoding with a draft model, shared by the CPU (tests/unit/test_draft_model.cpp) and
-// CUDA (tests/cuda/test_cuda_draft.cpp) tests: the sequences of a stream_cases.h Case decoded
-// together as `kvstream run` does, each step carrying the drafts the Speculator proposes.
+// Greedy decoding with a draft model or the model's MTP block, shared by the CPU
+// (tests/unit/test_draft_model.cpp, test_mtp.cpp) and CUDA (tests/cuda/test_cuda_draft.cpp,
+// test_cuda_mtp.cpp) tests: the sequences of a stream_cases.h Case decoded together as
+// `kvstream run` does, each step carrying the drafts the Speculator proposes.
 #pragma once
 
 #include <algorithm>
@@ -16,9 +17,10 @@ namespace kvs::test {
 // Greedy decode of the case's sequences (its prompts, gen_len tokens each) together, as
 // `kvstream run` does: with a draft model each step of a sequence carries its token and the
 // drafts the Speculator proposes; a rejected draft's replacement is the next step's token.
-// On `dev`, or on a fresh CPU device when it is null; no draft: plain decoding.
+// On `dev`, or on a fresh CPU device when it is null; no draft: plain decoding, or with `mtp`
+// the drafts of m's MTP block.
 inline Decoded decode(const Model& m, const Model* draft, const Case& c, KvMode mode, size_t arena,
-                      int32_t draft_max, Device* dev = nullptr) {
+                      int32_t draft_max, Device* dev = nullptr, bool mtp = false) {
   std::unique_ptr<Device> own;
   if (!dev) {
     own = make_cpu_device(0);
@@ -28,18 +30,21 @@ inline Decoded decode(const Model& m, const Model* draft, const Case& c, KvMode 
   o.kv_mode = mode;
   o.kv_arena = arena;
   std::unique_ptr<ModelDrafter> drafter;
-  if (draft) {
-    o.n_verify = draft_max + 1;
-    drafter = std::make_unique<ModelDrafter>(*draft, m, *dev, o, draft_max, 0.0);
-  }
-  Engine e(m, *dev, o);
-  Speculator spec({draft ? SpecMode::Draft : SpecMode::Off, draft_max, 1}, e, drafter.get());
+  std::unique_ptr<MtpDrafter> block;
+  if (draft || mtp) o.n_verify = draft_max + 1;
+  if (draft) drafter = std::make_unique<ModelDrafter>(*draft, m, *dev, o, draft_max, 0.0);
+  if (mtp) block = std::make_unique<MtpDrafter>(m, *dev, o, draft_max, 0.0);
+  Engine e(m, *dev, o, block ? &block->engine() : nullptr);
+  const SpecMode sm = draft ? SpecMode::Draft : mtp ? SpecMode::Mtp : SpecMode::Off;
+  Speculator spec({sm, draft_max, 1}, e, drafter.get(), block.get());
   const int32_t V = m.config.n_vocab, N = o.n_seq;
   SamplerParams greedy;
   greedy.temp = 0;
   Decoded r;
   r.tokens.resize(static_cast<size_t>(N));
   r.rows.resize(static_cast<size_t>(N));
+  r.first_draft.assign(static_cast<size_t>(N),
+                       std::vector<int32_t>(static_cast<size_t>(c.n_ctx), -1));
   std::vector<Sequence> seqs(static_cast<size_t>(N));
   std::vector<std::vector<float>> cur(static_cast<size_t>(N));
   std::vector<int32_t> pending(static_cast<size_t>(N), -1);
@@ -85,6 +90,7 @@ inline Decoded decode(const Model& m, const Model* draft, const Case& c, KvMode 
       if (spec.on()) {
         const std::vector<int32_t>& d = spec.drafts(static_cast<int32_t>(u));
         feed[u].insert(feed[u].end(), d.begin(), d.end());
+        if (!d.empty()) r.first_draft[u][static_cast<size_t>(seqs[u].n_past)] = d[0];
       }
       const auto n = static_cast<int32_t>(feed[u].size());
       batch.push_back({&seqs[u], feed[u].data(), n, n > 1});
@@ -104,7 +110,9 @@ inline Decoded decode(const Model& m, const Model* draft, const Case& c, KvMode 
         accepted += ok;
         if (!choose(u, row, t)) break;
         if (!ok) {
-          e.truncate(seqs[u], seqs[u].n_past - (nd - k));
+          const int32_t before = seqs[u].n_past, after = before - (nd - k);
+          e.truncate(seqs[u], after);
+          r.page_rollbacks += after / c.page < before / c.page;
           pending[u] = t;
           break;
         }

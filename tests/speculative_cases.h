@@ -19,6 +19,9 @@ struct Decoded {
   std::vector<std::vector<std::vector<float>>> rows;    // the logits token i was chosen from
   EngineStats totals;
   int64_t drafted = 0, accepted = 0, page_rollbacks = 0;
+  // [sequence][n_past]: the first draft proposed when the target had read n_past positions (-1:
+  // none); draft_cases.h's decode fills it.
+  std::vector<std::vector<int32_t>> first_draft;
 };
 
 inline int32_t argmax(const float* l, int32_t n) {

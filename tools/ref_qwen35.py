@@ -11,7 +11,7 @@ the converter's ``Qwen3NextModel`` / ``_LinearAttentionVReorderBase`` /
 * Layers: ``qwen35.block_count`` counts the ``nextn_predict_layers`` MTP
   blocks appended after the trunk; the trunk is the first block_count -
   nextn layers; the MTP blocks (``blk.N.nextn.*`` and a full attention block)
-  are loaded but never run here.  A trunk layer is recurrent (Gated DeltaNet)
+  are not run by the trunk (``mtp_logits`` runs the first, below).  A trunk layer is recurrent (Gated DeltaNet)
   per ``qwen35.attention.recurrent_layers`` (one bool per block), else per
   ``qwen35.full_attention_interval`` n (default 4): recurrent iff
   (il + 1) % n != 0, so layers 3, 7, 11, ... are full attention.
@@ -49,6 +49,16 @@ the converter's ``Qwen3NextModel`` / ``_LinearAttentionVReorderBase`` /
   state M [S (v) x S (k)]: M *= exp(g); M += beta (v - M k) k^T; o = M q.
   Then RMSNorm(o, ``ssm_norm``) * silu(z) per head, ``ssm_out``.
   The conv state and M start at zero per sequence; both in f32.
+* The MTP head (block N = the first after the trunk; as vLLM's
+  ``Qwen3NextMultiTokenPredictor``, DeepSeek-V3's MTP module): entry q pairs
+  the trunk's final state at q, h_q = output_norm(x_q) (what the LM head
+  reads), with the next token t_{q+1}: e = ``nextn.enorm``(embed(t_{q+1})),
+  h = ``nextn.hnorm``(h_q), x = ``nextn.eh_proj`` [e; h] (embedding half
+  first; eh_proj is (n_embd, 2 n_embd)), then the block as a gated attention
+  layer at position q over the entries before it (its own cache) and its FFN;
+  logits of t_{q+2} = head(``nextn.shared_head_norm``(x)).  embed and head
+  are ``nextn.embed_tokens`` / ``nextn.shared_head_head`` where the file has
+  them, else the trunk's; without shared_head_norm, the output norm.
 """
 
 from __future__ import annotations
@@ -131,26 +141,67 @@ def layer_tensors(c, w: dict, il: int) -> dict:
 
 
 def block(run, il: int, L: dict, x, p0: int, cs, scale) -> np.ndarray:
-    """One trunk layer on x (T, n_embd) with the Runner run's caches: mixer,
-    post_attention_norm, FFN."""
+    """One trunk layer (or the MTP block, il = n_layer) on x (T, n_embd) with the Runner
+    run's caches: mixer, post_attention_norm, FFN."""
     c = run.m.cfg
     h = rms_norm(x, L["attn_norm"], c.eps)
-    if c.recurrent[il]:
+    if il < c.n_layer and c.recurrent[il]:
         o = gated_delta_net(run, il, L, h)
     else:
-        T, nh, nkv, hd = h.shape[0], c.n_head, c.n_head_kv, c.head_dim
-        qg = (h @ L["attn_q"].T).reshape(T, nh, 2, hd)
-        q = qg[:, :, 0].transpose(1, 0, 2)                              # (nh, T, hd)
-        gate = qg[:, :, 1].reshape(T, nh * hd)
-        k = (h @ L["attn_k"].T).reshape(T, nkv, hd).transpose(1, 0, 2)  # (nkv, T, hd)
-        v = (h @ L["attn_v"].T).reshape(T, nkv, hd).transpose(1, 0, 2)
-        q = run.rope(rms_norm(q, L["attn_q_norm"], c.eps), *cs)
-        k = run.rope(rms_norm(k, L["attn_k_norm"], c.eps), *cs)
-        o = run.attend(il, q, k, v, p0, False, scale) * sigmoid(gate)
-        o = o @ L["attn_output"].T
+        o = gated_attention(run, il, L, h, p0, cs, scale)
     x = x + o
     h = rms_norm(x, L["post_attention_norm"], c.eps)
     return x + (silu(h @ L["ffn_gate"].T) * (h @ L["ffn_up"].T)) @ L["ffn_down"].T
+
+
+def gated_attention(run, il: int, L: dict, h, p0: int, cs, scale) -> np.ndarray:
+    """The gated attention mixer on h (T, n_embd) at positions p0.. over layer il's cache."""
+    c = run.m.cfg
+    T, nh, nkv, hd = h.shape[0], c.n_head, c.n_head_kv, c.head_dim
+    qg = (h @ L["attn_q"].T).reshape(T, nh, 2, hd)
+    q = qg[:, :, 0].transpose(1, 0, 2)                              # (nh, T, hd)
+    gate = qg[:, :, 1].reshape(T, nh * hd)
+    k = (h @ L["attn_k"].T).reshape(T, nkv, hd).transpose(1, 0, 2)  # (nkv, T, hd)
+    v = (h @ L["attn_v"].T).reshape(T, nkv, hd).transpose(1, 0, 2)
+    q = run.rope(rms_norm(q, L["attn_q_norm"], c.eps), *cs)
+    k = run.rope(rms_norm(k, L["attn_k_norm"], c.eps), *cs)
+    o = run.attend(il, q, k, v, p0, False, scale) * sigmoid(gate)
+    return o @ L["attn_output"].T
+
+
+def mtp_logits(run, hidden, tokens) -> np.ndarray:
+    """The MTP head's logits of entries 0 .. T-2 (see the module docstring) from the trunk's
+    last-layer rows hidden (T, n_embd), before the output norm, and the T tokens they read;
+    run: a fresh Runner of the model, whose cache of layer n_layer the block takes.  Returns
+    (T - 1, n_vocab): row q predicts t_{q+2}."""
+    m, c = run.m, run.m.cfg
+    if c.n_nextn < 1:
+        raise ValueError("the model has no MTP block (qwen35.nextn_predict_layers is 0)")
+    il, w = c.n_layer, m.w
+    p = "blk.%d." % il
+    L = {k[len(p):].replace(".weight", ""): t for k, t in w.items() if k.startswith(p)}
+    E = c.n_embd
+    for k, shape in {"attn_norm": (E,), "attn_q": (2 * c.n_head * c.head_dim, E),
+                     "attn_k": (c.n_head_kv * c.head_dim, E), "attn_output": (E, c.n_head * c.head_dim),
+                     "post_attention_norm": (E,), "ffn_down": (E, c.n_ff),
+                     "nextn.eh_proj": (E, 2 * E), "nextn.enorm": (E,), "nextn.hnorm": (E,)}.items():
+        if k not in L or L[k].shape != shape:
+            raise ValueError("MTP tensor %s%s missing or not %s" % (p, k, shape))
+    embed = L.get("nextn.embed_tokens", w["token_embd.weight"])
+    head = L.get("nextn.shared_head_head", m.out_w)
+    norm = L.get("nextn.shared_head_norm", w["output_norm.weight"])
+    T = len(tokens) - 1
+    toks = np.asarray(tokens[1:], dtype=np.int64)
+    h = rms_norm(rms_norm(np.asarray(hidden[:T], np.float32), w["output_norm.weight"], c.eps),
+                 L["nextn.hnorm"], c.eps)
+    e = rms_norm(embed[toks], L["nextn.enorm"], c.eps)
+    x = np.concatenate([e, h], axis=1) @ L["nextn.eh_proj"].T
+    run.k.append(np.zeros((c.n_head_kv, max(run.cap, T), c.head_dim), np.float32))
+    run.v.append(np.zeros((c.n_head_kv, max(run.cap, T), c.head_dim_v), np.float32))
+    ang = (np.arange(T, dtype=np.float64)[:, None] * run.pair_at_pos[None, :]) * run.inv_freq[None, :]
+    cs = (np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32))
+    x = block(run, il, L, x, 0, cs, np.float32(1.0 / math.sqrt(c.head_dim)))
+    return (rms_norm(x, norm, c.eps) @ head.T).astype(np.float32)
 
 
 def gated_delta_net(run, il: int, L: dict, h) -> np.ndarray:

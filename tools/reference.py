@@ -285,6 +285,7 @@ class Runner:
         self.q_chunk = q_chunk
         c = model.cfg
         self.n_past = 0
+        self.hidden = None  # a list: every forward's last-layer rows, before the output norm
         self.cap = max(16, max_ctx)
         # recurrent layers keep no K/V: a conv tail and a delta-rule state per layer instead
         self.k = [None if c.recurrent[il] else np.zeros((c.n_head_kv, self.cap, c.head_dim), np.float32)
@@ -442,6 +443,8 @@ class Runner:
             else:
                 f = (silu(h @ L["ffn_gate"].T) * (h @ L["ffn_up"].T)) @ L["ffn_down"].T
             x = x + f
+        if self.hidden is not None:
+            self.hidden.append(x)
         self.n_past = n_ctx
         if want == "last":
             x = x[-1:]
@@ -473,6 +476,8 @@ def main(argv=None) -> int:
     ap.add_argument("--logits-out", help=".npy: float32 logits of last prompt position [n_vocab]")
     ap.add_argument("--all-logits-out", help=".npy: float32 logits of all prompt positions [n_prompt, n_vocab]")
     ap.add_argument("--gen-logits-out", help=".npy: float32 [N, n_vocab], row i selected generated token i")
+    ap.add_argument("--mtp-logits-out", help=".npy: float32 [n_prompt - 1, n_vocab], qwen35's MTP head "
+                    "(ref_qwen35.mtp_logits): row q from position q's state and token q + 1")
     ap.add_argument("--kv-type", default="f16", choices=["f16", "f32", "bf16", "q8_0"],
                     help="KV cache storage emulation (default f16)")
     ap.add_argument("--stop-at-eos", action="store_true", help="stop generation at tokenizer.ggml.eos_token_id")
@@ -512,6 +517,8 @@ def main(argv=None) -> int:
 
     N = max(0, args.n_predict)
     runner = Runner(model, kv_type=args.kv_type, max_ctx=len(tokens) + N, q_chunk=max(1, args.q_chunk))
+    if args.mtp_logits_out:
+        runner.hidden = []
     t0 = time.time()
     if args.all_logits_out:
         all_logits = runner.forward(tokens, want="all")
@@ -521,6 +528,10 @@ def main(argv=None) -> int:
         last = runner.forward(tokens, want="last")
     t_prompt = time.time() - t0
     log("[reference] prompt: %d tokens in %.2fs (kv=%s)" % (len(tokens), t_prompt, args.kv_type))
+    if args.mtp_logits_out:
+        mrun = Runner(model, kv_type=args.kv_type, max_ctx=len(tokens), q_chunk=max(1, args.q_chunk))
+        hidden = np.concatenate(runner.hidden, axis=0)[:len(tokens)]
+        np.save(args.mtp_logits_out, ref_qwen35.mtp_logits(mrun, hidden, tokens))
     if args.logits_out:
         np.save(args.logits_out, last.astype(np.float32))
 

@@ -317,8 +317,9 @@ void chat_session(const SharedArgs& s, const GenArgs& g, const SpecArgs& spec,
   check_host_kv(eo, model->config, backend);
   auto dev = device_of(s, backend, vram);
   const auto drafter = make_drafter(spec, draft_model.get(), *model, *dev, eo);
-  Engine eng(*model, *dev, eo);
-  Speculator speculator(spec_options(spec), eng, drafter.get());
+  const auto mtp = make_mtp(spec, *model, *dev, eo);
+  Engine eng(*model, *dev, eo, mtp ? &mtp->engine() : nullptr);
+  Speculator speculator(spec_options(spec), eng, drafter.get(), mtp.get());
   Chat chat(s, g, speculator, *model, eng);
   const bool terminal = isatty(STDIN_FILENO) != 0;
   std::fprintf(stderr,

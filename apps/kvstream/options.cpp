@@ -123,7 +123,8 @@ void add_sampling(CLI::App* c, GenArgs& g) {
 void add_speculation(CLI::App* c, SpecArgs& sp) {
   c->add_option("--spec,--spec-type", sp.mode,
                 "Speculative decoding: off, ngram (drafts found earlier in the sequence by "
-                "prompt lookup) or draft (drafts of a draft model, -md; the default with -md), "
+                "prompt lookup), draft (drafts of a draft model, -md; the default with -md) or "
+                "mtp (drafts of the model's own MTP layer: qwen35 files with nextn layers), "
                 "verified in the step of the token before them");
   c->add_option("--model-draft", sp.model_draft,
                 "-md: the draft model for --spec draft, a small GGUF of the same vocabulary "
@@ -146,8 +147,8 @@ std::string SpecArgs::kind() const {
 
 void apply_speculation(const SpecArgs& sp, EngineOptions& o, const std::string& backend) {
   const std::string kind = sp.kind();
-  KVS_CHECK(kind == "off" || kind == "ngram" || kind == "draft",
-            "--spec must be off, ngram or draft, got '", sp.mode, "'");
+  KVS_CHECK(kind == "off" || kind == "ngram" || kind == "draft" || kind == "mtp",
+            "--spec must be off, ngram, draft or mtp, got '", sp.mode, "'");
   KVS_CHECK(kind != "draft" || !sp.model_draft.empty(),
             "--spec draft needs a draft model: -md/--model-draft FILE");
   KVS_CHECK(kind == "draft" || sp.model_draft.empty(),
@@ -171,7 +172,10 @@ void apply_speculation(const SpecArgs& sp, EngineOptions& o, const std::string& 
 SpecOptions spec_options(const SpecArgs& sp) {
   const std::string kind = sp.kind();
   SpecOptions o;
-  o.mode = kind == "ngram" ? SpecMode::Ngram : kind == "draft" ? SpecMode::Draft : SpecMode::Off;
+  o.mode = kind == "ngram"   ? SpecMode::Ngram
+           : kind == "draft" ? SpecMode::Draft
+           : kind == "mtp"   ? SpecMode::Mtp
+                             : SpecMode::Off;
   o.draft_max = sp.draft_max;
   o.draft_min = sp.draft_min;
   return o;
@@ -194,6 +198,17 @@ std::unique_ptr<ModelDrafter> make_drafter(const SpecArgs& sp, const Model* draf
                "kvstream: draft model %s (%s, %d layers): %s on the %s device (weights, "
                "buffers and its whole KV, resident)\n",
                sp.model_draft.c_str(), c.arch_name.c_str(), c.n_layer,
+               format_bytes(d->device_bytes()).c_str(), dev.name().c_str());
+  return d;
+}
+
+std::unique_ptr<MtpDrafter> make_mtp(const SpecArgs& sp, const Model& target, Device& dev,
+                                     const EngineOptions& o) {
+  if (sp.kind() != "mtp") return nullptr;
+  auto d = std::make_unique<MtpDrafter>(target, dev, o, sp.draft_max, sp.p_min);
+  std::fprintf(stderr,
+               "kvstream: MTP drafts from the model's nextn layer: %s on the %s device (its "
+               "weights, buffers and its whole KV, resident)\n",
                format_bytes(d->device_bytes()).c_str(), dev.name().c_str());
   return d;
 }

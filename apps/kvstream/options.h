@@ -66,14 +66,15 @@ void add_generation(CLI::App* c, GenArgs& g);
 void add_sampling(CLI::App* c, GenArgs& g);
 
 // Speculative decoding (run, chat, serve): --spec ngram drafts by prompt lookup, --spec draft
-// (or -md alone) by a draft model; the drafts are verified in the step of the token before them.
+// (or -md alone) by a draft model, --spec mtp by the model's own MTP block (qwen35); the drafts
+// are verified in the step of the token before them.
 // llama.cpp's -md, --draft-max/--draft-min, --draft-p-min and --spec-draft-n-* names.
 struct SpecArgs {
-  std::string mode;         // --spec, --spec-type: off (none), ngram, draft; empty: draft with -md
+  std::string mode;  // --spec, --spec-type: off (none), ngram, draft, mtp; empty: draft with -md
   std::string model_draft;  // -md, --model-draft
   int32_t draft_max = 8, draft_min = 1;
   double p_min = 0.75;  // --draft-p-min
-  // off, ngram or draft, once apply_speculation() has checked the flags.
+  // off, ngram, draft or mtp, once apply_speculation() has checked the flags.
   std::string kind() const;
   bool on() const { return kind() != "off"; }
 };
@@ -89,6 +90,10 @@ std::unique_ptr<Model> load_draft(const SpecArgs& sp, const Model& target);
 std::unique_ptr<ModelDrafter> make_drafter(const SpecArgs& sp, const Model* draft,
                                            const Model& target, Device& dev,
                                            const EngineOptions& o);
+// --spec mtp: the model's MTP block on dev (else null), built before the target's engine for the
+// same reason; says on stderr what it holds.
+std::unique_ptr<MtpDrafter> make_mtp(const SpecArgs& sp, const Model& target, Device& dev,
+                                     const EngineOptions& o);
 
 // The engine options of the shared flags for this model, every limit checked first (-c 0: the
 // trained context).

@@ -351,7 +351,8 @@ void decode_all(const RunArgs& a, Engine& eng, Speculator& spec, const Tokenizer
   for (const auto& o : r.out) r.n_dec += std::max<int64_t>(0, static_cast<int64_t>(o.size()) - 1);
 }
 
-void write_run_json(const RunArgs& a, const Engine& eng, const ModelDrafter* draft,
+// draft_bytes: what the draft model or the MTP block holds on the device.
+void write_run_json(const RunArgs& a, const Engine& eng, size_t draft_bytes,
                     const std::vector<std::vector<int32_t>>& prompts, const Outcome& r) {
   const size_t N = prompts.size();
   nlohmann::json j;
@@ -383,7 +384,7 @@ void write_run_json(const RunArgs& a, const Engine& eng, const ModelDrafter* dra
       {"sequence_steps", r.seq_steps},
       {"tokens_per_sequence_step",
        r.seq_steps ? static_cast<double>(r.n_dec) / static_cast<double>(r.seq_steps) : 0.0},
-      {"draft_device_bytes", draft ? draft->device_bytes() : 0}};
+      {"draft_device_bytes", draft_bytes}};
   j["peak_rss_bytes"] = peak_rss();
   j["kv_bytes_per_token"] = eng.kv_bytes_per_token();
   const EngineStats& tot = eng.totals();
@@ -526,8 +527,9 @@ void run(const RunArgs& a) {
   check_host_kv(eo, model->config, backend);
   auto dev = device_of(a.s, backend, vram);
   const auto drafter = make_drafter(a.spec, draft_model.get(), *model, *dev, eo);
-  Engine eng(*model, *dev, eo);
-  Speculator spec(spec_options(a.spec), eng, drafter.get());
+  const auto mtp = make_mtp(a.spec, *model, *dev, eo);
+  Engine eng(*model, *dev, eo, mtp ? &mtp->engine() : nullptr);
+  Speculator spec(spec_options(a.spec), eng, drafter.get(), mtp.get());
   std::vector<Sampler> samplers = samplers_for(a.g, prompts);
   int64_t prompt_tokens = 0;
   for (const auto& p : prompts) prompt_tokens += static_cast<int64_t>(p.size());
@@ -550,7 +552,9 @@ void run(const RunArgs& a) {
   decode_all(a, eng, spec, *model->tokenizer, samplers, prompts, n_predict, n_vocab, r);
 
   report_run(a, eng, r, prompt_tokens, prefilled, t0 - t_load);
-  if (!a.json_out.empty()) write_run_json(a, eng, drafter.get(), prompts, r);
+  const size_t draft_bytes = drafter ? drafter->device_bytes() : 0;
+  if (!a.json_out.empty())
+    write_run_json(a, eng, mtp ? mtp->device_bytes() : draft_bytes, prompts, r);
 }
 
 }  // namespace

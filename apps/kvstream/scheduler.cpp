@@ -191,7 +191,7 @@ void Scheduler::admit(std::unique_lock<std::mutex>& lock) {
       if (spec_) {
         SamplerParams sp = s.job->request.sampling;
         sp.seed = s.gen->sampler.seed();  // the drafts' generator follows the request's seed
-        spec_->start(index(s), prompt.data(), static_cast<int32_t>(prompt.size()), sp);
+        spec_->start(s.seq.id, prompt.data(), static_cast<int32_t>(prompt.size()), sp);
       }
       s.fed = s.cached =
           eng_.reuse_prefix(s.seq, prompt.data(), static_cast<int32_t>(prompt.size()));
@@ -282,7 +282,7 @@ int64_t Scheduler::advance(Slot& s, int32_t entry) {
   }
   // Row j's logits follow the token at position n_past - n_draft - 1 + j and choose the one
   // after it, where draft j + 1 stands.
-  const int32_t seq = index(s);
+  const int32_t seq = s.seq.id;
   for (int32_t j = 0;; ++j) {
     const float* logits = eng_.logits(entry, j);
     const float* from = g.penalised(r, logits, n_vocab);
@@ -314,7 +314,7 @@ Scheduler::End Scheduler::deliver(Slot& s, int32_t id, const float* logits, int3
   ++g.counts[id];
   ++g.generated;
   g.accepted += accepted;
-  if (spec_) spec_->accept(index(s), id);
+  if (spec_) spec_->accept(s.seq.id, id);
   {  // counted, and the slot shown decoding, before the client can see the token
     SlotInfo info;
     describe(s, info);
@@ -417,13 +417,13 @@ void Scheduler::loop() {
     int32_t budget = n_batch;
     asks.clear();
     for (Slot& s : slots_)
-      if (s.job && s.next >= 0) asks.push_back({index(s), room(s)});
+      if (s.job && s.next >= 0) asks.push_back({s.seq.id, room(s)});
     if (spec_ && !asks.empty()) spec_->propose(asks);
     for (Slot& s : slots_)
       if (s.job && s.next >= 0) {
         s.feed.assign(1, s.next);
         if (spec_) {
-          const std::vector<int32_t>& d = spec_->drafts(index(s));
+          const std::vector<int32_t>& d = spec_->drafts(s.seq.id);
           s.feed.insert(s.feed.end(), d.begin(), d.end());
         }
         const auto n = static_cast<int32_t>(s.feed.size());

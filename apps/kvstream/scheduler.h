@@ -3,8 +3,8 @@
 // each step carries one token of every decoding sequence and, in what is left of -b, chunks of
 // the prompts being read, so a long prompt never stalls the others by more than a step of -b.
 // With speculation a decoding sequence's token comes with the drafts its drafter proposes (each
-// slot a sequence of the Speculator's), all verified in that step; the rejected ones are rolled
-// back.
+// slot's engine sequence, by its id, a sequence of the Speculator's: the MTP drafter follows the
+// engine's steps by it), all verified in that step; the rejected ones are rolled back.
 #pragma once
 
 #include <atomic>

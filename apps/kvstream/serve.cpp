@@ -666,8 +666,9 @@ void serve(const ServeArgs& a) {
   check_host_kv(eo, model->config, backend);
   auto dev = device_of(a.s, backend, vram);
   const auto drafter = make_drafter(a.spec, draft_model.get(), *model, *dev, eo);
-  Engine eng(*model, *dev, eo);
-  Speculator spec(spec_options(a.spec), eng, drafter.get());
+  const auto mtp = make_mtp(a.spec, *model, *dev, eo);
+  Engine eng(*model, *dev, eo, mtp ? &mtp->engine() : nullptr);
+  Speculator spec(spec_options(a.spec), eng, drafter.get(), mtp.get());
 
   Scheduler sched(eng, *model->tokenizer, a.queue, a.s.verbose, spec.on() ? &spec : nullptr);
   const std::string id =

@@ -20,8 +20,9 @@ namespace {
 // draft: a synthetic preset, the draft model of --spec draft.
 struct Fixture {
   explicit Fixture(int32_t n_seq, int32_t n_batch, int32_t max_queue = 8, size_t cache_ram = 0,
-                   KvMode mode = KvMode::Auto, SpecOptions spec = {}, const char* draft = nullptr)
-      : model(Model::load("synthetic:tiny")), dev(make_cpu_device(0)) {
+                   KvMode mode = KvMode::Auto, SpecOptions spec = {}, const char* draft = nullptr,
+                   const char* preset = "tiny")
+      : model(Model::load(std::string("synthetic:") + preset)), dev(make_cpu_device(0)) {
     EngineOptions o;
     o.n_ctx = 1024;
     o.n_batch = n_batch;
@@ -35,14 +36,17 @@ struct Fixture {
       draft_model = Model::load(std::string("synthetic:") + draft);
       drafter = std::make_unique<ModelDrafter>(*draft_model, *model, *dev, o, spec.draft_max, 0.0);
     }
-    eng = std::make_unique<Engine>(*model, *dev, o);
-    speculator = std::make_unique<Speculator>(spec, *eng, drafter.get());
+    if (spec.mode == SpecMode::Mtp)
+      mtp = std::make_unique<MtpDrafter>(*model, *dev, o, spec.draft_max, 0.0);
+    eng = std::make_unique<Engine>(*model, *dev, o, mtp ? &mtp->engine() : nullptr);
+    speculator = std::make_unique<Speculator>(spec, *eng, drafter.get(), mtp.get());
     sched = std::make_unique<Scheduler>(*eng, *model->tokenizer, max_queue, false,
                                         speculator->on() ? speculator.get() : nullptr);
   }
   std::unique_ptr<Model> model, draft_model;
   std::unique_ptr<Device> dev;
   std::unique_ptr<ModelDrafter> drafter;
+  std::unique_ptr<MtpDrafter> mtp;
   std::unique_ptr<Engine> eng;
   std::unique_ptr<Speculator> speculator;
   std::unique_ptr<Scheduler> sched;
@@ -341,6 +345,34 @@ TEST(Scheduler, DraftModelPerSlotGivesTheTokensOfPlainDecoding) {
   EXPECT_EQ(s.finished, 5);
   EXPECT_GT(s.accepted, 0);
   EXPECT_LT(s.accepted, s.drafted);
+}
+
+// The MTP block per slot (tiny-qwen35): each slot's engine sequence has its sequence in the
+// block's engine, which follows the steps of the jobs it takes (more jobs than slots, so a slot's
+// engine sequence is not always the slot's index); greedy tokens those of plain decoding.
+TEST(Scheduler, MtpPerSlotGivesTheTokensOfPlainDecoding) {
+  std::vector<std::vector<int32_t>> want(5);
+  std::vector<std::shared_ptr<Job>> jobs;
+  for (uint32_t i = 0; i < 5; ++i)
+    jobs.push_back(job_of(7 + 9 * static_cast<int32_t>(i), 30, i + 10));
+  {
+    Fixture f(1, 32, 8, 0, KvMode::Auto, {}, nullptr, "tiny-qwen35");
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      ASSERT_TRUE(f.sched->submit(jobs[i]));
+      ASSERT_TRUE(drain(*jobs[i], want[i]));
+    }
+  }
+  jobs.clear();
+  for (uint32_t i = 0; i < 5; ++i)
+    jobs.push_back(job_of(7 + 9 * static_cast<int32_t>(i), 30, i + 10));
+  Fixture f(3, 32, 8, 0, KvMode::Stream, SpecOptions{SpecMode::Mtp, 5, 1}, nullptr, "tiny-qwen35");
+  for (auto& j : jobs) ASSERT_TRUE(f.sched->submit(j));
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    std::vector<int32_t> got;
+    ASSERT_TRUE(drain(*jobs[i], got));
+    EXPECT_EQ(got, want[i]) << "request " << i;
+  }
+  EXPECT_GT(f.sched->stats().drafted, 30);
 }
 
 }  // namespace

@@ -53,7 +53,7 @@ const char* kv_mode_name(KvMode m) {
   return "?";
 }
 
-Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt)
+Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt, const Engine* shared)
     : cfg_(model.config), dev_(dev), opt_(opt) {
   KVS_CHECK(opt.n_ctx >= 1, "-c/--ctx-size must be at least 1");
   KVS_CHECK(opt.n_batch >= 1, "-b/--batch-size must be at least 1");
@@ -67,7 +67,7 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt)
   KVS_CHECK(cfg_.n_layers_of(LayerKind::Recurrent) == 0 || dev.has_gated_delta_net(),
             cfg_.arch_name, ": the ", dev.name(), " backend has no gated_delta_net (the Gated "
             "DeltaNet layers' operation) yet; run this model on the cpu backend");
-  place(model);
+  place(model, shared);
   kv_ = KvLayout::make(opt.k_type, opt.v_type, opt.page_size, cfg_.n_head_kv, cfg_.head_dim);
   rope_.mode = cfg_.rope_mode;
   rope_.head_dim = cfg_.head_dim;
@@ -203,13 +203,20 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt)
 }
 
 // qwen35's attention gate: attn_q's rows regrouped [q of every head; gate of every head] (the
-// file has them per head), so that each is one product; then the weights on the device.
-void Engine::place(const Model& model) {
-  if (cfg_.attn_gate) {
+// file has them per head), so that each is one product; then the weights on the device, but for
+// the embedding and output matrices `shared` has placed already (as matrices of no rows).
+void Engine::place(const Model& model, const Engine* shared) {
+  host_embd_ = model.weights.tok_embd.data;
+  host_output_ = model.weights.output.data;
+  const bool share_embd = shared && shared->host_embd_ == host_embd_;
+  const bool share_output = shared && shared->host_output_ == host_output_;
+  if (cfg_.attn_gate || share_embd || share_output) {
     Weights host = model.weights;
-    gated_q_.resize(static_cast<size_t>(cfg_.n_layer));
+    if (share_embd) host.tok_embd.n_out = 0;
+    if (share_output) host.output.n_out = 0;
+    if (cfg_.attn_gate) gated_q_.resize(static_cast<size_t>(cfg_.n_layer));
     const int64_t hd = cfg_.head_dim;
-    for (int32_t il = 0; il < cfg_.n_layer; ++il) {
+    for (int32_t il = 0; cfg_.attn_gate && il < cfg_.n_layer; ++il) {
       if (recurrent(il)) continue;
       Matrix& wq = host.layers[static_cast<size_t>(il)].wq;
       std::vector<uint8_t>& rows = gated_q_[static_cast<size_t>(il)];
@@ -222,6 +229,8 @@ void Engine::place(const Model& model) {
       wq.data = rows.data();
     }
     w_ = dev_.place_weights(host);
+    if (share_embd) w_.tok_embd = shared->w_.tok_embd;
+    if (share_output) w_.output = shared->w_.output;
   } else {
     w_ = dev_.place_weights(model.weights);
   }
@@ -453,6 +462,7 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
       KVS_CHECK(batch[j].seq->id != e.seq->id, "step: a sequence appears twice in one batch");
     KVS_CHECK(!e.all_logits || e.n <= opt_.n_verify, "step: the logits of ", e.n,
               " tokens of one sequence, more than n_verify ", opt_.n_verify);
+    KVS_CHECK(!e.embd || cfg_.arch != Arch::Gemma3, "step: gemma3 takes no input rows");
     n_tok += e.n;
   }
   KVS_CHECK(n_tok <= opt_.n_batch, "step: ", n_tok, " tokens are more than -b ", opt_.n_batch);
@@ -533,6 +543,8 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
   KVS_CHECK(!ring_ || pass.cursor == ring_->n_items(), "ring: ", ring_->n_items() - pass.cursor,
             " streamed pages were not read");
   output_logits(pass);
+  hidden_ = act_.x;
+  offs_ = pass.offs;
   if (capture.dev) {
     capture.dev = nullptr;
     dev_.end_step(true);
@@ -576,6 +588,7 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
   totals_.copy_busy_s += last_.copy_busy_s;
   totals_.cpu_s += last_.cpu_s;
   totals_.cpu_bytes += last_.cpu_bytes;
+  if (observer_) observer_->stepped(*this, batch);
 }
 
 void Engine::measure(const StepStats& st) {

@@ -80,6 +80,20 @@ struct BatchEntry {
   // one (a draft model's drafts, a token a step after the step that fed it the accepted
   // tokens), so that truncate() can roll back into any of them; at most n_verify tokens in all.
   bool extend_verify = false;
+  // Rows [n][n_embd] in device memory that the pass takes instead of the tokens' embeddings
+  // (the MTP block's inputs); the tokens are still what the sequence holds.
+  const float* embd = nullptr;
+};
+
+class Engine;
+
+// Told of each step of an engine before step() returns, while the rows of its last layer are
+// readable (Engine::hidden): the MTP drafter, which needs the target's state at every position.
+class StepObserver {
+ public:
+  virtual ~StepObserver() = default;
+  // batch: the step's entries; their sequences' n_past already count the step's tokens.
+  virtual void stepped(const Engine& e, const std::vector<BatchEntry>& batch) = 0;
 };
 
 struct StepStats {
@@ -124,7 +138,10 @@ struct KvShape {
 
 class Engine {
  public:
-  Engine(const Model& model, Device& dev, const EngineOptions& opt);
+  // shared: an engine on dev whose model has the same embedding or output matrix (the MTP
+  // block's, built first): this one reads its copies instead of placing its own.
+  Engine(const Model& model, Device& dev, const EngineOptions& opt,
+         const Engine* shared = nullptr);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -160,6 +177,15 @@ class Engine {
   const float* logits(int32_t i) const;
   // Of entry i's token j (entries with all_logits; j = 0 otherwise).
   const float* logits(int32_t i, int32_t j) const;
+  // Entry i's rows of the last step [n][n_embd] as the last layer left them (before the output
+  // norm), in device memory, valid until the next step.
+  const float* hidden(int32_t i) const {
+    return hidden_ + static_cast<size_t>(offs_[static_cast<size_t>(i)]) * cfg_.n_embd;
+  }
+  // Tells o of every step from now on (null: no one).
+  void observe(StepObserver* o) { observer_ = o; }
+  // The weights as the device's kernels read them.
+  const Weights& weights() const { return w_; }
   // Forgets the sequence's positions from n_past on (the rejected drafts of a verify step):
   // their pages go back, the tail page is writable again. With window layers at most
   // n_verify - 1 positions can go; with recurrent layers only those of the last step, when it
@@ -235,7 +261,7 @@ class Engine {
     return (host_dev_ ? attn_index_ : kv_index_)[static_cast<size_t>(il)];
   }
 
-  void place(const Model& model);  // the weights on the device (the constructor's)
+  void place(const Model& model, const Engine* shared);  // the weights on the device
   void alloc_recurrent();           // the recurrent states and their rollback buffers
   // The forward pass of each architecture family (engine/forward_*.cpp) over the blocks below.
   void forward_llama(Pass& p);
@@ -248,6 +274,8 @@ class Engine {
   void gated_delta_net(Pass& p, int32_t il);
   // Each entry's last row of x_ -> logits_.
   void output_logits(Pass& p);
+  // The tokens' embeddings, or the entries' own rows (BatchEntry::embd) -> x_.
+  void embed_inputs(const Pass& p);
 
   void replan(const std::vector<BatchEntry>& batch);
   // The prompt cache's part of the constructor, and its keeping of a closing slot's pages.
@@ -282,6 +310,7 @@ class Engine {
   Device& dev_;
   EngineOptions opt_;
   Weights w_;
+  const uint8_t *host_embd_ = nullptr, *host_output_ = nullptr;  // the model's, as loaded
   KvLayout kv_;
   KvShape shape_;
   std::vector<int32_t> kv_index_;   // [layer]: index among the full layers, -1 for the others
@@ -369,6 +398,10 @@ class Engine {
   // Host mode: activations on the host.
   std::vector<float> hq_, hk_, hv_, hatt_, hacc_;
   std::vector<std::pair<int32_t, int32_t>> lrows_;  // per entry of the last step: first row, rows
+  // The last step's activations x (hidden()) and each entry's first row in them.
+  const float* hidden_ = nullptr;
+  std::vector<int32_t> offs_;
+  StepObserver* observer_ = nullptr;
   DeviceBuffer hlogits_;  // the logits, on the host (pinned: [n_seq][n_vocab])
 
   StepStats last_;

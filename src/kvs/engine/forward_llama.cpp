@@ -3,6 +3,8 @@
 // pre-norm is the file's post_attention_norm).
 #include "kvs/engine/engine.h"
 
+#include <algorithm>
+
 namespace kvs {
 
 void Engine::forward_llama(Pass& p) {
@@ -10,7 +12,7 @@ void Engine::forward_llama(Pass& p) {
   const int64_t d = c.n_embd;
   const int32_t n = p.n_tok;
   float *x = act_.x, *h = act_.h, *att = act_.att;
-  dev_.embed(w_.tok_embd, ids_.data(), n, x);
+  embed_inputs(p);
   for (int32_t il = 0; il < c.n_layer; ++il) {
     const LayerWeights& L = w_.layers[static_cast<size_t>(il)];
     dev_.rmsnorm(x, L.attn_norm.data(), h, n, d, c.norm_eps);
@@ -22,6 +24,24 @@ void Engine::forward_llama(Pass& p) {
       dev_.matmuls(att, n, &out, 1);
     }
     swiglu_ffn(il, n);
+  }
+}
+
+void Engine::embed_inputs(const Pass& p) {
+  const bool rows = std::any_of(p.batch.begin(), p.batch.end(),
+                                [](const BatchEntry& e) { return e.embd != nullptr; });
+  if (!rows) {
+    dev_.embed(w_.tok_embd, ids_.data(), p.n_tok, act_.x);
+    return;
+  }
+  const int64_t d = cfg_.n_embd;
+  for (size_t i = 0; i < p.batch.size(); ++i) {
+    const BatchEntry& e = p.batch[i];
+    float* x = act_.x + p.offs[i] * d;
+    if (e.embd)
+      dev_.copy(Stream::Compute, x, e.embd, static_cast<size_t>(e.n * d) * sizeof(float));
+    else
+      dev_.embed(w_.tok_embd, ids_.data() + p.offs[i], e.n, x);
   }
 }
 

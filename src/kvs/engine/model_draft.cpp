@@ -27,6 +27,15 @@ void check_draft_vocab(const Model& target, const Model& draft) {
             " (special ids)");
 }
 
+SamplerParams drafting_params(const SamplerParams& sp) {
+  SamplerParams p = sp;
+  if (p.seed != Sampler::kSeedRandom) {
+    p.seed ^= 0x9E3779B97F4A7C15ull;
+    if (p.seed == Sampler::kSeedRandom) p.seed ^= 1;
+  }
+  return p;
+}
+
 namespace {
 
 EngineOptions draft_options(const ModelConfig& c, const EngineOptions& o, int32_t draft_max) {
@@ -86,13 +95,7 @@ size_t ModelDrafter::planned_bytes(const ModelConfig& c, size_t weights, const E
 void ModelDrafter::start(int32_t seq, const int32_t* tokens, int32_t n, const SamplerParams& sp) {
   Seq& s = seqs_.at(static_cast<size_t>(seq));
   s.tokens.assign(tokens, tokens + n);
-  SamplerParams p = sp;
-  // A generator of its own: the drafts must not be drawn from the numbers verify() draws.
-  if (p.seed != Sampler::kSeedRandom) {
-    p.seed ^= 0x9E3779B97F4A7C15ull;
-    if (p.seed == Sampler::kSeedRandom) p.seed ^= 1;
-  }
-  s.sampler.emplace(p);
+  s.sampler.emplace(drafting_params(sp));
   s.drafted = 0;
   for (int32_t t : s.tokens) s.sampler->accept(t);
 }

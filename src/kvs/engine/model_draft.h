@@ -19,6 +19,10 @@ namespace kvs {
 // the draft model's vocabulary is the target's.
 void check_draft_vocab(const Model& target, const Model& draft);
 
+// A drafter's sampling: the target's sp with a generator of its own (the drafts must not be
+// drawn from the numbers the target's verify() draws).
+SamplerParams drafting_params(const SamplerParams& sp);
+
 // One sequence's drafts of a step.
 struct Drafts {
   std::vector<int32_t> tokens;

@@ -1,5 +1,6 @@
 // Speculative decoding's drafting side, shared by run, chat and serve: for every sequence of the
-// target engine a prompt lookup (NgramDrafter) or a sequence of a draft model (ModelDrafter), and
+// target engine a prompt lookup (NgramDrafter), a sequence of a draft model (ModelDrafter) or of
+// the model's own MTP block (MtpDrafter), and
 // the draft length each step asks for, adapted to how many drafts the target accepts and to
 // whether its steps stream. The callers verify the drafts (Sampler::verify with q()) in the step
 // of the token before them and tell the outcome (verified()).
@@ -10,11 +11,12 @@
 
 #include "kvs/engine/engine.h"
 #include "kvs/engine/model_draft.h"
+#include "kvs/engine/mtp_draft.h"
 #include "kvs/engine/ngram_draft.h"
 
 namespace kvs {
 
-enum class SpecMode { Off, Ngram, Draft };
+enum class SpecMode { Off, Ngram, Draft, Mtp };
 
 struct SpecOptions {
   SpecMode mode = SpecMode::Off;
@@ -39,9 +41,11 @@ class DraftLength {
 
 class Speculator {
  public:
-  // draft: the draft model for SpecMode::Draft (else null). target: the engine whose last step
-  // says whether the history streams; a sequence is an index below its --parallel.
-  Speculator(const SpecOptions& o, const Engine& target, ModelDrafter* draft);
+  // draft: the draft model for SpecMode::Draft, mtp: the MTP block for SpecMode::Mtp (else
+  // null), which follows the target's steps from now on. target: the engine whose last step
+  // says whether the history streams; a sequence is an index below its --parallel (with mtp,
+  // its Sequence id).
+  Speculator(const SpecOptions& o, Engine& target, ModelDrafter* draft, MtpDrafter* mtp = nullptr);
 
   const SpecOptions& options() const { return opt_; }
   bool on() const { return opt_.mode != SpecMode::Off; }
@@ -76,6 +80,7 @@ class Speculator {
   SpecOptions opt_;
   const Engine& target_;
   ModelDrafter* draft_;
+  MtpDrafter* mtp_;
   std::vector<Seq> seqs_;
   std::vector<ModelDrafter::Ask> asks_;  // scratch
 };

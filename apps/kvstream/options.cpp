@@ -80,6 +80,10 @@ void add_shared(CLI::App* c, SharedArgs& a, unsigned flags) {
                   "Host-to-device bandwidth in GB/s the planner assumes (run: until measured; 0: "
                   "a default)")
         ->capture_default_str();
+    c->add_option("--h2d-limit", a.h2d_limit,
+                  "Limit the ring's host-to-device copies to this many bytes a second, e.g. 25G "
+                  "(powers of 1024): a simulated slower link")
+        ->type_name("RATE");
     c->add_option("--split-threads", a.split_threads,
                   "--kv-mode split: CPU threads for the CPU's pages (0: all but one)")
         ->check(CLI::Range(0, 4096));
@@ -243,6 +247,10 @@ EngineOptions engine_options(const SharedArgs& a, const ModelConfig& c) {
   o.phase_arena = !a.no_phase_arena;
   KVS_CHECK(a.h2d_gbps >= 0, "--h2d-gbps must be 0 or more");
   o.h2d_bytes_per_s = a.h2d_gbps * 1e9;
+  if (!a.h2d_limit.empty()) {
+    o.h2d_limit = static_cast<double>(parse_size(a.h2d_limit, "--h2d-limit"));
+    KVS_CHECK(o.h2d_limit > 0, "--h2d-limit must be more than 0");
+  }
   KVS_CHECK(a.cpu_gbps >= 0, "--cpu-gbps must be 0 or more");
   o.cpu_bytes_per_s = a.cpu_gbps * 1e9;
   o.split_threads = a.split_threads;

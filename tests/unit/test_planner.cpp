@@ -214,5 +214,74 @@ TEST(Planner, SplitKeepsItsShareWhileTheRatesMoveLittle) {
   EXPECT_EQ(plan(input(1000, {50}), &p).cpu_bytes, 0u);
 }
 
+// Between repartitions the CPU's share follows the rates, the layout (caps, ring) as it was.
+TEST(Planner, ResplitMovesOnlyTheCpuPages) {
+  PlanInput in = input(300, {400});
+  in.split = true;
+  in.h2d_bytes_per_s = 52e9;
+  in.cpu_bytes_per_s = 75e9;
+  const Plan p = plan(in);
+  in.cpu_bytes_per_s = 46e9;
+  const Plan q = resplit(in, p);
+  EXPECT_EQ(q.resident, p.resident);
+  EXPECT_EQ(q.extra, p.extra);
+  EXPECT_EQ(q.ring_frames(), p.ring_frames());
+  const int32_t past = 400 - 1 - p.resident[0];
+  EXPECT_EQ(q.cpu[0], static_cast<int32_t>(std::lround(46.0 / 98.0 * past)));
+  EXPECT_LT(q.cpu[0], p.cpu[0]);
+  // The pages the CPU gave back stream: the two add up to the same.
+  EXPECT_EQ(q.streamed_pages + static_cast<int64_t>(q.cpu_bytes / kPage),
+            p.streamed_pages + static_cast<int64_t>(p.cpu_bytes / kPage));
+  EXPECT_DOUBLE_EQ(q.cpu_s, static_cast<double>(q.cpu_bytes) / 46e9);
+  EXPECT_STREQ(q.bound(), q.copy_s >= q.cpu_s ? "pcie" : "cpu");
+  // Rates within the hysteresis: kept; the same rates: the same plan.
+  in.cpu_bytes_per_s = 46.5e9;
+  EXPECT_EQ(resplit(in, q).cpu, q.cpu);
+  in.cpu_bytes_per_s = 46e9;
+  EXPECT_EQ(resplit(in, q), q);
+  // A fixed share ignores the rates.
+  in.split_share = 0.25;
+  EXPECT_EQ(resplit(in, q).cpu[0], static_cast<int32_t>(std::lround(0.25 * past)));
+}
+
+// The step a plan gives at rates b_cpu and b (its pages, whatever rates it was made for).
+double true_step(const PlanInput& in, const Plan& p, double b_cpu, double b) {
+  return std::max({in.layer_s * in.n_layer, static_cast<double>(p.streamed_bytes) / b,
+                   static_cast<double>(p.cpu_bytes) / b_cpu});
+}
+
+// The engine's loop: a plan from the rates it assumes, then every step a resplit from the
+// exponential averages of the rates measured (true rates with a jitter of a few percent).
+// From a CPU assumed 60 % faster than it is, the plan is within the hysteresis of the best
+// split from the second step on and then stays put.
+TEST(Planner, SplitShareConvergesToTheMeasuredRatesAndSettles) {
+  const double b_cpu = 46e9, b = 52e9;
+  PlanInput in = input(300, {400});
+  in.layer_s = 50e-6;
+  in.split = true;
+  in.h2d_bytes_per_s = 50e9;
+  in.cpu_bytes_per_s = 75e9;
+  Plan p = plan(in);
+  PlanInput best_in = in;
+  best_in.cpu_bytes_per_s = b_cpu;
+  best_in.h2d_bytes_per_s = b;
+  const double best = true_step(in, plan(best_in), b_cpu, b);
+  EXPECT_GT(true_step(in, p, b_cpu, b), best * 1.1);  // the wrong assumption costs
+  double cpu_rate = 0, h2d = 0;
+  int changes = 0;
+  for (int step = 0; step < 40; ++step) {
+    const double jitter = 1 + 0.03 * ((step * 7) % 5 - 2) / 2;  // -3 % .. +3 %
+    cpu_rate = ema(cpu_rate, b_cpu * jitter);
+    h2d = ema(h2d, b / jitter);
+    in.cpu_bytes_per_s = cpu_rate;
+    in.h2d_bytes_per_s = h2d;
+    const Plan q = resplit(in, p);
+    if (step > 0) changes += q.cpu != p.cpu;
+    p = q;
+    EXPECT_LE(true_step(in, p, b_cpu, b), best * (1 + 1.0 / 16)) << "step " << step;
+  }
+  EXPECT_LE(changes, 1);
+}
+
 }  // namespace
 }  // namespace kvs

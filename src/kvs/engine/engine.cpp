@@ -18,10 +18,6 @@ double now() {
   return duration<double>(steady_clock::now().time_since_epoch()).count();
 }
 
-double ema(double old, double x) {
-  return old == 0 ? x : 0.7 * old + 0.3 * x;
-}
-
 }  // namespace
 
 KvMode parse_kv_mode(const char* text) {
@@ -197,7 +193,11 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt)
   ring_ = std::make_unique<Ring>(dev, *host_, *pool_, page);
   wb_ = dev.make_fence();
   computed_ = dev.make_fence();
-  h2d_ = opt.h2d_bytes_per_s;
+  h2d_assumed_ = opt.h2d_bytes_per_s;
+  if (opt.h2d_limit > 0) {  // the link is no faster than the limit
+    h2d_assumed_ = h2d_assumed_ > 0 ? std::min(h2d_assumed_, opt.h2d_limit) : opt.h2d_limit;
+    dev.limit_copy_in(opt.h2d_limit);
+  }
   plan_.resident.assign(slots_.size(), kUnlimited);
   plan_.extra.assign(slots_.size(), 0);
 }
@@ -458,7 +458,8 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
   KVS_CHECK(n_tok <= opt_.n_batch, "step: ", n_tok, " tokens are more than -b ", opt_.n_batch);
 
   const double t0 = now();
-  const double busy0 = dev_.busy_seconds(Stream::CopyIn), wait0 = dev_.wait_seconds();
+  const double busy0 = dev_.busy_seconds(Stream::CopyIn), wait0 = dev_.wait_seconds(),
+               flag0 = split_ ? dev_.flag_wait_seconds() : 0.0;
   const RingStats r0 = ring_ ? ring_->stats() : RingStats{};
   last_ = StepStats{};
   if (cache_)
@@ -552,6 +553,7 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
     split_->worker->check();
     last_.cpu_s = split_->worker->busy_seconds() - split_->busy0;
     last_.cpu_bytes = split_->worker->bytes() - split_->bytes0;
+    last_.cpu_wait_s = dev_.flag_wait_seconds() - flag0;
   }
   if (ring_) {
     const RingStats& r = ring_->stats();
@@ -576,6 +578,14 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
   totals_.copy_busy_s += last_.copy_busy_s;
   totals_.cpu_s += last_.cpu_s;
   totals_.cpu_bytes += last_.cpu_bytes;
+  totals_.cpu_pages += last_.cpu_pages;
+  totals_.gpu_pages += last_.gpu_pages;
+  totals_.cpu_wait_s += last_.cpu_wait_s;
+}
+
+const char* step_bound(double step_s, double copy_s, double cpu_s) {
+  if (std::max(copy_s, cpu_s) < 0.9 * step_s) return "gpu";
+  return copy_s >= cpu_s ? "pcie" : "cpu";
 }
 
 void Engine::measure(const StepStats& st) {
@@ -585,7 +595,8 @@ void Engine::measure(const StepStats& st) {
     cpu_rate_ = ema(cpu_rate_, static_cast<double>(st.cpu_bytes) / st.cpu_s);
   if (st.n_tokens == st.n_seqs) {  // decode steps: the figures the plan is for
     // Per full layer, the window layers' time between them included: what the ring must cover.
-    layer_s_ = ema(layer_s_, std::max(0.0, st.seconds - st.ready_wait_s) / std::max(1, shape_.n_full));
+    layer_s_ = ema(layer_s_, std::max(0.0, st.seconds - st.ready_wait_s - st.cpu_wait_s) /
+                                 std::max(1, shape_.n_full));
     stall_s_ = ema(stall_s_, st.ready_wait_s);
   }
 }

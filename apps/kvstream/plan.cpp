@@ -209,8 +209,7 @@ void print(const PlanArgs& pa, const Figures& f) {
         "split      the CPU attends %d pages per layer and sequence from the host store (%.1f %% "
         "of the pages that would stream): %s per step, cpu_s %.3f ms at %.1f GB/s (--cpu-gbps; "
         "a run calibrates and measures it)\n",
-        p.cpu[0], 100 * cpu_share(p), format_bytes(p.cpu_bytes).c_str(), p.cpu_s * 1e3,
-        a.cpu_gbps);
+        p.cpu[0], 100 * cpu_share(p), format_bytes(p.cpu_bytes).c_str(), p.cpu_s * 1e3, a.cpu_gbps);
   std::printf("bound      T_gpu %.3f ms (at %.0f GB/s), copy_s %.3f ms (at %.1f GB/s%s)",
               p.gpu_s * 1e3, pa.hbm_gbps, p.copy_s * 1e3,
               f.o.h2d_limit > 0 ? std::min(a.h2d_gbps, f.o.h2d_limit / 1e9) : a.h2d_gbps,

@@ -173,11 +173,11 @@ void print_step(const char* phase, int64_t i, const StepStats& s, const Engine& 
                format_bytes(s.bytes_in).c_str(), static_cast<long long>(s.chunks),
                s.copy_busy_s * 1e3, s.seconds > 0 ? 100 * s.copy_busy_s / s.seconds : 0.0,
                s.ready_wait_s * 1e3, 100 * s.occupancy, static_cast<long long>(s.gpu_pages),
-               s.cpu_pages > 0 ? cat(", CPU ", s.cpu_pages, " pages (", format_bytes(s.cpu_bytes),
-                                     ") in ", s.cpu_s * 1e3, " ms, waited for ",
-                                     s.cpu_wait_s * 1e3, " ms")
-                                     .c_str()
-                               : "",
+               s.cpu_pages > 0
+                   ? cat(", CPU ", s.cpu_pages, " pages (", format_bytes(s.cpu_bytes), ") in ",
+                         s.cpu_s * 1e3, " ms, waited for ", s.cpu_wait_s * 1e3, " ms")
+                         .c_str()
+                   : "",
                step_bound(s.seconds, s.copy_busy_s, s.cpu_s),
                s.repartitioned ? cat(" | repartition: ", plan_text(e)).c_str() : "");
 }
@@ -412,16 +412,17 @@ void write_run_json(const RunArgs& a, const Engine& eng, const ModelDrafter* dra
   kv["recurrent_bytes"] = eng.kv_shape().recurrent_bytes;
   kv["host_store_bytes"] = eng.host_bytes();
   const Plan& p = eng.plan();
-  kv["plan"] = {{"resident_pages", p.resident},
-                {"slot_pages", p.slot_pages},
-                {"n_slots", p.n_slots},
-                {"streamed_bytes_per_step", p.streamed_bytes},
-                {"cpu_pages", p.cpu},
-                {"cpu_bytes_per_step", p.cpu_bytes},
-                {"copy_s", p.copy_s},
-                {"cpu_s", p.cpu_s},
-                {"bound", p.bound()},
-                {"predicted_step_s", p.predicted_step_s}};
+  nlohmann::json& plan = kv["plan"];
+  plan["resident_pages"] = p.resident;
+  plan["slot_pages"] = p.slot_pages;
+  plan["n_slots"] = p.n_slots;
+  plan["streamed_bytes_per_step"] = p.streamed_bytes;
+  plan["cpu_pages"] = p.cpu;  // split: per sequence, pages per layer the CPU attends
+  plan["cpu_bytes_per_step"] = p.cpu_bytes;
+  plan["copy_s"] = p.copy_s;
+  plan["cpu_s"] = p.cpu_s;
+  plan["bound"] = p.bound();
+  plan["predicted_step_s"] = p.predicted_step_s;
   kv["prefill"] = r.prefill.json();
   kv["decode"] = r.decode.json();
   kv["repartitions"] = tot.repartitions;

@@ -119,16 +119,19 @@ TEST(H2dLimit, TheRingMovesNoFasterThanTheLimitAndTheBitsStay) {
   const size_t arena = min_arena(*m, c) + (64 << 10);
   const auto t0 = std::chrono::steady_clock::now();
   const Result free = run(*m, c, KvMode::Stream, arena);
-  const double free_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double free_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_GT(free.totals.bytes_in, 0u);
   // A limit at which the copies alone take half a second.
   c.h2d_limit = static_cast<double>(free.totals.bytes_in) / 0.5;
   const auto t1 = std::chrono::steady_clock::now();
   const Result slow = run(*m, c, KvMode::Stream, arena);
-  const double slow_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  const double slow_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
   const auto bytes = static_cast<double>(slow.totals.bytes_in);
-  std::printf("--h2d-limit %.3g B/s: %.3g bytes in %.3f s (%.3g B/s; unlimited %.3f s), busy %.3f s\n",
-              c.h2d_limit, bytes, slow_s, bytes / slow_s, free_s, slow.totals.copy_busy_s);
+  std::printf(
+      "--h2d-limit %.3g B/s: %.3g bytes in %.3f s (%.3g B/s; unlimited %.3f s), busy %.3f s\n",
+      c.h2d_limit, bytes, slow_s, bytes / slow_s, free_s, slow.totals.copy_busy_s);
   EXPECT_LE(bytes / slow_s, c.h2d_limit * 1.02);
   EXPECT_LE(bytes / slow.totals.copy_busy_s, c.h2d_limit * 1.01);
   EXPECT_GT(slow_s, free_s);

@@ -158,9 +158,10 @@ void Engine::make_split() {
       opt_.split_threads > 0 ? opt_.split_threads : default_split_threads());
   // The first plan's share from the pool's rate on pages of the cache's types (more of them
   // than the caches hold, where the store is that large), unless given or fixed.
-  cpu_assumed_ = opt_.cpu_bytes_per_s > 0 ? opt_.cpu_bytes_per_s
-                 : opt_.split_share > 0   ? 0.0
-                                          : sp.worker->calibrate(std::min(size_t{256} << 20, shape_.full_bytes));
+  if (opt_.cpu_bytes_per_s > 0)
+    cpu_assumed_ = opt_.cpu_bytes_per_s;
+  else if (opt_.split_share == 0)
+    cpu_assumed_ = sp.worker->calibrate(std::min(size_t{256} << 20, shape_.full_bytes));
 }
 
 // The last plan_.cpu[s] complete pages that the device does not hold (one-token entries of a

@@ -98,11 +98,13 @@ void split_pages(const PlanInput& in, const Plan* prev, Plan& p) {
   p.cpu_bytes = static_cast<size_t>(taken) * in.page_bytes;
 }
 
-// The streamed pages of p's caps, then (split) the CPU's, then the times.
+// The streamed pages of p's caps (those past a layer's cap but the last, which is being
+// written in its fixed frame), then (split) the CPU's, then the times.
 void finish(const PlanInput& in, const Plan* prev, Plan& p) {
-  int64_t demand = 0;
-  for (int32_t n : in.seq_pages) demand += int64_t{n} * in.n_layer;
-  p.streamed_pages = demand - resident_frames(in.seq_pages, p.resident, p.extra, in.n_layer);
+  p.streamed_pages = 0;
+  for (size_t s = 0; s < in.seq_pages.size(); ++s)
+    for (int32_t l = 0; p.resident[s] != kUnlimited && l < in.n_layer; ++l)
+      p.streamed_pages += std::max(0, in.seq_pages[s] - 1 - resident_cap(p, s, l));
   p.cpu.clear();
   p.cpu_bytes = 0;
   if (in.split) split_pages(in, prev, p);

@@ -19,7 +19,9 @@ struct PlanInput {
   size_t page_bytes = 0;
   int32_t n_layer = 0;
   int32_t fixed_frames = 0;
-  std::vector<int32_t> seq_pages;  // per live sequence: completed pages per layer
+  // Per live sequence: pages per layer, the one being written (the tail, in a fixed frame)
+  // included.
+  std::vector<int32_t> seq_pages;
   double h2d_bytes_per_s = 0;      // measured host-to-device bandwidth
   double layer_s = 0;              // compute time of one layer of a step with all data present
   double stall_s = 0;              // time a step waited on ready fences (feedback)

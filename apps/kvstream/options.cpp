@@ -89,7 +89,7 @@ void add_shared(CLI::App* c, SharedArgs& a, unsigned flags) {
         ->check(CLI::Range(0, 4096));
     c->add_option("--cpu-gbps", a.cpu_gbps,
                   "--kv-mode split: GB/s of K and V the planner assumes the CPU attends to until "
-                  "measured (0: it gives the CPU half the streamed pages)")
+                  "measured (0: timed over pages of the cache's types when the engine starts)")
         ->capture_default_str();
     c->add_option("--split-share", a.split_share,
                   "--kv-mode split: the CPU takes this share of the pages that would stream, "

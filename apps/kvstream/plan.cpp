@@ -214,7 +214,7 @@ void print(const PlanArgs& pa, const Figures& f) {
               p.gpu_s * 1e3, pa.hbm_gbps, p.copy_s * 1e3,
               f.o.h2d_limit > 0 ? std::min(a.h2d_gbps, f.o.h2d_limit / 1e9) : a.h2d_gbps,
               f.o.h2d_limit > 0 && f.o.h2d_limit / 1e9 < a.h2d_gbps ? ", --h2d-limit" : "");
-  if (p.cpu_bytes > 0) std::printf(", cpu_s %.3f ms", p.cpu_s * 1e3);
+  if (p.cpu_bytes > 0) std::printf(", cpu_s + T_gpu %.3f ms", p.cpu_side_s() * 1e3);
   std::printf(": %.3f ms per step (%s), %.1f tokens/s\n", p.predicted_step_s * 1e3, p.bound(),
               f.tok_s);
 }
@@ -255,6 +255,7 @@ nlohmann::json plan_json(const PlanArgs& pa, const Figures& f) {
   j["cpu_pages"] = p.cpu;
   j["cpu_bytes_per_step"] = p.cpu_bytes;
   j["cpu_s"] = p.cpu_s;
+  j["cpu_side_s"] = p.cpu_side_s();
   j["cpu_gbps"] = pa.s.cpu_gbps;
   j["cpu_share"] = cpu_share(p);
   j["h2d_limit"] = f.o.h2d_limit;

@@ -175,10 +175,13 @@ TEST(Planner, BelowTheMinimumArenaIsRefused) {
 namespace kvs {
 namespace {
 
-// Split: the CPU takes B_cpu / (B_cpu + B) of the pages past the cap before the tail page, the
-// ring streams the rest, and the predicted step is the largest of the three times.
+// Split: the CPU takes the share of the pages past the cap before the tail page whose time, with
+// the device's (T_gpu: each layer's CPU partial waits for the layer's queries), matches the
+// ring's copy of the rest: B_cpu / (B_cpu + B) without T_gpu. The predicted step is the
+// largest of T_gpu, the copy and the CPU's side.
 TEST(Planner, SplitSharesTheStreamedPagesByTheRates) {
   PlanInput in = input(60, {50});  // 4 layers x 50 pages, 54 frames for pages: most stream
+  in.layer_s = 0;
   const Plan stream = plan(in);
   in.split = true;
   in.cpu_bytes_per_s = 150e9;  // three times B: the CPU takes 3/4
@@ -195,8 +198,17 @@ TEST(Planner, SplitSharesTheStreamedPagesByTheRates) {
   EXPECT_EQ(p.streamed_pages, stream.streamed_pages - taken);
   EXPECT_EQ(p.cpu_bytes, static_cast<size_t>(taken) * kPage);
   EXPECT_DOUBLE_EQ(p.cpu_s, static_cast<double>(p.cpu_bytes) / 150e9);
-  EXPECT_DOUBLE_EQ(p.predicted_step_s, std::max({p.gpu_s, p.copy_s, p.cpu_s}));
+  EXPECT_DOUBLE_EQ(p.predicted_step_s, std::max(p.copy_s, p.cpu_s));
   EXPECT_LT(p.predicted_step_s, stream.predicted_step_s / 3);
+  // With T_gpu the CPU takes fewer: x / B_cpu + T_gpu = (S - x) / B.
+  in.layer_s = 20e-6;
+  const double s_bytes = static_cast<double>(stream.streamed_pages) * kPage, t_gpu = 4 * 20e-6;
+  const double x = (s_bytes / 50e9 - t_gpu) / (1 / 150e9 + 1 / 50e9);
+  const Plan q = plan(in);
+  EXPECT_EQ(q.cpu[0], static_cast<int32_t>(std::lround(x / s_bytes * past)));
+  EXPECT_LT(q.cpu[0], p.cpu[0]);
+  EXPECT_DOUBLE_EQ(q.cpu_side_s(), q.cpu_s + t_gpu);
+  EXPECT_DOUBLE_EQ(q.predicted_step_s, std::max(q.copy_s, q.cpu_side_s()));
   // Unmeasured, the CPU takes half.
   in.cpu_bytes_per_s = 0;
   EXPECT_EQ(plan(in).cpu[0], static_cast<int32_t>(std::lround(0.5 * past)));
@@ -218,6 +230,7 @@ TEST(Planner, SplitKeepsItsShareWhileTheRatesMoveLittle) {
 // Between repartitions the CPU's share follows the rates, the layout (caps, ring) as it was.
 TEST(Planner, ResplitMovesOnlyTheCpuPages) {
   PlanInput in = input(300, {400});
+  in.layer_s = 0;  // the share B_cpu / (B_cpu + B)
   in.split = true;
   in.h2d_bytes_per_s = 52e9;
   in.cpu_bytes_per_s = 75e9;
@@ -234,7 +247,7 @@ TEST(Planner, ResplitMovesOnlyTheCpuPages) {
   EXPECT_EQ(q.streamed_pages + static_cast<int64_t>(q.cpu_bytes / kPage),
             p.streamed_pages + static_cast<int64_t>(p.cpu_bytes / kPage));
   EXPECT_DOUBLE_EQ(q.cpu_s, static_cast<double>(q.cpu_bytes) / 46e9);
-  EXPECT_STREQ(q.bound(), q.copy_s >= q.cpu_s ? "pcie" : "cpu");
+  EXPECT_STREQ(q.bound(), q.copy_s >= q.cpu_side_s() ? "pcie" : "cpu");
   // Rates within the hysteresis: kept; the same rates: the same plan.
   in.cpu_bytes_per_s = 46.5e9;
   EXPECT_EQ(resplit(in, q).cpu, q.cpu);
@@ -247,8 +260,9 @@ TEST(Planner, ResplitMovesOnlyTheCpuPages) {
 
 // The step a plan gives at rates b_cpu and b (its pages, whatever rates it was made for).
 double true_step(const PlanInput& in, const Plan& p, double b_cpu, double b) {
-  return std::max({in.layer_s * in.n_layer, static_cast<double>(p.streamed_bytes) / b,
-                   static_cast<double>(p.cpu_bytes) / b_cpu});
+  const double t_gpu = in.layer_s * in.n_layer;
+  return std::max({t_gpu, static_cast<double>(p.streamed_bytes) / b,
+                   static_cast<double>(p.cpu_bytes) / b_cpu + t_gpu});
 }
 
 // The engine's loop: a plan from the rates it assumes, then every step a resplit from the

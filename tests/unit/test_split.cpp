@@ -50,6 +50,7 @@ TEST(Split, RandomCasesWithinTheToleranceOfResident) {
     c.mode = KvMode::Split;
     c.arena_frac /= 3;  // mostly streaming: pages for the CPU
     c.split_threads = 1 + k % 3;
+    c.h2d_limit = 50e6;  // a slow link beside the CPU backend's compute: the CPU takes pages
     auto m = Model::load("synthetic:" + c.preset);
     SCOPED_TRACE(c.str());
     const Result want = run(*m, c, KvMode::Resident, 0);
@@ -139,18 +140,19 @@ TEST(H2dLimit, TheRingMovesNoFasterThanTheLimitAndTheBitsStay) {
 }
 
 // Split, its rates measured: from a CPU assumed thousands of times slower than it is (the first
-// plan gives it next to nothing) behind a link limited to a crawl, the CPU takes nearly every
-// page that would stream from the second decode step on, and its share then moves with the
-// pages (a page boundary), not back and forth with the jitter of the measured rates.
+// plan gives it next to nothing) behind a link limited to a crawl, the CPU takes most of the
+// pages that would stream from the second decode step on and nearly all once the averages
+// settle (the rest: what its side's share of the device's time leaves to the ring), its share
+// moving one way meanwhile, not back and forth with the jitter of the measured rates.
 TEST(Split, TheShareFollowsTheMeasuredRatesAndSettles) {
   Case c = streaming_case();
-  c.cpu_rate = 1e6;
-  auto m = Model::load("synthetic:" + c.preset);
-  const size_t arena = min_arena(*m, c);
+  c.cpu_rate = 1e5;
+  c.h2d_limit = 1e6;
   c.phase_arena = false;  // no workspace lent to the pages: they stream
   c.prompt_len = {400};
+  auto m = Model::load("synthetic:" + c.preset);
+  const size_t arena = min_arena(*m, c);
   auto dev = make_cpu_device(0);
-  c.h2d_limit = 5e6;
   EngineOptions o = options(c);
   o.kv_mode = KvMode::Split;
   o.kv_arena = arena;
@@ -159,7 +161,9 @@ TEST(Split, TheShareFollowsTheMeasuredRatesAndSettles) {
   Sequence s = e.open_sequence();
   const auto prompt = tokens(7, c.prompt_len[0], V), gen = tokens(8, 30, V);
   e.eval(s, prompt.data(), static_cast<int32_t>(prompt.size()));
-  int32_t moves = 0, last_cpu = -1, last_pages = -1;
+  // Between page boundaries the CPU's pages may move as the averages settle, always the same
+  // way: a move back would be the jitter of the measurements.
+  int32_t last_cpu = -1, last_pages = -1, direction = 0, reversals = 0;
   for (size_t i = 0; i < gen.size(); ++i) {
     e.eval(s, &gen[i], 1);
     const Plan& p = e.plan();
@@ -169,15 +173,19 @@ TEST(Split, TheShareFollowsTheMeasuredRatesAndSettles) {
     const int32_t past = pages - 1 - p.resident[0];
     if (i == 0) {
       EXPECT_LT(p.cpu[0], past / 4) << "the first plan: the assumed rate";
+    } else {  // the device's time, measured on a shared machine, settles over a few steps
+      EXPECT_GE(p.cpu[0], i < 10 ? past / 2 : past * 9 / 10) << "step " << i;
     }
-    if (i >= 1) {
-      EXPECT_GE(p.cpu[0], past * 9 / 10) << "step " << i;
-      moves += p.cpu[0] != last_cpu && pages == last_pages;
+    if (pages != last_pages) direction = 0;
+    if (pages == last_pages && p.cpu[0] != last_cpu) {
+      const int32_t d = p.cpu[0] > last_cpu ? 1 : -1;
+      reversals += direction != 0 && d != direction;
+      direction = d;
     }
     last_cpu = p.cpu[0];
     last_pages = pages;
   }
-  EXPECT_LE(moves, 2);  // the last rounding as the averages settle, no back and forth
+  EXPECT_EQ(reversals, 0);
   EXPECT_GT(e.totals().cpu_pages, 0);
   EXPECT_GT(e.totals().gpu_pages, 0);
 }

@@ -593,7 +593,9 @@ void Engine::measure(const StepStats& st) {
     h2d_ = ema(h2d_, static_cast<double>(st.bytes_in) / st.copy_busy_s);
   if (st.cpu_s > 0 && st.cpu_bytes > 0)
     cpu_rate_ = ema(cpu_rate_, static_cast<double>(st.cpu_bytes) / st.cpu_s);
-  if (st.n_tokens == st.n_seqs) {  // decode steps: the figures the plan is for
+  // Decode steps: the figures the plan is for; but not one that repartitioned, whose time
+  // includes waiting for the copies in flight.
+  if (st.n_tokens == st.n_seqs && !st.repartitioned) {
     // Per full layer, the window layers' time between them included: what the ring must cover.
     layer_s_ = ema(layer_s_, std::max(0.0, st.seconds - st.ready_wait_s - st.cpu_wait_s) /
                                  std::max(1, shape_.n_full));

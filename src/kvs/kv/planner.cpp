@@ -58,24 +58,40 @@ int64_t cpu_taken(const PlanInput& in, const Plan& p, const std::vector<int32_t>
   return taken;
 }
 
-// The step's bound when the CPU takes `taken` of the `streamed` pages (both rates known).
+// The step's bound when the CPU takes `taken` of the `streamed` pages (both rates known): the
+// device's time, the ring's, or the CPU's side, which is its pages' time plus the device's.
+// Each layer's CPU partial waits for the layer's queries, which wait for the device's work on
+// the layer before (its fold, the feed-forward, the projections); the ring copies ahead across
+// layers meanwhile.
 double step_s(const PlanInput& in, int64_t streamed, int64_t taken) {
   const auto bytes = [&](int64_t n) {
     return static_cast<double>(n) * static_cast<double>(in.page_bytes);
   };
-  return std::max({in.layer_s * in.n_layer, bytes(streamed - taken) / in.h2d_bytes_per_s,
-                   bytes(taken) / in.cpu_bytes_per_s});
+  const double gpu_s = in.layer_s * in.n_layer;
+  return std::max({gpu_s, bytes(streamed - taken) / in.h2d_bytes_per_s,
+                   taken > 0 ? bytes(taken) / in.cpu_bytes_per_s + gpu_s : 0.0});
 }
 
-// Split: each sequence's CPU pages, a share of those past its cap before the tail page, taken
-// from the streamed pages. The previous plan's pages stay while the step they predict is within
+// The CPU's share of the streamed bytes S that balances its side with the ring's:
+// x / B_cpu + T_gpu = (S - x) / B, B_cpu / (B_cpu + B) when T_gpu is nothing beside them.
+double balanced_share(const PlanInput& in, int64_t streamed) {
+  const double s = static_cast<double>(streamed) * static_cast<double>(in.page_bytes);
+  if (s <= 0) return 0;
+  const double x = (s / in.h2d_bytes_per_s - in.layer_s * in.n_layer) /
+                   (1 / in.cpu_bytes_per_s + 1 / in.h2d_bytes_per_s);
+  return std::clamp(x / s, 0.0, 1.0);
+}
+
+// Split: each sequence's CPU pages, a share of those past its cap before the tail page (the
+// balanced one, half while a rate is unknown), taken from the streamed pages. The previous
+// plan's pages stay while the step they predict is within
 // a thirty-second of the new one's: measured rates jitter, and a new share costs the ring its
 // prefetched chunks.
 void split_pages(const PlanInput& in, const Plan* prev, Plan& p) {
   const bool rates = in.cpu_bytes_per_s > 0 && in.h2d_bytes_per_s > 0;
   const double share = in.split_share > 0 ? in.split_share
-                       : rates ? in.cpu_bytes_per_s / (in.cpu_bytes_per_s + in.h2d_bytes_per_s)
-                               : 0.5;
+                       : rates            ? balanced_share(in, p.streamed_pages)
+                                          : 0.5;
   const std::vector<int32_t>& pages = in.seq_pages;
   p.cpu.assign(pages.size(), 0);
   std::vector<int32_t> kept(pages.size(), 0);
@@ -113,7 +129,7 @@ void finish(const PlanInput& in, const Plan* prev, Plan& p) {
   p.copy_s =
       in.h2d_bytes_per_s > 0 ? static_cast<double>(p.streamed_bytes) / in.h2d_bytes_per_s : 0.0;
   p.cpu_s = in.cpu_bytes_per_s > 0 ? static_cast<double>(p.cpu_bytes) / in.cpu_bytes_per_s : 0.0;
-  p.predicted_step_s = std::max({p.gpu_s, p.copy_s, p.cpu_s});
+  p.predicted_step_s = std::max({p.gpu_s, p.copy_s, p.cpu_side_s()});
 }
 
 }  // namespace
@@ -208,8 +224,8 @@ Plan resplit(const PlanInput& in, const Plan& current) {
 }
 
 const char* Plan::bound() const {
-  if (copy_s >= cpu_s && copy_s >= gpu_s) return "pcie";
-  return cpu_s >= gpu_s ? "cpu" : "gpu";
+  if (copy_s >= cpu_side_s() && copy_s >= gpu_s) return "pcie";
+  return cpu_side_s() > gpu_s ? "cpu" : "gpu";
 }
 
 }  // namespace kvs

@@ -51,8 +51,11 @@ struct Plan {
   double gpu_s = 0;             // T_gpu: a step's compute with all data present
   double copy_s = 0;            // S / B
   double cpu_s = 0;             // the CPU's bytes at its rate
-  double predicted_step_s = 0;  // max(T_gpu, S / B, CPU)
-  const char* bound() const;    // the largest of the three: "gpu", "pcie" or "cpu"
+  double predicted_step_s = 0;  // max(T_gpu, S / B, the CPU's side)
+  // Split: the CPU's side of a step, its pages' time and the device's, with which each layer's
+  // CPU partial is serial (it waits for the queries that the layer before's work makes).
+  double cpu_side_s() const { return cpu_bytes > 0 ? cpu_s + gpu_s : 0.0; }
+  const char* bound() const;  // the largest of the three: "gpu", "pcie" or "cpu"
   int32_t ring_frames() const { return slot_pages * n_slots; }
   bool streams() const { return n_slots > 0; }
   bool operator==(const Plan&) const = default;
@@ -76,8 +79,9 @@ size_t min_arena_bytes(size_t page_bytes, int32_t fixed_frames);
 // The partition for `in`. With `previous`, keeps its ring while the new ideal is close to it and
 // its resident caps while they still fit, and (split) its CPU pages while the step they predict
 // at the new rates is within a thirty-second of the new share's (hysteresis), so the layout
-// changes rarely. The CPU takes the share of the pages that would stream which it attends in
-// the time the ring copies the rest: B_cpu / (B_cpu + B), half while a rate is unknown.
+// changes rarely. The CPU takes the share of the pages that would stream whose time, with the
+// device's (T_gpu), matches the ring's copy of the rest: B_cpu / (B_cpu + B) where T_gpu is
+// small, half while a rate is unknown.
 Plan plan(const PlanInput& in, const Plan* previous = nullptr);
 
 // Split between repartitions: `current`'s layout (caps, ring) with the CPU's pages and the

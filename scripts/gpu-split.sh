@@ -65,6 +65,10 @@ for link in ("full", "limited"):
         a, s = by.get(("auto", depth)), by.get(("split", depth))
         if not a or not s:
             continue
+        limit = a.get("h2d_limit", 0)
+        if limit:  # the throttle: the copy stream's bytes over its busy time, at most the limit
+            print(f"link {link}, depth {depth}: auto copied at {a['h2d_bytes_per_s'] / 1e9:.2f} GB/s, "
+                  f"limit {limit / 1e9:.2f}: {'ok' if a['h2d_bytes_per_s'] <= limit * 1.01 else 'ABOVE THE LIMIT'}")
         g = 2**30
         reps = ", ".join(f"{x:.2f}" for x in s["tg_tokens_per_s_reps"])
         share = s.get("cpu_bytes_per_token", 0) / max(1, s.get("cpu_bytes_per_token", 0) + s["streamed_bytes_per_token"])

@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""Decode and prefill tokens/s against depth, one line per KV mode, from `kvstream bench --json`
-files; the streaming bound max(T_gpu, S/B) as a dashed line where a run streamed (S: bytes
-streamed per token, B: the host-to-device bandwidth measured in that run, T_gpu: the resident
-decode time per token at that depth when the files hold a resident run, else the stream run's
-own time less its ready waits). Writes PREFIX.png and PREFIX.svg.
+"""Decode and prefill tokens/s against depth, one line per KV mode (and --h2d-limit), from
+`kvstream bench --json` files; the streaming bound max(T_gpu, S/B) as a dashed line where a run
+streamed (S: bytes streamed per token, B: the host-to-device bandwidth measured in that run,
+T_gpu: the resident decode time per token at that depth when the files hold a resident run,
+else the run's own time less its waits for copies and the CPU), and for split runs
+max(T_gpu, S/B, S_cpu/B_cpu) (S_cpu: bytes the CPU attended per token, B_cpu: its measured
+rate). Writes PREFIX.png and PREFIX.svg.
 
     bench/plot.py bench/results/a.json [b.json ...] -o docs/stream-chart
 """
@@ -26,7 +28,9 @@ def load(paths):
 
 
 def bound_tps(runs, r):
-    """Tokens/s allowed by max(T_gpu, S/B) for a streaming run, or None."""
+    """Tokens/s allowed by max(T_gpu, S/B) for a streaming run, or by max(T_gpu, S/B,
+    S_cpu/B_cpu) for a split run (S_cpu: the bytes the CPU attended per token, B_cpu: its
+    measured rate), or None."""
     s, b = r.get("streamed_bytes_per_token", 0), r.get("h2d_bytes_per_s", 0)
     if s <= 0 or b <= 0:
         return None
@@ -34,8 +38,17 @@ def bound_tps(runs, r):
     if res:
         t_gpu = 1.0 / res[0]["tg_tokens_per_s"]
     else:
-        t_gpu = 1.0 / r["tg_tokens_per_s"] - r.get("ready_wait_s_per_token", 0.0)
-    return 1.0 / max(t_gpu, s / b)
+        t_gpu = (1.0 / r["tg_tokens_per_s"] - r.get("ready_wait_s_per_token", 0.0)
+                 - r.get("cpu_wait_s_per_token", 0.0))
+    t = max(t_gpu, s / b)
+    if r.get("cpu_bytes_per_s", 0) > 0:
+        t = max(t, r["cpu_bytes_per_token"] / r["cpu_bytes_per_s"])
+    return 1.0 / t
+
+
+def series_label(mode, kv, limit):
+    link = f", link limited to {limit / 1e9:.1f} GB/s" if limit else ""
+    return f"{mode} ({kv}{link})"
 
 
 def main():
@@ -54,17 +67,20 @@ def main():
         sys.exit("bench/plot.py: no runs in the files")
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     for ax, key, name in ((axes[0], "tg_tokens_per_s", "decode"), (axes[1], "pp_tokens_per_s", "prefill")):
-        series = sorted({(r["mode"], r["kv"]) for r in runs})
-        for mode, kv in series:
-            pts = sorted((r["depth"], r[key]) for r in runs
-                         if r["mode"] == mode and r["kv"] == kv and r.get(key))
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{mode} ({kv})")
-            if name == "decode" and mode in ("stream", "auto"):
-                b = sorted((r["depth"], bound_tps(runs, r)) for r in runs if r["mode"] == mode and r["kv"] == kv)
+        # A series per mode, cache types and --h2d-limit (0: the link as it is).
+        series = sorted({(r["mode"], r["kv"], r.get("h2d_limit", 0)) for r in runs})
+        for mode, kv, limit in series:
+            mine = [r for r in runs if r["mode"] == mode and r["kv"] == kv and r.get("h2d_limit", 0) == limit]
+            pts = sorted((r["depth"], r[key]) for r in mine if r.get(key))
+            line = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
+                           label=series_label(mode, kv, limit))
+            if name == "decode" and mode in ("stream", "auto", "split"):
+                b = sorted((r["depth"], bound_tps(runs, r)) for r in mine)
                 b = [p for p in b if p[1] is not None]
                 if b:
-                    ax.plot([p[0] for p in b], [p[1] for p in b], "k--", linewidth=1,
-                            label=f"bound max(T_gpu, S/B) ({mode})")
+                    terms = "T_gpu, S/B, S_cpu/B_cpu" if mode == "split" else "T_gpu, S/B"
+                    ax.plot([p[0] for p in b], [p[1] for p in b], "--", color=line[0].get_color(),
+                            linewidth=1, label=f"bound max({terms}) ({mode})")
         ax.set_xscale("symlog", linthresh=1024)
         ax.set_yscale("log")
         ax.set_xlabel("depth (tokens in the KV cache)")

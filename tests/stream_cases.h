@@ -35,6 +35,8 @@ struct Case {
   int32_t n_verify = 1;       // EngineOptions::n_verify
   int32_t split_threads = 0;  // EngineOptions::split_threads (--kv-mode split)
   double split_share = 0;     // EngineOptions::split_share
+  double h2d_limit = 0;       // EngineOptions::h2d_limit
+  double cpu_rate = 0;        // EngineOptions::cpu_bytes_per_s
   std::string str() const {
     std::ostringstream o;
     o << preset << " page " << page << " batch " << batch << " kv " << dtype_name(kt) << "/"
@@ -66,6 +68,8 @@ inline EngineOptions options(const Case& c) {
   o.n_verify = c.n_verify;
   o.split_threads = c.split_threads;
   o.split_share = c.split_share;
+  o.h2d_limit = c.h2d_limit;
+  o.cpu_bytes_per_s = c.cpu_rate;
   return o;
 }
 

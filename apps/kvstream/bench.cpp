@@ -324,6 +324,7 @@ nlohmann::json measure_depth(const BenchArgs& a, Engine& eng, Sequence& s, int64
   r["host_issue_s_per_token"] = (after.issue_s - before.issue_s) / static_cast<double>(n_tg);
   r["copy_busy_fraction"] = tg_s > 0 ? busy / tg_s : 0.0;
   r["h2d_bytes_per_s"] = h2d;
+  r["h2d_limit"] = eng.options().h2d_limit;
   if (h2d > 0) {
     const double bound = streamed / h2d;
     r["stream_bound_s_per_token"] = bound;
@@ -332,20 +333,27 @@ nlohmann::json measure_depth(const BenchArgs& a, Engine& eng, Sequence& s, int64
   r["plan_slot_pages"] = eng.plan().slot_pages;
   r["plan_resident_pages"] = eng.plan().resident;
   r["plan_streamed_bytes_per_step"] = eng.plan().streamed_bytes;
-  // Split: the CPU's pages and time per token, its rate, and which bound held (the largest of
-  // the copy's time, the CPU's and the rest of the step).
-  const double cpu_s = (after.cpu_s - before.cpu_s) / static_cast<double>(n_tg),
-               cpu_b = static_cast<double>(after.cpu_bytes - before.cpu_bytes) /
-                       static_cast<double>(n_tg);
+  // The copy's time and the device's pages per token, which bound held (the larger of the
+  // copy's time and the CPU's where near the step, else the device); split: the CPU's pages,
+  // time and rate per token, and the plan's figures at the end.
+  const auto per_token = [&](double x) { return x / static_cast<double>(n_tg); };
+  const double cpu_s = per_token(after.cpu_s - before.cpu_s),
+               cpu_b = per_token(static_cast<double>(after.cpu_bytes - before.cpu_bytes)),
+               copy_s = per_token(busy);
+  r["copy_s_per_token"] = copy_s;
+  r["gpu_pages_per_token"] = per_token(static_cast<double>(after.gpu_pages - before.gpu_pages));
+  r["bound"] = step_bound(1 / tg.mean, copy_s, cpu_s);
+  r["plan_bound"] = eng.plan().bound();
+  r["plan_predicted_step_s"] = eng.plan().predicted_step_s;
   if (cpu_b > 0) {
-    const double copy_s = h2d > 0 ? streamed / h2d : 0.0;
+    r["cpu_pages_per_token"] = per_token(static_cast<double>(after.cpu_pages - before.cpu_pages));
     r["cpu_bytes_per_token"] = cpu_b;
     r["cpu_s_per_token"] = cpu_s;
+    r["cpu_wait_s_per_token"] = per_token(after.cpu_wait_s - before.cpu_wait_s);
     r["cpu_bytes_per_s"] = cpu_s > 0 ? cpu_b / cpu_s : 0.0;
     r["plan_cpu_pages"] = eng.plan().cpu;
-    r["bound"] = copy_s >= cpu_s && copy_s >= 0.9 / tg.mean ? "pcie"
-                 : cpu_s >= 0.9 / tg.mean                   ? "cpu"
-                                                            : "gpu";
+    r["plan_cpu_s"] = eng.plan().cpu_s;
+    r["plan_copy_s"] = eng.plan().copy_s;
   }
   return r;
 }

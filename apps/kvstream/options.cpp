@@ -80,12 +80,16 @@ void add_shared(CLI::App* c, SharedArgs& a, unsigned flags) {
                   "Host-to-device bandwidth in GB/s the planner assumes (run: until measured; 0: "
                   "a default)")
         ->capture_default_str();
+    c->add_option("--h2d-limit", a.h2d_limit,
+                  "Limit the ring's host-to-device copies to this many bytes a second, e.g. 25G "
+                  "(powers of 1024): a simulated slower link")
+        ->type_name("RATE");
     c->add_option("--split-threads", a.split_threads,
                   "--kv-mode split: CPU threads for the CPU's pages (0: all but one)")
         ->check(CLI::Range(0, 4096));
     c->add_option("--cpu-gbps", a.cpu_gbps,
                   "--kv-mode split: GB/s of K and V the planner assumes the CPU attends to until "
-                  "measured (0: it gives the CPU half the streamed pages)")
+                  "measured (0: timed over pages of the cache's types when the engine starts)")
         ->capture_default_str();
     c->add_option("--split-share", a.split_share,
                   "--kv-mode split: the CPU takes this share of the pages that would stream, "
@@ -258,6 +262,10 @@ EngineOptions engine_options(const SharedArgs& a, const ModelConfig& c) {
   o.phase_arena = !a.no_phase_arena;
   KVS_CHECK(a.h2d_gbps >= 0, "--h2d-gbps must be 0 or more");
   o.h2d_bytes_per_s = a.h2d_gbps * 1e9;
+  if (!a.h2d_limit.empty()) {
+    o.h2d_limit = static_cast<double>(parse_size(a.h2d_limit, "--h2d-limit"));
+    KVS_CHECK(o.h2d_limit > 0, "--h2d-limit must be more than 0");
+  }
   KVS_CHECK(a.cpu_gbps >= 0, "--cpu-gbps must be 0 or more");
   o.cpu_bytes_per_s = a.cpu_gbps * 1e9;
   o.split_threads = a.split_threads;

@@ -28,6 +28,7 @@ struct SharedArgs {
   int32_t ring_slots = 0;
   bool no_phase_arena = false;
   double h2d_gbps = 0;
+  std::string h2d_limit;      // --h2d-limit
   int32_t split_threads = 0;  // --split-threads
   double cpu_gbps = 0;        // --cpu-gbps
   double split_share = 0;     // --split-share
@@ -46,7 +47,7 @@ enum SharedFlags : unsigned {
   kCache = 8,      // -b, --page-size, -ctk, -ctv
   kDevice = 16,    // --backend, -ngl, -t, -fa
   kMemory = 32,    // --kv-arena, --vram-limit, --ring-chunk, --ring-slots, --no-phase-arena,
-                   // --h2d-gbps, --split-threads, --cpu-gbps, --split-share
+                   // --h2d-gbps, --h2d-limit, --split-threads, --cpu-gbps, --split-share
   kKvMode = 64,    // --kv-mode
   kVerbose = 128,  // -v
   kAllShared = 255,

@@ -115,7 +115,8 @@ Figures figures(const PlanArgs& pa) {
   f.arena = arena + f.work;
   // T_gpu: a decode step reads every weight once, each sequence's whole KV, and reads and
   // writes every recurrent state.
-  const double hbm = pa.hbm_gbps * 1e9, h2d = a.h2d_gbps * 1e9;
+  const double hbm = pa.hbm_gbps * 1e9,
+               h2d = o.h2d_limit > 0 ? std::min(a.h2d_gbps * 1e9, o.h2d_limit) : a.h2d_gbps * 1e9;
   const double gpu_s = (static_cast<double>(f.weights) + static_cast<double>(window_read) +
                         2 * static_cast<double>(shape.recurrent_bytes) +
                         static_cast<double>(f.kv_token) * static_cast<double>(ctx) * parallel) /
@@ -156,9 +157,10 @@ Figures figures(const PlanArgs& pa) {
   return f;
 }
 
-// Which term of max(T_gpu, S / B, CPU) the step's time is.
-const char* bound_name(const Plan& p) {
-  return p.predicted_step_s == p.gpu_s ? "gpu" : p.predicted_step_s == p.copy_s ? "pcie" : "cpu";
+// Split: the CPU's share of the pages that would stream without it.
+double cpu_share(const Plan& p) {
+  const double cpu = static_cast<double>(p.cpu_bytes);
+  return cpu > 0 ? cpu / (cpu + static_cast<double>(p.streamed_bytes)) : 0.0;
 }
 
 void print(const PlanArgs& pa, const Figures& f) {
@@ -204,13 +206,16 @@ void print(const PlanArgs& pa, const Figures& f) {
               format_bytes(f.per_token).c_str());
   if (p.cpu_bytes > 0)
     std::printf(
-        "split      the CPU attends %d pages per layer and sequence from the host store: "
-        "%s per step, %.3f ms at %.1f GB/s\n",
-        p.cpu[0], format_bytes(p.cpu_bytes).c_str(), p.cpu_s * 1e3, a.cpu_gbps);
-  std::printf("bound      T_gpu %.3f ms (at %.0f GB/s), S/B %.3f ms (at %.1f GB/s)", p.gpu_s * 1e3,
-              pa.hbm_gbps, p.copy_s * 1e3, a.h2d_gbps);
-  if (p.cpu_bytes > 0) std::printf(", CPU %.3f ms", p.cpu_s * 1e3);
-  std::printf(": %.3f ms per step (%s), %.1f tokens/s\n", p.predicted_step_s * 1e3, bound_name(p),
+        "split      the CPU attends %d pages per layer and sequence from the host store (%.1f %% "
+        "of the pages that would stream): %s per step, cpu_s %.3f ms at %.1f GB/s (--cpu-gbps; "
+        "a run calibrates and measures it)\n",
+        p.cpu[0], 100 * cpu_share(p), format_bytes(p.cpu_bytes).c_str(), p.cpu_s * 1e3, a.cpu_gbps);
+  std::printf("bound      T_gpu %.3f ms (at %.0f GB/s), copy_s %.3f ms (at %.1f GB/s%s)",
+              p.gpu_s * 1e3, pa.hbm_gbps, p.copy_s * 1e3,
+              f.o.h2d_limit > 0 ? std::min(a.h2d_gbps, f.o.h2d_limit / 1e9) : a.h2d_gbps,
+              f.o.h2d_limit > 0 && f.o.h2d_limit / 1e9 < a.h2d_gbps ? ", --h2d-limit" : "");
+  if (p.cpu_bytes > 0) std::printf(", cpu_s + T_gpu %.3f ms", p.cpu_side_s() * 1e3);
+  std::printf(": %.3f ms per step (%s), %.1f tokens/s\n", p.predicted_step_s * 1e3, p.bound(),
               f.tok_s);
 }
 
@@ -250,8 +255,11 @@ nlohmann::json plan_json(const PlanArgs& pa, const Figures& f) {
   j["cpu_pages"] = p.cpu;
   j["cpu_bytes_per_step"] = p.cpu_bytes;
   j["cpu_s"] = p.cpu_s;
+  j["cpu_side_s"] = p.cpu_side_s();
   j["cpu_gbps"] = pa.s.cpu_gbps;
-  j["bound"] = bound_name(p);
+  j["cpu_share"] = cpu_share(p);
+  j["h2d_limit"] = f.o.h2d_limit;
+  j["bound"] = p.bound();
   j["predicted_step_s"] = p.predicted_step_s;
   j["predicted_tokens_per_s"] = f.tok_s;
   j["h2d_gbps"] = pa.s.h2d_gbps;

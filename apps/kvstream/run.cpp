@@ -99,9 +99,10 @@ std::vector<std::vector<int32_t>> prompts_of(const RunArgs& a, const Model& mode
 // Totals of the steps of one phase (prefill or decode).
 struct Phase {
   int64_t steps = 0, tokens = 0, chunks = 0;
-  double seconds = 0, ready_wait_s = 0, copy_busy_s = 0, occupancy_sum = 0, cpu_s = 0;
+  double seconds = 0, ready_wait_s = 0, copy_busy_s = 0, occupancy_sum = 0, cpu_s = 0,
+         cpu_wait_s = 0;
   size_t bytes_in = 0, bytes_out = 0, cpu_bytes = 0;
-  int64_t repartitions = 0, cpu_pages = 0;
+  int64_t repartitions = 0, cpu_pages = 0, gpu_pages = 0;
   void add(const StepStats& s) {
     ++steps;
     tokens += s.n_tokens;
@@ -116,6 +117,8 @@ struct Phase {
     cpu_pages += s.cpu_pages;
     cpu_bytes += s.cpu_bytes;
     cpu_s += s.cpu_s;
+    cpu_wait_s += s.cpu_wait_s;
+    gpu_pages += s.gpu_pages;
   }
   nlohmann::json json() const {
     nlohmann::json j;
@@ -132,10 +135,14 @@ struct Phase {
     j["copy_busy_fraction"] = seconds > 0 ? copy_busy_s / seconds : 0.0;
     j["ring_occupancy"] = steps > 0 ? occupancy_sum / steps : 0.0;
     j["repartitions"] = repartitions;
+    j["copy_s"] = copy_busy_s;
+    j["gpu_pages"] = gpu_pages;  // pages the device attended (resident and streamed)
     j["cpu_pages"] = cpu_pages;  // split: pages the CPU attended, their bytes, its time
     j["cpu_bytes"] = cpu_bytes;
     j["cpu_s"] = cpu_s;
+    j["cpu_wait_s"] = cpu_wait_s;  // the device waiting for the CPU's partials
     j["cpu_busy_fraction"] = seconds > 0 ? cpu_s / seconds : 0.0;
+    j["bound"] = step_bound(seconds, copy_busy_s, cpu_s);
     return j;
   }
 };
@@ -160,16 +167,18 @@ std::string plan_text(const Engine& e) {
 
 void print_step(const char* phase, int64_t i, const StepStats& s, const Engine& e) {
   std::fprintf(stderr,
-               "kvstream: %s %lld: %d tok, %.2f ms, streamed %s in %lld chunks, ready wait %.3f "
-               "ms, copy busy %.0f%%, ring %.0f%% full%s%s\n",
+               "kvstream: %s %lld: %d tok, %.2f ms, streamed %s in %lld chunks, copy %.2f ms "
+               "(%.0f%%), ready wait %.3f ms, ring %.0f%% full, device %lld pages%s, %s-bound%s\n",
                phase, static_cast<long long>(i), s.n_tokens, s.seconds * 1e3,
                format_bytes(s.bytes_in).c_str(), static_cast<long long>(s.chunks),
-               s.ready_wait_s * 1e3, s.seconds > 0 ? 100 * s.copy_busy_s / s.seconds : 0.0,
-               100 * s.occupancy,
-               s.cpu_pages > 0 ? cat(", CPU ", s.cpu_pages, " pages (", format_bytes(s.cpu_bytes),
-                                     ") in ", s.cpu_s * 1e3, " ms")
-                                     .c_str()
-                               : "",
+               s.copy_busy_s * 1e3, s.seconds > 0 ? 100 * s.copy_busy_s / s.seconds : 0.0,
+               s.ready_wait_s * 1e3, 100 * s.occupancy, static_cast<long long>(s.gpu_pages),
+               s.cpu_pages > 0
+                   ? cat(", CPU ", s.cpu_pages, " pages (", format_bytes(s.cpu_bytes), ") in ",
+                         s.cpu_s * 1e3, " ms, waited for ", s.cpu_wait_s * 1e3, " ms")
+                         .c_str()
+                   : "",
+               step_bound(s.seconds, s.copy_busy_s, s.cpu_s),
                s.repartitioned ? cat(" | repartition: ", plan_text(e)).c_str() : "");
 }
 
@@ -404,11 +413,17 @@ void write_run_json(const RunArgs& a, const Engine& eng, size_t draft_bytes,
   kv["recurrent_bytes"] = eng.kv_shape().recurrent_bytes;
   kv["host_store_bytes"] = eng.host_bytes();
   const Plan& p = eng.plan();
-  kv["plan"] = {{"resident_pages", p.resident},
-                {"slot_pages", p.slot_pages},
-                {"n_slots", p.n_slots},
-                {"streamed_bytes_per_step", p.streamed_bytes},
-                {"predicted_step_s", p.predicted_step_s}};
+  nlohmann::json& plan = kv["plan"];
+  plan["resident_pages"] = p.resident;
+  plan["slot_pages"] = p.slot_pages;
+  plan["n_slots"] = p.n_slots;
+  plan["streamed_bytes_per_step"] = p.streamed_bytes;
+  plan["cpu_pages"] = p.cpu;  // split: per sequence, pages per layer the CPU attends
+  plan["cpu_bytes_per_step"] = p.cpu_bytes;
+  plan["copy_s"] = p.copy_s;
+  plan["cpu_s"] = p.cpu_s;
+  plan["bound"] = p.bound();
+  plan["predicted_step_s"] = p.predicted_step_s;
   kv["prefill"] = r.prefill.json();
   kv["decode"] = r.decode.json();
   kv["repartitions"] = tot.repartitions;

@@ -132,9 +132,14 @@ TEST_F(StreamCli, NgramSpeculationGivesTheTokensOfPlainDecoding) {
   EXPECT_LT(sp["sequence_steps"].get<int64_t>(), 50) << "drafts should save steps";
   EXPECT_GT(on.json["kv"]["decode"]["bytes_streamed"].get<size_t>(), 0u);
   EXPECT_NE(on.err.find("kvstream: speculation (ngram):"), std::string::npos) << on.err;
-  const Outcome bad = kvstream("run -m " + test::smollm2() + " -p hi --spec mtp", "spec_bad");
+  const Outcome bad = kvstream("run -m " + test::smollm2() + " -p hi --spec eagle", "spec_bad");
   EXPECT_NE(bad.status, 0);
-  EXPECT_NE(bad.err.find("--spec must be off, ngram or draft"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("--spec must be off, ngram, draft or mtp, got 'eagle'"), std::string::npos)
+      << bad.err;
+  const Outcome mtp = kvstream("run -m " + test::smollm2() + " -p hi --spec mtp", "spec_mtp");
+  EXPECT_NE(mtp.status, 0);
+  EXPECT_NE(mtp.err.find("is a llama model; MTP drafts come from the nextn layer"), std::string::npos)
+      << mtp.err;
 }
 
 // A draft model: SmolLM2 drafting for itself (its one-token steps give the logits the target's

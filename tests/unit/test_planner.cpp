@@ -126,14 +126,15 @@ TEST(Planner, RingCoversTheBandwidthDelayProductNotALayer) {
 
 TEST(Planner, PredictedBoundMatchesAHandComputation) {
   // 1 sequence x 100 pages x 4 layers; arena 206 frames: 200 for pages, the ring 2 x 4 = 8.
-  // 192 resident frames = 48 per layer; 52 pages per layer stream: S = 208 MiB.
+  // 192 resident frames = 48 per layer; 51 pages per layer stream (the 100th is being written,
+  // in its fixed frame): S = 204 MiB.
   const Plan p = plan(input(206, {100}));
   EXPECT_EQ(p.ring_frames(), 8);
   EXPECT_EQ(p.resident[0], 48);
   EXPECT_EQ(p.extra[0], 0);
-  EXPECT_EQ(p.streamed_pages, 4 * 52);
-  EXPECT_EQ(p.streamed_bytes, 208 * kPage);
-  const double s_over_b = 208.0 * kPage / 50e9;  // 4.36 ms
+  EXPECT_EQ(p.streamed_pages, 4 * 51);
+  EXPECT_EQ(p.streamed_bytes, 204 * kPage);
+  const double s_over_b = 204.0 * kPage / 50e9;
   EXPECT_DOUBLE_EQ(p.copy_s, s_over_b);
   EXPECT_DOUBLE_EQ(p.gpu_s, 4 * 100e-6);
   EXPECT_DOUBLE_EQ(p.predicted_step_s, s_over_b);
@@ -174,10 +175,13 @@ TEST(Planner, BelowTheMinimumArenaIsRefused) {
 namespace kvs {
 namespace {
 
-// Split: the CPU takes B_cpu / (B_cpu + B) of the pages past the cap before the tail page, the
-// ring streams the rest, and the predicted step is the largest of the three times.
+// Split: the CPU takes the share of the pages past the cap before the tail page whose time, with
+// the device's (T_gpu: each layer's CPU partial waits for the layer's queries), matches the
+// ring's copy of the rest: B_cpu / (B_cpu + B) without T_gpu. The predicted step is the
+// largest of T_gpu, the copy and the CPU's side.
 TEST(Planner, SplitSharesTheStreamedPagesByTheRates) {
   PlanInput in = input(60, {50});  // 4 layers x 50 pages, 54 frames for pages: most stream
+  in.layer_s = 0;
   const Plan stream = plan(in);
   in.split = true;
   in.cpu_bytes_per_s = 150e9;  // three times B: the CPU takes 3/4
@@ -194,8 +198,17 @@ TEST(Planner, SplitSharesTheStreamedPagesByTheRates) {
   EXPECT_EQ(p.streamed_pages, stream.streamed_pages - taken);
   EXPECT_EQ(p.cpu_bytes, static_cast<size_t>(taken) * kPage);
   EXPECT_DOUBLE_EQ(p.cpu_s, static_cast<double>(p.cpu_bytes) / 150e9);
-  EXPECT_DOUBLE_EQ(p.predicted_step_s, std::max({p.gpu_s, p.copy_s, p.cpu_s}));
+  EXPECT_DOUBLE_EQ(p.predicted_step_s, std::max(p.copy_s, p.cpu_s));
   EXPECT_LT(p.predicted_step_s, stream.predicted_step_s / 3);
+  // With T_gpu the CPU takes fewer: x / B_cpu + T_gpu = (S - x) / B.
+  in.layer_s = 20e-6;
+  const double s_bytes = static_cast<double>(stream.streamed_pages) * kPage, t_gpu = 4 * 20e-6;
+  const double x = (s_bytes / 50e9 - t_gpu) / (1 / 150e9 + 1 / 50e9);
+  const Plan q = plan(in);
+  EXPECT_EQ(q.cpu[0], static_cast<int32_t>(std::lround(x / s_bytes * past)));
+  EXPECT_LT(q.cpu[0], p.cpu[0]);
+  EXPECT_DOUBLE_EQ(q.cpu_side_s(), q.cpu_s + t_gpu);
+  EXPECT_DOUBLE_EQ(q.predicted_step_s, std::max(q.copy_s, q.cpu_side_s()));
   // Unmeasured, the CPU takes half.
   in.cpu_bytes_per_s = 0;
   EXPECT_EQ(plan(in).cpu[0], static_cast<int32_t>(std::lround(0.5 * past)));
@@ -212,6 +225,77 @@ TEST(Planner, SplitKeepsItsShareWhileTheRatesMoveLittle) {
   EXPECT_GT(plan(in, &p).cpu[0], p.cpu[0] + 2);
   // Nothing streams, nothing to split.
   EXPECT_EQ(plan(input(1000, {50}), &p).cpu_bytes, 0u);
+}
+
+// Between repartitions the CPU's share follows the rates, the layout (caps, ring) as it was.
+TEST(Planner, ResplitMovesOnlyTheCpuPages) {
+  PlanInput in = input(300, {400});
+  in.layer_s = 0;  // the share B_cpu / (B_cpu + B)
+  in.split = true;
+  in.h2d_bytes_per_s = 52e9;
+  in.cpu_bytes_per_s = 75e9;
+  const Plan p = plan(in);
+  in.cpu_bytes_per_s = 46e9;
+  const Plan q = resplit(in, p);
+  EXPECT_EQ(q.resident, p.resident);
+  EXPECT_EQ(q.extra, p.extra);
+  EXPECT_EQ(q.ring_frames(), p.ring_frames());
+  const int32_t past = 400 - 1 - p.resident[0];
+  EXPECT_EQ(q.cpu[0], static_cast<int32_t>(std::lround(46.0 / 98.0 * past)));
+  EXPECT_LT(q.cpu[0], p.cpu[0]);
+  // The pages the CPU gave back stream: the two add up to the same.
+  EXPECT_EQ(q.streamed_pages + static_cast<int64_t>(q.cpu_bytes / kPage),
+            p.streamed_pages + static_cast<int64_t>(p.cpu_bytes / kPage));
+  EXPECT_DOUBLE_EQ(q.cpu_s, static_cast<double>(q.cpu_bytes) / 46e9);
+  EXPECT_STREQ(q.bound(), q.copy_s >= q.cpu_side_s() ? "pcie" : "cpu");
+  // Rates within the hysteresis: kept; the same rates: the same plan.
+  in.cpu_bytes_per_s = 46.5e9;
+  EXPECT_EQ(resplit(in, q).cpu, q.cpu);
+  in.cpu_bytes_per_s = 46e9;
+  EXPECT_EQ(resplit(in, q), q);
+  // A fixed share ignores the rates.
+  in.split_share = 0.25;
+  EXPECT_EQ(resplit(in, q).cpu[0], static_cast<int32_t>(std::lround(0.25 * past)));
+}
+
+// The step a plan gives at rates b_cpu and b (its pages, whatever rates it was made for).
+double true_step(const PlanInput& in, const Plan& p, double b_cpu, double b) {
+  const double t_gpu = in.layer_s * in.n_layer;
+  return std::max({t_gpu, static_cast<double>(p.streamed_bytes) / b,
+                   static_cast<double>(p.cpu_bytes) / b_cpu + t_gpu});
+}
+
+// The engine's loop: a plan from the rates it assumes, then every step a resplit from the
+// exponential averages of the rates measured (true rates with a jitter of a few percent).
+// From a CPU assumed 60 % faster than it is, the plan is within the hysteresis of the best
+// split from the second step on and then stays put.
+TEST(Planner, SplitShareConvergesToTheMeasuredRatesAndSettles) {
+  const double b_cpu = 46e9, b = 52e9;
+  PlanInput in = input(300, {400});
+  in.layer_s = 50e-6;
+  in.split = true;
+  in.h2d_bytes_per_s = 50e9;
+  in.cpu_bytes_per_s = 75e9;
+  Plan p = plan(in);
+  PlanInput best_in = in;
+  best_in.cpu_bytes_per_s = b_cpu;
+  best_in.h2d_bytes_per_s = b;
+  const double best = true_step(in, plan(best_in), b_cpu, b);
+  EXPECT_GT(true_step(in, p, b_cpu, b), best * 1.1);  // the wrong assumption costs
+  double cpu_rate = 0, h2d = 0;
+  int changes = 0;
+  for (int step = 0; step < 40; ++step) {
+    const double jitter = 1 + 0.03 * ((step * 7) % 5 - 2) / 2;  // -3 % .. +3 %
+    cpu_rate = ema(cpu_rate, b_cpu * jitter);
+    h2d = ema(h2d, b / jitter);
+    in.cpu_bytes_per_s = cpu_rate;
+    in.h2d_bytes_per_s = h2d;
+    const Plan q = resplit(in, p);
+    if (step > 0) changes += q.cpu != p.cpu;
+    p = q;
+    EXPECT_LE(true_step(in, p, b_cpu, b), best * (1 + 1.0 / 16)) << "step " << step;
+  }
+  EXPECT_LE(changes, 1);
 }
 
 }  // namespace

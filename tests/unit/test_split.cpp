@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -49,6 +50,7 @@ TEST(Split, RandomCasesWithinTheToleranceOfResident) {
     c.mode = KvMode::Split;
     c.arena_frac /= 3;  // mostly streaming: pages for the CPU
     c.split_threads = 1 + k % 3;
+    c.h2d_limit = 50e6;  // a slow link beside the CPU backend's compute: the CPU takes pages
     auto m = Model::load("synthetic:" + c.preset);
     SCOPED_TRACE(c.str());
     const Result want = run(*m, c, KvMode::Resident, 0);
@@ -94,6 +96,98 @@ TEST(Split, TheSamePlanGivesTheSameBits) {
     else
       expect_same(first, got, c.str() + " threads " + std::to_string(threads));
   }
+}
+
+Case streaming_case() {
+  Case c;
+  c.preset = "tiny-qwen3:q8_0";
+  c.page = 8;
+  c.batch = 48;
+  c.n_ctx = 512;
+  c.kt = DType::Q8_0;
+  c.vt = DType::Q4_0;
+  c.prompt_len = {300};
+  c.gen_len = {40};
+  c.chunk = 4096;
+  return c;
+}
+
+// --h2d-limit: the ring's copies move no faster than the limit, measured by the wall clock and
+// by the copy stream's busy time (what the planner reads), and the logits keep their bits.
+TEST(H2dLimit, TheRingMovesNoFasterThanTheLimitAndTheBitsStay) {
+  Case c = streaming_case();
+  auto m = Model::load("synthetic:" + c.preset);
+  const size_t arena = min_arena(*m, c) + (64 << 10);
+  const auto t0 = std::chrono::steady_clock::now();
+  const Result free = run(*m, c, KvMode::Stream, arena);
+  const double free_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_GT(free.totals.bytes_in, 0u);
+  // A limit at which the copies alone take half a second.
+  c.h2d_limit = static_cast<double>(free.totals.bytes_in) / 0.5;
+  const auto t1 = std::chrono::steady_clock::now();
+  const Result slow = run(*m, c, KvMode::Stream, arena);
+  const double slow_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  const auto bytes = static_cast<double>(slow.totals.bytes_in);
+  std::printf(
+      "--h2d-limit %.3g B/s: %.3g bytes in %.3f s (%.3g B/s; unlimited %.3f s), busy %.3f s\n",
+      c.h2d_limit, bytes, slow_s, bytes / slow_s, free_s, slow.totals.copy_busy_s);
+  EXPECT_LE(bytes / slow_s, c.h2d_limit * 1.02);
+  EXPECT_LE(bytes / slow.totals.copy_busy_s, c.h2d_limit * 1.01);
+  EXPECT_GT(slow_s, free_s);
+  expect_same(free, slow, c.str());
+}
+
+// Split, its rates measured: from a CPU assumed thousands of times slower than it is (the first
+// plan gives it next to nothing) behind a link limited to a crawl, the CPU takes most of the
+// pages that would stream from the second decode step on and nearly all once the averages
+// settle (the rest: what its side's share of the device's time leaves to the ring), its share
+// moving one way meanwhile, not back and forth with the jitter of the measured rates.
+TEST(Split, TheShareFollowsTheMeasuredRatesAndSettles) {
+  Case c = streaming_case();
+  c.cpu_rate = 1e5;
+  c.h2d_limit = 1e6;
+  c.phase_arena = false;  // no workspace lent to the pages: they stream
+  c.prompt_len = {400};
+  auto m = Model::load("synthetic:" + c.preset);
+  const size_t arena = min_arena(*m, c);
+  auto dev = make_cpu_device(0);
+  EngineOptions o = options(c);
+  o.kv_mode = KvMode::Split;
+  o.kv_arena = arena;
+  Engine e(*m, *dev, o);
+  const int32_t V = m->config.n_vocab;
+  Sequence s = e.open_sequence();
+  const auto prompt = tokens(7, c.prompt_len[0], V), gen = tokens(8, 30, V);
+  e.eval(s, prompt.data(), static_cast<int32_t>(prompt.size()));
+  // Between page boundaries the CPU's pages may move as the averages settle, always the same
+  // way: a move back would be the jitter of the measurements.
+  int32_t last_cpu = -1, last_pages = -1, direction = 0, reversals = 0;
+  for (size_t i = 0; i < gen.size(); ++i) {
+    e.eval(s, &gen[i], 1);
+    const Plan& p = e.plan();
+    ASSERT_TRUE(p.streams());
+    ASSERT_EQ(p.cpu.size(), 1u);
+    const int32_t pages = (s.n_past + c.page - 1) / c.page;
+    const int32_t past = pages - 1 - p.resident[0];
+    if (i == 0) {
+      EXPECT_LT(p.cpu[0], past / 4) << "the first plan: the assumed rate";
+    } else {  // the device's time, measured on a shared machine, settles over a few steps
+      EXPECT_GE(p.cpu[0], i < 10 ? past / 2 : past * 9 / 10) << "step " << i;
+    }
+    if (pages != last_pages) direction = 0;
+    if (pages == last_pages && p.cpu[0] != last_cpu) {
+      const int32_t d = p.cpu[0] > last_cpu ? 1 : -1;
+      reversals += direction != 0 && d != direction;
+      direction = d;
+    }
+    last_cpu = p.cpu[0];
+    last_pages = pages;
+  }
+  EXPECT_EQ(reversals, 0);
+  EXPECT_GT(e.totals().cpu_pages, 0);
+  EXPECT_GT(e.totals().gpu_pages, 0);
 }
 
 }  // namespace

@@ -34,6 +34,10 @@ void Device::sigmoid_mul(float*, const float*, int64_t) {
        " backend");
 }
 
+void Device::limit_copy_in(double) {
+  fail("--h2d-limit is not available on the ", name(), " backend");
+}
+
 FlagId Device::make_flag() {
   fail("--kv-mode split is not available on the ", name(), " backend");
 }

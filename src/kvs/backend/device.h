@@ -220,6 +220,9 @@ class Device {
   // measured where the waiting happens (on the GPU for CUDA).
   virtual double wait_seconds() = 0;
   virtual void sync() = 0;  // waits for all queued work on all streams
+  // --h2d-limit: later copies on the CopyIn stream average at most this many bytes a second
+  // (a simulated slower link; backend/pacer.h); fails where the backend cannot.
+  virtual void limit_copy_in(double bytes_per_s);
 
   // Flags (split attention; the other modes do not use them): raise() from any host thread
   // sets the counter to `value`, never lower; later work on s waits until it is at least
@@ -227,6 +230,9 @@ class Device {
   virtual FlagId make_flag();
   virtual void raise(FlagId f, uint64_t value);
   virtual void wait_flag(Stream s, FlagId f, uint64_t value);
+  // Time the compute stream has spent waiting on flags (for the CPU's partials), apart from
+  // wait_seconds().
+  virtual double flag_wait_seconds() { return 0; }
   // Folds a.n_spans spans' partials computed elsewhere (split attention: by the CPU), in
   // pinned host memory (alloc_host), into the running state of a's one token, as attention()
   // folds those it computes (a.spans are not read): rows of head_dim + 4 floats [max, sum,

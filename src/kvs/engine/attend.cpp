@@ -37,6 +37,7 @@ void Engine::attend(int32_t il, const BatchEntry& e, int32_t entry, int32_t off,
     }
     a.spans = spans_.data();
     a.n_spans = static_cast<int32_t>(spans_.size());
+    last_.gpu_pages += a.n_spans;
     dev_.attention(a);
     return;
   }
@@ -60,6 +61,7 @@ void Engine::attend(int32_t il, const BatchEntry& e, int32_t entry, int32_t off,
     a.spans = sc.spans.data();
     a.n_spans = n_pages;
     a.last = true;
+    last_.gpu_pages += n_pages;
     dev_.attention(a);
     return;
   }
@@ -69,6 +71,7 @@ void Engine::attend(int32_t il, const BatchEntry& e, int32_t entry, int32_t off,
     a.spans = spans_.data();
     a.n_spans = static_cast<int32_t>(spans_.size());
     a.last = last;
+    last_.gpu_pages += a.n_spans;
     dev_.attention(a);
     a.first = false;
     spans_.clear();
@@ -153,7 +156,12 @@ void Engine::make_split() {
   sp.worker = std::make_unique<SplitWorker>(
       dev_, kv_, cfg_.n_head, cfg_.attn_scale,
       opt_.split_threads > 0 ? opt_.split_threads : default_split_threads());
-  cpu_rate_ = opt_.cpu_bytes_per_s;
+  // The first plan's share from the pool's rate on pages of the cache's types (more of them
+  // than the caches hold, where the store is that large), unless given or fixed.
+  if (opt_.cpu_bytes_per_s > 0)
+    cpu_assumed_ = opt_.cpu_bytes_per_s;
+  else if (opt_.split_share == 0)
+    cpu_assumed_ = sp.worker->calibrate(std::min(size_t{256} << 20, shape_.full_bytes));
 }
 
 // The last plan_.cpu[s] complete pages that the device does not hold (one-token entries of a

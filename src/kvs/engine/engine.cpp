@@ -18,10 +18,6 @@ double now() {
   return duration<double>(steady_clock::now().time_since_epoch()).count();
 }
 
-double ema(double old, double x) {
-  return old == 0 ? x : 0.7 * old + 0.3 * x;
-}
-
 }  // namespace
 
 KvMode parse_kv_mode(const char* text) {
@@ -197,7 +193,11 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt, const 
   ring_ = std::make_unique<Ring>(dev, *host_, *pool_, page);
   wb_ = dev.make_fence();
   computed_ = dev.make_fence();
-  h2d_ = opt.h2d_bytes_per_s;
+  h2d_assumed_ = opt.h2d_bytes_per_s;
+  if (opt.h2d_limit > 0) {  // the link is no faster than the limit
+    h2d_assumed_ = h2d_assumed_ > 0 ? std::min(h2d_assumed_, opt.h2d_limit) : opt.h2d_limit;
+    dev.limit_copy_in(opt.h2d_limit);
+  }
   plan_.resident.assign(slots_.size(), kUnlimited);
   plan_.extra.assign(slots_.size(), 0);
 }
@@ -468,7 +468,8 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
   KVS_CHECK(n_tok <= opt_.n_batch, "step: ", n_tok, " tokens are more than -b ", opt_.n_batch);
 
   const double t0 = now();
-  const double busy0 = dev_.busy_seconds(Stream::CopyIn), wait0 = dev_.wait_seconds();
+  const double busy0 = dev_.busy_seconds(Stream::CopyIn), wait0 = dev_.wait_seconds(),
+               flag0 = split_ ? dev_.flag_wait_seconds() : 0.0;
   const RingStats r0 = ring_ ? ring_->stats() : RingStats{};
   last_ = StepStats{};
   if (cache_)
@@ -564,6 +565,7 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
     split_->worker->check();
     last_.cpu_s = split_->worker->busy_seconds() - split_->busy0;
     last_.cpu_bytes = split_->worker->bytes() - split_->bytes0;
+    last_.cpu_wait_s = dev_.flag_wait_seconds() - flag0;
   }
   if (ring_) {
     const RingStats& r = ring_->stats();
@@ -588,7 +590,15 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
   totals_.copy_busy_s += last_.copy_busy_s;
   totals_.cpu_s += last_.cpu_s;
   totals_.cpu_bytes += last_.cpu_bytes;
+  totals_.cpu_pages += last_.cpu_pages;
+  totals_.gpu_pages += last_.gpu_pages;
+  totals_.cpu_wait_s += last_.cpu_wait_s;
   if (observer_) observer_->stepped(*this, batch);
+}
+
+const char* step_bound(double step_s, double copy_s, double cpu_s) {
+  if (std::max(copy_s, cpu_s) < 0.9 * step_s) return "gpu";
+  return copy_s >= cpu_s ? "pcie" : "cpu";
 }
 
 void Engine::measure(const StepStats& st) {
@@ -596,18 +606,22 @@ void Engine::measure(const StepStats& st) {
     h2d_ = ema(h2d_, static_cast<double>(st.bytes_in) / st.copy_busy_s);
   if (st.cpu_s > 0 && st.cpu_bytes > 0)
     cpu_rate_ = ema(cpu_rate_, static_cast<double>(st.cpu_bytes) / st.cpu_s);
-  if (st.n_tokens == st.n_seqs) {  // decode steps: the figures the plan is for
+  // Decode steps: the figures the plan is for; but not one that repartitioned, whose time
+  // includes waiting for the copies in flight.
+  if (st.n_tokens == st.n_seqs && !st.repartitioned) {
     // Per full layer, the window layers' time between them included: what the ring must cover.
-    layer_s_ = ema(layer_s_, std::max(0.0, st.seconds - st.ready_wait_s) / std::max(1, shape_.n_full));
+    layer_s_ = ema(layer_s_, std::max(0.0, st.seconds - st.ready_wait_s - st.cpu_wait_s) /
+                                 std::max(1, shape_.n_full));
     stall_s_ = ema(stall_s_, st.ready_wait_s);
     // The compute waited while the copy engine idled: the ring, not the link, held it back. Two
     // such steps in a row, so that a step starting cold (nothing prefetched) does not count.
-    const bool short_ring = plan_.streams() && !st.repartitioned &&
-                            st.ready_wait_s > 0.05 * st.seconds &&
+    const bool short_ring = plan_.streams() && st.ready_wait_s > 0.05 * st.seconds &&
                             st.copy_busy_s < 0.9 * st.seconds;
     short_ring_steps_ = short_ring ? short_ring_steps_ + 1 : 0;
     ring_check_ = short_ring_steps_ >= 2;
     ring_stall_s_ = st.ready_wait_s;
+  } else {
+    short_ring_steps_ = 0;
   }
 }
 

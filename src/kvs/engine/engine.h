@@ -39,6 +39,7 @@ struct EngineOptions {
   KvMode kv_mode = KvMode::Auto;
   size_t kv_arena = 0;         // --kv-arena; 0: what the device has left (all the KV if unbounded)
   double h2d_bytes_per_s = 0;  // assumed until measured (--h2d-gbps)
+  double h2d_limit = 0;        // --h2d-limit: copies host-to-device at most this fast (0: none)
   size_t ring_chunk_bytes = size_t{16} << 20;  // --ring-chunk: the smallest efficient copy
   int32_t ring_slots = 0;                      // --ring-slots: the fewest ring slots (0: planner)
   // --no-phase-arena: false. Streaming (auto, stream), the prefill's workspace (activations of
@@ -107,18 +108,26 @@ struct StepStats {
   double issue_s = 0;       // host time to issue the step (before waiting for its logits)
   double occupancy = 0;     // mean fraction of ring slots in flight when a chunk was needed
   bool repartitioned = false;
-  // Split: the pages the CPU attended (all layers), their bytes and the CPU's time on them.
+  // Split: the pages the CPU attended (all layers), their bytes, the CPU's time on them and
+  // the time the device waited for its partials; the pages the device attended (all layers).
   int64_t cpu_pages = 0;
   size_t cpu_bytes = 0;
-  double cpu_s = 0;
+  double cpu_s = 0, cpu_wait_s = 0;
+  int64_t gpu_pages = 0;
 };
+
+// Which bound held in a step (or a mean step) of step_s: "pcie" or "cpu" where the copy
+// engine's busy time or the CPU's is the larger and near the step's, else "gpu" (the device's
+// compute and the host issuing it).
+const char* step_bound(double step_s, double copy_s, double cpu_s);
 
 struct EngineStats {
   int64_t steps = 0, tokens = 0, chunks = 0, repartitions = 0;
   int64_t prefetch_kept = 0, prefetch_dropped = 0;
   int64_t workspace_taken = 0;  // prefills that took the workspace back from the KV
-  double seconds = 0, ready_wait_s = 0, copy_busy_s = 0, issue_s = 0, cpu_s = 0;
+  double seconds = 0, ready_wait_s = 0, copy_busy_s = 0, issue_s = 0, cpu_s = 0, cpu_wait_s = 0;
   size_t bytes_in = 0, bytes_out = 0, cpu_bytes = 0;
+  int64_t cpu_pages = 0, gpu_pages = 0;
 };
 
 // The KV cache's shape by layer kind, for planning without building an engine.
@@ -350,8 +359,11 @@ class Engine {
   std::unique_ptr<PromptCache> cache_;
   std::vector<int32_t> pending_;  // frames of written-back pages, free once wb_ is reached
   FenceId wb_ = -1, computed_ = -1;
-  // Measured figures for the planner (exponential averages).
+  // Measured figures for the planner (exponential averages; 0: not measured yet), and the
+  // rates it assumes until they are: --h2d-gbps (capped by --h2d-limit), the CPU's calibration
+  // or --cpu-gbps.
   double h2d_ = 0, layer_s_ = 0, stall_s_ = 0, cpu_rate_ = 0;
+  double h2d_assumed_ = 0, cpu_assumed_ = 0;
 
   // Split mode: the worker, each full layer's queries in pinned memory and the fence of their
   // copy, the CPU's partials in pinned memory (a layer's and the one before's: the worker writes

@@ -47,29 +47,33 @@ void Engine::replan(const std::vector<BatchEntry>& batch) {
     grows |= after > pages[static_cast<size_t>(e.seq->id)];
     pages[static_cast<size_t>(e.seq->id)] = after;
   }
-  // Repartition at page boundaries and phase changes; between them only to grow the ring, once
-  // decode steps have measured what it must cover (the first plan of a decode knows nothing).
-  const bool ring_only = !grows && ring_check_;
-  ring_check_ = false;
-  if (!grows && !ring_only) return;
-  plan_dirty_ = false;
   PlanInput in;
   in.arena_bytes = static_cast<size_t>(pool_->n_frames() - top) * kv_.page_bytes();
   in.page_bytes = kv_.page_bytes();
   in.n_layer = shape_.n_full;
   in.fixed_frames = fixed_frames_;
   in.seq_pages = pages;
-  in.h2d_bytes_per_s = h2d_;
+  in.h2d_bytes_per_s = h2d_ > 0 ? h2d_ : h2d_assumed_;
   in.layer_s = layer_s_;
-  in.stall_s = ring_only ? ring_stall_s_ : stall_s_;  // not the average, which a cold step swells
+  in.stall_s = grows ? stall_s_ : ring_stall_s_;  // not the average, which a cold step swells
   in.min_chunk_bytes = opt_.ring_chunk_bytes;
   in.min_slots = opt_.ring_slots;
   in.force_ring = opt_.kv_mode == KvMode::Stream;
   in.split = split_ != nullptr;
-  in.cpu_bytes_per_s = cpu_rate_;
+  in.cpu_bytes_per_s = cpu_rate_ > 0 ? cpu_rate_ : cpu_assumed_;
   in.split_share = opt_.split_share;
-  Plan p = kvs::plan(in, &plan_);
-  if (ring_only && p.ring_frames() <= plan_.ring_frames()) return;
+  // Repartition at page boundaries and phase changes; between them only to grow the ring, once
+  // decode steps have measured what it must cover (the first plan of a decode knows nothing).
+  Plan p;
+  if (grows || ring_check_) p = kvs::plan(in, &plan_);
+  const bool repartition = grows || (ring_check_ && p.ring_frames() > plan_.ring_frames());
+  ring_check_ = false;
+  if (!repartition) {
+    // Split: the CPU's share follows the rates every step (it moves no page between frames).
+    if (split_) plan_ = resplit(in, plan_);
+    return;
+  }
+  plan_dirty_ = false;
   if (switches && top == 0) set_phase(false);  // before pages move into the workspace
   if (switches || relayout_ || p.resident != plan_.resident || p.extra != plan_.extra ||
       p.slot_pages != plan_.slot_pages || p.n_slots != plan_.n_slots) {

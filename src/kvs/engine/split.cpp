@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <utility>
 
 #include "kvs/backend/cpu/attention.h"
+#include "kvs/backend/cpu/kernels.h"
 #include "kvs/backend/cpu/span_attention.h"
 
 namespace kvs {
@@ -40,6 +42,57 @@ double SplitWorker::busy_seconds() const {
 size_t SplitWorker::bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
   return bytes_;
+}
+
+double SplitWorker::calibrate(size_t bytes) {
+  const int32_t P = kv_.page_size;
+  const size_t page = kv_.page_bytes();
+  const int32_t n_pages = static_cast<int32_t>(std::max<size_t>(4, bytes / page));
+  // One page of uniform rows in the cache's own quantization, copied into the others: the
+  // kernels' work does not depend on the values, only on their types.
+  const size_t kvd = static_cast<size_t>(kv_.n_head_kv) * static_cast<size_t>(kv_.head_dim);
+  std::vector<float> k(static_cast<size_t>(P) * kvd), v(k.size());
+  uint32_t x = 0x2545F491u;
+  const auto uniform = [&x] {  // xorshift32, top 24 bits in [-1, 1)
+    x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+    return static_cast<float>(x >> 8) * (2.0f / 16777216.0f) - 1.0f;
+  };
+  for (size_t i = 0; i < k.size(); ++i) k[i] = uniform(), v[i] = uniform();
+  std::vector<uint8_t> mem(static_cast<size_t>(n_pages) * page);
+  std::vector<uint8_t*> dst(static_cast<size_t>(P), mem.data());
+  std::vector<int32_t> slot(static_cast<size_t>(P));
+  for (int32_t j = 0; j < P; ++j) slot[static_cast<size_t>(j)] = j;
+  cpu::kv_write(kv_, k.data(), v.data(), P, dst.data(), slot.data());
+  std::vector<Span> spans;
+  for (int32_t i = 0; i < n_pages; ++i) {
+    if (i > 0) std::memcpy(mem.data() + static_cast<size_t>(i) * page, mem.data(), page);
+    spans.push_back({mem.data() + static_cast<size_t>(i) * page, i * P, P});
+  }
+  std::vector<float> q(static_cast<size_t>(n_head_) * static_cast<size_t>(kv_.head_dim));
+  for (float& f : q) f = uniform();
+  const size_t row = static_cast<size_t>(n_head_) * cpu::part_stride(kv_.head_dim);
+  const int32_t pos = n_pages * P;
+  AttentionArgs a;
+  a.q = q.data();
+  a.pos = &pos;
+  a.n_tok = 1;
+  a.spans = spans.data();
+  a.n_spans = n_pages;
+  a.kv = kv_;
+  a.n_head = n_head_;
+  a.scale = scale_;
+  rows_.resize(std::max(rows_.size(), spans.size() * row));
+  std::vector<float> out(row);
+  const auto pass = [&] {
+    cpu::decode_partials(a, pool_, rows_.data());
+    cpu::merge_partials(a, rows_.data(), pool_, out.data());
+  };
+  pass();  // untimed: the pages' first touch, the pool's threads waking
+  constexpr int kPasses = 3;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < kPasses; ++i) pass();
+  const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return t > 0 ? static_cast<double>(kPasses) * static_cast<double>(mem.size()) / t : 0.0;
 }
 
 void SplitWorker::check() {

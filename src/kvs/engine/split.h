@@ -49,6 +49,11 @@ class SplitWorker {
   SplitWorker& operator=(const SplitWorker&) = delete;
 
   void post(SplitJob job);
+  // The rate (bytes of K and V a second) at which the pool attends to `bytes` of pages of the
+  // cache's types, one query against all of them as a decode step's does (a few passes, the
+  // first untimed): the planner's first share, before a step has measured it. Call it before
+  // the first post.
+  double calibrate(size_t bytes);
   // Seconds spent computing partials, and bytes of K and V read, since it started.
   double busy_seconds() const;
   size_t bytes() const;

@@ -46,28 +46,90 @@ void fill(const std::vector<int32_t>& pages, int64_t frames, int32_t n_layer,
     }
 }
 
-// Split: each sequence's CPU pages, a share of those past its cap before the tail page (at
-// least the lower cap of every layer), taken from the streamed pages.
+// Split: the pages the CPU takes when sequence s gives it `c[s]` pages per layer (the last
+// ones past its cap before the tail page; layers [0, extra) hold one page more on the device).
+int64_t cpu_taken(const PlanInput& in, const Plan& p, const std::vector<int32_t>& c) {
+  int64_t taken = 0;
+  for (size_t s = 0; s < c.size(); ++s) {
+    const int32_t past = std::max(0, in.seq_pages[s] - 1 - p.resident[s]);
+    for (int32_t l = 0; l < in.n_layer; ++l)
+      taken += std::min(c[s], std::max(0, past - (l < p.extra[s] ? 1 : 0)));
+  }
+  return taken;
+}
+
+// The step's bound when the CPU takes `taken` of the `streamed` pages (both rates known): the
+// device's time, the ring's, or the CPU's side, which is its pages' time plus the device's.
+// Each layer's CPU partial waits for the layer's queries, which wait for the device's work on
+// the layer before (its fold, the feed-forward, the projections); the ring copies ahead across
+// layers meanwhile.
+double step_s(const PlanInput& in, int64_t streamed, int64_t taken) {
+  const auto bytes = [&](int64_t n) {
+    return static_cast<double>(n) * static_cast<double>(in.page_bytes);
+  };
+  const double gpu_s = in.layer_s * in.n_layer;
+  return std::max({gpu_s, bytes(streamed - taken) / in.h2d_bytes_per_s,
+                   taken > 0 ? bytes(taken) / in.cpu_bytes_per_s + gpu_s : 0.0});
+}
+
+// The CPU's share of the streamed bytes S that balances its side with the ring's:
+// x / B_cpu + T_gpu = (S - x) / B, B_cpu / (B_cpu + B) when T_gpu is nothing beside them.
+double balanced_share(const PlanInput& in, int64_t streamed) {
+  const double s = static_cast<double>(streamed) * static_cast<double>(in.page_bytes);
+  if (s <= 0) return 0;
+  const double x = (s / in.h2d_bytes_per_s - in.layer_s * in.n_layer) /
+                   (1 / in.cpu_bytes_per_s + 1 / in.h2d_bytes_per_s);
+  return std::clamp(x / s, 0.0, 1.0);
+}
+
+// Split: each sequence's CPU pages, a share of those past its cap before the tail page (the
+// balanced one, half while a rate is unknown), taken from the streamed pages. The previous
+// plan's pages stay while the step they predict is within
+// a thirty-second of the new one's: measured rates jitter, and a new share costs the ring its
+// prefetched chunks.
 void split_pages(const PlanInput& in, const Plan* prev, Plan& p) {
+  const bool rates = in.cpu_bytes_per_s > 0 && in.h2d_bytes_per_s > 0;
   const double share = in.split_share > 0 ? in.split_share
-                       : in.cpu_bytes_per_s > 0 && in.h2d_bytes_per_s > 0
-                           ? in.cpu_bytes_per_s / (in.cpu_bytes_per_s + in.h2d_bytes_per_s)
-                           : 0.5;
+                       : rates            ? balanced_share(in, p.streamed_pages)
+                                          : 0.5;
   const std::vector<int32_t>& pages = in.seq_pages;
   p.cpu.assign(pages.size(), 0);
-  int64_t taken = 0;
+  std::vector<int32_t> kept(pages.size(), 0);
   for (size_t s = 0; s < pages.size(); ++s) {
     if (p.resident[s] == kUnlimited) continue;
     const int32_t past = std::max(0, pages[s] - 1 - p.resident[s]);
-    int32_t c = static_cast<int32_t>(std::lround(share * past));
-    if (prev && s < prev->cpu.size() && std::abs(c - prev->cpu[s]) <= std::max(1, prev->cpu[s] / 8))
-      c = prev->cpu[s];
-    p.cpu[s] = std::clamp(c, 0, past);
-    for (int32_t l = 0; l < in.n_layer; ++l)  // layers [0, extra) hold one page more
-      taken += std::min(p.cpu[s], std::max(0, past - (l < p.extra[s] ? 1 : 0)));
+    p.cpu[s] = std::clamp(static_cast<int32_t>(std::lround(share * past)), 0, past);
+    if (prev && s < prev->cpu.size()) kept[s] = std::clamp(prev->cpu[s], 0, past);
+  }
+  int64_t taken = cpu_taken(in, p, p.cpu);
+  if (prev && in.split_share == 0 && kept != p.cpu) {
+    const int64_t kept_taken = cpu_taken(in, p, kept);
+    if (rates && step_s(in, p.streamed_pages, kept_taken) <=
+                     step_s(in, p.streamed_pages, taken) * (1 + 1.0 / 32)) {
+      p.cpu = kept;
+      taken = kept_taken;
+    }
   }
   p.streamed_pages -= taken;
   p.cpu_bytes = static_cast<size_t>(taken) * in.page_bytes;
+}
+
+// The streamed pages of p's caps (those past a layer's cap but the last, which is being
+// written in its fixed frame), then (split) the CPU's, then the times.
+void finish(const PlanInput& in, const Plan* prev, Plan& p) {
+  p.streamed_pages = 0;
+  for (size_t s = 0; s < in.seq_pages.size(); ++s)
+    for (int32_t l = 0; p.resident[s] != kUnlimited && l < in.n_layer; ++l)
+      p.streamed_pages += std::max(0, in.seq_pages[s] - 1 - resident_cap(p, s, l));
+  p.cpu.clear();
+  p.cpu_bytes = 0;
+  if (in.split) split_pages(in, prev, p);
+  p.streamed_bytes = static_cast<size_t>(p.streamed_pages) * in.page_bytes;
+  p.gpu_s = in.layer_s * in.n_layer;
+  p.copy_s =
+      in.h2d_bytes_per_s > 0 ? static_cast<double>(p.streamed_bytes) / in.h2d_bytes_per_s : 0.0;
+  p.cpu_s = in.cpu_bytes_per_s > 0 ? static_cast<double>(p.cpu_bytes) / in.cpu_bytes_per_s : 0.0;
+  p.predicted_step_s = std::max({p.gpu_s, p.copy_s, p.cpu_side_s()});
 }
 
 }  // namespace
@@ -150,15 +212,20 @@ Plan plan(const PlanInput& in, const Plan* previous) {
       p.extra = prev->extra;
     }
   }
-  p.streamed_pages = demand - resident_frames(pages, p.resident, p.extra, L);
-  if (in.split) split_pages(in, prev, p);
-  p.streamed_bytes = static_cast<size_t>(p.streamed_pages) * in.page_bytes;
-  p.gpu_s = in.layer_s * L;
-  p.copy_s =
-      in.h2d_bytes_per_s > 0 ? static_cast<double>(p.streamed_bytes) / in.h2d_bytes_per_s : 0.0;
-  p.cpu_s = in.cpu_bytes_per_s > 0 ? static_cast<double>(p.cpu_bytes) / in.cpu_bytes_per_s : 0.0;
-  p.predicted_step_s = std::max({p.gpu_s, p.copy_s, p.cpu_s});
+  finish(in, prev, p);
   return p;
+}
+
+Plan resplit(const PlanInput& in, const Plan& current) {
+  Plan p = current;
+  if (!in.split || !p.streams() || p.resident.size() != in.seq_pages.size()) return p;
+  finish(in, &current, p);
+  return p;
+}
+
+const char* Plan::bound() const {
+  if (copy_s >= cpu_side_s() && copy_s >= gpu_s) return "pcie";
+  return cpu_side_s() > gpu_s ? "cpu" : "gpu";
 }
 
 }  // namespace kvs

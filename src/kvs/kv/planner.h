@@ -19,7 +19,9 @@ struct PlanInput {
   size_t page_bytes = 0;
   int32_t n_layer = 0;
   int32_t fixed_frames = 0;
-  std::vector<int32_t> seq_pages;  // per live sequence: completed pages per layer
+  // Per live sequence: pages per layer, the one being written (the tail, in a fixed frame)
+  // included.
+  std::vector<int32_t> seq_pages;
   double h2d_bytes_per_s = 0;      // measured host-to-device bandwidth
   double layer_s = 0;              // compute time of one layer of a step with all data present
   double stall_s = 0;              // time a step waited on ready fences (feedback)
@@ -49,7 +51,11 @@ struct Plan {
   double gpu_s = 0;             // T_gpu: a step's compute with all data present
   double copy_s = 0;            // S / B
   double cpu_s = 0;             // the CPU's bytes at its rate
-  double predicted_step_s = 0;  // max(T_gpu, S / B, CPU)
+  double predicted_step_s = 0;  // max(T_gpu, S / B, the CPU's side)
+  // Split: the CPU's side of a step, its pages' time and the device's, with which each layer's
+  // CPU partial is serial (it waits for the queries that the layer before's work makes).
+  double cpu_side_s() const { return cpu_bytes > 0 ? cpu_s + gpu_s : 0.0; }
+  const char* bound() const;  // the largest of the three: "gpu", "pcie" or "cpu"
   int32_t ring_frames() const { return slot_pages * n_slots; }
   bool streams() const { return n_slots > 0; }
   bool operator==(const Plan&) const = default;
@@ -61,14 +67,26 @@ inline int32_t resident_cap(const Plan& p, size_t s, int32_t l) {
   return r == kUnlimited ? r : r + (l < p.extra[s] ? 1 : 0);
 }
 
+// The planner's measured figures (rates, times) from one step's: an exponential average that
+// takes the first measurement as it is (old == 0: none yet).
+inline double ema(double old, double x) {
+  return old == 0 ? x : 0.7 * old + 0.3 * x;
+}
+
 // The smallest arena that can run: the fixed frames plus one ring slot of one page.
 size_t min_arena_bytes(size_t page_bytes, int32_t fixed_frames);
 
 // The partition for `in`. With `previous`, keeps its ring while the new ideal is close to it and
-// its resident caps while they still fit, and (split) each sequence's CPU pages while the new
-// share is within an eighth of them (hysteresis), so the layout changes rarely. The CPU takes
-// the share of the pages that would stream which it attends in the time the ring copies the
-// rest: B_cpu / (B_cpu + B), half while B_cpu is not measured.
+// its resident caps while they still fit, and (split) its CPU pages while the step they predict
+// at the new rates is within a thirty-second of the new share's (hysteresis), so the layout
+// changes rarely. The CPU takes the share of the pages that would stream whose time, with the
+// device's (T_gpu), matches the ring's copy of the rest: B_cpu / (B_cpu + B) where T_gpu is
+// small, half while a rate is unknown.
 Plan plan(const PlanInput& in, const Plan* previous = nullptr);
+
+// Split between repartitions: `current`'s layout (caps, ring) with the CPU's pages and the
+// times for the rates in `in`, the same hysteresis against `current`. A new share moves no
+// page between frames, so the engine calls it every step as the rates are measured.
+Plan resplit(const PlanInput& in, const Plan& current);
 
 }  // namespace kvs

@@ -111,10 +111,21 @@ void span_all_heads(const SpanKernels& ks, const KvLayout& l, const Query& q, co
       span_scores(ks, q, hk * group, r, scores_of(hk) + j * slots);
     }
   for (int32_t hk = 0; hk < nkv; ++hk) span_softmax(ks, n, scores_of(hk), head_out(hk));
-  for (int32_t j = 0; j < n; j += kPiece)
+  // The values read the V rows a second time, after the softmax, when the scores' prefetch of
+  // them has left L1: the next piece's rows (contiguous, every head's) come back while this
+  // piece's are summed.
+  const uint8_t* v = sp.page + l.v_offset() + static_cast<size_t>(j0) * l.v_row;
+  for (int32_t j = 0; j < n; j += kPiece) {
+    if (j + kPiece < n) {
+      const uint8_t* next = v + static_cast<size_t>(j + kPiece) * l.v_row;
+      const size_t bytes = static_cast<size_t>(std::min(kPiece, n - j - kPiece)) * l.v_row;
+      for (size_t at = 0; at < bytes; at += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(next + at), _MM_HINT_T0);
+    }
     for (int32_t hk = 0; hk < nkv; ++hk)
       span_values(ks, scores_of(hk) + j * slots,
                   head_rows(l, sp, hk, j0 + j, std::min(kPiece, n - j)), nullptr, w, head_out(hk));
+  }
 }
 
 void decode_partials(const AttentionArgs& a, const Queries& qs, ThreadPool& pool, float* part) {

@@ -43,9 +43,15 @@ double CopyEngine::busy_seconds() const {
   return static_cast<double>(busy_ns_.load(std::memory_order_relaxed)) * 1e-9;
 }
 
+void CopyEngine::limit(double bytes_per_s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  pacer_ = std::make_unique<Pacer>(bytes_per_s);
+}
+
 void CopyEngine::loop() {
   for (;;) {
     Op op;
+    Pacer* pacer;
     {
       std::unique_lock<std::mutex> lock(mu_);
       busy_ = false;
@@ -55,11 +61,14 @@ void CopyEngine::loop() {
       op = queue_.front();
       queue_.pop_front();
       busy_ = true;
+      pacer = pacer_.get();
     }
     switch (op.kind) {
       case Op::Copy: {
         auto t0 = std::chrono::steady_clock::now();
+        if (pacer) pacer->start();
         std::memcpy(op.dst, op.src, op.n);
+        if (pacer) pacer->hold(op.n);
         busy_ns_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                std::chrono::steady_clock::now() - t0)
                                .count(),

@@ -13,6 +13,8 @@
 #include <thread>
 #include <vector>
 
+#include "kvs/backend/pacer.h"
+
 namespace kvs::cpu {
 
 // Fence state: `recorded` counts records issued by the host, `reached` the last one a stream
@@ -43,6 +45,9 @@ class CopyEngine {
   void wait(const Fence* f, uint64_t seq);  // the queue stalls until f reaches seq
   void drain();                             // the caller waits until the queue is empty
   double busy_seconds() const;              // time spent copying (for the busy fraction)
+  // Later copies move at most this many bytes a second (--h2d-limit, backend/pacer.h); their
+  // holds count as busy time.
+  void limit(double bytes_per_s);
 
  private:
   struct Op {
@@ -61,6 +66,7 @@ class CopyEngine {
   std::deque<Op> queue_;
   bool busy_ = false, stop_ = false;
   std::atomic<int64_t> busy_ns_{0};
+  std::unique_ptr<Pacer> pacer_;  // guarded by mu_
   std::thread thread_;
 };
 

@@ -153,6 +153,7 @@ class CpuDevice final : public Device {
   double busy_seconds(Stream s) override {
     return s == Stream::Compute ? 0.0 : engine(s).busy_seconds();
   }
+  void limit_copy_in(double bytes_per_s) override { copy_in_.limit(bytes_per_s); }
   void sync() override {
     copy_in_.drain();
     copy_out_.drain();
@@ -169,15 +170,17 @@ class CpuDevice final : public Device {
     if (s == Stream::Compute) {
       const auto t0 = std::chrono::steady_clock::now();
       f.block_until(value);
-      wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      flag_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     } else {
       engine(s).wait(&f, value);
     }
   }
+  double flag_wait_seconds() override { return flag_wait_s_; }
   void fold(const AttentionArgs& a, const float* parts) override { cpu::fold_partials(a, parts); }
 
  private:
-  double wait_s_ = 0;  // the compute thread blocked on fences
+  double wait_s_ = 0;       // the compute thread blocked on fences
+  double flag_wait_s_ = 0;  // and on flags
   cpu::CopyEngine& engine(Stream s) { return s == Stream::CopyIn ? copy_in_ : copy_out_; }
   cpu::Fence& fence(FenceId id) {
     KVS_CHECK(id >= 0 && static_cast<size_t>(id) < fences_.size(), "unknown fence ", id);

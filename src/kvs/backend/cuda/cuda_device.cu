@@ -27,6 +27,7 @@
 #include "kvs/backend/cuda/step_calls.h"
 #include "kvs/backend/cuda/weights.h"
 #include "kvs/backend/device.h"
+#include "kvs/backend/pacer.h"
 #include "kvs/util/parse.h"
 
 namespace kvs {
@@ -114,6 +115,7 @@ class CudaDevice final : public Device {
     if (balloon_) cudaFree(balloon_);
     for (cuda::CopyTimes& ct : copy_times_)
       for (auto [a, b] : ct.open) cudaEventDestroy(a), cudaEventDestroy(b);
+    for (auto [a, b] : flag_times_.open) cudaEventDestroy(a), cudaEventDestroy(b);
     inv_freq_.clear();
     ctx_.w16.reset();
     ctx_.x16.reset();
@@ -438,9 +440,22 @@ class CudaDevice final : public Device {
     cuda::CopyTimes& ct = copy_times_[static_cast<int>(s)];
     const cudaEvent_t a = copy_events_.take(), b = copy_events_.take();
     KVS_CUDA_CHECK(cudaEventRecord(a, stream(s)));
+    const bool paced = s == Stream::CopyIn && pacer_;  // --h2d-limit: host functions around it
+    if (paced) {
+      pacer_->issue(n);
+      KVS_CUDA_CHECK(cudaLaunchHostFunc(
+          stream(s), [](void* p) { static_cast<Pacer*>(p)->start(); }, pacer_.get()));
+    }
     KVS_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, stream(s)));
+    if (paced)
+      KVS_CUDA_CHECK(cudaLaunchHostFunc(
+          stream(s), [](void* p) { static_cast<Pacer*>(p)->hold_next(); }, pacer_.get()));
     KVS_CUDA_CHECK(cudaEventRecord(b, stream(s)));
     ct.open.push_back({a, b});
+  }
+  void limit_copy_in(double bytes_per_s) override {
+    sync();  // no host function of the old pacer is pending
+    pacer_ = std::make_unique<Pacer>(bytes_per_s);
   }
   FenceId make_fence() override {
     cudaEvent_t e;
@@ -481,11 +496,21 @@ class CudaDevice final : public Device {
   // decode's fold.
   FlagId make_flag() override { return flags_.make(); }
   void raise(FlagId f, uint64_t value) override { flags_.raise(f, value); }
+  // A compute wait is bracketed by timing events, as a fence's: the device waiting for the CPU.
   void wait_flag(Stream s, FlagId f, uint64_t value) override {
     cut();
     flush_stage();
+    if (s != Stream::Compute) {
+      flags_.wait(stream(s), f, value);
+      return;
+    }
+    const cudaEvent_t a = copy_events_.take(), b = copy_events_.take();
+    KVS_CUDA_CHECK(cudaEventRecord(a, stream(s)));
     flags_.wait(stream(s), f, value);
+    KVS_CUDA_CHECK(cudaEventRecord(b, stream(s)));
+    flag_times_.open.push_back({a, b});
   }
+  double flag_wait_seconds() override { return flag_times_.finished(copy_events_); }
   void fold(const AttentionArgs& a, const float* parts) override {
     cut();
     const bool q = a.last && quantizing(1, static_cast<int64_t>(a.n_head) * a.kv.head_dim);
@@ -766,8 +791,10 @@ class CudaDevice final : public Device {
   Ctx ctx_;
   cuda::PlacedWeights placed_;
   cuda::CopyTimes copy_times_[kStreams];
+  cuda::CopyTimes flag_times_;  // the compute stream's waits on flags
   EventPool copy_events_;
   cuda::Flags flags_;
+  std::unique_ptr<Pacer> pacer_;  // --h2d-limit; the destructor's synchronize outlives its calls
   Profile prof_;
 #ifdef KVS_TRACE
   cuda::TraceRing trace_;

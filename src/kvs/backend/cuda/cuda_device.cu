@@ -23,6 +23,7 @@
 #include "kvs/backend/cuda/common.cuh"
 #include "kvs/backend/cuda/kernels.h"
 #include "kvs/backend/cuda/profile.h"
+#include "kvs/backend/cuda/scratch.h"
 #include "kvs/backend/cuda/flags.h"
 #include "kvs/backend/cuda/step_calls.h"
 #include "kvs/backend/cuda/weights.h"
@@ -229,7 +230,7 @@ class CudaDevice final : public Device {
 
   void reserve(const Weights& w, int64_t n_tok, int64_t n_out_tok, int64_t max_spans,
                int32_t n_head, int32_t head_dim) override {
-    const PrefillScratch p = prefill_scratch_of(w, n_tok, n_out_tok, max_spans);
+    const cuda::PrefillScratch p = cuda::prefill_scratch_of(w, n_tok, n_out_tok, max_spans);
     if (p.w16) ctx_.scratch_w(p.w16 / sizeof(__half)), ctx_.scratch_x(p.x16 / sizeof(__half));
     if (p.kv16) ctx_.scratch_kv16(p.kv16), ctx_.scratch_spans16(cuda::kMaxSpans16);
     if (p.gdn) ctx_.scratch_gdn(p.gdn / sizeof(float));
@@ -247,7 +248,7 @@ class CudaDevice final : public Device {
   // covers. A quantized cache's f16 chunks take what max_spans pages need, up to kKv16Bytes.
   size_t prefill_scratch(const Weights& w, int64_t n_tok, int64_t max_spans,
                          const KvLayout& kv) override {
-    prefill_ = prefill_scratch_of(w, n_tok, 0, 0);
+    prefill_ = cuda::prefill_scratch_of(w, n_tok, 0, 0);
     const bool f16 = kv.k_type == DType::F16 && kv.v_type == DType::F16;
     if (max_spans > 0 && n_tok > cuda::kMaxSliceTok && !f16) {
       const size_t page16 = 2 * static_cast<size_t>(kv.page_size) * kv.n_head_kv * kv.head_dim *
@@ -270,7 +271,7 @@ class CudaDevice final : public Device {
                                                    {&ctx_.lent_gdn, prefill_.gdn}};
     for (size_t off = 0; const auto& [lent, n] : parts) {
       *lent = {p + off, n};
-      off += PrefillScratch::align(n);
+      off += cuda::PrefillScratch::align(n);
     }
   }
   Weights place_weights(const Weights& host) override {
@@ -589,36 +590,7 @@ class CudaDevice final : public Device {
  private:
   static constexpr size_t kStage = size_t{8} << 20;
 
-  // The scratch of passes of more than kMaxSliceTok rows: f16 copies of a whole matrix and of its
-  // input rows for cuBLAS, and the prefill attention's f16 chunks of a quantized cache; and of
-  // any pass, a Gated DeltaNet layer's conv rows and chunk products.
-  struct PrefillScratch {
-    size_t w16 = 0, x16 = 0, kv16 = 0, spans16 = 0, gdn = 0;
-    static size_t align(size_t n) { return (n + 255) / 256 * 256; }
-    size_t bytes() const {
-      return align(w16) + align(x16) + align(kv16) + align(spans16) + align(gdn);
-    }
-  };
-  // For passes of n_tok rows through the layers and n_out_tok through the output matrix.
-  static PrefillScratch prefill_scratch_of(const Weights& w, int64_t n_tok, int64_t n_out_tok,
-                                           int64_t max_spans) {
-    PrefillScratch p;
-    const auto need = [&](const Matrix& m, int64_t rows) {
-      if (rows <= cuda::kMaxSliceTok || m.n_out == 0) return;
-      p.w16 = std::max(p.w16, static_cast<size_t>(m.n_in * m.n_out) * sizeof(__half));
-      p.x16 = std::max(p.x16, static_cast<size_t>(m.n_in * rows) * sizeof(__half));
-    };
-    for (const LayerWeights& l : w.layers) {
-      for (const Matrix* m : cuda::layer_matrices(l)) need(*m, n_tok);
-      if (l.ssm_qkv.n_out > 0)
-        p.gdn = std::max(p.gdn, cuda::delta_net_scratch(n_tok, l.ssm_qkv.n_out, l.ssm_alpha.n_out));
-    }
-    need(w.output, n_out_tok);
-    if (max_spans > 0 && n_tok > cuda::kMaxSliceTok)
-      p.kv16 = cuda::kKv16Bytes, p.spans16 = cuda::kMaxSpans16 * sizeof(Span);
-    return p;
-  }
-  PrefillScratch prefill_;  // the geometry of the memory lend_prefill_scratch() is given
+  cuda::PrefillScratch prefill_;  // the geometry of the memory lend_prefill_scratch() is given
 
   // While a step is captured, a scratch buffer must grow: what was captured so far runs and
   // is waited for (the old buffer may be in use), then ctx_.resume captures on.

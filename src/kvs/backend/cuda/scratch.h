@@ -1,0 +1,28 @@
+// The CUDA device's prefill scratch: what passes of more than kMaxSliceTok rows need beside the
+// activations, sized from the model's matrices.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kvs/model/weights.h"
+
+namespace kvs::cuda {
+
+// f16 copies of a whole matrix and of its input rows for cuBLAS, and the prefill attention's
+// f16 chunks of a quantized cache; and of any pass, a Gated DeltaNet layer's conv rows and
+// chunk products.
+struct PrefillScratch {
+  size_t w16 = 0, x16 = 0, kv16 = 0, spans16 = 0, gdn = 0;
+  static size_t align(size_t n) { return (n + 255) / 256 * 256; }
+  size_t bytes() const {
+    return align(w16) + align(x16) + align(kv16) + align(spans16) + align(gdn);
+  }
+};
+
+// For passes of n_tok rows through the layers and n_out_tok through the output matrix, over at
+// most max_spans spans (0: no attention over a quantized cache).
+PrefillScratch prefill_scratch_of(const Weights& w, int64_t n_tok, int64_t n_out_tok,
+                                  int64_t max_spans);
+
+}  // namespace kvs::cuda

@@ -17,6 +17,7 @@
 #include "kvs/engine/engine.h"
 #include "kvs/model/model.h"
 #include "kvs/util/error.h"
+#include "rel_diff.h"
 #include "stream_cases.h"
 
 namespace kvs {
@@ -71,21 +72,6 @@ Trace run(const Model& m, Device& dev, EngineOptions o, const std::vector<int32_
   return r;
 }
 
-// max |a - b| / max |a| over every step.
-double rel_diff(const Trace& a, const Trace& b) {
-  double worst = 0;
-  for (size_t i = 0; i < a.logits.size(); ++i) {
-    double scale = 1e-6, diff = 0;
-    for (size_t j = 0; j < a.logits[i].size(); ++j) {
-      scale = std::max(scale, std::fabs(static_cast<double>(a.logits[i][j])));
-      diff = std::max(diff, std::fabs(static_cast<double>(a.logits[i][j]) -
-                                      static_cast<double>(b.logits[i][j])));
-    }
-    worst = std::max(worst, diff / scale);
-  }
-  return worst;
-}
-
 // Decode steps are compared on the CPU's tokens: both runs eval the same inputs only if the
 // greedy tokens agree, so the CUDA run replays the CPU's tokens.
 Trace replay(const Model& m, Device& dev, EngineOptions o, const std::vector<int32_t>& prompt,
@@ -110,7 +96,7 @@ void expect_same_bits(const Trace& want, const Trace& got, const std::string& wh
     ASSERT_EQ(std::memcmp(want.logits[i].data(), got.logits[i].data(),
                           want.logits[i].size() * sizeof(float)),
               0)
-        << what << ": step " << i << " differs by " << rel_diff(want, got);
+        << what << ": step " << i << " differs by " << test::rel_diff(want.logits, got.logits);
 }
 
 // A test's engine options: context, batch, page and K/V types; the KV mode as the default.
@@ -130,7 +116,7 @@ TEST(CudaVsCpu, EveryArchitectureWeightFormatAndKvType) {
   NEED_GPU(gpu);
   auto cpu = make_cpu_device(0);
   const char* archs[] = {"tiny", "tiny-qwen2", "tiny-qwen3", "tiny-gemma3"};
-  const char* wtypes[] = {"f32",  "f16",  "bf16", "q8_0", "q4_0",   "q4_1",  "q5_0", "q5_1",
+  const char* wtypes[] = {"f32",  "f16",  "bf16", "q8_0", "q4_0", "q4_1",   "q5_0",  "q5_1",
                           "q4_k", "q5_k", "q6_k", "q3_k", "q2_k", "iq4_nl", "iq4_xs"};
   const DType kv[] = {DType::F16, DType::Q8_0, DType::Q4_0};
   double worst = 0;
@@ -144,7 +130,7 @@ TEST(CudaVsCpu, EveryArchitectureWeightFormatAndKvType) {
           const EngineOptions o = options(512, 64, 32, kt, vt);
           const Trace want = run(*m, *cpu, o, prompt, 12);
           const Trace got = replay(*m, *gpu, o, prompt, want.greedy);
-          const double d = rel_diff(want, got);
+          const double d = test::rel_diff(want.logits, got.logits);
           const std::string at =
               std::string(arch) + ":" + wt + " kv " + dtype_name(kt) + "/" + dtype_name(vt);
           if (d > worst) worst = d, worst_at = at;
@@ -167,7 +153,7 @@ TEST(CudaVsCpu, HeadSize64ShapesOfRealModels) {
     o.v_type = DType::Q8_0;
     const Trace want = run(*m, *cpu, o, prompt, 8);
     const Trace got = replay(*m, *gpu, o, prompt, want.greedy);
-    EXPECT_LT(rel_diff(want, got), kTol) << spec;
+    EXPECT_LT(test::rel_diff(want.logits, got.logits), kTol) << spec;
   }
 }
 
@@ -185,7 +171,7 @@ TEST(CudaVsCpu, HeadSize128ShapeOfThe8BModels) {
       const Trace want = run(*m, *cpu, o, prompt, 8);
       for (Device* dev : {gpu.get(), by_warp.get()}) {
         const Trace got = replay(*m, *dev, o, prompt, want.greedy);
-        EXPECT_LT(rel_diff(want, got), kTol)
+        EXPECT_LT(test::rel_diff(want.logits, got.logits), kTol)
             << spec << " kv q8_0/" << dtype_name(vt) << (dev == gpu.get() ? "" : ", by warp");
       }
     }
@@ -310,7 +296,7 @@ TEST(CudaVsCpu, SmolLM2LogitsAndGreedyText) {
     const Trace got = run(*m, *gpu, o, ids, 64);
     EXPECT_EQ(want.greedy, got.greedy) << p;
     const Trace rep = replay(*m, *gpu, o, ids, want.greedy);
-    EXPECT_LT(rel_diff(want, rep), kTol) << p;
+    EXPECT_LT(test::rel_diff(want.logits, rep.logits), kTol) << p;
   }
 }
 
@@ -328,8 +314,9 @@ TEST(CudaVsCpu, Qwen35HybridPrefillAndDecode) {
         const EngineOptions o = options(512, b, 32, kv, kv);
         const Trace want = run(*m, *cpu, o, prompt, 16);
         const Trace got = replay(*m, *gpu, o, prompt, want.greedy);
-        EXPECT_LT(rel_diff(want, got), kTol)
-            << wt << " -b " << b << " kv " << dtype_name(kv) << ": " << rel_diff(want, got);
+        EXPECT_LT(test::rel_diff(want.logits, got.logits), kTol)
+            << wt << " -b " << b << " kv " << dtype_name(kv) << ": "
+            << test::rel_diff(want.logits, got.logits);
       }
   }
 }
@@ -343,7 +330,7 @@ TEST(CudaVsCpu, Qwen35ChunkedPrefillMatchesTokenByToken) {
   const Trace want = run(*m, *gpu, options(512, 1, 32, DType::F16, DType::F16), prompt, 8);
   const Trace got =
       replay(*m, *gpu, options(512, 256, 32, DType::F16, DType::F16), prompt, want.greedy);
-  EXPECT_LT(rel_diff(want, got), kTol);
+  EXPECT_LT(test::rel_diff(want.logits, got.logits), kTol);
 }
 
 // The CPU's recurrent exactness cases on the GPU: each sequence's resident delta-rule state

@@ -24,6 +24,7 @@
 #include "kvs/engine/engine.h"
 #include "kvs/model/model.h"
 #include "kvs/util/error.h"
+#include "rel_diff.h"
 
 namespace kvs {
 namespace {
@@ -74,21 +75,6 @@ Trace run(const Model& m, Device& dev, const EngineOptions& o, const std::vector
   return r;
 }
 
-// max |a - b| / max |a| over every step.
-double rel_diff(const Trace& a, const Trace& b) {
-  double worst = 0;
-  for (size_t i = 0; i < a.logits.size(); ++i) {
-    double scale = 1e-6, diff = 0;
-    for (size_t j = 0; j < a.logits[i].size(); ++j) {
-      scale = std::max(scale, std::fabs(static_cast<double>(a.logits[i][j])));
-      diff = std::max(diff, std::fabs(static_cast<double>(a.logits[i][j]) -
-                                      static_cast<double>(b.logits[i][j])));
-    }
-    worst = std::max(worst, diff / scale);
-  }
-  return worst;
-}
-
 // Context, batch and page of a case; the arena leaves most pages to stream.
 EngineOptions options(DType kt, DType vt, KvMode mode) {
   EngineOptions o;
@@ -105,14 +91,14 @@ EngineOptions options(DType kt, DType vt, KvMode mode) {
 }
 
 size_t small_arena(const Model& m, const EngineOptions& o) {
-  const KvLayout l = KvLayout::make(o.k_type, o.v_type, o.page_size, m.config.n_head_kv,
-                                    m.config.head_dim);
+  const KvLayout l =
+      KvLayout::make(o.k_type, o.v_type, o.page_size, m.config.n_head_kv, m.config.head_dim);
   return min_arena_bytes(l.page_bytes(), Engine::fixed_frames(m.config, o)) +
          8 * l.page_bytes() * static_cast<size_t>(m.config.n_layer);
 }
 
 constexpr double kF32 = 1e-3;  // f32 partials on both sides
-constexpr double kTol = 2e-2;    // test_cuda.cpp's CUDA against CPU
+constexpr double kTol = 2e-2;  // test_cuda.cpp's CUDA against CPU
 
 TEST(CudaSplit, LogitsAgainstResident) {
   NEED_GPU(gpu);
@@ -134,12 +120,13 @@ TEST(CudaSplit, LogitsAgainstResident) {
     o.kv_mode = KvMode::Split;
     o.kv_arena = small_arena(*m, o);
     const Trace got = run(*m, *gpu, o, prompt, 24, want.greedy);
-    const double d = rel_diff(want, got);
-    std::printf("%s kv %s/%s: split against resident %.3g of the logits' scale (the CPU read "
-                "%.1f MiB, the ring %.1f MiB)\n",
-                sh.model, dtype_name(sh.kt), dtype_name(sh.vt), d,
-                static_cast<double>(got.totals.cpu_bytes) / (1 << 20),
-                static_cast<double>(got.totals.bytes_in) / (1 << 20));
+    const double d = test::rel_diff(want.logits, got.logits);
+    std::printf(
+        "%s kv %s/%s: split against resident %.3g of the logits' scale (the CPU read "
+        "%.1f MiB, the ring %.1f MiB)\n",
+        sh.model, dtype_name(sh.kt), dtype_name(sh.vt), d,
+        static_cast<double>(got.totals.cpu_bytes) / (1 << 20),
+        static_cast<double>(got.totals.bytes_in) / (1 << 20));
     EXPECT_GT(got.totals.cpu_bytes, 0u) << sh.model;
     EXPECT_GT(got.totals.bytes_in, 0u) << sh.model;
     EXPECT_LT(d, sh.tol) << sh.model << " " << dtype_name(sh.kt) << "/" << dtype_name(sh.vt);

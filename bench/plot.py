@@ -11,6 +11,7 @@ rate). Writes PREFIX.png and PREFIX.svg.
 """
 import argparse
 import json
+import os
 import sys
 
 
@@ -19,7 +20,7 @@ def load(paths):
     for p in paths:
         with open(p) as f:
             d = json.load(f)
-        title = title or f"{d['model']} on {d['device']}"
+        title = title or f"{os.path.basename(d['model'])} on {d['device']}"
         for r in d["runs"]:
             r = dict(r)
             r["kv"] = f"{r['cache_type_k']}/{r['cache_type_v']}"
@@ -46,6 +47,10 @@ def bound_tps(runs, r):
     return 1.0 / t
 
 
+def depth_label(d):
+    return f"{d // 1024}K" if d >= 1024 and d % 1024 == 0 else str(d)
+
+
 def series_label(mode, kv, limit):
     link = f", link limited to {limit / 1e9:.1f} GB/s" if limit else ""
     return f"{mode} ({kv}{link})"
@@ -60,13 +65,18 @@ def main():
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import matplotlib.ticker
     except ImportError:
         sys.exit("bench/plot.py: needs matplotlib (.venv/bin/pip install matplotlib)")
     runs, title = load(a.json)
     if not runs:
         sys.exit("bench/plot.py: no runs in the files")
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    for ax, key, name in ((axes[0], "tg_tokens_per_s", "decode"), (axes[1], "pp_tokens_per_s", "prefill")):
+    panels = [("tg_tokens_per_s", "decode")]
+    if any(r.get("pp_tokens_per_s") for r in runs):
+        panels.append(("pp_tokens_per_s", "prefill"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
+    depths = sorted({r["depth"] for r in runs})
+    for ax, (key, name) in zip(axes[0], panels):
         # A series per mode, cache types and --h2d-limit (0: the link as it is).
         series = sorted({(r["mode"], r["kv"], r.get("h2d_limit", 0)) for r in runs})
         for mode, kv, limit in series:
@@ -82,6 +92,9 @@ def main():
                     ax.plot([p[0] for p in b], [p[1] for p in b], "--", color=line[0].get_color(),
                             linewidth=1, label=f"bound max({terms}) ({mode})")
         ax.set_xscale("symlog", linthresh=1024)
+        ax.set_xticks(depths)
+        ax.set_xticklabels([depth_label(d) for d in depths])
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
         ax.set_yscale("log")
         ax.set_xlabel("depth (tokens in the KV cache)")
         ax.set_ylabel("tokens/s")

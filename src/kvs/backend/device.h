@@ -152,14 +152,15 @@ class Device {
   // The phase arena: the scratch that only passes of more rows than reserve() was given need
   // (on CUDA the f16 copies of whole matrices and activations for cuBLAS, and of a quantized
   // cache), for passes of up to n_tok tokens over up to max_spans spans of layout kv, kept in
-  // device memory the caller lends for such passes instead of the device's own. Sets its
-  // geometry and returns its bytes (0: none).
+  // device memory the caller lends for such passes instead of the device's own. Sets the
+  // geometry the next lend_prefill_scratch() carves (engines sharing a device call it before
+  // each lend) and returns its bytes (0: none).
   virtual size_t prefill_scratch(const Weights& /*w*/, int64_t /*n_tok*/, int64_t /*max_spans*/,
                                  const KvLayout& /*kv*/) {
     return 0;
   }
   // Lends `p` (prefill_scratch() bytes, 256-byte aligned) for the passes to come; nullptr takes
-  // it back once the work queued on it is done.
+  // it back once the work queued on it is done. Lending what is lent already costs nothing.
   virtual void lend_prefill_scratch(uint8_t* /*p*/) {}
 
   // Kernels. Activations are f32 rows in device memory.

@@ -114,10 +114,10 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt, const 
   spans_.reserve(static_cast<size_t>(max_pages_));
 
   make_prompt_cache();
-  const int64_t max_spans = opt.kv_mode == KvMode::Host ? 0 : max_pages_;
-  dev.reserve(w_, rows, decode_rows(opt), max_spans, cfg_.n_head, cfg_.head_dim);
+  max_spans_ = opt.kv_mode == KvMode::Host ? 0 : max_pages_;
+  dev.reserve(w_, rows, decode_rows(opt), max_spans_, cfg_.n_head, cfg_.head_dim);
   if (phase) {
-    work_scratch_ = dev.prefill_scratch(w_, opt.n_batch, max_spans, kv_);
+    work_scratch_ = dev.prefill_scratch(w_, opt.n_batch, max_spans_, kv_);
     // 256 bytes more: the workspace starts at a frame's address, aligned up.
     const size_t work = carve(cfg_, opt.n_batch, nullptr, nullptr) + work_scratch_ + 256;
     work_frames_ = static_cast<int32_t>((work + kv_.page_bytes() - 1) / kv_.page_bytes());
@@ -510,6 +510,7 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
     dev_.copy(Stream::Compute, rsnap_.as() + s * bytes, rstate_.as() + s * bytes, bytes);
   }
   if (ring_) replan(batch);
+  lend_scratch();
   if (ring_) ring_->begin_step(ring_items(batch, false), ring_items(batch, true));
   if (split_) {  // the CPU reads pages whose write-backs were issued before this step
     dev_.record(Stream::CopyOut, split_->stored);

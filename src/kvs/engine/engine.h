@@ -295,6 +295,9 @@ class Engine {
   // Points the activations at the decode buffers, or at the workspace, and lends the backend
   // its part of it.
   void set_phase(bool prefill);
+  // Lends the workspace's scratch to the device for this pass: another engine on the device (a
+  // draft model's, the MTP block's) may have lent its own, of its own geometry, since.
+  void lend_scratch();
   int32_t take_frame();
   void reclaim(bool wait);
   void add_pages(int32_t il, const std::vector<BatchEntry>& batch);
@@ -402,6 +405,8 @@ class Engine {
   DeviceBuffer act_mem_, logits_;
   int32_t work_frames_ = 0;  // the workspace's frames at the top of the arena (0: none)
   size_t work_scratch_ = 0;  // the backend's part of it
+  uint8_t* scratch_at_ = nullptr;  // where it is, while a prefill holds the workspace
+  int64_t max_spans_ = 0;          // the most spans a pass attends over (reserve()'s)
   std::vector<int32_t> ids_, pos_, page_slot_;
   std::vector<uint8_t*> dst_;
   std::vector<Span> spans_;

@@ -88,14 +88,22 @@ void Engine::replan(const std::vector<BatchEntry>& batch) {
 void Engine::set_phase(bool prefill) {
   if (!prefill) {
     if (work_scratch_) dev_.lend_prefill_scratch(nullptr);
+    scratch_at_ = nullptr;
     carve(cfg_, decode_rows(opt_), act_mem_.as(), &act_);
     return;
   }
   uint8_t* base = pool_->top_memory();
   base += (256 - reinterpret_cast<uintptr_t>(base) % 256) % 256;
   const size_t acts = carve(cfg_, opt_.n_batch, base, &act_);  // a multiple of 256
-  if (work_scratch_) dev_.lend_prefill_scratch(base + acts);
+  if (work_scratch_) scratch_at_ = base + acts;
+  lend_scratch();
   ++totals_.workspace_taken;
+}
+
+void Engine::lend_scratch() {
+  if (!scratch_at_) return;
+  dev_.prefill_scratch(w_, opt_.n_batch, max_spans_, kv_);  // this engine's geometry
+  dev_.lend_prefill_scratch(scratch_at_);
 }
 
 // Moves the pool to plan p: pages past the new caps leave the device (the host store has

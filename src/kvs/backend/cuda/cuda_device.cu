@@ -260,9 +260,12 @@ class CudaDevice final : public Device {
     return prefill_.bytes();
   }
   void lend_prefill_scratch(uint8_t* p) override {
+    if (p && p == lent_at_ && prefill_ == lent_) return;
     KVS_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));  // the kernels may still use it
     KVS_CUDA_CHECK(cudaStreamSynchronize(ctx_.side));
     ctx_.lent_w16 = ctx_.lent_x16 = ctx_.lent_kv16 = ctx_.lent_spans16 = ctx_.lent_gdn = {};
+    lent_at_ = p;
+    lent_ = prefill_;
     if (!p) return;
     const std::pair<Ctx::Lent*, size_t> parts[] = {{&ctx_.lent_w16, prefill_.w16},
                                                    {&ctx_.lent_x16, prefill_.x16},
@@ -590,6 +593,8 @@ class CudaDevice final : public Device {
  private:
   static constexpr size_t kStage = size_t{8} << 20;
 
+  cuda::PrefillScratch lent_;     // the geometry of what is lent, at lent_at_
+  uint8_t* lent_at_ = nullptr;
   cuda::PrefillScratch prefill_;  // the geometry of the memory lend_prefill_scratch() is given
 
   // While a step is captured, a scratch buffer must grow: what was captured so far runs and

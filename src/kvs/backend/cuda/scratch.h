@@ -15,6 +15,7 @@ namespace kvs::cuda {
 struct PrefillScratch {
   size_t w16 = 0, x16 = 0, kv16 = 0, spans16 = 0, gdn = 0;
   static size_t align(size_t n) { return (n + 255) / 256 * 256; }
+  bool operator==(const PrefillScratch&) const = default;
   size_t bytes() const {
     return align(w16) + align(x16) + align(kv16) + align(spans16) + align(gdn);
   }

@@ -174,18 +174,9 @@ void ModelDrafter::propose(const std::vector<Ask>& asks) {
     for (size_t i = 0; i < live.size(); ++i) {
       const auto [a, s] = live[i];
       Drafts& d = *a->out;
-      const bool sampled = s->sampler->params().temp > 0;
-      const size_t k = d.tokens.size();
-      if (sampled) d.q.resize((k + 1) * static_cast<size_t>(V));
-      const int32_t t =
-          s->sampler->draft(eng_.logits(static_cast<int32_t>(i)), V, p_min_,
-                            sampled ? d.q.data() + k * static_cast<size_t>(V) : nullptr);
-      if (t < 0) {  // too unsure to be worth verifying: the drafts end
-        if (sampled) d.q.resize(k * static_cast<size_t>(V));
-        continue;
-      }
+      const int32_t t = next_draft(*s->sampler, eng_.logits(static_cast<int32_t>(i)), V, p_min_, d);
+      if (t < 0) continue;
       ++s->drafted;
-      d.tokens.push_back(t);
       if (len(d.tokens) == a->max) continue;
       batch_.push_back({&s->draft, &d.tokens.back(), 1, recurrent, recurrent});
       s->kv.push_back(t);
@@ -193,6 +184,19 @@ void ModelDrafter::propose(const std::vector<Ask>& asks) {
     }
     live = std::move(next);
   }
+}
+
+int32_t next_draft(Sampler& s, const float* logits, int32_t n_vocab, double p_min, Drafts& d) {
+  const bool sampled = s.params().temp > 0;
+  const size_t k = d.tokens.size(), V = static_cast<size_t>(n_vocab);
+  if (sampled) d.q.resize((k + 1) * V);
+  const int32_t t = s.draft(logits, n_vocab, p_min, sampled ? d.q.data() + k * V : nullptr);
+  if (t < 0) {  // too unsure to be worth verifying: the drafts end
+    if (sampled) d.q.resize(k * V);
+    return -1;
+  }
+  d.tokens.push_back(t);
+  return t;
 }
 
 }  // namespace kvs

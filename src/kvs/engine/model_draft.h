@@ -31,6 +31,10 @@ struct Drafts {
   std::vector<float> q;
 };
 
+// The next draft of d from a drafter's logits (Sampler::draft with p_min), its distribution
+// kept in d.q when sampling; -1 where the drafter is too unsure and the drafts end.
+int32_t next_draft(Sampler& s, const float* logits, int32_t n_vocab, double p_min, Drafts& d);
+
 class ModelDrafter {
  public:
   // The draft engine's options follow the target's (o: -c, -b, --parallel, --page-size, -ctk,

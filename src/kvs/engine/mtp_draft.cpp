@@ -243,18 +243,10 @@ void MtpDrafter::propose(const std::vector<ModelDrafter::Ask>& asks) {
     for (size_t i = 0; i < live.size(); ++i) {
       const auto [a, s] = live[i];
       Drafts& dr = *a->out;
-      const bool sampled = s->sampler->params().temp > 0;
-      const size_t k = dr.tokens.size();
-      if (sampled) dr.q.resize((k + 1) * static_cast<size_t>(V));
       const int32_t t =
-          s->sampler->draft(eng_.logits(static_cast<int32_t>(i)), V, p_min_,
-                            sampled ? dr.q.data() + k * static_cast<size_t>(V) : nullptr);
-      if (t < 0) {  // too unsure to be worth verifying: the drafts end
-        if (sampled) dr.q.resize(k * static_cast<size_t>(V));
-        continue;
-      }
+          next_draft(*s->sampler, eng_.logits(static_cast<int32_t>(i)), V, p_min_, dr);
+      if (t < 0) continue;
       ++s->drafted;
-      dr.tokens.push_back(t);
       if (len(dr.tokens) == a->max) continue;
       const auto at = static_cast<int64_t>(row_tok_.size());
       add_row(t, eng_.hidden(static_cast<int32_t>(i)), own_norm);

@@ -2,10 +2,10 @@
 // the predicted decode bound max(T_gpu, S/B), without running the model.
 #include <cstdio>
 #include <nlohmann/json.hpp>
-#include <tuple>
 #include <utility>
 
 #include "commands.h"
+#include "kvs/backend/device.h"
 #include "kvs/engine/engine.h"
 #include "kvs/engine/model_draft.h"
 #include "kvs/gguf/gguf.h"
@@ -26,17 +26,21 @@ struct PlanArgs {
   double hbm_gbps = 4400;
 };
 
-// The shape and the bytes of the weights, from the file's header or the synthetic preset.
-std::pair<ModelConfig, size_t> shape_of(const std::string& model) {
+// A model's shape and its weights' sizes, from the file's header (the tensors mapped, not
+// read) or the synthetic preset's shapes.
+struct Shape {
+  std::unique_ptr<gguf::File> file;
+  ModelConfig c;
+  Weights w;
+};
+Shape shape_of(const std::string& model) {
   constexpr std::string_view kSynth = "synthetic:";
-  if (model.rfind(kSynth, 0) == 0) {
-    const std::string spec = model.substr(kSynth.size());
-    return {synthetic_config(spec), synthetic_matrix_bytes(spec)};
-  }
-  auto f = gguf::File::open(model);
-  ModelConfig c = ModelConfig::from_gguf(*f);
-  const size_t weights = Weights::from_gguf(*f, c).matrix_bytes();
-  return {c, weights};
+  Shape s;
+  s.file = model.rfind(kSynth, 0) == 0 ? synthetic_shapes(model.substr(kSynth.size()))
+                                       : gguf::File::open(model);
+  s.c = ModelConfig::from_gguf(*s.file);
+  s.w = Weights::from_gguf(*s.file, s.c);
+  return s;
 }
 
 // Every figure the plan prints, for the text and the JSON.
@@ -45,6 +49,9 @@ struct Figures {
   EngineOptions o;
   KvShape shape;
   size_t weights = 0, page = 0, kv_token = 0;
+  // What the device holds beside the weights a step reads: on CUDA the embedding table and
+  // the kernels' scratch (the prefill's in the workspace).
+  size_t device_extra = 0, work_scratch = 0;
   size_t draft = 0;  // -md: the draft model's weights, buffers and KV
   int32_t fixed = 0;
   // With the phase arena the prefill's activations are the arena's top (work), lent to the KV
@@ -60,17 +67,24 @@ struct Figures {
 Figures figures(const PlanArgs& pa) {
   const SharedArgs& a = pa.s;
   Figures f;
-  std::tie(f.c, f.weights) = shape_of(a.model);
+  const Shape m = shape_of(a.model);
+  f.c = m.c;
+  f.weights = m.w.matrix_bytes();
   const ModelConfig& c = f.c;
   f.o = engine_options(a, c);
   apply_speculation(pa.spec, f.o, backend_of(a));
   const EngineOptions& o = f.o;
+#ifdef KVS_HAVE_CUDA
+  const CudaFootprint fp = cuda_footprint(m.w, Engine::scratch_args(c, o));
+  f.device_extra = fp.weights - f.weights + fp.reserved;
+  f.work_scratch = fp.workspace;
+#endif
   if (pa.spec.kind() == "draft") {
-    const auto [dc, dw] = shape_of(pa.spec.model_draft);
-    KVS_CHECK(dc.n_vocab == c.n_vocab,
-              "-md/--model-draft: the draft model's vocabulary is not the target's: ", dc.n_vocab,
+    const Shape d = shape_of(pa.spec.model_draft);
+    KVS_CHECK(d.c.n_vocab == c.n_vocab,
+              "-md/--model-draft: the draft model's vocabulary is not the target's: ", d.c.n_vocab,
               " tokens against ", c.n_vocab, " (vocab size)");
-    f.draft = ModelDrafter::planned_bytes(dc, dw, o, pa.spec.draft_max);
+    f.draft = ModelDrafter::planned_bytes(d.c, d.w.matrix_bytes(), o, pa.spec.draft_max);
   }
   const int64_t ctx = o.n_ctx;
   const int32_t parallel = o.n_seq;
@@ -84,16 +98,21 @@ Figures figures(const PlanArgs& pa) {
   f.kv_token = static_cast<size_t>(L) * (kv.k_row + kv.v_row);
   f.phase = Engine::phase_arena(c, o);
   const size_t pass = Engine::pass_bytes(c, o.n_batch);
-  f.work = f.phase ? (pass + 256 + page - 1) / page * page : 0;
+  f.work = f.phase ? (pass + f.work_scratch + 256 + page - 1) / page * page : 0;
   // The recurrent layers' states are buffers of their own beside the arena.
-  const size_t buffers = Engine::activation_bytes(c, o) + shape.recurrent_bytes -
+  const size_t buffers = Engine::activation_bytes(c, o) + shape.recurrent_bytes + f.device_extra -
                          (f.phase ? pass - Engine::pass_bytes(c, o.n_seq) : 0);
   // What a step reads of the windows: their last n_swa positions, or all there are.
   const size_t window_read = static_cast<size_t>(shape.n_window) * (kv.k_row + kv.v_row) *
                              static_cast<size_t>(std::min<int64_t>(ctx, c.n_swa)) *
                              static_cast<size_t>(parallel);
 
-  size_t arena = shape.full_bytes + static_cast<size_t>(fixed) * page;
+  // What the engine takes where the limit leaves more: all the KV, or in stream mode the
+  // smallest arena and two ring chunks.
+  const size_t chunk_pages = std::max<size_t>(1, (o.ring_chunk_bytes + page - 1) / page);
+  size_t arena = o.kv_mode == KvMode::Stream
+                     ? min_arena_bytes(page, fixed) + 2 * chunk_pages * page
+                     : shape.full_bytes + shape.window_bytes + static_cast<size_t>(fixed) * page;
   f.arena_from = "everything fits (no --kv-arena or --vram-limit)";
   if (!a.kv_arena.empty()) {
     arena = parse_size(a.kv_arena, "--kv-arena");
@@ -104,15 +123,19 @@ Figures figures(const PlanArgs& pa) {
               " does not hold the weights (", format_bytes(f.weights), ") and buffers (",
               format_bytes(buffers), ")",
               f.draft ? cat(" and the draft model (", format_bytes(f.draft), ")") : "");
-    arena = limit - f.weights - buffers - f.draft;
-    f.arena_from = cat("--vram-limit ", format_bytes(limit), " less weights and buffers",
-                       f.draft ? " and the draft model" : "");
-    KVS_CHECK(arena > f.work, "--vram-limit ", format_bytes(limit),
+    const size_t left = limit - f.weights - buffers - f.draft;
+    KVS_CHECK(left > f.work, "--vram-limit ", format_bytes(limit),
               " does not hold the prefill's workspace (", format_bytes(f.work), ")");
-    arena -= f.work;
+    if (left - f.work < arena) {
+      arena = left - f.work;
+      f.arena_from = cat("--vram-limit ", format_bytes(limit), " less weights and buffers",
+                         f.draft ? " and the draft model" : "");
+    } else {
+      f.arena_from = cat("all it needs; --vram-limit ", format_bytes(limit), " leaves more");
+    }
   }
-  f.prefill_arena = arena;
-  f.arena = arena + f.work;
+  f.prefill_arena = arena / page * page;  // as the engine's pool: whole frames
+  f.arena = f.prefill_arena + f.work;
   // T_gpu: a decode step reads every weight once, each sequence's whole KV, and reads and
   // writes every recurrent state.
   const double hbm = pa.hbm_gbps * 1e9,
@@ -178,6 +201,10 @@ void print(const PlanArgs& pa, const Figures& f) {
     std::printf(", %d recurrent (resident state beside the arena: %s)", shape.n_recurrent,
                 format_bytes(shape.recurrent_bytes).c_str());
   std::printf("\n");
+  if (f.device_extra)
+    std::printf("device     %s more beside the weights a step reads: the embedding table and the "
+                "CUDA kernels' scratch\n",
+                format_bytes(f.device_extra).c_str());
   if (f.draft)
     std::printf("draft      %s: %s on the device (weights, buffers, its whole KV resident)\n",
                 pa.spec.model_draft.c_str(), format_bytes(f.draft).c_str());
@@ -227,6 +254,8 @@ nlohmann::json plan_json(const PlanArgs& pa, const Figures& f) {
   j["ctx"] = f.o.n_ctx;
   j["parallel"] = f.o.n_seq;
   j["weights_bytes"] = f.weights;
+  j["device_extra_bytes"] = f.device_extra;
+  j["workspace_scratch_bytes"] = f.work_scratch;
   j["draft_bytes"] = f.draft;
   j["kv_bytes_per_token"] = f.kv_token;
   j["kv_bytes"] = shape.full_bytes;

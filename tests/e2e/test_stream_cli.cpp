@@ -224,9 +224,11 @@ TEST_F(StreamCli, PlanPrintsThePartitionAndTheBound) {
   EXPECT_DOUBLE_EQ(j["predicted_step_s"].get<double>(),
                    std::max(j["copy_s"].get<double>(), j["t_gpu_s"].get<double>()));
   EXPECT_GT(s, 6.5 * (1 << 30) - j["arena_bytes"].get<double>());
-  // The phase arena: --kv-arena is the prefill's; the decode's has the workspace too.
+  // The phase arena: --kv-arena is the prefill's, in whole pages as the engine takes it; the
+  // decode's has the workspace too.
   EXPECT_TRUE(j["phase_arena"].get<bool>());
-  EXPECT_EQ(j["prefill_arena_bytes"].get<size_t>(), size_t{2} << 30);
+  const size_t page = j["page_bytes"].get<size_t>();
+  EXPECT_EQ(j["prefill_arena_bytes"].get<size_t>(), (size_t{2} << 30) / page * page);
   EXPECT_GT(j["workspace_bytes"].get<size_t>(), size_t{512} * 4096 * 4);
   EXPECT_EQ(j["arena_bytes"].get<size_t>(),
             j["prefill_arena_bytes"].get<size_t>() + j["workspace_bytes"].get<size_t>());
@@ -237,7 +239,7 @@ TEST_F(StreamCli, PlanPrintsThePartitionAndTheBound) {
       "plan_off");
   ASSERT_EQ(off.status, 0) << off.err;
   EXPECT_FALSE(off.json["phase_arena"].get<bool>());
-  EXPECT_EQ(off.json["arena_bytes"].get<size_t>(), size_t{2} << 30);
+  EXPECT_EQ(off.json["arena_bytes"].get<size_t>(), (size_t{2} << 30) / page * page);
   EXPECT_LT(j["streamed_bytes_per_step"].get<size_t>(),
             off.json["streamed_bytes_per_step"].get<size_t>());
 }

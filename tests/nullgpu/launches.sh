@@ -84,6 +84,30 @@ echo "switches: done"
 
 k rtx3090 "" run -m synthetic:smollm2-135m -p "hello" -n 8 --backend cuda --temp 0 || true
 
+# kvstream plan gives the arena a run gets under --vram-limit, one that streams and one that
+# holds the whole KV: the weights, buffers and scratch counted as the CUDA backend allocates
+# them, to the byte. Each case: the model and its options, then the limits.
+for m in "tiny-qwen35:q4_k -c 65536|32M 400M" "smollm2-135m:q4_1 -c 16384|200M 400M" \
+  "tiny-gemma3:q4_0 -c 65536|30M 200M" "tiny-h128:q4_0 -c 16384 -b 64 --parallel 2|16M 200M" \
+  "tiny-qwen3 -c 8192 --kv-mode stream|40M"; do
+  # shellcheck disable=SC2086  # the options split on spaces
+  set -- ${m%|*}
+  model=$1
+  shift
+  for limit in ${m#*|}; do
+    "$bin" plan -m "synthetic:$model" "$@" -ctk q8_0 -ctv q4_0 --vram-limit "$limit" \
+      --json "$tmp/plan" 2>"$tmp/out" | grep "^arena" ||
+      { echo "FAILED: plan $m"; cat "$tmp/out"; failed=1; continue; }
+    k h200 "" run -m "synthetic:$model" "$@" -ctk q8_0 -ctv q4_0 --vram-limit "$limit" \
+      --backend cuda -p "hello" -n 2 || continue
+    want=$(field "['arena_bytes']" "$tmp/plan")
+    got=$(field "['kv']['arena_bytes']" "$tmp/j")
+    [ "$want" = "$got" ] ||
+      { echo "FAILED: $m --vram-limit $limit: plan's arena $want, the run's $got"; failed=1; }
+  done
+done
+echo "plan against the runs' arenas: done"
+
 # The operation tests' launches on the consumer cards: their values fail here (no GPU), but a
 # launch or allocation the card would refuse shows as an error naming the null GPU.
 if [ ${#ops[@]} -gt 0 ]; then

@@ -153,7 +153,8 @@ TEST(Qwen35Config, LayerMapAndWeights) {
   EXPECT_EQ(ws.nextn[0].eh_proj.n_in, 2 * c.n_embd);
   EXPECT_EQ(ws.nextn[0].block.wq.n_out, 2 * c.q_dim());
   EXPECT_EQ(ws.nextn[0].embed_tokens.n_out, 0);  // shares the trunk's
-  EXPECT_EQ(ws.matrix_bytes(), synthetic_matrix_bytes("tiny-qwen35"));
+  EXPECT_EQ(ws.matrix_bytes(),
+            Weights::from_gguf(*synthetic_shapes("tiny-qwen35"), c).matrix_bytes());
 
   auto interval = [](uint32_t n) {
     return qwen35_with(

@@ -155,7 +155,7 @@ TEST(Synthetic, Qwen35BuildsAndLoads) {
     EXPECT_EQ(c.ssm_state, s.ssm_state);
     EXPECT_EQ(c.ssm_conv, s.ssm_conv);
     const Weights w = Weights::from_gguf(*f, c);
-    EXPECT_EQ(w.matrix_bytes(), synthetic_matrix_bytes(spec));
+    EXPECT_EQ(w.matrix_bytes(), Weights::from_gguf(*synthetic_shapes(spec), c).matrix_bytes());
     EXPECT_EQ(w.nextn.size(), 1u);
     EXPECT_EQ(f->get_int("qwen35.block_count"), 9);
     EXPECT_EQ(f->get_int("qwen35.full_attention_interval"), 4);
@@ -168,7 +168,10 @@ TEST(Synthetic, Qwen35BuildsAndLoads) {
     EXPECT_EQ(f->find_tensor("blk.3.ffn_norm.weight"), nullptr);
   }
   // The 27B's sizes without building it: its matrices at iq4_xs near 15 GiB.
-  const double gib = static_cast<double>(synthetic_matrix_bytes("qwen35-27b:iq4_xs")) / (1 << 30);
+  const auto big = synthetic_shapes("qwen35-27b:iq4_xs");
+  const double gib = static_cast<double>(
+                         Weights::from_gguf(*big, ModelConfig::from_gguf(*big)).matrix_bytes()) /
+                     (1 << 30);
   EXPECT_GT(gib, 12.0);
   EXPECT_LT(gib, 16.0);
 }
@@ -242,7 +245,32 @@ TEST(Synthetic, TinyPresetsBuildAndLoad) {
   EXPECT_EQ(f->get_int("gemma3.attention.sliding_window"), 512);
   const ModelConfig c = ModelConfig::from_gguf(*f);
   expect_shape(c, expected("gemma3-270m"));
-  EXPECT_EQ(Weights::from_gguf(*f, c).matrix_bytes(), synthetic_matrix_bytes("gemma3-270m:q4_k"));
+  EXPECT_EQ(Weights::from_gguf(*f, c).matrix_bytes(),
+            Weights::from_gguf(*synthetic_shapes("gemma3-270m:q4_k"), c).matrix_bytes());
+}
+
+// synthetic_shapes: the model's tensors, same names, types, shapes and offsets, and its config;
+// the matrices zero.
+TEST(Synthetic, ShapesAreTheModelsWithoutItsValues) {
+  for (const char* spec : {"tiny", "tiny-gemma3:q4_k", "tiny-qwen35:q4_k", "smollm2-135m:q4_1"}) {
+    const auto f = make_synthetic(spec);
+    const auto s = synthetic_shapes(spec);
+    ASSERT_EQ(f->tensors().size(), s->tensors().size()) << spec;
+    for (size_t i = 0; i < f->tensors().size(); ++i) {
+      const gguf::TensorInfo &a = f->tensors()[i], &b = s->tensors()[i];
+      EXPECT_EQ(a.name, b.name) << spec;
+      EXPECT_EQ(a.type, b.type) << a.name;
+      EXPECT_EQ(a.dims, b.dims) << a.name;
+      EXPECT_EQ(a.offset, b.offset) << a.name;
+    }
+    const ModelConfig a = ModelConfig::from_gguf(*f), b = ModelConfig::from_gguf(*s);
+    EXPECT_EQ(a.n_vocab, b.n_vocab) << spec;
+    EXPECT_EQ(a.kinds, b.kinds) << spec;
+    EXPECT_EQ(a.head_dim, b.head_dim) << spec;
+    const gguf::TensorInfo& q = s->tensor("blk.0.ffn_up.weight");
+    const size_t n = row_bytes(q.type, q.dims[0]) * static_cast<size_t>(q.rows());
+    EXPECT_EQ(std::count(q.data, q.data + n, uint8_t{0}), static_cast<std::ptrdiff_t>(n)) << spec;
+  }
 }
 
 TEST(Synthetic, SmolLM2Q4_0BuildsAndLoads) {
@@ -288,7 +316,7 @@ TEST(Synthetic, EveryWeightType) {
     const ModelConfig c = ModelConfig::from_gguf(*f);
     const Weights w = Weights::from_gguf(*f, c);
     EXPECT_EQ(w.layers[6].wo.type, parse_dtype(t, "test"));  // n_in 256
-    EXPECT_EQ(w.matrix_bytes(), synthetic_matrix_bytes(spec));
+    EXPECT_EQ(w.matrix_bytes(), Weights::from_gguf(*synthetic_shapes(spec), c).matrix_bytes());
   }
 }
 

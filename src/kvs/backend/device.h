@@ -251,6 +251,21 @@ class Device {
 std::unique_ptr<Device> make_cpu_device(size_t capacity);
 // The CUDA backend (builds with KVS_HAVE_CUDA); capacity 0 means the GPU's free memory.
 std::unique_ptr<Device> make_cuda_device(size_t capacity, const CudaOptions& opt);
+// The scratch an engine has a device set aside (Engine::scratch_args): reserve()'s for passes
+// of n_tok rows (n_out_tok through the output matrix) over max_spans spans, and
+// prefill_scratch()'s for passes of n_batch rows (0: no phase arena).
+struct ScratchArgs {
+  int64_t n_tok = 0, n_out_tok = 0, max_spans = 0, n_batch = 0;
+  int32_t n_head = 0, head_dim = 0;
+  KvLayout kv;
+};
+// What a CUDA device holds for an engine beside its KV pool, found without a GPU (kvstream
+// plan): the weights as place_weights lays them out, and reserve()'s and prefill_scratch()'s
+// bytes for `a`.
+struct CudaFootprint {
+  size_t weights = 0, reserved = 0, workspace = 0;
+};
+CudaFootprint cuda_footprint(const Weights& w, const ScratchArgs& a);
 // Steps of up to this many tokens (all sequences' together) are batch-invariant on CUDA: each
 // token's logits are the bits of a step of it alone (the CPU backend's steps always are).
 constexpr int kCudaInvariantTokens = 16;

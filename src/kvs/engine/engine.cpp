@@ -114,10 +114,11 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt, const 
   spans_.reserve(static_cast<size_t>(max_pages_));
 
   make_prompt_cache();
-  max_spans_ = opt.kv_mode == KvMode::Host ? 0 : max_pages_;
-  dev.reserve(w_, rows, decode_rows(opt), max_spans_, cfg_.n_head, cfg_.head_dim);
+  const ScratchArgs sa = scratch_args(cfg_, opt);
+  max_spans_ = sa.max_spans;
+  dev.reserve(w_, sa.n_tok, sa.n_out_tok, sa.max_spans, sa.n_head, sa.head_dim);
   if (phase) {
-    work_scratch_ = dev.prefill_scratch(w_, opt.n_batch, max_spans_, kv_);
+    work_scratch_ = dev.prefill_scratch(w_, sa.n_batch, sa.max_spans, kv_);
     // 256 bytes more: the workspace starts at a frame's address, aligned up.
     const size_t work = carve(cfg_, opt.n_batch, nullptr, nullptr) + work_scratch_ + 256;
     work_frames_ = static_cast<int32_t>((work + kv_.page_bytes() - 1) / kv_.page_bytes());
@@ -290,6 +291,19 @@ bool Engine::phase_arena(const ModelConfig& c, const EngineOptions& o) {
   return o.phase_arena &&
          (o.kv_mode == KvMode::Auto || o.kv_mode == KvMode::Stream || o.kv_mode == KvMode::Split) &&
          c.n_layers_of(LayerKind::Full) > 0 && o.n_batch > decode_rows(o);
+}
+
+ScratchArgs Engine::scratch_args(const ModelConfig& c, const EngineOptions& o) {
+  const bool phase = phase_arena(c, o);
+  ScratchArgs a;
+  a.n_tok = phase ? decode_rows(o) : o.n_batch;
+  a.n_out_tok = decode_rows(o);
+  a.max_spans = o.kv_mode == KvMode::Host ? 0 : kv_shape(c, o).max_pages;
+  a.n_batch = phase ? o.n_batch : 0;
+  a.n_head = c.n_head;
+  a.head_dim = c.head_dim;
+  a.kv = KvLayout::make(o.k_type, o.v_type, o.page_size, c.n_head_kv, c.head_dim);
+  return a;
 }
 
 // Each sequence's tail page in every full layer, plus twice the pages one prompt chunk can fill

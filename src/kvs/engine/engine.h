@@ -163,6 +163,8 @@ class Engine {
   static bool phase_arena(const ModelConfig& c, const EngineOptions& o);
   // Rows of a decode step at most: a token of every sequence, or n_verify of each.
   static int32_t decode_rows(const EngineOptions& o) { return o.n_seq * o.n_verify; }
+  // What the engine has its device set aside (reserve(), prefill_scratch()).
+  static ScratchArgs scratch_args(const ModelConfig& c, const EngineOptions& o);
   static int32_t fixed_frames(const ModelConfig& c, const EngineOptions& o);
   static KvShape kv_shape(const ModelConfig& c, const EngineOptions& o);
 

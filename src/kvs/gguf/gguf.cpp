@@ -397,6 +397,24 @@ std::unique_ptr<File> File::open(const std::string& path) {
   return f;
 }
 
+std::unique_ptr<File> File::from_writer(const Writer& w, std::string name) {
+  uint64_t n = 0;
+  const std::vector<uint8_t> h = w.header(&n);
+  std::unique_ptr<File> f(new File());
+  f->name_ = std::move(name);
+  f->size_ = h.size() + n;
+  // Anonymous pages: those of tensors without data stay untouched zeros, taking no memory.
+  void* m = mmap(nullptr, f->size_, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (m == MAP_FAILED) fail(f->name_, ": cannot map ", f->size_, " bytes: ", std::strerror(errno));
+  f->map_ = m;
+  f->base_ = static_cast<const uint8_t*>(m);
+  std::memcpy(m, h.data(), h.size());
+  w.copy_data(static_cast<uint8_t*>(m) + h.size());
+  f->parse();
+  return f;
+}
+
 std::unique_ptr<File> File::from_buffer(std::vector<uint8_t> bytes, std::string name) {
   std::unique_ptr<File> f(new File());
   f->name_ = std::move(name);
@@ -729,20 +747,24 @@ void Writer::add_tensor(std::string name, DType type, std::vector<int64_t> dims,
     fail("gguf writer: tensor '", name, "': ", nbytes, " bytes of data, expected ", expect);
   }
   const auto* p = static_cast<const uint8_t*>(data);
-  tensors_.push_back({std::move(name), type, std::move(dims), std::vector<uint8_t>(p, p + nbytes)});
+  tensors_.push_back({std::move(name), type, std::move(dims),
+                      p ? std::vector<uint8_t>(p, p + nbytes) : std::vector<uint8_t>(), nbytes});
 }
 
-std::vector<uint8_t> Writer::to_bytes() const {
-  uint64_t alignment = kDefaultAlignment;
+uint64_t Writer::alignment() const {
   for (const auto& [k, v] : kv_) {
     if (k != "general.alignment") continue;
     int64_t a = v.as_int(k);
     if (a <= 0 || !std::has_single_bit(static_cast<uint64_t>(a))) {
       fail("gguf writer: general.alignment ", a, " is not a nonzero power of two");
     }
-    alignment = static_cast<uint64_t>(a);
+    return static_cast<uint64_t>(a);
   }
+  return kDefaultAlignment;
+}
 
+std::vector<uint8_t> Writer::header(uint64_t* data_bytes) const {
+  const uint64_t alignment = this->alignment();
   Out o;
   for (char c : std::string_view("GGUF")) o.put<char>(c);
   o.put<uint32_t>(3);
@@ -760,14 +782,30 @@ std::vector<uint8_t> Writer::to_bytes() const {
     for (int64_t d : t.dims) o.put<uint64_t>(static_cast<uint64_t>(d));
     o.put<uint32_t>(static_cast<uint32_t>(t.type));
     o.put<uint64_t>(offset);
-    offset = align_up(offset + t.data.size(), alignment);
+    // as llama.cpp writes it: every tensor, the last too, is padded
+    offset = align_up(offset + t.nbytes, alignment);
   }
   o.pad(alignment);
-  for (const Pending& t : tensors_) {
-    o.b.insert(o.b.end(), t.data.begin(), t.data.end());
-    o.pad(alignment);  // as llama.cpp writes it: every tensor, the last too, is padded
-  }
+  *data_bytes = offset;
   return std::move(o.b);
+}
+
+void Writer::copy_data(uint8_t* dst) const {
+  const uint64_t alignment = this->alignment();
+  uint64_t offset = 0;
+  for (const Pending& t : tensors_) {
+    if (!t.data.empty()) std::memcpy(dst + offset, t.data.data(), t.data.size());
+    offset = align_up(offset + t.nbytes, alignment);
+  }
+}
+
+std::vector<uint8_t> Writer::to_bytes() const {
+  uint64_t n = 0;
+  std::vector<uint8_t> b = header(&n);
+  const size_t start = b.size();
+  b.resize(start + n, 0);
+  copy_data(b.data() + start);
+  return b;
 }
 
 void Writer::write(const std::string& path) const {

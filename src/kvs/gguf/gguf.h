@@ -63,6 +63,8 @@ struct TensorInfo {
   int64_t rows() const;  // product of dims[1..]
 };
 
+class Writer;
+
 // A parsed GGUF file. Owns its mapping (or its buffer); tensor data pointers stay valid for
 // the lifetime of the File.
 class File {
@@ -71,6 +73,8 @@ class File {
   static std::unique_ptr<File> open(const std::string& path);
   // Parses an in-memory image (for synthetic models and tests); takes ownership.
   static std::unique_ptr<File> from_buffer(std::vector<uint8_t> bytes, std::string name);
+  // The image a Writer would write, in memory without a copy of its tensors' data.
+  static std::unique_ptr<File> from_writer(const Writer& w, std::string name);
   ~File();
   File(const File&) = delete;
   File& operator=(const File&) = delete;
@@ -116,18 +120,25 @@ class File {
 class Writer {
  public:
   void set(std::string key, Value v);  // replaces an existing key
+  // data nullptr: nbytes of zeros (a tensor of the right shape whose values do not matter)
   void add_tensor(std::string name, DType type, std::vector<int64_t> dims, const void* data,
                   size_t nbytes);
   std::vector<uint8_t> to_bytes() const;
   void write(const std::string& path) const;  // to a temporary name, then renamed
+  // The image in two parts: the header (and the data section's size), then the tensors' data
+  // put into a zeroed data section at dst.
+  std::vector<uint8_t> header(uint64_t* data_bytes) const;
+  void copy_data(uint8_t* dst) const;
 
  private:
   struct Pending {
     std::string name;
     DType type;
     std::vector<int64_t> dims;
-    std::vector<uint8_t> data;
+    std::vector<uint8_t> data;  // empty: zeros
+    size_t nbytes = 0;
   };
+  uint64_t alignment() const;
   std::vector<std::pair<std::string, Value>> kv_;
   std::vector<Pending> tensors_;
 };

@@ -259,7 +259,8 @@ struct SplitMix {
 
 class Builder {
  public:
-  Builder(const Preset& p, DType type) : p_(p), type_(type) {}
+  // values false: the matrices are zeros, for their shapes only (the vectors keep theirs).
+  Builder(const Preset& p, DType type, bool values) : p_(p), type_(type), values_(values) {}
   gguf::Writer& writer() { return w_; }
 
   // n_out rows of n_in values uniform in [lo, hi), row-seeded, quantized to `type` in parallel.
@@ -283,8 +284,13 @@ class Builder {
     w_.add_tensor(name, type, std::move(dims), buf.data(), buf.size());
   }
   void matrix(const std::string& name, int64_t n_in, int64_t n_out) {
+    const DType t = fit_type(type_, n_in);
+    if (!values_) {
+      w_.add_tensor(name, t, {n_in, n_out}, nullptr, row_bytes(t, n_in) * static_cast<size_t>(n_out));
+      return;
+    }
     const float a = std::sqrt(3.0f) / std::sqrt(static_cast<float>(n_in));
-    tensor(name, fit_type(type_, n_in), n_in, n_out, -a, a);
+    tensor(name, t, n_in, n_out, -a, a);
   }
   void norm(const std::string& name, int64_t n) { tensor(name, DType::F32, n, 1, 0.8f, 1.2f); }
   void bias(const std::string& name, int64_t n) { tensor(name, DType::F32, n, 1, -0.1f, 0.1f); }
@@ -292,6 +298,7 @@ class Builder {
  private:
   const Preset& p_;
   DType type_;
+  bool values_;
   gguf::Writer w_;
 };
 
@@ -369,11 +376,13 @@ void set_metadata(gguf::Writer& w, const Preset& p, DType type, bool with_vocab)
 
 }  // namespace
 
-gguf::Writer synthetic_writer(std::string_view spec) {
+namespace {
+
+gguf::Writer writer_of(std::string_view spec, bool values) {
   const Spec s = parse_spec(spec);
   const Preset& p = *s.preset;
-  Builder b(p, s.type);
-  set_metadata(b.writer(), p, s.type, true);
+  Builder b(p, s.type, values);
+  set_metadata(b.writer(), p, s.type, values);
   const int64_t d = p.n_embd, q_dim = int64_t{p.n_head} * head_dim(p),
                 kv_dim = int64_t{p.n_head_kv} * head_dim(p);
   const bool gemma = p.arch == Arch::Gemma3, qwen35 = p.arch == Arch::Qwen35;
@@ -429,13 +438,16 @@ gguf::Writer synthetic_writer(std::string_view spec) {
   return std::move(b.writer());
 }
 
+}  // namespace
+
+gguf::Writer synthetic_writer(std::string_view spec) { return writer_of(spec, true); }
+
 std::unique_ptr<gguf::File> make_synthetic(std::string_view spec) {
-  std::vector<uint8_t> bytes;
-  {
-    gguf::Writer w = synthetic_writer(spec);
-    bytes = w.to_bytes();
-  }
-  return gguf::File::from_buffer(std::move(bytes), "synthetic:" + std::string(spec));
+  return gguf::File::from_writer(writer_of(spec, true), "synthetic:" + std::string(spec));
+}
+
+std::unique_ptr<gguf::File> synthetic_shapes(std::string_view spec) {
+  return gguf::File::from_writer(writer_of(spec, false), "synthetic:" + std::string(spec));
 }
 
 std::vector<std::string> synthetic_presets() {
@@ -487,25 +499,6 @@ ModelConfig synthetic_config(std::string_view spec) {
     c.n_nextn = p.n_nextn;
   }
   return c;
-}
-
-size_t synthetic_matrix_bytes(std::string_view spec) {
-  const Spec s = parse_spec(spec);
-  const ModelConfig c = synthetic_config(spec);
-  auto m = [&](int64_t n_in, int64_t n_out) {
-    return row_bytes(fit_type(s.type, n_in), n_in) * static_cast<size_t>(n_out);
-  };
-  const int64_t d = c.n_embd;
-  size_t n = m(d, c.n_vocab);  // the output matrix, or the tied embedding
-  for (LayerKind k : c.kinds) {
-    n += 2 * m(d, c.n_ff) + m(c.n_ff, d);
-    if (k == LayerKind::Recurrent)
-      n += m(d, c.ssm_conv_dim()) + m(d, c.ssm_value_dim()) + 2 * m(d, c.ssm_v_heads) +
-           m(c.ssm_value_dim(), d);
-    else
-      n += m(d, c.attn_gate ? 2 * c.q_dim() : c.q_dim()) + 2 * m(d, c.kv_dim()) + m(c.q_dim(), d);
-  }
-  return n;
 }
 
 }  // namespace kvs

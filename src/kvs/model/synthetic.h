@@ -22,7 +22,8 @@ std::vector<std::string> synthetic_presets();
 // The config a synthetic model of `spec` has, without building its weights (for tests and
 // sizing); equal to ModelConfig::from_gguf(*make_synthetic(spec)).
 ModelConfig synthetic_config(std::string_view spec);
-// Bytes of its matrices (what a decode step reads), equal to Weights::matrix_bytes().
-size_t synthetic_matrix_bytes(std::string_view spec);
+// The model of `spec` with every matrix zero and no vocabulary, built at once in memory it
+// does not touch: its shapes and sizes, for sizing (kvstream plan).
+std::unique_ptr<gguf::File> synthetic_shapes(std::string_view spec);
 
 }  // namespace kvs

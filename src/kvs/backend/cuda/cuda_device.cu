@@ -40,7 +40,7 @@ DeviceBuffer& Ctx::grow(DeviceBuffer& b, size_t bytes, const char* what, bool ze
     KVS_CUDA_CHECK(cudaStreamSynchronize(stream));  // the old buffer may still be read
     if (side) KVS_CUDA_CHECK(cudaStreamSynchronize(side));
     b.reset();
-    b = dev->alloc(bytes + bytes / 4, what);
+    b = dev->alloc(grown(bytes), what);
     if (zero) {
       KVS_CUDA_CHECK(cudaMemsetAsync(b.as(), 0, b.size(), stream));
       KVS_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -230,33 +230,18 @@ class CudaDevice final : public Device {
 
   void reserve(const Weights& w, int64_t n_tok, int64_t n_out_tok, int64_t max_spans,
                int32_t n_head, int32_t head_dim) override {
-    const cuda::PrefillScratch p = cuda::prefill_scratch_of(w, n_tok, n_out_tok, max_spans);
+    const cuda::Reserved r = cuda::reserved_of(w, n_tok, n_out_tok, max_spans, n_head, head_dim);
+    const cuda::PrefillScratch& p = r.scratch;
     if (p.w16) ctx_.scratch_w(p.w16 / sizeof(__half)), ctx_.scratch_x(p.x16 / sizeof(__half));
-    if (p.kv16) ctx_.scratch_kv16(p.kv16), ctx_.scratch_spans16(cuda::kMaxSpans16);
+    if (p.kv16) ctx_.scratch_kv16(p.kv16), ctx_.scratch_spans16(p.spans16 / sizeof(Span));
     if (p.gdn) ctx_.scratch_gdn(p.gdn / sizeof(float));
-    size_t xq = 0;  // for kMaxSliceTok tokens whatever n_tok: a prefill's short chunk too
-    for (const LayerWeights& l : w.layers)
-      for (const Matrix* m : cuda::layer_matrices(l))
-        if (m->n_out > 0)
-          xq = std::max(xq, cuda::xq_bytes(m->n_in, cuda::kMaxSliceTok));
-    xq = std::max(xq, cuda::xq_bytes(w.output.n_in, cuda::kMaxSliceTok));
-    if (xq) ctx_.scratch_xq(xq);
-    if (max_spans > 0) ctx_.scratch_part(static_cast<size_t>(max_spans) * n_head * (head_dim + 3));
+    if (r.xq) ctx_.scratch_xq(r.xq);
+    if (r.part) ctx_.scratch_part(r.part / sizeof(float));
   }
 
-  // The layers' products only: the output matrix sees one row a sequence, which reserve()
-  // covers. A quantized cache's f16 chunks take what max_spans pages need, up to kKv16Bytes.
   size_t prefill_scratch(const Weights& w, int64_t n_tok, int64_t max_spans,
                          const KvLayout& kv) override {
-    prefill_ = cuda::prefill_scratch_of(w, n_tok, 0, 0);
-    const bool f16 = kv.k_type == DType::F16 && kv.v_type == DType::F16;
-    if (max_spans > 0 && n_tok > cuda::kMaxSliceTok && !f16) {
-      const size_t page16 = 2 * static_cast<size_t>(kv.page_size) * kv.n_head_kv * kv.head_dim *
-                            sizeof(__half);
-      prefill_.kv16 = std::min(cuda::kKv16Bytes, static_cast<size_t>(max_spans) * page16);
-      prefill_.spans16 =
-          static_cast<size_t>(std::min<int64_t>(max_spans, cuda::kMaxSpans16)) * sizeof(Span);
-    }
+    prefill_ = cuda::workspace_scratch_of(w, n_tok, max_spans, kv);
     return prefill_.bytes();
   }
   void lend_prefill_scratch(uint8_t* p) override {

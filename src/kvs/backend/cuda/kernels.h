@@ -97,7 +97,9 @@ struct Ctx {
     return reinterpret_cast<Span*>(
         scratch(spans16, lent_spans16, n * sizeof(Span), "f16 K/V chunk spans"));
   }
+  // A buffer too small is replaced by one of grown(bytes).
   DeviceBuffer& grow(DeviceBuffer& b, size_t bytes, const char* what, bool zero = false);
+  static constexpr size_t grown(size_t bytes) { return bytes + bytes / 4; }
 };
 
 // Copies n bytes (a multiple of 16, both addresses 16-byte aligned) from host memory to dst

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kvs/quant/kv_page.h"
 #include "kvs/model/weights.h"
 
 namespace kvs::cuda {
@@ -25,5 +26,22 @@ struct PrefillScratch {
 // most max_spans spans (0: no attention over a quantized cache).
 PrefillScratch prefill_scratch_of(const Weights& w, int64_t n_tok, int64_t n_out_tok,
                                   int64_t max_spans);
+
+// What Device::reserve allocates, each part a buffer of its own: prefill_scratch_of's, x
+// quantized for kMaxSliceTok rows whatever n_tok (a prefill's short chunk too), and the
+// decode's partials of max_spans spans.
+struct Reserved {
+  PrefillScratch scratch;
+  size_t xq = 0, part = 0;
+  size_t bytes() const;  // as allocated (Ctx::grown)
+};
+Reserved reserved_of(const Weights& w, int64_t n_tok, int64_t n_out_tok, int64_t max_spans,
+                     int32_t n_head, int32_t head_dim);
+
+// The phase arena's scratch (Device::prefill_scratch): the layers' products only, the output
+// matrix seeing one row a sequence, which reserve() covers; a quantized cache's f16 chunks
+// take what max_spans pages need, up to kKv16Bytes.
+PrefillScratch workspace_scratch_of(const Weights& w, int64_t n_tok, int64_t max_spans,
+                                    const KvLayout& kv);
 
 }  // namespace kvs::cuda

@@ -14,6 +14,36 @@
 
 namespace kvs::cuda {
 
+namespace {
+
+template <class W>
+auto placed_vectors(W& w) {
+  std::vector<decltype(&w.output_norm)> v{&w.output_norm, &w.rope_freqs};
+  for (auto& l : w.layers)
+    for (auto* x : {&l.attn_norm, &l.bq, &l.bk, &l.bv, &l.q_norm, &l.k_norm, &l.attn_post_norm,
+                    &l.ffn_norm, &l.ffn_post_norm, &l.ssm_conv1d, &l.ssm_dt, &l.ssm_a, &l.ssm_norm})
+      v.push_back(x);
+  return v;
+}
+
+size_t matrix_bytes(const Weights& w) {
+  size_t n = 0;
+  for (const Matrix* m : placed_matrices(w))
+    n += (device_pitch(m->type, m->n_in) * static_cast<size_t>(m->n_out) + 255) / 256 * 256;
+  return n;
+}
+
+// Each vector's floats start at a multiple of 64.
+size_t vector_bytes(const Weights& w) {
+  size_t n = 0;
+  for (const Vec* v : placed_vectors(w)) n += (v->size() + 63) / 64 * 64;
+  return std::max<size_t>(n, 1) * sizeof(float);
+}
+
+}  // namespace
+
+size_t placed_bytes(const Weights& host) { return matrix_bytes(host) + vector_bytes(host); }
+
 Weights place_weights(Device& dev, const Weights& host, PlacedWeights& placed) {
   for (size_t il = 0; il < host.layers.size(); ++il) {
     const LayerWeights& l = host.layers[il];
@@ -26,19 +56,11 @@ Weights place_weights(Device& dev, const Weights& host, PlacedWeights& placed) {
               "model on the cpu backend)");
   }
   Weights out = host;
-  std::vector<Matrix*> mats{&out.tok_embd};
-  if (host.output.data != host.tok_embd.data) mats.push_back(&out.output);
-  for (LayerWeights& l : out.layers)
-    for (Matrix* m : layer_matrices(l))
-      if (m->n_out > 0) mats.push_back(m);
+  const std::vector<Matrix*> mats = placed_matrices(out);
   // Rows are repacked on the host into the layout of layout.h.
   std::vector<size_t> pitch(mats.size());
-  size_t total = 0;
-  for (size_t i = 0; i < mats.size(); ++i) {
-    pitch[i] = device_pitch(mats[i]->type, mats[i]->n_in);
-    total += (pitch[i] * static_cast<size_t>(mats[i]->n_out) + 255) / 256 * 256;
-  }
-  uint8_t* const base = placed.buffers.emplace_back(dev.alloc(total, "the weights")).as();
+  for (size_t i = 0; i < mats.size(); ++i) pitch[i] = device_pitch(mats[i]->type, mats[i]->n_in);
+  uint8_t* const base = placed.buffers.emplace_back(dev.alloc(matrix_bytes(host), "the weights")).as();
   std::vector<uint8_t> buf;
   size_t off = 0;
   for (size_t i = 0; i < mats.size(); ++i) {
@@ -61,17 +83,9 @@ Weights place_weights(Device& dev, const Weights& host, PlacedWeights& placed) {
     off += (pitch[i] * static_cast<size_t>(m->n_out) + 255) / 256 * 256;
   }
   if (host.output.data == host.tok_embd.data) out.output = out.tok_embd;  // tied: same layout too
-  std::vector<Vec*> vecs{&out.output_norm, &out.rope_freqs};
-  for (LayerWeights& l : out.layers)
-    for (Vec* v : {&l.attn_norm, &l.bq, &l.bk, &l.bv, &l.q_norm, &l.k_norm, &l.attn_post_norm,
-                   &l.ffn_norm, &l.ffn_post_norm, &l.ssm_conv1d, &l.ssm_dt, &l.ssm_a, &l.ssm_norm})
-      vecs.push_back(v);
-  size_t nv = 0;
-  for (Vec* v : vecs) nv += (v->size() + 63) / 64 * 64;
+  const std::vector<Vec*> vecs = placed_vectors(out);
   float* const vbase =
-      placed.buffers.emplace_back(dev.alloc(std::max<size_t>(nv, 1) * sizeof(float),
-                                            "the weights' vectors"))
-          .as<float>();
+      placed.buffers.emplace_back(dev.alloc(vector_bytes(host), "the weights' vectors")).as<float>();
   size_t vo = 0;
   for (Vec* v : vecs) {
     if (v->empty()) continue;

@@ -2,6 +2,7 @@
 // llama-bench's and as JSON with every figure.
 #include <climits>
 #include <cmath>
+#include <functional>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -9,6 +10,8 @@
 #include "commands.h"
 #include "kvs/backend/device.h"
 #include "kvs/engine/engine.h"
+#include "kvs/engine/speculation.h"
+#include "kvs/tokenizer/tokenizer.h"
 #include "kvs/model/model.h"
 #include "kvs/util/error.h"
 #include "kvs/util/parse.h"
@@ -28,6 +31,9 @@ struct BenchArgs {
   EngineOptions base;
   int32_t n_gen = 32, n_batch = 512;
   std::vector<int64_t> verify;  // --verify-tokens: tokens of one sequence a timed step verifies
+  SpecArgs spec;
+  std::string file;  // --spec: the prompt its drafts continue
+  bool chat = false;
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -386,6 +392,166 @@ nlohmann::json bench_json(const BenchArgs& a, const std::string& device, size_t 
   return j;
 }
 
+// A greedy decode of n tokens by one sequence from the logits l of its last token, with the
+// drafts of spec where given, verified in the step of the token before them:
+// the tokens, and the steps, drafts and time it took. The speculator's sequence is s's id.
+struct Decoded {
+  std::vector<int32_t> tokens;
+  int64_t steps = 0, drafted = 0, accepted = 0;
+  double seconds = 0;
+  size_t streamed = 0;
+};
+Decoded decode_greedy(Engine& eng, Sequence& s, const float* l, int32_t n, int32_t V,
+                      Speculator* spec) {
+  Decoded d;
+  const size_t in0 = eng.totals().bytes_in;
+  const double t0 = now();
+  std::vector<int32_t> feed;
+  int32_t next = argmax(l, V);
+  auto emit = [&](int32_t t) {
+    d.tokens.push_back(t);
+    if (spec) spec->accept(s.id, t);
+    return static_cast<int32_t>(d.tokens.size()) < n;
+  };
+  while (emit(next)) {
+    feed.assign(1, next);
+    if (spec) {
+      const int64_t room = std::min<int64_t>(n - static_cast<int64_t>(d.tokens.size()),
+                                             eng.options().n_ctx - s.n_past - 1);
+      spec->propose({{s.id, room}});
+      feed.insert(feed.end(), spec->drafts(s.id).begin(), spec->drafts(s.id).end());
+    }
+    const auto nd = static_cast<int32_t>(feed.size()) - 1;
+    eng.step({{&s, feed.data(), nd + 1, nd > 0}});
+    ++d.steps;
+    d.drafted += nd;
+    int32_t k = 0;
+    bool more = true;
+    for (; k < nd && more; ++k) {
+      const int32_t t = argmax(eng.logits(0, k), V);
+      if (t != feed[static_cast<size_t>(k) + 1]) break;
+      more = emit(t);
+    }
+    if (k < nd && more) eng.truncate(s, s.n_past - (nd - k));  // the drafts from k on
+    d.accepted += k;
+    if (nd > 0) spec->verified(s.id, k);
+    if (!more) break;
+    next = argmax(eng.logits(0, k), V);
+  }
+  d.seconds = now() - t0;
+  d.streamed = eng.totals().bytes_in - in0;
+  return d;
+}
+
+// bench --spec: at each depth, -r times, a sequence filled to the depth, the prompt prefilled,
+// then --n-gen tokens decoded greedily without speculation (an engine without a drafter, as a
+// run without --spec) and with it: their tokens/s, the drafts and tokens a step, and whether
+// both gave the same tokens.
+void spec_bench(BenchArgs& a, const Model& model, const std::vector<int64_t>& depths, size_t vram,
+                const std::vector<int32_t>& prompt, nlohmann::json& runs,
+                const std::function<void()>& save) {
+  const int32_t n_prompt = static_cast<int32_t>(prompt.size());
+  const std::unique_ptr<Model> draft_model = load_draft(a.spec, model);
+  for (const std::string& mode_s : split(a.modes)) {
+    EngineOptions plain_o = options(a, mode_s), spec_o = plain_o;
+    apply_speculation(a.spec, spec_o, a.backend);
+    int64_t max_depth = 0;
+    for (int64_t d : depths) max_depth = std::max(max_depth, d);
+    plain_o.n_ctx = spec_o.n_ctx = context_of(max_depth + n_prompt + a.n_gen + spec_o.n_verify,
+                                              "--depths, -f and --n-gen");
+    check_host_kv(spec_o, model.config, a.backend);
+    std::mt19937 rng(1);
+    auto random_tokens = [&](int64_t n) {
+      std::vector<int32_t> t(static_cast<size_t>(n));
+      for (auto& x : t) x = static_cast<int32_t>(rng() % static_cast<uint32_t>(model.config.n_vocab));
+      return t;
+    };
+    // Each depth's decodes, -r of each: fill, prompt, decode.
+    auto decodes = [&](Engine& eng, Speculator* spec, int64_t depth) {
+      std::vector<Decoded> out;
+      for (int32_t r = 0; r < a.reps; ++r) {
+        Sequence s = eng.open_sequence();
+        fill(a, eng, s, depth, mode_s, random_tokens, static_cast<uint32_t>(depth));
+        const float* l = nullptr;
+        for (int32_t j = 0; j < n_prompt; j += a.n_batch)
+          l = eng.eval(s, prompt.data() + j, std::min(a.n_batch, n_prompt - j));
+        if (spec) {
+          SamplerParams greedy;
+          greedy.temp = 0;
+          spec->start(s.id, prompt.data(), n_prompt, greedy);
+        }
+        out.push_back(decode_greedy(eng, s, l, a.n_gen, model.config.n_vocab, spec));
+        eng.close_sequence(s);
+      }
+      return out;
+    };
+    std::vector<std::vector<Decoded>> plain, spec;
+    {
+      auto dev = device_of(a.s, a.backend, vram);
+      Engine eng(model, *dev, plain_o);
+      warm_up(eng, random_tokens(std::min<int64_t>(a.n_batch, plain_o.n_ctx - 1) + 1));
+      for (int64_t depth : depths) plain.push_back(decodes(eng, nullptr, depth));
+    }
+    auto dev = device_of(a.s, a.backend, vram);
+    const auto drafter = make_drafter(a.spec, draft_model.get(), model, *dev, spec_o);
+    const auto mtp = make_mtp(a.spec, model, *dev, spec_o);
+    Engine eng(model, *dev, spec_o, mtp ? &mtp->engine() : nullptr);
+    Speculator sp(spec_options(a.spec), eng, drafter.get(), mtp.get());
+    warm_up(eng, random_tokens(std::min<int64_t>(a.n_batch, spec_o.n_ctx - 1) + 1));
+    for (size_t i = 0; i < depths.size(); ++i) {
+      spec.push_back(decodes(eng, &sp, depths[i]));
+      const auto rate = [&](const std::vector<Decoded>& v) {
+        std::vector<double> x;
+        for (const Decoded& d : v) x.push_back((static_cast<double>(d.tokens.size()) - 1) / d.seconds);
+        return x;
+      };
+      int64_t drafted = 0, accepted = 0, steps = 0, tokens = 0;
+      size_t streamed = 0;
+      bool same = true;
+      for (size_t r = 0; r < spec[i].size(); ++r) {
+        const Decoded& d = spec[i][r];
+        drafted += d.drafted, accepted += d.accepted, steps += d.steps;
+        tokens += static_cast<int64_t>(d.tokens.size()) - 1;
+        streamed += d.streamed;
+        same &= d.tokens == plain[i][r].tokens;
+      }
+      const Stat p = stat(rate(plain[i])), q = stat(rate(spec[i]));
+      const auto n = static_cast<size_t>(a.reps);
+      nlohmann::json j = run_json(a, eng, mode_s);
+      j["depth"] = depths[i];
+      j["prompt_tokens"] = n_prompt;
+      j["spec"] = {{"mode", a.spec.kind()},
+                   {"draft_max", a.spec.draft_max},
+                   {"draft_min", a.spec.draft_min},
+                   {"tg_tokens_per_s", q.mean},
+                   {"tg_tokens_per_s_std", q.std},
+                   {"tg_tokens_per_s_reps", rate(spec[i])},
+                   {"plain_tg_tokens_per_s", p.mean},
+                   {"plain_tg_tokens_per_s_std", p.std},
+                   {"plain_tg_tokens_per_s_reps", rate(plain[i])},
+                   {"speedup", q.mean / p.mean},
+                   {"drafted", drafted},
+                   {"accepted", accepted},
+                   {"acceptance", drafted ? static_cast<double>(accepted) / drafted : 0.0},
+                   {"tokens_per_step", steps ? static_cast<double>(tokens) / steps : 0.0},
+                   {"streamed_bytes_per_token", tokens ? static_cast<double>(streamed) / tokens : 0.0},
+                   {"same_tokens", same}};
+      std::printf("| %s | %s | %s/%s | %lld | tg%d spec %s | %s (%.2fx of %s) | %.1f %% accepted | "
+                  "%.2f tokens/step | %s%s |\n",
+                  a.s.model.c_str(), mode_s.c_str(), a.s.ctk.c_str(), a.s.ctv.c_str(),
+                  static_cast<long long>(depths[i]), a.n_gen, a.spec.kind().c_str(),
+                  show(q, n).c_str(), q.mean / p.mean, show(p, n).c_str(),
+                  drafted ? 100.0 * static_cast<double>(accepted) / drafted : 0.0,
+                  steps ? static_cast<double>(tokens) / steps : 0.0,
+                  format_bytes(static_cast<size_t>(j["spec"]["streamed_bytes_per_token"].get<double>())).c_str(),
+                  same ? "" : " (other tokens than without --spec)");
+      std::fflush(stdout);
+      runs.push_back(j);
+      save();
+    }
+  }
+}
+
 void bench(BenchArgs& a) {
   const std::vector<int64_t> depths =
       a.depths.empty() ? std::vector<int64_t>{} : parse_count_list(a.depths, "--depths");
@@ -406,6 +572,29 @@ void bench(BenchArgs& a) {
   for (int64_t k : a.verify) {
     KVS_CHECK(k >= 1 && k <= 64, "--verify-tokens: ", k, " is not 1 to 64");
     a.base.n_verify = std::max(a.base.n_verify, static_cast<int32_t>(k));
+  }
+  if (a.spec.on()) {
+    KVS_CHECK(!a.file.empty(), "bench --spec: give the prompt the drafts continue with -f/--file");
+    KVS_CHECK(a.spec.kind() != "mtp" || a.fill == "prefill" || depths == std::vector<int64_t>{0},
+              "bench --spec mtp: --fill random writes no keys for the MTP block; use --fill "
+              "prefill or --depths 0");
+    KVS_CHECK(a.pair.empty() && a.verify.empty(), "bench --spec: not with --pair or --verify-tokens");
+    const Tokenizer& tok = *model->tokenizer;
+    std::string text = read_file(a.file);
+    if (a.chat) text = tok.apply_chat({{"user", text}});
+    const std::vector<int32_t> prompt = tok.encode(text, true, a.chat);
+    KVS_CHECK(!prompt.empty(), "-f ", a.file, ": an empty prompt");
+    nlohmann::json runs = nlohmann::json::array();
+    std::string device_name = device_of(a.s, a.backend, vram)->name();
+    const auto save = [&] {
+      if (!a.json_out.empty())
+        write_json(a.json_out, bench_json(a, device_name, vram, runs, nlohmann::json::array()));
+    };
+    std::printf("| model | mode | KV | depth | test | tokens/s | acceptance | tokens/step | "
+                "streamed/token |\n");
+    std::printf("| --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: |\n");
+    spec_bench(a, *model, depths, vram, prompt, runs, save);
+    return;
   }
   const int32_t n_prompt =
       a.n_prompt_text.empty()
@@ -514,6 +703,11 @@ void register_bench(CLI::App& app, std::string command) {
                 "Also time, at each depth, steps of K tokens of one sequence with the logits of "
                 "each (speculative verify steps, the drafts rolled back), e.g. 1,2,4,8: their "
                 "time against the one-token step's");
+  add_speculation(c, a->spec);
+  c->add_option("-f,--file", a->file,
+                "--spec: the prompt the drafts continue (text), prefilled after each depth; "
+                "--n-gen tokens are then decoded greedily with and without speculation");
+  c->add_flag("--chat", a->chat, "--spec: wrap the prompt in the model's chat template");
   c->add_option("--json", a->json_out, "Write every figure as JSON to this file");
   c->callback([a, depths] {
     if (!a->pair.empty() && depths->count() == 0) a->depths.clear();

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "commands.h"
@@ -16,6 +18,15 @@
 #include "kvs/util/threadpool.h"
 
 namespace kvs::cli {
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  KVS_CHECK(in.good(), "-f: cannot read '", path, "'");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
 
 void add_shared(CLI::App* c, SharedArgs& a, unsigned flags) {
   if (flags & kModel)

@@ -96,6 +96,9 @@ std::unique_ptr<ModelDrafter> make_drafter(const SpecArgs& sp, const Model* draf
 std::unique_ptr<MtpDrafter> make_mtp(const SpecArgs& sp, const Model& target, Device& dev,
                                      const EngineOptions& o);
 
+// The text of -f/--file, failing with its name where it cannot be read.
+std::string read_file(const std::string& path);
+
 // The engine options of the shared flags for this model, every limit checked first (-c 0: the
 // trained context).
 EngineOptions engine_options(const SharedArgs& a, const ModelConfig& c);

@@ -29,14 +29,6 @@ struct RunArgs {
   bool has_prompt = false, chat = false, conversation = false, no_conversation = false;
 };
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  KVS_CHECK(in.good(), "-f: cannot read '", path, "'");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 size_t peak_rss() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);

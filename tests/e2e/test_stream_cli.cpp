@@ -55,6 +55,9 @@ std::string long_prompt_file() {
   return path.string();
 }
 
+// A prompt that repeats itself, as code edits and summaries quote their input.
+std::string source_dir_file() { return test::source_dir() + "/bench/prompts/code-edit.txt"; }
+
 class StreamCli : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -184,6 +187,40 @@ TEST_F(StreamCli, DraftModelSpeculationGivesTheTokensOfPlainDecoding) {
   EXPECT_NE(bad.err.find("--spec draft needs a draft model"), std::string::npos) << bad.err;
   bad = kvstream(m + " --spec ngram -md " + test::smollm2(), "draft_ngram");
   EXPECT_NE(bad.err.find("-md/--model-draft is for --spec draft"), std::string::npos) << bad.err;
+}
+
+// bench --spec: at each depth the prompt's greedy continuation with and without drafts, the
+// same tokens, the drafts' acceptance and the steps they saved, while the history streams
+// through a small arena past the depth's fill.
+TEST_F(StreamCli, BenchSpecComparesWithPlainDecoding) {
+  const std::string bench = "bench -m " + test::smollm2() + " -f " + source_dir_file() +
+                            " --chat --n-gen 48 --page-size 8 -b 64 --kv-arena 1M --no-phase-arena "
+                            "--fill random --depths 0,400";
+  const Outcome o = kvstream(bench + " --spec ngram --draft-max 6 -r 2", "bench_spec");
+  ASSERT_EQ(o.status, 0) << o.err;
+  ASSERT_EQ(o.json["runs"].size(), 2u);
+  for (const auto& r : o.json["runs"]) {
+    const auto& sp = r["spec"];
+    EXPECT_TRUE(sp["same_tokens"].get<bool>()) << r.dump();
+    EXPECT_EQ(sp["mode"], "ngram");
+    EXPECT_GT(sp["drafted"].get<int64_t>(), 0) << r.dump();
+    EXPECT_GT(sp["plain_tg_tokens_per_s"].get<double>(), 0) << r.dump();
+    EXPECT_EQ(sp["tg_tokens_per_s_reps"].size(), 2u);
+  }
+  // Behind random keys the model no longer quotes the prompt; at depth 0 it does.
+  const auto& sp0 = o.json["runs"][0]["spec"];
+  EXPECT_GT(sp0["accepted"].get<int64_t>(), 20) << sp0.dump();
+  EXPECT_GT(sp0["tokens_per_step"].get<double>(), 1.5) << sp0.dump();
+  EXPECT_GT(o.json["runs"][1]["spec"]["streamed_bytes_per_token"].get<double>(), 0)
+      << "the arena should be too small for a depth of 400";
+  EXPECT_NE(o.out.find("tg48 spec ngram"), std::string::npos) << o.out;
+  Outcome bad = kvstream("bench -m " + test::smollm2() + " --spec ngram", "bench_spec_nofile");
+  EXPECT_NE(bad.err.find("bench --spec: give the prompt the drafts continue with -f/--file"),
+            std::string::npos)
+      << bad.err;
+  bad = kvstream("bench -m " + test::smollm2() + " -f " + source_dir_file() + " --spec mtp",
+                 "bench_spec_mtp");
+  EXPECT_NE(bad.err.find("MTP drafts come from the nextn layer"), std::string::npos) << bad.err;
 }
 
 TEST_F(StreamCli, BadStreamingInputIsRefusedClearly) {

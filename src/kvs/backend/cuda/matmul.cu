@@ -217,10 +217,60 @@ struct QChunk {
   }
 };
 
+// prmt's generic mode: byte k of the result is byte s[4k+2:4k] of {b, a}, or, where bit 4k + 3
+// of s is set, that byte's sign bit copied to all 8 bits (only s's low 16 bits are read).
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t s) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(s));
+  return r;
+}
+
+// x's words for the iq4 codes in a quant word's order: word w of the quants holds elements
+// 4w + j in the low nibble of byte j and 16 + 4w + j in the high one, so its low half word holds
+// elements 4w, 16 + 4w, 4w + 1, 17 + 4w (p[2w]) and its high one the next two (p[2w + 1]).
+// Once per token, for all R rows.
+__device__ __forceinline__ void iq4_order(const int (&x)[8], int (&p)[8]) {
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    p[2 * w] = static_cast<int>(__byte_perm(x[w], x[w + 4], 0x5140));
+    p[2 * w + 1] = static_cast<int>(__byte_perm(x[w], x[w + 4], 0x7362));
+  }
+}
+
+// TRIAL way 1: the levels of the 8 codes of q (nibble order), by the 16-entry table's halves
+// and a select.
+__device__ __forceinline__ void iq4_select(uint32_t q, int& a, int& b) {
+  const uint32_t m = q & 0x77777777u, sel = ((q >> 1) & 0x44444444u) | 0x32103210u;
+  const uint32_t m1 = m >> 16;
+  a = static_cast<int>(__byte_perm(__byte_perm(0xBFAD9881u, 0xF6EADDCFu, m),
+                                   __byte_perm(0x26190D01u, 0x71594535u, m), sel));
+  b = static_cast<int>(__byte_perm(__byte_perm(0xBFAD9881u, 0xF6EADDCFu, m1),
+                                   __byte_perm(0x26190D01u, 0x71594535u, m1), sel >> 16));
+}
+
+// A level of iq4 (ggml's kvalues_iq4nl) as the sum of two bytes, each from one permute of the
+// code word without a mask: n[k] is the level of a code below 8 (the negative half of the
+// table) and -1 for a code of 8 or more (the sign of a negative level); p[k], from the codes
+// with bit 3 flipped, is the level + 1 of a code of 8 or more (the positive half, each level
+// plus one) and 0 below 8 (the sign of a positive byte). Codes of q's low half word in n[0],
+// p[0], of its high one in n[1], p[1]: dp4a(n, x) + dp4a(p, x) is the levels' dot product.
+__device__ uint32_t g_iq4_first[2] = {0xBFAD9881u, 0x271A0E02u};
+
+// t0, t1: the tables' first words (0xBFAD9881, 0x271A0E02), kept in registers by the caller.
+__device__ __forceinline__ void iq4_split(uint32_t q, int (&n)[2], int (&p)[2], uint32_t t0,
+                                          uint32_t t1) {
+  const uint32_t f = q ^ 0x88888888u;
+  n[0] = static_cast<int>(prmt(t0, 0xF6EADDCFu, q));
+  p[0] = static_cast<int>(prmt(t1, 0x725A4636u, f));
+  n[1] = static_cast<int>(prmt(t0, 0xF6EADDCFu, q >> 16));
+  p[1] = static_cast<int>(prmt(t1, 0x725A4636u, f >> 16));
+}
+
 // The sub-blocks (layout.h) of U groups of R rows, as one lane loads them: k-quants, iq4_xs and
 // iq4_nl. The codes are dotted with x's planes per half of 16 elements where the halves scale
 // apart; a level's offset and a half's min meet x's sum over the half (xs), once per token.
-template <DType T, int R, int U>
+// TRIAL W (iq4 only): 0 the levels by Sub::codes, 1 iq4_select, 2 and 3 iq4_split.
+template <DType T, int R, int U, int W>
 struct SubChunk {
   static constexpr Packed pk = packed(T);
   Sub<T> s[U][R];
@@ -248,6 +298,50 @@ struct SubChunk {
       for (int t = 0; t < NT; ++t) {
         int xh[8], xl[8];
         const float2 m = load_x(xq, xm, static_cast<size_t>(t) * n_blocks + b, xh, xl);
+        if constexpr (kIq4<T> && W != 0) {
+          // W 3: the tables' first words loaded, which the compiler cannot redo from a
+          // constant, so they stay in registers instead of a move before every permute.
+          const uint32_t t0 = W == 3 ? __ldg(&g_iq4_first[0]) : 0xBFAD9881u;
+          const uint32_t t1 = W == 3 ? __ldg(&g_iq4_first[1]) : 0x271A0E02u;
+          int ph[8], pl[8];
+          iq4_order(xh, ph), iq4_order(xl, pl);
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            int sh = 0, sl = 0;
+#pragma unroll
+            for (int w = 0; w < 4; ++w) {
+              const uint32_t q = s[u][r].q[w];
+              if constexpr (W == 1) {
+                int a, c;
+                iq4_select(q, a, c);
+                sh = __dp4a(a, ph[2 * w], sh), sh = __dp4a(c, ph[2 * w + 1], sh);
+                sl = __dp4a(a, pl[2 * w], sl), sl = __dp4a(c, pl[2 * w + 1], sl);
+              } else {
+                int n[2], p[2];
+                iq4_split(q, n, p, t0, t1);
+#pragma unroll
+                for (int k = 0; k < 2; ++k) {
+                  sh = __dp4a(n[k], ph[2 * w + k], sh), sh = __dp4a(p[k], ph[2 * w + k], sh);
+                  sl = __dp4a(n[k], pl[2 * w + k], sl), sl = __dp4a(p[k], pl[2 * w + k], sl);
+                }
+              }
+            }
+            float ds;  // d times the sub-block's scale
+            if constexpr (T == DType::IQ4_XS) {
+              // The 6-bit scale as a float by its bits: 2^23 + scale, less 2^23 + 32.
+              const int sub = lane % 8;
+              const uint32_t hd0 = s[u][r].hd[0], hd1 = s[u][r].hd[1];
+              const uint32_t bits =
+                  ((hd1 >> (4 * sub)) & 15u) | ((hd0 >> (12 + 2 * sub)) & 0x30u) | 0x4B000000u;
+              ds = h2f(hd0) * (__uint_as_float(bits) - 8388640.0f);
+            } else {
+              ds = h2f(s[u][r].hd[0]) * 1.0f;
+            }
+            const float f = fmaf(static_cast<float>(sl), 1.0f / 254.0f, static_cast<float>(sh));
+            acc[r][t] = fmaf(ds * m.x, f, acc[r][t]);
+          }
+          continue;
+        }
         int xs[2][2] = {};  // [plane h, l][half]: the sums of x's bytes
         if constexpr (kHalves<T>) {
 #pragma unroll
@@ -322,21 +416,24 @@ __device__ __forceinline__ void prefetch_next(const L2Next& nx, int lane) {
   }
 }
 
-template <DType T, int R, int U>
-using Chunk = std::conditional_t<kSubFormat<T>, SubChunk<T, R, U>, QChunk<T, R, U>>;
+template <DType T, int R, int U, int W>
+using Chunk = std::conditional_t<kSubFormat<T>, SubChunk<T, R, U, W>, QChunk<T, R, U>>;
+
+constexpr int kIq4Way = 3;  // TRIAL: the production way
 
 // R rows per warp, g.split warps per R rows (warp part takes groups part, part + split, ...,
 // U of them a chunk, summed through shared memory): a row's sums come in one order whatever U,
-// R and the tokens, so the split alone, which q_shape picks by the matrix, sets a token's bits. The first chunk's weights are loaded before pdl_wait(): no
-// kernel writes them, so their latency overlaps the kernel before. kPipe: the next chunk is
-// loaded before the current one is used (twice the registers, no gap between the loads).
-// kNext: at its end, asks L2 for the next product's first weights (nx; one token, in a
-// recorded step), so the memory works while the small kernels between the two run.
-template <DType T, int NT, int R, int U, bool kPipe, bool kNext = false>
+// R and the tokens, so the split alone, which q_shape picks by the matrix, sets a token's bits. The
+// first chunk's weights are loaded before pdl_wait(): no kernel writes them, so their latency
+// overlaps the kernel before. kPipe: the next chunk is loaded before the current one is used (twice
+// the registers, no gap between the loads). kNext: at its end, asks L2 for the next product's first
+// weights (nx; one token, in a recorded step), so the memory works while the small kernels between
+// the two run.
+template <DType T, int NT, int R, int U, bool kPipe, bool kNext = false, int W = kIq4Way>
 __global__ void __launch_bounds__(kWarps * 32)
     matvec_q(Group g, const XBlock* __restrict__ xq, const XMeta* __restrict__ xm, int n_in,
              L2Next nx) {
-  using C = Chunk<T, R, U>;
+  using C = Chunk<T, R, U, kIq4<T> ? W : 0>;
   __shared__ float red[kWarps][R][NT];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, split = g.split;
   const int r0 = (blockIdx.x * (kWarps / split) + warp / split) * R, part = warp % split;
@@ -524,7 +621,7 @@ Group make_group(const MatJob* jobs, int n, int per) {
   return g;
 }
 
-template <DType T, int NT, int R, int U, bool P>
+template <DType T, int NT, int R, int U, bool P, int W = kIq4Way>
 void launch_q(Ctx& c, const MatJob* jobs, int n, int split, const XBlock* xq, const XMeta* xm,
               int n_in) {
   Group g = make_group(jobs, n, R);
@@ -533,12 +630,13 @@ void launch_q(Ctx& c, const MatJob* jobs, int n, int split, const XBlock* xq, co
   if constexpr (NT == 1)
     if (c.next.n != 0) {
       L2Next nx = c.next;
-      nx.from_block =
-          std::max(0, blocks - resident(matvec_q<T, NT, R, U, P, true>, kWarps * 32, 0) * c.n_sm);
-      return launch(matvec_q<T, NT, R, U, P, true>, blocks, kWarps * 32, 0, c.stream, g, xq, xm,
+      nx.from_block = std::max(
+          0, blocks - resident(matvec_q<T, NT, R, U, P, true, W>, kWarps * 32, 0) * c.n_sm);
+      return launch(matvec_q<T, NT, R, U, P, true, W>, blocks, kWarps * 32, 0, c.stream, g, xq, xm,
                     n_in, nx);
     }
-  launch(matvec_q<T, NT, R, U, P>, blocks, kWarps * 32, 0, c.stream, g, xq, xm, n_in, L2Next{});
+  launch(matvec_q<T, NT, R, U, P, false, W>, blocks, kWarps * 32, 0, c.stream, g, xq, xm, n_in,
+         L2Next{});
 }
 
 // The integer kernel's shape for rows of n_in (rows in all, n_tok tokens, bytes per sub-block

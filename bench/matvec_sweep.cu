@@ -1,14 +1,14 @@
 // Times the integer matrix-vector kernel's variants (rows per warp, groups per chunk, one
-// chunk ahead or not, warps per row) on the matrix shapes of Qwen3.5 27B (KVS_SHAPES=8b: of the
-// 8B models), one token: the numbers behind q_shape() in matmul.cu, then the variant q_shape()
+// chunk ahead or not, warps per row) on the matrix shapes of the 8B models (--shapes 27b: of
+// Qwen3.5 27B), one token: the numbers behind q_shape() in matmul.cu, then the variant q_shape()
 // picks ("chosen"). Built with the CUDA backend as kvs_matvec_sweep; run it on the GPU machine:
-//   kvs_matvec_sweep [--hbm GB/S] [FORMAT...]   (default: iq4_xs q4_0 q4_k q3_k)
-// (PDL=0: without programmatic dependent launch). Each variant runs 100 times over copies of
-// the matrices larger than the L2 cache; the times include the launches, back to back. GB/s
-// counts the bytes of the rows in the device layout (layout.h), % of --hbm (default 3350, an
-// H100 SXM). TRIAL: iq4 formats are timed in each way of their table look-up (way=W), checked
-// bit for bit against way 0 on random rows; a token-weighted sum over the 27B's layers ends
-// each format.
+//   kvs_matvec_sweep [--shapes 8b|27b] [--hbm GB/S] [FORMAT...]
+// (default iq4_xs q4_0 q4_k q3_k; PDL=0: without programmatic dependent launch). Each variant
+// runs 100 times over copies of the matrices larger than the L2 cache; the times include the
+// launches, back to back. GB/s counts the bytes of the rows in the device layout (layout.h), %
+// of --hbm (default 3350, an H100 SXM). The chosen variants' times over a decode step's matrices
+// ("TOKEN") end each format. TRIAL: iq4 formats are timed in each way of their table look-up
+// (way=W; 0: the kernel before it), each checked bit for bit against way 0 on random rows.
 #include "../src/kvs/backend/cuda/matmul.cu"
 
 #include <cstdio>
@@ -163,14 +163,24 @@ int main(int argc, char** argv) {
   Ctx c;
   KVS_CUDA_CHECK(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking));
   KVS_CUDA_CHECK(cudaDeviceGetAttribute(&c.n_sm, cudaDevAttrMultiProcessorCount, 0));
-  const bool llama = getenv("KVS_SHAPES") && std::string(getenv("KVS_SHAPES")) == "8b";
+  bool qwen = false;
+  std::vector<DType> formats;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--hbm" && i + 1 < argc)
+      g_hbm = atof(argv[++i]);
+    else if (a == "--shapes" && i + 1 < argc)
+      qwen = std::string(argv[++i]) == "27b";
+    else
+      formats.push_back(parse_dtype(a, "format"));
+  }
   // Qwen3.5 27B: 48 Gated DeltaNet layers (in-projections qkv, z, alpha [, beta apart]; out),
   // 16 attention ones (q with its gate, k, v; o), 64 FFNs.
   std::vector<Shape> shapes = {
       {"gdn_in", 5120, {10240, 6144, 48}, 48}, {"gdn_out", 6144, {5120}, 48},
       {"qkv", 5120, {12288, 1024, 1024}, 16},  {"wo", 6144, {5120}, 16},
       {"gateup", 5120, {17408, 17408}, 64},    {"down", 17408, {5120}, 64}};
-  if (llama)
+  if (!qwen)
     shapes = {{"qkv", 4096, {4096, 1024, 1024}, 32}, {"wo", 4096, {4096}, 32},
               {"gateup", 4096, {14336, 14336}, 32},  {"down", 14336, {4096}, 32},
               {"q3gu", 4096, {12288, 12288}, 0},     {"q3down", 12288, {4096}, 0},
@@ -187,7 +197,7 @@ int main(int argc, char** argv) {
   auto sweep = [&]<DType T>() {
     const char* tn = dtype_name(T);
     constexpr Packed pk = packed(T);
-    double chosen_us[4] = {}, token_bytes = 0;
+    double chosen_us[5] = {}, token_bytes = 0;
     for (const Shape& sh : shapes) {
       const int n_groups = (sh.n_in / 32 + 31) / 32;
       const size_t rb = static_cast<size_t>(n_groups) * pk.stride();
@@ -230,6 +240,7 @@ int main(int argc, char** argv) {
         variants.template operator()<1>();
         variants.template operator()<2>();
         variants.template operator()<3>();
+        variants.template operator()<4>();
         // Every way against way 0, bit for bit, on random rows at 1 and 2 tokens.
         for (size_t j = 0; j < sh.outs.size(); ++j)
           fill_random(T, static_cast<uint8_t*>(raw[j]), rb, sh.outs[j], n_groups,
@@ -238,6 +249,7 @@ int main(int argc, char** argv) {
         check_way<T, 1, 1>(c, tn, sh, ws, y, xq, xm, ref1);
         check_way<T, 1, 2>(c, tn, sh, ws, y, xq, xm, ref1);
         check_way<T, 1, 3>(c, tn, sh, ws, y, xq, xm, ref1);
+        check_way<T, 1, 4>(c, tn, sh, ws, y, xq, xm, ref1);
         const std::vector<float> ref2 = outputs<T, 2, 0>(c, sh, ws, y, xq, xm);
         check_way<T, 2, 3>(c, tn, sh, ws, y, xq, xm, ref2);
       } else {
@@ -246,7 +258,7 @@ int main(int argc, char** argv) {
       for (void* p : raw) cudaFree(p);
       fflush(stdout);
     }
-    for (int w = 0; w < 4; ++w)
+    for (int w = 0; w < 5; ++w)
       if (chosen_us[w] > 0)
         printf(
             "%-6s TOKEN    way=%d chosen variants over a decode step's matrices: %8.1f us  "
@@ -255,14 +267,6 @@ int main(int argc, char** argv) {
             token_bytes / chosen_us[w] / 1e3 / g_hbm * 100);
     fflush(stdout);
   };
-  std::vector<DType> formats;
-  for (int i = 1; i < argc; ++i) {
-    if (std::string(argv[i]) == "--hbm" && i + 1 < argc) {
-      g_hbm = atof(argv[++i]);
-      continue;
-    }
-    formats.push_back(parse_dtype(argv[i], "format"));
-  }
   if (formats.empty()) formats = {DType::IQ4_XS, DType::Q4_0, DType::Q4_K, DType::Q3_K};
   for (DType t : formats) switch (t) {  // TRIAL: these formats only, to build in time
       case DType::IQ4_XS:

@@ -24,7 +24,8 @@ cat "$out/gpu.txt"
 
 failed=0
 echo "== kvs_matvec_sweep (HBM $hbm GB/s)"
-timeout 150 "$(find_bin kvs_matvec_sweep)" --hbm "$hbm" iq4_xs q4_0 q4_k q3_k > "$out/sweep.txt" 2>&1
+timeout 150 "$(find_bin kvs_matvec_sweep)" --shapes 27b --hbm "$hbm" iq4_xs q4_0 q4_k q3_k \
+  > "$out/sweep.txt" 2>&1
 rc=$?
 echo "kvs_matvec_sweep: exit $rc (log: $out/sweep.txt)"
 [ "$rc" = 0 ] || failed=1

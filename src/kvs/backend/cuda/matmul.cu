@@ -237,15 +237,14 @@ __device__ __forceinline__ void iq4_order(const int (&x)[8], int (&p)[8]) {
   }
 }
 
-// TRIAL way 1: the levels of the 8 codes of q (nibble order), by the 16-entry table's halves
-// and a select.
-__device__ __forceinline__ void iq4_select(uint32_t q, int& a, int& b) {
+// TRIAL way 1 (4: t0, t1 the tables' first words kept in registers): the levels of the 8 codes
+// of q (nibble order), by the 16-entry table's halves and a select.
+__device__ __forceinline__ void iq4_select(uint32_t q, int& a, int& b, uint32_t t0 = 0xBFAD9881u,
+                                           uint32_t t1 = 0x26190D01u) {
   const uint32_t m = q & 0x77777777u, sel = ((q >> 1) & 0x44444444u) | 0x32103210u;
   const uint32_t m1 = m >> 16;
-  a = static_cast<int>(__byte_perm(__byte_perm(0xBFAD9881u, 0xF6EADDCFu, m),
-                                   __byte_perm(0x26190D01u, 0x71594535u, m), sel));
-  b = static_cast<int>(__byte_perm(__byte_perm(0xBFAD9881u, 0xF6EADDCFu, m1),
-                                   __byte_perm(0x26190D01u, 0x71594535u, m1), sel >> 16));
+  a = static_cast<int>(prmt(prmt(t0, 0xF6EADDCFu, m), prmt(t1, 0x71594535u, m), sel));
+  b = static_cast<int>(prmt(prmt(t0, 0xF6EADDCFu, m1), prmt(t1, 0x71594535u, m1), sel >> 16));
 }
 
 // A level of iq4 (ggml's kvalues_iq4nl) as the sum of two bytes, each from one permute of the
@@ -254,7 +253,7 @@ __device__ __forceinline__ void iq4_select(uint32_t q, int& a, int& b) {
 // with bit 3 flipped, is the level + 1 of a code of 8 or more (the positive half, each level
 // plus one) and 0 below 8 (the sign of a positive byte). Codes of q's low half word in n[0],
 // p[0], of its high one in n[1], p[1]: dp4a(n, x) + dp4a(p, x) is the levels' dot product.
-__device__ uint32_t g_iq4_first[2] = {0xBFAD9881u, 0x271A0E02u};
+__device__ uint32_t g_iq4_first[3] = {0xBFAD9881u, 0x271A0E02u, 0x26190D01u};
 
 // t0, t1: the tables' first words (0xBFAD9881, 0x271A0E02), kept in registers by the caller.
 __device__ __forceinline__ void iq4_split(uint32_t q, int (&n)[2], int (&p)[2], uint32_t t0,
@@ -269,7 +268,7 @@ __device__ __forceinline__ void iq4_split(uint32_t q, int (&n)[2], int (&p)[2], 
 // The sub-blocks (layout.h) of U groups of R rows, as one lane loads them: k-quants, iq4_xs and
 // iq4_nl. The codes are dotted with x's planes per half of 16 elements where the halves scale
 // apart; a level's offset and a half's min meet x's sum over the half (xs), once per token.
-// TRIAL W (iq4 only): 0 the levels by Sub::codes, 1 iq4_select, 2 and 3 iq4_split.
+// TRIAL W (iq4 only): 0 the levels by Sub::codes, 1 and 4 iq4_select, 2 and 3 iq4_split.
 template <DType T, int R, int U, int W>
 struct SubChunk {
   static constexpr Packed pk = packed(T);
@@ -299,10 +298,12 @@ struct SubChunk {
         int xh[8], xl[8];
         const float2 m = load_x(xq, xm, static_cast<size_t>(t) * n_blocks + b, xh, xl);
         if constexpr (kIq4<T> && W != 0) {
-          // W 3: the tables' first words loaded, which the compiler cannot redo from a
+          // W 3, 4: the tables' first words loaded, which the compiler cannot redo from a
           // constant, so they stay in registers instead of a move before every permute.
-          const uint32_t t0 = W == 3 ? __ldg(&g_iq4_first[0]) : 0xBFAD9881u;
-          const uint32_t t1 = W == 3 ? __ldg(&g_iq4_first[1]) : 0x271A0E02u;
+          const bool pin = W >= 3;
+          const uint32_t t0 = pin ? __ldg(&g_iq4_first[0]) : 0xBFAD9881u;
+          const uint32_t t1 = pin ? __ldg(&g_iq4_first[1]) : 0x271A0E02u;
+          const uint32_t t2 = pin ? __ldg(&g_iq4_first[2]) : 0x26190D01u;
           int ph[8], pl[8];
           iq4_order(xh, ph), iq4_order(xl, pl);
 #pragma unroll
@@ -311,9 +312,9 @@ struct SubChunk {
 #pragma unroll
             for (int w = 0; w < 4; ++w) {
               const uint32_t q = s[u][r].q[w];
-              if constexpr (W == 1) {
+              if constexpr (W == 1 || W == 4) {
                 int a, c;
-                iq4_select(q, a, c);
+                iq4_select(q, a, c, t0, t2);
                 sh = __dp4a(a, ph[2 * w], sh), sh = __dp4a(c, ph[2 * w + 1], sh);
                 sl = __dp4a(a, pl[2 * w], sl), sl = __dp4a(c, pl[2 * w + 1], sl);
               } else {

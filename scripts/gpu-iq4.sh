@@ -10,7 +10,8 @@
 #    per format and way the chosen variants summed over a decode step's matrices ("TOKEN").
 # 2. kvs_cuda_test_cuda_ops (every format's products against the CPU, iq4_xs and iq4_nl among
 #    them, 1 to 8 tokens) and kvs_cuda_test_cuda (whole models against the CPU, streamed against
-#    resident bit for bit), each with its verdict and first failures.
+#    resident bit for bit), each with its verdict and first failures (KVS_TEST_TIMEOUT seconds
+#    each, default 150).
 set -uo pipefail
 export KVS_SOURCE_DIR=${KVS_SOURCE_DIR:-$PWD}  # the tests' data: this checkout
 bin=${KVS_BIN:-build/sm90}
@@ -21,6 +22,7 @@ find_bin() { [ -x "$bin/$1" ] && echo "$bin/$1" || echo "$bin/tests/$1"; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv \
   > "$out/gpu.txt" 2>&1
 cat "$out/gpu.txt"
+echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)" | tee "$out/commit.txt"
 
 failed=0
 echo "== kvs_matvec_sweep (HBM $hbm GB/s)"
@@ -49,11 +51,12 @@ for (fmt, shape, way), (us, variant, pct) in best.items():
 EOF
 
 for t in kvs_cuda_test_cuda_ops kvs_cuda_test_cuda; do
-  KVS_BINARY="$bin/kvstream" timeout "${KVS_TEST_TIMEOUT:-300}" "$(find_bin "$t")" \
+  KVS_BINARY="$bin/kvstream" timeout "${KVS_TEST_TIMEOUT:-150}" "$(find_bin "$t")" \
     > "$out/$t.txt" 2>&1
   rc=$?
   [ "$rc" = 0 ] || failed=1
-  echo "$t: exit $rc | $(grep -E '^\[  (PASSED|FAILED) ' "$out/$t.txt" | tr '\n' ' ')"
+  echo "$t: exit $rc | $(grep -E '^\[(  PASSED|  FAILED|==========\]) .*(ran|test)' "$out/$t.txt" |
+    tr '\n' ' ')"
   grep -E "worst|Failure|Expected|actual|Which is|error" "$out/$t.txt" | head -16
 done
 [ "$failed" = 0 ] && echo "all passed"

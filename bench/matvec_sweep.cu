@@ -197,7 +197,7 @@ int main(int argc, char** argv) {
   auto sweep = [&]<DType T>() {
     const char* tn = dtype_name(T);
     constexpr Packed pk = packed(T);
-    double chosen_us[5] = {}, token_bytes = 0;
+    double chosen_us[6] = {}, token_bytes = 0;
     for (const Shape& sh : shapes) {
       const int n_groups = (sh.n_in / 32 + 31) / 32;
       const size_t rb = static_cast<size_t>(n_groups) * pk.stride();
@@ -241,6 +241,7 @@ int main(int argc, char** argv) {
         variants.template operator()<2>();
         variants.template operator()<3>();
         variants.template operator()<4>();
+        variants.template operator()<5>();
         // Every way against way 0, bit for bit, on random rows at 1 and 2 tokens.
         for (size_t j = 0; j < sh.outs.size(); ++j)
           fill_random(T, static_cast<uint8_t*>(raw[j]), rb, sh.outs[j], n_groups,
@@ -250,15 +251,17 @@ int main(int argc, char** argv) {
         check_way<T, 1, 2>(c, tn, sh, ws, y, xq, xm, ref1);
         check_way<T, 1, 3>(c, tn, sh, ws, y, xq, xm, ref1);
         check_way<T, 1, 4>(c, tn, sh, ws, y, xq, xm, ref1);
+        check_way<T, 1, 5>(c, tn, sh, ws, y, xq, xm, ref1);
         const std::vector<float> ref2 = outputs<T, 2, 0>(c, sh, ws, y, xq, xm);
         check_way<T, 2, 3>(c, tn, sh, ws, y, xq, xm, ref2);
+        check_way<T, 2, 5>(c, tn, sh, ws, y, xq, xm, ref2);
       } else {
         variants.template operator()<kIq4Way>();
       }
       for (void* p : raw) cudaFree(p);
       fflush(stdout);
     }
-    for (int w = 0; w < 5; ++w)
+    for (int w = 0; w < 6; ++w)
       if (chosen_us[w] > 0)
         printf(
             "%-6s TOKEN    way=%d chosen variants over a decode step's matrices: %8.1f us  "

@@ -268,7 +268,7 @@ __device__ __forceinline__ void iq4_split(uint32_t q, int (&n)[2], int (&p)[2], 
 // The sub-blocks (layout.h) of U groups of R rows, as one lane loads them: k-quants, iq4_xs and
 // iq4_nl. The codes are dotted with x's planes per half of 16 elements where the halves scale
 // apart; a level's offset and a half's min meet x's sum over the half (xs), once per token.
-// TRIAL W (iq4 only): 0 the levels by Sub::codes, 1 and 4 iq4_select, 2 and 3 iq4_split.
+// TRIAL W (iq4 only): 0 the levels by Sub::codes, 1 and 4 iq4_select, 2, 3 and 5 iq4_split.
 template <DType T, int R, int U, int W>
 struct SubChunk {
   static constexpr Packed pk = packed(T);
@@ -297,6 +297,45 @@ struct SubChunk {
       for (int t = 0; t < NT; ++t) {
         int xh[8], xl[8];
         const float2 m = load_x(xq, xm, static_cast<size_t>(t) * n_blocks + b, xh, xl);
+        if constexpr (kIq4<T> && W == 5) {
+          // W 5: iq4_split and the scales of the R rows before the dot products (fewer
+          // registers the compiler keeps with a chunk loaded ahead).
+          const uint32_t t0 = __ldg(&g_iq4_first[0]), t1 = __ldg(&g_iq4_first[1]);
+          int lv[R][4][4];
+          float ds[R];
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+#pragma unroll
+            for (int w = 0; w < 4; ++w) {
+              int n[2], p[2];
+              iq4_split(s[u][r].q[w], n, p, t0, t1);
+              lv[r][w][0] = n[0], lv[r][w][1] = p[0], lv[r][w][2] = n[1], lv[r][w][3] = p[1];
+            }
+            ds[r] = h2f(s[u][r].hd[0]);
+            if constexpr (T == DType::IQ4_XS) {
+              const int sb = lane % 8;
+              const uint32_t bits = ((s[u][r].hd[1] >> (4 * sb)) & 15u) |
+                                    ((s[u][r].hd[0] >> (12 + 2 * sb)) & 0x30u) | 0x4B000000u;
+              ds[r] *= __uint_as_float(bits) - 8388640.0f;
+            }
+          }
+          int ph[8], pl[8];
+          iq4_order(xh, ph), iq4_order(xl, pl);
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            int sh = 0, sl = 0;
+#pragma unroll
+            for (int w = 0; w < 4; ++w)
+#pragma unroll
+              for (int k = 0; k < 4; ++k) {
+                sh = __dp4a(lv[r][w][k], ph[2 * w + k / 2], sh);
+                sl = __dp4a(lv[r][w][k], pl[2 * w + k / 2], sl);
+              }
+            const float f = fmaf(static_cast<float>(sl), 1.0f / 254.0f, static_cast<float>(sh));
+            acc[r][t] = fmaf(ds[r] * m.x, f, acc[r][t]);
+          }
+          continue;
+        }
         if constexpr (kIq4<T> && W != 0) {
           // W 3, 4: the tables' first words loaded, which the compiler cannot redo from a
           // constant, so they stay in registers instead of a move before every permute.

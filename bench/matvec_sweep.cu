@@ -3,17 +3,14 @@
 // Qwen3.5 27B), one token: the numbers behind q_shape() in matmul.cu, then the variant q_shape()
 // picks ("chosen"). Built with the CUDA backend as kvs_matvec_sweep; run it on the GPU machine:
 //   kvs_matvec_sweep [--shapes 8b|27b] [--hbm GB/S] [FORMAT...]
-// (default iq4_xs q4_0 q4_k q3_k; PDL=0: without programmatic dependent launch). Each variant
-// runs 100 times over copies of the matrices larger than the L2 cache; the times include the
-// launches, back to back. GB/s counts the bytes of the rows in the device layout (layout.h), %
-// of --hbm (default 3350, an H100 SXM). The chosen variants' times over a decode step's matrices
-// ("TOKEN") end each format. TRIAL: iq4 formats are timed in each way of their table look-up
-// (way=W; 0: the kernel before it), each checked bit for bit against way 0 on random rows.
+// (default: every format of the integer kernel; PDL=0: without programmatic dependent launch).
+// Each variant runs 100 times over copies of the matrices larger than the L2 cache; the times
+// include the launches, back to back. GB/s counts the bytes of the rows in the device layout
+// (layout.h), % of --hbm (default 3350, an H100 SXM). Each format ends with its chosen
+// variants over the matrices of a decode step ("step": each matrix as often as a token runs it).
 #include "../src/kvs/backend/cuda/matmul.cu"
 
 #include <cstdio>
-#include <cstring>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -55,107 +52,40 @@ void jobs_of(const Shape& sh, std::vector<std::vector<Matrix>>& ws, float* y, in
 double g_hbm = 3350.0;
 
 void report(const char* tn, const Shape& sh, const char* what, int r, int u, bool p, int split,
-            int way, double us, double bytes) {
-  printf("%-6s %-8s %sR=%d U=%d pipe=%d split=%d way=%d  %7.2f us  %6.0f GB/s  %5.1f %%\n", tn,
-         sh.name, what, r, u, p, split, way, us, bytes / us / 1e3, bytes / us / 1e3 / g_hbm * 100);
+            double us, double bytes) {
+  printf("%-6s %-8s %sR=%d U=%d pipe=%d split=%d  %7.2f us  %6.0f GB/s  %5.1f %%\n", tn, sh.name,
+         what, r, u, p, split, us, bytes / us / 1e3, bytes / us / 1e3 / g_hbm * 100);
 }
 
-template <DType T, int R, int U, bool P, int W>
+template <DType T, int R, int U, bool P>
 void run_variant(Ctx& c, const char* tn, const Shape& sh, std::vector<std::vector<Matrix>>& ws,
                  float* y, const XBlock* xq, const XMeta* xm, double bytes) {
   const int n = static_cast<int>(sh.outs.size());
-  for (int split : {1, 2}) {
+  for (int split : {1, 2, 4}) {
     const double us = time_us(c, [&](int i) {
       MatJob jobs[3];
       jobs_of(sh, ws, y, i, jobs);
-      launch_q<T, 1, R, U, P, W>(c, jobs, n, split, xq, xm, sh.n_in);
+      launch_q<T, 1, R, U, P>(c, jobs, n, split, xq, xm, sh.n_in);
     });
-    report(tn, sh, "", R, U, P, split, W, us, bytes);
+    report(tn, sh, "", R, U, P, split, us, bytes);
   }
 }
 
-// q_shape()'s variant in way W at NT tokens.
-template <DType T, int NT, int W>
-void launch_shape(Ctx& c, const MatJob* jobs, int n, const QShape& q, const XBlock* xq,
-                  const XMeta* xm, int n_in) {
-  if constexpr (eight_rows(packed(T).lane_bytes(), kSubFormat<T>, NT)) {
-    if (q.r == 8)
-      return q.pipe ? launch_q<T, NT, 8, 1, true, W>(c, jobs, n, q.split, xq, xm, n_in)
-                    : launch_q<T, NT, 8, 2, false, W>(c, jobs, n, q.split, xq, xm, n_in);
-  }
-  if (q.pipe)
-    launch_q<T, NT, 4, 1, true, W>(c, jobs, n, q.split, xq, xm, n_in);
-  else
-    launch_q<T, NT, 4, 2, false, W>(c, jobs, n, q.split, xq, xm, n_in);
-}
-
-QShape shape_of(DType t, const Shape& sh, int n_tok) {
-  int rows = 0;
-  for (int o : sh.outs) rows += o;
-  const Packed pk = packed(t);
-  return q_shape(rows, sh.n_in, n_tok, pk.lane_bytes(), k_quant(t) || t == DType::IQ4_NL);
-}
-
-// What the matmuls of a decode step run: q_shape()'s variant (in way W).
-template <DType T, int W>
+// What the matmuls of a decode step run: q_shape()'s variant; its time.
+template <DType T>
 double run_chosen(Ctx& c, const char* tn, const Shape& sh, std::vector<std::vector<Matrix>>& ws,
                   float* y, const XBlock* xq, const XMeta* xm, double bytes) {
   const int n = static_cast<int>(sh.outs.size());
-  const QShape q = shape_of(T, sh, 1);
+  int rows = 0;
+  for (int o : sh.outs) rows += o;
+  const QShape q = q_shape(rows, sh.n_in, 1, packed(T).lane_bytes(), kSubFormat<T>, kIq4<T>);
   const double us = time_us(c, [&](int i) {
     MatJob jobs[3];
     jobs_of(sh, ws, y, i, jobs);
-    launch_shape<T, 1, W>(c, jobs, n, q, xq, xm, sh.n_in);
+    matvec(c, nullptr, 1, jobs, n, xq, xm);
   });
-  report(tn, sh, "chosen ", q.r, q.u, q.pipe, q.split, W, us, bytes);
+  report(tn, sh, "chosen ", q.r, q.u, q.pipe, q.split, us, bytes);
   return us;
-}
-
-// Way W's outputs at NT tokens on copy 0 of the matrices (random rows), as floats.
-template <DType T, int NT, int W>
-std::vector<float> outputs(Ctx& c, const Shape& sh, std::vector<std::vector<Matrix>>& ws, float* y,
-                           const XBlock* xq, const XMeta* xm) {
-  const int n = static_cast<int>(sh.outs.size());
-  MatJob jobs[3];
-  jobs_of(sh, ws, y, 0, jobs);
-  KVS_CUDA_CHECK(cudaMemset(y, 0, 3 * 300000 * sizeof(float)));
-  launch_shape<T, NT, W>(c, jobs, n, shape_of(T, sh, NT), xq, xm, sh.n_in);
-  std::vector<float> h(3 * 300000);
-  KVS_CUDA_CHECK(cudaStreamSynchronize(c.stream));
-  KVS_CUDA_CHECK(cudaMemcpy(h.data(), y, h.size() * sizeof(float), cudaMemcpyDeviceToHost));
-  return h;
-}
-
-// Rows of random quants and scales for type T, f16 factors kept finite.
-void fill_random(DType t, uint8_t* dev, size_t row_bytes, int rows, int n_groups, uint32_t seed) {
-  const Packed pk = packed(t);
-  std::vector<uint8_t> h(row_bytes * rows);
-  std::mt19937 rng(seed);
-  for (auto& b : h) b = static_cast<uint8_t>(rng());
-  for (int r = 0; r < rows; ++r)
-    for (int g = 0; g < n_groups; ++g) {
-      uint8_t* sc =
-          h.data() + r * row_bytes + static_cast<size_t>(g) * pk.stride() + 32 * pk.lane_bytes();
-      // iq4_xs: a d per super-block of 8 bytes; iq4_nl: a d per block of 2 bytes.
-      const int n = t == DType::IQ4_XS ? 4 : 32, step = t == DType::IQ4_XS ? 8 : 2;
-      for (int k = 0; k < n; ++k) {
-        const uint16_t d = static_cast<uint16_t>(0x1800 + rng() % 0x1000);  // 2^-9 .. 2^-7
-        memcpy(sc + k * step, &d, 2);
-      }
-    }
-  KVS_CUDA_CHECK(cudaMemcpy(dev, h.data(), h.size(), cudaMemcpyHostToDevice));
-}
-
-template <DType T, int NT, int W>
-void check_way(Ctx& c, const char* tn, const Shape& sh, std::vector<std::vector<Matrix>>& ws,
-               float* y, const XBlock* xq, const XMeta* xm, const std::vector<float>& ref) {
-  const std::vector<float> got = outputs<T, NT, W>(c, sh, ws, y, xq, xm);
-  size_t differ = 0, n = 0;
-  for (size_t j = 0; j < sh.outs.size(); ++j)
-    for (size_t i = 0; i < static_cast<size_t>(sh.outs[j]) * NT; ++i, ++n)
-      differ += memcmp(&got[j * 300000 + i], &ref[j * 300000 + i], 4) != 0;
-  printf("%-6s %-8s check way=%d tokens=%d: %zu of %zu outputs differ from way 0%s\n", tn, sh.name,
-         W, NT, differ, n, differ ? "  MISMATCH" : "");
 }
 
 int main(int argc, char** argv) {
@@ -188,16 +118,16 @@ int main(int argc, char** argv) {
   float* y;
   KVS_CUDA_CHECK(cudaMalloc(&y, 3 * 300000 * sizeof(float)));
   uint8_t* xbuf;
-  KVS_CUDA_CHECK(cudaMalloc(&xbuf, xq_bytes(17408, 8)));
+  KVS_CUDA_CHECK(cudaMalloc(&xbuf, xq_bytes(17408, 1)));
   float* x;
-  KVS_CUDA_CHECK(cudaMalloc(&x, 17408 * 8 * sizeof(float)));
-  std::vector<float> hx(17408 * 8);
-  for (size_t i = 0; i < hx.size(); ++i) hx[i] = std::sin(i * 0.37f) * (1.0f + (i % 7));
+  KVS_CUDA_CHECK(cudaMalloc(&x, 17408 * sizeof(float)));
+  std::vector<float> hx(17408);
+  for (size_t i = 0; i < hx.size(); ++i) hx[i] = std::sin(i * 0.37f);
   cudaMemcpy(x, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice);
   auto sweep = [&]<DType T>() {
     const char* tn = dtype_name(T);
     constexpr Packed pk = packed(T);
-    double chosen_us[6] = {}, token_bytes = 0;
+    double chosen_us = 0, step_bytes = 0;
     for (const Shape& sh : shapes) {
       const int n_groups = (sh.n_in / 32 + 31) / 32;
       const size_t rb = static_cast<size_t>(n_groups) * pk.stride();
@@ -219,73 +149,39 @@ int main(int argc, char** argv) {
         }
       XBlock* xq = reinterpret_cast<XBlock*>(xbuf);
       const int nbx = sh.n_in / 32;
-      XMeta* xm = reinterpret_cast<XMeta*>(xbuf + nbx * 8 * sizeof(XBlock));
-      launch(quantize_x, (nbx * 8 + 7) / 8, 256, 0, c.stream, x, xq, xm, nbx * 8);
+      XMeta* xm = reinterpret_cast<XMeta*>(xbuf + nbx * sizeof(XBlock));
+      launch(quantize_x, (nbx + 7) / 8, 256, 0, c.stream, x, xq, xm, nbx);
       const double bytes = static_cast<double>(per);
-      token_bytes += bytes * sh.per_token;
-      auto variants = [&]<int W>() {
-        if constexpr (packed(T).lane_bytes() <= 16) {  // 8 rows of more bytes would spill
-          run_variant<T, 8, 2, false, W>(c, tn, sh, ws, y, xq, xm, bytes);
-          run_variant<T, 8, 1, true, W>(c, tn, sh, ws, y, xq, xm, bytes);
-        }
-        run_variant<T, 4, 2, false, W>(c, tn, sh, ws, y, xq, xm, bytes);
-        run_variant<T, 4, 1, true, W>(c, tn, sh, ws, y, xq, xm, bytes);
-        run_variant<T, 4, 4, false, W>(c, tn, sh, ws, y, xq, xm, bytes);
-        run_variant<T, 2, 2, false, W>(c, tn, sh, ws, y, xq, xm, bytes);
-        const double us = run_chosen<T, W>(c, tn, sh, ws, y, xq, xm, bytes);
-        chosen_us[W] += us * sh.per_token;
-      };
-      if constexpr (kIq4<T>) {
-        variants.template operator()<0>();
-        variants.template operator()<1>();
-        variants.template operator()<2>();
-        variants.template operator()<3>();
-        variants.template operator()<4>();
-        variants.template operator()<5>();
-        // Every way against way 0, bit for bit, on random rows at 1 and 2 tokens.
-        for (size_t j = 0; j < sh.outs.size(); ++j)
-          fill_random(T, static_cast<uint8_t*>(raw[j]), rb, sh.outs[j], n_groups,
-                      17 + static_cast<uint32_t>(j));
-        const std::vector<float> ref1 = outputs<T, 1, 0>(c, sh, ws, y, xq, xm);
-        check_way<T, 1, 1>(c, tn, sh, ws, y, xq, xm, ref1);
-        check_way<T, 1, 2>(c, tn, sh, ws, y, xq, xm, ref1);
-        check_way<T, 1, 3>(c, tn, sh, ws, y, xq, xm, ref1);
-        check_way<T, 1, 4>(c, tn, sh, ws, y, xq, xm, ref1);
-        check_way<T, 1, 5>(c, tn, sh, ws, y, xq, xm, ref1);
-        const std::vector<float> ref2 = outputs<T, 2, 0>(c, sh, ws, y, xq, xm);
-        check_way<T, 2, 3>(c, tn, sh, ws, y, xq, xm, ref2);
-        check_way<T, 2, 5>(c, tn, sh, ws, y, xq, xm, ref2);
-      } else {
-        variants.template operator()<kIq4Way>();
+      step_bytes += bytes * sh.per_token;
+      run_variant<T, 2, 2, false>(c, tn, sh, ws, y, xq, xm, bytes);
+      run_variant<T, 4, 2, false>(c, tn, sh, ws, y, xq, xm, bytes);
+      run_variant<T, 1, 2, false>(c, tn, sh, ws, y, xq, xm, bytes);
+      run_variant<T, 2, 4, false>(c, tn, sh, ws, y, xq, xm, bytes);
+      run_variant<T, 4, 4, false>(c, tn, sh, ws, y, xq, xm, bytes);
+      run_variant<T, 2, 1, true>(c, tn, sh, ws, y, xq, xm, bytes);
+      run_variant<T, 4, 1, true>(c, tn, sh, ws, y, xq, xm, bytes);
+      if constexpr (packed(T).lane_bytes() <= 16) {  // 8 rows of more bytes would spill
+        run_variant<T, 8, 2, false>(c, tn, sh, ws, y, xq, xm, bytes);
+        run_variant<T, 8, 1, true>(c, tn, sh, ws, y, xq, xm, bytes);
       }
+      chosen_us += run_chosen<T>(c, tn, sh, ws, y, xq, xm, bytes) * sh.per_token;
       for (void* p : raw) cudaFree(p);
       fflush(stdout);
     }
-    for (int w = 0; w < 6; ++w)
-      if (chosen_us[w] > 0)
-        printf(
-            "%-6s TOKEN    way=%d chosen variants over a decode step's matrices: %8.1f us  "
-            "%6.0f GB/s  %5.1f %%\n",
-            tn, w, chosen_us[w], token_bytes / chosen_us[w] / 1e3,
-            token_bytes / chosen_us[w] / 1e3 / g_hbm * 100);
+    const double gbs = step_bytes / chosen_us / 1e3;
+    printf("%-6s step     chosen, over a decode step's matrices  %9.1f us  %6.0f GB/s  %5.1f %%\n",
+           tn, chosen_us, gbs, gbs / g_hbm * 100);
     fflush(stdout);
   };
-  if (formats.empty()) formats = {DType::IQ4_XS, DType::Q4_0, DType::Q4_K, DType::Q3_K};
-  for (DType t : formats) switch (t) {  // TRIAL: these formats only, to build in time
-      case DType::IQ4_XS:
-        sweep.template operator()<DType::IQ4_XS>();
-        break;
-      case DType::Q4_0:
-        sweep.template operator()<DType::Q4_0>();
-        break;
-      case DType::Q4_K:
-        sweep.template operator()<DType::Q4_K>();
-        break;
-      case DType::Q3_K:
-        sweep.template operator()<DType::Q3_K>();
-        break;
-      default:
-        fail("kvs_matvec_sweep: ", dtype_name(t), " is not swept in this build");
-    }
+  if (formats.empty())
+    formats = {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::IQ4_NL, DType::IQ4_XS,
+               DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q3_K,   DType::Q2_K};
+  for (DType t : formats)
+    dispatch(t, [&]<DType T>() {
+      if constexpr (kQuant<T>)
+        sweep.template operator()<T>();
+      else
+        fail("kvs_matvec_sweep: ", dtype_name(T), " is not a format of the integer kernel");
+    });
   return 0;
 }

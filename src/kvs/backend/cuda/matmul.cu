@@ -8,7 +8,8 @@
 //   once (R and the loads in flight: q_shape): one 8- to 32-byte load of quants per row (and
 //   of the bits above them), integer dot products with __dp4a, the sub-block's scales applied
 //   once (per half of 16 for q6_k, q3_k, q2_k, in integers). A few instructions per 4 weights
-//   (iq4: a table look-up by byte permutes), so the loads set the speed.
+//   (iq4: two byte permutes, one per half of its table, each dotted with x), so the loads set
+//   the speed.
 // - f16, bf16: lanes read 4 elements per 128, x coalesced, two rows per warp, f32 products.
 // - the other formats (f32, q5_0, q5_1): a simpler warp-per-row kernel.
 // The jobs of a group with one weight type are one launch. More tokens: the matrix is
@@ -16,6 +17,7 @@
 #include <cublas_v2.h>
 
 #include "kvs/backend/cuda/common.cuh"
+#include "kvs/backend/cuda/iq4.cuh"
 #include "kvs/backend/cuda/kernels.h"
 
 namespace kvs::cuda {
@@ -217,59 +219,10 @@ struct QChunk {
   }
 };
 
-// prmt's generic mode: byte k of the result is byte s[4k+2:4k] of {b, a}, or, where bit 4k + 3
-// of s is set, that byte's sign bit copied to all 8 bits (only s's low 16 bits are read).
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t s) {
-  uint32_t r;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(s));
-  return r;
-}
-
-// x's words for the iq4 codes in a quant word's order: word w of the quants holds elements
-// 4w + j in the low nibble of byte j and 16 + 4w + j in the high one, so its low half word holds
-// elements 4w, 16 + 4w, 4w + 1, 17 + 4w (p[2w]) and its high one the next two (p[2w + 1]).
-// Once per token, for all R rows.
-__device__ __forceinline__ void iq4_order(const int (&x)[8], int (&p)[8]) {
-#pragma unroll
-  for (int w = 0; w < 4; ++w) {
-    p[2 * w] = static_cast<int>(__byte_perm(x[w], x[w + 4], 0x5140));
-    p[2 * w + 1] = static_cast<int>(__byte_perm(x[w], x[w + 4], 0x7362));
-  }
-}
-
-// TRIAL way 1 (4: t0, t1 the tables' first words kept in registers): the levels of the 8 codes
-// of q (nibble order), by the 16-entry table's halves and a select.
-__device__ __forceinline__ void iq4_select(uint32_t q, int& a, int& b, uint32_t t0 = 0xBFAD9881u,
-                                           uint32_t t1 = 0x26190D01u) {
-  const uint32_t m = q & 0x77777777u, sel = ((q >> 1) & 0x44444444u) | 0x32103210u;
-  const uint32_t m1 = m >> 16;
-  a = static_cast<int>(prmt(prmt(t0, 0xF6EADDCFu, m), prmt(t1, 0x71594535u, m), sel));
-  b = static_cast<int>(prmt(prmt(t0, 0xF6EADDCFu, m1), prmt(t1, 0x71594535u, m1), sel >> 16));
-}
-
-// A level of iq4 (ggml's kvalues_iq4nl) as the sum of two bytes, each from one permute of the
-// code word without a mask: n[k] is the level of a code below 8 (the negative half of the
-// table) and -1 for a code of 8 or more (the sign of a negative level); p[k], from the codes
-// with bit 3 flipped, is the level + 1 of a code of 8 or more (the positive half, each level
-// plus one) and 0 below 8 (the sign of a positive byte). Codes of q's low half word in n[0],
-// p[0], of its high one in n[1], p[1]: dp4a(n, x) + dp4a(p, x) is the levels' dot product.
-__device__ uint32_t g_iq4_first[3] = {0xBFAD9881u, 0x271A0E02u, 0x26190D01u};
-
-// t0, t1: the tables' first words (0xBFAD9881, 0x271A0E02), kept in registers by the caller.
-__device__ __forceinline__ void iq4_split(uint32_t q, int (&n)[2], int (&p)[2], uint32_t t0,
-                                          uint32_t t1) {
-  const uint32_t f = q ^ 0x88888888u;
-  n[0] = static_cast<int>(prmt(t0, 0xF6EADDCFu, q));
-  p[0] = static_cast<int>(prmt(t1, 0x725A4636u, f));
-  n[1] = static_cast<int>(prmt(t0, 0xF6EADDCFu, q >> 16));
-  p[1] = static_cast<int>(prmt(t1, 0x725A4636u, f >> 16));
-}
-
 // The sub-blocks (layout.h) of U groups of R rows, as one lane loads them: k-quants, iq4_xs and
 // iq4_nl. The codes are dotted with x's planes per half of 16 elements where the halves scale
 // apart; a level's offset and a half's min meet x's sum over the half (xs), once per token.
-// TRIAL W (iq4 only): 0 the levels by Sub::codes, 1 and 4 iq4_select, 2, 3 and 5 iq4_split.
-template <DType T, int R, int U, int W>
+template <DType T, int R, int U>
 struct SubChunk {
   static constexpr Packed pk = packed(T);
   Sub<T> s[U][R];
@@ -297,91 +250,6 @@ struct SubChunk {
       for (int t = 0; t < NT; ++t) {
         int xh[8], xl[8];
         const float2 m = load_x(xq, xm, static_cast<size_t>(t) * n_blocks + b, xh, xl);
-        if constexpr (kIq4<T> && W == 5) {
-          // W 5: iq4_split and the scales of the R rows before the dot products (fewer
-          // registers the compiler keeps with a chunk loaded ahead).
-          const uint32_t t0 = __ldg(&g_iq4_first[0]), t1 = __ldg(&g_iq4_first[1]);
-          int lv[R][4][4];
-          float ds[R];
-#pragma unroll
-          for (int r = 0; r < R; ++r) {
-#pragma unroll
-            for (int w = 0; w < 4; ++w) {
-              int n[2], p[2];
-              iq4_split(s[u][r].q[w], n, p, t0, t1);
-              lv[r][w][0] = n[0], lv[r][w][1] = p[0], lv[r][w][2] = n[1], lv[r][w][3] = p[1];
-            }
-            ds[r] = h2f(s[u][r].hd[0]);
-            if constexpr (T == DType::IQ4_XS) {
-              const int sb = lane % 8;
-              const uint32_t bits = ((s[u][r].hd[1] >> (4 * sb)) & 15u) |
-                                    ((s[u][r].hd[0] >> (12 + 2 * sb)) & 0x30u) | 0x4B000000u;
-              ds[r] *= __uint_as_float(bits) - 8388640.0f;
-            }
-          }
-          int ph[8], pl[8];
-          iq4_order(xh, ph), iq4_order(xl, pl);
-#pragma unroll
-          for (int r = 0; r < R; ++r) {
-            int sh = 0, sl = 0;
-#pragma unroll
-            for (int w = 0; w < 4; ++w)
-#pragma unroll
-              for (int k = 0; k < 4; ++k) {
-                sh = __dp4a(lv[r][w][k], ph[2 * w + k / 2], sh);
-                sl = __dp4a(lv[r][w][k], pl[2 * w + k / 2], sl);
-              }
-            const float f = fmaf(static_cast<float>(sl), 1.0f / 254.0f, static_cast<float>(sh));
-            acc[r][t] = fmaf(ds[r] * m.x, f, acc[r][t]);
-          }
-          continue;
-        }
-        if constexpr (kIq4<T> && W != 0) {
-          // W 3, 4: the tables' first words loaded, which the compiler cannot redo from a
-          // constant, so they stay in registers instead of a move before every permute.
-          const bool pin = W >= 3;
-          const uint32_t t0 = pin ? __ldg(&g_iq4_first[0]) : 0xBFAD9881u;
-          const uint32_t t1 = pin ? __ldg(&g_iq4_first[1]) : 0x271A0E02u;
-          const uint32_t t2 = pin ? __ldg(&g_iq4_first[2]) : 0x26190D01u;
-          int ph[8], pl[8];
-          iq4_order(xh, ph), iq4_order(xl, pl);
-#pragma unroll
-          for (int r = 0; r < R; ++r) {
-            int sh = 0, sl = 0;
-#pragma unroll
-            for (int w = 0; w < 4; ++w) {
-              const uint32_t q = s[u][r].q[w];
-              if constexpr (W == 1 || W == 4) {
-                int a, c;
-                iq4_select(q, a, c, t0, t2);
-                sh = __dp4a(a, ph[2 * w], sh), sh = __dp4a(c, ph[2 * w + 1], sh);
-                sl = __dp4a(a, pl[2 * w], sl), sl = __dp4a(c, pl[2 * w + 1], sl);
-              } else {
-                int n[2], p[2];
-                iq4_split(q, n, p, t0, t1);
-#pragma unroll
-                for (int k = 0; k < 2; ++k) {
-                  sh = __dp4a(n[k], ph[2 * w + k], sh), sh = __dp4a(p[k], ph[2 * w + k], sh);
-                  sl = __dp4a(n[k], pl[2 * w + k], sl), sl = __dp4a(p[k], pl[2 * w + k], sl);
-                }
-              }
-            }
-            float ds;  // d times the sub-block's scale
-            if constexpr (T == DType::IQ4_XS) {
-              // The 6-bit scale as a float by its bits: 2^23 + scale, less 2^23 + 32.
-              const int sub = lane % 8;
-              const uint32_t hd0 = s[u][r].hd[0], hd1 = s[u][r].hd[1];
-              const uint32_t bits =
-                  ((hd1 >> (4 * sub)) & 15u) | ((hd0 >> (12 + 2 * sub)) & 0x30u) | 0x4B000000u;
-              ds = h2f(hd0) * (__uint_as_float(bits) - 8388640.0f);
-            } else {
-              ds = h2f(s[u][r].hd[0]) * 1.0f;
-            }
-            const float f = fmaf(static_cast<float>(sl), 1.0f / 254.0f, static_cast<float>(sh));
-            acc[r][t] = fmaf(ds * m.x, f, acc[r][t]);
-          }
-          continue;
-        }
         int xs[2][2] = {};  // [plane h, l][half]: the sums of x's bytes
         if constexpr (kHalves<T>) {
 #pragma unroll
@@ -435,6 +303,66 @@ struct SubChunk {
   }
 };
 
+// iq4_xs and iq4_nl: SubChunk's loads. The levels of the R rows' codes (iq4_split) and their
+// sub-blocks' scales first, then their dot products with x's words put in the codes' order
+// (iq4_order): the compiler keeps fewer registers so than row by row, with a chunk loaded
+// ahead too.
+template <DType T, int R, int U>
+struct Iq4Chunk : SubChunk<T, R, U> {
+  using SubChunk<T, R, U>::s;
+
+  template <int NT>
+  __device__ __forceinline__ void dot(const XBlock* __restrict__ xq, const XMeta* __restrict__ xm,
+                                      int g0, int gs, int lane, int n_blocks,
+                                      float (&acc)[R][NT]) const {
+    const uint32_t t0 = __ldg(&g_iq4_first[0]), t1 = __ldg(&g_iq4_first[1]);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int b = (g0 + u * gs) * 32 + lane;
+      if (b >= n_blocks) continue;  // its quants and scales are zero
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        int xh[8], xl[8];
+        const float2 m = load_x(xq, xm, static_cast<size_t>(t) * n_blocks + b, xh, xl);
+        int lv[R][4][4];  // [row][quant word]: iq4_split's n[0], p[0], n[1], p[1]
+        float ds[R];      // d times the sub-block's scale (iq4_nl: d)
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+#pragma unroll
+          for (int w = 0; w < 4; ++w) {
+            int n[2], p[2];
+            iq4_split(s[u][r].q[w], t0, t1, n, p);
+            lv[r][w][0] = n[0], lv[r][w][1] = p[0], lv[r][w][2] = n[1], lv[r][w][3] = p[1];
+          }
+          ds[r] = h2f(s[u][r].hd[0]);
+          if constexpr (T == DType::IQ4_XS) {
+            // The scale + 32 (6 bits) into a float's mantissa: 2^23 + it, less 2^23 + 32.
+            const int sb = lane % 8;
+            const uint32_t bits = ((s[u][r].hd[1] >> (4 * sb)) & 15u) |
+                                  ((s[u][r].hd[0] >> (12 + 2 * sb)) & 0x30u) | 0x4B000000u;
+            ds[r] *= __uint_as_float(bits) - 8388640.0f;
+          }
+        }
+        int ph[8], pl[8];
+        iq4_order(xh, ph), iq4_order(xl, pl);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          int sh = 0, sl = 0;
+#pragma unroll
+          for (int w = 0; w < 4; ++w)
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+              sh = __dp4a(lv[r][w][k], ph[2 * w + k / 2], sh);
+              sl = __dp4a(lv[r][w][k], pl[2 * w + k / 2], sl);
+            }
+          const float f = fmaf(static_cast<float>(sl), 1.0f / 254.0f, static_cast<float>(sh));
+          acc[r][t] = fmaf(ds[r] * m.x, f, acc[r][t]);
+        }
+      }
+    }
+  }
+};
+
 // This warp's share of the next product's lines, asked of L2 (no registers, no wait).
 // The ranges are indexed by constants only (unused ones have no lines), so the parameter
 // stays in constant memory instead of a copy on the stack.
@@ -456,24 +384,24 @@ __device__ __forceinline__ void prefetch_next(const L2Next& nx, int lane) {
   }
 }
 
-template <DType T, int R, int U, int W>
-using Chunk = std::conditional_t<kSubFormat<T>, SubChunk<T, R, U, W>, QChunk<T, R, U>>;
-
-constexpr int kIq4Way = 3;  // TRIAL: the production way
+template <DType T, int R, int U>
+using Chunk =
+    std::conditional_t<kIq4<T>, Iq4Chunk<T, R, U>,
+                       std::conditional_t<kSubFormat<T>, SubChunk<T, R, U>, QChunk<T, R, U>>>;
 
 // R rows per warp, g.split warps per R rows (warp part takes groups part, part + split, ...,
 // U of them a chunk, summed through shared memory): a row's sums come in one order whatever U,
-// R and the tokens, so the split alone, which q_shape picks by the matrix, sets a token's bits. The
-// first chunk's weights are loaded before pdl_wait(): no kernel writes them, so their latency
-// overlaps the kernel before. kPipe: the next chunk is loaded before the current one is used (twice
-// the registers, no gap between the loads). kNext: at its end, asks L2 for the next product's first
-// weights (nx; one token, in a recorded step), so the memory works while the small kernels between
-// the two run.
-template <DType T, int NT, int R, int U, bool kPipe, bool kNext = false, int W = kIq4Way>
+// R and the tokens, so the split alone, which q_shape picks by the matrix, sets a token's bits.
+// The first chunk's weights are loaded before pdl_wait(): no kernel writes them, so their
+// latency overlaps the kernel before. kPipe: the next chunk is loaded before the current one is
+// used (twice the registers, no gap between the loads). kNext: at its end, asks L2 for the next
+// product's first weights (nx; one token, in a recorded step), so the memory works while the
+// small kernels between the two run.
+template <DType T, int NT, int R, int U, bool kPipe, bool kNext = false>
 __global__ void __launch_bounds__(kWarps * 32)
     matvec_q(Group g, const XBlock* __restrict__ xq, const XMeta* __restrict__ xm, int n_in,
              L2Next nx) {
-  using C = Chunk<T, R, U, kIq4<T> ? W : 0>;
+  using C = Chunk<T, R, U>;
   __shared__ float red[kWarps][R][NT];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, split = g.split;
   const int r0 = (blockIdx.x * (kWarps / split) + warp / split) * R, part = warp % split;
@@ -661,7 +589,7 @@ Group make_group(const MatJob* jobs, int n, int per) {
   return g;
 }
 
-template <DType T, int NT, int R, int U, bool P, int W = kIq4Way>
+template <DType T, int NT, int R, int U, bool P>
 void launch_q(Ctx& c, const MatJob* jobs, int n, int split, const XBlock* xq, const XMeta* xm,
               int n_in) {
   Group g = make_group(jobs, n, R);
@@ -670,13 +598,12 @@ void launch_q(Ctx& c, const MatJob* jobs, int n, int split, const XBlock* xq, co
   if constexpr (NT == 1)
     if (c.next.n != 0) {
       L2Next nx = c.next;
-      nx.from_block = std::max(
-          0, blocks - resident(matvec_q<T, NT, R, U, P, true, W>, kWarps * 32, 0) * c.n_sm);
-      return launch(matvec_q<T, NT, R, U, P, true, W>, blocks, kWarps * 32, 0, c.stream, g, xq, xm,
+      nx.from_block =
+          std::max(0, blocks - resident(matvec_q<T, NT, R, U, P, true>, kWarps * 32, 0) * c.n_sm);
+      return launch(matvec_q<T, NT, R, U, P, true>, blocks, kWarps * 32, 0, c.stream, g, xq, xm,
                     n_in, nx);
     }
-  launch(matvec_q<T, NT, R, U, P, false, W>, blocks, kWarps * 32, 0, c.stream, g, xq, xm, n_in,
-         L2Next{});
+  launch(matvec_q<T, NT, R, U, P>, blocks, kWarps * 32, 0, c.stream, g, xq, xm, n_in, L2Next{});
 }
 
 // The integer kernel's shape for rows of n_in (rows in all, n_tok tokens, bytes per sub-block
@@ -687,6 +614,8 @@ void launch_q(Ctx& c, const MatJob* jobs, int n, int split, const XBlock* xq, co
 // rows (the FFN's down product) one group ahead; two warps per R rows. Formats of fewer bytes
 // (q3_k, q2_k) take 8 rows always, more (q5_k, q6_k) 4, so the loads in flight stay alike;
 // with two tokens the formats of sub-block scales (Sub), holding more registers a row, take 4.
+// iq4, timed on Qwen3.5 27B's matrices: at one token one group ahead, two warps per 8 rows in
+// matrices of up to 8192 rows and a warp per 4 rows in larger ones (more warps on the GPU).
 struct QShape {
   int r, u, split;
   bool pipe;
@@ -694,8 +623,13 @@ struct QShape {
 constexpr bool eight_rows(int bytes, bool sub, int64_t n_tok) {
   return bytes <= 16 && n_tok <= 2 && !(sub && n_tok > 1);
 }
-QShape q_shape(int rows, int n_in, int64_t n_tok, int bytes, bool sub) {
+QShape q_shape(int rows, int n_in, int64_t n_tok, int bytes, bool sub, bool iq4) {
   // Not by n_tok: a verify step's rows must be the one-token step's bits (batch invariance).
+  if (iq4) {
+    const int split = rows <= 8192 ? 2 : 1;
+    if (n_tok == 1) return {split == 2 ? 8 : 4, 1, split, true};
+    return n_in > 8192 ? QShape{4, 1, split, true} : QShape{4, 2, split, false};
+  }
   const int split = n_in > 8192 || bytes <= 16 || rows <= 4096 || rows >= 16384 ? 2 : 1;
   const int r = eight_rows(bytes, sub, n_tok) && (bytes < 16 || rows > 4096) ? 8 : 4;
   if (n_in > 8192) return {r, 1, split, true};
@@ -725,7 +659,7 @@ void matvec(Ctx& c, const float* x, int64_t n_tok, const MatJob* jobs, int n, co
   for (int j = 0; j < n; ++j) rows += static_cast<int>(jobs[j].w->n_out);
   dispatch(type, [&]<DType T>() {
     if constexpr (kQuant<T>) {
-      const QShape s = q_shape(rows, n_in, n_tok, packed(T).lane_bytes(), kSubFormat<T>);
+      const QShape s = q_shape(rows, n_in, n_tok, packed(T).lane_bytes(), kSubFormat<T>, kIq4<T>);
       switch (n_tok) {
 #define KVS_NT(N) \
   case N:         \

@@ -8,7 +8,8 @@
 //   once (R and the loads in flight: q_shape): one 8- to 32-byte load of quants per row (and
 //   of the bits above them), integer dot products with __dp4a, the sub-block's scales applied
 //   once (per half of 16 for q6_k, q3_k, q2_k, in integers). A few instructions per 4 weights
-//   (iq4: a table look-up by byte permutes), so the loads set the speed.
+//   (iq4: two byte permutes, one per half of its table, each dotted with x), so the loads set
+//   the speed.
 // - f16, bf16: lanes read 4 elements per 128, x coalesced, two rows per warp, f32 products.
 // - the other formats (f32, q5_0, q5_1): a simpler warp-per-row kernel.
 // The jobs of a group with one weight type are one launch. More tokens: the matrix is
@@ -16,6 +17,7 @@
 #include <cublas_v2.h>
 
 #include "kvs/backend/cuda/common.cuh"
+#include "kvs/backend/cuda/iq4.cuh"
 #include "kvs/backend/cuda/kernels.h"
 
 namespace kvs::cuda {
@@ -301,6 +303,66 @@ struct SubChunk {
   }
 };
 
+// iq4_xs and iq4_nl: SubChunk's loads. The levels of the R rows' codes (iq4_split) and their
+// sub-blocks' scales first, then their dot products with x's words put in the codes' order
+// (iq4_order): the compiler keeps fewer registers so than row by row, with a chunk loaded
+// ahead too.
+template <DType T, int R, int U>
+struct Iq4Chunk : SubChunk<T, R, U> {
+  using SubChunk<T, R, U>::s;
+
+  template <int NT>
+  __device__ __forceinline__ void dot(const XBlock* __restrict__ xq, const XMeta* __restrict__ xm,
+                                      int g0, int gs, int lane, int n_blocks,
+                                      float (&acc)[R][NT]) const {
+    const uint32_t t0 = __ldg(&g_iq4_first[0]), t1 = __ldg(&g_iq4_first[1]);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int b = (g0 + u * gs) * 32 + lane;
+      if (b >= n_blocks) continue;  // its quants and scales are zero
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        int xh[8], xl[8];
+        const float2 m = load_x(xq, xm, static_cast<size_t>(t) * n_blocks + b, xh, xl);
+        int lv[R][4][4];  // [row][quant word]: iq4_split's n[0], p[0], n[1], p[1]
+        float ds[R];      // d times the sub-block's scale (iq4_nl: d)
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+#pragma unroll
+          for (int w = 0; w < 4; ++w) {
+            int n[2], p[2];
+            iq4_split(s[u][r].q[w], t0, t1, n, p);
+            lv[r][w][0] = n[0], lv[r][w][1] = p[0], lv[r][w][2] = n[1], lv[r][w][3] = p[1];
+          }
+          ds[r] = h2f(s[u][r].hd[0]);
+          if constexpr (T == DType::IQ4_XS) {
+            // The scale + 32 (6 bits) into a float's mantissa: 2^23 + it, less 2^23 + 32.
+            const int sb = lane % 8;
+            const uint32_t bits = ((s[u][r].hd[1] >> (4 * sb)) & 15u) |
+                                  ((s[u][r].hd[0] >> (12 + 2 * sb)) & 0x30u) | 0x4B000000u;
+            ds[r] *= __uint_as_float(bits) - 8388640.0f;
+          }
+        }
+        int ph[8], pl[8];
+        iq4_order(xh, ph), iq4_order(xl, pl);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          int sh = 0, sl = 0;
+#pragma unroll
+          for (int w = 0; w < 4; ++w)
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+              sh = __dp4a(lv[r][w][k], ph[2 * w + k / 2], sh);
+              sl = __dp4a(lv[r][w][k], pl[2 * w + k / 2], sl);
+            }
+          const float f = fmaf(static_cast<float>(sl), 1.0f / 254.0f, static_cast<float>(sh));
+          acc[r][t] = fmaf(ds[r] * m.x, f, acc[r][t]);
+        }
+      }
+    }
+  }
+};
+
 // This warp's share of the next product's lines, asked of L2 (no registers, no wait).
 // The ranges are indexed by constants only (unused ones have no lines), so the parameter
 // stays in constant memory instead of a copy on the stack.
@@ -323,15 +385,18 @@ __device__ __forceinline__ void prefetch_next(const L2Next& nx, int lane) {
 }
 
 template <DType T, int R, int U>
-using Chunk = std::conditional_t<kSubFormat<T>, SubChunk<T, R, U>, QChunk<T, R, U>>;
+using Chunk =
+    std::conditional_t<kIq4<T>, Iq4Chunk<T, R, U>,
+                       std::conditional_t<kSubFormat<T>, SubChunk<T, R, U>, QChunk<T, R, U>>>;
 
 // R rows per warp, g.split warps per R rows (warp part takes groups part, part + split, ...,
 // U of them a chunk, summed through shared memory): a row's sums come in one order whatever U,
-// R and the tokens, so the split alone, which q_shape picks by the matrix, sets a token's bits. The first chunk's weights are loaded before pdl_wait(): no
-// kernel writes them, so their latency overlaps the kernel before. kPipe: the next chunk is
-// loaded before the current one is used (twice the registers, no gap between the loads).
-// kNext: at its end, asks L2 for the next product's first weights (nx; one token, in a
-// recorded step), so the memory works while the small kernels between the two run.
+// R and the tokens, so the split alone, which q_shape picks by the matrix, sets a token's bits.
+// The first chunk's weights are loaded before pdl_wait(): no kernel writes them, so their
+// latency overlaps the kernel before. kPipe: the next chunk is loaded before the current one is
+// used (twice the registers, no gap between the loads). kNext: at its end, asks L2 for the next
+// product's first weights (nx; one token, in a recorded step), so the memory works while the
+// small kernels between the two run.
 template <DType T, int NT, int R, int U, bool kPipe, bool kNext = false>
 __global__ void __launch_bounds__(kWarps * 32)
     matvec_q(Group g, const XBlock* __restrict__ xq, const XMeta* __restrict__ xm, int n_in,
@@ -549,6 +614,8 @@ void launch_q(Ctx& c, const MatJob* jobs, int n, int split, const XBlock* xq, co
 // rows (the FFN's down product) one group ahead; two warps per R rows. Formats of fewer bytes
 // (q3_k, q2_k) take 8 rows always, more (q5_k, q6_k) 4, so the loads in flight stay alike;
 // with two tokens the formats of sub-block scales (Sub), holding more registers a row, take 4.
+// iq4, timed on Qwen3.5 27B's matrices: at one token one group ahead, two warps per 8 rows in
+// matrices of up to 8192 rows and a warp per 4 rows in larger ones (more warps on the GPU).
 struct QShape {
   int r, u, split;
   bool pipe;
@@ -556,8 +623,13 @@ struct QShape {
 constexpr bool eight_rows(int bytes, bool sub, int64_t n_tok) {
   return bytes <= 16 && n_tok <= 2 && !(sub && n_tok > 1);
 }
-QShape q_shape(int rows, int n_in, int64_t n_tok, int bytes, bool sub) {
+QShape q_shape(int rows, int n_in, int64_t n_tok, int bytes, bool sub, bool iq4) {
   // Not by n_tok: a verify step's rows must be the one-token step's bits (batch invariance).
+  if (iq4) {
+    const int split = rows <= 8192 ? 2 : 1;
+    if (n_tok == 1) return {split == 2 ? 8 : 4, 1, split, true};
+    return n_in > 8192 ? QShape{4, 1, split, true} : QShape{4, 2, split, false};
+  }
   const int split = n_in > 8192 || bytes <= 16 || rows <= 4096 || rows >= 16384 ? 2 : 1;
   const int r = eight_rows(bytes, sub, n_tok) && (bytes < 16 || rows > 4096) ? 8 : 4;
   if (n_in > 8192) return {r, 1, split, true};
@@ -587,7 +659,7 @@ void matvec(Ctx& c, const float* x, int64_t n_tok, const MatJob* jobs, int n, co
   for (int j = 0; j < n; ++j) rows += static_cast<int>(jobs[j].w->n_out);
   dispatch(type, [&]<DType T>() {
     if constexpr (kQuant<T>) {
-      const QShape s = q_shape(rows, n_in, n_tok, packed(T).lane_bytes(), kSubFormat<T>);
+      const QShape s = q_shape(rows, n_in, n_tok, packed(T).lane_bytes(), kSubFormat<T>, kIq4<T>);
       switch (n_tok) {
 #define KVS_NT(N) \
   case N:         \

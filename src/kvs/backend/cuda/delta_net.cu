@@ -2,11 +2,12 @@
 // conv with silu (a thread per channel and 16 tokens; the tail moved on), the delta rule, and
 // the gated RMSNorm of each value head's output. The delta rule goes token by token (decode: a
 // warp keeps 4 rows of a head's state in registers over the call's tokens, so the state is read
-// and written once) or a chunk at a time (prefill, in two launches: the chunk's WY form, its
-// products on tensor cores with tf32 inputs and f32 accumulation, the rounding the prefill's f16
-// matmuls already have; Q K^T in split tf32, near f32, since its rounding alone would be most of
-// the chunk's error). q and k are L2-normalized, and the gates computed, where the delta rule
-// reads them.
+// and written once) or a chunk at a time (prefill, in two launches: every chunk's WY form at
+// once, then the state carried through the chunks in slices of its value rows; the products on
+// tensor cores with tf32 inputs and f32 accumulation, the rounding the prefill's f16 matmuls
+// already have; Q K^T in split tf32, near f32, since its rounding alone would be most of the
+// chunk's error). q and k are L2-normalized, and the gates computed, where the delta rule reads
+// them.
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -28,7 +29,7 @@ struct Gdn {
   const float* a;        // [v_heads]
   float* y;              // [n_tok][v_heads][head]: o, which the norm's launch gates
   float* state;          // [v_heads][head][head]
-  float* prep;           // [chunks][v_heads][2][64][64]: each chunk's Lq and T (prefill)
+  float* prep;           // [chunks][v_heads][Rec]: each chunk's record (prefill)
   int n_tok, k_heads, v_heads, chunk;
   float eps;
 };
@@ -510,6 +511,322 @@ __global__ void __launch_bounds__(kChunkThreads, 1) chunks_k(const Gdn g) {
   }
 }
 
+// The prefill's delta rule as two launches parallel over the state's value rows: intra_k takes
+// each (chunk, value head) at once and leaves a record of all that does not depend on the
+// state; slices_k then carries slices of kSlice value rows of each head's state through the
+// chunks, the slices independent (a value row of M depends on its own value column of V only):
+//   U = U0 - W M^T, O = Qe M^T + Lq U, M = e^G_last M + U^T Kd
+// with U0 = T diag(beta) V, W = T diag(beta e^G) K, Qe = diag(e^G) Q, Kd = diag(e^(G_last - G))
+// K (the formulas above, T R split by R's two terms).
+constexpr int kSlice = 32;
+
+// A record (floats, 16-byte aligned): Lq [64][64], W, U0, Qe and Kd [64][S] each, e^G_last.
+template <int S>
+struct Rec {
+  static constexpr int lq = 0, w = lq + kChunk * kChunk, u0 = w + kChunk * S,
+                       qe = u0 + kChunk * S, kd = qe + kChunk * S, el = kd + kChunk * S,
+                       floats = el + 4;
+};
+
+// Shared memory (floats) of intra_k: K and Q (then V) rows, L, T, T's blocks' temporaries, G,
+// beta and beta e^G (Lq goes from the accumulators to the record). Small enough for two blocks
+// an SM on an H100.
+template <int S>
+struct IntraSmem {
+  static constexpr int LK = S + 4;
+  static constexpr int k = 0, q = k + kChunk * LK, l = q + kChunk * LK, ti = l + kChunk * LL,
+                       tmp = ti + kChunk * LL, vec = tmp + 3 * 256, floats = vec + 3 * kChunk;
+  static constexpr size_t bytes = sizeof(float) * floats;
+};
+
+// Of slices_k: W then Kd (its pitch 8 mod 32 for the update's reads across), Qe, Lq, U0 then
+// U, the block's slice of the state, e^G_last. Small enough for two blocks an SM on an H100.
+template <int S, int SV = kSlice>
+struct SliceSmem {
+  static constexpr int LK = S + 4, LD = S + 8, LV = SV + 8;
+  static constexpr int x = 0, qe = x + kChunk * LD, lq = qe + kChunk * LK, u = lq + kChunk * LL,
+                       m = u + kChunk * LV, el = m + SV * LK, floats = el + 4;
+  static constexpr size_t bytes = sizeof(float) * floats;
+};
+
+__device__ __forceinline__ void cp16(float* dst, const float* src) {
+  const auto d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+// Until at most N of this thread's latest groups are in flight.
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+// rows x cols floats (cols a multiple of 4) from src (pitch sp) to dst (pitch dp), by cp.async
+// over the block.
+__device__ __forceinline__ void cp_rows(float* dst, int dp, const float* src, int sp, int rows,
+                                        int cols) {
+  const int q = cols / 4;
+  for (int e = threadIdx.x; e < rows * q; e += blockDim.x) {
+    const int r = e / q, c = e % q * 4;
+    cp16(dst + r * dp + c, src + static_cast<size_t>(r) * sp + c);
+  }
+}
+
+// Chunk blockIdx.x (of g.chunk tokens) at value head blockIdx.y: its record to g.prep. L and
+// Lq as prep_k (Lq straight to the record), then Qe, Kd and e^G_last out, V in Q's place, T,
+// and W and U0 by warps in strips of 16 rows.
+template <int S>
+__global__ void __launch_bounds__(kChunkThreads, 2) intra_k(const Gdn g) {
+  using P = IntraSmem<S>;
+  using R = Rec<S>;
+  constexpr int LK = P::LK;
+  constexpr int NB = S / 8 < 8 ? S / 8 : 8, NG = S / 8 / NB;  // tiles a strip, strips a row
+  extern __shared__ __align__(16) float sm[];
+  float *Ks = sm + P::k, *Qs = sm + P::q, *Ls = sm + P::l, *Ti = sm + P::ti, *Yt = sm + P::tmp;
+  float *G = sm + P::vec, *B = G + kChunk, *BE = B + kChunk;
+  float* Vs = Qs;
+  const int h = blockIdx.y, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int gr = lane / 4, tg = lane % 4, n_c = min(g.chunk, kChunk), t0 = blockIdx.x * n_c;
+  const int n = min(n_c, g.n_tok - t0);
+  const int kd = g.k_heads * S, conv_dim = 2 * kd + g.v_heads * S;
+  float* rec = g.prep + (static_cast<size_t>(blockIdx.x) * g.v_heads + h) * R::floats;
+  // Above their diagonals L and T (adjacent) stay zero.
+  for (int i = tid; i < 2 * kChunk * LL; i += kChunkThreads) Ls[i] = 0.0f;
+  pdl_wait();
+  load_qk<S>(g, t0, n, h % g.k_heads, Qs, Ks, LK);
+  load_gates(g, t0, n, h, G, B);
+
+  for (int job = warp; job < 20; job += kWarps) {
+    const bool is_q = job >= 10;
+    const int j = job % 10,
+              r = j < 1   ? 0
+                  : j < 3 ? 1
+                  : j < 6 ? 2
+                          : 3,
+              c0 = 2 * (j - r * (r + 1) / 2);
+    float acc[2][4] = {};
+    if (is_q)
+      mma_strip<2, false, false, true>(acc, Qs + 16 * r * LK, LK, Ks + 8 * c0 * LK, LK, S);
+    else
+      mma_strip<2, false, false>(acc, Ks + 16 * r * LK, LK, Ks + 8 * c0 * LK, LK, S);
+#pragma unroll
+    for (int jj = 0; jj < 2; ++jj)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int t = 16 * r + gr + 8 * half, s = 8 * (c0 + jj) + 2 * tg;
+        float x[2];
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const bool on = is_q ? s + u <= t : s + u < t;
+          x[u] = on ? (is_q ? 1.0f : B[t]) * expf(G[t] - G[s + u]) * acc[jj][2 * half + u] : 0.0f;
+        }
+        if (is_q)
+          store(rec + R::lq + t * kChunk + s, x);
+        else
+          store(Ls + t * LL + s, x);
+      }
+  }
+  // Lq's 16 x 16 blocks above the diagonal, zeros.
+  for (int e = tid; e < kChunk * kChunk / 4; e += kChunkThreads) {
+    const int t = e / (kChunk / 4), c = e % (kChunk / 4) * 4;
+    const float zero[4] = {};
+    if (c / 16 > t / 16) store(rec + R::lq + t * kChunk + c, zero);
+  }
+  __syncthreads();
+
+  const float gl = G[kChunk - 1];
+  if (tid < kChunk) BE[tid] = B[tid] * expf(G[tid]);
+  if (tid < 4) rec[R::el + tid] = tid == 0 ? expf(gl) : 0.0f;
+  for (int e = tid; e < kChunk * S / 4; e += kChunkThreads) {
+    const int t = e / (S / 4), c = e % (S / 4) * 4;
+    const float fq = expf(G[t]), fk = expf(gl - G[t]);
+    float x[4];
+    load(Qs + t * LK + c, x);
+#pragma unroll
+    for (int u = 0; u < 4; ++u) x[u] *= fq;
+    store(rec + R::qe + t * S + c, x);
+    load(Ks + t * LK + c, x);
+#pragma unroll
+    for (int u = 0; u < 4; ++u) x[u] *= fk;
+    store(rec + R::kd + t * S + c, x);
+  }
+  __syncthreads();  // Q read whole before V takes its place
+  for (int e = tid; e < kChunk * S / 4; e += kChunkThreads) {
+    const int t = e / (S / 4), c = e % (S / 4) * 4;
+    float x[4] = {};
+    if (t < n) load(g.conv + static_cast<size_t>(t0 + t) * conv_dim + 2 * kd + h * S + c, x);
+    store(Vs + t * LK + c, x);
+  }
+
+  // T = (I + L)^-1 as prep_k.
+  if (tid < kChunk) {
+    const int o = tid / 16 * 16, c = tid % 16;
+    for (int t = 0; t < 16; ++t) {
+      float s = 0.0f;
+      for (int u = c; u < t; ++u) s += Ls[(o + t) * LL + o + u] * Ti[(o + u) * LL + o + c];
+      Ti[(o + t) * LL + o + c] = t < c ? 0.0f : t == c ? 1.0f : -s;
+    }
+  }
+  __syncthreads();
+  for (int d = 1; d < 4; ++d) {
+    const int n_el = (4 - d) * 256;
+    for (int e = tid; e < n_el; e += kChunkThreads) {
+      const int i = d + e / 256, j = i - d, rr = e % 256 / 16, cc = e % 16;
+      float s = 0.0f;
+      for (int u = 16 * j; u < 16 * i; ++u)
+        s += Ls[(16 * i + rr) * LL + u] * Ti[u * LL + 16 * j + cc];
+      Yt[e] = s;
+    }
+    __syncthreads();
+    for (int e = tid; e < n_el; e += kChunkThreads) {
+      const int i = d + e / 256, j = i - d, rr = e % 256 / 16, cc = e % 16;
+      float s = 0.0f;
+      for (int u = 0; u < 16; ++u)
+        s += Ti[(16 * i + rr) * LL + 16 * i + u] * Yt[e / 256 * 256 + u * 16 + cc];
+      Ti[(16 * i + rr) * LL + 16 * j + cc] = -s;
+    }
+    __syncthreads();
+  }
+
+  // W = T diag(beta e^G) K and U0 = T diag(beta) V (T lower triangular: row block r needs
+  // columns below 16 (r + 1) only), straight from the accumulators.
+  for (int job = warp; job < 2 * 4 * NG; job += kWarps) {
+    const bool is_u = job >= 4 * NG;
+    const int r = job % (4 * NG) / NG, c0 = job % NG * NB;
+    float acc[NB][4] = {};
+    mma_strip<NB, false, true>(acc, Ti + 16 * r * LL, LL, (is_u ? Vs : Ks) + 8 * c0, LK,
+                               16 * (r + 1), is_u ? B : BE);
+    float* out = rec + (is_u ? R::u0 : R::w);
+#pragma unroll
+    for (int j = 0; j < NB; ++j)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const float x[2] = {acc[j][2 * half], acc[j][2 * half + 1]};
+        store(out + (16 * r + gr + 8 * half) * S + 8 * (c0 + j) + 2 * tg, x);
+      }
+  }
+}
+
+// Block (slice, h) carries value rows [kSlice slice, kSlice slice + kSlice) of head h's state
+// through the chunks in shared memory. Each buffer's next contents come by cp.async as soon as
+// its last reader is past: Kd and the next Qe while O's second term is computed, the next W,
+// U0 and Lq after the update.
+template <int S, int SV = kSlice>
+__global__ void __launch_bounds__(kChunkThreads, SV == 32 ? 2 : 1) slices_k(const Gdn g) {
+  using L = SliceSmem<S, SV>;
+  using R = Rec<S>;
+  constexpr int LK = L::LK, LD = L::LD, LV = L::LV;
+  constexpr int NR = SV / 16;             // tiles a warp's strip of a [64 x SV] product
+  constexpr int WM = kWarps / (SV / 16);  // warps a row block of the state's [SV x S] update
+  constexpr int NM = S / 8 / WM;          // and the tiles of each warp's strip there
+  extern __shared__ __align__(16) float sm[];
+  float *X = sm + L::x, *Qe = sm + L::qe, *Lq = sm + L::lq, *Us = sm + L::u, *Ms = sm + L::m;
+  const float* El = sm + L::el;
+  const int i0 = blockIdx.x * SV, h = blockIdx.y, tid = threadIdx.x, warp = tid / 32;
+  const int lane = tid % 32, gr = lane / 4, tg = lane % 4;
+  const int n_c = min(g.chunk, kChunk), chunks = (g.n_tok + n_c - 1) / n_c;
+  const auto rec = [&](int ci) {
+    return g.prep + (static_cast<size_t>(ci) * g.v_heads + h) * R::floats;
+  };
+  const auto fetch = [&](int ci) {  // W, U0's slice, Lq and e^G_last of chunk ci
+    const float* r = rec(ci);
+    cp_rows(X, LK, r + R::w, S, kChunk, S);
+    cp_rows(Us, LV, r + R::u0 + i0, S, kChunk, SV);
+    cp_rows(Lq, LL, r + R::lq, kChunk, kChunk, kChunk);
+    if (tid == 0) cp16(sm + L::el, r + R::el);
+  };
+  pdl_wait();
+  fetch(0);
+  cp_rows(Qe, LK, rec(0) + R::qe, S, kChunk, S);
+  cp_commit();
+  float* Mg = g.state + (static_cast<size_t>(h) * S + i0) * S;
+  for (int e = tid; e < SV * S / 4; e += kChunkThreads) {
+    const int i = e / (S / 4), j = e % (S / 4) * 4;
+    *reinterpret_cast<float4*>(Ms + i * LK + j) = *reinterpret_cast<const float4*>(Mg + i * S + j);
+  }
+  // The [64 x SV] products: warp w takes row block w / 2, tiles (w % 2) NR on.
+  const int r = warp / 2, c0 = warp % 2 * NR;
+  for (int ci = 0; ci < chunks; ++ci) {
+    const int t0 = ci * n_c, n = min(n_c, g.n_tok - t0);
+    cp_wait<0>();
+    __syncthreads();
+    // U = U0 - W M^T in place of U0 (the accumulator from -U0, negated after), and O's first
+    // term Qe M^T.
+    float o[NR][4] = {};
+    {
+      float acc[NR][4];
+#pragma unroll
+      for (int j = 0; j < NR; ++j)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          float x[2];
+          load(Us + (16 * r + gr + 8 * half) * LV + 8 * (c0 + j) + 2 * tg, x);
+          acc[j][2 * half] = -x[0], acc[j][2 * half + 1] = -x[1];
+        }
+      mma_strip<NR, false, false>(acc, X + 16 * r * LK, LK, Ms + 8 * c0 * LK, LK, S);
+      mma_strip<NR, false, false>(o, Qe + 16 * r * LK, LK, Ms + 8 * c0 * LK, LK, S);
+#pragma unroll
+      for (int j = 0; j < NR; ++j)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const float x[2] = {-acc[j][2 * half], -acc[j][2 * half + 1]};
+          store(Us + (16 * r + gr + 8 * half) * LV + 8 * (c0 + j) + 2 * tg, x);
+        }
+    }
+    __syncthreads();  // U whole; W and Qe read
+    cp_rows(X, LD, rec(ci) + R::kd, S, kChunk, S);
+    cp_commit();
+    if (ci + 1 < chunks) cp_rows(Qe, LK, rec(ci + 1) + R::qe, S, kChunk, S);
+    cp_commit();
+    // O += Lq U, the chunk's n rows to y.
+    mma_strip<NR, false, true>(o, Lq + 16 * r * LL, LL, Us + 8 * c0, LV, 16 * (r + 1));
+#pragma unroll
+    for (int j = 0; j < NR; ++j)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int t = 16 * r + gr + 8 * half;
+        const float x[2] = {o[j][2 * half], o[j][2 * half + 1]};
+        if (t < n)
+          store(g.y + (static_cast<size_t>(t0 + t) * g.v_heads + h) * S + i0 + 8 * (c0 + j) +
+                    2 * tg,
+                x);
+      }
+    cp_wait<1>();
+    __syncthreads();  // Kd here
+    // M = e^G_last M + U^T Kd, each strip in place by the warp that owns it.
+    {
+      const int rm = warp / WM, cm = warp % WM * NM;
+      const float el = El[0];
+      float acc[NM][4];
+#pragma unroll
+      for (int j = 0; j < NM; ++j)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          float x[2];
+          load(Ms + (16 * rm + gr + 8 * half) * LK + 8 * (cm + j) + 2 * tg, x);
+          acc[j][2 * half] = x[0] * el, acc[j][2 * half + 1] = x[1] * el;
+        }
+      mma_strip<NM, true, true>(acc, Us + 16 * rm, LV, X + 8 * cm, LD, kChunk);
+#pragma unroll
+      for (int j = 0; j < NM; ++j)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const float x[2] = {acc[j][2 * half], acc[j][2 * half + 1]};
+          store(Ms + (16 * rm + gr + 8 * half) * LK + 8 * (cm + j) + 2 * tg, x);
+        }
+    }
+    __syncthreads();  // Kd, U, Lq and e^G_last read
+    if (ci + 1 < chunks) fetch(ci + 1);
+    cp_commit();
+  }
+  cp_wait<0>();
+  __syncthreads();
+  for (int e = tid; e < SV * S / 4; e += kChunkThreads) {
+    const int i = e / (S / 4), j = e % (S / 4) * 4;
+    *reinterpret_cast<float4*>(Mg + i * S + j) = *reinterpret_cast<const float4*>(Ms + i * LK + j);
+  }
+}
+
 // y = rmsnorm(o) * w * silu(z), a warp per (token, value head) row of S; w read before the wait.
 template <int S>
 __global__ void __launch_bounds__(128) norm_k(float* __restrict__ y, const float* __restrict__ z,
@@ -568,13 +885,16 @@ bool delta_net_shape(int64_t head, int64_t taps) {
 
 bool delta_net_chunked(const Ctx& c, int32_t head) {
   size_t bytes = 0;
-  dispatch_head(head, [&]<int S>() { bytes = std::max(ChunkSmem<S>::bytes, PrepSmem<S>::bytes); });
+  dispatch_head(head,
+                [&]<int S>() { bytes = std::max(SliceSmem<S>::bytes, IntraSmem<S>::bytes); });
   return bytes <= c.smem_optin;
 }
 
 size_t delta_net_scratch(int64_t n_tok, int64_t conv_dim, int64_t v_heads) {
+  // Records sized for the largest head (the call's head is not known here).
   const int64_t chunks = (n_tok + kChunk - 1) / kChunk;
-  return static_cast<size_t>(n_tok * conv_dim + chunks * v_heads * kPrep) * sizeof(float);
+  return static_cast<size_t>(n_tok * conv_dim + chunks * v_heads * Rec<128>::floats) *
+         sizeof(float);
 }
 
 void gated_delta_net(Ctx& c, const DeltaNetArgs& a) {
@@ -586,9 +906,11 @@ void gated_delta_net(Ctx& c, const DeltaNetArgs& a) {
   const int C = a.conv_dim();
   const bool chunked = a.chunk > 1 && delta_net_chunked(c, a.head);
   const int chunks = chunked ? (a.n_tok + a.chunk - 1) / a.chunk : 0;
-  // The conv's rows, then each chunk's Lq and T.
+  // The conv's rows, then each chunk's record.
+  size_t rec = 0;
+  dispatch_head(a.head, [&]<int S>() { rec = Rec<S>::floats; });
   const size_t conv_floats = static_cast<size_t>(a.n_tok) * C;
-  float* conv = c.scratch_gdn(conv_floats + static_cast<size_t>(chunks) * a.v_heads * kPrep);
+  float* conv = c.scratch_gdn(conv_floats + static_cast<size_t>(chunks) * a.v_heads * rec);
   dispatch_taps(a.conv, [&]<int K>() {
     const dim3 grid((C + 127) / 128, (a.n_tok + kConvTok - 1) / kConvTok);
     launch(conv_k<K>, grid, 128, 0, c.stream, a.qkv, a.conv_state, a.conv_w, conv, a.n_tok, C);
@@ -598,13 +920,12 @@ void gated_delta_net(Ctx& c, const DeltaNetArgs& a) {
   const int rows = a.n_tok * a.v_heads;
   dispatch_head(a.head, [&]<int S>() {
     if (chunked) {
-      allow_smem(prep_k<S>, PrepSmem<S>::bytes);
-      launch(prep_k<S>, dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(a.v_heads)),
-             kChunkThreads, PrepSmem<S>::bytes, c.stream, g);
-      using L = ChunkSmem<S>;
-      allow_smem(chunks_k<S>, L::bytes);
-      launch(chunks_k<S>, dim3(static_cast<unsigned>(a.v_heads), S / L::SV), kChunkThreads,
-             L::bytes, c.stream, g);
+      allow_smem(intra_k<S>, IntraSmem<S>::bytes);
+      launch(intra_k<S>, dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(a.v_heads)),
+             kChunkThreads, IntraSmem<S>::bytes, c.stream, g);
+      allow_smem(slices_k<S>, SliceSmem<S>::bytes);
+      launch(slices_k<S>, dim3(S / kSlice, static_cast<unsigned>(a.v_heads)), kChunkThreads,
+             SliceSmem<S>::bytes, c.stream, g);
     } else {
       launch(tokens_k<S>, dim3(static_cast<unsigned>(a.v_heads), S / (kTokRows * kTokWarps)),
              32 * kTokWarps, 0, c.stream, g);

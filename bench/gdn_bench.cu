@@ -101,6 +101,7 @@ int main(int argc, char** argv) {
   using I = IntraSmem<kHead>;
   using V = SliceSmem<kHead>;
   using V64 = SliceSmem<kHead, 64>;
+  using V64d = SliceSmem<kHead, 64, 2>;
   const dim3 chunk_grid(kVHeads, kHead / L::SV), slice_grid(kHead / kSlice, kVHeads),
       slice64_grid(kHead / 64, kVHeads);
   allow_smem(chunks_k<kHead>, L::bytes);
@@ -108,6 +109,7 @@ int main(int argc, char** argv) {
   allow_smem(intra_k<kHead>, I::bytes);
   allow_smem(slices_k<kHead>, V::bytes);
   allow_smem(slices_k<kHead, 64>, V64::bytes);
+  allow_smem(slices_k<kHead, 64, 2>, V64d::bytes);
   std::printf("Gated DeltaNet at Qwen3.5 27B's shape (%d key, %d value heads of %d, %d taps)\n",
               kKHeads, kVHeads, kHead, kTaps);
 
@@ -164,6 +166,14 @@ int main(int argc, char** argv) {
     std::printf("prefill   512 tokens: new (slices of 64) vs old, y %.2e, state %.2e\n",
                 rel(y, y2, static_cast<size_t>(n_tok) * kVHeads * kHead),
                 rel(st, st + state_floats, state_floats));
+    KVS_CUDA_CHECK(cudaMemcpy(st + state_floats, layer(0) + tail_floats,
+                              state_floats * sizeof(float), cudaMemcpyDeviceToDevice));
+    launch(intra_k<kHead>, dim3(n_tok / kChunk, kVHeads), kChunkThreads, I::bytes, c.stream, g1);
+    launch(slices_k<kHead, 64, 2>, slice64_grid, kChunkThreads, V64d::bytes, c.stream, g1);
+    KVS_CUDA_CHECK(cudaStreamSynchronize(c.stream));
+    std::printf("prefill   512 tokens: new (slices of 64, 2 stages) vs old, y %.2e, state %.2e\n",
+                rel(y, y2, static_cast<size_t>(n_tok) * kVHeads * kHead),
+                rel(st, st + state_floats, state_floats));
     KVS_CUDA_CHECK(cudaFree(st));
     KVS_CUDA_CHECK(cudaFree(y2));
   }
@@ -195,6 +205,10 @@ int main(int argc, char** argv) {
       launch(slices_k<kHead, 64>, slice64_grid, kChunkThreads, V64::bytes, c.stream,
              gdn(i, n_tok, kChunk));
     });
+    const double slices64d_us = time_us(c.stream, [&](int i) {
+      launch(slices_k<kHead, 64, 2>, slice64_grid, kChunkThreads, V64d::bytes, c.stream,
+             gdn(i, n_tok, kChunk));
+    });
     const double token_us =
         n_tok > 2048 ? 0.0 : time_us(c.stream, [&](int i) {
           launch(tokens_k<kHead>, tok_grid, 32 * kTokWarps, 0, c.stream, gdn(i, n_tok, 1));
@@ -212,8 +226,9 @@ int main(int argc, char** argv) {
                 flops / old_us / 1e6);
     std::printf(
         "prefill  %4d tokens: NEW chunks %8.1f us %6.1f TFLOP/s (intra %.1f, slices %.1f; slices "
-        "of 64 rows %.1f); token by token %8.1f us\n",
-        n_tok, new_us, flops / new_us / 1e6, intra_us, slices_us, slices64_us, token_us);
+        "of 64 rows %.1f, with 2 stages %.1f); token by token %8.1f us\n",
+        n_tok, new_us, flops / new_us / 1e6, intra_us, slices_us, slices64_us, slices64d_us,
+        token_us);
     std::printf("prefill  %4d tokens: layer %8.1f us (conv %.1f, norm %.1f)\n", n_tok,
                 conv_us + new_us + norm_us, conv_us, norm_us);
   }

@@ -256,29 +256,39 @@ struct ChunkSmem {
 };
 
 // Rows [t0, t0 + n) of q (scaled by 1/sqrt(S)) and k of key head kh, L2-normalized, into Qs and
-// Ks (pitch ld), zeros up to 64; a warp a row.
+// Ks (pitch ld), zeros up to 64; a warp a row, each warp's rows loaded kAhead at a time (their
+// loads in flight together).
 template <int S>
 __device__ void load_qk(const Gdn& g, int t0, int n, int kh, float* Qs, float* Ks, int ld) {
-  constexpr int C = S / 32;
+  constexpr int C = S / 32, kAhead = 4;
   const int lane = threadIdx.x % 32, kd = g.k_heads * S, conv_dim = 2 * kd + g.v_heads * S;
   const float q_scale = 1.0f / sqrtf(static_cast<float>(S));
-  for (int t = threadIdx.x / 32; t < kChunk; t += kWarps) {
-    float q[C] = {}, k[C] = {}, sq = 0.0f, sk = 0.0f;
-    if (t < n) {
-      const float* row = g.conv + static_cast<size_t>(t0 + t) * conv_dim + kh * S + lane * C;
-      load(row, q);
-      load(row + kd, k);
+  for (int t1 = threadIdx.x / 32; t1 < kChunk; t1 += kAhead * kWarps) {
+    float q[kAhead][C] = {}, k[kAhead][C] = {};
+#pragma unroll
+    for (int a = 0; a < kAhead; ++a) {
+      const int t = t1 + a * kWarps;
+      if (t < n) {
+        const float* row = g.conv + static_cast<size_t>(t0 + t) * conv_dim + kh * S + lane * C;
+        load(row, q[a]);
+        load(row + kd, k[a]);
+      }
     }
 #pragma unroll
-    for (int c = 0; c < C; ++c) sq += q[c] * q[c], sk += k[c] * k[c];
-    sq = warp_sum(sq), sk = warp_sum(sk);
-    // Rows past n stay zero (a zero eps would make their factor infinite).
-    const float fq = t < n ? q_scale / fmaxf(sqrtf(sq), g.eps) : 0.0f;
-    const float fk = t < n ? 1.0f / fmaxf(sqrtf(sk), g.eps) : 0.0f;
+    for (int a = 0; a < kAhead; ++a) {
+      const int t = t1 + a * kWarps;
+      float sq = 0.0f, sk = 0.0f;
 #pragma unroll
-    for (int c = 0; c < C; ++c) q[c] *= fq, k[c] *= fk;
-    store(Qs + t * ld + lane * C, q);
-    store(Ks + t * ld + lane * C, k);
+      for (int c = 0; c < C; ++c) sq += q[a][c] * q[a][c], sk += k[a][c] * k[a][c];
+      sq = warp_sum(sq), sk = warp_sum(sk);
+      // Rows past n stay zero (a zero eps would make their factor infinite).
+      const float fq = t < n ? q_scale / fmaxf(sqrtf(sq), g.eps) : 0.0f;
+      const float fk = t < n ? 1.0f / fmaxf(sqrtf(sk), g.eps) : 0.0f;
+#pragma unroll
+      for (int c = 0; c < C; ++c) q[a][c] *= fq, k[a][c] *= fk;
+      store(Qs + t * ld + lane * C, q[a]);
+      store(Ks + t * ld + lane * C, k[a]);
+    }
   }
 }
 
@@ -540,12 +550,14 @@ struct IntraSmem {
 };
 
 // Of slices_k: W then Kd (its pitch 8 mod 32 for the update's reads across), Qe, Lq, U0 then
-// U, the block's slice of the state, e^G_last. Small enough for two blocks an SM on an H100.
-template <int S, int SV = kSlice>
+// U, the block's slice of the state, e^G_last; of all but Qe and the state NS stages. Small
+// enough for two blocks an SM on an H100 with 32 rows and one stage.
+template <int S, int SV = kSlice, int NS = 1>
 struct SliceSmem {
   static constexpr int LK = S + 4, LD = S + 8, LV = SV + 8;
-  static constexpr int x = 0, qe = x + kChunk * LD, lq = qe + kChunk * LK, u = lq + kChunk * LL,
-                       m = u + kChunk * LV, el = m + SV * LK, floats = el + 4;
+  static constexpr int x = 0, qe = x + NS * kChunk * LD, lq = qe + kChunk * LK,
+                       u = lq + NS * kChunk * LL, m = u + NS * kChunk * LV, el = m + SV * LK,
+                       floats = el + 4 * NS;
   static constexpr size_t bytes = sizeof(float) * floats;
 };
 
@@ -651,11 +663,20 @@ __global__ void __launch_bounds__(kChunkThreads, 2) intra_k(const Gdn g) {
     store(rec + R::kd + t * S + c, x);
   }
   __syncthreads();  // Q read whole before V takes its place
-  for (int e = tid; e < kChunk * S / 4; e += kChunkThreads) {
-    const int t = e / (S / 4), c = e % (S / 4) * 4;
-    float x[4] = {};
-    if (t < n) load(g.conv + static_cast<size_t>(t0 + t) * conv_dim + 2 * kd + h * S + c, x);
-    store(Vs + t * LK + c, x);
+  // V's rows, all of a thread's loads in flight together.
+  {
+    constexpr int kPer = kChunk * S / 4 / kChunkThreads;
+    float x[kPer][4] = {};
+#pragma unroll
+    for (int a = 0; a < kPer; ++a) {
+      const int e = tid + a * kChunkThreads, t = e / (S / 4), c = e % (S / 4) * 4;
+      if (t < n) load(g.conv + static_cast<size_t>(t0 + t) * conv_dim + 2 * kd + h * S + c, x[a]);
+    }
+#pragma unroll
+    for (int a = 0; a < kPer; ++a) {
+      const int e = tid + a * kChunkThreads, t = e / (S / 4), c = e % (S / 4) * 4;
+      store(Vs + t * LK + c, x[a]);
+    }
   }
 
   // T = (I + L)^-1 as prep_k.
@@ -711,17 +732,17 @@ __global__ void __launch_bounds__(kChunkThreads, 2) intra_k(const Gdn g) {
 // through the chunks in shared memory. Each buffer's next contents come by cp.async as soon as
 // its last reader is past: Kd and the next Qe while O's second term is computed, the next W,
 // U0 and Lq after the update.
-template <int S, int SV = kSlice>
-__global__ void __launch_bounds__(kChunkThreads, SV == 32 ? 2 : 1) slices_k(const Gdn g) {
-  using L = SliceSmem<S, SV>;
+template <int S, int SV = kSlice, int NS = 1>
+__global__ void __launch_bounds__(kChunkThreads, SV == 32 && NS == 1 ? 2 : 1)
+    slices_k(const Gdn g) {
+  using L = SliceSmem<S, SV, NS>;
   using R = Rec<S>;
   constexpr int LK = L::LK, LD = L::LD, LV = L::LV;
   constexpr int NR = SV / 16;             // tiles a warp's strip of a [64 x SV] product
   constexpr int WM = kWarps / (SV / 16);  // warps a row block of the state's [SV x S] update
   constexpr int NM = S / 8 / WM;          // and the tiles of each warp's strip there
   extern __shared__ __align__(16) float sm[];
-  float *X = sm + L::x, *Qe = sm + L::qe, *Lq = sm + L::lq, *Us = sm + L::u, *Ms = sm + L::m;
-  const float* El = sm + L::el;
+  float *Qe = sm + L::qe, *Ms = sm + L::m;
   const int i0 = blockIdx.x * SV, h = blockIdx.y, tid = threadIdx.x, warp = tid / 32;
   const int lane = tid % 32, gr = lane / 4, tg = lane % 4;
   const int n_c = min(g.chunk, kChunk), chunks = (g.n_tok + n_c - 1) / n_c;
@@ -730,15 +751,18 @@ __global__ void __launch_bounds__(kChunkThreads, SV == 32 ? 2 : 1) slices_k(cons
   };
   const auto fetch = [&](int ci) {  // W, U0's slice, Lq and e^G_last of chunk ci
     const float* r = rec(ci);
-    cp_rows(X, LK, r + R::w, S, kChunk, S);
-    cp_rows(Us, LV, r + R::u0 + i0, S, kChunk, SV);
-    cp_rows(Lq, LL, r + R::lq, kChunk, kChunk, kChunk);
-    if (tid == 0) cp16(sm + L::el, r + R::el);
+    const int b = ci % NS;
+    cp_rows(sm + L::x + b * kChunk * LD, LK, r + R::w, S, kChunk, S);
+    cp_rows(sm + L::u + b * kChunk * LV, LV, r + R::u0 + i0, S, kChunk, SV);
+    cp_rows(sm + L::lq + b * kChunk * LL, LL, r + R::lq, kChunk, kChunk, kChunk);
+    if (tid == 0) cp16(sm + L::el + 4 * b, r + R::el);
   };
   pdl_wait();
   fetch(0);
   cp_rows(Qe, LK, rec(0) + R::qe, S, kChunk, S);
   cp_commit();
+  if (NS > 1 && chunks > 1) fetch(1);
+  if (NS > 1) cp_commit();
   float* Mg = g.state + (static_cast<size_t>(h) * S + i0) * S;
   for (int e = tid; e < SV * S / 4; e += kChunkThreads) {
     const int i = e / (S / 4), j = e % (S / 4) * 4;
@@ -747,8 +771,11 @@ __global__ void __launch_bounds__(kChunkThreads, SV == 32 ? 2 : 1) slices_k(cons
   // The [64 x SV] products: warp w takes row block w / 2, tiles (w % 2) NR on.
   const int r = warp / 2, c0 = warp % 2 * NR;
   for (int ci = 0; ci < chunks; ++ci) {
-    const int t0 = ci * n_c, n = min(n_c, g.n_tok - t0);
-    cp_wait<0>();
+    const int t0 = ci * n_c, n = min(n_c, g.n_tok - t0), b = ci % NS;
+    float *X = sm + L::x + b * kChunk * LD, *Lq = sm + L::lq + b * kChunk * LL;
+    float* Us = sm + L::u + b * kChunk * LV;
+    const float* El = sm + L::el + 4 * b;
+    cp_wait<NS - 1>();
     __syncthreads();
     // U = U0 - W M^T in place of U0 (the accumulator from -U0, negated after), and O's first
     // term Qe M^T.
@@ -816,7 +843,7 @@ __global__ void __launch_bounds__(kChunkThreads, SV == 32 ? 2 : 1) slices_k(cons
         }
     }
     __syncthreads();  // Kd, U, Lq and e^G_last read
-    if (ci + 1 < chunks) fetch(ci + 1);
+    if (ci + NS < chunks) fetch(ci + NS);
     cp_commit();
   }
   cp_wait<0>();

@@ -679,21 +679,26 @@ __global__ void __launch_bounds__(kChunkThreads, 2) intra_k(const Gdn g) {
     }
   }
 
-  // T = (I + L)^-1 as prep_k.
+  // T = (I + L)^-1 as prep_k; the diagonal blocks' sums over all 16 columns (the terms outside
+  // [c, t) are zeros of L or of T, so the same sums), the loops unrolled for loads in flight.
   if (tid < kChunk) {
     const int o = tid / 16 * 16, c = tid % 16;
+#pragma unroll
     for (int t = 0; t < 16; ++t) {
       float s = 0.0f;
-      for (int u = c; u < t; ++u) s += Ls[(o + t) * LL + o + u] * Ti[(o + u) * LL + o + c];
+#pragma unroll
+      for (int u = 0; u < 16; ++u) s += Ls[(o + t) * LL + o + u] * Ti[(o + u) * LL + o + c];
       Ti[(o + t) * LL + o + c] = t < c ? 0.0f : t == c ? 1.0f : -s;
     }
   }
   __syncthreads();
+#pragma unroll
   for (int d = 1; d < 4; ++d) {
     const int n_el = (4 - d) * 256;
     for (int e = tid; e < n_el; e += kChunkThreads) {
       const int i = d + e / 256, j = i - d, rr = e % 256 / 16, cc = e % 16;
       float s = 0.0f;
+#pragma unroll 16
       for (int u = 16 * j; u < 16 * i; ++u)
         s += Ls[(16 * i + rr) * LL + u] * Ti[u * LL + 16 * j + cc];
       Yt[e] = s;

@@ -5,19 +5,15 @@
 //     48 layers' states (more than L2 holds) in turn; GB/s counts the state read and written
 //     (2 x 48 x 128 x 128 x 4 bytes a layer), the layer's time all three launches.
 //   prefill: sequences of 512, 2048 and 8192 tokens through the chunk kernels (64 tokens a
-//     chunk), the old path (prep_k, then chunks_k: the chunks in order, two blocks a head) and
-//     the new (intra_k, every chunk's record at once, then slices_k: the chunks in order, a block
-//     per 32 value rows of a head), each whole and the new one's launches alone, and with the
-//     conv and the norm a whole layer; TFLOP/s counts the chunk's products once per head (K K^T
-//     and Q K^T lower halves, K M^T, Q M^T, U^T K, T R and Lq U): 2 (2 n^2 S + 3 n S^2) a chunk
-//     of n, for both paths; and up to 2048 tokens token by token (the path of cards whose shared
-//     memory holds no chunk). Before them the two paths' outputs on the same 512 tokens and
-//     state against each other.
+//     chunk: intra_k, every chunk's record at once, then slices_k, the chunks in order, a block
+//     per kSlice value rows of a head), each timed and both together, and with the conv and the
+//     norm a whole layer; TFLOP/s counts the chunk's products once per head (K K^T and Q K^T
+//     lower halves, K M^T, Q M^T, U^T K, T R and Lq U: the WY form's products with T R whole):
+//     2 (2 n^2 S + 3 n S^2) a chunk of n; and up to 2048 tokens token by token (the path of
+//     cards whose shared memory holds no chunk).
 // Each figure is the mean of 50 launches back to back after 5 untimed, PDL on (PDL=0: off).
 #include "../src/kvs/backend/cuda/delta_net.cu"
 
-#include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -96,20 +92,11 @@ int main(int argc, char** argv) {
   launch(conv_k<kTaps>, dim3((kConvDim + 127) / 128, (max_tok + kConvTok - 1) / kConvTok), 128, 0,
          c.stream, qkv, layer(0), conv_w, conv, max_tok, kConvDim);
   const dim3 tok_grid(kVHeads, kHead / (kTokRows * kTokWarps));
-  using L = ChunkSmem<kHead>;
-  using P = PrepSmem<kHead>;
   using I = IntraSmem<kHead>;
   using V = SliceSmem<kHead>;
-  using V64 = SliceSmem<kHead, 64>;
-  using V64d = SliceSmem<kHead, 64, 2>;
-  const dim3 chunk_grid(kVHeads, kHead / L::SV), slice_grid(kHead / kSlice, kVHeads),
-      slice64_grid(kHead / 64, kVHeads);
-  allow_smem(chunks_k<kHead>, L::bytes);
-  allow_smem(prep_k<kHead>, P::bytes);
+  const dim3 slice_grid(kHead / kSlice, kVHeads);
   allow_smem(intra_k<kHead>, I::bytes);
   allow_smem(slices_k<kHead>, V::bytes);
-  allow_smem(slices_k<kHead, 64>, V64::bytes);
-  allow_smem(slices_k<kHead, 64, 2>, V64d::bytes);
   std::printf("Gated DeltaNet at Qwen3.5 27B's shape (%d key, %d value heads of %d, %d taps)\n",
               kKHeads, kVHeads, kHead, kTaps);
 
@@ -128,87 +115,24 @@ int main(int argc, char** argv) {
   std::printf("decode   layer (conv, delta rule, norm) %7.2f us; %d layers %7.1f us a token\n",
               layer_us, kLayers, layer_us * kLayers);
 
-  // The old path (prep_k, chunks_k) and the new (intra_k, slices_k) on the same tokens and
-  // state: their outputs' largest difference over the largest magnitude.
-  {
-    const int n_tok = 512;
-    float *st = nullptr, *y2 = nullptr;
-    KVS_CUDA_CHECK(cudaMalloc(&st, 2 * state_floats * sizeof(float)));
-    KVS_CUDA_CHECK(cudaMalloc(&y2, static_cast<size_t>(n_tok) * kVHeads * kHead * sizeof(float)));
-    for (int k = 0; k < 2; ++k)
-      KVS_CUDA_CHECK(cudaMemcpy(st + k * state_floats, layer(0) + tail_floats,
-                                state_floats * sizeof(float), cudaMemcpyDeviceToDevice));
-    Gdn g0 = gdn(0, n_tok, kChunk), g1 = g0;
-    g0.state = st, g1.state = st + state_floats, g1.y = y2;
-    launch(prep_k<kHead>, dim3(n_tok / kChunk, kVHeads), kChunkThreads, P::bytes, c.stream, g0);
-    launch(chunks_k<kHead>, chunk_grid, kChunkThreads, L::bytes, c.stream, g0);
-    launch(intra_k<kHead>, dim3(n_tok / kChunk, kVHeads), kChunkThreads, I::bytes, c.stream, g1);
-    launch(slices_k<kHead>, slice_grid, kChunkThreads, V::bytes, c.stream, g1);
-    KVS_CUDA_CHECK(cudaStreamSynchronize(c.stream));
-    const auto rel = [](const float* a, const float* b, size_t n) {
-      std::vector<float> x(n), w(n);
-      KVS_CUDA_CHECK(cudaMemcpy(x.data(), a, n * sizeof(float), cudaMemcpyDeviceToHost));
-      KVS_CUDA_CHECK(cudaMemcpy(w.data(), b, n * sizeof(float), cudaMemcpyDeviceToHost));
-      double d = 0, m = 0;
-      for (size_t i = 0; i < n; ++i)
-        d = std::max(d, static_cast<double>(std::fabs(x[i] - w[i]))),
-        m = std::max(m, static_cast<double>(std::fabs(x[i])));
-      return d / m;
-    };
-    std::printf("prefill   512 tokens: new vs old, y %.2e, state %.2e (max diff / max)\n",
-                rel(y, y2, static_cast<size_t>(n_tok) * kVHeads * kHead),
-                rel(st, st + state_floats, state_floats));
-    KVS_CUDA_CHECK(cudaMemcpy(st + state_floats, layer(0) + tail_floats,
-                              state_floats * sizeof(float), cudaMemcpyDeviceToDevice));
-    launch(intra_k<kHead>, dim3(n_tok / kChunk, kVHeads), kChunkThreads, I::bytes, c.stream, g1);
-    launch(slices_k<kHead, 64>, slice64_grid, kChunkThreads, V64::bytes, c.stream, g1);
-    KVS_CUDA_CHECK(cudaStreamSynchronize(c.stream));
-    std::printf("prefill   512 tokens: new (slices of 64) vs old, y %.2e, state %.2e\n",
-                rel(y, y2, static_cast<size_t>(n_tok) * kVHeads * kHead),
-                rel(st, st + state_floats, state_floats));
-    KVS_CUDA_CHECK(cudaMemcpy(st + state_floats, layer(0) + tail_floats,
-                              state_floats * sizeof(float), cudaMemcpyDeviceToDevice));
-    launch(intra_k<kHead>, dim3(n_tok / kChunk, kVHeads), kChunkThreads, I::bytes, c.stream, g1);
-    launch(slices_k<kHead, 64, 2>, slice64_grid, kChunkThreads, V64d::bytes, c.stream, g1);
-    KVS_CUDA_CHECK(cudaStreamSynchronize(c.stream));
-    std::printf("prefill   512 tokens: new (slices of 64, 2 stages) vs old, y %.2e, state %.2e\n",
-                rel(y, y2, static_cast<size_t>(n_tok) * kVHeads * kHead),
-                rel(st, st + state_floats, state_floats));
-    KVS_CUDA_CHECK(cudaFree(st));
-    KVS_CUDA_CHECK(cudaFree(y2));
-  }
-
   for (int n_tok : {512, 2048, 8192}) {
     const double n = kChunk, S = kHead;
     const double flops =
         2.0 * (2.0 * n * n * S + 3.0 * n * S * S) * kVHeads * ((n_tok + kChunk - 1) / kChunk);
-    const dim3 prep_grid((n_tok + kChunk - 1) / kChunk, kVHeads);
-    const auto old_path = [&](int i) {
-      launch(prep_k<kHead>, prep_grid, kChunkThreads, P::bytes, c.stream, gdn(i, n_tok, kChunk));
-      launch(chunks_k<kHead>, chunk_grid, kChunkThreads, L::bytes, c.stream, gdn(i, n_tok, kChunk));
-    };
-    const auto new_path = [&](int i) {
-      launch(intra_k<kHead>, prep_grid, kChunkThreads, I::bytes, c.stream, gdn(i, n_tok, kChunk));
+    const dim3 intra_grid((n_tok + kChunk - 1) / kChunk, kVHeads);
+    const auto chunks = [&](int i) {
+      launch(intra_k<kHead>, intra_grid, kChunkThreads, I::bytes, c.stream, gdn(i, n_tok, kChunk));
       launch(slices_k<kHead>, slice_grid, kChunkThreads, V::bytes, c.stream,
              gdn(i, n_tok, kChunk));
     };
-    const double old_us = time_us(c.stream, old_path);
     const double intra_us = time_us(c.stream, [&](int i) {
-      launch(intra_k<kHead>, prep_grid, kChunkThreads, I::bytes, c.stream, gdn(i, n_tok, kChunk));
+      launch(intra_k<kHead>, intra_grid, kChunkThreads, I::bytes, c.stream, gdn(i, n_tok, kChunk));
     });
     const double slices_us = time_us(c.stream, [&](int i) {
       launch(slices_k<kHead>, slice_grid, kChunkThreads, V::bytes, c.stream,
              gdn(i, n_tok, kChunk));
     });
-    const double new_us = time_us(c.stream, new_path);
-    const double slices64_us = time_us(c.stream, [&](int i) {
-      launch(slices_k<kHead, 64>, slice64_grid, kChunkThreads, V64::bytes, c.stream,
-             gdn(i, n_tok, kChunk));
-    });
-    const double slices64d_us = time_us(c.stream, [&](int i) {
-      launch(slices_k<kHead, 64, 2>, slice64_grid, kChunkThreads, V64d::bytes, c.stream,
-             gdn(i, n_tok, kChunk));
-    });
+    const double chunk_us = time_us(c.stream, chunks);
     const double token_us =
         n_tok > 2048 ? 0.0 : time_us(c.stream, [&](int i) {
           launch(tokens_k<kHead>, tok_grid, 32 * kTokWarps, 0, c.stream, gdn(i, n_tok, 1));
@@ -222,15 +146,12 @@ int main(int argc, char** argv) {
     const double norm_us = time_us(c.stream, [&](int) {
       launch(norm_k<kHead>, (rows + 3) / 4, 128, 0, c.stream, y, z, norm, rows, 1e-6f);
     });
-    std::printf("prefill  %4d tokens: OLD chunks %8.1f us %6.1f TFLOP/s\n", n_tok, old_us,
-                flops / old_us / 1e6);
     std::printf(
-        "prefill  %4d tokens: NEW chunks %8.1f us %6.1f TFLOP/s (intra %.1f, slices %.1f; slices "
-        "of 64 rows %.1f, with 2 stages %.1f); token by token %8.1f us\n",
-        n_tok, new_us, flops / new_us / 1e6, intra_us, slices_us, slices64_us, slices64d_us,
-        token_us);
+        "prefill  %4d tokens: delta rule in chunks %8.1f us (intra %.1f, slices %.1f) %6.1f "
+        "TFLOP/s; token by token %8.1f us\n",
+        n_tok, chunk_us, intra_us, slices_us, flops / chunk_us / 1e6, token_us);
     std::printf("prefill  %4d tokens: layer %8.1f us (conv %.1f, norm %.1f)\n", n_tok,
-                conv_us + new_us + norm_us, conv_us, norm_us);
+                conv_us + chunk_us + norm_us, conv_us, norm_us);
   }
   KVS_CUDA_CHECK(cudaDeviceSynchronize());
   return 0;

@@ -223,37 +223,18 @@ __device__ __forceinline__ void mma_strip(float (&acc)[NB][4], const float* a, i
 // A prefill's delta rule, a chunk of n <= 64 tokens from t0 at a time (rows past n zero), with
 // G_t the decay's log summed over the chunk up to t and every exponent <= 0:
 //   L[t][s] = beta_t e^(G_t - G_s) k_s . k_t (s < t), Lq[t][s] = e^(G_t - G_s) k_s . q_t (s <= t)
-//   R = diag(beta) (V - diag(e^G) K M^T), U = (I + L)^-1 R (the CPU's forward substitution)
-//   O = diag(e^G) Q M^T + Lq U, M = e^G_last M + U^T diag(e^(G_last - G)) K
-// in two launches: prep_k computes what does not depend on the state, Lq and T = (I + L)^-1,
-// for every chunk and value head at once; chunks_k then goes through the chunks in order, each
-// block keeping some value rows of a head's state in shared memory. Rows of K and Q are padded
-// to keep each fragment load of a warp on 32 banks (a pitch of 4 mod 32 for rows read along k,
-// 8 mod 32 for rows read across).
+//   T = (I + L)^-1 (the CPU's forward substitution), U0 = T diag(beta) V,
+//   W = T diag(beta e^G) K, Qe = diag(e^G) Q, Kd = diag(e^(G_last - G)) K
+//   U = U0 - W M^T, O = Qe M^T + Lq U, M = e^G_last M + U^T Kd
+// in two launches: intra_k computes what does not depend on the state (Lq, U0, W, Qe, Kd) for
+// every chunk and value head at once into a record of each; slices_k then carries slices of
+// kSlice value rows of each head's state through the chunks, the slices independent (a value
+// row of M depends on its own value column of V only). Rows in shared memory are padded to keep
+// each fragment load of a warp on 32 banks (a pitch of 4 mod 32 for rows read along k, 8 mod 32
+// for rows read across).
 constexpr int kChunk = 64, kChunkThreads = 256, kWarps = kChunkThreads / 32;
-constexpr int kPrep = 2 * kChunk * kChunk;  // floats of a chunk's Lq and T for one value head
-constexpr int LL = kChunk + 4;              // the pitch of L, Lq and T in shared memory
-
-// Shared memory (floats) of prep_k: K and Q rows, L, Lq, T, T's blocks' temporaries, G and beta.
-template <int S>
-struct PrepSmem {
-  static constexpr int LK = S + 4;
-  static constexpr int k = 0, q = k + kChunk * LK, l = q + kChunk * LK, lq = l + kChunk * LL,
-                       ti = lq + kChunk * LL, tmp = ti + kChunk * LL, vec = tmp + 3 * 256,
-                       floats = vec + 2 * kChunk;
-  static constexpr size_t bytes = sizeof(float) * floats;
-};
-// Of chunks_k: K, Q, the block's SV value rows of the state, V (then R) and U rows of them, Lq,
-// T, and G, beta, e^G, e^(G_last - G).
-template <int S>
-struct ChunkSmem {
-  static constexpr int SV = S < 64 ? S : 64;
-  static constexpr int LK = S + 4, LV = SV + 8;
-  static constexpr int k = 0, q = k + kChunk * LK, m = q + kChunk * LK, v = m + SV * LK,
-                       u = v + kChunk * LV, lq = u + kChunk * LV, ti = lq + kChunk * LL,
-                       vec = ti + kChunk * LL, floats = vec + 4 * kChunk;
-  static constexpr size_t bytes = sizeof(float) * floats;
-};
+constexpr int kSlice = 32;
+constexpr int LL = kChunk + 4;  // the pitch of L, Lq and T in shared memory
 
 // Rows [t0, t0 + n) of q (scaled by 1/sqrt(S)) and k of key head kh, L2-normalized, into Qs and
 // Ks (pitch ld), zeros up to 64; a warp a row, each warp's rows loaded kAhead at a time (their
@@ -308,228 +289,6 @@ __device__ void load_gates(const Gdn& g, int t0, int n, int h, float* G, float* 
   __syncthreads();
 }
 
-// Chunk blockIdx.x (of g.chunk tokens) at value head blockIdx.y: Lq and T to g.prep.
-template <int S>
-__global__ void __launch_bounds__(kChunkThreads, 1) prep_k(const Gdn g) {
-  using P = PrepSmem<S>;
-  constexpr int LK = P::LK;
-  extern __shared__ __align__(16) float sm[];
-  float *Ks = sm + P::k, *Qs = sm + P::q, *Ls = sm + P::l, *Lq = sm + P::lq, *Ti = sm + P::ti;
-  float *Yt = sm + P::tmp, *G = sm + P::vec, *B = G + kChunk;
-  const int h = blockIdx.y, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int gr = lane / 4, tg = lane % 4, n_c = min(g.chunk, kChunk), t0 = blockIdx.x * n_c;
-  const int n = min(n_c, g.n_tok - t0);
-  // Above their diagonals L, Lq and T (adjacent) stay zero.
-  for (int i = tid; i < 3 * kChunk * LL; i += kChunkThreads) Ls[i] = 0.0f;
-  pdl_wait();
-  load_qk<S>(g, t0, n, h % g.k_heads, Qs, Ks, LK);
-  load_gates(g, t0, n, h, G, B);
-
-  // L and Lq: the tiles on or below the diagonal, two side by side a job (row block r has r + 1
-  // pairs), 10 jobs each.
-  for (int job = warp; job < 20; job += kWarps) {
-    const bool is_q = job >= 10;
-    const int j = job % 10,
-              r = j < 1   ? 0
-                  : j < 3 ? 1
-                  : j < 6 ? 2
-                          : 3,
-              c0 = 2 * (j - r * (r + 1) / 2);
-    float acc[2][4] = {};
-    if (is_q)
-      mma_strip<2, false, false, true>(acc, Qs + 16 * r * LK, LK, Ks + 8 * c0 * LK, LK, S);
-    else
-      mma_strip<2, false, false>(acc, Ks + 16 * r * LK, LK, Ks + 8 * c0 * LK, LK, S);
-#pragma unroll
-    for (int jj = 0; jj < 2; ++jj)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int t = 16 * r + gr + 8 * half, s = 8 * (c0 + jj) + 2 * tg;
-        float x[2];
-#pragma unroll
-        for (int u = 0; u < 2; ++u) {
-          const bool on = is_q ? s + u <= t : s + u < t;
-          x[u] = on ? (is_q ? 1.0f : B[t]) * expf(G[t] - G[s + u]) * acc[jj][2 * half + u] : 0.0f;
-        }
-        store((is_q ? Lq : Ls) + t * LL + s, x);
-      }
-  }
-  __syncthreads();
-
-  // T = (I + L)^-1 by 16 x 16 blocks: the diagonal ones by forward substitution (a thread per
-  // column), then T_ij = -T_ii sum_{j <= b < i} L_ib T_bj for i - j = 1, 2, 3.
-  if (tid < kChunk) {
-    const int o = tid / 16 * 16, c = tid % 16;
-    for (int t = 0; t < 16; ++t) {
-      float s = 0.0f;
-      for (int u = c; u < t; ++u) s += Ls[(o + t) * LL + o + u] * Ti[(o + u) * LL + o + c];
-      Ti[(o + t) * LL + o + c] = t < c ? 0.0f : t == c ? 1.0f : -s;
-    }
-  }
-  __syncthreads();
-  for (int d = 1; d < 4; ++d) {
-    const int n_el = (4 - d) * 256;
-    for (int e = tid; e < n_el; e += kChunkThreads) {
-      const int i = d + e / 256, j = i - d, rr = e % 256 / 16, cc = e % 16;
-      float s = 0.0f;
-      for (int u = 16 * j; u < 16 * i; ++u)
-        s += Ls[(16 * i + rr) * LL + u] * Ti[u * LL + 16 * j + cc];
-      Yt[e] = s;
-    }
-    __syncthreads();
-    for (int e = tid; e < n_el; e += kChunkThreads) {
-      const int i = d + e / 256, j = i - d, rr = e % 256 / 16, cc = e % 16;
-      float s = 0.0f;
-      for (int u = 0; u < 16; ++u)
-        s += Ti[(16 * i + rr) * LL + 16 * i + u] * Yt[e / 256 * 256 + u * 16 + cc];
-      Ti[(16 * i + rr) * LL + 16 * j + cc] = -s;
-    }
-    __syncthreads();
-  }
-  float* out = g.prep + (static_cast<size_t>(blockIdx.x) * g.v_heads + h) * kPrep;
-  for (int e = tid; e < kPrep / 4; e += kChunkThreads) {
-    const int m = e / (kPrep / 8), r = e % (kPrep / 8) / (kChunk / 4), c = e % (kChunk / 4) * 4;
-    *reinterpret_cast<float4*>(out + m * kChunk * kChunk + r * kChunk + c) =
-        *reinterpret_cast<const float4*>((m ? Ti : Lq) + r * LL + c);
-  }
-}
-
-// Block (h, y) keeps value rows [SV y, SV y + SV) of head h's state in shared memory for the
-// whole call and takes the chunks in order; each product's tiles are split among the 8 warps in
-// strips (A's fragments loaded once a strip).
-template <int S>
-__global__ void __launch_bounds__(kChunkThreads, 1) chunks_k(const Gdn g) {
-  using L = ChunkSmem<S>;
-  constexpr int SV = L::SV, LK = L::LK, LV = L::LV;
-  constexpr int NR = SV / 16;             // tiles a warp's strip of a [64 x SV] product
-  constexpr int WM = kWarps / (SV / 16);  // warps a row block of the state's [SV x S] update
-  constexpr int NM = S / 8 / WM;          // and the tiles of each warp's strip there
-  extern __shared__ __align__(16) float sm[];
-  float *Ks = sm + L::k, *Qs = sm + L::q, *Ms = sm + L::m, *Vs = sm + L::v, *Us = sm + L::u;
-  float *Lq = sm + L::lq, *Ti = sm + L::ti;
-  float *G = sm + L::vec, *B = G + kChunk, *EG = B + kChunk, *W = EG + kChunk;
-  const int h = blockIdx.x, i0 = blockIdx.y * SV, tid = threadIdx.x, warp = tid / 32;
-  const int lane = tid % 32, gr = lane / 4, tg = lane % 4;
-  const int kd = g.k_heads * S, conv_dim = 2 * kd + g.v_heads * S, kh = h % g.k_heads;
-  const int n_c = min(g.chunk, kChunk);
-  pdl_wait();
-  float* Mg = g.state + (static_cast<size_t>(h) * S + i0) * S;
-  for (int e = tid; e < SV * S / 4; e += kChunkThreads) {
-    const int i = e / (S / 4), j = e % (S / 4) * 4;
-    *reinterpret_cast<float4*>(Ms + i * LK + j) = *reinterpret_cast<const float4*>(Mg + i * S + j);
-  }
-  for (int ci = 0, t0 = 0; t0 < g.n_tok; ++ci, t0 += n_c) {
-    const int n = min(n_c, g.n_tok - t0);
-    __syncthreads();  // the last chunk's products have read what is loaded now
-    load_qk<S>(g, t0, n, kh, Qs, Ks, LK);
-    for (int e = tid; e < kChunk * SV; e += kChunkThreads) {
-      const int t = e / SV, i = e % SV;
-      Vs[t * LV + i] =
-          t < n ? g.conv[static_cast<size_t>(t0 + t) * conv_dim + 2 * kd + h * S + i0 + i] : 0.0f;
-    }
-    const float* pre = g.prep + (static_cast<size_t>(ci) * g.v_heads + h) * kPrep;
-    for (int e = tid; e < kPrep / 4; e += kChunkThreads) {
-      const int m = e / (kPrep / 8), r = e % (kPrep / 8) / (kChunk / 4), c = e % (kChunk / 4) * 4;
-      *reinterpret_cast<float4*>((m ? Ti : Lq) + r * LL + c) =
-          *reinterpret_cast<const float4*>(pre + m * kChunk * kChunk + r * kChunk + c);
-    }
-    load_gates(g, t0, n, h, G, B);
-    if (tid < kChunk) EG[tid] = expf(G[tid]), W[tid] = expf(G[kChunk - 1] - G[tid]);
-    __syncthreads();
-
-    // The [64 x SV] products: warp w takes row block w / 2, tiles (w % 2) NR on.
-    const int r = warp / 2, c0 = warp % 2 * NR;
-    // R = diag(beta) (V - diag(e^G) K M^T), in place of V.
-    {
-      float acc[NR][4] = {};
-      mma_strip<NR, false, false>(acc, Ks + 16 * r * LK, LK, Ms + 8 * c0 * LK, LK, S);
-#pragma unroll
-      for (int j = 0; j < NR; ++j)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int t = 16 * r + gr + 8 * half, i = 8 * (c0 + j) + 2 * tg;
-          float x[2];
-          load(Vs + t * LV + i, x);
-#pragma unroll
-          for (int u = 0; u < 2; ++u) x[u] = B[t] * (x[u] - EG[t] * acc[j][2 * half + u]);
-          store(Vs + t * LV + i, x);
-        }
-    }
-    __syncthreads();
-    // U = T R (T is lower triangular: row block r needs columns below 16 (r + 1) only).
-    {
-      float acc[NR][4] = {};
-      mma_strip<NR, false, true>(acc, Ti + 16 * r * LL, LL, Vs + 8 * c0, LV, 16 * (r + 1));
-#pragma unroll
-      for (int j = 0; j < NR; ++j)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const float x[2] = {acc[j][2 * half], acc[j][2 * half + 1]};
-          store(Us + (16 * r + gr + 8 * half) * LV + 8 * (c0 + j) + 2 * tg, x);
-        }
-    }
-    __syncthreads();
-    // O = diag(e^G) Q M^T + Lq U, the chunk's n rows to y.
-    {
-      float acc[NR][4] = {};
-      mma_strip<NR, false, false>(acc, Qs + 16 * r * LK, LK, Ms + 8 * c0 * LK, LK, S);
-#pragma unroll
-      for (int j = 0; j < NR; ++j)
-#pragma unroll
-        for (int u = 0; u < 4; ++u) acc[j][u] *= EG[16 * r + gr + 8 * (u / 2)];
-      mma_strip<NR, false, true>(acc, Lq + 16 * r * LL, LL, Us + 8 * c0, LV, 16 * (r + 1));
-#pragma unroll
-      for (int j = 0; j < NR; ++j)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int t = 16 * r + gr + 8 * half;
-          const float x[2] = {acc[j][2 * half], acc[j][2 * half + 1]};
-          if (t < n)
-            store(g.y + (static_cast<size_t>(t0 + t) * g.v_heads + h) * S + i0 + 8 * (c0 + j) +
-                      2 * tg,
-                  x);
-        }
-    }
-    __syncthreads();
-    // M = e^G_last M + U^T diag(e^(G_last - G)) K, each strip in place by the warp that owns it.
-    {
-      const int rm = warp / WM, cm = warp % WM * NM;
-      const float el = EG[kChunk - 1];
-      float acc[NM][4];
-#pragma unroll
-      for (int j = 0; j < NM; ++j)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          float x[2];
-          load(Ms + (16 * rm + gr + 8 * half) * LK + 8 * (cm + j) + 2 * tg, x);
-          acc[j][2 * half] = x[0] * el, acc[j][2 * half + 1] = x[1] * el;
-        }
-      mma_strip<NM, true, true>(acc, Us + 16 * rm, LV, Ks + 8 * cm, LK, kChunk, W);
-#pragma unroll
-      for (int j = 0; j < NM; ++j)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const float x[2] = {acc[j][2 * half], acc[j][2 * half + 1]};
-          store(Ms + (16 * rm + gr + 8 * half) * LK + 8 * (cm + j) + 2 * tg, x);
-        }
-    }
-  }
-  __syncthreads();
-  for (int e = tid; e < SV * S / 4; e += kChunkThreads) {
-    const int i = e / (S / 4), j = e % (S / 4) * 4;
-    *reinterpret_cast<float4*>(Mg + i * S + j) = *reinterpret_cast<const float4*>(Ms + i * LK + j);
-  }
-}
-
-// The prefill's delta rule as two launches parallel over the state's value rows: intra_k takes
-// each (chunk, value head) at once and leaves a record of all that does not depend on the
-// state; slices_k then carries slices of kSlice value rows of each head's state through the
-// chunks, the slices independent (a value row of M depends on its own value column of V only):
-//   U = U0 - W M^T, O = Qe M^T + Lq U, M = e^G_last M + U^T Kd
-// with U0 = T diag(beta) V, W = T diag(beta e^G) K, Qe = diag(e^G) Q, Kd = diag(e^(G_last - G))
-// K (the formulas above, T R split by R's two terms).
-constexpr int kSlice = 32;
-
 // A record (floats, 16-byte aligned): Lq [64][64], W, U0, Qe and Kd [64][S] each, e^G_last.
 template <int S>
 struct Rec {
@@ -550,14 +309,12 @@ struct IntraSmem {
 };
 
 // Of slices_k: W then Kd (its pitch 8 mod 32 for the update's reads across), Qe, Lq, U0 then
-// U, the block's slice of the state, e^G_last; of all but Qe and the state NS stages. Small
-// enough for two blocks an SM on an H100 with 32 rows and one stage.
-template <int S, int SV = kSlice, int NS = 1>
+// U, the block's slice of the state, e^G_last. Small enough for two blocks an SM on an H100.
+template <int S>
 struct SliceSmem {
-  static constexpr int LK = S + 4, LD = S + 8, LV = SV + 8;
-  static constexpr int x = 0, qe = x + NS * kChunk * LD, lq = qe + kChunk * LK,
-                       u = lq + NS * kChunk * LL, m = u + NS * kChunk * LV, el = m + SV * LK,
-                       floats = el + 4 * NS;
+  static constexpr int LK = S + 4, LD = S + 8, LV = kSlice + 8;
+  static constexpr int x = 0, qe = x + kChunk * LD, lq = qe + kChunk * LK, u = lq + kChunk * LL,
+                       m = u + kChunk * LV, el = m + kSlice * LK, floats = el + 4;
   static constexpr size_t bytes = sizeof(float) * floats;
 };
 
@@ -585,8 +342,8 @@ __device__ __forceinline__ void cp_rows(float* dst, int dp, const float* src, in
 }
 
 // Chunk blockIdx.x (of g.chunk tokens) at value head blockIdx.y: its record to g.prep. L and
-// Lq as prep_k (Lq straight to the record), then Qe, Kd and e^G_last out, V in Q's place, T,
-// and W and U0 by warps in strips of 16 rows.
+// Lq by warps in strips (Lq straight to the record), then Qe, Kd and e^G_last out, V in Q's
+// place, T, and W and U0 by warps in strips of 16 rows.
 template <int S>
 __global__ void __launch_bounds__(kChunkThreads, 2) intra_k(const Gdn g) {
   using P = IntraSmem<S>;
@@ -608,6 +365,8 @@ __global__ void __launch_bounds__(kChunkThreads, 2) intra_k(const Gdn g) {
   load_qk<S>(g, t0, n, h % g.k_heads, Qs, Ks, LK);
   load_gates(g, t0, n, h, G, B);
 
+  // L and Lq: the tiles on or below the diagonal, two side by side a job (row block r has r + 1
+  // pairs), 10 jobs each.
   for (int job = warp; job < 20; job += kWarps) {
     const bool is_q = job >= 10;
     const int j = job % 10,
@@ -679,8 +438,9 @@ __global__ void __launch_bounds__(kChunkThreads, 2) intra_k(const Gdn g) {
     }
   }
 
-  // T = (I + L)^-1 as prep_k; the diagonal blocks' sums over all 16 columns (the terms outside
-  // [c, t) are zeros of L or of T, so the same sums), the loops unrolled for loads in flight.
+  // T = (I + L)^-1 by 16 x 16 blocks: the diagonal ones by forward substitution (a thread per
+  // column; each sum over all 16 columns, the terms outside [c, t) zeros of L or of T, for fixed
+  // loop bounds), then T_ij = -T_ii sum_{j <= b < i} L_ib T_bj for i - j = 1, 2, 3.
   if (tid < kChunk) {
     const int o = tid / 16 * 16, c = tid % 16;
 #pragma unroll
@@ -737,17 +497,17 @@ __global__ void __launch_bounds__(kChunkThreads, 2) intra_k(const Gdn g) {
 // through the chunks in shared memory. Each buffer's next contents come by cp.async as soon as
 // its last reader is past: Kd and the next Qe while O's second term is computed, the next W,
 // U0 and Lq after the update.
-template <int S, int SV = kSlice, int NS = 1>
-__global__ void __launch_bounds__(kChunkThreads, SV == 32 && NS == 1 ? 2 : 1)
-    slices_k(const Gdn g) {
-  using L = SliceSmem<S, SV, NS>;
+template <int S>
+__global__ void __launch_bounds__(kChunkThreads, 2) slices_k(const Gdn g) {
+  using L = SliceSmem<S>;
   using R = Rec<S>;
-  constexpr int LK = L::LK, LD = L::LD, LV = L::LV;
+  constexpr int SV = kSlice, LK = L::LK, LD = L::LD, LV = L::LV;
   constexpr int NR = SV / 16;             // tiles a warp's strip of a [64 x SV] product
   constexpr int WM = kWarps / (SV / 16);  // warps a row block of the state's [SV x S] update
   constexpr int NM = S / 8 / WM;          // and the tiles of each warp's strip there
   extern __shared__ __align__(16) float sm[];
-  float *Qe = sm + L::qe, *Ms = sm + L::m;
+  float *X = sm + L::x, *Qe = sm + L::qe, *Lq = sm + L::lq, *Us = sm + L::u, *Ms = sm + L::m;
+  const float* El = sm + L::el;
   const int i0 = blockIdx.x * SV, h = blockIdx.y, tid = threadIdx.x, warp = tid / 32;
   const int lane = tid % 32, gr = lane / 4, tg = lane % 4;
   const int n_c = min(g.chunk, kChunk), chunks = (g.n_tok + n_c - 1) / n_c;
@@ -756,18 +516,15 @@ __global__ void __launch_bounds__(kChunkThreads, SV == 32 && NS == 1 ? 2 : 1)
   };
   const auto fetch = [&](int ci) {  // W, U0's slice, Lq and e^G_last of chunk ci
     const float* r = rec(ci);
-    const int b = ci % NS;
-    cp_rows(sm + L::x + b * kChunk * LD, LK, r + R::w, S, kChunk, S);
-    cp_rows(sm + L::u + b * kChunk * LV, LV, r + R::u0 + i0, S, kChunk, SV);
-    cp_rows(sm + L::lq + b * kChunk * LL, LL, r + R::lq, kChunk, kChunk, kChunk);
-    if (tid == 0) cp16(sm + L::el + 4 * b, r + R::el);
+    cp_rows(X, LK, r + R::w, S, kChunk, S);
+    cp_rows(Us, LV, r + R::u0 + i0, S, kChunk, SV);
+    cp_rows(Lq, LL, r + R::lq, kChunk, kChunk, kChunk);
+    if (tid == 0) cp16(sm + L::el, r + R::el);
   };
   pdl_wait();
   fetch(0);
   cp_rows(Qe, LK, rec(0) + R::qe, S, kChunk, S);
   cp_commit();
-  if (NS > 1 && chunks > 1) fetch(1);
-  if (NS > 1) cp_commit();
   float* Mg = g.state + (static_cast<size_t>(h) * S + i0) * S;
   for (int e = tid; e < SV * S / 4; e += kChunkThreads) {
     const int i = e / (S / 4), j = e % (S / 4) * 4;
@@ -776,11 +533,8 @@ __global__ void __launch_bounds__(kChunkThreads, SV == 32 && NS == 1 ? 2 : 1)
   // The [64 x SV] products: warp w takes row block w / 2, tiles (w % 2) NR on.
   const int r = warp / 2, c0 = warp % 2 * NR;
   for (int ci = 0; ci < chunks; ++ci) {
-    const int t0 = ci * n_c, n = min(n_c, g.n_tok - t0), b = ci % NS;
-    float *X = sm + L::x + b * kChunk * LD, *Lq = sm + L::lq + b * kChunk * LL;
-    float* Us = sm + L::u + b * kChunk * LV;
-    const float* El = sm + L::el + 4 * b;
-    cp_wait<NS - 1>();
+    const int t0 = ci * n_c, n = min(n_c, g.n_tok - t0);
+    cp_wait<0>();
     __syncthreads();
     // U = U0 - W M^T in place of U0 (the accumulator from -U0, negated after), and O's first
     // term Qe M^T.
@@ -848,7 +602,7 @@ __global__ void __launch_bounds__(kChunkThreads, SV == 32 && NS == 1 ? 2 : 1)
         }
     }
     __syncthreads();  // Kd, U, Lq and e^G_last read
-    if (ci + NS < chunks) fetch(ci + NS);
+    if (ci + 1 < chunks) fetch(ci + 1);
     cp_commit();
   }
   cp_wait<0>();

@@ -6,9 +6,8 @@
 #   kvs_cuda_test_cuda_gdn: the GDN kernels against the CPU (decode 1e-4, chunked prefill 5e-3,
 #     also against the GPU's token-by-token run), prefill carried on by decode, the same bits on
 #     every run;
-#   kvs_gdn_bench: the prefill's old path (prep_k, chunks_k) and the new (intra_k, slices_k) at
-#     512, 2048 and 8192 tokens of the 27B's shape, us and TFLOP/s, and the two paths' outputs
-#     on the same 512 tokens against each other;
+#   kvs_gdn_bench: the prefill's two launches (intra_k, slices_k) at 512, 2048 and 8192 tokens
+#     of the 27B's shape, us and TFLOP/s, each launch alone and both;
 #   compute-sanitizer memcheck and racecheck (where installed) on one chunked case of the 27B's
 #     shape (CudaGdn.SameBitsEveryRun), 45 s each at most.
 set -uo pipefail

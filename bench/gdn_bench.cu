@@ -4,12 +4,13 @@
 //   decode: one token through the conv, the token-by-token delta rule and the gated norm, over
 //     48 layers' states (more than L2 holds) in turn; GB/s counts the state read and written
 //     (2 x 48 x 128 x 128 x 4 bytes a layer), the layer's time all three launches.
-//   prefill: a sequence of 512 and of 2048 tokens through the chunk kernels (64 tokens a chunk:
-//     prep_k, the chunks' Lq and T at once, then chunks_k, the chunks in order), each timed and
-//     both together, and with the conv and the norm a whole layer; TFLOP/s counts the chunk's
-//     products once per head (K K^T and Q K^T lower halves, K M^T, Q M^T, U^T K, T R and Lq U): 2
-//     (2 n^2 S + 3 n S^2) a chunk of n; and the same tokens token by token (the path of cards whose
-//     shared memory holds no chunk).
+//   prefill: sequences of 512, 2048 and 8192 tokens through the chunk kernels (64 tokens a
+//     chunk: intra_k, every chunk's record at once, then slices_k, the chunks in order, a block
+//     per kSlice value rows of a head), each timed and both together, and with the conv and the
+//     norm a whole layer; TFLOP/s counts the chunk's products once per head (K K^T and Q K^T
+//     lower halves, K M^T, Q M^T, U^T K, T R and Lq U: the WY form's products with T R whole):
+//     2 (2 n^2 S + 3 n S^2) a chunk of n; and up to 2048 tokens token by token (the path of
+//     cards whose shared memory holds no chunk).
 // Each figure is the mean of 50 launches back to back after 5 untimed, PDL on (PDL=0: off).
 #include "../src/kvs/backend/cuda/delta_net.cu"
 
@@ -64,7 +65,7 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop{};
   KVS_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   c.smem_optin = prop.sharedMemPerBlockOptin;
-  const int max_tok = 2048;
+  const int max_tok = 8192;
   const size_t state_floats = static_cast<size_t>(kVHeads) * kHead * kHead;
   const size_t tail_floats = static_cast<size_t>(kTaps - 1) * kConvDim;
   float* qkv = device_floats(static_cast<size_t>(max_tok) * kConvDim, -2.0f, 2.0f, 1);
@@ -91,11 +92,11 @@ int main(int argc, char** argv) {
   launch(conv_k<kTaps>, dim3((kConvDim + 127) / 128, (max_tok + kConvTok - 1) / kConvTok), 128, 0,
          c.stream, qkv, layer(0), conv_w, conv, max_tok, kConvDim);
   const dim3 tok_grid(kVHeads, kHead / (kTokRows * kTokWarps));
-  using L = ChunkSmem<kHead>;
-  using P = PrepSmem<kHead>;
-  const dim3 chunk_grid(kVHeads, kHead / L::SV);
-  allow_smem(chunks_k<kHead>, L::bytes);
-  allow_smem(prep_k<kHead>, P::bytes);
+  using I = IntraSmem<kHead>;
+  using V = SliceSmem<kHead>;
+  const dim3 slice_grid(kHead / kSlice, kVHeads);
+  allow_smem(intra_k<kHead>, I::bytes);
+  allow_smem(slices_k<kHead>, V::bytes);
   std::printf("Gated DeltaNet at Qwen3.5 27B's shape (%d key, %d value heads of %d, %d taps)\n",
               kKHeads, kVHeads, kHead, kTaps);
 
@@ -114,24 +115,28 @@ int main(int argc, char** argv) {
   std::printf("decode   layer (conv, delta rule, norm) %7.2f us; %d layers %7.1f us a token\n",
               layer_us, kLayers, layer_us * kLayers);
 
-  for (int n_tok : {512, 2048}) {
+  for (int n_tok : {512, 2048, 8192}) {
     const double n = kChunk, S = kHead;
     const double flops =
         2.0 * (2.0 * n * n * S + 3.0 * n * S * S) * kVHeads * ((n_tok + kChunk - 1) / kChunk);
-    const dim3 prep_grid((n_tok + kChunk - 1) / kChunk, kVHeads);
-    const double prep_us = time_us(c.stream, [&](int i) {
-      launch(prep_k<kHead>, prep_grid, kChunkThreads, P::bytes, c.stream, gdn(i, n_tok, kChunk));
+    const dim3 intra_grid((n_tok + kChunk - 1) / kChunk, kVHeads);
+    const auto chunks = [&](int i) {
+      launch(intra_k<kHead>, intra_grid, kChunkThreads, I::bytes, c.stream, gdn(i, n_tok, kChunk));
+      launch(slices_k<kHead>, slice_grid, kChunkThreads, V::bytes, c.stream,
+             gdn(i, n_tok, kChunk));
+    };
+    const double intra_us = time_us(c.stream, [&](int i) {
+      launch(intra_k<kHead>, intra_grid, kChunkThreads, I::bytes, c.stream, gdn(i, n_tok, kChunk));
     });
-    const double seq_us = time_us(c.stream, [&](int i) {
-      launch(chunks_k<kHead>, chunk_grid, kChunkThreads, L::bytes, c.stream, gdn(i, n_tok, kChunk));
+    const double slices_us = time_us(c.stream, [&](int i) {
+      launch(slices_k<kHead>, slice_grid, kChunkThreads, V::bytes, c.stream,
+             gdn(i, n_tok, kChunk));
     });
-    const double chunk_us = time_us(c.stream, [&](int i) {
-      launch(prep_k<kHead>, prep_grid, kChunkThreads, P::bytes, c.stream, gdn(i, n_tok, kChunk));
-      launch(chunks_k<kHead>, chunk_grid, kChunkThreads, L::bytes, c.stream, gdn(i, n_tok, kChunk));
-    });
-    const double token_us = time_us(c.stream, [&](int i) {
-      launch(tokens_k<kHead>, tok_grid, 32 * kTokWarps, 0, c.stream, gdn(i, n_tok, 1));
-    });
+    const double chunk_us = time_us(c.stream, chunks);
+    const double token_us =
+        n_tok > 2048 ? 0.0 : time_us(c.stream, [&](int i) {
+          launch(tokens_k<kHead>, tok_grid, 32 * kTokWarps, 0, c.stream, gdn(i, n_tok, 1));
+        });
     const dim3 conv_grid((kConvDim + 127) / 128, (n_tok + kConvTok - 1) / kConvTok);
     const double conv_us = time_us(c.stream, [&](int i) {
       launch(conv_k<kTaps>, conv_grid, 128, 0, c.stream, qkv, layer(i), conv_w, conv, n_tok,
@@ -142,9 +147,9 @@ int main(int argc, char** argv) {
       launch(norm_k<kHead>, (rows + 3) / 4, 128, 0, c.stream, y, z, norm, rows, 1e-6f);
     });
     std::printf(
-        "prefill  %4d tokens: delta rule in chunks %8.1f us (prep %.1f, in order %.1f) %6.1f "
+        "prefill  %4d tokens: delta rule in chunks %8.1f us (intra %.1f, slices %.1f) %6.1f "
         "TFLOP/s; token by token %8.1f us\n",
-        n_tok, chunk_us, prep_us, seq_us, flops / chunk_us / 1e6, token_us);
+        n_tok, chunk_us, intra_us, slices_us, flops / chunk_us / 1e6, token_us);
     std::printf("prefill  %4d tokens: layer %8.1f us (conv %.1f, norm %.1f)\n", n_tok,
                 conv_us + chunk_us + norm_us, conv_us, norm_us);
   }

@@ -1,8 +1,8 @@
 // Device::gated_delta_net on CUDA against the CPU backend on random inputs (skipped without a
 // GPU): the 27B's shape (16 key heads read by 48 value heads of 128, 4 taps) and smaller heads,
 // token by token (decode, f32) and in chunks (prefill, on tensor cores: within the tf32
-// tolerance below), a prefill carried on by decode steps and another prefill, and the same bits
-// on every run.
+// tolerance below; also 16 chunks in one call), a prefill carried on by decode steps and another
+// prefill, and the same bits on every run.
 #include <gtest/gtest.h>
 
 #include <cstddef>
@@ -155,6 +155,17 @@ TEST(CudaGdn, ChunkedPrefillMatchesCpuAndDecode) {
         expect_near(tokens, got, kChunkTol, what + " vs token by token");
       }
     }
+}
+
+// Many chunks in one call (the state carried through 16 of them, each chunk's inputs fetched
+// while the one before is computed), heads of 128 and of 32.
+TEST(CudaGdn, LongPrefillMatchesCpu) {
+  NEED_GPU();
+  for (const Shape& s : {kShapes[1], kShapes[3]}) {
+    const Case c(s, 1000, 21);
+    expect_near(run(*cpu, false, c, {{1000, 64}}), run(*gpu, true, c, {{1000, 64}}), kChunkTol,
+                name(s, 1000) + ", chunks of 64");
+  }
 }
 
 // A prefill, decode steps, a prefill of one partial chunk, one of several: the conv tail and

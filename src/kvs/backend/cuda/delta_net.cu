@@ -2,11 +2,12 @@
 // conv with silu (a thread per channel and 16 tokens; the tail moved on), the delta rule, and
 // the gated RMSNorm of each value head's output. The delta rule goes token by token (decode: a
 // warp keeps 4 rows of a head's state in registers over the call's tokens, so the state is read
-// and written once) or a chunk at a time (prefill, in two launches: the chunk's WY form, its
-// products on tensor cores with tf32 inputs and f32 accumulation, the rounding the prefill's f16
-// matmuls already have; Q K^T in split tf32, near f32, since its rounding alone would be most of
-// the chunk's error). q and k are L2-normalized, and the gates computed, where the delta rule
-// reads them.
+// and written once) or a chunk at a time (prefill, in two launches: every chunk's WY form at
+// once, then the state carried through the chunks in slices of its value rows; the products on
+// tensor cores with tf32 inputs and f32 accumulation, the rounding the prefill's f16 matmuls
+// already have; Q K^T in split tf32, near f32, since its rounding alone would be most of the
+// chunk's error). q and k are L2-normalized, and the gates computed, where the delta rule reads
+// them.
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -28,7 +29,7 @@ struct Gdn {
   const float* a;        // [v_heads]
   float* y;              // [n_tok][v_heads][head]: o, which the norm's launch gates
   float* state;          // [v_heads][head][head]
-  float* prep;           // [chunks][v_heads][2][64][64]: each chunk's Lq and T (prefill)
+  float* prep;           // [chunks][v_heads][Rec]: each chunk's record (prefill)
   int n_tok, k_heads, v_heads, chunk;
   float eps;
 };
@@ -222,62 +223,53 @@ __device__ __forceinline__ void mma_strip(float (&acc)[NB][4], const float* a, i
 // A prefill's delta rule, a chunk of n <= 64 tokens from t0 at a time (rows past n zero), with
 // G_t the decay's log summed over the chunk up to t and every exponent <= 0:
 //   L[t][s] = beta_t e^(G_t - G_s) k_s . k_t (s < t), Lq[t][s] = e^(G_t - G_s) k_s . q_t (s <= t)
-//   R = diag(beta) (V - diag(e^G) K M^T), U = (I + L)^-1 R (the CPU's forward substitution)
-//   O = diag(e^G) Q M^T + Lq U, M = e^G_last M + U^T diag(e^(G_last - G)) K
-// in two launches: prep_k computes what does not depend on the state, Lq and T = (I + L)^-1,
-// for every chunk and value head at once; chunks_k then goes through the chunks in order, each
-// block keeping some value rows of a head's state in shared memory. Rows of K and Q are padded
-// to keep each fragment load of a warp on 32 banks (a pitch of 4 mod 32 for rows read along k,
-// 8 mod 32 for rows read across).
+//   T = (I + L)^-1 (the CPU's forward substitution), U0 = T diag(beta) V,
+//   W = T diag(beta e^G) K, Qe = diag(e^G) Q, Kd = diag(e^(G_last - G)) K
+//   U = U0 - W M^T, O = Qe M^T + Lq U, M = e^G_last M + U^T Kd
+// in two launches: intra_k computes what does not depend on the state (Lq, U0, W, Qe, Kd) for
+// every chunk and value head at once into a record of each; slices_k then carries slices of
+// kSlice value rows of each head's state through the chunks, the slices independent (a value
+// row of M depends on its own value column of V only). Rows in shared memory are padded to keep
+// each fragment load of a warp on 32 banks (a pitch of 4 mod 32 for rows read along k, 8 mod 32
+// for rows read across).
 constexpr int kChunk = 64, kChunkThreads = 256, kWarps = kChunkThreads / 32;
-constexpr int kPrep = 2 * kChunk * kChunk;  // floats of a chunk's Lq and T for one value head
-constexpr int LL = kChunk + 4;              // the pitch of L, Lq and T in shared memory
-
-// Shared memory (floats) of prep_k: K and Q rows, L, Lq, T, T's blocks' temporaries, G and beta.
-template <int S>
-struct PrepSmem {
-  static constexpr int LK = S + 4;
-  static constexpr int k = 0, q = k + kChunk * LK, l = q + kChunk * LK, lq = l + kChunk * LL,
-                       ti = lq + kChunk * LL, tmp = ti + kChunk * LL, vec = tmp + 3 * 256,
-                       floats = vec + 2 * kChunk;
-  static constexpr size_t bytes = sizeof(float) * floats;
-};
-// Of chunks_k: K, Q, the block's SV value rows of the state, V (then R) and U rows of them, Lq,
-// T, and G, beta, e^G, e^(G_last - G).
-template <int S>
-struct ChunkSmem {
-  static constexpr int SV = S < 64 ? S : 64;
-  static constexpr int LK = S + 4, LV = SV + 8;
-  static constexpr int k = 0, q = k + kChunk * LK, m = q + kChunk * LK, v = m + SV * LK,
-                       u = v + kChunk * LV, lq = u + kChunk * LV, ti = lq + kChunk * LL,
-                       vec = ti + kChunk * LL, floats = vec + 4 * kChunk;
-  static constexpr size_t bytes = sizeof(float) * floats;
-};
+constexpr int kSlice = 32;
+constexpr int LL = kChunk + 4;  // the pitch of L, Lq and T in shared memory
 
 // Rows [t0, t0 + n) of q (scaled by 1/sqrt(S)) and k of key head kh, L2-normalized, into Qs and
-// Ks (pitch ld), zeros up to 64; a warp a row.
+// Ks (pitch ld), zeros up to 64; a warp a row, each warp's rows loaded kAhead at a time (their
+// loads in flight together).
 template <int S>
 __device__ void load_qk(const Gdn& g, int t0, int n, int kh, float* Qs, float* Ks, int ld) {
-  constexpr int C = S / 32;
+  constexpr int C = S / 32, kAhead = 4;
   const int lane = threadIdx.x % 32, kd = g.k_heads * S, conv_dim = 2 * kd + g.v_heads * S;
   const float q_scale = 1.0f / sqrtf(static_cast<float>(S));
-  for (int t = threadIdx.x / 32; t < kChunk; t += kWarps) {
-    float q[C] = {}, k[C] = {}, sq = 0.0f, sk = 0.0f;
-    if (t < n) {
-      const float* row = g.conv + static_cast<size_t>(t0 + t) * conv_dim + kh * S + lane * C;
-      load(row, q);
-      load(row + kd, k);
+  for (int t1 = threadIdx.x / 32; t1 < kChunk; t1 += kAhead * kWarps) {
+    float q[kAhead][C] = {}, k[kAhead][C] = {};
+#pragma unroll
+    for (int a = 0; a < kAhead; ++a) {
+      const int t = t1 + a * kWarps;
+      if (t < n) {
+        const float* row = g.conv + static_cast<size_t>(t0 + t) * conv_dim + kh * S + lane * C;
+        load(row, q[a]);
+        load(row + kd, k[a]);
+      }
     }
 #pragma unroll
-    for (int c = 0; c < C; ++c) sq += q[c] * q[c], sk += k[c] * k[c];
-    sq = warp_sum(sq), sk = warp_sum(sk);
-    // Rows past n stay zero (a zero eps would make their factor infinite).
-    const float fq = t < n ? q_scale / fmaxf(sqrtf(sq), g.eps) : 0.0f;
-    const float fk = t < n ? 1.0f / fmaxf(sqrtf(sk), g.eps) : 0.0f;
+    for (int a = 0; a < kAhead; ++a) {
+      const int t = t1 + a * kWarps;
+      float sq = 0.0f, sk = 0.0f;
 #pragma unroll
-    for (int c = 0; c < C; ++c) q[c] *= fq, k[c] *= fk;
-    store(Qs + t * ld + lane * C, q);
-    store(Ks + t * ld + lane * C, k);
+      for (int c = 0; c < C; ++c) sq += q[a][c] * q[a][c], sk += k[a][c] * k[a][c];
+      sq = warp_sum(sq), sk = warp_sum(sk);
+      // Rows past n stay zero (a zero eps would make their factor infinite).
+      const float fq = t < n ? q_scale / fmaxf(sqrtf(sq), g.eps) : 0.0f;
+      const float fk = t < n ? 1.0f / fmaxf(sqrtf(sk), g.eps) : 0.0f;
+#pragma unroll
+      for (int c = 0; c < C; ++c) q[a][c] *= fq, k[a][c] *= fk;
+      store(Qs + t * ld + lane * C, q[a]);
+      store(Ks + t * ld + lane * C, k[a]);
+    }
   }
 }
 
@@ -297,19 +289,78 @@ __device__ void load_gates(const Gdn& g, int t0, int n, int h, float* G, float* 
   __syncthreads();
 }
 
-// Chunk blockIdx.x (of g.chunk tokens) at value head blockIdx.y: Lq and T to g.prep.
+// A record (floats, 16-byte aligned): Lq [64][64], W, U0, Qe and Kd [64][S] each, e^G_last.
 template <int S>
-__global__ void __launch_bounds__(kChunkThreads, 1) prep_k(const Gdn g) {
-  using P = PrepSmem<S>;
+struct Rec {
+  static constexpr int lq = 0, w = lq + kChunk * kChunk, u0 = w + kChunk * S,
+                       qe = u0 + kChunk * S, kd = qe + kChunk * S, el = kd + kChunk * S,
+                       floats = el + 4;
+};
+
+// Shared memory (floats) of intra_k: K and Q (then V) rows, L, T, T's blocks' temporaries, G,
+// beta and beta e^G (Lq goes from the accumulators to the record). Small enough for two blocks
+// an SM on an H100.
+template <int S>
+struct IntraSmem {
+  static constexpr int LK = S + 4;
+  static constexpr int k = 0, q = k + kChunk * LK, l = q + kChunk * LK, ti = l + kChunk * LL,
+                       tmp = ti + kChunk * LL, vec = tmp + 3 * 256, floats = vec + 3 * kChunk;
+  static constexpr size_t bytes = sizeof(float) * floats;
+};
+
+// Of slices_k: W then Kd (its pitch 8 mod 32 for the update's reads across), Qe, Lq, U0 then
+// U, the block's slice of the state, e^G_last. Small enough for two blocks an SM on an H100.
+template <int S>
+struct SliceSmem {
+  static constexpr int LK = S + 4, LD = S + 8, LV = kSlice + 8;
+  static constexpr int x = 0, qe = x + kChunk * LD, lq = qe + kChunk * LK, u = lq + kChunk * LL,
+                       m = u + kChunk * LV, el = m + kSlice * LK, floats = el + 4;
+  static constexpr size_t bytes = sizeof(float) * floats;
+};
+
+__device__ __forceinline__ void cp16(float* dst, const float* src) {
+  const auto d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+// Until at most N of this thread's latest groups are in flight.
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+// rows x cols floats (cols a multiple of 4) from src (pitch sp) to dst (pitch dp), by cp.async
+// over the block.
+__device__ __forceinline__ void cp_rows(float* dst, int dp, const float* src, int sp, int rows,
+                                        int cols) {
+  const int q = cols / 4;
+  for (int e = threadIdx.x; e < rows * q; e += blockDim.x) {
+    const int r = e / q, c = e % q * 4;
+    cp16(dst + r * dp + c, src + static_cast<size_t>(r) * sp + c);
+  }
+}
+
+// Chunk blockIdx.x (of g.chunk tokens) at value head blockIdx.y: its record to g.prep. L and
+// Lq by warps in strips (Lq straight to the record), then Qe, Kd and e^G_last out, V in Q's
+// place, T, and W and U0 by warps in strips of 16 rows.
+template <int S>
+__global__ void __launch_bounds__(kChunkThreads, 2) intra_k(const Gdn g) {
+  using P = IntraSmem<S>;
+  using R = Rec<S>;
   constexpr int LK = P::LK;
+  constexpr int NB = S / 8 < 8 ? S / 8 : 8, NG = S / 8 / NB;  // tiles a strip, strips a row
   extern __shared__ __align__(16) float sm[];
-  float *Ks = sm + P::k, *Qs = sm + P::q, *Ls = sm + P::l, *Lq = sm + P::lq, *Ti = sm + P::ti;
-  float *Yt = sm + P::tmp, *G = sm + P::vec, *B = G + kChunk;
+  float *Ks = sm + P::k, *Qs = sm + P::q, *Ls = sm + P::l, *Ti = sm + P::ti, *Yt = sm + P::tmp;
+  float *G = sm + P::vec, *B = G + kChunk, *BE = B + kChunk;
+  float* Vs = Qs;
   const int h = blockIdx.y, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int gr = lane / 4, tg = lane % 4, n_c = min(g.chunk, kChunk), t0 = blockIdx.x * n_c;
   const int n = min(n_c, g.n_tok - t0);
-  // Above their diagonals L, Lq and T (adjacent) stay zero.
-  for (int i = tid; i < 3 * kChunk * LL; i += kChunkThreads) Ls[i] = 0.0f;
+  const int kd = g.k_heads * S, conv_dim = 2 * kd + g.v_heads * S;
+  float* rec = g.prep + (static_cast<size_t>(blockIdx.x) * g.v_heads + h) * R::floats;
+  // Above their diagonals L and T (adjacent) stay zero.
+  for (int i = tid; i < 2 * kChunk * LL; i += kChunkThreads) Ls[i] = 0.0f;
   pdl_wait();
   load_qk<S>(g, t0, n, h % g.k_heads, Qs, Ks, LK);
   load_gates(g, t0, n, h, G, B);
@@ -340,27 +391,74 @@ __global__ void __launch_bounds__(kChunkThreads, 1) prep_k(const Gdn g) {
           const bool on = is_q ? s + u <= t : s + u < t;
           x[u] = on ? (is_q ? 1.0f : B[t]) * expf(G[t] - G[s + u]) * acc[jj][2 * half + u] : 0.0f;
         }
-        store((is_q ? Lq : Ls) + t * LL + s, x);
+        if (is_q)
+          store(rec + R::lq + t * kChunk + s, x);
+        else
+          store(Ls + t * LL + s, x);
       }
+  }
+  // Lq's 16 x 16 blocks above the diagonal, zeros.
+  for (int e = tid; e < kChunk * kChunk / 4; e += kChunkThreads) {
+    const int t = e / (kChunk / 4), c = e % (kChunk / 4) * 4;
+    const float zero[4] = {};
+    if (c / 16 > t / 16) store(rec + R::lq + t * kChunk + c, zero);
   }
   __syncthreads();
 
+  const float gl = G[kChunk - 1];
+  if (tid < kChunk) BE[tid] = B[tid] * expf(G[tid]);
+  if (tid < 4) rec[R::el + tid] = tid == 0 ? expf(gl) : 0.0f;
+  for (int e = tid; e < kChunk * S / 4; e += kChunkThreads) {
+    const int t = e / (S / 4), c = e % (S / 4) * 4;
+    const float fq = expf(G[t]), fk = expf(gl - G[t]);
+    float x[4];
+    load(Qs + t * LK + c, x);
+#pragma unroll
+    for (int u = 0; u < 4; ++u) x[u] *= fq;
+    store(rec + R::qe + t * S + c, x);
+    load(Ks + t * LK + c, x);
+#pragma unroll
+    for (int u = 0; u < 4; ++u) x[u] *= fk;
+    store(rec + R::kd + t * S + c, x);
+  }
+  __syncthreads();  // Q read whole before V takes its place
+  // V's rows, all of a thread's loads in flight together.
+  {
+    constexpr int kPer = kChunk * S / 4 / kChunkThreads;
+    float x[kPer][4] = {};
+#pragma unroll
+    for (int a = 0; a < kPer; ++a) {
+      const int e = tid + a * kChunkThreads, t = e / (S / 4), c = e % (S / 4) * 4;
+      if (t < n) load(g.conv + static_cast<size_t>(t0 + t) * conv_dim + 2 * kd + h * S + c, x[a]);
+    }
+#pragma unroll
+    for (int a = 0; a < kPer; ++a) {
+      const int e = tid + a * kChunkThreads, t = e / (S / 4), c = e % (S / 4) * 4;
+      store(Vs + t * LK + c, x[a]);
+    }
+  }
+
   // T = (I + L)^-1 by 16 x 16 blocks: the diagonal ones by forward substitution (a thread per
-  // column), then T_ij = -T_ii sum_{j <= b < i} L_ib T_bj for i - j = 1, 2, 3.
+  // column; each sum over all 16 columns, the terms outside [c, t) zeros of L or of T, for fixed
+  // loop bounds), then T_ij = -T_ii sum_{j <= b < i} L_ib T_bj for i - j = 1, 2, 3.
   if (tid < kChunk) {
     const int o = tid / 16 * 16, c = tid % 16;
+#pragma unroll
     for (int t = 0; t < 16; ++t) {
       float s = 0.0f;
-      for (int u = c; u < t; ++u) s += Ls[(o + t) * LL + o + u] * Ti[(o + u) * LL + o + c];
+#pragma unroll
+      for (int u = 0; u < 16; ++u) s += Ls[(o + t) * LL + o + u] * Ti[(o + u) * LL + o + c];
       Ti[(o + t) * LL + o + c] = t < c ? 0.0f : t == c ? 1.0f : -s;
     }
   }
   __syncthreads();
+#pragma unroll
   for (int d = 1; d < 4; ++d) {
     const int n_el = (4 - d) * 256;
     for (int e = tid; e < n_el; e += kChunkThreads) {
       const int i = d + e / 256, j = i - d, rr = e % 256 / 16, cc = e % 16;
       float s = 0.0f;
+#pragma unroll 16
       for (int u = 16 * j; u < 16 * i; ++u)
         s += Ls[(16 * i + rr) * LL + u] * Ti[u * LL + 16 * j + cc];
       Yt[e] = s;
@@ -375,115 +473,116 @@ __global__ void __launch_bounds__(kChunkThreads, 1) prep_k(const Gdn g) {
     }
     __syncthreads();
   }
-  float* out = g.prep + (static_cast<size_t>(blockIdx.x) * g.v_heads + h) * kPrep;
-  for (int e = tid; e < kPrep / 4; e += kChunkThreads) {
-    const int m = e / (kPrep / 8), r = e % (kPrep / 8) / (kChunk / 4), c = e % (kChunk / 4) * 4;
-    *reinterpret_cast<float4*>(out + m * kChunk * kChunk + r * kChunk + c) =
-        *reinterpret_cast<const float4*>((m ? Ti : Lq) + r * LL + c);
+
+  // W = T diag(beta e^G) K and U0 = T diag(beta) V (T lower triangular: row block r needs
+  // columns below 16 (r + 1) only), straight from the accumulators.
+  for (int job = warp; job < 2 * 4 * NG; job += kWarps) {
+    const bool is_u = job >= 4 * NG;
+    const int r = job % (4 * NG) / NG, c0 = job % NG * NB;
+    float acc[NB][4] = {};
+    mma_strip<NB, false, true>(acc, Ti + 16 * r * LL, LL, (is_u ? Vs : Ks) + 8 * c0, LK,
+                               16 * (r + 1), is_u ? B : BE);
+    float* out = rec + (is_u ? R::u0 : R::w);
+#pragma unroll
+    for (int j = 0; j < NB; ++j)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const float x[2] = {acc[j][2 * half], acc[j][2 * half + 1]};
+        store(out + (16 * r + gr + 8 * half) * S + 8 * (c0 + j) + 2 * tg, x);
+      }
   }
 }
 
-// Block (h, y) keeps value rows [SV y, SV y + SV) of head h's state in shared memory for the
-// whole call and takes the chunks in order; each product's tiles are split among the 8 warps in
-// strips (A's fragments loaded once a strip).
+// Block (slice, h) carries value rows [kSlice slice, kSlice slice + kSlice) of head h's state
+// through the chunks in shared memory. Each buffer's next contents come by cp.async as soon as
+// its last reader is past: Kd and the next Qe while O's second term is computed, the next W,
+// U0 and Lq after the update.
 template <int S>
-__global__ void __launch_bounds__(kChunkThreads, 1) chunks_k(const Gdn g) {
-  using L = ChunkSmem<S>;
-  constexpr int SV = L::SV, LK = L::LK, LV = L::LV;
+__global__ void __launch_bounds__(kChunkThreads, 2) slices_k(const Gdn g) {
+  using L = SliceSmem<S>;
+  using R = Rec<S>;
+  constexpr int SV = kSlice, LK = L::LK, LD = L::LD, LV = L::LV;
   constexpr int NR = SV / 16;             // tiles a warp's strip of a [64 x SV] product
   constexpr int WM = kWarps / (SV / 16);  // warps a row block of the state's [SV x S] update
   constexpr int NM = S / 8 / WM;          // and the tiles of each warp's strip there
   extern __shared__ __align__(16) float sm[];
-  float *Ks = sm + L::k, *Qs = sm + L::q, *Ms = sm + L::m, *Vs = sm + L::v, *Us = sm + L::u;
-  float *Lq = sm + L::lq, *Ti = sm + L::ti;
-  float *G = sm + L::vec, *B = G + kChunk, *EG = B + kChunk, *W = EG + kChunk;
-  const int h = blockIdx.x, i0 = blockIdx.y * SV, tid = threadIdx.x, warp = tid / 32;
+  float *X = sm + L::x, *Qe = sm + L::qe, *Lq = sm + L::lq, *Us = sm + L::u, *Ms = sm + L::m;
+  const float* El = sm + L::el;
+  const int i0 = blockIdx.x * SV, h = blockIdx.y, tid = threadIdx.x, warp = tid / 32;
   const int lane = tid % 32, gr = lane / 4, tg = lane % 4;
-  const int kd = g.k_heads * S, conv_dim = 2 * kd + g.v_heads * S, kh = h % g.k_heads;
-  const int n_c = min(g.chunk, kChunk);
+  const int n_c = min(g.chunk, kChunk), chunks = (g.n_tok + n_c - 1) / n_c;
+  const auto rec = [&](int ci) {
+    return g.prep + (static_cast<size_t>(ci) * g.v_heads + h) * R::floats;
+  };
+  const auto fetch = [&](int ci) {  // W, U0's slice, Lq and e^G_last of chunk ci
+    const float* r = rec(ci);
+    cp_rows(X, LK, r + R::w, S, kChunk, S);
+    cp_rows(Us, LV, r + R::u0 + i0, S, kChunk, SV);
+    cp_rows(Lq, LL, r + R::lq, kChunk, kChunk, kChunk);
+    if (tid == 0) cp16(sm + L::el, r + R::el);
+  };
   pdl_wait();
+  fetch(0);
+  cp_rows(Qe, LK, rec(0) + R::qe, S, kChunk, S);
+  cp_commit();
   float* Mg = g.state + (static_cast<size_t>(h) * S + i0) * S;
   for (int e = tid; e < SV * S / 4; e += kChunkThreads) {
     const int i = e / (S / 4), j = e % (S / 4) * 4;
     *reinterpret_cast<float4*>(Ms + i * LK + j) = *reinterpret_cast<const float4*>(Mg + i * S + j);
   }
-  for (int ci = 0, t0 = 0; t0 < g.n_tok; ++ci, t0 += n_c) {
-    const int n = min(n_c, g.n_tok - t0);
-    __syncthreads();  // the last chunk's products have read what is loaded now
-    load_qk<S>(g, t0, n, kh, Qs, Ks, LK);
-    for (int e = tid; e < kChunk * SV; e += kChunkThreads) {
-      const int t = e / SV, i = e % SV;
-      Vs[t * LV + i] =
-          t < n ? g.conv[static_cast<size_t>(t0 + t) * conv_dim + 2 * kd + h * S + i0 + i] : 0.0f;
-    }
-    const float* pre = g.prep + (static_cast<size_t>(ci) * g.v_heads + h) * kPrep;
-    for (int e = tid; e < kPrep / 4; e += kChunkThreads) {
-      const int m = e / (kPrep / 8), r = e % (kPrep / 8) / (kChunk / 4), c = e % (kChunk / 4) * 4;
-      *reinterpret_cast<float4*>((m ? Ti : Lq) + r * LL + c) =
-          *reinterpret_cast<const float4*>(pre + m * kChunk * kChunk + r * kChunk + c);
-    }
-    load_gates(g, t0, n, h, G, B);
-    if (tid < kChunk) EG[tid] = expf(G[tid]), W[tid] = expf(G[kChunk - 1] - G[tid]);
+  // The [64 x SV] products: warp w takes row block w / 2, tiles (w % 2) NR on.
+  const int r = warp / 2, c0 = warp % 2 * NR;
+  for (int ci = 0; ci < chunks; ++ci) {
+    const int t0 = ci * n_c, n = min(n_c, g.n_tok - t0);
+    cp_wait<0>();
     __syncthreads();
-
-    // The [64 x SV] products: warp w takes row block w / 2, tiles (w % 2) NR on.
-    const int r = warp / 2, c0 = warp % 2 * NR;
-    // R = diag(beta) (V - diag(e^G) K M^T), in place of V.
+    // U = U0 - W M^T in place of U0 (the accumulator from -U0, negated after), and O's first
+    // term Qe M^T.
+    float o[NR][4] = {};
     {
-      float acc[NR][4] = {};
-      mma_strip<NR, false, false>(acc, Ks + 16 * r * LK, LK, Ms + 8 * c0 * LK, LK, S);
+      float acc[NR][4];
 #pragma unroll
       for (int j = 0; j < NR; ++j)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          const int t = 16 * r + gr + 8 * half, i = 8 * (c0 + j) + 2 * tg;
           float x[2];
-          load(Vs + t * LV + i, x);
-#pragma unroll
-          for (int u = 0; u < 2; ++u) x[u] = B[t] * (x[u] - EG[t] * acc[j][2 * half + u]);
-          store(Vs + t * LV + i, x);
+          load(Us + (16 * r + gr + 8 * half) * LV + 8 * (c0 + j) + 2 * tg, x);
+          acc[j][2 * half] = -x[0], acc[j][2 * half + 1] = -x[1];
         }
-    }
-    __syncthreads();
-    // U = T R (T is lower triangular: row block r needs columns below 16 (r + 1) only).
-    {
-      float acc[NR][4] = {};
-      mma_strip<NR, false, true>(acc, Ti + 16 * r * LL, LL, Vs + 8 * c0, LV, 16 * (r + 1));
+      mma_strip<NR, false, false>(acc, X + 16 * r * LK, LK, Ms + 8 * c0 * LK, LK, S);
+      mma_strip<NR, false, false>(o, Qe + 16 * r * LK, LK, Ms + 8 * c0 * LK, LK, S);
 #pragma unroll
       for (int j = 0; j < NR; ++j)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          const float x[2] = {acc[j][2 * half], acc[j][2 * half + 1]};
+          const float x[2] = {-acc[j][2 * half], -acc[j][2 * half + 1]};
           store(Us + (16 * r + gr + 8 * half) * LV + 8 * (c0 + j) + 2 * tg, x);
         }
     }
-    __syncthreads();
-    // O = diag(e^G) Q M^T + Lq U, the chunk's n rows to y.
-    {
-      float acc[NR][4] = {};
-      mma_strip<NR, false, false>(acc, Qs + 16 * r * LK, LK, Ms + 8 * c0 * LK, LK, S);
+    __syncthreads();  // U whole; W and Qe read
+    cp_rows(X, LD, rec(ci) + R::kd, S, kChunk, S);
+    cp_commit();
+    if (ci + 1 < chunks) cp_rows(Qe, LK, rec(ci + 1) + R::qe, S, kChunk, S);
+    cp_commit();
+    // O += Lq U, the chunk's n rows to y.
+    mma_strip<NR, false, true>(o, Lq + 16 * r * LL, LL, Us + 8 * c0, LV, 16 * (r + 1));
 #pragma unroll
-      for (int j = 0; j < NR; ++j)
+    for (int j = 0; j < NR; ++j)
 #pragma unroll
-        for (int u = 0; u < 4; ++u) acc[j][u] *= EG[16 * r + gr + 8 * (u / 2)];
-      mma_strip<NR, false, true>(acc, Lq + 16 * r * LL, LL, Us + 8 * c0, LV, 16 * (r + 1));
-#pragma unroll
-      for (int j = 0; j < NR; ++j)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int t = 16 * r + gr + 8 * half;
-          const float x[2] = {acc[j][2 * half], acc[j][2 * half + 1]};
-          if (t < n)
-            store(g.y + (static_cast<size_t>(t0 + t) * g.v_heads + h) * S + i0 + 8 * (c0 + j) +
-                      2 * tg,
-                  x);
-        }
-    }
-    __syncthreads();
-    // M = e^G_last M + U^T diag(e^(G_last - G)) K, each strip in place by the warp that owns it.
+      for (int half = 0; half < 2; ++half) {
+        const int t = 16 * r + gr + 8 * half;
+        const float x[2] = {o[j][2 * half], o[j][2 * half + 1]};
+        if (t < n)
+          store(g.y + (static_cast<size_t>(t0 + t) * g.v_heads + h) * S + i0 + 8 * (c0 + j) +
+                    2 * tg,
+                x);
+      }
+    cp_wait<1>();
+    __syncthreads();  // Kd here
+    // M = e^G_last M + U^T Kd, each strip in place by the warp that owns it.
     {
       const int rm = warp / WM, cm = warp % WM * NM;
-      const float el = EG[kChunk - 1];
+      const float el = El[0];
       float acc[NM][4];
 #pragma unroll
       for (int j = 0; j < NM; ++j)
@@ -493,7 +592,7 @@ __global__ void __launch_bounds__(kChunkThreads, 1) chunks_k(const Gdn g) {
           load(Ms + (16 * rm + gr + 8 * half) * LK + 8 * (cm + j) + 2 * tg, x);
           acc[j][2 * half] = x[0] * el, acc[j][2 * half + 1] = x[1] * el;
         }
-      mma_strip<NM, true, true>(acc, Us + 16 * rm, LV, Ks + 8 * cm, LK, kChunk, W);
+      mma_strip<NM, true, true>(acc, Us + 16 * rm, LV, X + 8 * cm, LD, kChunk);
 #pragma unroll
       for (int j = 0; j < NM; ++j)
 #pragma unroll
@@ -502,7 +601,11 @@ __global__ void __launch_bounds__(kChunkThreads, 1) chunks_k(const Gdn g) {
           store(Ms + (16 * rm + gr + 8 * half) * LK + 8 * (cm + j) + 2 * tg, x);
         }
     }
+    __syncthreads();  // Kd, U, Lq and e^G_last read
+    if (ci + 1 < chunks) fetch(ci + 1);
+    cp_commit();
   }
+  cp_wait<0>();
   __syncthreads();
   for (int e = tid; e < SV * S / 4; e += kChunkThreads) {
     const int i = e / (S / 4), j = e % (S / 4) * 4;
@@ -568,13 +671,16 @@ bool delta_net_shape(int64_t head, int64_t taps) {
 
 bool delta_net_chunked(const Ctx& c, int32_t head) {
   size_t bytes = 0;
-  dispatch_head(head, [&]<int S>() { bytes = std::max(ChunkSmem<S>::bytes, PrepSmem<S>::bytes); });
+  dispatch_head(head,
+                [&]<int S>() { bytes = std::max(SliceSmem<S>::bytes, IntraSmem<S>::bytes); });
   return bytes <= c.smem_optin;
 }
 
 size_t delta_net_scratch(int64_t n_tok, int64_t conv_dim, int64_t v_heads) {
+  // Records sized for the largest head (the call's head is not known here).
   const int64_t chunks = (n_tok + kChunk - 1) / kChunk;
-  return static_cast<size_t>(n_tok * conv_dim + chunks * v_heads * kPrep) * sizeof(float);
+  return static_cast<size_t>(n_tok * conv_dim + chunks * v_heads * Rec<128>::floats) *
+         sizeof(float);
 }
 
 void gated_delta_net(Ctx& c, const DeltaNetArgs& a) {
@@ -586,9 +692,11 @@ void gated_delta_net(Ctx& c, const DeltaNetArgs& a) {
   const int C = a.conv_dim();
   const bool chunked = a.chunk > 1 && delta_net_chunked(c, a.head);
   const int chunks = chunked ? (a.n_tok + a.chunk - 1) / a.chunk : 0;
-  // The conv's rows, then each chunk's Lq and T.
+  // The conv's rows, then each chunk's record.
+  size_t rec = 0;
+  dispatch_head(a.head, [&]<int S>() { rec = Rec<S>::floats; });
   const size_t conv_floats = static_cast<size_t>(a.n_tok) * C;
-  float* conv = c.scratch_gdn(conv_floats + static_cast<size_t>(chunks) * a.v_heads * kPrep);
+  float* conv = c.scratch_gdn(conv_floats + static_cast<size_t>(chunks) * a.v_heads * rec);
   dispatch_taps(a.conv, [&]<int K>() {
     const dim3 grid((C + 127) / 128, (a.n_tok + kConvTok - 1) / kConvTok);
     launch(conv_k<K>, grid, 128, 0, c.stream, a.qkv, a.conv_state, a.conv_w, conv, a.n_tok, C);
@@ -598,13 +706,12 @@ void gated_delta_net(Ctx& c, const DeltaNetArgs& a) {
   const int rows = a.n_tok * a.v_heads;
   dispatch_head(a.head, [&]<int S>() {
     if (chunked) {
-      allow_smem(prep_k<S>, PrepSmem<S>::bytes);
-      launch(prep_k<S>, dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(a.v_heads)),
-             kChunkThreads, PrepSmem<S>::bytes, c.stream, g);
-      using L = ChunkSmem<S>;
-      allow_smem(chunks_k<S>, L::bytes);
-      launch(chunks_k<S>, dim3(static_cast<unsigned>(a.v_heads), S / L::SV), kChunkThreads,
-             L::bytes, c.stream, g);
+      allow_smem(intra_k<S>, IntraSmem<S>::bytes);
+      launch(intra_k<S>, dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(a.v_heads)),
+             kChunkThreads, IntraSmem<S>::bytes, c.stream, g);
+      allow_smem(slices_k<S>, SliceSmem<S>::bytes);
+      launch(slices_k<S>, dim3(S / kSlice, static_cast<unsigned>(a.v_heads)), kChunkThreads,
+             SliceSmem<S>::bytes, c.stream, g);
     } else {
       launch(tokens_k<S>, dim3(static_cast<unsigned>(a.v_heads), S / (kTokRows * kTokWarps)),
              32 * kTokWarps, 0, c.stream, g);

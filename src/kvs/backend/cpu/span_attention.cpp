@@ -265,6 +265,10 @@ struct Ymm {
   static V bcast(const float* p) { return _mm256_broadcast_ss(p); }
   static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
   static V at(const TileLevels& l, int32_t j, int32_t e) { return load(l.row(j) + e); }
+  template <class L>
+  static void at2(const L& l, int32_t j, int32_t e, V& a, V& b) {
+    a = at(l, j, e), b = at(l, j, e + kLanes);
+  }
   template <DType T>
   static V at(const RowLevels<T>& l, int32_t j, int32_t e) {
     const uint8_t* row = l.row(j);
@@ -289,26 +293,37 @@ struct Zmm {
   [[gnu::target("avx512f")]] static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
   [[gnu::target("avx512f")]] static V bcast(const float* p) { return _mm512_set1_ps(*p); }
   [[gnu::target("avx512f")]] static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
-  [[gnu::target("avx512f")]] static V at(const TileLevels& l, int32_t j, int32_t e) {
-    return load(l.row(j) + e);
+  [[gnu::target("avx512f")]] static void at2(const TileLevels& l, int32_t j, int32_t e, V& a,
+                                             V& b) {
+    a = load(l.row(j) + e), b = load(l.row(j) + e + kLanes);
   }
-  // (The conversions in their zero-masked forms with every lane kept: the plain ones trip GCC
-  // 12's -Wmaybe-uninitialized on their undefined pass-through operand.)
+  // Dims [e, e + 32) of row j: one block of a quantized row (e % 32 == 0). A q4_0 block's
+  // levels come from a table of the 16 floats level - 8, indexed by the nibbles (vpermps reads
+  // an index's low 4 bits): the floats the conversion gives, in fewer operations. (The
+  // conversions in their zero-masked forms with every lane kept: the plain ones trip GCC 12's
+  // -Wmaybe-uninitialized on their undefined pass-through operand.)
   template <DType T>
-  [[gnu::target("avx512f")]] static V at(const RowLevels<T>& l, int32_t j, int32_t e) {
+  [[gnu::target("avx512f")]] static void at2(const RowLevels<T>& l, int32_t j, int32_t e, V& a,
+                                             V& b) {
     constexpr __mmask16 all = 0xFFFF;
     const uint8_t* row = l.row(j);
-    if constexpr (T == DType::F16)
-      return _mm512_maskz_cvtph_ps(
-          all, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * e)));
-    if constexpr (T == DType::Q8_0)
-      return _mm512_maskz_cvtepi32_ps(
+    if constexpr (T == DType::F16) {
+      a = _mm512_maskz_cvtph_ps(all, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * e)));
+      b = _mm512_maskz_cvtph_ps(
+          all, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * e + 32)));
+    } else if constexpr (T == DType::Q8_0) {
+      a = _mm512_maskz_cvtepi32_ps(
           all, _mm512_maskz_cvtepi8_epi32(all, quant::load16(row + 2 * l.nb + e)));
-    const __m512i x =
-        _mm512_maskz_cvtepu8_epi32(all, quant::load16(row + 2 * l.nb + 16 * (e / 32)));
-    const __m512i v = e % 32 == 0 ? _mm512_and_si512(x, _mm512_set1_epi32(0x0F))
-                                  : _mm512_maskz_srli_epi32(all, x, 4);
-    return _mm512_maskz_cvtepi32_ps(all, _mm512_sub_epi32(v, _mm512_set1_epi32(8)));
+      b = _mm512_maskz_cvtepi32_ps(
+          all, _mm512_maskz_cvtepi8_epi32(all, quant::load16(row + 2 * l.nb + e + 16)));
+    } else {
+      const __m512 levels = _mm512_setr_ps(-8.0f, -7.0f, -6.0f, -5.0f, -4.0f, -3.0f, -2.0f, -1.0f,
+                                           0.0f, 1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f, 7.0f);
+      const __m512i x =
+          _mm512_maskz_cvtepu8_epi32(all, quant::load16(row + 2 * l.nb + 16 * (e / 32)));
+      a = _mm512_permutexvar_ps(x, levels);
+      b = _mm512_permutexvar_ps(_mm512_maskz_srli_epi32(all, x, 4), levels);
+    }
   }
 };
 #endif
@@ -336,7 +351,8 @@ template <class W, int kH, class L>
   for (int g = 0; g < kH; ++g)
     acc[g][0] = W::load(o + g * os + e), acc[g][1] = W::load(o + g * os + e + k);
   for (int32_t j = 0; j < n; ++j) {
-    const typename W::V a = W::at(levels, j, e), b = W::at(levels, j, e + k);
+    typename W::V a, b;
+    W::at2(levels, j, e, a, b);
     for (int g = 0; g < kH; ++g) {
       const typename W::V x = W::bcast(w + j * wj + g * wg);
       acc[g][0] = W::fma(x, a, acc[g][0]);

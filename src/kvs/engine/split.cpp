@@ -47,8 +47,8 @@ SplitWorker::SplitWorker(Device& dev, const KvLayout& kv, int32_t n_head, float 
   // the first stay free for the thread issuing the device's work.
   const std::vector<int> cpus = allowed_cpus();
   const char* pin_env = std::getenv("KVS_SPLIT_PIN");
-  const bool pinned = static_cast<int>(cpus.size()) > pool_.size() &&
-                      !(pin_env && std::string(pin_env) == "0");
+  const bool pinned =
+      static_cast<int>(cpus.size()) > pool_.size() && !(pin_env && std::string(pin_env) == "0");
   const size_t first = cpus.size() - static_cast<size_t>(pool_.size());
   if (pinned)
     pool_.run([&](int tid, int) {

@@ -74,7 +74,7 @@ class SplitWorker {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<SplitJob> jobs_;
-  std::vector<float> rows_;  // the entries' partials, a row per span and head
+  std::vector<float> rows_;             // the entries' partials, a row per span and head
   std::deque<cpu::DecodeTasks> tasks_;  // an entry's each
   bool stop_ = false;
   double busy_s_ = 0;  // guarded by mu_

@@ -140,9 +140,9 @@ int64_t span_tasks(const AttentionArgs& a, int32_t whole) {
   return whole + static_cast<int64_t>(a.n_spans - whole) * a.kv.n_head_kv;
 }
 size_t decode_floats(const SpanKernels& ks, const KvLayout& l) {
-  return std::max(static_cast<size_t>(l.n_head_kv * score_floats(l.page_size, ks.group)) +
-                      value_scratch(ks),
-                  span_scratch(ks, l.page_size));
+  return std::max(
+      static_cast<size_t>(l.n_head_kv * score_floats(l.page_size, ks.group)) + value_scratch(ks),
+      span_scratch(ks, l.page_size));
 }
 
 void decode_task(const AttentionArgs& a, const SpanKernels& ks, const Query& q, int32_t whole,
@@ -400,8 +400,8 @@ void attention(const AttentionArgs& a) {
       // Decode: every span's partials, then a fold per head in logical order. Same arithmetic
       // per query as the prefill path.
       thread_local std::vector<float> part;  // not scratch(): the tasks take that one
-      part.resize(std::max(part.size(), static_cast<size_t>(a.n_spans) * a.n_head *
-                                            part_stride(a.kv.head_dim)));
+      part.resize(std::max(part.size(),
+                           static_cast<size_t>(a.n_spans) * a.n_head * part_stride(a.kv.head_dim)));
       decode_partials(a, qs, thread_pool(), part.data());
       fold_rows(a, part.data());
     } else {

@@ -308,7 +308,8 @@ struct Zmm {
     constexpr __mmask16 all = 0xFFFF;
     const uint8_t* row = l.row(j);
     if constexpr (T == DType::F16) {
-      a = _mm512_maskz_cvtph_ps(all, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * e)));
+      a = _mm512_maskz_cvtph_ps(all,
+                                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * e)));
       b = _mm512_maskz_cvtph_ps(
           all, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * e + 32)));
     } else if constexpr (T == DType::Q8_0) {

@@ -4,11 +4,12 @@
 # of 128, 4 query heads each, q8_0/q4_0 and q8_0/q8_0, 8, 15 and 16 threads; target 78 GB/s at
 # 16), then split attention inside the pipeline (`kvstream bench --modes split`, llama3-8b q4_0,
 # q8_0 K / q4_0 V, --vram-limit 6.66G, 128K, 2 x 16 tokens): this build, main's, this build with
-# its split threads left unpinned (KVS_SPLIT_PIN=0), alternating. Then this build's kernels in
+# its split threads left unpinned (KVS_SPLIT_PIN=0), alternating; this build's kernels with its
+# trial switches (KVS_ATTN_PREFETCH=t1|none, KVS_ATTN_VALUES=ymm) at 16 threads. Then its kernels in
 # split's shape outside the pipeline (32 layers of 32K tokens, a job a layer to a SplitWorker
 # of 15 threads). KVS_BIN: this build's folder (default build/sm90); KVS_BASE_BIN: main's
 # (skipped where unset); OUT (default gpu-results). Writes OUT/machine.txt,
-# attention-{new,base}.md, layers-new.md, split-{new,base,new-unpinned}.{md,json,err},
+# attention-{new,base,new-*}.md, layers-new.md, split-{new,base,new-unpinned}.{md,json,err},
 # summary.txt.
 set -uo pipefail
 bin=${KVS_BIN:-build/sm90}
@@ -26,12 +27,16 @@ mkdir -p "$out"
   uptime
 } | tee "$out/machine.txt"
 
-kernels() {  # name, folder
-  "$2/kvs_cpu_attention_bench" --threads 8,15,16 --heads 128 --reps 5 \
+kernels() {  # name, folder, threads, environment
+  env $4 "$2/kvs_cpu_attention_bench" --threads "$3" --heads 128 --reps 5 \
     --types q8_0/q4_0,q8_0/q8_0 | tee "$out/attention-$1.md"
 }
-kernels new "$bin"
-[ -n "$base" ] && kernels base "$base"
+kernels new "$bin" 8,15,16 KVS_ATTN_PREFETCH=t0
+[ -n "$base" ] && kernels base "$base" 8,15,16 KVS_ATTN_PREFETCH=t0
+# This build's trial switches (span_attention.cpp): prefetches to L2 or none, 256-bit values.
+kernels new-prefetch-t1 "$bin" 16 KVS_ATTN_PREFETCH=t1
+kernels new-prefetch-none "$bin" 16 KVS_ATTN_PREFETCH=none
+kernels new-ymm-values "$bin" 16 KVS_ATTN_VALUES=ymm
 
 model=$("$(dirname "$0")/synth-model.sh" "$bin" llama3-8b:q4_0)  # written once, then mapped
 split() {  # name, folder, environment
@@ -52,7 +57,8 @@ import json, os, re, sys
 out = sys.argv[1]
 print("kernels alone, best GB/s (of the plain read):")
 rows = {}
-for name in ("new", "base"):
+names = ("new", "base", "new-prefetch-t1", "new-prefetch-none", "new-ymm-values")
+for name in names:
     path = os.path.join(out, f"attention-{name}.md")
     if not os.path.exists(path):
         continue
@@ -61,8 +67,8 @@ for name in ("new", "base"):
         if m:
             rows.setdefault((m[1], m[3]), {})[name] = (float(m[4]), float(m[5]))
 for (types, threads), r in sorted(rows.items()):
-    cells = "  ".join(f"{n} {g:6.1f} ({100 * g / rd:3.0f} % of {rd:5.1f})" for n, (g, rd) in sorted(r.items(), reverse=True))
-    print(f"  {types:10s} {threads:>2s} threads: {cells}")
+    cells = "\n    ".join(f"{n:17s} {r[n][0]:6.1f} ({100 * r[n][0] / r[n][1]:3.0f} % of {r[n][1]:5.1f})" for n in names if n in r)
+    print(f"  {types} {threads} threads:\n    {cells}")
 print("split, 128K:")
 for name in ("new", "base", "new-unpinned"):
     path = os.path.join(out, f"split-{name}.json")

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "kvs/quant/simd.h"
@@ -91,9 +92,11 @@ template <class I, DType K, int G, int KN, int S = score_slots(G)>
         }
         for (int g = 0; g < G; ++g) {
           const int16_t* qb = q16 + g * d + 32 * b;
-          const __m256i start =
-              K == DType::Q4_0 ? load256(offset + (g * nb + b) * 8) : _mm256_setzero_si256();
-          const __m256i s = I::dot(I::dot(start, k0, load256(qb)), k1, load256(qb + 16));
+          // (q8_0: the first products by vpmaddwd, which needs no zeroed accumulator.)
+          const __m256i first = K == DType::Q4_0
+                                    ? I::dot(load256(offset + (g * nb + b) * 8), k0, load256(qb))
+                                    : _mm256_madd_epi16(k0, load256(qb));
+          const __m256i s = I::dot(first, k1, load256(qb + 16));
           acc[kk * S + g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s),
                                             _mm256_broadcast_ss(sc[kk][g] + b), acc[kk * S + g]);
         }
@@ -113,12 +116,36 @@ template <class I, DType K, int G, int KN>
   _mm256_storeu_ps(p + j * score_slots(G), _mm256_mul_ps(lane_sums(acc), _mm256_set1_ps(scale)));
 }
 
+// Trial switches for issue 33's A/B on the GPU machine's host, removed with its result:
+// KVS_ATTN_PREFETCH=t1 (to L2) or none; KVS_ATTN_VALUES=ymm (the values in 256-bit vectors).
+struct Trial {
+  int prefetch = 0;  // 0: T0, 1: T1, 2: none
+  bool ymm_values = false;
+};
+const Trial& trial() {
+  static const Trial t = [] {
+    Trial r;
+    const char* p = std::getenv("KVS_ATTN_PREFETCH");
+    const char* v = std::getenv("KVS_ATTN_VALUES");
+    if (p && std::strcmp(p, "t1") == 0) r.prefetch = 1;
+    if (p && std::strcmp(p, "none") == 0) r.prefetch = 2;
+    r.ymm_values = v && std::strcmp(v, "ymm") == 0;
+    return r;
+  }();
+  return t;
+}
+
 // Lines of [p, p + bytes) towards the caches. A span's rows of one kv head are slices a row
 // apart, which the hardware's prefetchers follow poorly.
 inline void prefetch(const uint8_t* p, size_t bytes) {
+  const int mode = trial().prefetch;
+  if (mode == 2) return;
   const auto first = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{63};
   for (uintptr_t a = first; a < reinterpret_cast<uintptr_t>(p) + bytes; a += 64)
-    _mm_prefetch(reinterpret_cast<const char*>(a), _MM_HINT_T0);
+    if (mode == 0)
+      _mm_prefetch(reinterpret_cast<const char*>(a), _MM_HINT_T0);
+    else
+      _mm_prefetch(reinterpret_cast<const char*>(a), _MM_HINT_T1);
 }
 constexpr int32_t kAhead = 16;  // K rows prefetched ahead of the one being read
 
@@ -442,7 +469,7 @@ template <DType T>
 template <DType T>
 SpanKernels::Values values_for(Isa isa) {
 #ifdef KVS_HAVE_ZMM_VALUES
-  return isa == Isa::Avx512Vnni ? values_avx512<T> : values_avx2<T>;
+  return isa == Isa::Avx512Vnni && !trial().ymm_values ? values_avx512<T> : values_avx2<T>;
 #else
   (void)isa;
   return values_avx2<T>;

@@ -5,7 +5,7 @@
 # 16), then split attention inside the pipeline (`kvstream bench --modes split`, llama3-8b q4_0,
 # q8_0 K / q4_0 V, --vram-limit 6.66G, 128K, 2 x 16 tokens): this build, main's, this build with
 # its split threads left unpinned (KVS_SPLIT_PIN=0), alternating; this build's kernels with its
-# trial switches (KVS_ATTN_PREFETCH=t1|none, KVS_ATTN_VALUES=ymm) at 16 threads. Then its kernels in
+# trial switches (KVS_ATTN_PREFETCH=t1|v1|none, KVS_ATTN_VALUES=ymm) at 16 threads. Then its kernels in
 # split's shape outside the pipeline (32 layers of 32K tokens, a job a layer to a SplitWorker
 # of 15 threads). KVS_BIN: this build's folder (default build/sm90); KVS_BASE_BIN: main's
 # (skipped where unset); OUT (default gpu-results). Writes OUT/machine.txt,
@@ -33,8 +33,10 @@ kernels() {  # name, folder, threads, environment
 }
 kernels new "$bin" 8,15,16 KVS_ATTN_PREFETCH=t0
 [ -n "$base" ] && kernels base "$base" 8,15,16 KVS_ATTN_PREFETCH=t0
-# This build's trial switches (span_attention.cpp): prefetches to L2 or none, 256-bit values.
+# This build's trial switches (span_attention.cpp): prefetches to L2 (K and V, or V) or none,
+# 256-bit values.
 kernels new-prefetch-t1 "$bin" 16 KVS_ATTN_PREFETCH=t1
+kernels new-prefetch-v1 "$bin" 16 KVS_ATTN_PREFETCH=v1
 kernels new-prefetch-none "$bin" 16 KVS_ATTN_PREFETCH=none
 kernels new-ymm-values "$bin" 16 KVS_ATTN_VALUES=ymm
 
@@ -57,7 +59,7 @@ import json, os, re, sys
 out = sys.argv[1]
 print("kernels alone, best GB/s (of the plain read):")
 rows = {}
-names = ("new", "base", "new-prefetch-t1", "new-prefetch-none", "new-ymm-values")
+names = ("new", "base", "new-prefetch-t1", "new-prefetch-v1", "new-prefetch-none", "new-ymm-values")
 for name in names:
     path = os.path.join(out, f"attention-{name}.md")
     if not os.path.exists(path):

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "kvs/quant/simd.h"
 #include "kvs/util/error.h"
@@ -117,9 +118,10 @@ template <class I, DType K, int G, int KN>
 }
 
 // Trial switches for issue 33's A/B on the GPU machine's host, removed with its result:
-// KVS_ATTN_PREFETCH=t1 (to L2) or none; KVS_ATTN_VALUES=ymm (the values in 256-bit vectors).
+// KVS_ATTN_PREFETCH=t1 (K and V to L2), v1 (V to L2) or none; KVS_ATTN_VALUES=ymm (the values
+// in 256-bit vectors).
 struct Trial {
-  int prefetch = 0;  // 0: T0, 1: T1, 2: none
+  int k_hint = 0, v_hint = 0;  // 0: T0, 1: T1, 2: none
   bool ymm_values = false;
 };
 const Trial& trial() {
@@ -127,8 +129,9 @@ const Trial& trial() {
     Trial r;
     const char* p = std::getenv("KVS_ATTN_PREFETCH");
     const char* v = std::getenv("KVS_ATTN_VALUES");
-    if (p && std::strcmp(p, "t1") == 0) r.prefetch = 1;
-    if (p && std::strcmp(p, "none") == 0) r.prefetch = 2;
+    const std::string mode = p ? p : "t0";
+    r.k_hint = mode == "t1" ? 1 : mode == "none" ? 2 : 0;
+    r.v_hint = mode == "t1" || mode == "v1" ? 1 : mode == "none" ? 2 : 0;
     r.ymm_values = v && std::strcmp(v, "ymm") == 0;
     return r;
   }();
@@ -137,12 +140,11 @@ const Trial& trial() {
 
 // Lines of [p, p + bytes) towards the caches. A span's rows of one kv head are slices a row
 // apart, which the hardware's prefetchers follow poorly.
-inline void prefetch(const uint8_t* p, size_t bytes) {
-  const int mode = trial().prefetch;
-  if (mode == 2) return;
+inline void prefetch(const uint8_t* p, size_t bytes, int hint) {
+  if (hint == 2) return;
   const auto first = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{63};
   for (uintptr_t a = first; a < reinterpret_cast<uintptr_t>(p) + bytes; a += 64)
-    if (mode == 0)
+    if (hint == 0)
       _mm_prefetch(reinterpret_cast<const char*>(a), _MM_HINT_T0);
     else
       _mm_prefetch(reinterpret_cast<const char*>(a), _MM_HINT_T1);
@@ -161,11 +163,12 @@ void scores(const Query& qy, int32_t h0, float scale, int32_t d, const HeadRows&
   const float* step = K == DType::F16 ? nullptr : qy.step + int64_t{h0} * query_blocks(d);
   const int32_t* offset = K == DType::Q4_0 ? qy.offset + int64_t{h0} * d / 4 : nullptr;
   const size_t k_bytes = row_bytes(K, d);
+  const int k_hint = trial().k_hint, v_hint = trial().v_hint;
   const auto ahead = [&](int32_t j) {
     for (int32_t i = j; i < j + kn; ++i) {
       if (i + kAhead < r.n + r.more)
-        prefetch(r.k + static_cast<size_t>(i + kAhead) * r.k_row, k_bytes);
-      if (i < r.n) prefetch(r.v + static_cast<size_t>(i) * r.v_row, r.v_head);
+        prefetch(r.k + static_cast<size_t>(i + kAhead) * r.k_row, k_bytes, k_hint);
+      if (i < r.n) prefetch(r.v + static_cast<size_t>(i) * r.v_row, r.v_head, v_hint);
     }
   };
   int32_t j = 0;

@@ -253,8 +253,12 @@ inline __m256 per_head(__m256 v, int32_t slots, Op op) {
 // key) -> e^(p - m) with m the max of the head's; returns each head's m and the sum of its e^
 // (8 lanes summed in key order, then the head's lanes together) in lane g of m, l.
 inline void softmax(float* p, int32_t n8, int32_t slots, __m256& m, __m256& l) {
-  m = _mm256_set1_ps(-INFINITY);
-  for (int32_t j = 0; j < n8; j += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(p + j));
+  // The max in 4 chains (a max is exact: any order gives its bits), not one of n8 / 8 steps.
+  __m256 mc[4];
+  for (__m256& c : mc) c = _mm256_set1_ps(-INFINITY);
+  for (int32_t j = 0; j < n8; j += 8)
+    mc[j / 8 % 4] = _mm256_max_ps(mc[j / 8 % 4], _mm256_loadu_ps(p + j));
+  m = _mm256_max_ps(_mm256_max_ps(mc[0], mc[1]), _mm256_max_ps(mc[2], mc[3]));
   m = per_head(m, slots, [](__m256 a, __m256 b) { return _mm256_max_ps(a, b); });
   __m256 sum = _mm256_setzero_ps();
   for (int32_t j = 0; j < n8; j += 8) {

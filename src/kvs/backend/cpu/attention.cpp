@@ -131,10 +131,10 @@ void span_all_heads(const SpanKernels& ks, const KvLayout& l, const Query& q, co
 }
 
 // A decode's tasks over its spans: a task per span, its kv heads together (the page read in
-// order), for all but the last 2 spans a thread; those a task per (span, kv head), so that the
+// order), for all but the last span a thread; those a task per (span, kv head), so that the
 // threads finish together (the tasks go out in order). Either way the same partials.
 int32_t whole_spans(const AttentionArgs& a, int32_t threads) {
-  return std::max(0, a.n_spans - 2 * threads);
+  return std::max(0, a.n_spans - threads);
 }
 int64_t span_tasks(const AttentionArgs& a, int32_t whole) {
   return whole + static_cast<int64_t>(a.n_spans - whole) * a.kv.n_head_kv;

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # Issue 33 on the GPU machine, this build against main's in one run (about 3 minutes once
-# built): the CPU attention kernels alone (kvs_cpu_attention_bench, 256K tokens of 8 kv heads
-# of 128, 4 query heads each, q8_0/q4_0 and q8_0/q8_0, 8, 15 and 16 threads; target 78 GB/s at
-# 16), then split attention inside the pipeline (`kvstream bench --modes split`, llama3-8b q4_0,
-# q8_0 K / q4_0 V, --vram-limit 6.66G, 128K, 2 x 16 tokens): this build, main's, this build with
-# its split threads left unpinned (KVS_SPLIT_PIN=0), alternating; this build's kernels with its
-# trial switches (KVS_ATTN_PREFETCH=t1|v1|none, KVS_ATTN_VALUES=ymm) at 16 threads. Then its kernels in
-# split's shape outside the pipeline (32 layers of 32K tokens, a job a layer to a SplitWorker
-# of 15 threads). KVS_BIN: this build's folder (default build/sm90); KVS_BASE_BIN: main's
-# (skipped where unset); OUT (default gpu-results). Writes OUT/machine.txt,
-# attention-{new,base,new-*}.md, layers-new.md, split-{new,base,new-unpinned}.{md,json,err},
-# summary.txt.
+# built). The CPU attention kernels alone (kvs_cpu_attention_bench, 256K tokens of 8 kv heads of
+# 128, 4 query heads each, q8_0/q4_0 and q8_0/q8_0; target 78 GB/s at 16 threads): both builds
+# at 8, 15 and 16 threads, then this build's trial switches at 16 (span_attention.cpp:
+# KVS_ATTN_PREFETCH=t1|v1|none, KVS_ATTN_VALUES=ymm, KVS_ATTN_AHEAD=32, KVS_ATTN_PIECE=32).
+# Split attention inside the pipeline (`kvstream bench --modes split`, llama3-8b q4_0, q8_0 K /
+# q4_0 V, --vram-limit 6.66G, 128K, 2 x 16 tokens): this build, main's, this build with its
+# split threads unpinned (KVS_SPLIT_PIN=0). Then this build's kernels in split's shape outside
+# the pipeline (32 layers of 32K tokens, a job a layer to a SplitWorker of 15 threads).
+# KVS_BIN: this build's folder (default build/sm90); KVS_BASE_BIN: main's (skipped where
+# unset); OUT (default gpu-results). Writes OUT/machine.txt, attention-{new,base,new-*}.md,
+# split-{new,base,new-unpinned}.{md,json,err}, layers-new.md, summary.txt.
 set -uo pipefail
 bin=${KVS_BIN:-build/sm90}
 base=${KVS_BASE_BIN:-}
@@ -34,11 +34,13 @@ kernels() {  # name, folder, threads, environment
 kernels new "$bin" 8,15,16 KVS_ATTN_PREFETCH=t0
 [ -n "$base" ] && kernels base "$base" 8,15,16 KVS_ATTN_PREFETCH=t0
 # This build's trial switches (span_attention.cpp): prefetches to L2 (K and V, or V) or none,
-# 256-bit values.
+# 256-bit values, K rows prefetched 32 ahead (not 16), pieces of 32 rows (not 16).
 kernels new-prefetch-t1 "$bin" 16 KVS_ATTN_PREFETCH=t1
 kernels new-prefetch-v1 "$bin" 16 KVS_ATTN_PREFETCH=v1
 kernels new-prefetch-none "$bin" 16 KVS_ATTN_PREFETCH=none
 kernels new-ymm-values "$bin" 16 KVS_ATTN_VALUES=ymm
+kernels new-ahead-32 "$bin" 16 KVS_ATTN_AHEAD=32
+kernels new-piece-32 "$bin" 16 KVS_ATTN_PIECE=32
 
 model=$("$(dirname "$0")/synth-model.sh" "$bin" llama3-8b:q4_0)  # written once, then mapped
 split() {  # name, folder, environment
@@ -59,7 +61,8 @@ import json, os, re, sys
 out = sys.argv[1]
 print("kernels alone, best GB/s (of the plain read):")
 rows = {}
-names = ("new", "base", "new-prefetch-t1", "new-prefetch-v1", "new-prefetch-none", "new-ymm-values")
+names = ("new", "base", "new-prefetch-t1", "new-prefetch-v1", "new-prefetch-none", "new-ymm-values",
+         "new-ahead-32", "new-piece-32")
 for name in names:
     path = os.path.join(out, f"attention-{name}.md")
     if not os.path.exists(path):

@@ -123,12 +123,15 @@ template <class I, DType K, int G, int KN>
 struct Trial {
   int k_hint = 0, v_hint = 0;  // 0: T0, 1: T1, 2: none
   bool ymm_values = false;
+  int32_t ahead = 16, piece = 16;  // KVS_ATTN_AHEAD, KVS_ATTN_PIECE
 };
 const Trial& trial() {
   static const Trial t = [] {
     Trial r;
     const char* p = std::getenv("KVS_ATTN_PREFETCH");
     const char* v = std::getenv("KVS_ATTN_VALUES");
+    if (const char* a = std::getenv("KVS_ATTN_AHEAD")) r.ahead = std::atoi(a);
+    if (const char* a = std::getenv("KVS_ATTN_PIECE")) r.piece = std::atoi(a);
     const std::string mode = p ? p : "t0";
     r.k_hint = mode == "t1" ? 1 : mode == "none" ? 2 : 0;
     r.v_hint = mode == "t1" || mode == "v1" ? 1 : mode == "none" ? 2 : 0;
@@ -149,7 +152,6 @@ inline void prefetch(const uint8_t* p, size_t bytes, int hint) {
     else
       _mm_prefetch(reinterpret_cast<const char*>(a), _MM_HINT_T1);
 }
-constexpr int32_t kAhead = 16;  // K rows prefetched ahead of the one being read
 
 // Scores of G heads against rows [0, r.n), 8 / score_slots(G) keys a step, the rest one by one
 // (a key's score does not depend on the others of its step). Meanwhile the K rows ahead and the V
@@ -164,6 +166,7 @@ void scores(const Query& qy, int32_t h0, float scale, int32_t d, const HeadRows&
   const int32_t* offset = K == DType::Q4_0 ? qy.offset + int64_t{h0} * d / 4 : nullptr;
   const size_t k_bytes = row_bytes(K, d);
   const int k_hint = trial().k_hint, v_hint = trial().v_hint;
+  const int32_t kAhead = trial().ahead;  // K rows prefetched ahead of the one being read
   const auto ahead = [&](int32_t j) {
     for (int32_t i = j; i < j + kn; ++i) {
       if (i + kAhead < r.n + r.more)
@@ -484,6 +487,10 @@ SpanKernels::Values values_for(Isa isa) {
 }
 
 }  // namespace
+
+int32_t trial_piece() {
+  return trial().piece;
+}
 
 void prepare_query(DType k_type, const float* q, int32_t n_head, int32_t d, int16_t* q16,
                    float* step, int32_t* offset) {

@@ -7,13 +7,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "kvs/backend/cpu/attention.h"
@@ -347,52 +345,6 @@ TEST(CpuAttention, AttentionMatchesTheScalarReferenceAndItselfBitForBit) {
   set_thread_count(0);
   std::printf("attention over 3 and 40 pages: worst |output - ref| %.3g\n", worst);
   EXPECT_LT(worst, kOutTol);
-}
-
-// Split attention's decode (DecodeTasks: 3 threads of the caller's taking the tasks) gives the
-// bits of decode_partials and merge_partials on a pool, for each cache type, over 1 to 12
-// pages (some whole, some cut by kv head), a window starting inside a page among them.
-TEST(CpuAttention, DecodeTasksAreDecodePartialsAndMergePartials) {
-  std::mt19937 g(33);
-  ThreadPool pool(2);
-  for (DType kt : kTypes)
-    for (DType vt : kTypes) {
-      const int32_t d = 128, nkv = 2, group = 4, n_head = nkv * group, P = 32;
-      const Cache c(kt, vt, P, nkv, d, 12, g);
-      const std::vector<Span> ss = spans_of(c, 12 * P - 5);
-      const std::vector<float> q = normal(static_cast<size_t>(n_head) * d, g);
-      const size_t row = static_cast<size_t>(n_head) * cpu::part_stride(d);
-      for (int32_t n : {1, 5, 12})
-        for (int32_t window : {0, 40}) {
-          SCOPED_TRACE(std::string(dtype_name(kt)) + "/" + dtype_name(vt) + " pages " +
-                       std::to_string(n) + " window " + std::to_string(window));
-          const int32_t pos =
-              ss[static_cast<size_t>(n - 1)].start + ss[static_cast<size_t>(n - 1)].n - 1;
-          AttentionArgs a;
-          a.q = q.data();
-          a.pos = &pos;
-          a.n_tok = 1;
-          a.spans = ss.data();
-          a.n_spans = n;
-          a.kv = c.l;
-          a.n_head = n_head;
-          a.scale = 0.1f;
-          a.window = window;
-          std::vector<float> part(static_cast<size_t>(n) * row), want(row), got(row, -1.0f),
-              part2(part.size());
-          cpu::decode_partials(a, pool, part.data());
-          cpu::merge_partials(a, part.data(), pool, want.data());
-          cpu::DecodeTasks tasks;
-          tasks.prepare(a, 3, part2.data(), got.data());
-          std::atomic<int> last{0};
-          std::vector<std::thread> threads;
-          for (int t = 0; t < 3; ++t) threads.emplace_back([&] { last += tasks.work() ? 1 : 0; });
-          for (std::thread& t : threads) t.join();
-          EXPECT_EQ(last.load(), 1);
-          EXPECT_EQ(std::memcmp(part.data(), part2.data(), part.size() * sizeof(float)), 0);
-          EXPECT_EQ(std::memcmp(want.data(), got.data(), row * sizeof(float)), 0);
-        }
-    }
 }
 
 // Prefill's tiles (tile_partials, f16 keys): each lane's partial is span_partials' for its

@@ -14,7 +14,6 @@
 #include <thread>
 #include <vector>
 
-#include "kvs/backend/cpu/attention.h"
 #include "kvs/backend/device.h"
 #include "kvs/quant/kv_page.h"
 #include "kvs/util/threadpool.h"
@@ -74,8 +73,7 @@ class SplitWorker {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<SplitJob> jobs_;
-  std::vector<float> rows_;             // the entries' partials, a row per span and head
-  std::deque<cpu::DecodeTasks> tasks_;  // an entry's each
+  std::vector<float> rows_;  // an entry's partials, a row per span and head
   bool stop_ = false;
   double busy_s_ = 0;  // guarded by mu_
   size_t bytes_ = 0;

@@ -4,8 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <thread>
-#include <utility>
 #include <vector>
 
 #include "kvs/backend/cpu/kernels.h"
@@ -130,65 +128,39 @@ void span_all_heads(const SpanKernels& ks, const KvLayout& l, const Query& q, co
   }
 }
 
-// A decode's tasks over its spans: a task per span, its kv heads together (the page read in
-// order), for all but the last span a thread; those a task per (span, kv head), so that the
-// threads finish together (the tasks go out in order). Either way the same partials.
-int32_t whole_spans(const AttentionArgs& a, int32_t threads) {
-  return std::max(0, a.n_spans - threads);
-}
-int64_t span_tasks(const AttentionArgs& a, int32_t whole) {
-  return whole + static_cast<int64_t>(a.n_spans - whole) * a.kv.n_head_kv;
-}
-size_t decode_floats(const SpanKernels& ks, const KvLayout& l) {
-  return std::max(
-      static_cast<size_t>(l.n_head_kv * score_floats(l.page_size, ks.group)) + value_scratch(ks),
-      span_scratch(ks, l.page_size));
-}
-
-void decode_task(const AttentionArgs& a, const SpanKernels& ks, const Query& q, int32_t whole,
-                 int64_t task, float* buf, float* part) {
-  const KvLayout& l = a.kv;
-  const int32_t group = ks.group, nkv = l.n_head_kv, pos = a.pos[0];
-  const bool by_span = task < whole;
-  const auto s = static_cast<int32_t>(by_span ? task : whole + (task - whole) / nkv);
-  const Span& sp = a.spans[s];
-  const int32_t n = std::min(sp.n, pos - sp.start + 1);
-  const int32_t j0 = std::clamp(first_key(a, pos) - sp.start, 0, std::max(n, 0));
-  const size_t stride = part_stride(ks.d);
-  float* out = part + static_cast<size_t>(s) * a.n_head * stride;
-  if (by_span) {
-    span_all_heads(ks, l, q, sp, j0, n - j0, buf, out);
-  } else {
-    const auto hk = static_cast<int32_t>((task - whole) % nkv);
-    span_partials(ks, q, hk * group, head_rows(l, sp, hk, j0, n - j0), nullptr, buf,
-                  out + static_cast<size_t>(hk * group) * stride);
-  }
-}
-
 void decode_partials(const AttentionArgs& a, const Queries& qs, ThreadPool& pool, float* part) {
   const KvLayout& l = a.kv;
-  const SpanKernels ks =
-      span_kernels(l.k_type, l.v_type, a.n_head / l.n_head_kv, l.head_dim, a.scale, best_isa());
+  const int32_t d = l.head_dim, group = a.n_head / l.n_head_kv, nkv = l.n_head_kv;
+  const SpanKernels ks = span_kernels(l.k_type, l.v_type, group, d, a.scale, best_isa());
   const Query q = qs.query(0);
-  const int32_t whole = whole_spans(a, pool.size());
-  pool.parallel_for(span_tasks(a, whole), 1, [&](int64_t b, int64_t e) {
-    float* buf = scratch(decode_floats(ks, l)).data();
-    for (int64_t task = b; task < e; ++task) decode_task(a, ks, q, whole, task, buf, part);
-  });
-}
-
-// Head h's partials of every span (rows of part) folded in span order into one row at out + h
-// part_stride.
-void merge_head(const AttentionArgs& a, const float* part, int32_t h, float* out) {
-  const int32_t d = a.kv.head_dim;
+  const int32_t pos = a.pos[0];
   const size_t stride = part_stride(d);
-  float* row = out + static_cast<size_t>(h) * stride;
-  Acc acc{0.0f, 0.0f, row + kPartHead};
-  for (int32_t s = 0; s < a.n_spans; ++s) {
-    const float* p = part + (static_cast<size_t>(s) * a.n_head + h) * stride;
-    if (p[2] != 0.0f) merge(acc, p[0], p[1], p + kPartHead, d);
-  }
-  row[0] = acc.m, row[1] = acc.l, row[2] = acc.l != 0.0f ? 1.0f : 0.0f, row[3] = 0.0f;
+  // A task per span, its kv heads together (the page read in order), for all but the last span
+  // a thread; those a task per (span, kv head), so that the threads finish together (the tasks
+  // go out in order). Either way the same partials.
+  const int32_t whole = std::max(0, a.n_spans - pool.size());
+  const int64_t tasks = whole + static_cast<int64_t>(a.n_spans - whole) * nkv;
+  pool.parallel_for(tasks, 1, [&](int64_t b, int64_t e) {
+    const size_t floats =
+        std::max(static_cast<size_t>(nkv * score_floats(l.page_size, group)) + value_scratch(ks),
+                 span_scratch(ks, l.page_size));
+    float* buf = scratch(floats).data();
+    for (int64_t task = b; task < e; ++task) {
+      const bool by_span = task < whole;
+      const auto s = static_cast<int32_t>(by_span ? task : whole + (task - whole) / nkv);
+      const Span& sp = a.spans[s];
+      const int32_t n = std::min(sp.n, pos - sp.start + 1);
+      const int32_t j0 = std::clamp(first_key(a, pos) - sp.start, 0, std::max(n, 0));
+      float* out = part + static_cast<size_t>(s) * a.n_head * stride;
+      if (by_span) {
+        span_all_heads(ks, l, q, sp, j0, n - j0, buf, out);
+      } else {
+        const auto hk = static_cast<int32_t>((task - whole) % nkv);
+        span_partials(ks, q, hk * group, head_rows(l, sp, hk, j0, n - j0), nullptr, buf,
+                      out + static_cast<size_t>(hk * group) * stride);
+      }
+    }
+  });
 }
 
 // Folds query t's partials of the group's heads (rows of po, part_stride apart) into its state.
@@ -339,51 +311,19 @@ void decode_partials(const AttentionArgs& a, ThreadPool& pool, float* part) {
 }
 
 void merge_partials(const AttentionArgs& a, const float* part, ThreadPool& pool, float* out) {
+  const int32_t d = a.kv.head_dim;
+  const size_t stride = part_stride(d);
   pool.parallel_for(a.n_head, 1, [&](int64_t b, int64_t e) {
-    for (auto h = static_cast<int32_t>(b); h < e; ++h) merge_head(a, part, h, out);
-  });
-}
-
-void DecodeTasks::prepare(const AttentionArgs& a, int32_t threads, float* part, float* out) {
-  const KvLayout& l = a.kv;
-  const int32_t d = l.head_dim;
-  a_ = a;
-  ks_ = span_kernels(l.k_type, l.v_type, a.n_head / l.n_head_kv, d, a.scale, best_isa());
-  const auto heads = static_cast<size_t>(a.n_head);
-  q16_.resize(heads * static_cast<size_t>(d));
-  step_.resize(heads * static_cast<size_t>(query_blocks(d)));
-  offset_.resize(heads * static_cast<size_t>(d) / 4);
-  prepare_query(l.k_type, a.q, a.n_head, d, q16_.data(), step_.data(), offset_.data());
-  part_ = part;
-  out_ = out;
-  whole_ = whole_spans(a, threads);
-  span_tasks_ = span_tasks(a, whole_);
-  next_.store(0, std::memory_order_relaxed);
-  spans_done_.store(0, std::memory_order_relaxed);
-  merges_done_.store(0, std::memory_order_release);
-}
-
-bool DecodeTasks::work() {
-  const Query q{a_.q, q16_.data(), step_.data(), offset_.data()};
-  const int64_t tasks = span_tasks_ + a_.n_head;
-  int64_t spans = 0, merges = 0;
-  bool last = false;
-  for (int64_t task; (task = next_.fetch_add(1, std::memory_order_relaxed)) < tasks;) {
-    if (task < span_tasks_) {
-      decode_task(a_, ks_, q, whole_, task, scratch(decode_floats(ks_, a_.kv)).data(), part_);
-      ++spans;
-      continue;
+    for (auto h = static_cast<int32_t>(b); h < e; ++h) {
+      float* row = out + static_cast<size_t>(h) * stride;
+      Acc acc{0.0f, 0.0f, row + kPartHead};
+      for (int32_t s = 0; s < a.n_spans; ++s) {
+        const float* p = part + (static_cast<size_t>(s) * a.n_head + h) * stride;
+        if (p[2] != 0.0f) merge(acc, p[0], p[1], p + kPartHead, d);
+      }
+      row[0] = acc.m, row[1] = acc.l, row[2] = acc.l != 0.0f ? 1.0f : 0.0f, row[3] = 0.0f;
     }
-    if (spans > 0) spans_done_.fetch_add(std::exchange(spans, 0), std::memory_order_acq_rel);
-    for (int n = 0; spans_done_.load(std::memory_order_acquire) < span_tasks_; ++n)
-      n < 4096 ? _mm_pause() : std::this_thread::yield();
-    merge_head(a_, part_, static_cast<int32_t>(task - span_tasks_), out_);
-    ++merges;
-  }
-  if (spans > 0) spans_done_.fetch_add(spans, std::memory_order_acq_rel);
-  if (merges > 0)
-    last = merges_done_.fetch_add(merges, std::memory_order_acq_rel) + merges == a_.n_head;
-  return last;
+  });
 }
 
 void fold_partials(const AttentionArgs& a, const float* part) {
@@ -400,8 +340,8 @@ void attention(const AttentionArgs& a) {
       // Decode: every span's partials, then a fold per head in logical order. Same arithmetic
       // per query as the prefill path.
       thread_local std::vector<float> part;  // not scratch(): the tasks take that one
-      part.resize(std::max(part.size(),
-                           static_cast<size_t>(a.n_spans) * a.n_head * part_stride(a.kv.head_dim)));
+      part.resize(std::max(part.size(), static_cast<size_t>(a.n_spans) * a.n_head *
+                                            part_stride(a.kv.head_dim)));
       decode_partials(a, qs, thread_pool(), part.data());
       fold_rows(a, part.data());
     } else {

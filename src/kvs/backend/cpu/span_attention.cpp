@@ -118,12 +118,12 @@ template <class I, DType K, int G, int KN>
 }
 
 // Trial switches for issue 33's A/B on the GPU machine's host, removed with its result:
-// KVS_ATTN_PREFETCH=t1 (K and V to L2), v1 (V to L2) or none; KVS_ATTN_VALUES=ymm (the values
-// in 256-bit vectors).
+// KVS_ATTN_PREFETCH=t0 (K and V to L1; t1, the default: to L2), v1 (V to L2) or none;
+// KVS_ATTN_VALUES=ymm (the values in 256-bit vectors).
 struct Trial {
   int k_hint = 0, v_hint = 0;  // 0: T0, 1: T1, 2: none
   bool ymm_values = false;
-  int32_t ahead = 16, piece = 16;  // KVS_ATTN_AHEAD, KVS_ATTN_PIECE
+  int32_t ahead = 16, piece = 32;  // KVS_ATTN_AHEAD, KVS_ATTN_PIECE
 };
 const Trial& trial() {
   static const Trial t = [] {
@@ -132,7 +132,7 @@ const Trial& trial() {
     const char* v = std::getenv("KVS_ATTN_VALUES");
     if (const char* a = std::getenv("KVS_ATTN_AHEAD")) r.ahead = std::atoi(a);
     if (const char* a = std::getenv("KVS_ATTN_PIECE")) r.piece = std::atoi(a);
-    const std::string mode = p ? p : "t0";
+    const std::string mode = p ? p : "t1";
     r.k_hint = mode == "t1" ? 1 : mode == "none" ? 2 : 0;
     r.v_hint = mode == "t1" || mode == "v1" ? 1 : mode == "none" ? 2 : 0;
     r.ymm_values = v && std::strcmp(v, "ymm") == 0;

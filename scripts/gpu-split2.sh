@@ -2,12 +2,11 @@
 # Issue 33 on the GPU machine, this build against main's in one run (about 3 minutes once
 # built), everything in one file, OUT/summary.txt. The CPU attention kernels alone
 # (kvs_cpu_attention_bench, 256K tokens of 8 kv heads of 128, 4 query heads each, q8_0/q4_0 and
-# q8_0/q8_0, 8 and 16 threads; target 78 GB/s at 16): this build and main's, twice, alternating;
-# between them this build's trial switches at 16 threads (span_attention.cpp: pieces of 16 rows
-# instead of 32, prefetches to L1 instead of L2). Then split attention inside the pipeline
-# (`kvstream bench --modes split`, llama3-8b q4_0, q8_0 K / q4_0 V, --vram-limit 6.66G, 128K,
-# 2 x 16 tokens): this build, main's, this build again. KVS_BIN: this build's folder (default
-# build/sm90); KVS_BASE_BIN: main's (skipped where unset); OUT (default gpu-results).
+# q8_0/q8_0, 8 and 16 threads; target 78 GB/s at 16): this build and main's, twice,
+# alternating. Then split attention inside the pipeline (`kvstream bench --modes split`,
+# llama3-8b q4_0, q8_0 K / q4_0 V, --vram-limit 6.66G, 128K, 2 x 16 tokens): this build, main's,
+# this build again. KVS_BIN: this build's folder (default build/sm90); KVS_BASE_BIN: main's
+# (skipped where unset); OUT (default gpu-results).
 set -uo pipefail
 bin=${KVS_BIN:-build/sm90}
 base=${KVS_BASE_BIN:-}
@@ -25,18 +24,15 @@ tmp=$(mktemp -d)
   uptime
 } > "$sum" 2>&1
 
-kernels() {  # name, folder, threads, environment
-  echo "== kernels $1 ($4)" >> "$sum"
-  env $4 "$2/kvs_cpu_attention_bench" --threads "$3" --heads 128 --reps 5 \
-    --types q8_0/q4_0,q8_0/q8_0 2>&1 | grep -E '^\|' | grep -v -- '---' >> "$sum"
+kernels() {  # name, folder, threads
+  echo "== kernels $1" >> "$sum"
+  "$2/kvs_cpu_attention_bench" --threads "$3" --heads 128 --reps 5 --types q8_0/q4_0,q8_0/q8_0 \
+    2>&1 | grep -E '^\|' | grep -v -- '---' >> "$sum"
 }
-kernels new "$bin" 8,16 KVS_ATTN_PIECE=32
-[ -n "$base" ] && kernels base "$base" 8,16 KVS_ATTN_PIECE=32
-kernels new-piece-16 "$bin" 16 KVS_ATTN_PIECE=16
-kernels new-prefetch-t0 "$bin" 16 KVS_ATTN_PREFETCH=t0
-kernels new-piece-16-t0 "$bin" 16 "KVS_ATTN_PIECE=16 KVS_ATTN_PREFETCH=t0"
-kernels new "$bin" 16 KVS_ATTN_PIECE=32
-[ -n "$base" ] && kernels base "$base" 16 KVS_ATTN_PIECE=32
+for round in 1 2; do
+  kernels new "$bin" 8,16
+  [ -n "$base" ] && kernels base "$base" 8,16
+done
 
 model=$("$(dirname "$0")/synth-model.sh" "$bin" llama3-8b:q4_0)  # written once, then mapped
 split() {  # name, folder, round

@@ -4,9 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
-#include <string>
 
 #include "kvs/quant/simd.h"
 #include "kvs/util/error.h"
@@ -117,41 +115,15 @@ template <class I, DType K, int G, int KN>
   _mm256_storeu_ps(p + j * score_slots(G), _mm256_mul_ps(lane_sums(acc), _mm256_set1_ps(scale)));
 }
 
-// Trial switches for issue 33's A/B on the GPU machine's host, removed with its result:
-// KVS_ATTN_PREFETCH=t0 (K and V to L1; t1, the default: to L2), v1 (V to L2) or none;
-// KVS_ATTN_VALUES=ymm (the values in 256-bit vectors).
-struct Trial {
-  int k_hint = 0, v_hint = 0;  // 0: T0, 1: T1, 2: none
-  bool ymm_values = false;
-  int32_t ahead = 16, piece = 32;  // KVS_ATTN_AHEAD, KVS_ATTN_PIECE
-};
-const Trial& trial() {
-  static const Trial t = [] {
-    Trial r;
-    const char* p = std::getenv("KVS_ATTN_PREFETCH");
-    const char* v = std::getenv("KVS_ATTN_VALUES");
-    if (const char* a = std::getenv("KVS_ATTN_AHEAD")) r.ahead = std::atoi(a);
-    if (const char* a = std::getenv("KVS_ATTN_PIECE")) r.piece = std::atoi(a);
-    const std::string mode = p ? p : "t1";
-    r.k_hint = mode == "t1" ? 1 : mode == "none" ? 2 : 0;
-    r.v_hint = mode == "t1" || mode == "v1" ? 1 : mode == "none" ? 2 : 0;
-    r.ymm_values = v && std::strcmp(v, "ymm") == 0;
-    return r;
-  }();
-  return t;
-}
-
-// Lines of [p, p + bytes) towards the caches. A span's rows of one kv head are slices a row
-// apart, which the hardware's prefetchers follow poorly.
-inline void prefetch(const uint8_t* p, size_t bytes, int hint) {
-  if (hint == 2) return;
+// Lines of [p, p + bytes) into L2 (L1 does not keep a piece's rows of every head until their
+// turn). A span's rows of one kv head are slices a row apart, which the hardware's
+// prefetchers follow poorly.
+inline void prefetch(const uint8_t* p, size_t bytes) {
   const auto first = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{63};
   for (uintptr_t a = first; a < reinterpret_cast<uintptr_t>(p) + bytes; a += 64)
-    if (hint == 0)
-      _mm_prefetch(reinterpret_cast<const char*>(a), _MM_HINT_T0);
-    else
-      _mm_prefetch(reinterpret_cast<const char*>(a), _MM_HINT_T1);
+    _mm_prefetch(reinterpret_cast<const char*>(a), _MM_HINT_T1);
 }
+constexpr int32_t kAhead = 16;  // K rows prefetched ahead of the one being read
 
 // Scores of G heads against rows [0, r.n), 8 / score_slots(G) keys a step, the rest one by one
 // (a key's score does not depend on the others of its step). Meanwhile the K rows ahead and the V
@@ -165,13 +137,11 @@ void scores(const Query& qy, int32_t h0, float scale, int32_t d, const HeadRows&
   const float* step = K == DType::F16 ? nullptr : qy.step + int64_t{h0} * query_blocks(d);
   const int32_t* offset = K == DType::Q4_0 ? qy.offset + int64_t{h0} * d / 4 : nullptr;
   const size_t k_bytes = row_bytes(K, d);
-  const int k_hint = trial().k_hint, v_hint = trial().v_hint;
-  const int32_t kAhead = trial().ahead;  // K rows prefetched ahead of the one being read
   const auto ahead = [&](int32_t j) {
     for (int32_t i = j; i < j + kn; ++i) {
       if (i + kAhead < r.n + r.more)
-        prefetch(r.k + static_cast<size_t>(i + kAhead) * r.k_row, k_bytes, k_hint);
-      if (i < r.n) prefetch(r.v + static_cast<size_t>(i) * r.v_row, r.v_head, v_hint);
+        prefetch(r.k + static_cast<size_t>(i + kAhead) * r.k_row, k_bytes);
+      if (i < r.n) prefetch(r.v + static_cast<size_t>(i) * r.v_row, r.v_head);
     }
   };
   int32_t j = 0;
@@ -479,7 +449,7 @@ template <DType T>
 template <DType T>
 SpanKernels::Values values_for(Isa isa) {
 #ifdef KVS_HAVE_ZMM_VALUES
-  return isa == Isa::Avx512Vnni && !trial().ymm_values ? values_avx512<T> : values_avx2<T>;
+  return isa == Isa::Avx512Vnni ? values_avx512<T> : values_avx2<T>;
 #else
   (void)isa;
   return values_avx2<T>;
@@ -487,10 +457,6 @@ SpanKernels::Values values_for(Isa isa) {
 }
 
 }  // namespace
-
-int32_t trial_piece() {
-  return trial().piece;
-}
 
 void prepare_query(DType k_type, const float* q, int32_t n_head, int32_t d, int16_t* q16,
                    float* step, int32_t* offset) {

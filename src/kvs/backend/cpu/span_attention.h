@@ -39,10 +39,6 @@ struct Query {
   const float* step = nullptr;      // [n_head][query_blocks(d)]: the steps of q16's blocks
   const int32_t* offset = nullptr;  // q4_0 keys: [n_head][d / 32][8], where the block sums start
 };
-// Rows of a piece in attention.cpp's span_all_heads: KVS_ATTN_PIECE, a trial switch for issue
-// 33's A/B on the GPU machine's host (32 by default), removed with its result.
-int32_t trial_piece();
-
 // Blocks of a head's steps in Query::step, rounded up to 8 for the kernels' vector loads.
 constexpr int32_t query_blocks(int32_t d) {
   return (d / 32 + 7) / 8 * 8;

@@ -4,7 +4,11 @@
 //
 //   kvs_cpu_attention_bench [--ctx 256k] [--kv-heads 8] [--group 4] [--heads 64,128,256]
 //                           [--types q8_0/q8_0,q8_0/q4_0,q4_0/q4_0,f16/f16] [--threads 1,2,4]
-//                           [--page 256] [--reps 10]
+//                           [--page 256] [--reps 10] [--layers N]
+//
+// --layers N: split attention's shape (engine/split.h): a call is N layers of --ctx tokens each,
+// in memory of their own, a job a layer posted to a SplitWorker of the given threads, as the
+// engine posts them.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -14,12 +18,16 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "kvs/backend/cpu/isa.h"
 #include "kvs/backend/cpu/kernels.h"
+#include "kvs/backend/cpu/span_attention.h"
+#include "kvs/backend/device.h"
+#include "kvs/engine/split.h"
 #include "kvs/quant/kv_page.h"
 #include "kvs/util/error.h"
 #include "kvs/util/parse.h"
@@ -100,7 +108,7 @@ double read_gbps(const std::vector<uint8_t>& cache, int reps) {
 int main(int argc, char** argv) {
   try {
     int64_t ctx = 256 * 1024;
-    int32_t kv_heads = 8, group = 4, page = 256, reps = 10;
+    int32_t kv_heads = 8, group = 4, page = 256, reps = 10, layers = 0;
     std::vector<std::string> heads = {"64", "128", "256"},
                              types = {"q8_0/q8_0", "q8_0/q4_0", "q4_0/q4_0", "f16/f16"}, threads;
     for (int i = 1; i < argc; ++i) {
@@ -123,6 +131,8 @@ int main(int argc, char** argv) {
         page = std::stoi(v);
       else if (a == "--reps")
         reps = std::stoi(v);
+      else if (a == "--layers")
+        layers = std::stoi(v);
       else
         fail("unknown option ", a);
     }
@@ -130,8 +140,9 @@ int main(int argc, char** argv) {
       for (int t = 1; t <= hardware_threads(); t *= 2) threads.push_back(std::to_string(t));
     std::printf(
         "cpu attention, decode: %lld tokens, %d kv heads x %d query heads, pages of %d, "
-        "%s; load average %s\n",
+        "%s%s; load average %s\n",
         static_cast<long long>(ctx), kv_heads, group, page, cpu::isa_name(cpu::best_isa()),
+        layers > 0 ? (", " + std::to_string(layers) + " layers through a SplitWorker").c_str() : "",
         loadavg().c_str());
     std::printf(
         "| K/V | head | threads | ms / call | GB/s | read GB/s | of read |\n"
@@ -145,11 +156,13 @@ int main(int argc, char** argv) {
         const int32_t d = std::stoi(hs);
         const KvLayout l = KvLayout::make(kt, vt, page, kv_heads, d);
         const auto pages = static_cast<int32_t>((ctx + page - 1) / page);
-        const std::vector<uint8_t> cache = make_cache(l, pages);
-        std::vector<Span> spans;
-        for (int32_t p = 0; p < pages; ++p)
-          spans.push_back({cache.data() + static_cast<size_t>(p) * l.page_bytes(), p * page,
-                           static_cast<int32_t>(std::min<int64_t>(page, ctx - int64_t{p} * page))});
+        const int32_t n_layers = std::max(1, layers);
+        const std::vector<uint8_t> cache = make_cache(l, pages * n_layers);
+        std::vector<Span> spans;  // layer by layer
+        for (int32_t p = 0; p < pages * n_layers; ++p)
+          spans.push_back(
+              {cache.data() + static_cast<size_t>(p) * l.page_bytes(), p % pages * page,
+               static_cast<int32_t>(std::min<int64_t>(page, ctx - int64_t{p % pages} * page))});
         const int32_t n_head = kv_heads * group;
         std::vector<float> q(static_cast<size_t>(n_head) * d, 0.5f), out(q.size()),
             acc(2 * static_cast<size_t>(n_head));
@@ -165,14 +178,37 @@ int main(int argc, char** argv) {
         a.kv = l;
         a.n_head = n_head;
         a.scale = 1.0f / std::sqrt(static_cast<float>(d));
-        const double bytes = static_cast<double>(ctx) * static_cast<double>(l.k_row + l.v_row);
+        const double bytes = static_cast<double>(ctx) * static_cast<double>(l.k_row + l.v_row) *
+                             static_cast<double>(n_layers);
+        const std::unique_ptr<Device> dev = make_cpu_device(size_t{1} << 20);
+        const FlagId flag = dev->make_flag();
+        uint64_t ticket = 0;
+        std::vector<float> rows(static_cast<size_t>(n_head) * cpu::part_stride(d));
         for (const std::string& ts : threads) {
           set_thread_count(std::stoi(ts));
-          cpu::attention(a);  // warm: the pool's threads, the scratch
+          std::unique_ptr<SplitWorker> worker;
+          if (layers > 0)
+            worker = std::make_unique<SplitWorker>(*dev, l, n_head, a.scale, thread_pool().size());
+          const auto call = [&] {
+            if (!worker) return cpu::attention(a);
+            for (int32_t i = 0; i < layers; ++i) {
+              SplitJob job;
+              job.q = q.data();
+              job.out = rows.data();
+              job.flag = flag;
+              job.ticket = ++ticket;
+              job.entries.push_back({pos, std::vector<Span>(spans.begin() + i * pages,
+                                                            spans.begin() + (i + 1) * pages)});
+              worker->post(std::move(job));
+            }
+            dev->wait_flag(Stream::Compute, flag, ticket);
+            worker->check();
+          };
+          call();  // warm: the pool's threads, the scratch
           double best = 1e30, sum = 0;
           for (int r = 0; r < reps; ++r) {
             const double t0 = now();
-            cpu::attention(a);
+            call();
             const double dt = now() - t0;
             best = std::min(best, dt);
             sum += dt;

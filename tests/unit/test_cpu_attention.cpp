@@ -288,8 +288,9 @@ void attend(const Cache& c, const std::vector<float>& q, const std::vector<int32
   cpu::attention(a);
 }
 
-// Decode over 3 pages takes a task per (page, kv head), over 40 a task per page (its kv heads
-// together, a piece of rows each in turn); prefill always the former: all give the same bits.
+// Decode takes a task per page (its kv heads together, a piece of rows each in turn) but for
+// the last page a thread, a task per (page, kv head) (over 3 pages with 2 threads: 1 and 2;
+// over 40: 38 and 2); prefill always a task per kv head: all give the same bits.
 TEST(CpuAttention, AttentionMatchesTheScalarReferenceAndItselfBitForBit) {
   set_thread_count(2);  // 40 pages are enough spans to be taken whole
   std::mt19937 g(2026);

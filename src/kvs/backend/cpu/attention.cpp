@@ -99,7 +99,7 @@ void span_all_heads(const SpanKernels& ks, const KvLayout& l, const Query& q, co
     for (int32_t h = 0; h < nkv * group; ++h) out[h * stride + 2] = 0.0f;
     return;
   }
-  constexpr int32_t kPiece = 16;
+  constexpr int32_t kPiece = 32;
   const int64_t per_head = score_floats(n, group);
   const int32_t slots = score_slots(group);
   float* w = buf + nkv * per_head;
@@ -135,17 +135,19 @@ void decode_partials(const AttentionArgs& a, const Queries& qs, ThreadPool& pool
   const Query q = qs.query(0);
   const int32_t pos = a.pos[0];
   const size_t stride = part_stride(d);
-  // A task per span, its kv heads together, where there are spans enough for the threads; a
-  // task per (span, kv head) otherwise. Either way the same partials.
-  const bool by_span = a.n_spans >= 4 * pool.size();
-  const int64_t tasks = static_cast<int64_t>(a.n_spans) * (by_span ? 1 : nkv);
+  // A task per span, its kv heads together (the page read in order), for all but the last span
+  // a thread; those a task per (span, kv head), so that the threads finish together (the tasks
+  // go out in order). Either way the same partials.
+  const int32_t whole = std::max(0, a.n_spans - pool.size());
+  const int64_t tasks = whole + static_cast<int64_t>(a.n_spans - whole) * nkv;
   pool.parallel_for(tasks, 1, [&](int64_t b, int64_t e) {
     const size_t floats =
-        by_span ? static_cast<size_t>(nkv * score_floats(l.page_size, group)) + value_scratch(ks)
-                : span_scratch(ks, l.page_size);
+        std::max(static_cast<size_t>(nkv * score_floats(l.page_size, group)) + value_scratch(ks),
+                 span_scratch(ks, l.page_size));
     float* buf = scratch(floats).data();
     for (int64_t task = b; task < e; ++task) {
-      const auto s = static_cast<int32_t>(by_span ? task : task / nkv);
+      const bool by_span = task < whole;
+      const auto s = static_cast<int32_t>(by_span ? task : whole + (task - whole) / nkv);
       const Span& sp = a.spans[s];
       const int32_t n = std::min(sp.n, pos - sp.start + 1);
       const int32_t j0 = std::clamp(first_key(a, pos) - sp.start, 0, std::max(n, 0));
@@ -153,7 +155,7 @@ void decode_partials(const AttentionArgs& a, const Queries& qs, ThreadPool& pool
       if (by_span) {
         span_all_heads(ks, l, q, sp, j0, n - j0, buf, out);
       } else {
-        const auto hk = static_cast<int32_t>(task % nkv);
+        const auto hk = static_cast<int32_t>((task - whole) % nkv);
         span_partials(ks, q, hk * group, head_rows(l, sp, hk, j0, n - j0), nullptr, buf,
                       out + static_cast<size_t>(hk * group) * stride);
       }

@@ -91,9 +91,11 @@ template <class I, DType K, int G, int KN, int S = score_slots(G)>
         }
         for (int g = 0; g < G; ++g) {
           const int16_t* qb = q16 + g * d + 32 * b;
-          const __m256i start =
-              K == DType::Q4_0 ? load256(offset + (g * nb + b) * 8) : _mm256_setzero_si256();
-          const __m256i s = I::dot(I::dot(start, k0, load256(qb)), k1, load256(qb + 16));
+          // (q8_0: the first products by vpmaddwd, which needs no zeroed accumulator.)
+          const __m256i first = K == DType::Q4_0
+                                    ? I::dot(load256(offset + (g * nb + b) * 8), k0, load256(qb))
+                                    : _mm256_madd_epi16(k0, load256(qb));
+          const __m256i s = I::dot(first, k1, load256(qb + 16));
           acc[kk * S + g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s),
                                             _mm256_broadcast_ss(sc[kk][g] + b), acc[kk * S + g]);
         }
@@ -113,12 +115,13 @@ template <class I, DType K, int G, int KN>
   _mm256_storeu_ps(p + j * score_slots(G), _mm256_mul_ps(lane_sums(acc), _mm256_set1_ps(scale)));
 }
 
-// Lines of [p, p + bytes) towards the caches. A span's rows of one kv head are slices a row
-// apart, which the hardware's prefetchers follow poorly.
+// Lines of [p, p + bytes) into L2 (L1 does not keep a piece's rows of every head until their
+// turn). A span's rows of one kv head are slices a row apart, which the hardware's
+// prefetchers follow poorly.
 inline void prefetch(const uint8_t* p, size_t bytes) {
   const auto first = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{63};
   for (uintptr_t a = first; a < reinterpret_cast<uintptr_t>(p) + bytes; a += 64)
-    _mm_prefetch(reinterpret_cast<const char*>(a), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(a), _MM_HINT_T1);
 }
 constexpr int32_t kAhead = 16;  // K rows prefetched ahead of the one being read
 
@@ -223,8 +226,12 @@ inline __m256 per_head(__m256 v, int32_t slots, Op op) {
 // key) -> e^(p - m) with m the max of the head's; returns each head's m and the sum of its e^
 // (8 lanes summed in key order, then the head's lanes together) in lane g of m, l.
 inline void softmax(float* p, int32_t n8, int32_t slots, __m256& m, __m256& l) {
-  m = _mm256_set1_ps(-INFINITY);
-  for (int32_t j = 0; j < n8; j += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(p + j));
+  // The max in 4 chains (a max is exact: any order gives its bits), not one of n8 / 8 steps.
+  __m256 mc[4];
+  for (__m256& c : mc) c = _mm256_set1_ps(-INFINITY);
+  for (int32_t j = 0; j < n8; j += 8)
+    mc[j / 8 % 4] = _mm256_max_ps(mc[j / 8 % 4], _mm256_loadu_ps(p + j));
+  m = _mm256_max_ps(_mm256_max_ps(mc[0], mc[1]), _mm256_max_ps(mc[2], mc[3]));
   m = per_head(m, slots, [](__m256 a, __m256 b) { return _mm256_max_ps(a, b); });
   __m256 sum = _mm256_setzero_ps();
   for (int32_t j = 0; j < n8; j += 8) {
@@ -265,6 +272,10 @@ struct Ymm {
   static V bcast(const float* p) { return _mm256_broadcast_ss(p); }
   static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
   static V at(const TileLevels& l, int32_t j, int32_t e) { return load(l.row(j) + e); }
+  template <class L>
+  static void at2(const L& l, int32_t j, int32_t e, V& a, V& b) {
+    a = at(l, j, e), b = at(l, j, e + kLanes);
+  }
   template <DType T>
   static V at(const RowLevels<T>& l, int32_t j, int32_t e) {
     const uint8_t* row = l.row(j);
@@ -289,26 +300,38 @@ struct Zmm {
   [[gnu::target("avx512f")]] static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
   [[gnu::target("avx512f")]] static V bcast(const float* p) { return _mm512_set1_ps(*p); }
   [[gnu::target("avx512f")]] static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
-  [[gnu::target("avx512f")]] static V at(const TileLevels& l, int32_t j, int32_t e) {
-    return load(l.row(j) + e);
+  [[gnu::target("avx512f")]] static void at2(const TileLevels& l, int32_t j, int32_t e, V& a,
+                                             V& b) {
+    a = load(l.row(j) + e), b = load(l.row(j) + e + kLanes);
   }
-  // (The conversions in their zero-masked forms with every lane kept: the plain ones trip GCC
-  // 12's -Wmaybe-uninitialized on their undefined pass-through operand.)
+  // Dims [e, e + 32) of row j: one block of a quantized row (e % 32 == 0). A q4_0 block's
+  // levels come from a table of the 16 floats level - 8, indexed by the nibbles (vpermps reads
+  // an index's low 4 bits): the floats the conversion gives, in fewer operations. (The
+  // conversions in their zero-masked forms with every lane kept: the plain ones trip GCC 12's
+  // -Wmaybe-uninitialized on their undefined pass-through operand.)
   template <DType T>
-  [[gnu::target("avx512f")]] static V at(const RowLevels<T>& l, int32_t j, int32_t e) {
+  [[gnu::target("avx512f")]] static void at2(const RowLevels<T>& l, int32_t j, int32_t e, V& a,
+                                             V& b) {
     constexpr __mmask16 all = 0xFFFF;
     const uint8_t* row = l.row(j);
-    if constexpr (T == DType::F16)
-      return _mm512_maskz_cvtph_ps(
-          all, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * e)));
-    if constexpr (T == DType::Q8_0)
-      return _mm512_maskz_cvtepi32_ps(
+    if constexpr (T == DType::F16) {
+      a = _mm512_maskz_cvtph_ps(all,
+                                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * e)));
+      b = _mm512_maskz_cvtph_ps(
+          all, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * e + 32)));
+    } else if constexpr (T == DType::Q8_0) {
+      a = _mm512_maskz_cvtepi32_ps(
           all, _mm512_maskz_cvtepi8_epi32(all, quant::load16(row + 2 * l.nb + e)));
-    const __m512i x =
-        _mm512_maskz_cvtepu8_epi32(all, quant::load16(row + 2 * l.nb + 16 * (e / 32)));
-    const __m512i v = e % 32 == 0 ? _mm512_and_si512(x, _mm512_set1_epi32(0x0F))
-                                  : _mm512_maskz_srli_epi32(all, x, 4);
-    return _mm512_maskz_cvtepi32_ps(all, _mm512_sub_epi32(v, _mm512_set1_epi32(8)));
+      b = _mm512_maskz_cvtepi32_ps(
+          all, _mm512_maskz_cvtepi8_epi32(all, quant::load16(row + 2 * l.nb + e + 16)));
+    } else {
+      const __m512 levels = _mm512_setr_ps(-8.0f, -7.0f, -6.0f, -5.0f, -4.0f, -3.0f, -2.0f, -1.0f,
+                                           0.0f, 1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f, 7.0f);
+      const __m512i x =
+          _mm512_maskz_cvtepu8_epi32(all, quant::load16(row + 2 * l.nb + 16 * (e / 32)));
+      a = _mm512_permutexvar_ps(x, levels);
+      b = _mm512_permutexvar_ps(_mm512_maskz_srli_epi32(all, x, 4), levels);
+    }
   }
 };
 #endif
@@ -336,7 +359,8 @@ template <class W, int kH, class L>
   for (int g = 0; g < kH; ++g)
     acc[g][0] = W::load(o + g * os + e), acc[g][1] = W::load(o + g * os + e + k);
   for (int32_t j = 0; j < n; ++j) {
-    const typename W::V a = W::at(levels, j, e), b = W::at(levels, j, e + k);
+    typename W::V a, b;
+    W::at2(levels, j, e, a, b);
     for (int g = 0; g < kH; ++g) {
       const typename W::V x = W::bcast(w + j * wj + g * wg);
       acc[g][0] = W::fma(x, a, acc[g][0]);

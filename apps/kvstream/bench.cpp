@@ -104,6 +104,17 @@ nlohmann::json run_json(const BenchArgs& a, const Engine& eng, const std::string
   return r;
 }
 
+// Random token ids below the vocabulary's size, from one seeded generator.
+struct RandomTokens {
+  uint32_t vocab;
+  std::mt19937 rng{1};
+  std::vector<int32_t> operator()(int64_t n) {
+    std::vector<int32_t> t(static_cast<size_t>(n));
+    for (auto& x : t) x = static_cast<int32_t>(rng() % vocab);
+    return t;
+  }
+};
+
 int32_t argmax(const float* l, int32_t n) {
   return static_cast<int32_t>(std::max_element(l, l + n) - l);
 }
@@ -148,10 +159,8 @@ nlohmann::json pair_run(const BenchArgs& a, const Model& model, const std::strin
   const int32_t V = model.config.n_vocab;
   // Each sequence's fill tokens depend only on its index, so the alone runs repeat them.
   auto prompt_of = [&](int i) {
-    std::mt19937 rng(static_cast<uint32_t>(100 + i));
-    std::vector<int32_t> t(static_cast<size_t>(d[static_cast<size_t>(i)]) + 1);
-    for (auto& x : t) x = static_cast<int32_t>(rng() % static_cast<uint32_t>(V));
-    return t;
+    RandomTokens r{static_cast<uint32_t>(V), std::mt19937(static_cast<uint32_t>(100 + i))};
+    return r(d[static_cast<size_t>(i)] + 1);
   };
   const auto prefill = [&](Sequence& s, int i) {
     const auto t = prompt_of(i);
@@ -447,25 +456,19 @@ Decoded decode_greedy(Engine& eng, Sequence& s, const float* l, int32_t n, int32
 // then --n-gen tokens decoded greedily without speculation (an engine without a drafter, as a
 // run without --spec) and with it: their tokens/s, the drafts and tokens a step, and whether
 // both gave the same tokens.
-void spec_bench(BenchArgs& a, const Model& model, const std::vector<int64_t>& depths, size_t vram,
-                const std::vector<int32_t>& prompt, nlohmann::json& runs,
+void spec_bench(BenchArgs& a, const Model& model, const std::vector<int64_t>& depths,
+                int64_t max_depth, size_t vram, const std::vector<int32_t>& prompt,
+                nlohmann::json& runs, std::string& device_name,
                 const std::function<void()>& save) {
   const int32_t n_prompt = static_cast<int32_t>(prompt.size());
   const std::unique_ptr<Model> draft_model = load_draft(a.spec, model);
   for (const std::string& mode_s : split(a.modes)) {
     EngineOptions plain_o = options(a, mode_s), spec_o = plain_o;
     apply_speculation(a.spec, spec_o, a.backend);
-    int64_t max_depth = 0;
-    for (int64_t d : depths) max_depth = std::max(max_depth, d);
     plain_o.n_ctx = spec_o.n_ctx = context_of(max_depth + n_prompt + a.n_gen + spec_o.n_verify,
                                               "--depths, -f and --n-gen");
     check_host_kv(spec_o, model.config, a.backend);
-    std::mt19937 rng(1);
-    auto random_tokens = [&](int64_t n) {
-      std::vector<int32_t> t(static_cast<size_t>(n));
-      for (auto& x : t) x = static_cast<int32_t>(rng() % static_cast<uint32_t>(model.config.n_vocab));
-      return t;
-    };
+    RandomTokens random_tokens{static_cast<uint32_t>(model.config.n_vocab)};
     // Each depth's decodes, -r of each: fill, prompt, decode.
     auto decodes = [&](Engine& eng, Speculator* spec, int64_t depth) {
       std::vector<Decoded> out;
@@ -488,6 +491,7 @@ void spec_bench(BenchArgs& a, const Model& model, const std::vector<int64_t>& de
     std::vector<std::vector<Decoded>> plain, spec;
     {
       auto dev = device_of(a.s, a.backend, vram);
+      device_name = dev->name();
       Engine eng(model, *dev, plain_o);
       warm_up(eng, random_tokens(std::min<int64_t>(a.n_batch, plain_o.n_ctx - 1) + 1));
       for (int64_t depth : depths) plain.push_back(decodes(eng, nullptr, depth));
@@ -573,6 +577,11 @@ void bench(BenchArgs& a) {
     KVS_CHECK(k >= 1 && k <= 64, "--verify-tokens: ", k, " is not 1 to 64");
     a.base.n_verify = std::max(a.base.n_verify, static_cast<int32_t>(k));
   }
+  int64_t max_depth = 0;
+  for (int64_t d : depths) {
+    KVS_CHECK(d >= 0, "--depths: negative depth");
+    max_depth = std::max(max_depth, d);
+  }
   if (a.spec.on()) {
     KVS_CHECK(!a.file.empty(), "bench --spec: give the prompt the drafts continue with -f/--file");
     KVS_CHECK(a.spec.kind() != "mtp" || a.fill == "prefill" || depths == std::vector<int64_t>{0},
@@ -585,7 +594,7 @@ void bench(BenchArgs& a) {
     const std::vector<int32_t> prompt = tok.encode(text, true, a.chat);
     KVS_CHECK(!prompt.empty(), "-f ", a.file, ": an empty prompt");
     nlohmann::json runs = nlohmann::json::array();
-    std::string device_name = device_of(a.s, a.backend, vram)->name();
+    std::string device_name;
     const auto save = [&] {
       if (!a.json_out.empty())
         write_json(a.json_out, bench_json(a, device_name, vram, runs, nlohmann::json::array()));
@@ -593,18 +602,13 @@ void bench(BenchArgs& a) {
     std::printf("| model | mode | KV | depth | test | tokens/s | acceptance | tokens/step | "
                 "streamed/token |\n");
     std::printf("| --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: |\n");
-    spec_bench(a, *model, depths, vram, prompt, runs, save);
+    spec_bench(a, *model, depths, max_depth, vram, prompt, runs, device_name, save);
     return;
   }
   const int32_t n_prompt =
       a.n_prompt_text.empty()
           ? a.n_batch
           : static_cast<int32_t>(count_arg(a.n_prompt_text, "-p/--n-prompt", 0, 1 << 24));
-  int64_t max_depth = 0;
-  for (int64_t d : depths) {
-    KVS_CHECK(d >= 0, "--depths: negative depth");
-    max_depth = std::max(max_depth, d);
-  }
   nlohmann::json runs = nlohmann::json::array(), pairs = nlohmann::json::array();
   std::string device_name;
   // The JSON is rewritten after every run, so a long sweep cut short keeps what it measured.
@@ -635,12 +639,7 @@ void bench(BenchArgs& a) {
     if (device_name == "cpu") a.backend = "cpu";  // -ngl fell back where no GPU answered
     Engine eng(*model, *dev, o);
     const size_t weights = model->weights.matrix_bytes();
-    std::mt19937 rng(1);
-    auto random_tokens = [&](int64_t n) {
-      std::vector<int32_t> t(static_cast<size_t>(n));
-      for (auto& x : t) x = static_cast<int32_t>(rng() % static_cast<uint32_t>(c.n_vocab));
-      return t;
-    };
+    RandomTokens random_tokens{static_cast<uint32_t>(c.n_vocab)};
     // Ascending depths share one sequence: each fills on from where the last one's timed
     // tokens left it, so a sweep prefills its deepest depth once.
     // Warm-up, untimed: the first prefill and decode initialise cuBLAS and the kernels.

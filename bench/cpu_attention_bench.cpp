@@ -194,11 +194,12 @@ int main(int argc, char** argv) {
             for (int32_t i = 0; i < layers; ++i) {
               SplitJob job;
               job.q = q.data();
-              job.out = rows.data();
               job.flag = flag;
               job.ticket = ++ticket;
-              job.entries.push_back({pos, std::vector<Span>(spans.begin() + i * pages,
-                                                            spans.begin() + (i + 1) * pages)});
+              job.entries.push_back(
+                  {pos,
+                   std::vector<Span>(spans.begin() + i * pages, spans.begin() + (i + 1) * pages),
+                   rows.data()});
               worker->post(std::move(job));
             }
             dev->wait_flag(Stream::Compute, flag, ticket);

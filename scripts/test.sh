@@ -70,6 +70,7 @@ each_test() {  # BINARY...
     "$b" --gtest_list_tests | awk -v b="$b" '/^[^ ]/ { s = $1 } /^  / { print b, s $1 }' || exit 1
   done) || return 1
   [ -n "$list" ] || return 1
+  [ -z "${SKIP_TESTS:-}" ] || list=$(echo "$list" | grep -Ev " ($SKIP_TESTS)\$")
   # shellcheck disable=SC2016  # $0 and $1 are the inner shell's: the binary and the test
   echo "$list" | xargs -P "$jobs" -n 2 sh -c 'exec "$0" --gtest_brief=1 --gtest_filter="$1"'
 }
@@ -79,7 +80,10 @@ sanitizers() {
                kvs_unit_test_scheduler kvs_unit_test_prompt_cache kvs_unit_test_split)
   cmake --preset tsan "${cfg[@]}" &&
     cmake --build build/tsan -j "$jobs" --target "${tests[@]}" &&
-    each_test "${tests[@]/#/build/tsan/tests/}"
+    # Window layers change only what the compute thread attends; their test's copies and
+    # threads are the other streaming tests': minutes under TSan for no race those miss.
+    SKIP_TESTS="StreamExact.WindowLayersAreBitIdenticalToResident" \
+      each_test "${tests[@]/#/build/tsan/tests/}"
 }
 # Without optimisation, which clang's warnings do not depend on.
 clang_build() {

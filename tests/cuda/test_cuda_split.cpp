@@ -1,13 +1,14 @@
 // Split attention on the CUDA backend (skipped without a GPU): the CPU attends to a share of
-// the pages that would stream and the GPU folds its partials with its own in logical order.
-// Split logits against resident ones, relative to the logits' scale: within 1e-3 where both
-// sides compute partials in f32 (f16 keys; heads of 32, which the GPU's decode takes on CUDA
-// cores), as on the CPU backend (test_split.cpp: the fold's regrouping, turned into quantization
-// steps by the products' int8 activations), and within the CUDA-vs-CPU tolerance where the GPU
-// rounds q and the probabilities to f16 for its tensor cores while the CPU takes q as int16
-// levels against quantized keys (each figure printed). With the same plan (a fixed share) a
-// split run is bit-identical to the next; SmolLM2's greedy text at 2K with a tiny arena is that
-// of resident decoding.
+// the pages that would stream and the GPU folds their partial, merged by the CPU into one row
+// per head, with its own in logical order. Split logits against resident ones, relative to the
+// logits' scale: within 1e-3 where both sides compute partials in f32 (f16 keys; heads of 32,
+// which the GPU's decode takes on CUDA cores: the fold's regrouping, turned into quantization
+// steps by the products' int8 activations; the CPU backend, which folds the CPU's row of each
+// span, is exact: test_split.cpp), and within the CUDA-vs-CPU tolerance where the GPU rounds q
+// and the probabilities to f16 for its tensor cores while the CPU takes q as int16 levels
+// against quantized keys (each figure printed). With the same plan (a fixed share) a split run
+// is bit-identical to the next; SmolLM2's greedy text at 2K with a tiny arena is that of
+// resident decoding.
 #include <gtest/gtest.h>
 
 #include <algorithm>

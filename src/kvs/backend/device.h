@@ -239,6 +239,10 @@ class Device {
   // folds those it computes (a.spans are not read): rows of head_dim + 4 floats [max, sum,
   // non-empty (1 or 0), 0, unnormalised output], span s's head h at row s * n_head + h.
   virtual void fold(const AttentionArgs& a, const float* parts);
+  // Whether its attention's span partials are the CPU kernels' (cpu/span_attention.h) bit for
+  // bit: split attention then hands it the CPU's row of each span, folded as its own would be,
+  // and a split run gives resident's bits. Elsewhere one merged row crosses the bus.
+  virtual bool cpu_partials() const { return false; }
 
   // A step whose work is all on the compute stream, with no host waits inside, may be recorded
   // between these calls and run as one unit (a CUDA graph); end_step(false) drops it after an

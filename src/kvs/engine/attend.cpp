@@ -141,7 +141,9 @@ void Engine::attend_host(int32_t il, const BatchEntry& e, int32_t off) {
 void Engine::make_split() {
   split_ = std::make_unique<Split>();
   Split& sp = *split_;
-  const auto rows = static_cast<size_t>(opt_.n_seq);
+  sp.per_span = dev_.cpu_partials();
+  const size_t rows = static_cast<size_t>(opt_.n_seq) *
+                      static_cast<size_t>(sp.per_span ? std::max(1, max_pages_) : 1);
   const size_t row = static_cast<size_t>(cfg_.n_head) * (static_cast<size_t>(cfg_.head_dim) + 4);
   const size_t f = sizeof(float);
   sp.q = dev_.alloc_host(static_cast<size_t>(shape_.n_full) * static_cast<size_t>(opt_.n_seq) *
@@ -183,7 +185,11 @@ void Engine::post_split(int32_t il, const Pass& p) {
   if (!split_) return;
   Split& sp = *split_;
   const int32_t layer = kv_index_[static_cast<size_t>(il)], P = opt_.page_size;
+  const size_t row = static_cast<size_t>(cfg_.n_head) * (static_cast<size_t>(cfg_.head_dim) + 4);
+  float* out = sp.part[layer % 2].as<float>();
+  size_t place = 0;
   SplitJob job;
+  job.per_span = sp.per_span;
   for (size_t i = 0; i < p.batch.size(); ++i) {
     const BatchEntry& e = p.batch[i];
     const auto [from, to] = cpu_pages(il, e, false);
@@ -193,7 +199,9 @@ void Engine::post_split(int32_t il, const Pass& p) {
     se.pos = e.seq->n_past;
     for (int32_t q = from; q < to; ++q)
       se.spans.push_back({host_->page(e.seq->id, layer, q), q * P, P});
-    sp.place[i] = static_cast<int32_t>(job.entries.size());
+    se.out = out + place;
+    sp.place[i] = place;
+    place += row * (sp.per_span ? se.spans.size() : 1);
     sp.tickets[i] = sp.ticket + 1 + job.entries.size();
     job.entries.push_back(std::move(se));
   }
@@ -209,7 +217,6 @@ void Engine::post_split(int32_t il, const Pass& p) {
   job.stored = sp.stored;
   job.q_ready = sp.q_ready[static_cast<size_t>(layer)];
   job.q = q;
-  job.out = sp.part[layer % 2].as<float>();
   job.flag = sp.flag;
   job.ticket = sp.ticket + 1;
   sp.ticket += job.entries.size();
@@ -221,14 +228,12 @@ void Engine::post_split(int32_t il, const Pass& p) {
 void Engine::fold_cpu(int32_t il, int32_t i, int32_t pages, AttentionArgs& a) {
   Split& sp = *split_;
   const int32_t layer = kv_index_[static_cast<size_t>(il)];
-  const size_t row = static_cast<size_t>(cfg_.n_head) * (static_cast<size_t>(cfg_.head_dim) + 4);
   dev_.wait_flag(Stream::Compute, sp.flag, sp.tickets[static_cast<size_t>(i)]);
   AttentionArgs g = a;
   g.spans = nullptr;
-  g.n_spans = 1;
+  g.n_spans = sp.per_span ? pages : 1;
   g.last = false;
-  dev_.fold(g, sp.part[layer % 2].as<float>() +
-                   static_cast<size_t>(sp.place[static_cast<size_t>(i)]) * row);
+  dev_.fold(g, sp.part[layer % 2].as<float>() + sp.place[static_cast<size_t>(i)]);
   a.first = false;
   last_.cpu_pages += pages;
 }

@@ -133,8 +133,8 @@ struct EngineStats {
 // The KV cache's shape by layer kind, for planning without building an engine.
 struct KvShape {
   int32_t n_full = 0, n_window = 0, n_recurrent = 0;  // layers of each kind
-  int32_t max_pages = 0;             // pages of one sequence's whole history in a full layer
-  int32_t window_pages = 0;          // frames one sequence's window takes in a window layer
+  int32_t max_pages = 0;     // pages of one sequence's whole history in a full layer
+  int32_t window_pages = 0;  // frames one sequence's window takes in a window layer
   size_t page_bytes = 0;
   size_t full_bytes = 0;    // every full layer's history of every sequence
   size_t window_bytes = 0;  // every window layer's frames of every sequence
@@ -149,8 +149,7 @@ class Engine {
  public:
   // shared: an engine on dev whose model has the same embedding or output matrix (the MTP
   // block's, built first): this one reads its copies instead of placing its own.
-  Engine(const Model& model, Device& dev, const EngineOptions& opt,
-         const Engine* shared = nullptr);
+  Engine(const Model& model, Device& dev, const EngineOptions& opt, const Engine* shared = nullptr);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -273,7 +272,7 @@ class Engine {
   }
 
   void place(const Model& model, const Engine* shared);  // the weights on the device
-  void alloc_recurrent();           // the recurrent states and their rollback buffers
+  void alloc_recurrent();  // the recurrent states and their rollback buffers
   // The forward pass of each architecture family (engine/forward_*.cpp) over the blocks below.
   void forward_llama(Pass& p);
   void forward_gemma3(Pass& p);
@@ -327,8 +326,8 @@ class Engine {
   const uint8_t *host_embd_ = nullptr, *host_output_ = nullptr;  // the model's, as loaded
   KvLayout kv_;
   KvShape shape_;
-  std::vector<int32_t> kv_index_;   // [layer]: index among the full layers, -1 for the others
-  std::vector<int32_t> rec_index_;  // [layer]: index among the recurrent layers, -1 for the others
+  std::vector<int32_t> kv_index_;    // [layer]: index among the full layers, -1 for the others
+  std::vector<int32_t> rec_index_;   // [layer]: index among the recurrent layers, -1 for the others
   std::vector<int32_t> attn_index_;  // [layer]: index among the others, -1 for the recurrent
   // qwen35: attn_q's rows regrouped [q of every head; gate of every head] (the file has them
   // per head), so that each is one product: [layer], empty for the others.
@@ -346,8 +345,8 @@ class Engine {
   DeltaNetArgs delta_net_args(int32_t s, int32_t il, int32_t n_tok) const;
   // The recurrent layers of sequence s after `kept` of its last verify step's tokens.
   void redo_recurrent(int32_t s, int32_t kept);
-  RopeParams rope_, rope_swa_;     // full and window layers
-  int32_t max_pages_ = 0;  // per layer and sequence
+  RopeParams rope_, rope_swa_;  // full and window layers
+  int32_t max_pages_ = 0;       // per layer and sequence
   int32_t fixed_frames_ = 0;
   std::vector<Slot> slots_;
   uint64_t frames_epoch_ = 1;  // bumped whenever any slot's frames change
@@ -360,7 +359,7 @@ class Engine {
   bool ring_check_ = false;  // decode steps found the ring too small: replan to grow it
   int32_t short_ring_steps_ = 0;
   double ring_stall_s_ = 0;  // the last decode step's wait, which sizes such a growth
-  bool relayout_ = false;  // the next plan is applied even if unchanged (pages were adopted)
+  bool relayout_ = false;    // the next plan is applied even if unchanged (pages were adopted)
   std::unique_ptr<PromptCache> cache_;
   std::vector<int32_t> pending_;  // frames of written-back pages, free once wb_ is reached
   FenceId wb_ = -1, computed_ = -1;
@@ -372,9 +371,10 @@ class Engine {
 
   // Split mode: the worker, each full layer's queries in pinned memory and the fence of their
   // copy, the CPU's partials in pinned memory (a layer's and the one before's: the worker writes
-  // one while the device may still read the other), a row per head and sequence; the
+  // one while the device may still read the other), a row per head and sequence, or per head,
+  // page and sequence where the device folds the CPU's rows of each span (per_span); the
   // write-backs' fence, the flag, and the current layer's entries' tickets (0: none) and places
-  // among its partials.
+  // among its partials (floats from the start).
   struct Split {
     std::unique_ptr<SplitWorker> worker;
     DeviceBuffer q, part[2];
@@ -383,7 +383,8 @@ class Engine {
     FlagId flag = -1;
     uint64_t ticket = 0;
     std::vector<uint64_t> tickets;
-    std::vector<int32_t> place;
+    std::vector<size_t> place;
+    bool per_span = false;
     double busy0 = 0;  // the worker's figures when the step began
     size_t bytes0 = 0;
   };
@@ -405,8 +406,8 @@ class Engine {
   // prefill, the workspace's (n_batch rows, followed by the backend's prefill scratch).
   Activations act_{};
   DeviceBuffer act_mem_, logits_;
-  int32_t work_frames_ = 0;  // the workspace's frames at the top of the arena (0: none)
-  size_t work_scratch_ = 0;  // the backend's part of it
+  int32_t work_frames_ = 0;        // the workspace's frames at the top of the arena (0: none)
+  size_t work_scratch_ = 0;        // the backend's part of it
   uint8_t* scratch_at_ = nullptr;  // where it is, while a prefill holds the workspace
   int64_t max_spans_ = 0;          // the most spans a pass attends over (reserve()'s)
   std::vector<int32_t> ids_, pos_, page_slot_;

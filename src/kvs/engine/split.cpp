@@ -136,9 +136,13 @@ void SplitWorker::run(const SplitJob& job) {
       a.kv = kv_;
       a.n_head = n_head_;
       a.scale = scale_;
-      rows_.resize(std::max(rows_.size(), e.spans.size() * row));
-      cpu::decode_partials(a, pool_, rows_.data());
-      cpu::merge_partials(a, rows_.data(), pool_, job.out + k * row);
+      if (job.per_span) {
+        cpu::decode_partials(a, pool_, e.out);
+      } else {
+        rows_.resize(std::max(rows_.size(), e.spans.size() * row));
+        cpu::decode_partials(a, pool_, rows_.data());
+        cpu::merge_partials(a, rows_.data(), pool_, e.out);
+      }
       size_t bytes = 0;
       for (const Span& s : e.spans) bytes += static_cast<size_t>(s.n) * (kv_.k_row + kv_.v_row);
       {  // counted before the flag: the step that waits for it then sees them

@@ -3,7 +3,8 @@
 // the others straight from the host store, as soon as the layer's queries reach host memory,
 // and folds them in logical order into one partial per sequence and head, in pinned memory (a
 // few KiB a layer cross the bus, not a row per page); a flag tells the device it is there, and
-// the device folds it with its own partials in its logical place (Engine::attend).
+// the device folds it with its own partials in its logical place (Engine::attend). A device
+// whose partials are the CPU's (Device::cpu_partials) gets the row of each span instead.
 #pragma once
 
 #include <condition_variable>
@@ -20,22 +21,24 @@
 
 namespace kvs {
 
-// One sequence's part of a layer's job: its query and the host pages the CPU attends.
+// One sequence's part of a layer's job: its query, the host pages the CPU attends and where
+// their partial goes: n_head rows of part_stride(head size) floats (span_attention.h's), or
+// with SplitJob::per_span those of each span in turn.
 struct SplitEntry {
   int32_t pos = 0;          // the query's position
   std::vector<Span> spans;  // pages of the host store, in logical order
+  float* out = nullptr;
 };
 
 // A layer's work for the CPU. The worker waits for `stored` (the write-backs of the pages it
 // reads have landed) and `q_ready` (the queries are in q, entry k's at row k), then writes
-// entry k's partial of its spans at out + k * n_head * part_stride(head size) (span_attention.h's
-// rows, one a head) and raises `flag` to ticket + k.
+// entry k's partials and raises `flag` to ticket + k.
 struct SplitJob {
   FenceId stored = -1, q_ready = -1;
   const float* q = nullptr;  // [rows][n_head * head_dim]
-  float* out = nullptr;
   FlagId flag = -1;
   uint64_t ticket = 0;
+  bool per_span = false;
   std::vector<SplitEntry> entries;
 };
 

@@ -177,6 +177,7 @@ class CpuDevice final : public Device {
   }
   double flag_wait_seconds() override { return flag_wait_s_; }
   void fold(const AttentionArgs& a, const float* parts) override { cpu::fold_partials(a, parts); }
+  bool cpu_partials() const override { return true; }
 
  private:
   double wait_s_ = 0;       // the compute thread blocked on fences

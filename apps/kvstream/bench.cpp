@@ -2,8 +2,8 @@
 // llama-bench's and as JSON with every figure.
 #include <climits>
 #include <cmath>
-#include <functional>
 #include <cstdio>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -11,8 +11,8 @@
 #include "kvs/backend/device.h"
 #include "kvs/engine/engine.h"
 #include "kvs/engine/speculation.h"
-#include "kvs/tokenizer/tokenizer.h"
 #include "kvs/model/model.h"
+#include "kvs/tokenizer/tokenizer.h"
 #include "kvs/util/error.h"
 #include "kvs/util/parse.h"
 #include "kvs/util/threadpool.h"
@@ -366,6 +366,8 @@ nlohmann::json measure_depth(const BenchArgs& a, Engine& eng, Sequence& s, int64
     r["cpu_s_per_token"] = cpu_s;
     r["cpu_wait_s_per_token"] = per_token(after.cpu_wait_s - before.cpu_wait_s);
     r["cpu_bytes_per_s"] = cpu_s > 0 ? cpu_b / cpu_s : 0.0;
+    r["split_threads"] = eng.split_threads();
+    r["split_cpus"] = eng.split_cpus();  // empty: not pinned
     r["plan_cpu_pages"] = eng.plan().cpu;
     r["plan_cpu_s"] = eng.plan().cpu_s;
     r["plan_copy_s"] = eng.plan().copy_s;
@@ -458,15 +460,14 @@ Decoded decode_greedy(Engine& eng, Sequence& s, const float* l, int32_t n, int32
 // both gave the same tokens.
 void spec_bench(BenchArgs& a, const Model& model, const std::vector<int64_t>& depths,
                 int64_t max_depth, size_t vram, const std::vector<int32_t>& prompt,
-                nlohmann::json& runs, std::string& device_name,
-                const std::function<void()>& save) {
+                nlohmann::json& runs, std::string& device_name, const std::function<void()>& save) {
   const int32_t n_prompt = static_cast<int32_t>(prompt.size());
   const std::unique_ptr<Model> draft_model = load_draft(a.spec, model);
   for (const std::string& mode_s : split(a.modes)) {
     EngineOptions plain_o = options(a, mode_s), spec_o = plain_o;
     apply_speculation(a.spec, spec_o, a.backend);
-    plain_o.n_ctx = spec_o.n_ctx = context_of(max_depth + n_prompt + a.n_gen + spec_o.n_verify,
-                                              "--depths, -f and --n-gen");
+    plain_o.n_ctx = spec_o.n_ctx =
+        context_of(max_depth + n_prompt + a.n_gen + spec_o.n_verify, "--depths, -f and --n-gen");
     check_host_kv(spec_o, model.config, a.backend);
     RandomTokens random_tokens{static_cast<uint32_t>(model.config.n_vocab)};
     // Each depth's decodes, -r of each: fill, prompt, decode.
@@ -506,7 +507,8 @@ void spec_bench(BenchArgs& a, const Model& model, const std::vector<int64_t>& de
       spec.push_back(decodes(eng, &sp, depths[i]));
       const auto rate = [&](const std::vector<Decoded>& v) {
         std::vector<double> x;
-        for (const Decoded& d : v) x.push_back((static_cast<double>(d.tokens.size()) - 1) / d.seconds);
+        for (const Decoded& d : v)
+          x.push_back((static_cast<double>(d.tokens.size()) - 1) / d.seconds);
         return x;
       };
       int64_t drafted = 0, accepted = 0, steps = 0, tokens = 0;
@@ -524,31 +526,34 @@ void spec_bench(BenchArgs& a, const Model& model, const std::vector<int64_t>& de
       nlohmann::json j = run_json(a, eng, mode_s);
       j["depth"] = depths[i];
       j["prompt_tokens"] = n_prompt;
-      j["spec"] = {{"mode", a.spec.kind()},
-                   {"draft_max", a.spec.draft_max},
-                   {"draft_min", a.spec.draft_min},
-                   {"tg_tokens_per_s", q.mean},
-                   {"tg_tokens_per_s_std", q.std},
-                   {"tg_tokens_per_s_reps", rate(spec[i])},
-                   {"plain_tg_tokens_per_s", p.mean},
-                   {"plain_tg_tokens_per_s_std", p.std},
-                   {"plain_tg_tokens_per_s_reps", rate(plain[i])},
-                   {"speedup", q.mean / p.mean},
-                   {"drafted", drafted},
-                   {"accepted", accepted},
-                   {"acceptance", drafted ? static_cast<double>(accepted) / drafted : 0.0},
-                   {"tokens_per_step", steps ? static_cast<double>(tokens) / steps : 0.0},
-                   {"streamed_bytes_per_token", tokens ? static_cast<double>(streamed) / tokens : 0.0},
-                   {"same_tokens", same}};
-      std::printf("| %s | %s | %s/%s | %lld | tg%d spec %s | %s (%.2fx of %s) | %.1f %% accepted | "
-                  "%.2f tokens/step | %s%s |\n",
-                  a.s.model.c_str(), mode_s.c_str(), a.s.ctk.c_str(), a.s.ctv.c_str(),
-                  static_cast<long long>(depths[i]), a.n_gen, a.spec.kind().c_str(),
-                  show(q, n).c_str(), q.mean / p.mean, show(p, n).c_str(),
-                  drafted ? 100.0 * static_cast<double>(accepted) / drafted : 0.0,
-                  steps ? static_cast<double>(tokens) / steps : 0.0,
-                  format_bytes(static_cast<size_t>(j["spec"]["streamed_bytes_per_token"].get<double>())).c_str(),
-                  same ? "" : " (other tokens than without --spec)");
+      j["spec"] = {
+          {"mode", a.spec.kind()},
+          {"draft_max", a.spec.draft_max},
+          {"draft_min", a.spec.draft_min},
+          {"tg_tokens_per_s", q.mean},
+          {"tg_tokens_per_s_std", q.std},
+          {"tg_tokens_per_s_reps", rate(spec[i])},
+          {"plain_tg_tokens_per_s", p.mean},
+          {"plain_tg_tokens_per_s_std", p.std},
+          {"plain_tg_tokens_per_s_reps", rate(plain[i])},
+          {"speedup", q.mean / p.mean},
+          {"drafted", drafted},
+          {"accepted", accepted},
+          {"acceptance", drafted ? static_cast<double>(accepted) / drafted : 0.0},
+          {"tokens_per_step", steps ? static_cast<double>(tokens) / steps : 0.0},
+          {"streamed_bytes_per_token", tokens ? static_cast<double>(streamed) / tokens : 0.0},
+          {"same_tokens", same}};
+      std::printf(
+          "| %s | %s | %s/%s | %lld | tg%d spec %s | %s (%.2fx of %s) | %.1f %% accepted | "
+          "%.2f tokens/step | %s%s |\n",
+          a.s.model.c_str(), mode_s.c_str(), a.s.ctk.c_str(), a.s.ctv.c_str(),
+          static_cast<long long>(depths[i]), a.n_gen, a.spec.kind().c_str(), show(q, n).c_str(),
+          q.mean / p.mean, show(p, n).c_str(),
+          drafted ? 100.0 * static_cast<double>(accepted) / drafted : 0.0,
+          steps ? static_cast<double>(tokens) / steps : 0.0,
+          format_bytes(static_cast<size_t>(j["spec"]["streamed_bytes_per_token"].get<double>()))
+              .c_str(),
+          same ? "" : " (other tokens than without --spec)");
       std::fflush(stdout);
       runs.push_back(j);
       save();
@@ -587,7 +592,8 @@ void bench(BenchArgs& a) {
     KVS_CHECK(a.spec.kind() != "mtp" || a.fill == "prefill" || depths == std::vector<int64_t>{0},
               "bench --spec mtp: --fill random writes no keys for the MTP block; use --fill "
               "prefill or --depths 0");
-    KVS_CHECK(a.pair.empty() && a.verify.empty(), "bench --spec: not with --pair or --verify-tokens");
+    KVS_CHECK(a.pair.empty() && a.verify.empty(),
+              "bench --spec: not with --pair or --verify-tokens");
     const Tokenizer& tok = *model->tokenizer;
     std::string text = read_file(a.file);
     if (a.chat) text = tok.apply_chat({{"user", text}});
@@ -599,8 +605,9 @@ void bench(BenchArgs& a) {
       if (!a.json_out.empty())
         write_json(a.json_out, bench_json(a, device_name, vram, runs, nlohmann::json::array()));
     };
-    std::printf("| model | mode | KV | depth | test | tokens/s | acceptance | tokens/step | "
-                "streamed/token |\n");
+    std::printf(
+        "| model | mode | KV | depth | test | tokens/s | acceptance | tokens/step | "
+        "streamed/token |\n");
     std::printf("| --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: |\n");
     spec_bench(a, *model, depths, max_depth, vram, prompt, runs, device_name, save);
     return;

@@ -30,6 +30,7 @@ struct SharedArgs {
   double h2d_gbps = 0;
   std::string h2d_limit;      // --h2d-limit
   int32_t split_threads = 0;  // --split-threads
+  std::string split_cpus;     // --split-cpus
   double cpu_gbps = 0;        // --cpu-gbps
   double split_share = 0;     // --split-share
   int32_t threads = 0;

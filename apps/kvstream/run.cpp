@@ -410,6 +410,10 @@ void write_run_json(const RunArgs& a, const Engine& eng, size_t draft_bytes,
   plan["slot_pages"] = p.slot_pages;
   plan["n_slots"] = p.n_slots;
   plan["streamed_bytes_per_step"] = p.streamed_bytes;
+  if (eng.split_threads() > 0) {
+    kv["split_threads"] = eng.split_threads();
+    kv["split_cpus"] = eng.split_cpus();  // empty: not pinned
+  }
   plan["cpu_pages"] = p.cpu;  // split: per sequence, pages per layer the CPU attends
   plan["cpu_bytes_per_step"] = p.cpu_bytes;
   plan["copy_s"] = p.copy_s;
@@ -442,6 +446,12 @@ void describe_run(const RunArgs& a, const ModelConfig& c, const Engine& eng, int
                kv_mode_name(eo.kv_mode), format_bytes(eng.arena_bytes()).c_str(),
                format_bytes(eng.kv_layout().page_bytes()).c_str(), eo.n_ctx,
                format_bytes(eng.kv_bytes_per_token() * static_cast<size_t>(eo.n_ctx)).c_str());
+  if (const std::vector<int>& cpus = eng.split_cpus(); eng.split_threads() > 0)
+    std::fprintf(stderr, "kvstream: split: %s for the CPU's pages, %s\n",
+                 count_of(eng.split_threads(), "CPU thread").c_str(),
+                 cpus.empty()
+                     ? "not pinned"
+                     : cat(cpus.size() == 1 ? "on CPU " : "on CPUs ", cpu_list_name(cpus)).c_str());
   if (eng.workspace_bytes() > 0 && a.s.verbose)
     std::fprintf(stderr,
                  "kvstream: phase arena: a prefill takes %s of it back for its workspace (KV "

@@ -99,6 +99,10 @@ TEST(CliErrors, BadFlags) {
   expect_error("run -m synthetic:tiny --tokens 1 --top-p 2 -n 1", "--top-p");
   expect_error("run -m synthetic:tiny --tokens 1 --page-size 0 -n 1", "--page-size");
   expect_error("run -m synthetic:nosuch --tokens 1 -n 1", "tiny");
+  expect_error("run -m synthetic:tiny --tokens 1 -n 1 --kv-mode split --split-cpus 2-1",
+               "--split-cpus: the range '2-1' ends before it starts");
+  expect_error("run -m synthetic:tiny --tokens 1 -n 1 --kv-mode split --split-cpus 65000",
+               "--split-cpus: CPU 65000 is not one this process may run on");
   expect_error("synth nosuch -o /tmp/x.gguf", "smollm2-135m");
 }
 

@@ -28,6 +28,22 @@ TEST(Parse, Counts) {
   EXPECT_THROW(parse_count("abc", "--d"), Error);
 }
 
+TEST(Parse, CpuLists) {
+  EXPECT_EQ(parse_cpu_list("3", "--c"), (std::vector<int>{3}));
+  EXPECT_EQ(parse_cpu_list("1-3,7,5-6", "--c"), (std::vector<int>{1, 2, 3, 7, 5, 6}));
+  for (const char* bad : {"", "a", "3-1", "1-", "-1", "1,,2", "2-x", "1 -2"})
+    EXPECT_THROW(parse_cpu_list(bad, "--c"), Error) << bad;
+  try {
+    parse_cpu_list("4-2", "--split-cpus");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "--split-cpus: the range '4-2' ends before it starts");
+  }
+  EXPECT_EQ(cpu_list_name({0, 1, 2, 5, 7, 8}), "0-2,5,7-8");
+  EXPECT_EQ(cpu_list_name({4}), "4");
+  EXPECT_EQ(cpu_list_name({}), "");
+}
+
 TEST(Parse, FormatBytes) {
   EXPECT_EQ(format_bytes(512), "512 B");
   EXPECT_EQ(format_bytes(3ull << 30), "3.00 GiB");

@@ -10,9 +10,15 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "kvs/engine/engine.h"
 #include "kvs/model/model.h"
+#include "kvs/util/error.h"
+#include "kvs/util/parse.h"
+#include "kvs/util/threadpool.h"
 #include "stream_cases.h"
 
 namespace kvs {
@@ -157,6 +163,49 @@ TEST(Split, TheShareFollowsTheMeasuredRatesAndSettles) {
   EXPECT_EQ(reversals, 0);
   EXPECT_GT(e.totals().cpu_pages, 0);
   EXPECT_GT(e.totals().gpu_pages, 0);
+}
+
+// The split threads run on the CPUs given (--split-cpus), by default on the last of the
+// process's CPUs with the first left to the thread that drives the device, and unpinned where
+// none would be left; CPUs the process may not use, listed twice or at odds with
+// --split-threads are refused by name.
+TEST(Split, ThreadsRunOnTheirCpus) {
+  const Case c = streaming_case();
+  auto m = Model::load("synthetic:" + c.preset);
+  auto dev = make_cpu_device(0);
+  EngineOptions o = options(c);
+  o.kv_mode = KvMode::Split;
+  o.kv_arena = min_arena(*m, c);
+  o.split_share = 0.5;  // no calibration: the CPUs are what is tested
+  const std::vector<int> all = allowed_cpus();
+  const auto engine_cpus = [&](std::vector<int> cpus, int32_t threads) {
+    o.split_cpus = std::move(cpus);
+    o.split_threads = threads;
+    Engine e(*m, *dev, o);
+    Sequence s = e.open_sequence();
+    const auto t = tokens(3, 40, m->config.n_vocab);
+    e.eval(s, t.data(), static_cast<int32_t>(t.size()));
+    return std::make_pair(e.split_threads(), e.split_cpus());
+  };
+  EXPECT_EQ(engine_cpus({all.back()}, 0), std::make_pair(1, std::vector<int>{all.back()}));
+  EXPECT_EQ(engine_cpus({all.front()}, 1), std::make_pair(1, std::vector<int>{all.front()}));
+  EXPECT_EQ(engine_cpus({}, 1),
+            std::make_pair(1, all.size() > 1 ? std::vector<int>{all.back()} : std::vector<int>{}));
+  const auto n = static_cast<int32_t>(all.size());
+  EXPECT_EQ(engine_cpus({}, n), std::make_pair(n, std::vector<int>{}));
+  const auto refused = [&](std::vector<int> cpus, int32_t threads, const std::string& what) {
+    try {
+      engine_cpus(std::move(cpus), threads);
+      ADD_FAILURE() << "accepted: " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  refused({all.back() + 1}, 0,
+          cat("--split-cpus: CPU ", all.back() + 1, " is not one this process may run on (",
+              cpu_list_name(all), ")"));
+  refused({all.front(), all.front()}, 0, cat("CPU ", all.front(), " is listed twice"));
+  refused({all.front()}, 2, "--split-threads 2 with --split-cpus of 1 CPUs");
 }
 
 }  // namespace

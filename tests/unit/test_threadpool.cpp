@@ -1,4 +1,5 @@
 #include <gtest/gtest.h>
+#include <sched.h>
 
 #include <atomic>
 #include <vector>
@@ -42,6 +43,29 @@ TEST(ThreadPool, ManyShortRegionsAndNesting) {
     });
   }
   EXPECT_EQ(total.load(), 5000 * 4 * 2);
+}
+
+// Workers given CPUs run there alone; the caller's thread stays where it was.
+TEST(ThreadPool, PinnedWorkersRunOnTheirCpus) {
+  const std::vector<int> all = allowed_cpus();
+  ASSERT_FALSE(all.empty());
+  const int last = all.back();
+  ThreadPool pool(3, {-1, last, all.front()});
+  std::vector<std::vector<int>> masks(3);
+  std::vector<int> where(3, -1);
+  pool.run([&](int tid, int) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) masks[static_cast<size_t>(tid)].push_back(c);
+    where[static_cast<size_t>(tid)] = sched_getcpu();
+  });
+  EXPECT_EQ(masks[0], all);
+  EXPECT_EQ(masks[1], std::vector<int>{last});
+  EXPECT_EQ(where[1], last);
+  EXPECT_EQ(masks[2], std::vector<int>{all.front()});
+  EXPECT_EQ(where[2], all.front());
 }
 
 TEST(ThreadPool, ThreadCountIsCappedAtTheHardware) {

@@ -61,6 +61,8 @@ struct EngineOptions {
   int32_t split_threads = 0;
   double cpu_bytes_per_s = 0;
   double split_share = 0;
+  // --split-cpus: the CPUs the split threads run on, one each (empty: default_split_cpus).
+  std::vector<int> split_cpus;
 };
 
 // A handle to one sequence: its slot in the engine and its length.
@@ -219,6 +221,9 @@ class Engine {
   bool in_prefill_phase() const { return pool_ && pool_->top() > 0; }
   int32_t fixed_frames() const { return fixed_frames_; }
   size_t host_bytes() const { return host_ ? host_->bytes() : 0; }
+  // Split mode: its threads, and the CPUs they run on (empty: not pinned).
+  int32_t split_threads() const { return split_ ? split_->threads : 0; }
+  const std::vector<int>& split_cpus() const;
   const StepStats& last_step() const { return last_; }
   const EngineStats& totals() const { return totals_; }
 
@@ -387,6 +392,8 @@ class Engine {
     bool per_span = false;
     double busy0 = 0;  // the worker's figures when the step began
     size_t bytes0 = 0;
+    int32_t threads = 0;
+    std::vector<int> cpus;
   };
   std::unique_ptr<Split> split_;
 

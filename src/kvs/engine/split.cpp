@@ -12,9 +12,13 @@
 namespace kvs {
 
 SplitWorker::SplitWorker(Device& dev, const KvLayout& kv, int32_t n_head, float scale,
-                         int32_t threads)
-    : dev_(dev), kv_(kv), n_head_(n_head), scale_(scale), pool_(threads) {
-  thread_ = std::thread([this] { loop(); });
+                         int32_t threads, const std::vector<int>& cpus)
+    : dev_(dev), kv_(kv), n_head_(n_head), scale_(scale), pool_(threads, cpus) {
+  const int cpu = cpus.empty() ? -1 : cpus[0];
+  thread_ = std::thread([this, cpu] {
+    if (cpu >= 0) pin_this_thread(cpu);
+    loop();
+  });
 }
 
 SplitWorker::~SplitWorker() {
@@ -163,6 +167,12 @@ void SplitWorker::run(const SplitJob& job) {
 
 int32_t default_split_threads() {
   return std::max(1, default_thread_count() - 1);
+}
+
+std::vector<int> default_split_cpus(int32_t threads) {
+  const std::vector<int> all = allowed_cpus();
+  if (threads < 1 || static_cast<size_t>(threads) >= all.size()) return {};
+  return {all.end() - threads, all.end()};
 }
 
 }  // namespace kvs

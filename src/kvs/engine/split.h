@@ -45,8 +45,10 @@ struct SplitJob {
 class SplitWorker {
  public:
   // `threads` for its pool: apart from the global one, so that the thread issuing the device's
-  // work is not slowed by the CPU's attention.
-  SplitWorker(Device& dev, const KvLayout& kv, int32_t n_head, float scale, int32_t threads);
+  // work is not slowed by the CPU's attention; where `cpus` (threads of them) is given, thread
+  // t runs on cpus[t] alone, the worker's own thread on cpus[0].
+  SplitWorker(Device& dev, const KvLayout& kv, int32_t n_head, float scale, int32_t threads,
+              const std::vector<int>& cpus = {});
   ~SplitWorker();
   SplitWorker(const SplitWorker&) = delete;
   SplitWorker& operator=(const SplitWorker&) = delete;
@@ -86,5 +88,9 @@ class SplitWorker {
 
 // Threads for the worker's pool by default: all but one, which issues the device's work.
 int32_t default_split_threads();
+// Where `threads` of them go by default: the last of the CPUs this process may run on, the
+// first left to the thread that issues the device's work (and the driver's); none (not pinned)
+// where they would not leave one.
+std::vector<int> default_split_cpus(int32_t threads);
 
 }  // namespace kvs

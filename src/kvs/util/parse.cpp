@@ -1,5 +1,6 @@
 #include "kvs/util/parse.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -36,12 +37,18 @@ uint64_t parse_size(std::string_view text, std::string_view flag) {
   if (!suf.empty()) {
     char c = suf[0];
     std::string rest = suf.substr(1);
-    if (c == 'k') mul = 1024.0;
-    else if (c == 'm') mul = 1024.0 * 1024;
-    else if (c == 'g') mul = 1024.0 * 1024 * 1024;
-    else if (c == 't') mul = 1024.0 * 1024 * 1024 * 1024;
-    else if (c == 'b' && rest.empty()) mul = 1;
-    else fail(flag, ": unknown size suffix in '", text, "' (use K, M, G or T, powers of 1024)");
+    if (c == 'k')
+      mul = 1024.0;
+    else if (c == 'm')
+      mul = 1024.0 * 1024;
+    else if (c == 'g')
+      mul = 1024.0 * 1024 * 1024;
+    else if (c == 't')
+      mul = 1024.0 * 1024 * 1024 * 1024;
+    else if (c == 'b' && rest.empty())
+      mul = 1;
+    else
+      fail(flag, ": unknown size suffix in '", text, "' (use K, M, G or T, powers of 1024)");
     if (c != 'b' && !(rest.empty() || rest == "b" || rest == "ib"))
       fail(flag, ": unknown size suffix in '", text, "' (use K, M, G or T, powers of 1024)");
   }
@@ -54,9 +61,12 @@ int64_t parse_count(std::string_view text, std::string_view flag) {
   std::string suf;
   double v = leading_number(text, flag, &suf);
   double mul = 1;
-  if (suf == "k") mul = 1024;
-  else if (suf == "m") mul = 1024.0 * 1024;
-  else if (!suf.empty()) fail(flag, ": '", text, "' is not a count (examples: 512, 4k, 128k)");
+  if (suf == "k")
+    mul = 1024;
+  else if (suf == "m")
+    mul = 1024.0 * 1024;
+  else if (!suf.empty())
+    fail(flag, ": '", text, "' is not a count (examples: 512, 4k, 128k)");
   double n = v * mul;
   if (n != std::floor(n) || n > 9e15) fail(flag, ": '", text, "' is not a whole count");
   return static_cast<int64_t>(n);
@@ -95,6 +105,43 @@ std::vector<int32_t> parse_int_list(std::string_view text, std::string_view flag
     start = comma + 1;
   }
   return out;
+}
+
+std::vector<int> parse_cpu_list(std::string_view text, std::string_view flag) {
+  std::vector<int> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = std::min(text.find(',', start), text.size());
+    const std::string_view item = text.substr(start, comma - start);
+    const size_t dash = item.find('-');
+    const auto number = [&](std::string_view s) {
+      const std::string t(s);
+      char* end = nullptr;
+      const long v = std::strtol(t.c_str(), &end, 10);
+      if (t.empty() || !std::isdigit(static_cast<unsigned char>(t[0])) || *end != '\0' || v > 65535)
+        fail(flag, ": '", item, "' is not a CPU or a range of them like 4-7 (in '", text, "')");
+      return static_cast<int>(v);
+    };
+    const int lo = number(item.substr(0, dash));
+    const int hi = dash == std::string_view::npos ? lo : number(item.substr(dash + 1));
+    if (hi < lo) fail(flag, ": the range '", item, "' ends before it starts");
+    for (int c = lo; c <= hi; ++c) out.push_back(c);
+    start = comma + 1;
+  }
+  return out;
+}
+
+std::string cpu_list_name(const std::vector<int>& cpus) {
+  std::string s;
+  for (size_t i = 0; i < cpus.size();) {
+    size_t j = i;
+    while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
+    if (!s.empty()) s += ',';
+    s += std::to_string(cpus[i]);
+    if (j > i) s += '-' + std::to_string(cpus[j]);
+    i = j + 1;
+  }
+  return s;
 }
 
 std::string format_bytes(uint64_t bytes) {

@@ -16,6 +16,10 @@ int64_t parse_count(std::string_view text, std::string_view flag);
 std::vector<int64_t> parse_count_list(std::string_view text, std::string_view flag);
 // Comma-separated integers ("1,2,3").
 std::vector<int32_t> parse_int_list(std::string_view text, std::string_view flag);
+// CPU numbers as taskset and llama.cpp's --cpu-range write them: "1-15", "0,2,4-7"; in the
+// order given.
+std::vector<int> parse_cpu_list(std::string_view text, std::string_view flag);
+std::string cpu_list_name(const std::vector<int>& cpus);  // {0, 1, 2, 5} -> "0-2,5"
 
 std::string format_bytes(uint64_t bytes);  // "2.20 GiB"
 

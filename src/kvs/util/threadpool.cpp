@@ -1,6 +1,8 @@
 #include "kvs/util/threadpool.h"
 
 #include <immintrin.h>
+#include <pthread.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <chrono>
@@ -14,8 +16,15 @@ thread_local bool t_in_region = false;
 
 }  // namespace
 
-ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads < 1 ? 1 : n_threads) {
-  for (int t = 1; t < n_threads_; ++t) threads_.emplace_back([this, t] { worker(t); });
+ThreadPool::ThreadPool(int n_threads, std::vector<int> cpus)
+    : n_threads_(n_threads < 1 ? 1 : n_threads) {
+  for (int t = 1; t < n_threads_; ++t) {
+    const int cpu = static_cast<size_t>(t) < cpus.size() ? cpus[static_cast<size_t>(t)] : -1;
+    threads_.emplace_back([this, t, cpu] {
+      if (cpu >= 0) pin_this_thread(cpu);
+      worker(t);
+    });
+  }
 }
 
 ThreadPool::~ThreadPool() {
@@ -132,6 +141,27 @@ std::mutex& pool_mu() {
 int hardware_threads() {
   const unsigned hc = std::thread::hardware_concurrency();
   return hc == 0 ? 1 : static_cast<int>(hc);
+}
+
+std::vector<int> allowed_cpus() {
+  std::vector<int> r;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) r.push_back(c);
+  }
+  if (r.empty())
+    for (int c = 0; c < hardware_threads(); ++c) r.push_back(c);
+  return r;
+}
+
+bool pin_this_thread(int cpu) {
+  if (cpu < 0 || cpu >= CPU_SETSIZE) return false;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  return pthread_setaffinity_np(pthread_self(), sizeof(set), &set) == 0;
 }
 
 int default_thread_count() {

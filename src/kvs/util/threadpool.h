@@ -14,7 +14,9 @@ namespace kvs {
 
 class ThreadPool {
  public:
-  explicit ThreadPool(int n_threads);  // total threads, the caller included
+  // n_threads in all, the caller included; where cpus is given, worker t (1 .. n_threads - 1)
+  // runs on cpus[t] alone (the caller's thread is its own to pin: pin_this_thread).
+  explicit ThreadPool(int n_threads, std::vector<int> cpus = {});
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -50,5 +52,10 @@ ThreadPool& thread_pool();
 void set_thread_count(int n);
 int default_thread_count();
 int hardware_threads();
+
+// The CPUs this process may run on (its affinity mask), in increasing order.
+std::vector<int> allowed_cpus();
+// Keeps the calling thread on `cpu`; false where the system refuses.
+bool pin_this_thread(int cpu);
 
 }  // namespace kvs

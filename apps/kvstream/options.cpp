@@ -98,9 +98,9 @@ void add_shared(CLI::App* c, SharedArgs& a, unsigned flags) {
                   "--kv-mode split: CPU threads for the CPU's pages (0: all but one)")
         ->check(CLI::Range(0, 4096));
     c->add_option("--split-cpus", a.split_cpus,
-                  "--kv-mode split: the CPUs its threads run on, one each, e.g. 1-15 (default: "
-                  "the last of those this process may use, the first left to the thread that "
-                  "drives the GPU; not pinned where none would be left)")
+                  "--kv-mode split: the CPUs its threads run on, one each, e.g. 1-15, or none "
+                  "(default: the last of those this process may use, the first left to the "
+                  "thread that drives the GPU; not pinned where none would be left)")
         ->type_name("LIST");
     c->add_option("--cpu-gbps", a.cpu_gbps,
                   "--kv-mode split: GB/s of K and V the planner assumes the CPU attends to until "
@@ -284,7 +284,10 @@ EngineOptions engine_options(const SharedArgs& a, const ModelConfig& c) {
   KVS_CHECK(a.cpu_gbps >= 0, "--cpu-gbps must be 0 or more");
   o.cpu_bytes_per_s = a.cpu_gbps * 1e9;
   o.split_threads = a.split_threads;
-  if (!a.split_cpus.empty()) o.split_cpus = parse_cpu_list(a.split_cpus, "--split-cpus");
+  if (a.split_cpus == "none")
+    o.split_pinned = false;
+  else if (!a.split_cpus.empty())
+    o.split_cpus = parse_cpu_list(a.split_cpus, "--split-cpus");
   o.split_share = a.split_share;
   // Buffers that -b and -np size, checked here so a huge value is a message, not bad_alloc.
   const size_t act = Engine::activation_bytes(c, o), ram = physical_memory();

@@ -167,8 +167,8 @@ TEST(Split, TheShareFollowsTheMeasuredRatesAndSettles) {
 
 // The split threads run on the CPUs given (--split-cpus), by default on the last of the
 // process's CPUs with the first left to the thread that drives the device, and unpinned where
-// none would be left; CPUs the process may not use, listed twice or at odds with
-// --split-threads are refused by name.
+// none would be left or with --split-cpus none; CPUs the process may not use, listed twice or
+// at odds with --split-threads are refused by name.
 TEST(Split, ThreadsRunOnTheirCpus) {
   const Case c = streaming_case();
   auto m = Model::load("synthetic:" + c.preset);
@@ -193,6 +193,9 @@ TEST(Split, ThreadsRunOnTheirCpus) {
             std::make_pair(1, all.size() > 1 ? std::vector<int>{all.back()} : std::vector<int>{}));
   const auto n = static_cast<int32_t>(all.size());
   EXPECT_EQ(engine_cpus({}, n), std::make_pair(n, std::vector<int>{}));
+  o.split_pinned = false;  // --split-cpus none
+  EXPECT_EQ(engine_cpus({}, 1), std::make_pair(1, std::vector<int>{}));
+  o.split_pinned = true;
   const auto refused = [&](std::vector<int> cpus, int32_t threads, const std::string& what) {
     try {
       engine_cpus(std::move(cpus), threads);

@@ -175,7 +175,7 @@ void Engine::make_split() {
     sp.cpus = cpus;
   } else {
     sp.threads = opt_.split_threads > 0 ? opt_.split_threads : default_split_threads();
-    sp.cpus = default_split_cpus(sp.threads);
+    if (opt_.split_pinned) sp.cpus = default_split_cpus(sp.threads);
   }
   sp.worker =
       std::make_unique<SplitWorker>(dev_, kv_, cfg_.n_head, cfg_.attn_scale, sp.threads, sp.cpus);

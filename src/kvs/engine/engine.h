@@ -61,8 +61,10 @@ struct EngineOptions {
   int32_t split_threads = 0;
   double cpu_bytes_per_s = 0;
   double split_share = 0;
-  // --split-cpus: the CPUs the split threads run on, one each (empty: default_split_cpus).
+  // --split-cpus: the CPUs the split threads run on, one each (empty: default_split_cpus, or
+  // none where split_pinned is off: --split-cpus none).
   std::vector<int> split_cpus;
+  bool split_pinned = true;
 };
 
 // A handle to one sequence: its slot in the engine and its length.

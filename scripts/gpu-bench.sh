@@ -4,18 +4,12 @@
 # OUT receives the logs and one bench JSON per configuration (default out/gpu). Extra
 # arguments replace the depths (default 0,32k,128k). KVS_MODEL_DIR may hold SmolLM2.
 set -uo pipefail
-export KVS_SOURCE_DIR=${KVS_SOURCE_DIR:-$PWD}  # the tests' data: this checkout
 bin=${KVS_BIN:-build/cuda}
 out=${OUT:-out/gpu}
 depths=${1:-0,32k,128k}
-mkdir -p "$out"
-find_bin() { [ -x "$bin/$1" ] && echo "$bin/$1" || echo "$bin/tests/$1"; }
+. "$(dirname "$0")/gpu-common.sh"
 synth="$(dirname "$0")/synth-model.sh"  # the model written once as GGUF, then mapped
-for t in kvs_cuda_test_cuda_ops kvs_cuda_test_cuda; do
-  KVS_BINARY="$bin/kvstream" timeout 300 "$(find_bin $t)" > "$out/$t.txt" 2>&1
-  echo "$t: exit $? | $(grep -E '^\[  (PASSED|FAILED) ' "$out/$t.txt" | tr '\n' ' ')"
-  grep -E "worst|Failure|Expected|actual" "$out/$t.txt" | head -12
-done
+for t in kvs_cuda_test_cuda_ops kvs_cuda_test_cuda; do gtest "$t" 300; done
 for cfg in "llama3-8b:q4_0 q8_0 q8_0" "llama3-8b:q4_0 q8_0 q4_0" "qwen3-8b:q8_0 q8_0 q8_0"; do
   set -- $cfg
   name="${1/:/-}-k$2-v$3"

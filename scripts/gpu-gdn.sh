@@ -15,20 +15,19 @@
 #     heads of 256 (qwen35's) now on tensor cores for decode and prefill (4e-3 against the CPU).
 # Then kvs_gdn_bench at the 27B's shape: decode's delta rule in GB/s and % of HBM_GB/S, a whole
 # GDN layer's three launches and their sum over the 48 GDN layers of a token (to set against
-# the decode step's time: the 27B's weights at HBM speed), and the chunk kernel in TFLOP/s for
-# 512 and 2048 tokens beside the token-by-token kernel on the same tokens.
+# the decode step's time: the 27B's weights at HBM speed), and the chunked prefill's two launches
+# in TFLOP/s at 512, 2048 and 8192 tokens beside the token-by-token kernel. Then, where
+# installed, compute-sanitizer memcheck and racecheck on one chunked prefill of that shape.
 # KVS_GDN_E2E=1: then synthetic qwen35-27b:q4_k (written once as GGUF by scripts/synth-model.sh,
 # about 16 GB) through kvstream bench, decode at depths 0 and 4k and a 512-token prefill, and the
 # same with KVS_PROFILE=1 for each operation's share of the GPU's time ("delta net decode" and
 # "delta net prefill" among them).
 # Logs in OUT (default out/gdn).
 set -uo pipefail
-export KVS_SOURCE_DIR=${KVS_SOURCE_DIR:-$PWD}  # the tests' data: this checkout
 bin=${KVS_BIN:-build/sm90}
 out=${OUT:-out/gdn}
 hbm=${1:-3350}
-mkdir -p "$out"
-find_bin() { [ -x "$bin/$1" ] && echo "$bin/$1" || echo "$bin/tests/$1"; }
+. "$(dirname "$0")/gpu-common.sh"
 tests=(kvs_cuda_test_cuda_gdn kvs_cuda_test_cuda kvs_cuda_test_cuda_ops kvs_cuda_test_cuda_window)
 missing=0
 for t in kvstream kvs_gdn_bench "${tests[@]}"; do [ -x "$(find_bin "$t")" ] || missing=1; done
@@ -39,18 +38,23 @@ if [ "$missing" = 1 ]; then
     { echo "build failed ($out/build.txt):"; grep -E "error" "$out/build.txt" | head -20; exit 1; }
 fi
 
-failed=0
-for t in "${tests[@]}"; do
-  KVS_BINARY="$bin/kvstream" timeout 900 "$(find_bin "$t")" > "$out/$t.txt" 2>&1
-  rc=$?
-  [ "$rc" = 0 ] || failed=1
-  echo "$t: exit $rc | $(grep -E '^\[  (PASSED|FAILED) ' "$out/$t.txt" | tr '\n' ' ')"
-  grep -E "worst|Failure|Expected|actual|Which is|error" "$out/$t.txt" | head -16
-done
+for t in "${tests[@]}"; do gtest "$t" 900; done
 
 echo "== kvs_gdn_bench (HBM $hbm GB/s)"
 timeout 300 "$(find_bin kvs_gdn_bench)" "$hbm" 2>&1 | tee "$out/bench.txt"
 [ "${PIPESTATUS[0]}" = 0 ] || failed=1
+
+# compute-sanitizer memcheck and racecheck, where installed, on one chunked prefill of the
+# 27B's shape.
+san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
+if [ -n "$san" ]; then
+  for tool in memcheck racecheck; do
+    timeout 45 "$san" --tool "$tool" "$(find_bin kvs_cuda_test_cuda_gdn)" \
+      --gtest_filter=CudaGdn.SameBitsEveryRun > "$out/sanitizer-$tool.txt" 2>&1
+    echo "compute-sanitizer $tool: exit $? | $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' \
+      "$out/sanitizer-$tool.txt" | tr '\n' ' ')"
+  done
+fi
 
 if [ "${KVS_GDN_E2E:-0}" = 1 ]; then
   echo "== qwen35-27b:q4_k end to end"

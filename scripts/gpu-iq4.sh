@@ -12,18 +12,15 @@
 #    resident bit for bit), each with its verdict and first failures (KVS_TEST_TIMEOUT seconds
 #    each, default 150).
 set -uo pipefail
-export KVS_SOURCE_DIR=${KVS_SOURCE_DIR:-$PWD}  # the tests' data: this checkout
 bin=${KVS_BIN:-build/sm90}
 out=${OUT:-out/iq4}
 hbm=${1:-3350}
-mkdir -p "$out"
-find_bin() { [ -x "$bin/$1" ] && echo "$bin/$1" || echo "$bin/tests/$1"; }
+. "$(dirname "$0")/gpu-common.sh"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv \
   > "$out/gpu.txt" 2>&1
 cat "$out/gpu.txt"
 echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)" | tee "$out/commit.txt"
 
-failed=0
 echo "== kvs_matvec_sweep (HBM $hbm GB/s)"
 timeout 150 "$(find_bin kvs_matvec_sweep)" --shapes 27b --hbm "$hbm" iq4_xs q4_0 q4_k q3_k \
   > "$out/sweep.txt" 2>&1
@@ -48,14 +45,6 @@ for (fmt, shape), (us, variant, pct) in best.items():
     print(f"  {fmt:6} {shape:8}  {us:8.2f} us  {pct:>5} %  {variant}")
 EOF
 
-for t in kvs_cuda_test_cuda_ops kvs_cuda_test_cuda; do
-  KVS_BINARY="$bin/kvstream" timeout "${KVS_TEST_TIMEOUT:-150}" "$(find_bin "$t")" \
-    > "$out/$t.txt" 2>&1
-  rc=$?
-  [ "$rc" = 0 ] || failed=1
-  echo "$t: exit $rc | $(grep -E '^\[(  PASSED|  FAILED|==========\]) .*(ran|test)' "$out/$t.txt" |
-    tr '\n' ' ')"
-  grep -E "worst|Failure|Expected|actual|Which is|error" "$out/$t.txt" | head -16
-done
+for t in kvs_cuda_test_cuda_ops kvs_cuda_test_cuda; do gtest "$t" "${KVS_TEST_TIMEOUT:-150}"; done
 [ "$failed" = 0 ] && echo "all passed"
 exit "$failed"

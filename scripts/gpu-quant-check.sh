@@ -19,14 +19,9 @@ shift $(($# > 2 ? 2 : $#))
 formats=("$@")
 [ ${#formats[@]} -eq 0 ] && formats=(iq4_xs iq4_nl q5_k q4_k q6_k q3_k q2_k q4_0)
 out=${OUT:-out/quant}
-mkdir -p "$out"
-find_bin() { [ -x "$bin/$1" ] && echo "$bin/$1" || echo "$bin/tests/$1"; }
+. "$(dirname "$0")/gpu-common.sh"
 
-ops=$(find_bin kvs_cuda_test_cuda_ops)
-timeout 900 "$ops" --gtest_filter='CudaOps.Matmul*:CudaOps.Matvec*' > "$out/test.txt" 2>&1
-echo "kvs_cuda_test_cuda_ops (Matmul*, Matvec*): exit $? |" \
-  "$(grep -E '^\[  (PASSED|FAILED) ' "$out/test.txt" | tr '\n' ' ')"
-grep -E -A3 "Failure" "$out/test.txt" | head -40
+gtest kvs_cuda_test_cuda_ops 900 --gtest_filter='CudaOps.Matmul*:CudaOps.Matvec*'
 
 timeout 900 "$(find_bin kvs_matvec_sweep)" "${formats[@]}" > "$out/sweep.txt" 2>&1
 echo "kvs_matvec_sweep: exit $? (log: $out/sweep.txt)"

@@ -5,7 +5,7 @@
 # q8_0/q8_0, 8 and 16 threads; target 78 GB/s at 16): this build and main's, twice,
 # alternating. Then split attention inside the pipeline (`kvstream bench --modes split`,
 # llama3-8b q4_0, q8_0 K / q4_0 V, --vram-limit 6.66G, 128K, 2 x 16 tokens): this build, main's,
-# this build again. KVS_BIN: this build's folder (default build/sm90); KVS_BASE_BIN: main's
+# this build with its threads unpinned (--split-cpus none), this build again. KVS_BIN: this build's folder (default build/sm90); KVS_BASE_BIN: main's
 # (skipped where unset); OUT (default gpu-results).
 set -uo pipefail
 bin=${KVS_BIN:-build/sm90}
@@ -35,9 +35,10 @@ for round in 1 2; do
 done
 
 model=$("$(dirname "$0")/synth-model.sh" "$bin" llama3-8b:q4_0)  # written once, then mapped
-split() {  # name, folder, round
+split() {  # name, folder, round, more bench arguments
+  # shellcheck disable=SC2086  # $4: arguments, a word each
   timeout 240 "$2/kvstream" bench -m "$model" -ctk q8_0 -ctv q4_0 --backend cuda \
-    --fill random --modes split --vram-limit 6.66G --depths 128k --n-gen 16 -r 2 -p 0 \
+    --fill random --modes split --vram-limit 6.66G --depths 128k --n-gen 16 -r 2 -p 0 ${4:-} \
     --json "$tmp/split-$1-$3.json" > "$tmp/split.md" 2> "$tmp/split.err"
   local rc=$?
   python3 - "$tmp/split-$1-$3.json" "$1" "$rc" >> "$sum" 2>&1 <<'PY'
@@ -62,6 +63,7 @@ PY
 echo "== split, 128K" >> "$sum"
 split new "$bin" 1
 [ -n "$base" ] && split base "$base" 1
+split unpin "$bin" 1 "--split-cpus none"
 split new "$bin" 2
 uptime >> "$sum"
 rm -rf "$tmp"

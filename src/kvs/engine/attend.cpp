@@ -6,8 +6,6 @@
 
 #include "kvs/engine/engine.h"
 #include "kvs/util/error.h"
-#include "kvs/util/parse.h"
-#include "kvs/util/threadpool.h"
 
 namespace kvs {
 
@@ -157,28 +155,9 @@ void Engine::make_split() {
   sp.flag = dev_.make_flag();
   sp.tickets.assign(static_cast<size_t>(opt_.n_seq), 0);
   sp.place.assign(static_cast<size_t>(opt_.n_seq), 0);
-  const std::vector<int>& cpus = opt_.split_cpus;
-  if (!cpus.empty()) {
-    KVS_CHECK(opt_.split_threads <= 0 || opt_.split_threads == static_cast<int32_t>(cpus.size()),
-              "--split-threads ", opt_.split_threads, " with --split-cpus of ", cpus.size(),
-              " CPUs: a thread runs on each CPU, give one or the other");
-    const std::vector<int> allowed = allowed_cpus();
-    for (size_t i = 0; i < cpus.size(); ++i) {
-      KVS_CHECK(std::find(allowed.begin(), allowed.end(), cpus[i]) != allowed.end(),
-                "--split-cpus: CPU ", cpus[i], " is not one this process may run on (",
-                cpu_list_name(allowed), ")");
-      KVS_CHECK(std::find(cpus.begin(), cpus.begin() + static_cast<ptrdiff_t>(i), cpus[i]) ==
-                    cpus.begin() + static_cast<ptrdiff_t>(i),
-                "--split-cpus: CPU ", cpus[i], " is listed twice");
-    }
-    sp.threads = static_cast<int32_t>(cpus.size());
-    sp.cpus = cpus;
-  } else {
-    sp.threads = opt_.split_threads > 0 ? opt_.split_threads : default_split_threads();
-    if (opt_.split_pinned) sp.cpus = default_split_cpus(sp.threads);
-  }
-  sp.worker =
-      std::make_unique<SplitWorker>(dev_, kv_, cfg_.n_head, cfg_.attn_scale, sp.threads, sp.cpus);
+  sp.placed = place_split_threads(opt_.split_cpus, opt_.split_threads, opt_.split_pinned);
+  sp.worker = std::make_unique<SplitWorker>(dev_, kv_, cfg_.n_head, cfg_.attn_scale,
+                                            sp.placed.threads, sp.placed.cpus);
   // The first plan's share from the pool's rate on pages of the cache's types (more of them
   // than the caches hold, where the store is that large), unless given or fixed.
   if (opt_.cpu_bytes_per_s > 0)
@@ -189,7 +168,7 @@ void Engine::make_split() {
 
 const std::vector<int>& Engine::split_cpus() const {
   static const std::vector<int> none;
-  return split_ ? split_->cpus : none;
+  return split_ ? split_->placed.cpus : none;
 }
 
 // The last plan_.cpu[s] complete pages that the device does not hold (one-token entries of a

@@ -61,8 +61,8 @@ struct EngineOptions {
   int32_t split_threads = 0;
   double cpu_bytes_per_s = 0;
   double split_share = 0;
-  // --split-cpus: the CPUs the split threads run on, one each (empty: default_split_cpus, or
-  // none where split_pinned is off: --split-cpus none).
+  // --split-cpus: the CPUs the split threads run on, one each (empty: place_split_threads's
+  // choice, or none where split_pinned is off: --split-cpus none).
   std::vector<int> split_cpus;
   bool split_pinned = true;
 };
@@ -224,7 +224,7 @@ class Engine {
   int32_t fixed_frames() const { return fixed_frames_; }
   size_t host_bytes() const { return host_ ? host_->bytes() : 0; }
   // Split mode: its threads, and the CPUs they run on (empty: not pinned).
-  int32_t split_threads() const { return split_ ? split_->threads : 0; }
+  int32_t split_threads() const { return split_ ? split_->placed.threads : 0; }
   const std::vector<int>& split_cpus() const;
   const StepStats& last_step() const { return last_; }
   const EngineStats& totals() const { return totals_; }
@@ -394,8 +394,7 @@ class Engine {
     bool per_span = false;
     double busy0 = 0;  // the worker's figures when the step began
     size_t bytes0 = 0;
-    int32_t threads = 0;
-    std::vector<int> cpus;
+    SplitThreads placed;  // the worker's threads and their CPUs
   };
   std::unique_ptr<Split> split_;
 

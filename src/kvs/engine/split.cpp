@@ -8,6 +8,8 @@
 #include "kvs/backend/cpu/attention.h"
 #include "kvs/backend/cpu/kernels.h"
 #include "kvs/backend/cpu/span_attention.h"
+#include "kvs/util/error.h"
+#include "kvs/util/parse.h"
 
 namespace kvs {
 
@@ -169,10 +171,22 @@ int32_t default_split_threads() {
   return std::max(1, default_thread_count() - 1);
 }
 
-std::vector<int> default_split_cpus(int32_t threads) {
-  const std::vector<int> all = allowed_cpus();
-  if (threads < 1 || static_cast<size_t>(threads) >= all.size()) return {};
-  return {all.end() - threads, all.end()};
+SplitThreads place_split_threads(const std::vector<int>& cpus, int32_t threads, bool pinned) {
+  const std::vector<int> allowed = allowed_cpus();
+  if (cpus.empty()) {
+    const int32_t n = threads > 0 ? threads : default_split_threads();
+    if (!pinned || static_cast<size_t>(n) >= allowed.size()) return {n, {}};
+    return {n, {allowed.end() - n, allowed.end()}};
+  }
+  KVS_CHECK(threads <= 0 || threads == static_cast<int32_t>(cpus.size()), "--split-threads ",
+            threads, " with --split-cpus of ", cpus.size(),
+            " CPUs: a thread runs on each CPU, give one or the other");
+  for (auto c = cpus.begin(); c != cpus.end(); ++c) {
+    KVS_CHECK(std::find(allowed.begin(), allowed.end(), *c) != allowed.end(), "--split-cpus: CPU ",
+              *c, " is not one this process may run on (", cpu_list_name(allowed), ")");
+    KVS_CHECK(std::find(cpus.begin(), c, *c) == c, "--split-cpus: CPU ", *c, " is listed twice");
+  }
+  return {static_cast<int32_t>(cpus.size()), cpus};
 }
 
 }  // namespace kvs

@@ -88,9 +88,15 @@ class SplitWorker {
 
 // Threads for the worker's pool by default: all but one, which issues the device's work.
 int32_t default_split_threads();
-// Where `threads` of them go by default: the last of the CPUs this process may run on, the
-// first left to the thread that issues the device's work (and the driver's); none (not pinned)
-// where they would not leave one.
-std::vector<int> default_split_cpus(int32_t threads);
+// The worker's threads and the CPUs they run on (empty: not pinned), from --split-cpus (`cpus`,
+// checked: CPUs this process may use, each once, as many as `threads` where that is given),
+// else `threads` (0: default_split_threads) on the last of the CPUs this process may use, the
+// first left to the thread that issues the device's work, unless `pinned` is off or they would
+// leave none.
+struct SplitThreads {
+  int32_t threads = 0;
+  std::vector<int> cpus;
+};
+SplitThreads place_split_threads(const std::vector<int>& cpus, int32_t threads, bool pinned);
 
 }  // namespace kvs

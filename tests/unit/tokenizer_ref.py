@@ -63,7 +63,7 @@ def build(v, pre):
         tk.pre_tokenizer = pre_tokenizers.Sequence([
             pre_tokenizers.Digits(individual_digits=True),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
-    elif pre == "gpt2":
+    elif pre in ("gpt2", "gpt-2"):
         tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     elif pre in ("llama3", "llama-bpe", "qwen2"):
         rx = QWEN2 if pre == "qwen2" else LLAMA3

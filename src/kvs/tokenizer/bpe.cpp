@@ -48,10 +48,10 @@ std::vector<std::string> pre_regexes(const std::string& pre, bool& ignore_merges
   }
   if (pre == "qwen2") return {kQwen2};
   if (pre == "smollm") return {R"(\p{N})", kGpt2};  // single digits, then GPT-2
-  if (pre == "gpt2") return {kGpt2};
+  if (pre == "gpt-2" || pre == "gpt2") return {kGpt2};  // llama.cpp's name; ours before
   if (pre == "default") return {R"([\p{P}\$\+<=>\^~\|]+)", kGpt2, R"(\p{N}+)", "[0-9][0-9][0-9]"};
   fail("tokenizer: unsupported pre-tokenizer '", pre,
-       "' (supported: llama3, llama-bpe, qwen2, smollm, gpt2, default)");
+       "' (supported: llama3, llama-bpe, qwen2, smollm, gpt-2, default)");
 }
 
 }  // namespace

@@ -89,7 +89,7 @@ struct SyntheticVocab {
   std::vector<int32_t> types;
   std::vector<std::string> merges;
   int32_t bos = 0, eos = 0;
-  std::string model = "gpt2", pre = "gpt2";  // tokenizer.ggml.model / .pre to write
+  std::string model = "gpt2", pre = "gpt-2";  // tokenizer.ggml.model / .pre to write
   std::string chat_template;                 // a ChatML template
 };
 SyntheticVocab make_synthetic_vocab(int32_t n_vocab);

@@ -114,8 +114,31 @@ struct Session {
   }
 };
 
+// KVS_PEER_DUMP=NAME,NAME: prints those intermediate tensors (llama.cpp's graph names, e.g.
+// attn_norm-0) as they are computed, for finding where two engines part.
+bool dump_tensor(ggml_tensor* t, bool ask, void*) {
+  static const std::string want = [] {
+    const char* e = std::getenv("KVS_PEER_DUMP");
+    return e ? "," + std::string(e) + "," : std::string();
+  }();
+  if (want.empty() || want.find("," + std::string(t->name) + ",") == std::string::npos) return !ask ? true : false;
+  if (ask) return true;
+  if (t->type != GGML_TYPE_F32 || !ggml_is_contiguous(t)) return true;
+  const float* d = static_cast<const float*>(t->data);
+  std::fprintf(stderr, "dump %s [%lld %lld %lld %lld]", t->name, static_cast<long long>(t->ne[0]),
+               static_cast<long long>(t->ne[1]), static_cast<long long>(t->ne[2]),
+               static_cast<long long>(t->ne[3]));
+  for (int64_t i = 0; i < std::min<int64_t>(ggml_nelements(t), 8); ++i)
+    std::fprintf(stderr, " %.6g", static_cast<double>(d[i]));
+  double ss = 0;
+  for (int64_t i = 0; i < ggml_nelements(t); ++i) ss += static_cast<double>(d[i]) * d[i];
+  std::fprintf(stderr, " | norm %.6g\n", std::sqrt(ss));
+  return true;
+}
+
 void open(Session& s, const Args& a, int32_t n_ctx, bool mtp) {
   llama_model_params mp = llama_model_default_params();
+  mp.progress_callback = [](float, void*) { return true; };
   mp.n_gpu_layers = 0;
   mp.load_mtp = mtp;
   s.model = llama_model_load_from_file(a.model.c_str(), mp);
@@ -129,6 +152,7 @@ void open(Session& s, const Args& a, int32_t n_ctx, bool mtp) {
   cp.type_v = kv_type(a.ctv);
   cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;  // quantized V needs it
   cp.embeddings = mtp;
+  cp.cb_eval = dump_tensor;
   s.ctx = llama_init_from_model(s.model, cp);
   if (!s.ctx) die("llama.cpp could not make a context for " + a.model);
   s.vocab = llama_model_get_vocab(s.model);

@@ -39,9 +39,9 @@ struct Preset {
 // rotated dims; every Qwen3.5 has conv kernels of 4, full attention every 4th layer and one MTP
 // block.
 constexpr Preset qwen35(Preset p, int32_t k_heads, int32_t v_heads, int32_t state,
-                        int32_t rope_dim) {
+                        int32_t rope_dim, int32_t full_interval = 4) {
   p.ssm_k_heads = k_heads, p.ssm_v_heads = v_heads, p.ssm_state = state, p.ssm_conv = 4;
-  p.full_interval = 4, p.rope_dim = rope_dim, p.n_nextn = 1;
+  p.full_interval = full_interval, p.rope_dim = rope_dim, p.n_nextn = 1;
   return p;
 }
 
@@ -86,6 +86,15 @@ constexpr Preset kPresets[] = {
     qwen35({"tiny-qwen35", Arch::Qwen35, "Synthetic Tiny Qwen3.5", 8, 128, 384, 4, 1, 64, 512, 4096,
             1e-6f, 10000000.0f, false, true, false},
            2, 4, 32, 16),
+    // The same with one full-attention layer of 8, where the Gated DeltaNet decides the logits.
+    qwen35({"tiny-qwen35-gdn", Arch::Qwen35, "Synthetic Tiny Qwen3.5, mostly GDN", 8, 128, 384,
+            4, 1, 64, 512, 4096, 1e-6f, 10000000.0f, false, true, false},
+           2, 4, 32, 16, 8),
+    // The 27B's head sizes (attention 256, GDN 128, 64 rotated) and 3 value heads a key head, in
+    // rows of 256 that take K-quants: 4 layers, one of them full attention.
+    qwen35({"qwen35-mini", Arch::Qwen35, "Synthetic Qwen3.5, the 27B's heads", 4, 256, 512, 2, 1,
+            256, 512, 4096, 1e-6f, 10000000.0f, false, true, false},
+           1, 3, 128, 64),
     // Qwen/Qwen3.5-27B config.json, text_config: hidden_size 5120, intermediate_size 17408, 64
     // layers, full_attention_interval 4, 24 heads, 4 KV heads, head_dim 256,
     // partial_rotary_factor 0.25, rope_theta 1e7, mrope_section [11, 11, 10], linear (GDN)

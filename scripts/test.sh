@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite, stage by stage, every build with -Werror and ccache where installed:
 #   cpu tests       build/cpu, then ctest (extra arguments go to it: -L unit, -R gguf)
+#   peers           the CPU backend against stock llama.cpp and Hugging Face transformers
+#                   (tests/peers/run.sh; llama.cpp and a torch venv built once into
+#                   ~/.cache/kvstream/peers)
 #   sanitizers      the streams, fences, thread pool, the streaming engine (ring, write-back,
 #                   smallest rings), split attention's worker, the prompt cache and the
 #                   server's scheduler under
@@ -101,6 +104,7 @@ cuda_build() {
   # shellcheck disable=SC2086  # one target a word
   cmake --build build/cuda -j "$jobs" --target kvstream $targets
 }
+peers() { tests/peers/run.sh build/cpu/kvstream; }
 nullgpu_tests() { ctest --test-dir build/cuda --output-on-failure -L nullgpu; }
 timing_build() {
   cmake --preset trace-sm90 "${cuda_cfg[@]}" &&
@@ -110,6 +114,11 @@ timing_build() {
 start=$SECONDS
 stage "setup" setup setup
 stage "cpu tests" cpu cpu_tests
+if [ -x build/cpu/kvstream ]; then
+  stage "peers" peers peers
+else
+  skip "peers" "build/cpu has no kvstream"
+fi
 stage "sanitizers" tsan sanitizers
 if command -v clang++ >/dev/null 2>&1; then
   stage "clang build" clang clang_build

@@ -89,10 +89,11 @@ def softplus(x: np.ndarray) -> np.ndarray:
 
 
 def l2_norm(x: np.ndarray, eps: float) -> np.ndarray:
-    """ggml_l2_norm over the last axis: x / max(||x||, eps), the sum in f64."""
+    """The GDN's l2norm over the last axis, as transformers' and llama.cpp's: x / sqrt(||x||^2 +
+    eps), the sum in f64."""
     x64 = x.astype(np.float64)
-    n = np.sqrt(np.sum(x64 * x64, axis=-1, keepdims=True)).astype(np.float32)
-    return x * (np.float32(1.0) / np.maximum(n, np.float32(eps)))
+    ss = np.sum(x64 * x64, axis=-1, keepdims=True).astype(np.float32)
+    return x * (np.float32(1.0) / np.sqrt(ss + np.float32(eps)))
 
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:

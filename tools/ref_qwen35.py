@@ -43,7 +43,7 @@ the converter's ``Qwen3NextModel`` / ``_LinearAttentionVReorderBase`` /
   Causal depthwise conv over the last K rows of [conv state (K - 1 rows);
   mixed]: out[t, c] = sum_j in[t + j, c] * ``ssm_conv1d``[c, j]; the last
   K - 1 rows are the next conv state; silu.  q, k L2-normalized per head as
-  ggml_l2_norm: x / max(||x||, eps) (eps = the rms eps); q *= 1/sqrt(S).
+  transformers' l2norm: x / sqrt(||x||^2 + eps) (eps = the rms eps); q *= 1/sqrt(S).
   Value head h reads key head h % Hk (the converter reorders HF's grouped
   value heads to this tiled order).  Per token and value head, with the
   state M [S (v) x S (k)]: M *= exp(g); M += beta (v - M k) k^T; o = M q.

@@ -24,7 +24,7 @@ namespace {
 struct RunArgs {
   SharedArgs s;
   GenArgs g;
-  std::string prompt, file, tokens, logits_out, json_out;
+  std::string prompt, file, tokens, logits_out, mtp_logits_out, json_out;
   SpecArgs spec;
   bool has_prompt = false, chat = false, conversation = false, no_conversation = false;
 };
@@ -564,6 +564,10 @@ void run(const RunArgs& a) {
     else
       write_npy(a.logits_out, all.data(), {static_cast<int64_t>(N), static_cast<int64_t>(n_vocab)});
   }
+  if (!a.mtp_logits_out.empty() && !interrupted()) {
+    KVS_CHECK(mtp && N == 1, "--mtp-logits-out needs --spec mtp and one sequence");
+    write_npy(a.mtp_logits_out, mtp->engine().logits(0), {static_cast<int64_t>(n_vocab)});
+  }
   if (a.s.verbose) std::fprintf(stderr, "kvstream: plan: %s\n", plan_text(eng).c_str());
   const bool prefilled = !interrupted();
   decode_all(a, eng, spec, *model->tokenizer, samplers, prompts, n_predict, n_vocab, r);
@@ -593,6 +597,9 @@ void register_run(CLI::App& app) {
   add_shared(c, a->s, kAllShared & ~kModel);
   c->add_option("--logits-out", a->logits_out,
                 "Save the logits at the last prompt token (.npy, float32)");
+  c->add_option("--mtp-logits-out", a->mtp_logits_out,
+                "With --spec mtp: save the MTP head's logits of the last prompt token's entry, "
+                "which predict the token after the prompt (.npy, float32)");
   c->add_option("--json", a->json_out, "Write tokens, text and timings as JSON to this file");
   add_speculation(c, a->spec);
   c->callback([a, c] {

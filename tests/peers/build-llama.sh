@@ -36,7 +36,8 @@ if [ ! -x "$peer" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$sum" ]; then
   echo "build-llama: compiling llama_peer" >&2
   libs=$(find "$build" -name 'lib*.a' | sort)
   # shellcheck disable=SC2086  # one library a word
-  c++ -std=c++17 -O2 -o "$peer" "$here/llama_peer.cpp" -I"$src/include" -I"$src/ggml/include" \
+  c++ -std=c++17 -O2 -o "$peer" "$here/llama_peer.cpp" -I"$src/include" -I"$src/src" \
+    -I"$src/ggml/include" \
     -Wl,--start-group $libs -Wl,--end-group -lpthread -ldl -lm
   echo "$sum" >"$stamp"
 fi

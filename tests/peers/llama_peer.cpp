@@ -7,8 +7,11 @@
 //       (1-based counts of tokens fed) as float32 [len(at)][n_vocab]
 //   llama_peer greedy MODEL --prompt TEXT -n 32
 //       prints the prompt's token ids, then per generated token its id and the top-2 margin
-//   llama_peer mtp MODEL --tokens 1,2,3 --out L.npy
-//       the MTP head's logits for the token after the last, from the trunk's hidden state
+//   llama_peer mtp MODEL --tokens 1,2,3 --out L.npy [--zero-entry 1]
+//       the MTP head's logits of the last entry (the trunk's state after the second-to-last
+//       token with the last token), which predict the token after the next; entry k (token k at
+//       position k with the trunk's state after token k - 1) for k = 1.., or from k = 0 with a
+//       zero state, as llama.cpp's speculative loop starts, with --zero-entry 1
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -18,6 +21,7 @@
 #include <vector>
 
 #include "llama.h"
+#include "llama-ext.h"  // the staging API of the MTP context (nextn embeddings)
 
 namespace {
 
@@ -76,7 +80,7 @@ void write_npy(const std::string& path, const std::vector<float>& v, int64_t row
 
 struct Args {
   std::string mode, model, tokens, at, out, prompt, ctk = "f16", ctv = "f16";
-  int32_t n_predict = 32, threads = 2, batch = 512, ctx = 0;
+  int32_t n_predict = 32, threads = 2, batch = 512, ctx = 0, zero_entry = 0;
 };
 
 Args parse(int argc, char** argv) {
@@ -98,6 +102,7 @@ Args parse(int argc, char** argv) {
     else if (k == "-t") a.threads = std::atoi(v.c_str());
     else if (k == "--batch") a.batch = std::atoi(v.c_str());
     else if (k == "-c") a.ctx = std::atoi(v.c_str());
+    else if (k == "--zero-entry") a.zero_entry = std::atoi(v.c_str());
     else die("unknown option " + k);
   }
   return a;
@@ -241,6 +246,55 @@ int greedy(const Args& a) {
   return 0;
 }
 
+int mtp(const Args& a) {
+  const std::vector<int32_t> tok = read_tokens(a.tokens);
+  const int32_t N = static_cast<int32_t>(tok.size());
+  if (N < 2) die("mtp needs at least 2 tokens");
+  Session s;
+  open(s, a, N + 16, true);
+  if (llama_model_n_layer_nextn(s.model) < 1) die(a.model + " has no MTP block");
+  llama_set_embeddings_nextn(s.ctx, true, false);
+  const int32_t d = llama_model_n_embd(s.model);
+  std::vector<float> h(static_cast<size_t>(N) * static_cast<size_t>(d));
+  feed(
+      s, tok, a.batch, [](size_t) { return true; },
+      [&](size_t i, const float*) {
+        const float* row = llama_get_embeddings_nextn_ith(s.ctx, static_cast<int32_t>(i % static_cast<size_t>(a.batch)));
+        if (!row) die("llama.cpp gave no nextn embedding");
+        std::memcpy(h.data() + i * static_cast<size_t>(d), row, static_cast<size_t>(d) * sizeof(float));
+      });
+  llama_context_params cp = llama_context_default_params();
+  cp.n_ctx = static_cast<uint32_t>(N + 16);
+  cp.n_batch = cp.n_ubatch = static_cast<uint32_t>(std::max(N, 1));
+  cp.n_seq_max = 1;
+  cp.n_threads = cp.n_threads_batch = a.threads;
+  cp.type_k = kv_type(a.ctk);
+  cp.type_v = kv_type(a.ctv);
+  cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
+  cp.ctx_type = LLAMA_CONTEXT_TYPE_MTP;
+  cp.ctx_other = s.ctx;
+  llama_context* dft = llama_init_from_model(s.model, cp);
+  if (!dft) die("llama.cpp could not make an MTP context for " + a.model);
+  llama_set_embeddings_nextn(dft, true, true);
+  llama_batch_ext* b = llama_batch_ext_init(dft);
+  const std::vector<float> zero(static_cast<size_t>(d), 0.0f);
+  for (int32_t k = a.zero_entry ? 0 : 1; k < N; ++k) {
+    const int32_t idx = llama_batch_ext_add_token(b, 0, tok[static_cast<size_t>(k)]);
+    if (idx < 0) die("llama_batch_ext_add_token failed");
+    const llama_pos pos[4] = {k, 0, 0, 0};
+    llama_batch_ext_set_pos(b, idx, pos);
+    const float* row = k == 0 ? zero.data() : h.data() + static_cast<size_t>(k - 1) * static_cast<size_t>(d);
+    if (!llama_batch_ext_set_embd_token(b, idx, {row, 1, static_cast<size_t>(d)})) die("set_embd_token failed");
+    if (k == N - 1) llama_batch_ext_set_output_logits(b, idx, true);
+  }
+  if (llama_process(dft, LLAMA_PROCESS_TYPE_DECODE, b) != 0) die("llama_process (MTP) failed");
+  std::vector<float> out(llama_get_logits_ith(dft, -1), llama_get_logits_ith(dft, -1) + s.n_vocab);
+  write_npy(a.out, out, 1, s.n_vocab);
+  llama_batch_ext_free(b);
+  llama_free(dft);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -252,6 +306,7 @@ int main(int argc, char** argv) {
   int rc = 2;
   if (a.mode == "logits") rc = logits(a);
   else if (a.mode == "greedy") rc = greedy(a);
+  else if (a.mode == "mtp") rc = mtp(a);
   else die("unknown mode " + a.mode);
   llama_backend_free();
   return rc;

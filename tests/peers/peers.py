@@ -13,8 +13,8 @@ Relative L2 of the logits throughout. The real models (SmolLM2-135M, Gemma 3 270
 tokens on three prompts equal to llama.cpp's, or the first difference at a near tie (top-2
 margin < 0.1 in both engines).
 
-  peers.py --kvstream build/cpu/kvstream --peer PATH/llama_peer [--work DIR] [--only SUBSTR]
-           [--json OUT] [--backend cpu|cuda]
+  peers.py --kvstream build/cpu/kvstream --peer PATH/llama_peer [--work DIR] [--cache DIR]
+           [--only SUBSTR] [--json OUT] [--backend cpu|cuda]
 
 Ends with "peers: N passed, N failed"; exits 1 if any case failed.
 """
@@ -29,6 +29,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LENGTHS = [1, 2, 37, 700, 3000]
+MTP_LENGTHS = [2, 37, 700]
 
 # (preset, weight format): every architecture, formats across the block families; the tiny
 # presets' rows of 128 take K-quants by llama.cpp's fallback, so the K and IQ formats also run
@@ -84,6 +85,18 @@ class Kvstream:
              "-c", str(len(tokens) + 16), "--logits-out", out])
         return np.load(out).reshape(-1)
 
+    def mtp_logits(self, model, tokens, out):
+        run([self.exe, "run", "-m", model, "--tokens", ",".join(map(str, tokens)), "-n", "0",
+             "--backend", self.backend, "-ctk", "f16", "-ctv", "f16", "-t", "2", "--spec", "mtp",
+             "-c", str(len(tokens) + 16), "--mtp-logits-out", out])
+        return np.load(out).reshape(-1)
+
+    def tokenize(self, model, text, out):
+        run([self.exe, "run", "-m", model, "-p", text, "-n", "0", "--backend", self.backend,
+             "-t", "2", "--json", out])
+        with open(out) as f:
+            return json.load(f)["prompt_tokens"]
+
     def greedy(self, model, tokens, n, out):
         run([self.exe, "run", "-m", model, "--tokens", ",".join(map(str, tokens)), "-n", str(n),
              "--backend", self.backend, "--temp", "0", "-ctk", "f16", "-ctv", "f16", "-t", "2",
@@ -133,6 +146,34 @@ def synth_case(kv, peer, work, preset, fmt, results):
         print(f"  {name:22s} {n:5d}  same weights {err_w:.5f} (tol {tol_w:.4f})  same file "
               f"{err_f:.5f} (tol {tol_f:.4f})  llama.cpp KV {kv_spread:.5f} act {act_spread:.5f}"
               f"  {'ok' if ok else 'FAIL'}", flush=True)
+    if preset in ("tiny-qwen35", "qwen35-mini"):
+        mtp_case(kv, peer, work, name, path, deq, tokens, results)
+
+
+def mtp_case(kv, peer, work, name, path, deq, tokens, results):
+    """The MTP head's logits of the last entry against llama.cpp's MTP graph on the same weights,
+    fed the same entries (token k with the trunk's state after token k - 1, k >= 1). llama.cpp's
+    speculative loop also feeds token 0 with a zero state first; that difference is reported."""
+    for n in MTP_LENGTHS:
+        tok = ",".join(map(str, tokens[:n]))
+        ll = {}
+        for key, extra in (("f16", ["--ctk", "f16", "--ctv", "f16"]),
+                           ("q8_0", ["--ctk", "q8_0", "--ctv", "q8_0"]),
+                           ("zero", ["--zero-entry", "1"])):
+            out = os.path.join(work, f"{name}.mtp-{n}.llama-{key}.npy")
+            run([peer, "mtp", deq, "--tokens", tok, "--out", out] + extra)
+            ll[key] = np.load(out).reshape(-1)
+        ours = kv.mtp_logits(path, tokens[:n], os.path.join(work, f"{name}.mtp-{n}.kv.npy"))
+        spread = rel_l2(ll["q8_0"], ll["f16"])
+        tol = max(0.01, 1.5 * spread)
+        err, err_zero = rel_l2(ours, ll["f16"]), rel_l2(ours, ll["zero"])
+        ok = err <= tol
+        results.append({"case": name + " mtp", "tokens": n, "rel_l2_same_weights": err,
+                        "llama_kv_spread": spread, "tol_same_weights": tol,
+                        "rel_l2_llama_zero_entry": err_zero, "passed": ok})
+        print(f"  {name + ' MTP':22s} {n:5d}  same weights {err:.5f} (tol {tol:.4f})  against "
+              f"llama.cpp's loop with its zero-state entry {err_zero:.5f}  {'ok' if ok else 'FAIL'}",
+              flush=True)
 
 
 def greedy_peer(peer, path, prompt):
@@ -158,10 +199,11 @@ def first_difference(kv, path, work, tag, prompt_ids, ours, ref):
             f"{ref_margin:.4f} (llama.cpp)")
 
 
-def real_case(kv, peer, work, path, label, results):
+def real_case(kv, peer, work, cache, path, label, results):
     """Greedy tokens against llama.cpp on the file's f32 copy (the same weights; must agree) and
-    on the file itself (reported: llama.cpp rounds the activations there)."""
-    deq = os.path.join(work, f"{label}.f32.gguf")
+    on the file itself (reported: llama.cpp rounds the activations there). The copy is kept in
+    cache, named by the file's name and size."""
+    deq = os.path.join(cache, f"{os.path.basename(path)}.{os.path.getsize(path)}.f32.gguf")
     if not os.path.exists(deq):
         run([sys.executable, os.path.join(HERE, "dequant.py"), path, deq])
     for pi, prompt in enumerate(PROMPTS):
@@ -169,6 +211,9 @@ def real_case(kv, peer, work, path, label, results):
         ours = kv.greedy(path, prompt_ids, len(ref), os.path.join(work, f"{label}.{pi}.json"))
         ok, note = first_difference(kv, path, work, f"{label}.{pi}", prompt_ids, ours, ref)
         same_ids, ref_file = greedy_peer(peer, path, prompt)
+        ours_ids = kv.tokenize(path, prompt, os.path.join(work, f"{label}.{pi}.tok.json"))
+        if ours_ids != prompt_ids:
+            ok, note = False, f"prompt tokens differ: {ours_ids} against llama.cpp's {prompt_ids}"
         _, note_file = first_difference(kv, path, work, f"{label}.{pi}.file", prompt_ids, ours,
                                         ref_file)
         results.append({"case": f"{label} prompt {pi}", "passed": ok and same_ids == prompt_ids,
@@ -182,6 +227,7 @@ def main():
     ap.add_argument("--kvstream", required=True)
     ap.add_argument("--peer", required=True)
     ap.add_argument("--work", default="build/peers")
+    ap.add_argument("--cache", default="", help="where the real models' f32 copies are kept")
     ap.add_argument("--only", default="")
     ap.add_argument("--json", default="")
     ap.add_argument("--backend", default="cpu")
@@ -199,7 +245,7 @@ def main():
             results.append({"case": label, "passed": False, "note": f"{path} is missing"})
             print(f"  {label}: {path} is missing (scripts/fetch-model.sh)  FAIL")
             continue
-        real_case(kv, a.peer, a.work, path, label, results)
+        real_case(kv, a.peer, a.work, a.cache or a.work, path, label, results)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"backend": a.backend, "seconds": time.time() - t0, "results": results}, f,
@@ -208,12 +254,16 @@ def main():
     failed = len(results) - passed
     worst = {}
     for r in results:
-        if "rel_l2_same_weights" in r:
+        if "rel_l2_same_file" in r:
             w = worst.setdefault(r["case"].split(":")[0], [0.0, 0.0])
             w[0] = max(w[0], r["rel_l2_same_weights"])
             w[1] = max(w[1], r["rel_l2_same_file"])
+        elif "rel_l2_same_weights" in r:
+            w = worst.setdefault(r["case"].split(":")[0] + " MTP", [0.0, None])
+            w[0] = max(w[0], r["rel_l2_same_weights"])
     for preset, (w, f) in worst.items():
-        print(f"  worst rel L2 {preset}: same weights {w:.5f}, same file {f:.5f}")
+        print(f"  worst rel L2 {preset}: same weights {w:.5f}" +
+              (f", same file {f:.5f}" if f is not None else ""))
     print(f"peers: {passed} passed, {failed} failed ({time.time() - t0:.0f} s)")
     sys.exit(1 if failed else 0)
 

@@ -71,7 +71,7 @@ std::vector<double> reference(const Case& c, int32_t n_tok, double eps) {
   auto l2 = [&](double* x, double scale) {
     double n = 0;
     for (int32_t i = 0; i < S; ++i) n += x[i] * x[i];
-    n = std::max(std::sqrt(n), eps);
+    n = std::sqrt(n + eps);
     for (int32_t i = 0; i < S; ++i) x[i] *= scale / n;
   };
   VecD y(static_cast<size_t>(n_tok) * Hv * S);

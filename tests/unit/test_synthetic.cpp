@@ -33,6 +33,7 @@ struct Expected {
   int32_t n_swa = 0;  // gemma3
   float linear_scale = 1.0f;
   int32_t rope_dim = 0;  // qwen35's rotated dims (0: head_dim)
+  int32_t full_interval = 4;  // qwen35: every n-th layer full attention
 };
 
 const Expected kExpected[] = {
@@ -60,6 +61,10 @@ const Expected kExpected[] = {
      false, true, true, 1024, 8.0f},
     {"tiny-qwen35", Arch::Qwen35, 8, 128, 384, 4, 1, 64, 512, 1e7f, 1e-6f, RopeMode::Neox, false,
      true, false, 0, 1.0f, 16},
+    {"tiny-qwen35-gdn", Arch::Qwen35, 8, 128, 384, 4, 1, 64, 512, 1e7f, 1e-6f, RopeMode::Neox,
+     false, true, false, 0, 1.0f, 16, 8},
+    {"qwen35-mini", Arch::Qwen35, 4, 256, 512, 2, 1, 256, 512, 1e7f, 1e-6f, RopeMode::Neox, false,
+     true, false, 0, 1.0f, 64},
     {"qwen35-27b", Arch::Qwen35, 64, 5120, 17408, 24, 4, 256, 248320, 1e7f, 1e-6f, RopeMode::Neox,
      false, true, false, 0, 1.0f, 64},
     {"qwen35-9b", Arch::Qwen35, 32, 4096, 12288, 16, 4, 256, 248320, 1e7f, 1e-6f, RopeMode::Neox,
@@ -90,11 +95,11 @@ void expect_shape(const ModelConfig& c, const Expected& e) {
   ASSERT_EQ(c.kinds.size(), static_cast<size_t>(e.n_layer));
   const bool gemma = e.arch == Arch::Gemma3, qwen35 = e.arch == Arch::Qwen35;
   // Gemma 3's period of 6: layers 5, 11, 17, ... global, the rest windowed; Qwen3.5's interval
-  // of 4: layers 3, 7, 11, ... full attention, the rest Gated DeltaNet.
+  // of 4 (or the preset's): layers 3, 7, 11, ... full attention, the rest Gated DeltaNet.
   for (int32_t il = 0; il < e.n_layer; ++il) {
     LayerKind want = LayerKind::Full;
     if (gemma && il % 6 != 5) want = LayerKind::Window;
-    if (qwen35 && il % 4 != 3) want = LayerKind::Recurrent;
+    if (qwen35 && (il + 1) % e.full_interval != 0) want = LayerKind::Recurrent;
     EXPECT_EQ(c.kinds[static_cast<size_t>(il)], want) << "layer " << il;
   }
   EXPECT_EQ(c.attn_gate, qwen35);
@@ -138,6 +143,8 @@ TEST(Synthetic, EveryPresetConfig) {
   EXPECT_EQ(q.ssm_value_dim(), 6144);
   EXPECT_EQ(q.ssm_conv, 4);
   EXPECT_EQ(synthetic_config("qwen35-9b").ssm_v_heads, 32);
+  EXPECT_EQ(synthetic_config("tiny-qwen35-gdn").n_layers_of(LayerKind::Full), 1);
+  EXPECT_EQ(synthetic_config("qwen35-mini").ssm_v_heads, 3);
 }
 
 // The hybrid built and read back: the config, the weights of both layer kinds and of the MTP

@@ -26,11 +26,12 @@ inline float dot(const float* a, const float* b, int32_t n) {
   return s;
 }
 
-// x / max(||x||, eps) as ggml_l2_norm (f32 squares summed in double), then times `scale`.
+// x / sqrt(||x||^2 + eps) as transformers' l2norm and llama.cpp's GDN (f32 squares summed in
+// double), then times `scale`.
 void l2_normalize(float* x, int32_t n, float eps, float scale) {
   double ss = 0.0;
   for (int32_t i = 0; i < n; ++i) ss += static_cast<double>(x[i] * x[i]);
-  const float s = scale / std::fmax(std::sqrt(static_cast<float>(ss)), eps);
+  const float s = scale / std::sqrt(static_cast<float>(ss) + eps);
   for (int32_t i = 0; i < n; ++i) x[i] *= s;
 }
 

@@ -144,8 +144,8 @@ __global__ void __launch_bounds__(32 * kTokWarps) tokens_k(const Gdn g) {
     load(row + kd + qo, k);
 #pragma unroll
     for (int c = 0; c < C; ++c) sq += q[c] * q[c], sk += k[c] * k[c];
-    const float fq = q_scale / fmaxf(sqrtf(warp_sum(sq)), g.eps);
-    const float fk = 1.0f / fmaxf(sqrtf(warp_sum(sk)), g.eps);
+    const float fq = q_scale / sqrtf(warp_sum(sq) + g.eps);
+    const float fk = 1.0f / sqrtf(warp_sum(sk) + g.eps);
 #pragma unroll
     for (int c = 0; c < C; ++c) q[c] *= fq, k[c] *= fk;
     const float e = expf(decay_log(g, t, h, dt, ra)), beta = strength(g, t, h);
@@ -263,8 +263,8 @@ __device__ void load_qk(const Gdn& g, int t0, int n, int kh, float* Qs, float* K
       for (int c = 0; c < C; ++c) sq += q[a][c] * q[a][c], sk += k[a][c] * k[a][c];
       sq = warp_sum(sq), sk = warp_sum(sk);
       // Rows past n stay zero (a zero eps would make their factor infinite).
-      const float fq = t < n ? q_scale / fmaxf(sqrtf(sq), g.eps) : 0.0f;
-      const float fk = t < n ? 1.0f / fmaxf(sqrtf(sk), g.eps) : 0.0f;
+      const float fq = t < n ? q_scale / sqrtf(sq + g.eps) : 0.0f;
+      const float fk = t < n ? 1.0f / sqrtf(sk + g.eps) : 0.0f;
 #pragma unroll
       for (int c = 0; c < C; ++c) q[a][c] *= fq, k[a][c] *= fk;
       store(Qs + t * ld + lane * C, q[a]);

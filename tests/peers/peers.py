@@ -76,20 +76,39 @@ def n_vocab_of(path):
 
 
 class Kvstream:
-    def __init__(self, exe, backend):
-        self.exe, self.backend = exe, backend
+    """kvstream's side. With `record` (a list), the logits commands are written down for another
+    machine to run (as a shell script over $KV and $W) and nothing is compared; with `replay`, the
+    logits those commands wrote are read from that folder."""
+
+    def __init__(self, exe, backend, record=None, replay=""):
+        self.exe, self.backend, self.record, self.replay = exe, backend, record, replay
+
+    def _logits(self, args, out):
+        if self.record is not None:
+            b = os.path.basename
+            cmd = ["$KV"] + [("$W/" + b(x)) if x.endswith((".gguf", ".npy")) else x for x in args]
+            self.record.append(" ".join(cmd + ["$W/" + b(out)]))
+            return None
+        if self.replay:
+            return np.load(os.path.join(self.replay, os.path.basename(out))).reshape(-1)
+        run([self.exe] + args + [out])
+        return np.load(out).reshape(-1)
+
+    def synth(self, spec, path):
+        if self.record is not None:
+            self.record.append(f"$KV synth {spec} -o $W/{os.path.basename(path)}")
+        if not os.path.exists(path):
+            run([self.exe, "synth", spec, "-o", path])
 
     def logits(self, model, tokens, out):
-        run([self.exe, "run", "-m", model, "--tokens", ",".join(map(str, tokens)), "-n", "0",
-             "--backend", self.backend, "-ctk", "f16", "-ctv", "f16", "-t", "2",
-             "-c", str(len(tokens) + 16), "--logits-out", out])
-        return np.load(out).reshape(-1)
+        return self._logits(["run", "-m", model, "--tokens", ",".join(map(str, tokens)), "-n", "0",
+                             "--backend", self.backend, "-ctk", "f16", "-ctv", "f16", "-t", "2",
+                             "-c", str(len(tokens) + 16), "--logits-out"], out)
 
     def mtp_logits(self, model, tokens, out):
-        run([self.exe, "run", "-m", model, "--tokens", ",".join(map(str, tokens)), "-n", "0",
-             "--backend", self.backend, "-ctk", "f16", "-ctv", "f16", "-t", "2", "--spec", "mtp",
-             "-c", str(len(tokens) + 16), "--mtp-logits-out", out])
-        return np.load(out).reshape(-1)
+        return self._logits(["run", "-m", model, "--tokens", ",".join(map(str, tokens)), "-n", "0",
+                             "--backend", self.backend, "-ctk", "f16", "-ctv", "f16", "-t", "2",
+                             "--spec", "mtp", "-c", str(len(tokens) + 16), "--mtp-logits-out"], out)
 
     def tokenize(self, model, text, out):
         run([self.exe, "run", "-m", model, "-p", text, "-n", "0", "--backend", self.backend,
@@ -113,8 +132,7 @@ def margin(l):
 def synth_case(kv, peer, work, preset, fmt, results):
     name = f"{preset}:{fmt}"
     path = os.path.join(work, f"{preset}.{fmt}.gguf")
-    if not os.path.exists(path):
-        run([kv.exe, "synth", name, "-o", path])
+    kv.synth(name, path)
     rng = np.random.default_rng(sum(ord(c) * 31 ** i for i, c in enumerate(name)) % (1 << 32))
     n_vocab = n_vocab_of(path)
     tokens = rng.integers(0, n_vocab, size=max(LENGTHS)).tolist()
@@ -132,6 +150,8 @@ def synth_case(kv, peer, work, preset, fmt, results):
         ll[key] = np.load(out)
     for i, n in enumerate(LENGTHS):
         ours = kv.logits(path, tokens[:n], os.path.join(work, f"{preset}.{fmt}.kv-{n}.npy"))
+        if ours is None:
+            continue
         kv_spread = rel_l2(ll["q8_0"][i], ll["f16"][i])
         act_spread = rel_l2(ll["f16"][i], ll["f32"][i])
         tol_w = max(0.01, 1.5 * kv_spread)
@@ -164,6 +184,8 @@ def mtp_case(kv, peer, work, name, path, deq, tokens, results):
             run([peer, "mtp", deq, "--tokens", tok, "--out", out] + extra)
             ll[key] = np.load(out).reshape(-1)
         ours = kv.mtp_logits(path, tokens[:n], os.path.join(work, f"{name}.mtp-{n}.kv.npy"))
+        if ours is None:
+            continue
         spread = rel_l2(ll["q8_0"], ll["f16"])
         tol = max(0.01, 1.5 * spread)
         err, err_zero = rel_l2(ours, ll["f16"]), rel_l2(ours, ll["zero"])
@@ -231,15 +253,27 @@ def main():
     ap.add_argument("--only", default="")
     ap.add_argument("--json", default="")
     ap.add_argument("--backend", default="cpu")
+    ap.add_argument("--record", default="",
+                    help="write kvstream's commands of the synthetic cases to this script (for a "
+                    "GPU machine; llama.cpp's logits stay in --work) and compare nothing")
+    ap.add_argument("--replay", default="",
+                    help="read kvstream's logits of the synthetic cases from this folder, where "
+                    "the --record script wrote them")
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
-    kv = Kvstream(a.kvstream, a.backend)
+    kv = Kvstream(a.kvstream, a.backend, [] if a.record else None, a.replay)
     results, t0 = [], time.time()
     for preset, fmt in SYNTH:
         if a.only in f"{preset}:{fmt}":
             synth_case(kv, a.peer, a.work, preset, fmt, results)
+    if a.record:
+        with open(a.record, "w") as f:
+            f.write("#!/bin/sh\n# kvstream's side of tests/peers/peers.py on another machine: "
+                    "KV=kvstream W=folder sh SCRIPT\nset -e\n" + "\n".join(kv.record) + "\n")
+        print(f"peers: {len(kv.record)} commands written to {a.record}")
+        return
     for path, label in REAL:
-        if a.only not in label:
+        if a.only not in label or a.replay:
             continue
         if not os.path.exists(path):
             results.append({"case": label, "passed": False, "note": f"{path} is missing"})

@@ -9,6 +9,9 @@
 #                   server's scheduler under
 #                   ThreadSanitizer (build/tsan; each test a process, as many at once as there
 #                   are cores)
+#   fuzz            libFuzzer harnesses (tests/fuzz: the GGUF reader, the tokenizers) under
+#                   ASan and UBSan, built with clang (build/fuzz), each for KVS_FUZZ_SECONDS
+#                   (default 60) from its checked-in seed corpus; a finding fails the stage
 #   clang build     the library and kvstream compiled with clang (build/clang; not run: the
 #                   second compiler is there for its warnings)
 #   cuda build      the CUDA backend for sm_86, the smallest shared memory of the consumer
@@ -105,6 +108,23 @@ cuda_build() {
   cmake --build build/cuda -j "$jobs" --target kvstream $targets
 }
 peers() { tests/peers/run.sh build/cpu/kvstream; }
+# Each harness from a copy of its seeds (what it finds new stays in build/fuzz/corpus); a crash,
+# leak, sanitizer report or timeout leaves its input in build/fuzz/findings and fails.
+fuzz() {
+  local targets=(gguf tokenizer) t rc=0 secs=${KVS_FUZZ_SECONDS:-60}
+  cmake --preset fuzz "${cfg[@]}" &&
+    cmake --build build/fuzz -j "$jobs" --target "${targets[@]/#/kvs_fuzz_}" || return 1
+  mkdir -p build/fuzz/findings
+  local models=models/SmolLM2-135M-Instruct.Q4_1.gguf:models/gemma-3-270m-q4_k_m.gguf
+  for t in "${targets[@]}"; do
+    mkdir -p "build/fuzz/corpus/$t"
+    echo "fuzz: $t for ${secs} s"
+    KVS_FUZZ_MODELS=$models "build/fuzz/kvs_fuzz_$t" -max_total_time="$secs" -timeout=10 \
+      -rss_limit_mb=4096 -print_final_stats=1 -artifact_prefix=build/fuzz/findings/"$t"- \
+      "build/fuzz/corpus/$t" "tests/fuzz/corpus/$t" || rc=1
+  done
+  return $rc
+}
 nullgpu_tests() { ctest --test-dir build/cuda --output-on-failure -L nullgpu; }
 timing_build() {
   cmake --preset trace-sm90 "${cuda_cfg[@]}" &&
@@ -121,8 +141,10 @@ else
 fi
 stage "sanitizers" tsan sanitizers
 if command -v clang++ >/dev/null 2>&1; then
+  stage "fuzz" fuzz fuzz
   stage "clang build" clang clang_build
 else
+  skip "fuzz" "no clang++ (scripts/setup.sh installs it)"
   skip "clang build" "no clang++ (scripts/setup.sh installs it)"
 fi
 if command -v nvcc >/dev/null 2>&1; then

@@ -5,6 +5,9 @@
 //   llama_peer logits MODEL --tokens 1,2,3 --at 1,2,3 --ctk f16 --ctv f16 --out L.npy
 //       feeds the tokens in batches of --batch and saves the logits after each position of --at
 //       (1-based counts of tokens fed) as float32 [len(at)][n_vocab]
+//   llama_peer load MODEL
+//       loads the file's metadata, vocabulary and tensor table as llama.cpp checks them, without
+//       its weights (no_alloc); prints the architecture and the tensor count
 //   llama_peer greedy MODEL --prompt TEXT -n 32
 //       prints the prompt's token ids, then per generated token its id and the top-2 margin
 //   llama_peer mtp MODEL --tokens 1,2,3 --out L.npy [--zero-entry 1]
@@ -246,6 +249,25 @@ int greedy(const Args& a) {
   return 0;
 }
 
+int load(const Args& a) {
+  llama_model_params mp = llama_model_default_params();
+  mp.n_gpu_layers = 0;
+  mp.no_alloc = true;
+  mp.load_mode = LLAMA_LOAD_MODE_NONE;  // no_alloc maps nothing
+  mp.lazy_mode = LLAMA_LAZY_MODE_OFF;
+  mp.load_mtp = true;
+  mp.progress_callback = [](float, void*) { return true; };
+  llama_model* m = llama_model_load_from_file(a.model.c_str(), mp);
+  if (!m) die("llama.cpp could not load " + a.model);
+  char desc[256];
+  llama_model_desc(m, desc, sizeof desc);
+  std::printf("loaded %s: %s, %d layers (%d MTP), vocab %d\n", a.model.c_str(), desc,
+              llama_model_n_layer(m), llama_model_n_layer_nextn(m),
+              llama_vocab_n_tokens(llama_model_get_vocab(m)));
+  llama_model_free(m);
+  return 0;
+}
+
 int mtp(const Args& a) {
   const std::vector<int32_t> tok = read_tokens(a.tokens);
   const int32_t N = static_cast<int32_t>(tok.size());
@@ -307,6 +329,7 @@ int main(int argc, char** argv) {
   if (a.mode == "logits") rc = logits(a);
   else if (a.mode == "greedy") rc = greedy(a);
   else if (a.mode == "mtp") rc = mtp(a);
+  else if (a.mode == "load") rc = load(a);
   else die("unknown mode " + a.mode);
   llama_backend_free();
   return rc;

@@ -43,6 +43,12 @@ SYNTH = [
     ("qwen35-mini", "q6_k"),
 ]
 
+# Every weight format, each on a preset whose rows of 256 and 512 take every block family as
+# is; checked as the synthetic cases are, at one length.
+FORMATS = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k",
+           "q5_k", "q6_k", "iq4_nl", "iq4_xs"]
+FORMAT_PRESET, FORMAT_LENGTHS = "tiny-h128", [37]
+
 REAL = [
     ("models/SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2"),
     ("models/gemma-3-270m-q4_k_m.gguf", "gemma3-270m"),
@@ -129,13 +135,37 @@ def margin(l):
     return float(top[1] - top[0])
 
 
-def synth_case(kv, peer, work, preset, fmt, results):
+def presets_of(exe):
+    """kvstream synth's presets, from its help."""
+    import re
+    text = run([exe, "synth", "--help"])
+    return re.search(r"presets: ([^)]*)\)", text.replace("\n", " ")).group(1).replace(" ", "").split(",")
+
+
+def preset_loads(kv, peer, work, results):
+    """Every preset, its matrices zeros (a sparse file), through llama.cpp's loader: metadata,
+    vocabulary and every tensor's name, type and shape as llama.cpp expects them."""
+    for preset in presets_of(kv.exe):
+        path = os.path.join(work, f"{preset}.zeros.gguf")
+        if not os.path.exists(path):
+            run([kv.exe, "synth", f"{preset}:q4_k", "--zeros", "-o", path])
+        try:
+            note, ok = run([peer, "load", path]).strip(), True
+        except RuntimeError as e:
+            note, ok = str(e).splitlines()[-1], False
+        os.remove(path)
+        results.append({"case": f"{preset} loads", "passed": ok, "note": note})
+        print(f"  {preset:22s} llama.cpp loads it: {note}  {'ok' if ok else 'FAIL'}", flush=True)
+
+
+def synth_case(kv, peer, work, preset, fmt, results, lengths=None):
+    lengths = lengths or LENGTHS
     name = f"{preset}:{fmt}"
     path = os.path.join(work, f"{preset}.{fmt}.gguf")
     kv.synth(name, path)
     rng = np.random.default_rng(sum(ord(c) * 31 ** i for i, c in enumerate(name)) % (1 << 32))
     n_vocab = n_vocab_of(path)
-    tokens = rng.integers(0, n_vocab, size=max(LENGTHS)).tolist()
+    tokens = rng.integers(0, n_vocab, size=max(lengths)).tolist()
     tok_file = os.path.join(work, f"{preset}.{fmt}.tokens")
     with open(tok_file, "w") as f:
         f.write(",".join(map(str, tokens)))
@@ -145,10 +175,10 @@ def synth_case(kv, peer, work, preset, fmt, results):
     ll = {}
     for key, model, kvt in (("f16", path, "f16"), ("q8_0", path, "q8_0"), ("f32", deq, "f16")):
         out = os.path.join(work, f"{preset}.{fmt}.llama-{key}.npy")
-        run([peer, "logits", model, "--tokens", "@" + tok_file, "--at", ",".join(map(str, LENGTHS)),
+        run([peer, "logits", model, "--tokens", "@" + tok_file, "--at", ",".join(map(str, lengths)),
              "--ctk", kvt, "--ctv", kvt, "--out", out])
         ll[key] = np.load(out)
-    for i, n in enumerate(LENGTHS):
+    for i, n in enumerate(lengths):
         ours = kv.logits(path, tokens[:n], os.path.join(work, f"{preset}.{fmt}.kv-{n}.npy"))
         if ours is None:
             continue
@@ -266,6 +296,11 @@ def main():
     for preset, fmt in SYNTH:
         if a.only in f"{preset}:{fmt}":
             synth_case(kv, a.peer, a.work, preset, fmt, results)
+    for fmt in FORMATS:
+        if (FORMAT_PRESET, fmt) not in SYNTH and a.only in f"{FORMAT_PRESET}:{fmt}":
+            synth_case(kv, a.peer, a.work, FORMAT_PRESET, fmt, results, FORMAT_LENGTHS)
+    if not a.replay and not a.record and a.only in "loads":
+        preset_loads(kv, a.peer, a.work, results)
     if a.record:
         with open(a.record, "w") as f:
             f.write("#!/bin/sh\n# kvstream's side of tests/peers/peers.py on another machine: "

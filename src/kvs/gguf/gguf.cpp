@@ -808,15 +808,32 @@ std::vector<uint8_t> Writer::to_bytes() const {
   return b;
 }
 
+// Header first, then each tensor at its offset; tensors of zeros are never written, so the file
+// is sparse where they lie (a preset's whole tensor table costs its header's bytes).
 void Writer::write(const std::string& path) const {
-  std::vector<uint8_t> bytes = to_bytes();
-  std::string tmp = path + ".tmp";
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (f == nullptr) fail(path, ": cannot create ", tmp, ": ", std::strerror(errno));
-  bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
-  ok = std::fflush(f) == 0 && ok;
+  uint64_t data_bytes = 0;
+  const std::vector<uint8_t> head = header(&data_bytes);
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_CREAT | O_WRONLY | O_TRUNC, 0644);
+  if (fd < 0) fail(path, ": cannot create ", tmp, ": ", std::strerror(errno));
+  auto put = [&](const uint8_t* p, size_t n, uint64_t at) {
+    while (n > 0) {
+      const ssize_t w = ::pwrite(fd, p, n, static_cast<off_t>(at));
+      if (w <= 0) return false;
+      p += w, n -= static_cast<size_t>(w), at += static_cast<uint64_t>(w);
+    }
+    return true;
+  };
+  bool ok = put(head.data(), head.size(), 0);
+  const uint64_t alignment = this->alignment();
+  uint64_t offset = head.size();
+  for (const Pending& t : tensors_) {
+    if (ok && !t.data.empty()) ok = put(t.data.data(), t.data.size(), offset);
+    offset = align_up(offset + t.nbytes, alignment);
+  }
+  ok = ok && ::ftruncate(fd, static_cast<off_t>(head.size() + data_bytes)) == 0;
   int e = errno;
-  ok = std::fclose(f) == 0 && ok;
+  ok = ::close(fd) == 0 && ok;
   if (!ok) {
     std::remove(tmp.c_str());
     fail(path, ": cannot write ", tmp, ": ", std::strerror(e != 0 ? e : errno));

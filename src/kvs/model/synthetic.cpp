@@ -301,6 +301,14 @@ class Builder {
     const float a = std::sqrt(3.0f) / std::sqrt(static_cast<float>(n_in));
     tensor(name, t, n_in, n_out, -a, a);
   }
+  // The token embedding: values in [-1, 1) (zeros with the matrices).
+  void embedding(const std::string& name, DType t, int64_t n_in, int64_t n_out) {
+    if (!values_) {
+      w_.add_tensor(name, t, {n_in, n_out}, nullptr, row_bytes(t, n_in) * static_cast<size_t>(n_out));
+      return;
+    }
+    tensor(name, t, n_in, n_out, -1.0f, 1.0f);
+  }
   void norm(const std::string& name, int64_t n) { tensor(name, DType::F32, n, 1, 0.8f, 1.2f); }
   void bias(const std::string& name, int64_t n) { tensor(name, DType::F32, n, 1, -0.1f, 0.1f); }
 
@@ -387,16 +395,16 @@ void set_metadata(gguf::Writer& w, const Preset& p, DType type, bool with_vocab)
 
 namespace {
 
-gguf::Writer writer_of(std::string_view spec, bool values) {
+gguf::Writer writer_of(std::string_view spec, bool values, bool vocab) {
   const Spec s = parse_spec(spec);
   const Preset& p = *s.preset;
   Builder b(p, s.type, values);
-  set_metadata(b.writer(), p, s.type, values);
+  set_metadata(b.writer(), p, s.type, vocab);
   const int64_t d = p.n_embd, q_dim = int64_t{p.n_head} * head_dim(p),
                 kv_dim = int64_t{p.n_head_kv} * head_dim(p);
   const bool gemma = p.arch == Arch::Gemma3, qwen35 = p.arch == Arch::Qwen35;
   const std::vector<LayerKind> kinds = preset_kinds(p);
-  b.tensor("token_embd.weight", fit_type(s.type, d), d, p.n_vocab, -1.0f, 1.0f);
+  b.embedding("token_embd.weight", fit_type(s.type, d), d, p.n_vocab);
   for (int il = 0; il < p.n_layer + p.n_nextn; ++il) {
     auto n = [&](const char* what) { return cat("blk.", il, ".", what); };
     b.norm(n("attn_norm.weight"), d);
@@ -449,14 +457,16 @@ gguf::Writer writer_of(std::string_view spec, bool values) {
 
 }  // namespace
 
-gguf::Writer synthetic_writer(std::string_view spec) { return writer_of(spec, true); }
+gguf::Writer synthetic_writer(std::string_view spec, bool values) {
+  return writer_of(spec, values, true);
+}
 
 std::unique_ptr<gguf::File> make_synthetic(std::string_view spec) {
-  return gguf::File::from_writer(writer_of(spec, true), "synthetic:" + std::string(spec));
+  return gguf::File::from_writer(writer_of(spec, true, true), "synthetic:" + std::string(spec));
 }
 
 std::unique_ptr<gguf::File> synthetic_shapes(std::string_view spec) {
-  return gguf::File::from_writer(writer_of(spec, false), "synthetic:" + std::string(spec));
+  return gguf::File::from_writer(writer_of(spec, false, false), "synthetic:" + std::string(spec));
 }
 
 std::vector<std::string> synthetic_presets() {

@@ -16,7 +16,8 @@ class Writer;
 struct ModelConfig;
 
 // spec = "PRESET[:WEIGHT_TYPE]", e.g. "llama3-8b:q4_0". Fails listing the presets and types.
-gguf::Writer synthetic_writer(std::string_view spec);
+// values false: the matrices are zeros (never generated; a written file is sparse there).
+gguf::Writer synthetic_writer(std::string_view spec, bool values = true);
 std::unique_ptr<gguf::File> make_synthetic(std::string_view spec);
 std::vector<std::string> synthetic_presets();
 // The config a synthetic model of `spec` has, without building its weights (for tests and

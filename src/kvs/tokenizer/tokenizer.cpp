@@ -127,6 +127,9 @@ void Tokenizer::init_common(const tok::VocabData& v) {
   index_.reserve(tokens_.size());
   // The first of duplicate texts wins, as in llama.cpp.
   for (size_t i = 0; i < tokens_.size(); ++i) index_.emplace(tokens_[i], static_cast<int32_t>(i));
+  // A vocab text is never shorter than the bytes it stands for: byte-level BPE writes a byte as
+  // one or two UTF-8 bytes, SentencePiece a space as three ("▁"), byte tokens as "<0xAB>".
+  for (const std::string& t : tokens_) max_token_bytes_ = std::max(max_token_bytes_, t.size());
   const auto n = static_cast<int32_t>(tokens_.size());
   const auto valid = [&](int32_t id) { return id >= 0 && id < n ? id : -1; };
   bos_ = valid(v.bos);

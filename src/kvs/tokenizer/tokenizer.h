@@ -48,6 +48,9 @@ class Tokenizer {
   bool is_eog(int32_t id) const;
   // Id of a token by its exact text, or -1.
   int32_t find(std::string_view text) const;
+  // The most bytes of text one token can stand for (at most its vocab text's length, at least
+  // one UTF-8 character's): a text of more than n times this many bytes has more than n tokens.
+  size_t max_token_bytes() const { return max_token_bytes_; }
 
   // Chat template family detected from tokenizer.chat_template ("chatml", "llama3", "llama2",
   // "gemma", "none"), and the prompt text for a conversation ending with the assistant's turn open.
@@ -66,6 +69,7 @@ class Tokenizer {
   std::string chat_family_ = "none";
   std::unordered_map<std::string, int32_t> index_;  // token text -> id
   bool strip_first_space_ = false;  // SentencePiece: decode drops the prefix space encode added
+  size_t max_token_bytes_ = 4;
 };
 
 // Accumulates token pieces and releases only complete UTF-8 characters, so a multi-byte

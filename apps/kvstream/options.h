@@ -136,7 +136,7 @@ std::string count_of(int64_t n, const char* noun);  // "1 token", "2 tokens"
 std::string format_duration(double seconds);        // "2m 05s"
 size_t physical_memory();                           // bytes of RAM
 
-// One updating line on stderr while a long prefill runs (only when stderr is a terminal).
+// Progress of long work on stderr: one updating line on a terminal, else a line every 5 s.
 class Progress {
  public:
   Progress(std::string what, int64_t total, bool show);
@@ -146,8 +146,8 @@ class Progress {
  private:
   std::string what_;
   int64_t total_;
-  bool show_;
-  double start_, last_ = 0;
+  bool show_, tty_;
+  double start_, last_;
 };
 
 }  // namespace kvs::cli

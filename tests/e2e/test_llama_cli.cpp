@@ -213,6 +213,17 @@ TEST(Progress, PrefillShowsProgressOnATerminalOnly) {
   EXPECT_FALSE(contains(file.err, "\r")) << file.err;
 }
 
+// bench's untimed fill and its timed decode and prefill each show their progress.
+TEST(Progress, BenchShowsTheFillDecodeAndPrefill) {
+  const nlohmann::json tty = test::drive_tty(
+      "progress", "bench -m synthetic:tiny --depths 300 --n-gen 8 -p 32 -b 16 -r 2");
+  ASSERT_EQ(tty["status"], 0) << tty.dump();
+  const std::string err = tty["stderr"];
+  for (const char* what : {"kvstream: auto fill to 300 ", "kvstream: auto at 300: decode ",
+                           "kvstream: auto at 300: prefill "})
+    EXPECT_TRUE(contains(err, what)) << what << " in " << err;
+}
+
 TEST_F(SmolLM2, CtrlCStopsARunWithItsSummary) {
   const nlohmann::json r =
       test::drive_tty("sigint", "run" + m + "-p \"Tell me a story.\" -n 2000 -c 2100 --ignore-eos");

@@ -56,8 +56,9 @@ skip() {  # NAME WHY
 }
 
 setup() { scripts/setup.sh; }
+# KVS_TESTS=ON: build/cpu may come from scripts/demo.sh, which turns them off.
 cpu_tests() {
-  cmake --preset cpu "${cfg[@]}" &&
+  cmake --preset cpu "${cfg[@]}" -DKVS_TESTS=ON &&
     cmake --build build/cpu -j "$jobs" &&
     ctest --test-dir build/cpu --output-on-failure -j "$jobs" "${ctest_args[@]}"
 }

@@ -317,6 +317,15 @@ size_t vram_limit_of(const SharedArgs& a) {
   return v;
 }
 
+void note_no_template(const Tokenizer& tok, const std::string& model, const char* what) {
+  if (tok.chat_family() != "none") return;
+  std::fprintf(stderr, "kvstream: %s has %s: %s\n", model.c_str(),
+               tok.has_chat_template()
+                   ? "a chat template kvstream does not follow (chatml, llama3, llama2, gemma)"
+                   : "no chat template",
+               what);
+}
+
 std::string backend_of(const SharedArgs& a) {
   const int32_t ngl = a.n_gpu_layers;
   KVS_CHECK(ngl >= -1, "-ngl/--n-gpu-layers must be 0 or more");

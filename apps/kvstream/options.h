@@ -105,6 +105,10 @@ std::string read_file(const std::string& path);
 EngineOptions engine_options(const SharedArgs& a, const ModelConfig& c);
 // On the CPU backend the whole KV cache is host memory: fails naming `flags` (default: -c and
 // -np) when it cannot fit this machine.
+// One line on stderr where the model has no chat template kvstream follows, so that `what`
+// (a --chat run, a chat, the server's chat endpoint) is a plain completion of the text.
+void note_no_template(const Tokenizer& tok, const std::string& model, const char* what);
+
 void check_host_kv(const EngineOptions& o, const ModelConfig& c, const std::string& backend,
                    std::string flags = "");
 // --backend, or -ngl's choice (N > 0: cuda where built, with a warning on a CPU-only build).

@@ -222,9 +222,10 @@ void print(const PlanArgs& pa, const Figures& f) {
   const Plan& p = f.p;
   const Backend& b = f.backend;
   const bool cpu = b.name == "cpu";
-  std::printf("backend    %s (--backend): a step reads %s at %.0f GB/s (--hbm-gbps), the ring copies "
-              "at %.1f GB/s (--h2d-gbps)\n",
-              b.name.c_str(), cpu ? "host memory" : "the GPU's memory", b.mem_gbps, b.copy_gbps);
+  std::printf(
+      "backend    %s (--backend): a step reads %s at %.0f GB/s (--hbm-gbps), the ring copies "
+      "at %.1f GB/s (--h2d-gbps)\n",
+      b.name.c_str(), cpu ? "host memory" : "the GPU's memory", b.mem_gbps, b.copy_gbps);
   std::printf("model      %s: %d layers, weights %s, KV %s/%s %s per token\n", a.model.c_str(),
               f.c.n_layer, format_bytes(f.weights).c_str(), a.ctk.c_str(), a.ctv.c_str(),
               format_bytes(f.kv_token).c_str());

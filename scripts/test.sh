@@ -12,8 +12,8 @@
 #   fuzz            libFuzzer harnesses (tests/fuzz: the GGUF reader, the tokenizers) under
 #                   ASan and UBSan, built with clang (build/fuzz), each for KVS_FUZZ_SECONDS
 #                   (default 60) from its checked-in seed corpus; a finding fails the stage
-#   clang build     the library and kvstream compiled with clang (build/clang; not run: the
-#                   second compiler is there for its warnings)
+#   clang build     the library, kvstream and the CPU tests compiled with clang (build/clang;
+#                   not run: the second compiler is there for its warnings)
 #   cuda build      the CUDA backend for sm_86, the smallest shared memory of the consumer
 #                   cards (build/cuda; tests/cuda need a GPU and run on the GPU machine); the
 #                   CPU library's objects are build/cpu's, from ccache; sm_90's code paths
@@ -62,8 +62,9 @@ skip() {  # NAME WHY
 }
 
 setup() { scripts/setup.sh; }
+# KVS_TESTS=ON: build/cpu may come from scripts/demo.sh, which turns them off.
 cpu_tests() {
-  cmake --preset cpu "${cfg[@]}" &&
+  cmake --preset cpu "${cfg[@]}" -DKVS_TESTS=ON &&
     cmake --build build/cpu -j "$jobs" &&
     ctest --test-dir build/cpu --output-on-failure -j "$jobs" "${ctest_args[@]}"
 }
@@ -93,9 +94,9 @@ sanitizers() {
 }
 # Without optimisation, which clang's warnings do not depend on.
 clang_build() {
-  CC=clang CXX=clang++ cmake -S . -B build/clang "${cfg[@]}" -DKVS_CUDA=OFF -DKVS_TESTS=OFF \
+  CC=clang CXX=clang++ cmake -S . -B build/clang "${cfg[@]}" -DKVS_CUDA=OFF -DKVS_TESTS=ON \
     -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-O0 &&
-    cmake --build build/clang -j "$jobs" --target kvstream
+    cmake --build build/clang -j "$jobs"
 }
 # kvstream and every library and test target but the CPU test binaries, which build/cpu has
 # built and run already.

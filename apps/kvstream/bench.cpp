@@ -130,7 +130,7 @@ void fill(const BenchArgs& a, Engine& eng, Sequence& s, int64_t depth, const std
   if (depth <= from) return;
   const bool prefill = a.fill == "prefill";
   const auto t = prefill ? random_tokens(depth - from) : std::vector<int32_t>{};
-  Progress progress(what + " fill", depth - from, true);
+  Progress progress(cat(what, " fill to ", depth), depth - from, true);
   for (int64_t i = from; i < depth; i += b) {
     const int32_t m = static_cast<int32_t>(std::min<int64_t>(b, depth - i));
     if (prefill)
@@ -235,6 +235,7 @@ nlohmann::json verify_steps(const BenchArgs& a, Engine& eng, Sequence& s, double
     const EngineStats before = eng.totals();
     std::vector<double> step_r;
     double rollback_s = 0;
+    Progress progress(cat("verify", k, " at ", s.n_past, ":"), int64_t{a.reps} * a.n_gen * k, true);
     for (int32_t r = 0; r < a.reps; ++r) {
       const auto t = random_tokens(int64_t{a.n_gen} * k);
       const double t0 = now();
@@ -244,9 +245,11 @@ nlohmann::json verify_steps(const BenchArgs& a, Engine& eng, Sequence& s, double
         const double t1 = now();
         eng.truncate(s, s.n_past - (k - 1));
         rollback_s += now() - t1;
+        progress.update((int64_t{r} * a.n_gen + i + 1) * k);
       }
       step_r.push_back((now() - t0) / a.n_gen);
     }
+    progress.finish();
     const Stat st = stat(step_r);
     const double steps = static_cast<double>(int64_t{a.reps} * a.n_gen);
     out.push_back({{"tokens", k},
@@ -275,22 +278,31 @@ nlohmann::json measure_depth(const BenchArgs& a, Engine& eng, Sequence& s, int64
   const EngineStats before = eng.totals();
   std::vector<double> tg_r, pp_r;
   double tg_s = 0;
+  const std::string at = cat(mode_s, " at ", depth, ":");
+  Progress tg_progress(cat(at, " decode"), int64_t{a.reps} * a.n_gen, true);
   for (int32_t r = 0; r < a.reps; ++r) {
     const auto gen = random_tokens(a.n_gen);
     const double dt = seconds([&] {
-      for (int32_t i = 0; i < a.n_gen; ++i) eng.eval(s, &gen[static_cast<size_t>(i)], 1);
+      for (int32_t i = 0; i < a.n_gen; ++i) {
+        eng.eval(s, &gen[static_cast<size_t>(i)], 1);
+        tg_progress.update(int64_t{r} * a.n_gen + i + 1);
+      }
     });
     tg_s += dt;
     tg_r.push_back(a.n_gen / dt);
   }
+  tg_progress.finish();
   const EngineStats after = eng.totals();
   const Stat tg = stat(tg_r);
   const nlohmann::json verify = verify_steps(a, eng, s, 1 / tg.mean, random_tokens);
   // Prefills of -p tokens (default one batch), right after, -r times.
+  Progress pp_progress(cat(at, " prefill"), int64_t{a.reps} * n_prompt, true);
   for (int32_t r = 0; r < a.reps && n_prompt > 0; ++r) {
     const auto pp = random_tokens(n_prompt);
     pp_r.push_back(n_prompt / seconds([&] { eng.eval(s, pp.data(), n_prompt); }));
+    pp_progress.update(int64_t{r + 1} * n_prompt);
   }
+  pp_progress.finish();
 
   const Stat ppt = stat(pp_r);
   const int64_t n_tg = int64_t{a.reps} * a.n_gen;  // timed decode tokens
@@ -473,7 +485,10 @@ void spec_bench(BenchArgs& a, const Model& model, const std::vector<int64_t>& de
     // Each depth's decodes, -r of each: fill, prompt, decode.
     auto decodes = [&](Engine& eng, Speculator* spec, int64_t depth) {
       std::vector<Decoded> out;
+      Progress progress(cat(mode_s, " at ", depth, ": ", spec ? "--spec" : "plain", " decode"),
+                        int64_t{a.reps} * a.n_gen, true);
       for (int32_t r = 0; r < a.reps; ++r) {
+        progress.update(int64_t{r} * a.n_gen);
         Sequence s = eng.open_sequence();
         fill(a, eng, s, depth, mode_s, random_tokens, static_cast<uint32_t>(depth));
         const float* l = nullptr;
@@ -487,6 +502,7 @@ void spec_bench(BenchArgs& a, const Model& model, const std::vector<int64_t>& de
         out.push_back(decode_greedy(eng, s, l, a.n_gen, model.config.n_vocab, spec));
         eng.close_sequence(s);
       }
+      progress.finish();
       return out;
     };
     std::vector<std::vector<Decoded>> plain, spec;

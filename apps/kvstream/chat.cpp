@@ -310,10 +310,7 @@ void chat_session(const SharedArgs& s, const GenArgs& g, const SpecArgs& spec,
   apply_speculation(spec, eo, backend);
   const auto draft_model = load_draft(spec, *model);
   const Tokenizer& tok = *model->tokenizer;
-  if (tok.chat_family() == "none")
-    std::fprintf(stderr,
-                 "kvstream: warning: the model has no chat template kvstream knows; turns are "
-                 "written as 'role: text' lines\n");
+  note_no_template(tok, s.model, "each message continues the text, a plain completion");
   check_host_kv(eo, model->config, backend);
   auto dev = device_of(s, backend, vram);
   const auto drafter = make_drafter(spec, draft_model.get(), *model, *dev, eo);

@@ -317,6 +317,15 @@ size_t vram_limit_of(const SharedArgs& a) {
   return v;
 }
 
+void note_no_template(const Tokenizer& tok, const std::string& model, const char* what) {
+  if (tok.chat_family() != "none") return;
+  std::fprintf(stderr, "kvstream: %s has %s: %s\n", model.c_str(),
+               tok.has_chat_template()
+                   ? "a chat template kvstream does not follow (chatml, llama3, llama2, gemma)"
+                   : "no chat template",
+               what);
+}
+
 std::string backend_of(const SharedArgs& a) {
   const int32_t ngl = a.n_gpu_layers;
   KVS_CHECK(ngl >= -1, "-ngl/--n-gpu-layers must be 0 or more");
@@ -439,23 +448,31 @@ std::string format_duration(double s) {
 }
 
 Progress::Progress(std::string what, int64_t total, bool show)
-    : what_(std::move(what)), total_(total), show_(show && isatty(STDERR_FILENO)), start_(now()) {}
+    : what_(std::move(what)),
+      total_(total),
+      show_(show),
+      tty_(isatty(STDERR_FILENO) != 0),
+      start_(now()),
+      last_(tty_ ? 0 : start_) {}
 
 void Progress::update(int64_t done) {
   if (!show_) return;
   const double t = now();
-  if (t - last_ < 0.2 && done < total_) return;
+  // A terminal's line is redrawn 5 times a second; a log gets a line every 5 s, the first
+  // once 5 s have passed, so that short work writes nothing.
+  if (tty_ ? t - last_ < 0.2 && done < total_ : t - last_ < 5) return;
   last_ = t;
   const double rate = t > start_ ? static_cast<double>(done) / (t - start_) : 0.0;
   const std::string eta =
       rate > 0 ? format_duration(static_cast<double>(total_ - done) / rate) : "?";
-  std::fprintf(stderr, "\r\033[Kkvstream: %s %lld/%lld tokens, %.1f tok/s, ETA %s", what_.c_str(),
-               static_cast<long long>(done), static_cast<long long>(total_), rate, eta.c_str());
+  std::fprintf(stderr, "%skvstream: %s %lld/%lld tokens, %.1f tok/s, ETA %s%s",
+               tty_ ? "\r\033[K" : "", what_.c_str(), static_cast<long long>(done),
+               static_cast<long long>(total_), rate, eta.c_str(), tty_ ? "" : "\n");
   std::fflush(stderr);
 }
 
 void Progress::finish() {
-  if (show_ && last_ > 0) std::fputs("\r\033[K", stderr);
+  if (show_ && tty_ && last_ > 0) std::fputs("\r\033[K", stderr);
 }
 
 }  // namespace kvs::cli

@@ -105,6 +105,10 @@ std::string read_file(const std::string& path);
 EngineOptions engine_options(const SharedArgs& a, const ModelConfig& c);
 // On the CPU backend the whole KV cache is host memory: fails naming `flags` (default: -c and
 // -np) when it cannot fit this machine.
+// One line on stderr where the model has no chat template kvstream follows, so that `what`
+// (a --chat run, a chat, the server's chat endpoint) is a plain completion of the text.
+void note_no_template(const Tokenizer& tok, const std::string& model, const char* what);
+
 void check_host_kv(const EngineOptions& o, const ModelConfig& c, const std::string& backend,
                    std::string flags = "");
 // --backend, or -ngl's choice (N > 0: cuda where built, with a warning on a CPU-only build).
@@ -136,7 +140,7 @@ std::string count_of(int64_t n, const char* noun);  // "1 token", "2 tokens"
 std::string format_duration(double seconds);        // "2m 05s"
 size_t physical_memory();                           // bytes of RAM
 
-// One updating line on stderr while a long prefill runs (only when stderr is a terminal).
+// Progress of long work on stderr: one updating line on a terminal, else a line every 5 s.
 class Progress {
  public:
   Progress(std::string what, int64_t total, bool show);
@@ -146,8 +150,8 @@ class Progress {
  private:
   std::string what_;
   int64_t total_;
-  bool show_;
-  double start_, last_ = 0;
+  bool show_, tty_;
+  double start_, last_;
 };
 
 }  // namespace kvs::cli

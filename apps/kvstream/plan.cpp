@@ -23,8 +23,33 @@ struct PlanArgs {
   SharedArgs s;
   SpecArgs spec;
   std::string json_out;
-  double hbm_gbps = 4400;
+  double hbm_gbps = 0;  // 0: the backend's default, as s.h2d_gbps
 };
+
+// The backend a plan is for, and the bandwidths it assumes: a step reads at `mem_gbps`, the
+// ring copies at `copy_gbps`.
+struct Backend {
+  std::string name;
+  double mem_gbps = 0, copy_gbps = 0;
+};
+Backend backend_of(const PlanArgs& pa) {
+  Backend b;
+#ifdef KVS_HAVE_CUDA
+  b.name = pa.s.backend.empty() ? "cuda" : pa.s.backend;
+#else
+  b.name = pa.s.backend.empty() ? "cpu" : pa.s.backend;
+  KVS_CHECK(b.name != "cuda",
+            "plan --backend cuda: this build has no CUDA backend, whose device footprint (kernel "
+            "scratch, the embedding table) a CUDA plan counts; build with the cuda preset, or "
+            "plan for --backend cpu");
+#endif
+  // cuda: an H200's HBM and a PCIe 5 x16 link; cpu: two DDR4 channels, a copy reading and
+  // writing the same memory.
+  const bool cuda = b.name == "cuda";
+  b.mem_gbps = pa.hbm_gbps > 0 ? pa.hbm_gbps : cuda ? 4400 : 20;
+  b.copy_gbps = pa.s.h2d_gbps > 0 ? pa.s.h2d_gbps : cuda ? 55 : 10;
+  return b;
+}
 
 // A model's shape and its weights' sizes, from the file's header (the tensors mapped, not
 // read) or the synthetic preset's shapes.
@@ -45,6 +70,7 @@ Shape shape_of(const std::string& model) {
 
 // Every figure the plan prints, for the text and the JSON.
 struct Figures {
+  Backend backend;
   ModelConfig c;
   EngineOptions o;
   KvShape shape;
@@ -67,17 +93,20 @@ struct Figures {
 Figures figures(const PlanArgs& pa) {
   const SharedArgs& a = pa.s;
   Figures f;
+  f.backend = backend_of(pa);
   const Shape m = shape_of(a.model);
   f.c = m.c;
   f.weights = m.w.matrix_bytes();
   const ModelConfig& c = f.c;
   f.o = engine_options(a, c);
-  apply_speculation(pa.spec, f.o, backend_of(a));
+  apply_speculation(pa.spec, f.o, f.backend.name);
   const EngineOptions& o = f.o;
 #ifdef KVS_HAVE_CUDA
-  const CudaFootprint fp = cuda_footprint(m.w, Engine::scratch_args(c, o));
-  f.device_extra = fp.weights - f.weights + fp.reserved;
-  f.work_scratch = fp.workspace;
+  if (f.backend.name == "cuda") {
+    const CudaFootprint fp = cuda_footprint(m.w, Engine::scratch_args(c, o));
+    f.device_extra = fp.weights - f.weights + fp.reserved;
+    f.work_scratch = fp.workspace;
+  }
 #endif
   if (pa.spec.kind() == "draft") {
     const Shape d = shape_of(pa.spec.model_draft);
@@ -138,8 +167,9 @@ Figures figures(const PlanArgs& pa) {
   f.arena = f.prefill_arena + f.work;
   // T_gpu: a decode step reads every weight once, each sequence's whole KV, and reads and
   // writes every recurrent state.
-  const double hbm = pa.hbm_gbps * 1e9,
-               h2d = o.h2d_limit > 0 ? std::min(a.h2d_gbps * 1e9, o.h2d_limit) : a.h2d_gbps * 1e9;
+  const double copy_gbps = f.backend.copy_gbps;
+  const double hbm = f.backend.mem_gbps * 1e9,
+               h2d = o.h2d_limit > 0 ? std::min(copy_gbps * 1e9, o.h2d_limit) : copy_gbps * 1e9;
   const double gpu_s = (static_cast<double>(f.weights) + static_cast<double>(window_read) +
                         2 * static_cast<double>(shape.recurrent_bytes) +
                         static_cast<double>(f.kv_token) * static_cast<double>(ctx) * parallel) /
@@ -190,6 +220,12 @@ void print(const PlanArgs& pa, const Figures& f) {
   const SharedArgs& a = pa.s;
   const KvShape& shape = f.shape;
   const Plan& p = f.p;
+  const Backend& b = f.backend;
+  const bool cpu = b.name == "cpu";
+  std::printf(
+      "backend    %s (--backend): a step reads %s at %.0f GB/s (--hbm-gbps), the ring copies "
+      "at %.1f GB/s (--h2d-gbps)\n",
+      b.name.c_str(), cpu ? "host memory" : "the GPU's memory", b.mem_gbps, b.copy_gbps);
   std::printf("model      %s: %d layers, weights %s, KV %s/%s %s per token\n", a.model.c_str(),
               f.c.n_layer, format_bytes(f.weights).c_str(), a.ctk.c_str(), a.ctv.c_str(),
               format_bytes(f.kv_token).c_str());
@@ -237,12 +273,15 @@ void print(const PlanArgs& pa, const Figures& f) {
         "of the pages that would stream): %s per step, cpu_s %.3f ms at %.1f GB/s (--cpu-gbps; "
         "a run calibrates and measures it)\n",
         p.cpu[0], 100 * cpu_share(p), format_bytes(p.cpu_bytes).c_str(), p.cpu_s * 1e3, a.cpu_gbps);
-  std::printf("bound      T_gpu %.3f ms (at %.0f GB/s), copy_s %.3f ms (at %.1f GB/s%s)",
-              p.gpu_s * 1e3, pa.hbm_gbps, p.copy_s * 1e3,
-              f.o.h2d_limit > 0 ? std::min(a.h2d_gbps, f.o.h2d_limit / 1e9) : a.h2d_gbps,
-              f.o.h2d_limit > 0 && f.o.h2d_limit / 1e9 < a.h2d_gbps ? ", --h2d-limit" : "");
-  if (p.cpu_bytes > 0) std::printf(", cpu_s + T_gpu %.3f ms", p.cpu_side_s() * 1e3);
-  std::printf(": %.3f ms per step (%s), %.1f tokens/s\n", p.predicted_step_s * 1e3, p.bound(),
+  // On the CPU backend the device's step is the CPU's and the ring copies within host memory.
+  const std::string bound = !cpu ? p.bound() : p.bound() == std::string("pcie") ? "copy" : "cpu";
+  std::printf("bound      %s %.3f ms (at %.0f GB/s), copy_s %.3f ms (at %.1f GB/s%s)",
+              cpu ? "T_cpu" : "T_gpu", p.gpu_s * 1e3, b.mem_gbps, p.copy_s * 1e3,
+              f.o.h2d_limit > 0 ? std::min(b.copy_gbps, f.o.h2d_limit / 1e9) : b.copy_gbps,
+              f.o.h2d_limit > 0 && f.o.h2d_limit / 1e9 < b.copy_gbps ? ", --h2d-limit" : "");
+  if (p.cpu_bytes > 0)
+    std::printf(", cpu_s + %s %.3f ms", cpu ? "T_cpu" : "T_gpu", p.cpu_side_s() * 1e3);
+  std::printf(": %.3f ms per step (%s), %.1f tokens/s\n", p.predicted_step_s * 1e3, bound.c_str(),
               f.tok_s);
 }
 
@@ -250,6 +289,7 @@ nlohmann::json plan_json(const PlanArgs& pa, const Figures& f) {
   const KvShape& shape = f.shape;
   const Plan& p = f.p;
   nlohmann::json j;
+  j["backend"] = f.backend.name;
   j["model"] = pa.s.model;
   j["ctx"] = f.o.n_ctx;
   j["parallel"] = f.o.n_seq;
@@ -291,13 +331,15 @@ nlohmann::json plan_json(const PlanArgs& pa, const Figures& f) {
   j["bound"] = p.bound();
   j["predicted_step_s"] = p.predicted_step_s;
   j["predicted_tokens_per_s"] = f.tok_s;
-  j["h2d_gbps"] = pa.s.h2d_gbps;
-  j["hbm_gbps"] = pa.hbm_gbps;
+  j["h2d_gbps"] = f.backend.copy_gbps;
+  j["hbm_gbps"] = f.backend.mem_gbps;
   return j;
 }
 
 void plan_cmd(const PlanArgs& pa) {
-  KVS_CHECK(pa.s.h2d_gbps > 0 && pa.hbm_gbps > 0, "--h2d-gbps and --hbm-gbps must be more than 0");
+  KVS_CHECK(pa.s.h2d_gbps >= 0 && pa.hbm_gbps >= 0,
+            "--h2d-gbps and --hbm-gbps must be 0 (the backend's default) or more, got ",
+            pa.s.h2d_gbps, " and ", pa.hbm_gbps);
   KVS_CHECK(pa.s.kv_arena.empty() || pa.s.vram_limit.empty(),
             "give --kv-arena or --vram-limit, not both");
   const Figures f = figures(pa);
@@ -309,12 +351,16 @@ void plan_cmd(const PlanArgs& pa) {
 
 void register_plan(CLI::App& app) {
   auto a = std::make_shared<PlanArgs>();
-  a->s.h2d_gbps = 55;
   a->s.cpu_gbps = 75;  // ../shared/ceilings.md: int8 q8_0 K . q on the GPU machine's 16 threads
   CLI::App* c =
       app.add_subcommand("plan", "Show the KV partition and predicted decode speed at a context");
   add_shared(c, a->s, kModel | kContext | kParallel | kCache | kMemory | kKvMode);
-  c->add_option("--hbm-gbps", a->hbm_gbps, "Device memory bandwidth for T_gpu, GB/s")
+  c->add_option("--backend", a->s.backend,
+                "The backend to plan for: cpu or cuda (default: cuda where the build has it, "
+                "else cpu)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  c->add_option("--hbm-gbps", a->hbm_gbps,
+                "Memory bandwidth a step reads at, GB/s (0: 4400 for cuda, 20 for cpu)")
       ->capture_default_str();
   c->add_option("--json", a->json_out, "Also write the plan as JSON to this file");
   add_speculation(c, a->spec);

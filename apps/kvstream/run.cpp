@@ -42,7 +42,7 @@ std::vector<std::vector<int32_t>> prompts_of(const RunArgs& a, const Model& mode
   const Tokenizer& tok = *model.tokenizer;
   const int32_t parallel = eo.n_seq;
   auto encode = [&](std::string text) {
-    if (a.chat) {
+    if (a.chat && tok.chat_family() != "none") {
       std::vector<ChatMessage> msgs;
       if (!a.g.system.empty()) msgs.push_back({"system", a.g.system});
       msgs.push_back({"user", text});
@@ -538,6 +538,11 @@ void run(const RunArgs& a) {
   apply_speculation(a.spec, eo, backend);
   const auto draft_model = load_draft(a.spec, *model);
   const int32_t n_vocab = model->config.n_vocab;
+  if (a.chat)
+    note_no_template(*model->tokenizer, a.s.model,
+                     a.g.system.empty() ? "--chat runs a plain completion of the prompt"
+                                        : "--chat runs a plain completion of the prompt, without "
+                                          "-sys");
   const auto prompts = prompts_of(a, *model, eo, n_predict);
   const int32_t N = eo.n_seq;
 

@@ -5,10 +5,13 @@
 #include <pthread.h>
 
 #include <atomic>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -28,12 +31,17 @@ namespace {
 
 using json = nlohmann::json;
 
+constexpr int kKeepAlive = 5;  // seconds an idle keep-alive connection stays open
+// Idle connections (browsers keep a few open, a client may open many) that the HTTP threads
+// absorb beside one per slot and queue place.
+constexpr int kIdleConnections = 256;
+
 struct ServeArgs {
   SharedArgs s;
   GenArgs g;
   SpecArgs spec;
   std::string host = "127.0.0.1", api_key, alias;
-  int32_t port = 8080, queue = 64, timeout = 600;
+  int32_t port = 8080, queue = 64, timeout = 10, threads_http = -1;
   std::string max_body = "32M";
   std::string cache_ram = "8192";  // llama-server's default, in its unit (MiB)
 };
@@ -46,17 +54,20 @@ size_t cache_ram_of(const std::string& text) {
               : static_cast<size_t>(parse_size(text, "--cache-ram"));
 }
 
-// A request the server refuses, with OpenAI's error shape.
+// A request the server refuses, with OpenAI's error shape; `extra` fields are added to (or
+// replace) those of the error object.
 struct ApiError {
   ApiError(int s, std::string m, std::string t = "invalid_request_error", std::string c = "",
-           std::string p = "")
+           std::string p = "", json x = json::object())
       : status(s),
         message(std::move(m)),
         type(std::move(t)),
         code(std::move(c)),
-        param(std::move(p)) {}
+        param(std::move(p)),
+        extra(std::move(x)) {}
   int status;
   std::string message, type, code, param;
+  json extra;
 };
 
 [[noreturn]] void bad(std::string message, std::string param = "", std::string code = "") {
@@ -73,6 +84,7 @@ json error_body(const ApiError& e) {
               {"type", e.type},
               {"param", e.param.empty() ? json(nullptr) : json(e.param)},
               {"code", e.code.empty() ? json(nullptr) : json(e.code)}};
+  err.update(e.extra);
   return {{"error", err}};
 }
 
@@ -108,6 +120,17 @@ bool boolean(const json& b, const char* key, bool def) {
   if (!b[key].is_boolean()) bad(cat("'", key, "' must be a boolean"), key);
   return b[key].get<bool>();
 }
+
+const json kNull;
+
+// The methods of every endpoint, for the Allow header of a 405 (httplib answers HEAD as GET).
+const std::map<std::string, std::string> kMethods = {{"/v1/chat/completions", "POST, OPTIONS"},
+                                                     {"/v1/completions", "POST, OPTIONS"},
+                                                     {"/", "GET, HEAD, OPTIONS"},
+                                                     {"/health", "GET, HEAD, OPTIONS"},
+                                                     {"/v1/models", "GET, HEAD, OPTIONS"},
+                                                     {"/metrics", "GET, HEAD, OPTIONS"},
+                                                     {"/slots", "GET, HEAD, OPTIONS"}};
 
 struct Api {
   const ServeArgs& a;
@@ -174,13 +197,31 @@ struct Api {
     return r;
   }
 
+  // A prompt of n_tokens (or, with `bytes`, of that much text and at least n_tokens) that
+  // leaves no room in the context, in llama-server's shape.
+  [[noreturn]] void too_long(size_t n_tokens, size_t bytes, const char* field) const {
+    const std::string what = bytes > 0
+                                 ? cat(bytes, " bytes of text, at least ", n_tokens, " tokens")
+                                 : cat(n_tokens, " tokens");
+    throw ApiError{400,
+                   cat("the prompt has ", what, "; the context holds ", eo.n_ctx,
+                       " (-c), with room for at least one generated token"),
+                   "exceed_context_size_error",
+                   "",
+                   field,
+                   {{"code", 400}, {"n_prompt_tokens", n_tokens}, {"n_ctx", eo.n_ctx}}};
+  }
+  // Refuses, before it is tokenized, a text too long to fit the context whatever its tokens.
+  void check_text_size(size_t bytes, const char* field) const {
+    const size_t per_token = tok.max_token_bytes();
+    if (bytes >= static_cast<size_t>(eo.n_ctx) * per_token)
+      too_long((bytes + per_token - 1) / per_token, bytes, field);
+  }
+
   // The prompt's tokens into r, refused when they leave no room in the context.
   void set_prompt(GenRequest& r, std::vector<int32_t> ids, const char* field) const {
     if (ids.empty()) bad("the prompt is empty", field);
-    if (static_cast<int64_t>(ids.size()) >= eo.n_ctx)
-      bad(cat("the prompt has ", ids.size(), " tokens; the context holds ", eo.n_ctx,
-              " (-c), with room for at least one generated token"),
-          field, "context_length_exceeded");
+    if (static_cast<int64_t>(ids.size()) >= eo.n_ctx) too_long(ids.size(), 0, field);
     r.prompt = std::move(ids);
   }
 
@@ -190,6 +231,7 @@ struct Api {
     const json& ms = b["messages"];
     if (!ms.is_array() || ms.empty()) bad("'messages' must be a non-empty list", "messages");
     std::vector<ChatMessage> msgs;
+    size_t bytes = 0;
     for (const json& m : ms) {
       if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
         bad("every message needs a 'role'", "messages");
@@ -199,14 +241,16 @@ struct Api {
         bad(cat("message role '", role, "' is not supported (system, developer, user, assistant)"),
             "messages");
       std::string text;
-      const json c = m.contains("content") ? m["content"] : json(nullptr);
+      const json& c = m.contains("content") ? m["content"] : kNull;
       if (c.is_string()) {
+        check_text_size(bytes += c.get_ref<const std::string&>().size(), "messages");
         text = c.get<std::string>();
       } else if (c.is_array()) {
         for (const json& part : c) {
           if (text_of(part, "type") != "text" || !part.contains("text") ||
               !part["text"].is_string())
             bad("only text content parts are supported", "messages");
+          check_text_size(bytes += part["text"].get_ref<const std::string&>().size(), "messages");
           text += part["text"].get<std::string>();
         }
       } else if (!c.is_null() || role != "assistant") {
@@ -225,14 +269,17 @@ struct Api {
   GenRequest completion_request(const json& b) const {
     GenRequest r = common(b);
     if (!b.contains("prompt")) bad("'prompt' is required", "prompt");
-    json p = b["prompt"];
-    if (p.is_array() && p.size() == 1 && p[0].is_string()) p = p[0];
+    const json* pp = &b["prompt"];
+    if (pp->is_array() && pp->size() == 1 && (*pp)[0].is_string()) pp = &(*pp)[0];
+    const json& p = *pp;
     if (boolean(b, "echo", false)) bad("'echo' is not supported", "echo");
     if (b.contains("suffix") && !b["suffix"].is_null()) bad("'suffix' is not supported", "suffix");
     r.top_logprobs = static_cast<int32_t>(integer(b, "logprobs", -1, 0, 20));
     if (p.is_string()) {
-      set_prompt(r, tok.encode(p.get<std::string>(), true, false), "prompt");
+      check_text_size(p.get_ref<const std::string&>().size(), "prompt");
+      set_prompt(r, tok.encode(p.get_ref<const std::string&>(), true, false), "prompt");
     } else if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
+      if (p.size() >= static_cast<size_t>(eo.n_ctx)) too_long(p.size(), 0, "prompt");
       std::vector<int32_t> ids;
       for (const json& t : p) {
         if (!t.is_number_integer()) bad("a token prompt must be a list of integers", "prompt");
@@ -600,6 +647,16 @@ struct Api {
     // answers itself (404, 413, ...).
     svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       ++http_requests;
+      // Without either header a request has no body (RFC 9112), where httplib would read one
+      // until the client closes the connection or --timeout passes.
+      if ((req.method == "POST" || req.method == "PUT" || req.method == "PATCH") &&
+          !req.has_header("Content-Length") && !req.has_header("Transfer-Encoding")) {
+        send_error(res, ApiError{411,
+                                 cat("a ", req.method,
+                                     " needs a body with a Content-Length (or chunked) header"),
+                                 "invalid_request_error", "length_required"});
+        return httplib::Server::HandlerResponse::Handled;
+      }
       if (a.api_key.empty() || req.path == "/health" || req.path == "/" || req.method == "OPTIONS")
         return httplib::Server::HandlerResponse::Unhandled;
       if (req.get_header_value("Authorization") != "Bearer " + a.api_key) {
@@ -611,6 +668,18 @@ struct Api {
     });
     svr.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
       if (!res.body.empty()) return;
+      if (res.status == 404) {
+        const auto it = kMethods.find(req.path);
+        if (it != kMethods.end()) {
+          res.status = 405;
+          res.set_header("Allow", it->second);
+          send_error(
+              res,
+              ApiError{405, cat(req.method, " is not allowed on ", req.path, " (", it->second, ")"),
+                       "invalid_request_error", "method_not_allowed"});
+          return;
+        }
+      }
       // httplib caps form-encoded bodies (curl -d without a Content-Type) at 8 KiB.
       const bool form = req.get_header_value("Content-Type") == "application/x-www-form-urlencoded";
       const std::string what =
@@ -649,7 +718,9 @@ void serve(const ServeArgs& a) {
   n_predict_of(a.g);
   KVS_CHECK(a.port >= 0 && a.port <= 65535, "--port ", a.port, " is out of range (0 to 65535)");
   KVS_CHECK(a.queue >= 0, "--queue must be 0 or more");
-  KVS_CHECK(a.timeout >= 1, "--timeout must be at least 1 second");
+  KVS_CHECK(a.timeout >= 1, "--timeout must be at least 1 second, got ", a.timeout);
+  KVS_CHECK(a.threads_http == -1 || a.threads_http >= 1,
+            "--threads-http must be -1 (automatic) or at least 1, got ", a.threads_http);
   Sampler check(a.g.sp);
   const size_t max_body = parse_size(a.max_body, "--max-request-size");
   const size_t vram = vram_limit_of(a.s);
@@ -670,13 +741,26 @@ void serve(const ServeArgs& a) {
   Engine eng(*model, *dev, eo, mtp ? &mtp->engine() : nullptr);
   Speculator spec(spec_options(a.spec), eng, drafter.get(), mtp.get());
 
+  note_no_template(*model->tokenizer, a.s.model,
+                   "/v1/chat/completions continues the messages' texts, a plain completion");
   Scheduler sched(eng, *model->tokenizer, a.queue, a.s.verbose, spec.on() ? &spec : nullptr);
   const std::string id =
       a.alias.empty() ? std::filesystem::path(a.s.model).filename().string() : a.alias;
   Api api{a, *model, *model->tokenizer, eo, sched, id};
   httplib::Server svr;
-  const size_t threads = static_cast<size_t>(eo.n_seq + a.queue + 8);
+  // A connection holds its thread while it waits for a request (kKeepAlive), reads one
+  // (--timeout) or is answered: many more threads than slots, so that idle connections do
+  // not make a new client wait.
+  const size_t threads = static_cast<size_t>(
+      a.threads_http > 0 ? a.threads_http : eo.n_seq + a.queue + kIdleConnections);
   svr.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  // SO_REUSEADDR only: httplib's default, SO_REUSEPORT, lets a second server share the port.
+  svr.set_socket_options([](int sock) {
+    const int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
+  svr.set_keep_alive_timeout(kKeepAlive);
+  svr.set_keep_alive_max_count(100);
   svr.set_payload_max_length(max_body);
   // Browser front ends on other origins may call the API (with the key, where there is one).
   svr.set_default_headers({{"Access-Control-Allow-Origin", "*"}});
@@ -689,11 +773,15 @@ void serve(const ServeArgs& a) {
   svr.set_write_timeout(a.timeout);
   api.routes(svr);
   int port = a.port;
+  errno = 0;
   if (port == 0)
     port = svr.bind_to_any_port(a.host);
   else if (!svr.bind_to_port(a.host, port))
     port = -1;
-  KVS_CHECK(port > 0, "cannot listen on ", a.host, ":", a.port);
+  KVS_CHECK(port > 0, "cannot listen on ", a.host, ":", a.port,
+            errno == EADDRINUSE ? " (--host, --port): the address is in use (another server?)"
+            : errno != 0        ? cat(" (--host, --port): ", std::strerror(errno))
+                                : std::string(" (--host, --port)"));
   std::thread stopper([&] {
     int sig = 0;
     sigwait(&sigs, &sig);
@@ -735,6 +823,10 @@ void register_serve(CLI::App& app) {
   c->add_option("--queue", a->queue, "Requests that may wait for a slot; more get 503")
       ->capture_default_str();
   c->add_option("--timeout", a->timeout, "Read and write timeout of a connection in seconds, -to")
+      ->capture_default_str();
+  c->add_option(
+       "--threads-http", a->threads_http,
+       cat("HTTP threads, one per open connection (-1: -np + --queue + ", kIdleConnections, ")"))
       ->capture_default_str();
   c->add_option("--max-request-size", a->max_body, "Largest request body")->capture_default_str();
   c->add_option("--cache-ram", a->cache_ram,

@@ -213,6 +213,39 @@ TEST(Progress, PrefillShowsProgressOnATerminalOnly) {
   EXPECT_FALSE(contains(file.err, "\r")) << file.err;
 }
 
+// A model without a chat template (Gemma 3 270M, a base model) gets no guessed one, as in
+// llama.cpp: --chat is a plain completion of the prompt and chat continues the text, each with
+// one line saying so.
+TEST(NoChatTemplate, ChatIsAPlainCompletion) {
+  const std::string g = test::gemma3_270m();
+  if (!std::filesystem::exists(g)) GTEST_SKIP() << "no " << g;
+  const std::string run = "run -m " + g + " -p \"The capital of France is\" -n 6 --temp 0 -c 256";
+  const Outcome plain = kvstream(run), chat = kvstream(run + " --chat");
+  expect_ok(plain, "run");
+  expect_ok(chat, "run --chat");
+  EXPECT_EQ(chat.out, plain.out);
+  EXPECT_FALSE(contains(plain.err, "chat template")) << plain.err;
+  EXPECT_TRUE(contains(chat.err, "has no chat template: --chat runs a plain completion"))
+      << chat.err;
+  EXPECT_EQ(chat.err.find("chat template"), chat.err.rfind("chat template")) << "one notice";
+  const Outcome c =
+      kvstream("chat -m " + g + " --temp 0 -n 6 -c 256", "The capital of France is\n");
+  expect_ok(c, "chat");
+  EXPECT_TRUE(contains(c.err, "has no chat template: each message continues the text")) << c.err;
+  EXPECT_TRUE(contains(c.out, plain.out.substr(plain.out.find_first_not_of(' ')))) << c.out;
+}
+
+// bench's untimed fill and its timed decode and prefill each show their progress.
+TEST(Progress, BenchShowsTheFillDecodeAndPrefill) {
+  const nlohmann::json tty = test::drive_tty(
+      "progress", "bench -m synthetic:tiny --depths 300 --n-gen 8 -p 32 -b 16 -r 2");
+  ASSERT_EQ(tty["status"], 0) << tty.dump();
+  const std::string err = tty["stderr"];
+  for (const char* what : {"kvstream: auto fill to 300 ", "kvstream: auto at 300: decode ",
+                           "kvstream: auto at 300: prefill "})
+    EXPECT_TRUE(contains(err, what)) << what << " in " << err;
+}
+
 TEST_F(SmolLM2, CtrlCStopsARunWithItsSummary) {
   const nlohmann::json r =
       test::drive_tty("sigint", "run" + m + "-p \"Tell me a story.\" -n 2000 -c 2100 --ignore-eos");

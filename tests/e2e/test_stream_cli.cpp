@@ -282,6 +282,34 @@ TEST_F(StreamCli, PlanPrintsThePartitionAndTheBound) {
             off.json["streamed_bytes_per_step"].get<size_t>());
 }
 
+// plan says which backend it predicts for, with that backend's bandwidths; a build without
+// CUDA refuses to plan for it.
+TEST_F(StreamCli, PlanIsForTheBackendAskedAbout) {
+  const std::string args = "plan -m synthetic:smollm2-135m -c 4k --backend cpu";
+  const Outcome cpu = kvstream(args, "plan_cpu");
+  ASSERT_EQ(cpu.status, 0) << cpu.err;
+  EXPECT_EQ(cpu.json["backend"], "cpu");
+  EXPECT_NE(cpu.out.find("backend    cpu"), std::string::npos) << cpu.out;
+  EXPECT_NE(cpu.out.find("T_cpu"), std::string::npos) << cpu.out;
+  EXPECT_DOUBLE_EQ(cpu.json["hbm_gbps"].get<double>(), 20);
+  const Outcome fast = kvstream(args + " --hbm-gbps 40", "plan_cpu_40");
+  ASSERT_EQ(fast.status, 0) << fast.err;
+  EXPECT_DOUBLE_EQ(fast.json["t_gpu_s"].get<double>() * 2, cpu.json["t_gpu_s"].get<double>());
+  const Outcome cuda = kvstream("plan -m synthetic:smollm2-135m -c 4k --backend cuda", "plan_cuda");
+  const Outcome dflt = kvstream("plan -m synthetic:smollm2-135m -c 4k", "plan_default");
+  ASSERT_EQ(dflt.status, 0) << dflt.err;
+  if (cuda.status == 0) {  // a CUDA build
+    EXPECT_EQ(cuda.json["backend"], "cuda");
+    EXPECT_DOUBLE_EQ(cuda.json["hbm_gbps"].get<double>(), 4400);
+    EXPECT_GT(cuda.json["device_extra_bytes"].get<size_t>(), 0u);
+    EXPECT_EQ(dflt.json["backend"], "cuda");
+  } else {
+    EXPECT_EQ(cuda.status, 1);
+    EXPECT_NE(cuda.err.find("no CUDA backend"), std::string::npos) << cuda.err;
+    EXPECT_EQ(dflt.json["backend"], "cpu");
+  }
+}
+
 // qwen35's recurrent layers: a state per sequence beside the arena, counted with the buffers
 // that --vram-limit must hold. The 27B: 48 Gated DeltaNet layers, each a conv tail of 3 rows of
 // 10240 channels and 48 value heads' 128 x 128 states, in f32.

@@ -85,7 +85,7 @@ struct Cache {
 
 // The scalar reference: softmax(q . k * scale) v over the keys in [lo, hi), in double.
 struct Ref {
-  double m = -INFINITY, l = 0;
+  double m = -HUGE_VAL, l = 0;
   std::vector<double> o;  // normalised
 };
 Ref reference(const Cache& c, const float* q, int32_t hk, int32_t lo, int32_t hi, float scale) {
@@ -137,7 +137,7 @@ double score_bound(const Cache& c, const float* q, const float* step, int32_t hk
 struct Check {
   double worst = 0;  // the largest error as a fraction of its bound
   void operator()(const float* part, const Ref& r, double b, double vmax) {
-    const double pm = part[0], pl = part[1];
+    const double pm = static_cast<double>(part[0]), pl = static_cast<double>(part[1]);
     const double rel = std::expm1(2 * b) + 1e-5;
     const double em = std::fabs(pm - r.m) / b,
                  el = std::fabs(pl * std::exp(pm - r.m) / r.l - 1.0) / rel;
@@ -446,7 +446,8 @@ TEST(CpuAttention, IntegerScoresAgainstTheFloatPath) {
         }
         ref *= static_cast<double>(scale);
         top = std::max(top, std::fabs(ref));
-        const double got = s[static_cast<size_t>(j * cpu::score_slots(group) + h)];
+        const double got =
+            static_cast<double>(s[static_cast<size_t>(j * cpu::score_slots(group) + h)]);
         err_int = std::max(err_int, std::fabs(got - ref));
         err_f32 = std::max(err_f32, std::fabs(static_cast<double>(f32 * scale) - ref));
       }

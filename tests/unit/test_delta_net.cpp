@@ -158,7 +158,7 @@ double max_rel_error(const std::vector<float>& got, const std::vector<double>& w
   double amax = 0, err = 0;
   for (size_t i = 0; i < want.size(); ++i) {
     amax = std::max(amax, std::fabs(want[i]));
-    err = std::max(err, std::fabs(double{got[i]} - want[i]));
+    err = std::max(err, std::fabs(static_cast<double>(got[i]) - want[i]));
   }
   EXPECT_GT(amax, 0.1);  // a layer that computes something
   return err / amax;
@@ -173,7 +173,7 @@ TEST(GatedDeltaNet, DecodeAndChunkedPrefillMatchReference) {
       SCOPED_TRACE(testing::Message() << s.k_heads << "/" << s.v_heads << " heads of " << s.head
                                       << ", " << n << " tokens");
       const Case c(s, n, static_cast<uint32_t>(n * 7 + s.head));
-      const std::vector<double> want = reference(c, n, kEps);
+      const std::vector<double> want = reference(c, n, static_cast<double>(kEps));
       EXPECT_LT(max_rel_error(run_pieces(c, n, {{n, 1}}, kEps), want), 1e-4) << "token by token";
       // one token at a time, as decode steps
       std::vector<std::pair<int32_t, int32_t>> steps(static_cast<size_t>(n), {1, 1});
@@ -188,7 +188,7 @@ TEST(GatedDeltaNet, DecodeAndChunkedPrefillMatchReference) {
 TEST(GatedDeltaNet, PrefillThenDecodeCarriesTheState) {
   const Shape s{2, 4, 32, 4};
   const Case c(s, 54, 3);
-  const std::vector<double> want = reference(c, 54, kEps);
+  const std::vector<double> want = reference(c, 54, static_cast<double>(kEps));
   // a prefill of 37 in chunks of 16, 5 decode steps, a prefill of 12 (one chunk)
   std::vector<std::pair<int32_t, int32_t>> pieces{{37, 16}};
   for (int i = 0; i < 5; ++i) pieces.emplace_back(1, 1);
@@ -206,7 +206,8 @@ TEST(GatedDeltaNet, PrefillThenDecodeCarriesTheState) {
   }();
   double diff = 0;
   for (size_t i = 0; i < tail_only.size(); ++i)
-    diff = std::max(diff, double{std::fabs(tail_only[i] - fresh[42 * s.v_heads * s.head + i])});
+    diff = std::max(
+        diff, static_cast<double>(std::fabs(tail_only[i] - fresh[42 * s.v_heads * s.head + i])));
   EXPECT_GT(diff, 1e-2);
 }
 

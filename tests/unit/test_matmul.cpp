@@ -136,7 +136,7 @@ TEST_P(IntMatmul, MatchesDequantizedProduct) {
         const float* xf = p.x.data() + tt * n;
         double want = 0.0, mag = 0.0, exact = 0.0, bound = 0.0;
         for (int64_t i = 0; i < n; ++i) {
-          const double xi = x_at(xq, i), wi = w[i];
+          const double xi = x_at(xq, i), wi = static_cast<double>(w[i]);
           want += wi * xi;
           mag += std::fabs(wi * xi);
           exact += wi * static_cast<double>(xf[i]);

@@ -294,10 +294,13 @@ TEST(Tokenizer, Gemma3MatchesReference) {
   EXPECT_EQ(t->encode("Hello world", true, false),
             (std::vector<int32_t>{2, t->find("Hello"), t->find("\xE2\x96\x81world")}));
   EXPECT_EQ(t->decode(t->encode("Hello world", true, true)), "Hello world");
-  // The file has no chat template; its turn pieces select Gemma's format.
-  EXPECT_EQ(t->chat_family(), "gemma");
-  const std::string conv = t->apply_chat({{"system", "Be brief."}, {"user", "Hi!"}});
-  EXPECT_EQ(conv, "<start_of_turn>user\nBe brief.\n\nHi!<end_of_turn>\n<start_of_turn>model\n");
+  // The file has no chat template (a base model): none is guessed from its turn pieces.
+  EXPECT_EQ(t->chat_family(), "none");
+  EXPECT_FALSE(t->has_chat_template());
+  EXPECT_EQ(t->apply_chat({{"system", "Be brief."}, {"user", "Hi!"}}), "Be brief.Hi!");
+  // Turn pieces written in the text are still single tokens.
+  const std::string conv =
+      "<start_of_turn>user\nBe brief.\n\nHi!<end_of_turn>\n<start_of_turn>model\n";
   const auto conv_ids = t->encode(conv, true, true);
   EXPECT_EQ(conv_ids.front(), 2);
   EXPECT_EQ(conv_ids[1], t->find("<start_of_turn>"));
@@ -472,14 +475,19 @@ TEST(Tokenizer, ChatTemplates) {
             "<start_of_turn>model\n");
   EXPECT_EQ(tok::make_tokenizer(v)->apply_chat({{"user", "Hi!"}}),
             "<start_of_turn>user\nHi!<end_of_turn>\n<start_of_turn>model\n");
-  v.chat_template = "";
-  const auto t = tok::make_tokenizer(v);
-  EXPECT_EQ(t->chat_family(), "none");
-  EXPECT_EQ(t->apply_chat(msgs), "system: Be brief.\nuser: Hi!\nassistant:");
+  // Without a template, or with one of another family: the texts as they are, a completion.
+  for (const char* tmpl : {"", "{{ '<|user|>' + message['content'] + '<|end|>' }}"}) {
+    v.chat_template = tmpl;
+    const auto t = tok::make_tokenizer(v);
+    EXPECT_EQ(t->chat_family(), "none") << tmpl;
+    EXPECT_EQ(t->has_chat_template(), *tmpl != 0) << tmpl;
+    EXPECT_EQ(t->apply_chat(msgs), "Be brief.Hi!") << tmpl;
+    EXPECT_EQ(t->apply_chat({{"user", "The capital of France is"}}), "The capital of France is");
+  }
 }
 
-// A vocab with Gemma's turn pieces and no template (Gemma's base models) chats in Gemma's
-// format and ends generation at <end_of_turn>.
+// A vocab with Gemma's turn pieces and no template (Gemma's base models) gets no guessed
+// template: a chat is a plain completion; <end_of_turn> still ends generation.
 TEST(Tokenizer, GemmaTurnsWithoutTemplate) {
   tok::VocabData v = spm_vocab();
   v.chat_template.clear();
@@ -490,22 +498,36 @@ TEST(Tokenizer, GemmaTurnsWithoutTemplate) {
     v.scores.push_back(0);
   }
   const auto t = tok::make_tokenizer(v);
-  EXPECT_EQ(t->chat_family(), "gemma");
+  EXPECT_EQ(t->chat_family(), "none");
+  EXPECT_FALSE(t->has_chat_template());
   const int32_t start = t->find("<start_of_turn>"), end = t->find("<end_of_turn>");
   EXPECT_TRUE(t->is_eog(end));
   EXPECT_FALSE(t->is_eog(start));
-  const auto ids = t->encode(t->apply_chat({{"user", "hello"}}), true, true);
+  EXPECT_EQ(t->encode(t->apply_chat({{"user", "hello"}}), true, true),
+            t->encode("hello", true, false));
+  // With Gemma's template, its format.
+  v.chat_template = "{{ '<start_of_turn>' + role + '\\n' }}";
+  const auto g = tok::make_tokenizer(v);
+  EXPECT_EQ(g->chat_family(), "gemma");
+  const auto ids = g->encode(g->apply_chat({{"user", "hello"}}), true, true);
   // BOS once, then the turn markers as single tokens; no space prefix before "hello".
   EXPECT_EQ(ids,
-            (std::vector<int32_t>{1, start, t->find("<0x75>"), t->find("<0x73>"), t->find("e"),
-                                  t->find("r"), t->find("<0x0A>"), t->find("he"), t->find("llo"),
-                                  end, t->find("<0x0A>"), start, t->find("<0x6D>"), t->find("o"),
-                                  t->find("d"), t->find("e"), t->find("l"), t->find("<0x0A>")}));
-  // Without a vocab that has them, an empty template stays "none".
-  v.tokens.pop_back();
-  v.types.pop_back();
-  v.scores.pop_back();
-  EXPECT_EQ(tok::make_tokenizer(v)->chat_family(), "none");
+            (std::vector<int32_t>{1, start, g->find("<0x75>"), g->find("<0x73>"), g->find("e"),
+                                  g->find("r"), g->find("<0x0A>"), g->find("he"), g->find("llo"),
+                                  end, g->find("<0x0A>"), start, g->find("<0x6D>"), g->find("o"),
+                                  g->find("d"), g->find("e"), g->find("l"), g->find("<0x0A>")}));
+}
+
+// The bound on the bytes one token stands for: the longest vocab text, at least 4.
+TEST(Tokenizer, MaxTokenBytes) {
+  tok::VocabData v = spm_vocab();
+  size_t longest = 0;
+  for (const std::string& t : v.tokens) longest = std::max(longest, t.size());
+  EXPECT_EQ(tok::make_tokenizer(v)->max_token_bytes(), std::max<size_t>(longest, 4));
+  v.tokens.push_back(std::string(100, 'a'));
+  v.types.push_back(tok::kNormal);
+  v.scores.push_back(0);
+  EXPECT_EQ(tok::make_tokenizer(v)->max_token_bytes(), 100u);
 }
 
 TEST(Tokenizer, RejectsUnknownModelAndPre) {

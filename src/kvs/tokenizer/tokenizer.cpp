@@ -127,6 +127,9 @@ void Tokenizer::init_common(const tok::VocabData& v) {
   index_.reserve(tokens_.size());
   // The first of duplicate texts wins, as in llama.cpp.
   for (size_t i = 0; i < tokens_.size(); ++i) index_.emplace(tokens_[i], static_cast<int32_t>(i));
+  // A vocab text is never shorter than the bytes it stands for: byte-level BPE writes a byte as
+  // one or two UTF-8 bytes, SentencePiece a space as three ("▁"), byte tokens as "<0xAB>".
+  for (const std::string& t : tokens_) max_token_bytes_ = std::max(max_token_bytes_, t.size());
   const auto n = static_cast<int32_t>(tokens_.size());
   const auto valid = [&](int32_t id) { return id >= 0 && id < n ? id : -1; };
   bos_ = valid(v.bos);
@@ -149,13 +152,14 @@ void Tokenizer::init_common(const tok::VocabData& v) {
     chat_family_ = "llama3";
   } else if (t.find("[INST]") != std::string::npos) {
     chat_family_ = "llama2";
-  } else if (t.find("<start_of_turn>") != std::string::npos ||
-             (t.empty() && find("<start_of_turn>") >= 0 && find("<end_of_turn>") >= 0)) {
-    // Gemma; its base models' files carry no template, only the turn pieces in the vocab.
+  } else if (t.find("<start_of_turn>") != std::string::npos) {
     chat_family_ = "gemma";
   } else {
+    // No template (base models, Gemma's included though their vocab has the turn pieces) or
+    // one of another family: a plain completion, never a guessed format.
     chat_family_ = "none";
   }
+  has_chat_template_ = !t.empty();
 }
 
 std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool special) const {
@@ -189,8 +193,6 @@ std::string trim(const std::string& s) {
 }
 }  // namespace
 
-// "none" has no markup to follow, so it writes plain "role: content" lines and leaves an
-// "assistant:" line open; fine for base models, never for models trained on a template.
 std::string Tokenizer::apply_chat(const std::vector<ChatMessage>& msgs) const {
   std::string s;
   if (chat_family_ == "chatml") {
@@ -240,8 +242,9 @@ std::string Tokenizer::apply_chat(const std::vector<ChatMessage>& msgs) const {
     }
     s += "<start_of_turn>model\n";
   } else {
-    for (const auto& m : msgs) s += m.role + ": " + m.content + "\n";
-    s += "assistant:";
+    // "none": the texts as they are, so the model continues them (llama.cpp's completion
+    // where a model has no template).
+    for (const auto& m : msgs) s += m.content;
   }
   return s;
 }

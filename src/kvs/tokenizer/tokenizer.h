@@ -48,10 +48,16 @@ class Tokenizer {
   bool is_eog(int32_t id) const;
   // Id of a token by its exact text, or -1.
   int32_t find(std::string_view text) const;
+  // The most bytes of text one token can stand for (at most its vocab text's length, at least
+  // one UTF-8 character's): a text of more than n times this many bytes has more than n tokens.
+  size_t max_token_bytes() const { return max_token_bytes_; }
 
   // Chat template family detected from tokenizer.chat_template ("chatml", "llama3", "llama2",
-  // "gemma", "none"), and the prompt text for a conversation ending with the assistant's turn open.
+  // "gemma"; "none" where the file has no template or one of another family), and the prompt
+  // text for a conversation ending with the assistant's turn open ("none": the messages' texts
+  // one after the other, a plain completion).
   const std::string& chat_family() const { return chat_family_; }
+  bool has_chat_template() const { return has_chat_template_; }
   std::string apply_chat(const std::vector<ChatMessage>& msgs) const;
 
  protected:
@@ -64,8 +70,10 @@ class Tokenizer {
   std::vector<int32_t> eog_;
   bool add_bos_ = false;
   std::string chat_family_ = "none";
+  bool has_chat_template_ = false;
   std::unordered_map<std::string, int32_t> index_;  // token text -> id
   bool strip_first_space_ = false;  // SentencePiece: decode drops the prefix space encode added
+  size_t max_token_bytes_ = 4;
 };
 
 // Accumulates token pieces and releases only complete UTF-8 characters, so a multi-byte

@@ -176,8 +176,8 @@ TEST(Tokenizer, SyntheticMatchesHuggingFace) {
   }
 }
 
-// Every pre-tokenizer, also those without a reference here, round-trips any bytes, including
-// text that is not UTF-8.
+// Every pre-tokenizer, also those without a reference here, round-trips any UTF-8 text; a byte
+// that is not UTF-8 comes back as U+FFFD, as llama.cpp reads it.
 TEST(Tokenizer, AllPreTokenizersRoundTrip) {
   std::vector<std::string> all = texts();
   all.push_back("bad \xFF\xFE utf8 \xC3 cut \xE2\x82 end\x80");
@@ -187,7 +187,8 @@ TEST(Tokenizer, AllPreTokenizersRoundTrip) {
   for (const char* pre : {"gpt2", "smollm", "llama3", "llama-bpe", "qwen2", "default"}) {
     const auto t = tok::make_tokenizer(synthetic_data(600, pre));
     for (const std::string& x : all)
-      EXPECT_EQ(t->decode(t->encode(x, false, false)), x) << pre << ": " << x.substr(0, 40);
+      EXPECT_EQ(t->decode(t->encode(x, false, false)), tok::replace_invalid_utf8(x))
+          << pre << ": " << x.substr(0, 40);
   }
 }
 
@@ -316,6 +317,21 @@ TEST(Tokenizer, Gemma3MatchesReference) {
         << "text " << i << ": " << all[i].substr(0, 80);
     EXPECT_EQ(t->decode(ids, true), all[i]) << "text " << i;
   }
+}
+
+// Bytes that are not UTF-8 become U+FFFD, one a byte, before byte-level BPE, as llama.cpp reads
+// them (ids from stock llama.cpp's llama_tokenize on this file); never the unknown token.
+TEST(Tokenizer, InvalidUtf8AsLlamaCpp) {
+  const std::string path = smollm_path();
+  if (path.empty()) GTEST_SKIP() << "SmolLM2 model not in KVS_MODEL_DIR";
+  const auto f = gguf::File::open(path);
+  const auto t = Tokenizer::from_gguf(*f);
+  EXPECT_EQ(t->encode("\xff\xfe\xc3(\xe2\x82 tab", false, false),
+            (std::vector<int32_t>{24211, 24211, 24211, 24, 24211, 24211, 10147}));
+  EXPECT_EQ(tok::replace_invalid_utf8("a\xc3\xa9\xe2\x82"), "a\xc3\xa9\xef\xbf\xbd\xef\xbf\xbd");
+  // SmolLM2's vocab has no token for the byte 0x04: dropped, not its unknown token (id 0, which
+  // is <|endoftext|>).
+  EXPECT_EQ(t->encode("l\x01\x04" "d!", false, false), (std::vector<int32_t>{92, 191, 84, 17}));
 }
 
 TEST(Tokenizer, SpecialTokensOnlyWhenAsked) {

@@ -119,7 +119,6 @@ BpeTokenizer::BpeTokenizer(const VocabData& v) : pre_(pre_regexes(v.pre, ignore_
   init_common(v);
   add_bos_ = v.add_bos.value_or(ignore_merges_);  // Llama 3 wants BOS, GPT-2 style vocabs not
   add_eos_ = v.add_eos.value_or(false);
-  unk_ = v.unk >= 0 && v.unk < n_vocab() ? v.unk : -1;
   specials_.build(tokens_, types_);
 
   const auto& b2u = byte_to_unicode();
@@ -185,9 +184,8 @@ void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& ou
   std::vector<Sym> sym;
   sym.reserve(piece.size());
   for (char c : piece) {
-    int32_t id = byte_id_[static_cast<uint8_t>(c)];
-    if (id < 0) id = unk_;
-    if (id < 0) continue;  // a vocab without this byte and without <unk>: drop it
+    const int32_t id = byte_id_[static_cast<uint8_t>(c)];
+    if (id < 0) continue;  // a vocab without this byte (SmolLM2 lacks 0x04): dropped, as llama.cpp does
     const auto i = static_cast<int32_t>(sym.size());
     sym.push_back({id, i - 1, i + 1});
   }
@@ -235,7 +233,8 @@ std::vector<int32_t> BpeTokenizer::encode(std::string_view text, bool add_bos,
       out.push_back(f.id);
       continue;
     }
-    for (std::string_view p : pre_.split(f.text)) encode_piece(p, out);
+    const std::string text_ok = replace_invalid_utf8(f.text);
+    for (std::string_view p : pre_.split(text_ok)) encode_piece(p, out);
   }
   if (add_bos && add_eos_ && eos_ >= 0) out.push_back(eos_);
   return out;

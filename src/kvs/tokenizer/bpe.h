@@ -48,7 +48,6 @@ class BpeTokenizer : public Tokenizer {
   bool ignore_merges_ = false;  // a piece that is a whole token is taken as is (Llama 3)
   Pretokenizer pre_;
   bool add_eos_ = false;
-  int32_t unk_ = -1;
   SpecialMatcher specials_;
   std::array<int32_t, 256> byte_id_{};  // byte -> its single-byte token, or -1
   std::unordered_map<uint64_t, Merge> merges_;

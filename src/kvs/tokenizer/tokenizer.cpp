@@ -48,6 +48,32 @@ size_t utf8_char_len(std::string_view s, size_t i) {
   return n;
 }
 
+std::string replace_invalid_utf8(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  const auto cont = [&](size_t k) {
+    return k < s.size() && (static_cast<uint8_t>(s[k]) & 0xC0) == 0x80;
+  };
+  for (size_t i = 0; i < s.size();) {
+    const uint8_t c = static_cast<uint8_t>(s[i]);
+    size_t n = 0;
+    if (c < 0x80) n = 1;
+    else if ((c & 0xE0) == 0xC0) n = 2;
+    else if ((c & 0xF0) == 0xE0) n = 3;
+    else if ((c & 0xF8) == 0xF0) n = 4;
+    for (size_t k = 1; k < n; ++k)
+      if (!cont(i + k)) n = 0;
+    if (n == 0) {
+      out += "\xEF\xBF\xBD";
+      ++i;
+    } else {
+      out.append(s, i, n);
+      i += n;
+    }
+  }
+  return out;
+}
+
 uint32_t utf8_decode(std::string_view s, size_t i, size_t len) {
   const auto b = [&](size_t k) { return static_cast<uint32_t>(static_cast<uint8_t>(s[k])); };
   switch (len) {

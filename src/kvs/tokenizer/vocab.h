@@ -40,6 +40,9 @@ std::unique_ptr<Tokenizer> make_tokenizer(const VocabData& v);
 
 // Length of the UTF-8 sequence starting at s[i] if it is complete and valid, else 0.
 size_t utf8_char_len(std::string_view s, size_t i);
+// `s` with every byte that does not start a well-formed sequence replaced by U+FFFD, one a byte,
+// as llama.cpp's BPE reads text (lead and continuation bits only: overlong forms pass).
+std::string replace_invalid_utf8(std::string_view s);
 // Appends code point `cp` as UTF-8.
 void utf8_append(std::string& out, uint32_t cp);
 // Decodes the valid character at s[i] (utf8_char_len(s, i) must be > 0).

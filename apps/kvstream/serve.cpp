@@ -24,6 +24,7 @@
 #include "kvs/util/error.h"
 #include "kvs/util/parse.h"
 #include "kvs/util/threadpool.h"
+#include "request.h"
 #include "scheduler.h"
 
 namespace kvs::cli {
@@ -54,27 +55,6 @@ size_t cache_ram_of(const std::string& text) {
               : static_cast<size_t>(parse_size(text, "--cache-ram"));
 }
 
-// A request the server refuses, with OpenAI's error shape; `extra` fields are added to (or
-// replace) those of the error object.
-struct ApiError {
-  ApiError(int s, std::string m, std::string t = "invalid_request_error", std::string c = "",
-           std::string p = "", json x = json::object())
-      : status(s),
-        message(std::move(m)),
-        type(std::move(t)),
-        code(std::move(c)),
-        param(std::move(p)),
-        extra(std::move(x)) {}
-  int status;
-  std::string message, type, code, param;
-  json extra;
-};
-
-[[noreturn]] void bad(std::string message, std::string param = "", std::string code = "") {
-  throw ApiError{400, std::move(message), "invalid_request_error", std::move(code),
-                 std::move(param)};
-}
-
 std::string dump(const json& j) {
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
@@ -93,35 +73,6 @@ void send_error(httplib::Response& res, const ApiError& e) {
   res.set_content(dump(error_body(e)), "application/json");
 }
 
-// Typed fields of a request body: absent or null gives `def`; a wrong type or a value out of
-// range is a 400 naming the field.
-double number(const json& b, const char* key, double def, double lo, double hi) {
-  if (!b.contains(key) || b[key].is_null()) return def;
-  if (!b[key].is_number()) bad(cat("'", key, "' must be a number"), key);
-  const double v = b[key].get<double>();
-  if (!(v >= lo && v <= hi)) bad(cat("'", key, "' must be in [", lo, ", ", hi, "], got ", v), key);
-  return v;
-}
-int64_t integer(const json& b, const char* key, int64_t def, int64_t lo, int64_t hi) {
-  if (!b.contains(key) || b[key].is_null()) return def;
-  if (!b[key].is_number_integer()) bad(cat("'", key, "' must be an integer"), key);
-  const int64_t v = b[key].get<int64_t>();
-  if (v < lo || v > hi) bad(cat("'", key, "' must be in [", lo, ", ", hi, "], got ", v), key);
-  return v;
-}
-// A string field of an object, or "".
-std::string text_of(const json& o, const char* key) {
-  if (!o.is_object() || !o.contains(key)) return "";
-  const json& v = o[key];
-  return v.is_string() ? v.get_ref<const std::string&>() : std::string();
-}
-bool boolean(const json& b, const char* key, bool def) {
-  if (!b.contains(key) || b[key].is_null()) return def;
-  if (!b[key].is_boolean()) bad(cat("'", key, "' must be a boolean"), key);
-  return b[key].get<bool>();
-}
-
-const json kNull;
 
 // The methods of every endpoint, for the Allow header of a 405 (httplib answers HEAD as GET).
 const std::map<std::string, std::string> kMethods = {{"/v1/chat/completions", "POST, OPTIONS"},
@@ -139,160 +90,9 @@ struct Api {
   const EngineOptions& eo;
   Scheduler& sched;
   std::string model_id;
+  RequestRules rules;
   std::time_t started = std::time(nullptr);
   std::atomic<int64_t> http_requests{0}, http_errors{0};
-
-  // The parts every generation request shares: the model, sampling, limits, stop strings.
-  GenRequest common(const json& b) const {
-    if (b.contains("model") && !b["model"].is_null()) {
-      if (!b["model"].is_string()) bad("'model' must be a string", "model");
-      const std::string m = b["model"].get<std::string>();
-      if (m != model_id && m != a.s.model)
-        throw ApiError{
-            404, cat("the model '", m, "' does not exist; this server serves '", model_id, "'"),
-            "invalid_request_error", "model_not_found", "model"};
-    }
-    if (integer(b, "n", 1, 1, 1) != 1) bad("'n' must be 1", "n");
-    if (b.contains("tools") && !b["tools"].is_null() && !b["tools"].empty())
-      bad("tools are not supported", "tools");
-    if (b.contains("response_format") && b["response_format"].is_object() &&
-        !text_of(b["response_format"], "type").empty() &&
-        text_of(b["response_format"], "type") != "text")
-      bad("only the 'text' response_format is supported", "response_format");
-    GenRequest r;
-    SamplerParams& sp = r.sampling;
-    sp = a.g.sp;
-    auto real = [&](const char* key, float def, double lo, double hi) {
-      return static_cast<float>(number(b, key, static_cast<double>(def), lo, hi));
-    };
-    sp.temp = real("temperature", sp.temp, 0, 2);
-    sp.top_p = real("top_p", sp.top_p, 0, 1);
-    if (sp.top_p == 0) sp.top_p = 1e-9f;  // 0: only the best token, as greedy
-    sp.top_k = static_cast<int32_t>(integer(b, "top_k", sp.top_k, 0, 1 << 30));
-    sp.min_p = real("min_p", sp.min_p, 0, 1);
-    sp.repeat_penalty = real("repeat_penalty", sp.repeat_penalty, 1e-3, 10);
-    r.presence_penalty = real("presence_penalty", 0, -2, 2);
-    r.frequency_penalty = real("frequency_penalty", 0, -2, 2);
-    r.ignore_eos = boolean(b, "ignore_eos", a.g.ignore_eos);
-    const int64_t seed = integer(b, "seed", a.g.seed, INT64_MIN, INT64_MAX);
-    sp.seed = seed >= 0 ? static_cast<uint64_t>(seed) : Sampler::kSeedRandom;
-    const int64_t n_def = n_predict_of(a.g);
-    const int64_t max_tokens = integer(b, "max_tokens", n_def, -1, INT32_MAX);
-    r.max_tokens = integer(b, "max_completion_tokens", max_tokens, -1, INT32_MAX);
-    if (r.max_tokens == 0) bad("'max_tokens' must be at least 1", "max_tokens");
-    if (b.contains("stop") && !b["stop"].is_null()) {
-      const json& st = b["stop"];
-      if (st.is_string()) {
-        r.stop.push_back(st.get<std::string>());
-      } else if (st.is_array() && st.size() <= 16) {
-        for (const json& s : st) {
-          if (!s.is_string()) bad("'stop' must be a string or a list of strings", "stop");
-          r.stop.push_back(s.get<std::string>());
-        }
-      } else {
-        bad("'stop' must be a string or a list of at most 16 strings", "stop");
-      }
-      std::erase_if(r.stop, [](const std::string& s) { return s.empty(); });
-    }
-    return r;
-  }
-
-  // A prompt of n_tokens (or, with `bytes`, of that much text and at least n_tokens) that
-  // leaves no room in the context, in llama-server's shape.
-  [[noreturn]] void too_long(size_t n_tokens, size_t bytes, const char* field) const {
-    const std::string what = bytes > 0
-                                 ? cat(bytes, " bytes of text, at least ", n_tokens, " tokens")
-                                 : cat(n_tokens, " tokens");
-    throw ApiError{400,
-                   cat("the prompt has ", what, "; the context holds ", eo.n_ctx,
-                       " (-c), with room for at least one generated token"),
-                   "exceed_context_size_error",
-                   "",
-                   field,
-                   {{"code", 400}, {"n_prompt_tokens", n_tokens}, {"n_ctx", eo.n_ctx}}};
-  }
-  // Refuses, before it is tokenized, a text too long to fit the context whatever its tokens.
-  void check_text_size(size_t bytes, const char* field) const {
-    const size_t per_token = tok.max_token_bytes();
-    if (bytes >= static_cast<size_t>(eo.n_ctx) * per_token)
-      too_long((bytes + per_token - 1) / per_token, bytes, field);
-  }
-
-  // The prompt's tokens into r, refused when they leave no room in the context.
-  void set_prompt(GenRequest& r, std::vector<int32_t> ids, const char* field) const {
-    if (ids.empty()) bad("the prompt is empty", field);
-    if (static_cast<int64_t>(ids.size()) >= eo.n_ctx) too_long(ids.size(), 0, field);
-    r.prompt = std::move(ids);
-  }
-
-  GenRequest chat_request(const json& b) const {
-    GenRequest r = common(b);
-    if (!b.contains("messages")) bad("'messages' is required", "messages");
-    const json& ms = b["messages"];
-    if (!ms.is_array() || ms.empty()) bad("'messages' must be a non-empty list", "messages");
-    std::vector<ChatMessage> msgs;
-    size_t bytes = 0;
-    for (const json& m : ms) {
-      if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
-        bad("every message needs a 'role'", "messages");
-      std::string role = m["role"].get<std::string>();
-      if (role == "developer") role = "system";
-      if (role != "system" && role != "user" && role != "assistant")
-        bad(cat("message role '", role, "' is not supported (system, developer, user, assistant)"),
-            "messages");
-      std::string text;
-      const json& c = m.contains("content") ? m["content"] : kNull;
-      if (c.is_string()) {
-        check_text_size(bytes += c.get_ref<const std::string&>().size(), "messages");
-        text = c.get<std::string>();
-      } else if (c.is_array()) {
-        for (const json& part : c) {
-          if (text_of(part, "type") != "text" || !part.contains("text") ||
-              !part["text"].is_string())
-            bad("only text content parts are supported", "messages");
-          check_text_size(bytes += part["text"].get_ref<const std::string&>().size(), "messages");
-          text += part["text"].get<std::string>();
-        }
-      } else if (!c.is_null() || role != "assistant") {
-        bad("a message's 'content' must be a string or a list of text parts", "messages");
-      }
-      msgs.push_back({role, std::move(text)});
-    }
-    if (b.contains("logprobs") && boolean(b, "logprobs", false))
-      r.top_logprobs = static_cast<int32_t>(integer(b, "top_logprobs", 0, 0, 20));
-    else if (b.contains("top_logprobs") && !b["top_logprobs"].is_null())
-      bad("'top_logprobs' needs 'logprobs': true", "top_logprobs");
-    set_prompt(r, tok.encode(tok.apply_chat(msgs), true, true), "messages");
-    return r;
-  }
-
-  GenRequest completion_request(const json& b) const {
-    GenRequest r = common(b);
-    if (!b.contains("prompt")) bad("'prompt' is required", "prompt");
-    const json* pp = &b["prompt"];
-    if (pp->is_array() && pp->size() == 1 && (*pp)[0].is_string()) pp = &(*pp)[0];
-    const json& p = *pp;
-    if (boolean(b, "echo", false)) bad("'echo' is not supported", "echo");
-    if (b.contains("suffix") && !b["suffix"].is_null()) bad("'suffix' is not supported", "suffix");
-    r.top_logprobs = static_cast<int32_t>(integer(b, "logprobs", -1, 0, 20));
-    if (p.is_string()) {
-      check_text_size(p.get_ref<const std::string&>().size(), "prompt");
-      set_prompt(r, tok.encode(p.get_ref<const std::string&>(), true, false), "prompt");
-    } else if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
-      if (p.size() >= static_cast<size_t>(eo.n_ctx)) too_long(p.size(), 0, "prompt");
-      std::vector<int32_t> ids;
-      for (const json& t : p) {
-        if (!t.is_number_integer()) bad("a token prompt must be a list of integers", "prompt");
-        const int64_t v = t.get<int64_t>();
-        if (v < 0 || v >= tok.n_vocab()) bad(cat("token id ", v, " is out of range"), "prompt");
-        ids.push_back(static_cast<int32_t>(v));
-      }
-      set_prompt(r, std::move(ids), "prompt");
-    } else {
-      bad("'prompt' must be a string, a list of one string or a list of token ids", "prompt");
-    }
-    return r;
-  }
 
   json usage(const Event& e) const {
     return {{"prompt_tokens", e.prompt_tokens},
@@ -498,14 +298,8 @@ struct Api {
   }
 
   void generate(const httplib::Request& req, httplib::Response& res, bool chat) {
-    json b;
-    try {
-      b = json::parse(req.body);
-    } catch (const json::exception& e) {
-      bad(cat("the body is not valid JSON: ", e.what()));
-    }
-    if (!b.is_object()) bad("the body must be a JSON object");
-    GenRequest r = chat ? chat_request(b) : completion_request(b);
+    const json b = parse_body(req.body);
+    GenRequest r = chat ? rules.chat_request(b) : rules.completion_request(b);
     const bool stream = boolean(b, "stream", false);
     bool include_usage = false;
     if (b.contains("stream_options") && b["stream_options"].is_object())
@@ -746,7 +540,9 @@ void serve(const ServeArgs& a) {
   Scheduler sched(eng, *model->tokenizer, a.queue, a.s.verbose, spec.on() ? &spec : nullptr);
   const std::string id =
       a.alias.empty() ? std::filesystem::path(a.s.model).filename().string() : a.alias;
-  Api api{a, *model, *model->tokenizer, eo, sched, id};
+  Api api{a,     *model, *model->tokenizer, eo, sched, id,
+          {*model->tokenizer, eo.n_ctx, id, a.s.model, a.g.sp, a.g.seed, n_predict_of(a.g),
+           a.g.ignore_eos}};
   httplib::Server svr;
   // A connection holds its thread while it waits for a request (kKeepAlive), reads one
   // (--timeout) or is answered: many more threads than slots, so that idle connections do

@@ -12,6 +12,7 @@ flags; the clients retry what the kill cut off, and the answers must still be ri
 Prints requests served, faults injected, p50/p99 latency and RSS; exits 1 on any wrong answer.
 """
 import argparse
+import http.client
 import json
 import os
 import random
@@ -120,7 +121,7 @@ class Soak:
                 if r < 0.10:
                     self.cancel_mid_stream(job[0], job[1])
                     continue
-            except (OSError, urllib.error.URLError):
+            except (OSError, http.client.HTTPException):
                 continue  # the server is being restarted
             stream = rng.random() < 0.5
             for attempt in range(30):
@@ -128,7 +129,7 @@ class Soak:
                 try:
                     text = self.answer(job[0], job[1], job[2], stream)
                     break
-                except (OSError, urllib.error.URLError, RuntimeError) as e:
+                except (OSError, http.client.HTTPException, RuntimeError, ValueError) as e:
                     if not self.a.kill:
                         with self.lock:
                             self.errors.append("client %d request %d: %s" % (cid, i, e))

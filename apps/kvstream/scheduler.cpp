@@ -463,6 +463,13 @@ void Scheduler::loop() {
       continue;
     }
     const StepStats step = eng_.last_step();
+    // The recurrent checkpoints inside long prompts (the end of each is the engine's own).
+    for (size_t i = 0; i < who.size(); ++i)
+      if (Slot& s = *who[i];
+          s.next < 0 && checkpoint_due(s.fed - batch[i].n, s.fed,
+                                       static_cast<int32_t>(s.job->request.prompt.size()),
+                                       eng_.options().ctx_checkpoints))
+        eng_.checkpoint(s.seq);
     int64_t decoded = 0;
     for (size_t i = 0; i < who.size(); ++i) {
       if (!samples[i]) continue;

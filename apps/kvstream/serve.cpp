@@ -36,6 +36,7 @@ struct ServeArgs {
   int32_t port = 8080, queue = 64, timeout = 600;
   std::string max_body = "32M";
   std::string cache_ram = "8192";  // llama-server's default, in its unit (MiB)
+  int32_t ctx_checkpoints = 8;     // llama-server's default
 };
 
 // --cache-ram: a size (MiB without a suffix, as llama-server), 0 for none, -1 for no limit.
@@ -537,6 +538,11 @@ struct Api {
              static_cast<double>(c->budget));
       metric("prompt_cache_evictions_total", "counter",
              "Cached pages evicted (least recently used)", static_cast<double>(c->evicted));
+      metric("prompt_cache_checkpoints", "gauge", "Recurrent checkpoints the prompt cache holds",
+             static_cast<double>(c->checkpoints));
+      metric("prompt_cache_checkpoint_bytes", "gauge",
+             "Host memory the prompt cache's recurrent checkpoints hold (part of its bytes)",
+             static_cast<double>(c->checkpoint_bytes));
     }
     return o.str();
   }
@@ -656,13 +662,10 @@ void serve(const ServeArgs& a) {
   auto model = Model::load(a.s.model);
   EngineOptions eo = engine_options(a.s, model->config);
   eo.cache_ram = cache_ram_of(a.cache_ram);
+  KVS_CHECK(a.ctx_checkpoints >= 0, "--ctx-checkpoints must be 0 or more");
+  eo.ctx_checkpoints = a.ctx_checkpoints;
   apply_speculation(a.spec, eo, backend);
   const auto draft_model = load_draft(a.spec, *model);
-  if (eo.cache_ram > 0 && model->config.n_layers_of(LayerKind::Full) != model->config.n_layer) {
-    std::fprintf(stderr, "kvstream: the prompt cache is off: %s has window or recurrent layers\n",
-                 model->config.arch_name.c_str());
-    eo.cache_ram = 0;
-  }
   check_host_kv(eo, model->config, backend);
   auto dev = device_of(a.s, backend, vram);
   const auto drafter = make_drafter(a.spec, draft_model.get(), *model, *dev, eo);
@@ -739,6 +742,10 @@ void register_serve(CLI::App& app) {
   c->add_option("--max-request-size", a->max_body, "Largest request body")->capture_default_str();
   c->add_option("--cache-ram", a->cache_ram,
                 "Host memory for the prompt cache (MiB without a suffix; 0: off, -1: no limit)")
+      ->capture_default_str();
+  c->add_option("--ctx-checkpoints", a->ctx_checkpoints,
+                "Recurrent models: the most checkpoints inside a prompt's prefill, evenly spaced, "
+                "kept in the prompt cache besides each prompt's and answer's end")
       ->capture_default_str();
   c->add_option("-n,--n-predict", a->g.n_predict,
                 "Default max_tokens of a request (-1: until the context is full)")

@@ -46,10 +46,13 @@ struct EngineOptions {
   // -b tokens, the backend's prefill scratch) sits at the top of the KV arena and is lent to the
   // KV between prefills.
   bool phase_arena = true;
-  // --cache-ram: host memory for the prompt cache (completed pages of closed sequences, reused
-  // by the next sequences whose tokens begin alike); 0: none. Only for models whose layers are
-  // all full attention.
+  // --cache-ram: host memory for the prompt cache (pages and recurrent checkpoints of closed
+  // sequences, reused by the next sequences whose tokens begin alike); 0: none.
   size_t cache_ram = 0;
+  // --ctx-checkpoints: with a prompt cache and recurrent layers, the most evenly spaced points
+  // inside a prompt's prefill where the recurrent state is kept (besides its end and the
+  // answer's), for prompts that later requests leave early.
+  int32_t ctx_checkpoints = 8;
   // Tokens of one sequence whose logits one step returns (BatchEntry::all_logits): 1 + the
   // longest draft that speculative decoding verifies at once. The windows keep n_verify - 1
   // positions more, so a verify step's rejected tail can be rolled back (Engine::truncate).
@@ -175,11 +178,17 @@ class Engine {
   // Returns its pages to the pool; with a prompt cache, its completed pages go into it first.
   void close_sequence(Sequence& s);
   // With a prompt cache: gives s (just opened) copies of the cached pages that begin `tokens`
-  // (n of them), leaving at least one token to evaluate, and returns the positions they hold
-  // (s.n_past); 0 without a cache or a hit. Their logits are then those of evaluating the
-  // whole prompt, bit for bit, where the backend's arithmetic per token does not depend on the
-  // batch (the CPU's does).
+  // (n of them) up to the last matching token (for recurrent layers, the last checkpoint at or
+  // before it, whose state it takes), leaving at least one token to evaluate, and returns the
+  // positions they hold (s.n_past); 0 without a cache or a hit. Their logits are then those of
+  // evaluating the whole prompt, bit for bit, where the backend's arithmetic per token does not
+  // depend on the batch (the CPU's does).
   int32_t reuse_prefix(Sequence& s, const int32_t* tokens, int32_t n);
+  // With a prompt cache and recurrent layers: keeps s's recurrent state at its length, to go
+  // into the cache with its pages when it closes. step() takes one at the end of each prompt
+  // (before the decode step after a prefill) and close_sequence() at the end; a prefill's
+  // evenly spaced points (checkpoint_due) are the caller's, which knows the prompt.
+  void checkpoint(const Sequence& s);
   // nullptr without a prompt cache.
   const PromptCacheStats* prompt_cache_stats() const { return cache_ ? &cache_->stats() : nullptr; }
   // Appends n tokens to one sequence (in chunks of n_batch) and returns the logits of the last
@@ -249,6 +258,8 @@ class Engine {
     // Tokens of its last verify step and the steps that extended it, if the last step was one
     // of those (the recurrent rollback).
     int32_t verified = 0;
+    bool reading = false;                 // its last step read a prompt chunk
+    std::vector<Checkpoint> checkpoints;  // with a prompt cache: its recurrent states so far
   };
   // One forward pass: the batch, where each entry's rows start, the next ring item.
   struct Pass {

@@ -442,7 +442,8 @@ void Scheduler::loop() {
       Slot& s = *sp;
       const auto& prompt = s.job->request.prompt;
       const int32_t left = static_cast<int32_t>(prompt.size()) - s.fed;
-      const int32_t m = std::min(budget, left);
+      // With recurrent checkpoints the last token goes alone (Engine::keeps_checkpoints).
+      const int32_t m = std::min(budget, eng_.keeps_checkpoints() && left > 1 ? left - 1 : left);
       batch.push_back({&s.seq, prompt.data() + s.fed, m});
       who.push_back(&s);
       samples.push_back(m == left);
@@ -463,7 +464,7 @@ void Scheduler::loop() {
       continue;
     }
     const StepStats step = eng_.last_step();
-    // The recurrent checkpoints inside long prompts (the end of each is the engine's own).
+    // The recurrent checkpoints inside prompts and before their last tokens.
     for (size_t i = 0; i < who.size(); ++i)
       if (Slot& s = *who[i];
           s.next < 0 && checkpoint_due(s.fed - batch[i].n, s.fed,

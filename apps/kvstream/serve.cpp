@@ -744,8 +744,9 @@ void register_serve(CLI::App& app) {
                 "Host memory for the prompt cache (MiB without a suffix; 0: off, -1: no limit)")
       ->capture_default_str();
   c->add_option("--ctx-checkpoints", a->ctx_checkpoints,
-                "Recurrent models: the most checkpoints inside a prompt's prefill, evenly spaced, "
-                "kept in the prompt cache besides each prompt's and answer's end")
+                "Recurrent models: the most checkpoints inside a prompt's prefill, evenly "
+                "spaced, kept in the prompt cache besides those before each prompt's last token "
+                "and at each answer's end")
       ->capture_default_str();
   c->add_option("-n,--n-predict", a->g.n_predict,
                 "Default max_tokens of a request (-1: until the context is full)")

@@ -183,9 +183,11 @@ TEST(PromptCache, WindowPagesBoundWhereAResumeCanStart) {
 
 TEST(PromptCache, CheckpointsAreEvenlySpacedInsideAPrompt) {
   int due = 0;
-  for (int32_t at = 0; at < 1000; at += 10) due += checkpoint_due(at, at + 10, 1000, 4);
+  for (int32_t at = 0; at < 990; at += 10) due += checkpoint_due(at, at + 10, 1000, 4);
   EXPECT_EQ(due, 4);
-  EXPECT_FALSE(checkpoint_due(990, 1000, 1000, 4));  // the end is the engine's own
+  EXPECT_TRUE(checkpoint_due(990, 999, 1000, 4));  // before the last token, read alone
+  EXPECT_TRUE(checkpoint_due(990, 999, 1000, 0));
+  EXPECT_FALSE(checkpoint_due(999, 1000, 1000, 4));
   EXPECT_FALSE(checkpoint_due(0, 500, 1000, 0));
 }
 
@@ -412,10 +414,10 @@ EngineOptions small_options(const Model& m, KvMode mode, int32_t n_seq, bool cac
   return o;
 }
 
-// Where a recurrent model keeps states: the end of a prompt read by eval() (before the first
-// decode step), its evenly spaced points (--ctx-checkpoints: 4 in 10 chunks of -b, at 2b, 4b,
-// 6b and 8b), the end of the answer; a prompt that leaves the first one's tokens resumes from
-// the last of them before it, with the cold logits.
+// Where a recurrent model keeps states: before the last token of a prompt read by eval()
+// (which reads it alone), at the prompt's evenly spaced points (--ctx-checkpoints: 4 in 10
+// chunks of -b, at 2b, 4b, 6b and 8b), at the end of the answer; a prompt that leaves the first
+// one's tokens, or repeats it, resumes from the last of them before it, with the cold logits.
 TEST(PromptCacheExact, RecurrentCheckpointsWhereTheyAreTaken) {
   auto m = Model::load("synthetic:tiny-qwen35");
   std::mt19937 g(7);
@@ -424,14 +426,18 @@ TEST(PromptCacheExact, RecurrentCheckpointsWhereTheyAreTaken) {
   const auto gen1 = random_tokens(g, 3, V);
   const auto other = random_tokens(g, 9, V);
   struct Want {
-    int32_t leave, reused;
+    int32_t leave;
+    bool more;  // other tokens after those kept
+    int32_t reused;
   };
-  for (const Want w : {Want{10 * b + 3, 10 * b + 3}, Want{10 * b, 10 * b}, Want{10 * b - 1, 8 * b},
-                       Want{7 * b + 5, 6 * b}, Want{b, 0}}) {
-    SCOPED_TRACE("leaves at " + std::to_string(w.leave));
+  for (const Want w :
+       {Want{10 * b + 3, true, 10 * b + 3}, Want{10 * b, true, 10 * b - 1},
+        Want{10 * b, false, 10 * b - 1}, Want{10 * b - 1, true, 10 * b - 1},
+        Want{10 * b - 2, true, 8 * b}, Want{7 * b + 5, true, 6 * b}, Want{b, true, 0}}) {
+    SCOPED_TRACE("leaves at " + std::to_string(w.leave) + (w.more ? " for others" : ""));
     std::vector<int32_t> prompt2 = join({prompt1, gen1});
     prompt2.resize(static_cast<size_t>(w.leave));
-    prompt2.insert(prompt2.end(), other.begin(), other.end());
+    if (w.more) prompt2.insert(prompt2.end(), other.begin(), other.end());
     std::vector<float> want, got;
     for (const bool cached : {true, false}) {
       auto dev = make_cpu_device(0);

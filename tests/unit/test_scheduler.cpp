@@ -384,5 +384,40 @@ TEST(Scheduler, MtpPerSlotGivesTheTokensOfPlainDecoding) {
   EXPECT_GT(f.sched->stats().drafted, 30);
 }
 
+// The MTP block with the prompt cache: the same jobs twice, the second time resuming from the
+// first's checkpoints (in whichever slot each lands), give the tokens of plain decoding.
+TEST(Scheduler, MtpWithThePromptCacheGivesTheTokensOfPlainDecoding) {
+  const auto jobs_of = [] {
+    std::vector<std::shared_ptr<Job>> jobs;
+    for (uint32_t i = 0; i < 5; ++i)
+      jobs.push_back(job_of(7 + 9 * static_cast<int32_t>(i), 30, i + 10));
+    return jobs;
+  };
+  std::vector<std::vector<int32_t>> want(5);
+  {
+    Fixture f(1, 32, 8, 0, KvMode::Auto, {}, nullptr, "tiny-qwen35");
+    auto jobs = jobs_of();
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      ASSERT_TRUE(f.sched->submit(jobs[i]));
+      ASSERT_TRUE(drain(*jobs[i], want[i]));
+    }
+  }
+  Fixture f(3, 32, 8, size_t{16} << 20, KvMode::Stream, SpecOptions{SpecMode::Mtp, 5, 1}, nullptr,
+            "tiny-qwen35");
+  for (int round = 0; round < 2; ++round) {
+    auto jobs = jobs_of();
+    for (auto& j : jobs) ASSERT_TRUE(f.sched->submit(j));
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      std::vector<int32_t> got;
+      ASSERT_TRUE(drain(*jobs[i], got));
+      EXPECT_EQ(got, want[i]) << "request " << i << ", round " << round;
+    }
+  }
+  const SchedulerStats s = f.sched->stats();
+  ASSERT_TRUE(s.prompt_cache.has_value());
+  EXPECT_GE(s.prompt_cache->hits, 5);
+  EXPECT_GT(s.drafted, 30);
+}
+
 }  // namespace
 }  // namespace kvs::cli

@@ -392,8 +392,9 @@ const float* Engine::eval(Sequence& s, const int32_t* tokens, int32_t n) {
   KVS_CHECK(n >= 1, "nothing to evaluate: the prompt is empty");
   KVS_CHECK(int64_t{s.n_past} + n <= opt_.n_ctx, "the sequence would hold ", int64_t{s.n_past} + n,
             " tokens, more than the context size ", opt_.n_ctx, " (raise -c/--ctx-size)");
-  for (int32_t i = 0; i < n; i += opt_.n_batch) {
-    const int32_t m = std::min(opt_.n_batch, n - i);
+  const int32_t body = keeps_checkpoints() && n > 1 ? n - 1 : n;  // then the last one alone
+  for (int32_t i = 0, m = 0; i < n; i += m) {
+    m = std::min(opt_.n_batch, (i < body ? body : n) - i);
     step({BatchEntry{&s, tokens + i, m}});
     if (checkpoint_due(i, i + m, n, opt_.ctx_checkpoints)) checkpoint(s);
   }

@@ -185,10 +185,13 @@ class Engine {
   // depend on the batch (the CPU's does).
   int32_t reuse_prefix(Sequence& s, const int32_t* tokens, int32_t n);
   // With a prompt cache and recurrent layers: keeps s's recurrent state at its length, to go
-  // into the cache with its pages when it closes. step() takes one at the end of each prompt
-  // (before the decode step after a prefill) and close_sequence() at the end; a prefill's
-  // evenly spaced points (checkpoint_due) are the caller's, which knows the prompt.
+  // into the cache with its pages when it closes. step() takes one where a prefill ends (before
+  // the step after it) and close_sequence() at the end; the points of checkpoint_due are the
+  // caller's, which knows the prompt.
   void checkpoint(const Sequence& s);
+  // Whether checkpoints are kept: a prompt's last token is then read in a step of its own, so
+  // that the state before it is a checkpoint (eval() does; so must other callers).
+  bool keeps_checkpoints() const { return cache_ && shape_.n_recurrent > 0; }
   // nullptr without a prompt cache.
   const PromptCacheStats* prompt_cache_stats() const { return cache_ ? &cache_->stats() : nullptr; }
   // Appends n tokens to one sequence (in chunks of n_batch) and returns the logits of the last

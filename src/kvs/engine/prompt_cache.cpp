@@ -27,7 +27,9 @@ uint64_t chain_key(uint64_t parent, const int32_t* tokens, int32_t n) {
 }  // namespace
 
 bool checkpoint_due(int32_t before, int32_t after, int32_t n_prompt, int32_t max_points) {
-  if (max_points <= 0 || after >= n_prompt || after <= before) return false;
+  if (after >= n_prompt || after <= before) return false;
+  if (after == n_prompt - 1) return true;
+  if (max_points <= 0) return false;
   const int64_t k = int64_t{max_points} + 1;
   return after * k / n_prompt > before * k / n_prompt;
 }

@@ -114,8 +114,10 @@ class PromptCache {
 };
 
 // Whether a prefill of a prompt of n_prompt positions that moved from `before` to `after` (both
-// counted from the prompt's start) passed one of the max_points evenly spaced points inside it
-// where a recurrent checkpoint is taken (--ctx-checkpoints).
+// counted from the prompt's start) reached a point where a recurrent checkpoint is taken: one
+// of the max_points evenly spaced inside it (--ctx-checkpoints), or the position before its
+// last token (which the caller reads alone: Engine::keeps_checkpoints), where the same prompt
+// again can resume.
 bool checkpoint_due(int32_t before, int32_t after, int32_t n_prompt, int32_t max_points);
 
 }  // namespace kvs

@@ -161,6 +161,11 @@ bool Scheduler::submit(const std::shared_ptr<Job>& job) {
   return true;
 }
 
+void Scheduler::warn_cache() {
+  for (const std::string& w : eng_.prompt_cache_warnings())
+    std::fprintf(stderr, "kvstream: %s\n", w.c_str());
+}
+
 SchedulerStats Scheduler::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   return stats_;
@@ -195,6 +200,7 @@ void Scheduler::admit(std::unique_lock<std::mutex>& lock) {
       }
       s.fed = s.cached =
           eng_.reuse_prefix(s.seq, prompt.data(), static_cast<int32_t>(prompt.size()));
+      warn_cache();
       s.next = -1;
       lock.lock();
     }
@@ -212,6 +218,7 @@ void Scheduler::admit(std::unique_lock<std::mutex>& lock) {
 // so the client's next look at /slots or /metrics sees the slot free.
 void Scheduler::release(Slot& s) {
   eng_.close_sequence(s.seq);
+  warn_cache();
   s.job.reset();
   s.gen.reset();
   int32_t busy = 0;

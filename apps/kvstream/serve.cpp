@@ -37,6 +37,7 @@ struct ServeArgs {
   std::string max_body = "32M";
   std::string cache_ram = "8192";  // llama-server's default, in its unit (MiB)
   int32_t ctx_checkpoints = 8;     // llama-server's default
+  std::string cache_disk, cache_disk_size = "16G";
 };
 
 // --cache-ram: a size (MiB without a suffix, as llama-server), 0 for none, -1 for no limit.
@@ -543,6 +544,14 @@ struct Api {
       metric("prompt_cache_checkpoint_bytes", "gauge",
              "Host memory the prompt cache's recurrent checkpoints hold (part of its bytes)",
              static_cast<double>(c->checkpoint_bytes));
+      if (!eo.cache_disk.empty()) {
+        metric("prompt_cache_disk_bytes", "gauge", "Bytes of the prompt cache's disk entries",
+               static_cast<double>(c->disk_bytes));
+        metric("prompt_cache_disk_writes_total", "counter", "Prompt-cache entries written to disk",
+               static_cast<double>(c->disk_writes));
+        metric("prompt_cache_disk_reads_total", "counter",
+               "Prompt-cache entries read back from disk", static_cast<double>(c->disk_reads));
+      }
     }
     return o.str();
   }
@@ -664,6 +673,8 @@ void serve(const ServeArgs& a) {
   eo.cache_ram = cache_ram_of(a.cache_ram);
   KVS_CHECK(a.ctx_checkpoints >= 0, "--ctx-checkpoints must be 0 or more");
   eo.ctx_checkpoints = a.ctx_checkpoints;
+  eo.cache_disk = a.cache_disk;
+  eo.cache_disk_bytes = static_cast<size_t>(parse_size(a.cache_disk_size, "--cache-disk-size"));
   apply_speculation(a.spec, eo, backend);
   const auto draft_model = load_draft(a.spec, *model);
   check_host_kv(eo, model->config, backend);
@@ -671,6 +682,8 @@ void serve(const ServeArgs& a) {
   const auto drafter = make_drafter(a.spec, draft_model.get(), *model, *dev, eo);
   const auto mtp = make_mtp(a.spec, *model, *dev, eo);
   Engine eng(*model, *dev, eo, mtp ? &mtp->engine() : nullptr);
+  for (const std::string& w : eng.prompt_cache_warnings())  // the disk tier's refused files
+    std::fprintf(stderr, "kvstream: %s\n", w.c_str());
   Speculator spec(spec_options(a.spec), eng, drafter.get(), mtp.get());
 
   Scheduler sched(eng, *model->tokenizer, a.queue, a.s.verbose, spec.on() ? &spec : nullptr);
@@ -742,6 +755,11 @@ void register_serve(CLI::App& app) {
   c->add_option("--max-request-size", a->max_body, "Largest request body")->capture_default_str();
   c->add_option("--cache-ram", a->cache_ram,
                 "Host memory for the prompt cache (MiB without a suffix; 0: off, -1: no limit)")
+      ->capture_default_str();
+  c->add_option("--cache-disk", a->cache_disk,
+                "Directory for the prompt cache's disk tier: entries evicted from RAM (and all "
+                "at exit), read back on a match, also after a restart");
+  c->add_option("--cache-disk-size", a->cache_disk_size, "Most bytes --cache-disk holds")
       ->capture_default_str();
   c->add_option("--ctx-checkpoints", a->ctx_checkpoints,
                 "Recurrent models: the most checkpoints inside a prompt's prefill, evenly "

@@ -4,9 +4,12 @@ tiny-qwen35 and tiny-gemma3, random weights, the default page of 256 positions):
 conversation's second turn reports cached tokens (the first turn's prompt and answer, up to the
 last token that tokenizes back alike; for qwen35 back to a checkpoint of the Gated DeltaNet
 state), and its answer and log-probabilities equal those of a server without a cache; /metrics
-counts qwen35's checkpoints.
+counts qwen35's checkpoints. With --cache-disk the cache outlives the server: turn 2 asked of a
+restarted server resumes from disk alike; a second server on the same directory is refused.
 Usage: serve_cache_hybrid.py KVSTREAM"""
+import subprocess
 import sys
+import tempfile
 
 import openai
 
@@ -64,6 +67,31 @@ def main():
             check(m["prompt_cache_checkpoints"] >= 2 and
                   0 < m["prompt_cache_checkpoint_bytes"] < m["prompt_cache_bytes"],
                   "%s: checkpoint metrics: %r" % (preset, m))
+        # The disk tier: turn 1, a restart, turn 2.
+        with tempfile.TemporaryDirectory() as disk:
+            flags = (*common, "--cache-ram", "64", "--cache-disk", disk)
+            first = Server(BINARY, "synthetic:" + preset, *flags)
+            client = openai.OpenAI(base_url=first.url + "/v1", api_key="none", max_retries=0)
+            msgs = [{"role": "user", "content": TURNS[0]}]
+            d1 = answer(client, msgs)
+            twice = subprocess.run([BINARY, "serve", "-m", "synthetic:" + preset, "--port", "0",
+                                    *flags], capture_output=True, text=True, timeout=60)
+            check(twice.returncode != 0 and "another kvstream process" in twice.stderr,
+                  "%s: a second server on one --cache-disk: %r" % (preset, twice.stderr[-300:]))
+            client.close()
+            first.stop()
+            again = Server(BINARY, "synthetic:" + preset, *flags)
+            client = openai.OpenAI(base_url=again.url + "/v1", api_key="none", max_retries=0)
+            msgs += [{"role": "assistant", "content": d1[0]}, {"role": "user", "content": TURNS[1]}]
+            d2 = answer(client, msgs)
+            check(d1 == want1 and d2[0] == want2[0] and d2[2] == want2[2],
+                  "%s: the conversation across a restart differs from a cold server's" % preset)
+            check(cached(d2[1]) == c2, "%s: after a restart turn 2 reused %r, not %d" %
+                  (preset, cached(d2[1]), c2))
+            m = again.metrics()
+            check(m["prompt_cache_disk_reads_total"] > 0, "%s: disk metrics: %r" % (preset, m))
+            client.close()
+            again.stop()
         cold.close()
         warm.close()
         cold_srv.stop()

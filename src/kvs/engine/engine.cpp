@@ -113,7 +113,7 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt, const 
   dst_.resize(b);
   spans_.reserve(static_cast<size_t>(max_pages_));
 
-  make_prompt_cache();
+  make_prompt_cache(model);
   const ScratchArgs sa = scratch_args(cfg_, opt);
   max_spans_ = sa.max_spans;
   dev.reserve(w_, sa.n_tok, sa.n_out_tok, sa.max_spans, sa.n_head, sa.head_dim);

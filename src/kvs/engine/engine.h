@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -53,6 +54,10 @@ struct EngineOptions {
   // inside a prompt's prefill where the recurrent state is kept (besides its end and the
   // answer's), for prompts that later requests leave early.
   int32_t ctx_checkpoints = 8;
+  // --cache-disk DIR (empty: none) and --cache-disk-size: the prompt cache's disk tier, which
+  // takes what the RAM evicts (and all of it when the engine goes) and outlives the process.
+  std::string cache_disk;
+  size_t cache_disk_bytes = size_t{16} << 30;
   // Tokens of one sequence whose logits one step returns (BatchEntry::all_logits): 1 + the
   // longest draft that speculative decoding verifies at once. The windows keep n_verify - 1
   // positions more, so a verify step's rejected tail can be rolled back (Engine::truncate).
@@ -194,6 +199,11 @@ class Engine {
   bool keeps_checkpoints() const { return cache_ && shape_.n_recurrent > 0; }
   // nullptr without a prompt cache.
   const PromptCacheStats* prompt_cache_stats() const { return cache_ ? &cache_->stats() : nullptr; }
+  // The prompt cache's warnings since the last call (its disk tier's refused files and failed
+  // writes), for the caller to show.
+  std::vector<std::string> prompt_cache_warnings() {
+    return cache_ ? cache_->take_warnings() : std::vector<std::string>{};
+  }
   // Appends n tokens to one sequence (in chunks of n_batch) and returns the logits of the last
   // one [n_vocab], valid until the next call. Fails when the sequence would pass n_ctx.
   const float* eval(Sequence& s, const int32_t* tokens, int32_t n);
@@ -310,7 +320,7 @@ class Engine {
 
   void replan(const std::vector<BatchEntry>& batch);
   // The prompt cache's part of the constructor, and its keeping of a closing slot's pages.
-  void make_prompt_cache();
+  void make_prompt_cache(const Model& model);
   void keep_pages(int32_t s);
   // Moves the pool to plan p with `top` frames kept for the prefill's workspace.
   void apply(const Plan& p, int32_t top);

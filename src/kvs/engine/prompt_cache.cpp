@@ -6,6 +6,7 @@
 #include <climits>
 #include <cstring>
 
+#include "kvs/engine/cache_disk.h"
 #include "kvs/engine/engine.h"
 #include "kvs/util/error.h"
 
@@ -24,6 +25,13 @@ uint64_t chain_key(uint64_t parent, const int32_t* tokens, int32_t n) {
   return h;
 }
 
+// A 64-bit digest of bytes (the chain's mixing, 4 bytes a step; the tail zero-padded).
+uint64_t fingerprint(const std::string& bytes) {
+  std::vector<int32_t> words((bytes.size() + 3) / 4, 0);
+  std::memcpy(words.data(), bytes.data(), bytes.size());
+  return chain_key(bytes.size(), words.data(), static_cast<int32_t>(words.size()));
+}
+
 }  // namespace
 
 bool checkpoint_due(int32_t before, int32_t after, int32_t n_prompt, int32_t max_points) {
@@ -37,6 +45,81 @@ bool checkpoint_due(int32_t before, int32_t after, int32_t n_prompt, int32_t max
 PromptCache::PromptCache(size_t budget, const PromptCacheShape& shape)
     : budget_(budget), shape_(shape) {
   stats_.budget = budget;
+}
+
+PromptCache::~PromptCache() {
+  if (!disk_) return;
+  for (auto it = lru_.rbegin(); it != lru_.rend(); ++it) to_disk(*it);  // the oldest first
+}
+
+void PromptCache::use_disk(std::unique_ptr<CacheDisk> disk) {
+  disk_ = std::move(disk);
+  disk_stats();
+}
+
+std::vector<std::string> PromptCache::take_warnings() {
+  return disk_ ? disk_->take_warnings() : std::vector<std::string>{};
+}
+
+void PromptCache::disk_stats() {
+  stats_.disk_bytes = disk_->bytes();
+  stats_.disk_writes = disk_->writes();
+  stats_.disk_reads = disk_->reads();
+}
+
+void PromptCache::to_disk(const Entry& e) {
+  DiskEntry head;
+  head.key = e.key;
+  head.parent = e.parent;
+  head.tokens = e.tokens;
+  std::vector<const uint8_t*> states;
+  for (const Checkpoint& c : e.checkpoints) {
+    head.checkpoints.push_back(c.pos);
+    states.push_back(c.state.get());
+  }
+  disk_->put(head, e.kv.get(), e.window.get(), states);
+  disk_stats();
+}
+
+bool PromptCache::on_disk(uint64_t parent, uint64_t key, const int32_t* tokens, int32_t n) const {
+  const DiskEntry* d = disk_ ? disk_->find(key) : nullptr;
+  return d && d->parent == parent && static_cast<int32_t>(d->tokens.size()) == n &&
+         std::equal(d->tokens.begin(), d->tokens.end(), tokens);
+}
+
+PromptCache::Iter PromptCache::from_disk(uint64_t key) {
+  const DiskEntry* d = disk_->find(key);
+  if (!d || index_.count(key)) return lru_.end();
+  const DiskEntry head = *d;  // make_room may write others, and the disk forget this one
+  const size_t bytes = entry_bytes(static_cast<int32_t>(head.tokens.size()), head.window) +
+                       head.checkpoints.size() * shape_.state_bytes;
+  if (!make_room(bytes) || !disk_->find(key)) return lru_.end();
+  lru_.emplace_front();
+  const Iter it = lru_.begin();
+  it->key = key;
+  it->parent = head.parent;
+  it->tokens = head.tokens;
+  it->kv = std::make_unique_for_overwrite<uint8_t[]>(shape_.page_bytes);
+  if (head.window) it->window = std::make_unique_for_overwrite<uint8_t[]>(shape_.window_bytes);
+  std::vector<uint8_t*> states;
+  for (const int32_t pos : head.checkpoints) {
+    it->checkpoints.push_back({pos, std::make_unique_for_overwrite<uint8_t[]>(shape_.state_bytes)});
+    states.push_back(it->checkpoints.back().state.get());
+  }
+  const bool ok = disk_->take(key, it->kv.get(), it->window.get(), states);
+  disk_stats();
+  if (!ok) {
+    lru_.pop_front();
+    return lru_.end();
+  }
+  it->bytes = bytes;
+  it->pinned = generation_;
+  stats_.bytes += bytes;
+  stats_.checkpoints += static_cast<int64_t>(it->checkpoints.size());
+  stats_.checkpoint_bytes += it->checkpoints.size() * shape_.state_bytes;
+  index_[key] = it;
+  children_.emplace(head.parent, it);
+  return it;
 }
 
 PromptCache::Iter PromptCache::lookup(uint64_t parent, uint64_t key, const int32_t* tokens,
@@ -63,6 +146,7 @@ void PromptCache::evict_back() {
       children_.erase(it);
       break;
     }
+  if (disk_) to_disk(*victim);
   stats_.bytes -= victim->bytes;
   stats_.checkpoints -= static_cast<int64_t>(victim->checkpoints.size());
   stats_.checkpoint_bytes -= victim->checkpoints.size() * shape_.state_bytes;
@@ -80,14 +164,18 @@ bool PromptCache::make_room(size_t more) {
 
 CacheHit PromptCache::find(const int32_t* tokens, int32_t max_n) {
   ++stats_.lookups;
+  ++generation_;  // entries read back from disk must not evict those matched before them
   const int32_t P = shape_.page_tokens;
   std::vector<Iter> chain;  // pages matched whole
   uint64_t parent = 0;
   for (int32_t i = 0; (i + 1) * P <= max_n; ++i) {
     const int32_t* t = tokens + static_cast<size_t>(i) * P;
     const uint64_t key = chain_key(parent, t, P);
-    const Iter it = lookup(parent, key, t, P);
+    Iter it = lookup(parent, key, t, P);
+    if (it == lru_.end() && on_disk(parent, key, t, P)) it = from_disk(key);
     if (it == lru_.end()) break;
+    it->pinned = generation_;  // at the front: eviction takes from the back
+    lru_.splice(lru_.begin(), lru_, it);
     chain.push_back(it);
     parent = key;
   }
@@ -103,6 +191,20 @@ CacheHit PromptCache::find(const int32_t* tokens, int32_t max_n) {
     int32_t l = 0;
     while (l < lim && t[static_cast<size_t>(l)] == tokens[whole + l]) ++l;
     if (l > tail_n) tail = it->second, tail_n = l;
+  }
+  if (disk_ && room > 0) {  // a longer match on disk
+    uint64_t best = 0;
+    int32_t best_n = tail_n;
+    for (const DiskEntry* d : disk_->children(parent)) {
+      const int32_t lim = std::min(room, static_cast<int32_t>(d->tokens.size()));
+      int32_t l = 0;
+      while (l < lim && d->tokens[static_cast<size_t>(l)] == tokens[whole + l]) ++l;
+      if (l > best_n) best = d->key, best_n = l;
+    }
+    if (best_n > tail_n) {
+      if (tail != lru_.end()) tail->pinned = generation_, lru_.splice(lru_.begin(), lru_, tail);
+      if (const Iter it = from_disk(best); it != lru_.end()) tail = it, tail_n = best_n;
+    }
   }
   // Where a resume could start, best first: for recurrent models the checkpoints, else the
   // last matching token and the last whole page.
@@ -209,7 +311,9 @@ void PromptCache::insert(const int32_t* tokens, int32_t n, int32_t window_first,
 
 // The cache takes at most --cache-ram, and at most what host memory has left beside the whole
 // KV history of every sequence, so that a sequence never runs out of host memory mid-way.
-void Engine::make_prompt_cache() {
+void Engine::make_prompt_cache(const Model& model) {
+  KVS_CHECK(opt_.cache_disk.empty() || opt_.cache_ram > 0,
+            "--cache-disk needs the prompt cache in RAM too (--cache-ram above 0)");
   if (opt_.cache_ram == 0) return;
   const size_t avail = host_memory_available() / 10 * 9;
   size_t budget = opt_.cache_ram;
@@ -223,6 +327,23 @@ void Engine::make_prompt_cache() {
   // Host mode keeps every window page; otherwise trim_windows's reach.
   c.window_back = opt_.kv_mode == KvMode::Host ? INT32_MAX / 2 : cfg_.n_swa - 1 + opt_.n_verify - 1;
   cache_ = std::make_unique<PromptCache>(budget, c);
+  if (opt_.cache_disk.empty()) return;
+  // What a disk entry must match: the model's shape, the KV's types and pages, and samples of
+  // its weights (the embedding's and the output's first and last 64 KiB).
+  std::string id = cat(cfg_.arch_name, cfg_.n_layer, ' ', cfg_.n_embd, ' ', cfg_.n_ff, ' ',
+                       cfg_.n_head, ' ', cfg_.n_head_kv, ' ', cfg_.head_dim, ' ', cfg_.n_vocab, ' ',
+                       cfg_.n_swa, ' ', cfg_.ssm_state, ' ', cfg_.ssm_v_heads, ' ',
+                       dtype_name(opt_.k_type), dtype_name(opt_.v_type), ' ', opt_.page_size, ' ',
+                       c.page_bytes, ' ', c.window_bytes, ' ', c.state_bytes);
+  for (const LayerKind k : cfg_.kinds) id += static_cast<char>('0' + static_cast<int>(k));
+  for (const Matrix* m : {&model.weights.tok_embd, &model.weights.output}) {
+    const size_t n = m->data ? m->bytes() : 0, sample = std::min<size_t>(n, 65536);
+    if (sample == 0) continue;
+    id.append(reinterpret_cast<const char*>(m->data), sample);
+    id.append(reinterpret_cast<const char*>(m->data + n - sample), sample);
+  }
+  cache_->use_disk(
+      std::make_unique<CacheDisk>(opt_.cache_disk, opt_.cache_disk_bytes, fingerprint(id), c));
 }
 
 void Engine::checkpoint(const Sequence& s) {

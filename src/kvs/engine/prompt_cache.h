@@ -14,10 +14,13 @@
 #include <functional>
 #include <list>
 #include <memory>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
 namespace kvs {
+
+class CacheDisk;
 
 struct PromptCacheStats {
   int64_t lookups = 0, hits = 0;      // sequences that asked; those that reused a position
@@ -27,6 +30,9 @@ struct PromptCacheStats {
   size_t budget = 0;
   int64_t checkpoints = 0;      // recurrent checkpoints held now
   size_t checkpoint_bytes = 0;  // their part of `bytes`
+  // The disk tier (--cache-disk): bytes of its files, entries written and read back.
+  size_t disk_bytes = 0;
+  int64_t disk_writes = 0, disk_reads = 0;
 };
 
 // What one entry holds, by the model's layer kinds.
@@ -59,6 +65,14 @@ struct CacheHit {
 class PromptCache {
  public:
   PromptCache(size_t budget, const PromptCacheShape& shape);
+  // With a disk tier: every entry still held goes to it.
+  ~PromptCache();
+  PromptCache(const PromptCache&) = delete;
+  PromptCache& operator=(const PromptCache&) = delete;
+  // Entries evicted from RAM go to `disk` from now on, and a lookup reads back those it holds.
+  void use_disk(std::unique_ptr<CacheDisk> disk);
+  // Warnings of the disk tier since the last call (refused files, failed writes).
+  std::vector<std::string> take_warnings();
 
   // The longest usable cached prefix of `tokens`, at most max_n positions: up to the last
   // matching token, the window pages it needs all cached, and, for recurrent models, rounded
@@ -103,6 +117,12 @@ class PromptCache {
   // Evicts least recently used entries not pinned until `more` bytes fit; false if they can't.
   bool make_room(size_t more);
   void evict_back();
+  void to_disk(const Entry& e);
+  // The disk's entry `key` as a RAM entry (pinned), or lru_.end().
+  Iter from_disk(uint64_t key);
+  // The disk's entry of `n` tokens under `parent` equal to `tokens`, if it has one.
+  bool on_disk(uint64_t parent, uint64_t key, const int32_t* tokens, int32_t n) const;
+  void disk_stats();
 
   size_t budget_;
   PromptCacheShape shape_;
@@ -110,6 +130,7 @@ class PromptCache {
   std::unordered_map<uint64_t, Iter> index_;
   std::unordered_multimap<uint64_t, Iter> children_;  // by parent key
   uint64_t generation_ = 0;
+  std::unique_ptr<CacheDisk> disk_;
   PromptCacheStats stats_;
 };
 

@@ -233,9 +233,13 @@ void print(const PlanArgs& pa, const Figures& f) {
   if (shape.n_window > 0)
     std::printf(", %d window of %d positions (resident, %d pages each: %s)", shape.n_window,
                 f.c.n_swa, shape.window_pages, format_bytes(shape.window_bytes).c_str());
+  const size_t checkpoint = shape.recurrent_layer_bytes * static_cast<size_t>(shape.n_recurrent);
   if (shape.n_recurrent > 0)
-    std::printf(", %d recurrent (resident state beside the arena: %s)", shape.n_recurrent,
-                format_bytes(shape.recurrent_bytes).c_str());
+    std::printf(
+        ", %d recurrent (resident state beside the arena: %s; a prompt-cache checkpoint "
+        "of a sequence: %s of host memory)",
+        shape.n_recurrent, format_bytes(shape.recurrent_bytes).c_str(),
+        format_bytes(checkpoint).c_str());
   std::printf("\n");
   if (f.device_extra)
     std::printf("device     %s more beside the weights a step reads: the embedding table and the "
@@ -312,6 +316,8 @@ nlohmann::json plan_json(const PlanArgs& pa, const Figures& f) {
   j["window_bytes"] = shape.window_bytes;
   j["recurrent_layers"] = shape.n_recurrent;
   j["recurrent_bytes"] = shape.recurrent_bytes;
+  // What one recurrent checkpoint of the prompt cache (--cache-ram) holds.
+  j["checkpoint_bytes"] = shape.recurrent_layer_bytes * static_cast<size_t>(shape.n_recurrent);
   j["resident_fraction"] = f.resident_frac;
   j["resident_pages"] = p.resident;
   j["resident_extra_layers"] = p.extra;

@@ -161,6 +161,11 @@ bool Scheduler::submit(const std::shared_ptr<Job>& job) {
   return true;
 }
 
+void Scheduler::warn_cache() {
+  for (const std::string& w : eng_.prompt_cache_warnings())
+    std::fprintf(stderr, "kvstream: %s\n", w.c_str());
+}
+
 SchedulerStats Scheduler::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   return stats_;
@@ -195,6 +200,7 @@ void Scheduler::admit(std::unique_lock<std::mutex>& lock) {
       }
       s.fed = s.cached =
           eng_.reuse_prefix(s.seq, prompt.data(), static_cast<int32_t>(prompt.size()));
+      warn_cache();
       s.next = -1;
       lock.lock();
     }
@@ -212,6 +218,7 @@ void Scheduler::admit(std::unique_lock<std::mutex>& lock) {
 // so the client's next look at /slots or /metrics sees the slot free.
 void Scheduler::release(Slot& s) {
   eng_.close_sequence(s.seq);
+  warn_cache();
   s.job.reset();
   s.gen.reset();
   int32_t busy = 0;
@@ -442,7 +449,8 @@ void Scheduler::loop() {
       Slot& s = *sp;
       const auto& prompt = s.job->request.prompt;
       const int32_t left = static_cast<int32_t>(prompt.size()) - s.fed;
-      const int32_t m = std::min(budget, left);
+      // With recurrent checkpoints the last token goes alone (Engine::keeps_checkpoints).
+      const int32_t m = std::min(budget, eng_.keeps_checkpoints() && left > 1 ? left - 1 : left);
       batch.push_back({&s.seq, prompt.data() + s.fed, m});
       who.push_back(&s);
       samples.push_back(m == left);
@@ -463,6 +471,13 @@ void Scheduler::loop() {
       continue;
     }
     const StepStats step = eng_.last_step();
+    // The recurrent checkpoints inside prompts and before their last tokens.
+    for (size_t i = 0; i < who.size(); ++i)
+      if (Slot& s = *who[i];
+          s.next < 0 && checkpoint_due(s.fed - batch[i].n, s.fed,
+                                       static_cast<int32_t>(s.job->request.prompt.size()),
+                                       eng_.options().ctx_checkpoints))
+        eng_.checkpoint(s.seq);
     int64_t decoded = 0;
     for (size_t i = 0; i < who.size(); ++i) {
       if (!samples[i]) continue;

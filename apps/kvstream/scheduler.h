@@ -133,6 +133,8 @@ class Scheduler {
   void loop();
   void admit(std::unique_lock<std::mutex>& lock);
   void release(Slot& s);
+  // Shows the prompt cache's warnings (its disk tier's refused files, failed writes) on stderr.
+  void warn_cache();
   // The drafts that fit s's next decode step: the context's room and its request's.
   int64_t room(const Slot& s) const;
   int32_t index(const Slot& s) const { return static_cast<int32_t>(&s - slots_.data()); }

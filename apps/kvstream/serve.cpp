@@ -45,6 +45,8 @@ struct ServeArgs {
   int32_t port = 8080, queue = 64, timeout = 10, threads_http = -1;
   std::string max_body = "32M";
   std::string cache_ram = "8192";  // llama-server's default, in its unit (MiB)
+  int32_t ctx_checkpoints = 8;     // llama-server's default
+  std::string cache_disk, cache_disk_size = "16G";
 };
 
 // --cache-ram: a size (MiB without a suffix, as llama-server), 0 for none, -1 for no limit.
@@ -378,6 +380,19 @@ struct Api {
              static_cast<double>(c->budget));
       metric("prompt_cache_evictions_total", "counter",
              "Cached pages evicted (least recently used)", static_cast<double>(c->evicted));
+      metric("prompt_cache_checkpoints", "gauge", "Recurrent checkpoints the prompt cache holds",
+             static_cast<double>(c->checkpoints));
+      metric("prompt_cache_checkpoint_bytes", "gauge",
+             "Host memory the prompt cache's recurrent checkpoints hold (part of its bytes)",
+             static_cast<double>(c->checkpoint_bytes));
+      if (!eo.cache_disk.empty()) {
+        metric("prompt_cache_disk_bytes", "gauge", "Bytes of the prompt cache's disk entries",
+               static_cast<double>(c->disk_bytes));
+        metric("prompt_cache_disk_writes_total", "counter", "Prompt-cache entries written to disk",
+               static_cast<double>(c->disk_writes));
+        metric("prompt_cache_disk_reads_total", "counter",
+               "Prompt-cache entries read back from disk", static_cast<double>(c->disk_reads));
+      }
     }
     return o.str();
   }
@@ -521,18 +536,19 @@ void serve(const ServeArgs& a) {
   auto model = Model::load(a.s.model);
   EngineOptions eo = engine_options(a.s, model->config);
   eo.cache_ram = cache_ram_of(a.cache_ram);
+  KVS_CHECK(a.ctx_checkpoints >= 0, "--ctx-checkpoints must be 0 or more");
+  eo.ctx_checkpoints = a.ctx_checkpoints;
+  eo.cache_disk = a.cache_disk;
+  eo.cache_disk_bytes = static_cast<size_t>(parse_size(a.cache_disk_size, "--cache-disk-size"));
   apply_speculation(a.spec, eo, backend);
   const auto draft_model = load_draft(a.spec, *model);
-  if (eo.cache_ram > 0 && model->config.n_layers_of(LayerKind::Full) != model->config.n_layer) {
-    std::fprintf(stderr, "kvstream: the prompt cache is off: %s has window or recurrent layers\n",
-                 model->config.arch_name.c_str());
-    eo.cache_ram = 0;
-  }
   check_host_kv(eo, model->config, backend);
   auto dev = device_of(a.s, backend, vram);
   const auto drafter = make_drafter(a.spec, draft_model.get(), *model, *dev, eo);
   const auto mtp = make_mtp(a.spec, *model, *dev, eo);
   Engine eng(*model, *dev, eo, mtp ? &mtp->engine() : nullptr);
+  for (const std::string& w : eng.prompt_cache_warnings())  // the disk tier's refused files
+    std::fprintf(stderr, "kvstream: %s\n", w.c_str());
   Speculator spec(spec_options(a.spec), eng, drafter.get(), mtp.get());
 
   note_no_template(*model->tokenizer, a.s.model,
@@ -627,6 +643,16 @@ void register_serve(CLI::App& app) {
   c->add_option("--max-request-size", a->max_body, "Largest request body")->capture_default_str();
   c->add_option("--cache-ram", a->cache_ram,
                 "Host memory for the prompt cache (MiB without a suffix; 0: off, -1: no limit)")
+      ->capture_default_str();
+  c->add_option("--cache-disk", a->cache_disk,
+                "Directory for the prompt cache's disk tier: entries evicted from RAM (and all "
+                "at exit), read back on a match, also after a restart");
+  c->add_option("--cache-disk-size", a->cache_disk_size, "Most bytes --cache-disk holds")
+      ->capture_default_str();
+  c->add_option("--ctx-checkpoints", a->ctx_checkpoints,
+                "Recurrent models: the most checkpoints inside a prompt's prefill, evenly "
+                "spaced, kept in the prompt cache besides those before each prompt's last token "
+                "and at each answer's end")
       ->capture_default_str();
   c->add_option("-n,--n-predict", a->g.n_predict,
                 "Default max_tokens of a request (-1: until the context is full)")

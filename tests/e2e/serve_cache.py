@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """`kvstream serve`'s prompt cache on SmolLM2-135M: turn 2 of a conversation reads only what
-turn 1 did not leave in whole pages (usage.prompt_tokens_details.cached_tokens, and the
+turn 1 did not leave, up to its last matching token (usage.prompt_tokens_details.cached_tokens, and the
 prompt-cache figures of /metrics), and its answer and log-probabilities (of the chosen tokens
 and the 5 best, as the JSON carries them: float32 values printed in full) equal those of a
 server without a cache; so do a prompt that turn 1 covers but for its last token and one that
@@ -59,10 +59,10 @@ def main():
     check(cached(got1[1]) == 0, "turn 1 on a fresh server: %r" % got1[1])
     check(got1 == want1, "turn 1 differs from the server without a cache")
     # Turn 1's prompt and answer are in the KV of its sequence (all but the last token sampled),
-    # its whole pages in the cache; turn 2 begins with them where the answer tokenizes back alike.
+    # all in the cache; turn 2 begins with them where the answer tokenizes back alike.
     turn1 = got1[1].prompt_tokens + got1[1].completion_tokens - 1
     c2 = cached(got2[1])
-    check(c2 % P == 0 and got1[1].prompt_tokens // P * P <= c2 <= turn1 // P * P,
+    check(got1[1].prompt_tokens <= c2 <= turn1,
           "turn 2 reused %r tokens (turn 1: %d prompt + %d answer)" %
           (c2, got1[1].prompt_tokens, got1[1].completion_tokens))
     check(got2[0] == want2[0], "turn 2 with its cached prefix: %r, cold: %r" % (got2[0], want2[0]))
@@ -73,7 +73,7 @@ def main():
     check(m["prompt_cache_bytes"] > 0 and m["prompt_cache_evictions_total"] == 0,
           "metrics after turn 2: %r" % m)
 
-    # Completions: turn 2's prompt again (every page but the one holding its last token cached),
+    # Completions: a prompt again (every token but its last cached),
     # and that prompt cut inside a page with other text after it.
     def text(client, prompt):
         r = client.completions.create(model="m", prompt=prompt, temperature=0, max_tokens=N,

@@ -324,9 +324,12 @@ TEST_F(StreamCli, PlanCountsTheRecurrentStates) {
   EXPECT_EQ(one.json["recurrent_layers"].get<int>(), 48);
   EXPECT_EQ(one.json["recurrent_bytes"].get<size_t>(), 48 * layer);
   EXPECT_NE(one.out.find("48 recurrent (resident state"), std::string::npos) << one.out;
+  // A prompt-cache checkpoint is a sequence's states, in host memory.
+  EXPECT_EQ(one.json["checkpoint_bytes"].get<size_t>(), 48 * layer);
   const Outcome two = kvstream(args + " -np 2", "plan_qwen35_np2");
   ASSERT_EQ(two.status, 0) << two.err;
   EXPECT_EQ(two.json["recurrent_bytes"].get<size_t>(), 2 * 48 * layer);
+  EXPECT_EQ(two.json["checkpoint_bytes"].get<size_t>(), 48 * layer);
   // The second sequence's states come out of the arena (beside the buffers of its rows).
   EXPECT_LE(two.json["arena_bytes"].get<size_t>() + 48 * layer,
             one.json["arena_bytes"].get<size_t>());

@@ -151,47 +151,56 @@ TEST(Scheduler, FullRefusesAndCancelFreesTheSequence) {
 
 // The prompt cache under concurrent jobs, streamed through a ring: jobs sharing a prefix with
 // earlier ones (finished or cancelled) reuse its pages and give the tokens of a server without
-// a cache; the counts say how much was reused.
+// a cache; the counts say how much was reused. Window layers keep the pages the windows reach;
+// recurrent layers resume from the checkpoints the scheduler takes inside the first prompt
+// (at its steps of -b: 32, 64, 96).
 TEST(Scheduler, CachedPrefixesGiveTheTokensOfACacheFreeRun) {
-  const auto shared = [](int32_t tail, uint32_t seed) {
-    auto j = job_of(100, 8, 1);  // the same 100 tokens, then a tail of its own
-    GenRequest r = j->request;
-    const auto t = job_of(tail, 8, seed)->request.prompt;
-    r.prompt.insert(r.prompt.end(), t.begin(), t.end());
-    return std::make_shared<Job>(std::move(r));
-  };
-  std::vector<std::vector<int32_t>> want(4), got(4);
-  {
-    Fixture f(1, 32);
+  for (const char* preset : {"tiny", "tiny-gemma3", "tiny-qwen35"}) {
+    SCOPED_TRACE(preset);
+    const auto shared = [](int32_t tail, uint32_t seed) {
+      auto j = job_of(100, 8, 1);  // the same 100 tokens, then a tail of its own
+      GenRequest r = j->request;
+      const auto t = job_of(tail, 8, seed)->request.prompt;
+      r.prompt.insert(r.prompt.end(), t.begin(), t.end());
+      return std::make_shared<Job>(std::move(r));
+    };
+    std::vector<std::vector<int32_t>> want(4), got(4);
+    {
+      Fixture f(1, 32, 8, 0, KvMode::Auto, {}, nullptr, preset);
+      for (uint32_t i = 0; i < 4; ++i) {
+        auto j = shared(5 + 9 * static_cast<int32_t>(i), 10 + i);
+        ASSERT_TRUE(f.sched->submit(j));
+        ASSERT_TRUE(drain(*j, want[i]));
+      }
+    }
+    Fixture f(3, 32, 8, size_t{16} << 20, KvMode::Stream, {}, nullptr, preset);
+    auto first = shared(3, 9);
+    ASSERT_TRUE(f.sched->submit(first));
+    std::vector<int32_t> ids;
+    ASSERT_TRUE(drain(*first, ids, true));
+    first->cancelled = true;  // its pages are kept all the same
+    for (int i = 0; i < 200 && f.sched->stats().slots_busy > 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    std::vector<std::shared_ptr<Job>> jobs;
     for (uint32_t i = 0; i < 4; ++i) {
-      auto j = shared(5 + 9 * static_cast<int32_t>(i), 10 + i);
-      ASSERT_TRUE(f.sched->submit(j));
-      ASSERT_TRUE(drain(*j, want[i]));
+      jobs.push_back(shared(5 + 9 * static_cast<int32_t>(i), 10 + i));
+      ASSERT_TRUE(f.sched->submit(jobs.back()));
+    }
+    for (size_t i = 0; i < 4; ++i) {
+      ASSERT_TRUE(drain(*jobs[i], got[i]));
+      EXPECT_EQ(got[i], want[i]) << "request " << i;
+    }
+    const SchedulerStats s = f.sched->stats();
+    ASSERT_TRUE(s.prompt_cache.has_value());
+    EXPECT_EQ(s.prompt_cache->hits, 4);
+    // The first's 96 positions of the shared 100 tokens at least, then whatever the earlier
+    // jobs left.
+    EXPECT_GE(s.prompt_cache->tokens_reused, 4 * 96);
+    EXPECT_GT(s.bytes_streamed, 0u);
+    if (std::string(preset) == "tiny-qwen35") {
+      EXPECT_GE(s.prompt_cache->checkpoints, 5);
     }
   }
-  Fixture f(3, 32, 8, size_t{16} << 20, KvMode::Stream);
-  auto first = shared(3, 9);
-  ASSERT_TRUE(f.sched->submit(first));
-  std::vector<int32_t> ids;
-  ASSERT_TRUE(drain(*first, ids, true));
-  first->cancelled = true;  // its pages are kept all the same
-  for (int i = 0; i < 200 && f.sched->stats().slots_busy > 0; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  std::vector<std::shared_ptr<Job>> jobs;
-  for (uint32_t i = 0; i < 4; ++i) {
-    jobs.push_back(shared(5 + 9 * static_cast<int32_t>(i), 10 + i));
-    ASSERT_TRUE(f.sched->submit(jobs.back()));
-  }
-  for (size_t i = 0; i < 4; ++i) {
-    ASSERT_TRUE(drain(*jobs[i], got[i]));
-    EXPECT_EQ(got[i], want[i]) << "request " << i;
-  }
-  const SchedulerStats s = f.sched->stats();
-  ASSERT_TRUE(s.prompt_cache.has_value());
-  EXPECT_EQ(s.prompt_cache->hits, 4);
-  // The first's 6 pages of the shared 100 tokens, then whatever the earlier jobs left.
-  EXPECT_GE(s.prompt_cache->tokens_reused, 4 * 96);
-  EXPECT_GT(s.bytes_streamed, 0u);
 }
 
 // A prompt that repeats itself, so that prompt lookup has drafts to offer: `period` tokens of
@@ -373,6 +382,41 @@ TEST(Scheduler, MtpPerSlotGivesTheTokensOfPlainDecoding) {
     EXPECT_EQ(got, want[i]) << "request " << i;
   }
   EXPECT_GT(f.sched->stats().drafted, 30);
+}
+
+// The MTP block with the prompt cache: the same jobs twice, the second time resuming from the
+// first's checkpoints (in whichever slot each lands), give the tokens of plain decoding.
+TEST(Scheduler, MtpWithThePromptCacheGivesTheTokensOfPlainDecoding) {
+  const auto jobs_of = [] {
+    std::vector<std::shared_ptr<Job>> jobs;
+    for (uint32_t i = 0; i < 5; ++i)
+      jobs.push_back(job_of(7 + 9 * static_cast<int32_t>(i), 30, i + 10));
+    return jobs;
+  };
+  std::vector<std::vector<int32_t>> want(5);
+  {
+    Fixture f(1, 32, 8, 0, KvMode::Auto, {}, nullptr, "tiny-qwen35");
+    auto jobs = jobs_of();
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      ASSERT_TRUE(f.sched->submit(jobs[i]));
+      ASSERT_TRUE(drain(*jobs[i], want[i]));
+    }
+  }
+  Fixture f(3, 32, 8, size_t{16} << 20, KvMode::Stream, SpecOptions{SpecMode::Mtp, 5, 1}, nullptr,
+            "tiny-qwen35");
+  for (int round = 0; round < 2; ++round) {
+    auto jobs = jobs_of();
+    for (auto& j : jobs) ASSERT_TRUE(f.sched->submit(j));
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      std::vector<int32_t> got;
+      ASSERT_TRUE(drain(*jobs[i], got));
+      EXPECT_EQ(got, want[i]) << "request " << i << ", round " << round;
+    }
+  }
+  const SchedulerStats s = f.sched->stats();
+  ASSERT_TRUE(s.prompt_cache.has_value());
+  EXPECT_GE(s.prompt_cache->hits, 5);
+  EXPECT_GT(s.drafted, 30);
 }
 
 }  // namespace

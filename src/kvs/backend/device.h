@@ -208,6 +208,9 @@ class Device {
   // Whether gated_delta_net and sigmoid_mul run here: the engine refuses a qwen35 model before
   // allocating anything otherwise.
   virtual bool has_gated_delta_net() const { return false; }
+  // Tokens a prefill's delta rule takes at once (DeltaNetArgs::chunk; decode goes token by
+  // token).
+  virtual int32_t delta_net_chunk() const { return 64; }
 
   // Asynchronous work. copy() on a stream is ordered with everything else on that stream.
   virtual void copy(Stream s, void* dst, const void* src, size_t n) = 0;

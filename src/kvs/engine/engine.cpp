@@ -113,7 +113,7 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt, const 
   dst_.resize(b);
   spans_.reserve(static_cast<size_t>(max_pages_));
 
-  make_prompt_cache();
+  make_prompt_cache(model);
   const ScratchArgs sa = scratch_args(cfg_, opt);
   max_spans_ = sa.max_spans;
   dev.reserve(w_, sa.n_tok, sa.n_out_tok, sa.max_spans, sa.n_head, sa.head_dim);
@@ -356,6 +356,8 @@ Sequence Engine::open_sequence() {
       slots_[i].n_past = 0;
       slots_[i].tokens.clear();
       slots_[i].verified = 0;
+      slots_[i].reading = false;
+      slots_[i].checkpoints.clear();
       if (shape_.n_recurrent > 0) {  // a new sequence's recurrent layers start from zero
         const std::vector<uint8_t> zero(shape_.recurrent_bytes / slots_.size(), 0);
         dev_.upload(rstate_.as() + i * zero.size(), zero.data(), zero.size());
@@ -390,9 +392,11 @@ const float* Engine::eval(Sequence& s, const int32_t* tokens, int32_t n) {
   KVS_CHECK(n >= 1, "nothing to evaluate: the prompt is empty");
   KVS_CHECK(int64_t{s.n_past} + n <= opt_.n_ctx, "the sequence would hold ", int64_t{s.n_past} + n,
             " tokens, more than the context size ", opt_.n_ctx, " (raise -c/--ctx-size)");
-  for (int32_t i = 0; i < n; i += opt_.n_batch) {
-    const int32_t m = std::min(opt_.n_batch, n - i);
+  const int32_t body = keeps_checkpoints() && n > 1 ? n - 1 : n;  // then the last one alone
+  for (int32_t i = 0, m = 0; i < n; i += m) {
+    m = std::min(opt_.n_batch, (i < body ? body : n) - i);
     step({BatchEntry{&s, tokens + i, m}});
+    if (checkpoint_due(i, i + m, n, opt_.ctx_checkpoints)) checkpoint(s);
   }
   return logits(0);
 }
@@ -486,6 +490,12 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
                flag0 = split_ ? dev_.flag_wait_seconds() : 0.0;
   const RingStats r0 = ring_ ? ring_->stats() : RingStats{};
   last_ = StepStats{};
+  for (const BatchEntry& e : batch) {  // a prompt ends where its sequence's decoding begins
+    Slot& sl = slots_[static_cast<size_t>(e.seq->id)];
+    const bool reading = e.n > 1 && !e.all_logits;
+    if (sl.reading && !reading) checkpoint(*e.seq);
+    sl.reading = reading;
+  }
   if (cache_)
     for (const BatchEntry& e : batch) {
       auto& t = slots_[static_cast<size_t>(e.seq->id)].tokens;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -46,10 +47,17 @@ struct EngineOptions {
   // -b tokens, the backend's prefill scratch) sits at the top of the KV arena and is lent to the
   // KV between prefills.
   bool phase_arena = true;
-  // --cache-ram: host memory for the prompt cache (completed pages of closed sequences, reused
-  // by the next sequences whose tokens begin alike); 0: none. Only for models whose layers are
-  // all full attention.
+  // --cache-ram: host memory for the prompt cache (pages and recurrent checkpoints of closed
+  // sequences, reused by the next sequences whose tokens begin alike); 0: none.
   size_t cache_ram = 0;
+  // --ctx-checkpoints: with a prompt cache and recurrent layers, the most evenly spaced points
+  // inside a prompt's prefill where the recurrent state is kept (besides its end and the
+  // answer's), for prompts that later requests leave early.
+  int32_t ctx_checkpoints = 8;
+  // --cache-disk DIR (empty: none) and --cache-disk-size: the prompt cache's disk tier, which
+  // takes what the RAM evicts (and all of it when the engine goes) and outlives the process.
+  std::string cache_disk;
+  size_t cache_disk_bytes = size_t{16} << 30;
   // Tokens of one sequence whose logits one step returns (BatchEntry::all_logits): 1 + the
   // longest draft that speculative decoding verifies at once. The windows keep n_verify - 1
   // positions more, so a verify step's rejected tail can be rolled back (Engine::truncate).
@@ -175,13 +183,27 @@ class Engine {
   // Returns its pages to the pool; with a prompt cache, its completed pages go into it first.
   void close_sequence(Sequence& s);
   // With a prompt cache: gives s (just opened) copies of the cached pages that begin `tokens`
-  // (n of them), leaving at least one token to evaluate, and returns the positions they hold
-  // (s.n_past); 0 without a cache or a hit. Their logits are then those of evaluating the
-  // whole prompt, bit for bit, where the backend's arithmetic per token does not depend on the
-  // batch (the CPU's does).
+  // (n of them) up to the last matching token (for recurrent layers, the last checkpoint at or
+  // before it, whose state it takes), leaving at least one token to evaluate, and returns the
+  // positions they hold (s.n_past); 0 without a cache or a hit. Their logits are then those of
+  // evaluating the whole prompt, bit for bit, where the backend's arithmetic per token does not
+  // depend on the batch (the CPU's does).
   int32_t reuse_prefix(Sequence& s, const int32_t* tokens, int32_t n);
+  // With a prompt cache and recurrent layers: keeps s's recurrent state at its length, to go
+  // into the cache with its pages when it closes. step() takes one where a prefill ends (before
+  // the step after it) and close_sequence() at the end; the points of checkpoint_due are the
+  // caller's, which knows the prompt.
+  void checkpoint(const Sequence& s);
+  // Whether checkpoints are kept: a prompt's last token is then read in a step of its own, so
+  // that the state before it is a checkpoint (eval() does; so must other callers).
+  bool keeps_checkpoints() const { return cache_ && shape_.n_recurrent > 0; }
   // nullptr without a prompt cache.
   const PromptCacheStats* prompt_cache_stats() const { return cache_ ? &cache_->stats() : nullptr; }
+  // The prompt cache's warnings since the last call (its disk tier's refused files and failed
+  // writes), for the caller to show.
+  std::vector<std::string> prompt_cache_warnings() {
+    return cache_ ? cache_->take_warnings() : std::vector<std::string>{};
+  }
   // Appends n tokens to one sequence (in chunks of n_batch) and returns the logits of the last
   // one [n_vocab], valid until the next call. Fails when the sequence would pass n_ctx.
   const float* eval(Sequence& s, const int32_t* tokens, int32_t n);
@@ -249,6 +271,8 @@ class Engine {
     // Tokens of its last verify step and the steps that extended it, if the last step was one
     // of those (the recurrent rollback).
     int32_t verified = 0;
+    bool reading = false;                 // its last step read a prompt chunk
+    std::vector<Checkpoint> checkpoints;  // with a prompt cache: its recurrent states so far
   };
   // One forward pass: the batch, where each entry's rows start, the next ring item.
   struct Pass {
@@ -296,7 +320,7 @@ class Engine {
 
   void replan(const std::vector<BatchEntry>& batch);
   // The prompt cache's part of the constructor, and its keeping of a closing slot's pages.
-  void make_prompt_cache();
+  void make_prompt_cache(const Model& model);
   void keep_pages(int32_t s);
   // Moves the pool to plan p with `top` frames kept for the prefill's workspace.
   void apply(const Plan& p, int32_t top);

@@ -4,12 +4,6 @@
 #include "kvs/engine/engine.h"
 
 namespace kvs {
-namespace {
-
-// Tokens a prefill's delta rule takes at once (decode goes token by token).
-constexpr int32_t kDeltaNetChunk = 64;
-
-}  // namespace
 
 void Engine::gated_delta_net(Pass& p, int32_t il) {
   const ModelConfig& c = cfg_;
@@ -30,7 +24,7 @@ void Engine::gated_delta_net(Pass& p, int32_t il) {
     a.alpha = act_.alpha + off * c.ssm_v_heads;
     a.beta = act_.beta + off * c.ssm_v_heads;
     a.y = act_.y + off * vd;
-    a.chunk = e.n > 1 && !e.all_logits ? kDeltaNetChunk : 1;
+    a.chunk = e.n > 1 && !e.all_logits ? dev_.delta_net_chunk() : 1;
     // Kept for a rollback, after the inputs of the steps this one extends.
     if (const int32_t verified = slots_[static_cast<size_t>(e.seq->id)].verified; verified > 0) {
       const auto [qkv, z, alpha, beta] = saved_inputs(e.seq->id, il);

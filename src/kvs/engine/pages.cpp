@@ -221,6 +221,7 @@ void Engine::truncate(Sequence& s, int32_t n_past) {
     }
   }
   if (static_cast<int32_t>(sl.tokens.size()) > n_past) sl.tokens.resize(static_cast<size_t>(n_past));
+  std::erase_if(sl.checkpoints, [&](const Checkpoint& c) { return c.pos > n_past; });
   sl.n_past = s.n_past = n_past;
   ++frames_epoch_;
   plan_dirty_ = true;

@@ -1,10 +1,12 @@
-// The prompt cache, and the engine's side of it: a closed sequence's completed pages go into
-// the cache, a new sequence whose prompt begins with cached pages takes copies of them.
+// The prompt cache, and the engine's side of it: a closed sequence's pages and recurrent
+// checkpoints go into the cache, a new sequence whose prompt begins alike takes copies of them.
 #include "kvs/engine/prompt_cache.h"
 
 #include <algorithm>
+#include <climits>
 #include <cstring>
 
+#include "kvs/engine/cache_disk.h"
 #include "kvs/engine/engine.h"
 #include "kvs/util/error.h"
 
@@ -23,18 +25,110 @@ uint64_t chain_key(uint64_t parent, const int32_t* tokens, int32_t n) {
   return h;
 }
 
+// A 64-bit digest of bytes (the chain's mixing, 4 bytes a step; the tail zero-padded).
+uint64_t fingerprint(const std::string& bytes) {
+  std::vector<int32_t> words((bytes.size() + 3) / 4, 0);
+  std::memcpy(words.data(), bytes.data(), bytes.size());
+  return chain_key(bytes.size(), words.data(), static_cast<int32_t>(words.size()));
+}
+
 }  // namespace
 
-PromptCache::PromptCache(size_t budget, int32_t page_tokens, size_t page_bytes)
-    : budget_(budget), page_tokens_(page_tokens), page_bytes_(page_bytes) {
+bool checkpoint_due(int32_t before, int32_t after, int32_t n_prompt, int32_t max_points) {
+  if (after >= n_prompt || after <= before) return false;
+  if (after == n_prompt - 1) return true;
+  if (max_points <= 0) return false;
+  const int64_t k = int64_t{max_points} + 1;
+  return after * k / n_prompt > before * k / n_prompt;
+}
+
+PromptCache::PromptCache(size_t budget, const PromptCacheShape& shape)
+    : budget_(budget), shape_(shape) {
   stats_.budget = budget;
 }
 
-PromptCache::Iter PromptCache::lookup(uint64_t parent, uint64_t key, const int32_t* tokens) {
+PromptCache::~PromptCache() {
+  if (!disk_) return;
+  for (auto it = lru_.rbegin(); it != lru_.rend(); ++it) to_disk(*it);  // the oldest first
+}
+
+void PromptCache::use_disk(std::unique_ptr<CacheDisk> disk) {
+  disk_ = std::move(disk);
+  disk_stats();
+}
+
+std::vector<std::string> PromptCache::take_warnings() {
+  return disk_ ? disk_->take_warnings() : std::vector<std::string>{};
+}
+
+void PromptCache::disk_stats() {
+  stats_.disk_bytes = disk_->bytes();
+  stats_.disk_writes = disk_->writes();
+  stats_.disk_reads = disk_->reads();
+}
+
+void PromptCache::to_disk(const Entry& e) {
+  DiskEntry head;
+  head.key = e.key;
+  head.parent = e.parent;
+  head.tokens = e.tokens;
+  std::vector<const uint8_t*> states;
+  for (const Checkpoint& c : e.checkpoints) {
+    head.checkpoints.push_back(c.pos);
+    states.push_back(c.state.get());
+  }
+  disk_->put(head, e.kv.get(), e.window.get(), states);
+  disk_stats();
+}
+
+bool PromptCache::on_disk(uint64_t parent, uint64_t key, const int32_t* tokens, int32_t n) const {
+  const DiskEntry* d = disk_ ? disk_->find(key) : nullptr;
+  return d && d->parent == parent && static_cast<int32_t>(d->tokens.size()) == n &&
+         std::equal(d->tokens.begin(), d->tokens.end(), tokens);
+}
+
+PromptCache::Iter PromptCache::from_disk(uint64_t key) {
+  const DiskEntry* d = disk_->find(key);
+  if (!d || index_.count(key)) return lru_.end();
+  const DiskEntry head = *d;  // make_room may write others, and the disk forget this one
+  const size_t bytes = entry_bytes(static_cast<int32_t>(head.tokens.size()), head.window) +
+                       head.checkpoints.size() * shape_.state_bytes;
+  if (!make_room(bytes) || !disk_->find(key)) return lru_.end();
+  lru_.emplace_front();
+  const Iter it = lru_.begin();
+  it->key = key;
+  it->parent = head.parent;
+  it->tokens = head.tokens;
+  it->kv = std::make_unique_for_overwrite<uint8_t[]>(shape_.page_bytes);
+  if (head.window) it->window = std::make_unique_for_overwrite<uint8_t[]>(shape_.window_bytes);
+  std::vector<uint8_t*> states;
+  for (const int32_t pos : head.checkpoints) {
+    it->checkpoints.push_back({pos, std::make_unique_for_overwrite<uint8_t[]>(shape_.state_bytes)});
+    states.push_back(it->checkpoints.back().state.get());
+  }
+  const bool ok = disk_->take(key, it->kv.get(), it->window.get(), states);
+  disk_stats();
+  if (!ok) {
+    lru_.pop_front();
+    return lru_.end();
+  }
+  it->bytes = bytes;
+  it->pinned = generation_;
+  stats_.bytes += bytes;
+  stats_.checkpoints += static_cast<int64_t>(it->checkpoints.size());
+  stats_.checkpoint_bytes += it->checkpoints.size() * shape_.state_bytes;
+  index_[key] = it;
+  children_.emplace(head.parent, it);
+  return it;
+}
+
+PromptCache::Iter PromptCache::lookup(uint64_t parent, uint64_t key, const int32_t* tokens,
+                                      int32_t n) {
   const auto it = index_.find(key);
   if (it == index_.end()) return lru_.end();
   const Entry& e = *it->second;
-  if (e.parent != parent || !std::equal(e.tokens.begin(), e.tokens.end(), tokens))
+  if (e.parent != parent || static_cast<int32_t>(e.tokens.size()) != n ||
+      !std::equal(e.tokens.begin(), e.tokens.end(), tokens))
     return lru_.end();
   return it->second;
 }
@@ -43,61 +137,172 @@ void PromptCache::touch(const std::vector<Iter>& chain) {
   for (auto it = chain.rbegin(); it != chain.rend(); ++it) lru_.splice(lru_.begin(), lru_, *it);
 }
 
-std::vector<const uint8_t*> PromptCache::find(const int32_t* tokens, int32_t max_pages) {
+void PromptCache::evict_back() {
+  const Iter victim = std::prev(lru_.end());
+  if (const auto it = index_.find(victim->key); it != index_.end() && it->second == victim)
+    index_.erase(it);
+  for (auto [it, end] = children_.equal_range(victim->parent); it != end; ++it)
+    if (it->second == victim) {
+      children_.erase(it);
+      break;
+    }
+  if (disk_) to_disk(*victim);
+  stats_.bytes -= victim->bytes;
+  stats_.checkpoints -= static_cast<int64_t>(victim->checkpoints.size());
+  stats_.checkpoint_bytes -= victim->checkpoints.size() * shape_.state_bytes;
+  lru_.pop_back();
+  ++stats_.evicted;
+}
+
+bool PromptCache::make_room(size_t more) {
+  while (stats_.bytes + more > budget_) {
+    if (lru_.empty() || lru_.back().pinned == generation_) return false;
+    evict_back();
+  }
+  return true;
+}
+
+CacheHit PromptCache::find(const int32_t* tokens, int32_t max_n) {
   ++stats_.lookups;
-  std::vector<Iter> chain;
+  ++generation_;  // entries read back from disk must not evict those matched before them
+  const int32_t P = shape_.page_tokens;
+  std::vector<Iter> chain;  // pages matched whole
   uint64_t parent = 0;
-  for (int32_t i = 0; i < max_pages; ++i) {
-    const int32_t* t = tokens + static_cast<size_t>(i) * page_tokens_;
-    const uint64_t key = chain_key(parent, t, page_tokens_);
-    const Iter it = lookup(parent, key, t);
+  for (int32_t i = 0; (i + 1) * P <= max_n; ++i) {
+    const int32_t* t = tokens + static_cast<size_t>(i) * P;
+    const uint64_t key = chain_key(parent, t, P);
+    Iter it = lookup(parent, key, t, P);
+    if (it == lru_.end() && on_disk(parent, key, t, P)) it = from_disk(key);
     if (it == lru_.end()) break;
+    it->pinned = generation_;  // at the front: eviction takes from the back
+    lru_.splice(lru_.begin(), lru_, it);
     chain.push_back(it);
     parent = key;
   }
-  touch(chain);
-  std::vector<const uint8_t*> out;
-  for (const Iter& it : chain) out.push_back(it->kv.get());
-  return out;
+  // The next page: the child sharing the most leading tokens (a page that differs later, or
+  // a sequence's partial last page).
+  const int32_t whole = static_cast<int32_t>(chain.size()) * P;
+  const int32_t room = std::min(P, max_n - whole);
+  Iter tail = lru_.end();
+  int32_t tail_n = 0;
+  for (auto [it, end] = children_.equal_range(parent); room > 0 && it != end; ++it) {
+    const std::vector<int32_t>& t = it->second->tokens;
+    const int32_t lim = std::min(room, static_cast<int32_t>(t.size()));
+    int32_t l = 0;
+    while (l < lim && t[static_cast<size_t>(l)] == tokens[whole + l]) ++l;
+    if (l > tail_n) tail = it->second, tail_n = l;
+  }
+  if (disk_ && room > 0) {  // a longer match on disk
+    uint64_t best = 0;
+    int32_t best_n = tail_n;
+    for (const DiskEntry* d : disk_->children(parent)) {
+      const int32_t lim = std::min(room, static_cast<int32_t>(d->tokens.size()));
+      int32_t l = 0;
+      while (l < lim && d->tokens[static_cast<size_t>(l)] == tokens[whole + l]) ++l;
+      if (l > best_n) best = d->key, best_n = l;
+    }
+    if (best_n > tail_n) {
+      if (tail != lru_.end()) tail->pinned = generation_, lru_.splice(lru_.begin(), lru_, tail);
+      if (const Iter it = from_disk(best); it != lru_.end()) tail = it, tail_n = best_n;
+    }
+  }
+  // Where a resume could start, best first: for recurrent models the checkpoints, else the
+  // last matching token and the last whole page.
+  std::vector<int32_t> at;
+  if (shape_.state_bytes > 0) {
+    for (const Iter& e : chain)
+      for (const Checkpoint& c : e->checkpoints) at.push_back(c.pos);
+    if (tail != lru_.end())
+      for (const Checkpoint& c : tail->checkpoints)
+        if (c.pos <= whole + tail_n) at.push_back(c.pos);
+    std::sort(at.rbegin(), at.rend());
+  } else {
+    at = {whole + tail_n, whole};
+  }
+  const auto page = [&](int32_t i) {
+    return i < static_cast<int32_t>(chain.size()) ? chain[static_cast<size_t>(i)] : tail;
+  };
+  CacheHit hit;
+  for (const int32_t n : at) {
+    if (n <= 0) break;
+    const int32_t pages = (n + P - 1) / P;
+    bool windows = true;
+    if (shape_.window_bytes > 0)
+      for (int32_t i = std::max(0, n - shape_.window_back) / P; i < pages; ++i)
+        windows &= page(i)->window != nullptr;
+    if (!windows) continue;
+    hit.n = n;
+    std::vector<Iter> used;
+    for (int32_t i = 0; i < pages; ++i) {
+      used.push_back(page(i));
+      hit.kv.push_back(page(i)->kv.get());
+      hit.window.push_back(page(i)->window.get());
+    }
+    if (shape_.state_bytes > 0)
+      for (const Checkpoint& c : page(pages - 1)->checkpoints)
+        if (c.pos == n) hit.state = c.state.get();
+    touch(used);
+    break;
+  }
+  return hit;
 }
 
-void PromptCache::insert(const int32_t* tokens, int32_t n_pages,
-                         const std::function<void(int32_t, uint8_t*)>& fill) {
-  const size_t cap = budget_ / entry_bytes();
-  n_pages = static_cast<int32_t>(std::min<size_t>(static_cast<size_t>(n_pages), cap));
+void PromptCache::insert(const int32_t* tokens, int32_t n, int32_t window_first,
+                         const std::function<void(int32_t, uint8_t*, uint8_t*)>& fill,
+                         std::vector<Checkpoint> checkpoints) {
+  const int32_t P = shape_.page_tokens;
+  ++generation_;
   std::vector<Iter> chain;
   uint64_t parent = 0;
-  for (int32_t i = 0; i < n_pages; ++i) {
-    const int32_t* t = tokens + static_cast<size_t>(i) * page_tokens_;
-    const uint64_t key = chain_key(parent, t, page_tokens_);
-    Iter it = lookup(parent, key, t);
+  for (int32_t i = 0; i * P < n; ++i) {
+    const int32_t* t = tokens + static_cast<size_t>(i) * P;
+    const int32_t len = std::min(P, n - i * P);
+    const bool window = shape_.window_bytes > 0 && i >= window_first;
+    const uint64_t key = chain_key(parent, t, len);
+    Iter it = lookup(parent, key, t, len);
     if (it == lru_.end()) {
       if (index_.count(key)) break;  // a 64-bit collision with another prefix: keep that one
-      // The chain so far sits at the front and is shorter than the budget: the oldest entry
-      // is another chain's leaf.
-      if (lru_.size() >= cap) {
-        const auto old = index_.find(lru_.back().key);  // not indexed if its fill failed
-        if (old != index_.end() && old->second == std::prev(lru_.end())) index_.erase(old);
-        lru_.splice(lru_.begin(), lru_, std::prev(lru_.end()));
-        ++stats_.evicted;
-      } else {
-        lru_.emplace_front();
-        lru_.front().tokens.resize(static_cast<size_t>(page_tokens_));
-        lru_.front().kv = std::make_unique_for_overwrite<uint8_t[]>(page_bytes_);
-        stats_.bytes += entry_bytes();
-      }
+      const size_t bytes = entry_bytes(len, window);
+      if (!make_room(bytes)) break;
+      lru_.emplace_front();
       it = lru_.begin();
       it->key = key;
       it->parent = parent;
-      std::copy(t, t + page_tokens_, it->tokens.begin());
-      fill(i, it->kv.get());
+      it->tokens.assign(t, t + len);
+      it->kv = std::make_unique_for_overwrite<uint8_t[]>(shape_.page_bytes);
+      if (window) it->window = std::make_unique_for_overwrite<uint8_t[]>(shape_.window_bytes);
+      it->bytes = bytes;
+      it->pinned = generation_;
+      stats_.bytes += bytes;
+      fill(i, it->kv.get(), it->window.get());
       index_[key] = it;
+      children_.emplace(parent, it);
       ++stats_.inserted;
     } else {
       lru_.splice(lru_.begin(), lru_, it);
+      it->pinned = generation_;
+      if (window && !it->window) {  // cached by a sequence that ended further on
+        if (!make_room(shape_.window_bytes)) break;
+        it->window = std::make_unique_for_overwrite<uint8_t[]>(shape_.window_bytes);
+        it->bytes += shape_.window_bytes;
+        stats_.bytes += shape_.window_bytes;
+        fill(i, nullptr, it->window.get());
+      }
     }
     chain.push_back(it);
     parent = key;
+    // The checkpoints after a position of this page.
+    for (Checkpoint& c : checkpoints) {
+      if (!c.state || c.pos <= i * P || c.pos > i * P + len) continue;
+      const bool have = std::any_of(it->checkpoints.begin(), it->checkpoints.end(),
+                                    [&](const Checkpoint& x) { return x.pos == c.pos; });
+      if (have || !make_room(shape_.state_bytes)) continue;
+      it->checkpoints.push_back(std::move(c));
+      it->bytes += shape_.state_bytes;
+      stats_.bytes += shape_.state_bytes;
+      ++stats_.checkpoints;
+      stats_.checkpoint_bytes += shape_.state_bytes;
+    }
   }
   touch(chain);
 }
@@ -106,36 +311,83 @@ void PromptCache::insert(const int32_t* tokens, int32_t n_pages,
 
 // The cache takes at most --cache-ram, and at most what host memory has left beside the whole
 // KV history of every sequence, so that a sequence never runs out of host memory mid-way.
-void Engine::make_prompt_cache() {
+void Engine::make_prompt_cache(const Model& model) {
+  KVS_CHECK(opt_.cache_disk.empty() || opt_.cache_ram > 0,
+            "--cache-disk needs the prompt cache in RAM too (--cache-ram above 0)");
   if (opt_.cache_ram == 0) return;
-  KVS_CHECK(shape_.n_full == cfg_.n_layer, "--cache-ram: ", cfg_.arch_name,
-            " has window or recurrent layers, whose state at a page boundary the prompt cache "
-            "does not keep; give --cache-ram 0");
   const size_t avail = host_memory_available() / 10 * 9;
   size_t budget = opt_.cache_ram;
   if (avail != 0)
     budget = std::min(budget, avail > shape_.full_bytes ? avail - shape_.full_bytes : 0);
-  const size_t entry = kv_.page_bytes() * static_cast<size_t>(shape_.n_full);
-  cache_ = std::make_unique<PromptCache>(budget, opt_.page_size, entry);
+  PromptCacheShape c;
+  c.page_tokens = opt_.page_size;
+  c.page_bytes = kv_.page_bytes() * static_cast<size_t>(shape_.n_full);
+  c.window_bytes = kv_.page_bytes() * static_cast<size_t>(shape_.n_window);
+  c.state_bytes = shape_.recurrent_bytes / slots_.size();
+  // Host mode keeps every window page; otherwise trim_windows's reach.
+  c.window_back = opt_.kv_mode == KvMode::Host ? INT32_MAX / 2 : cfg_.n_swa - 1 + opt_.n_verify - 1;
+  cache_ = std::make_unique<PromptCache>(budget, c);
+  if (opt_.cache_disk.empty()) return;
+  // What a disk entry must match: the model's shape, the KV's types and pages, and samples of
+  // its weights (the embedding's and the output's first and last 64 KiB).
+  std::string id = cat(cfg_.arch_name, cfg_.n_layer, ' ', cfg_.n_embd, ' ', cfg_.n_ff, ' ',
+                       cfg_.n_head, ' ', cfg_.n_head_kv, ' ', cfg_.head_dim, ' ', cfg_.n_vocab, ' ',
+                       cfg_.n_swa, ' ', cfg_.ssm_state, ' ', cfg_.ssm_v_heads, ' ',
+                       dtype_name(opt_.k_type), dtype_name(opt_.v_type), ' ', opt_.page_size, ' ',
+                       c.page_bytes, ' ', c.window_bytes, ' ', c.state_bytes);
+  for (const LayerKind k : cfg_.kinds) id += static_cast<char>('0' + static_cast<int>(k));
+  for (const Matrix* m : {&model.weights.tok_embd, &model.weights.output}) {
+    const size_t n = m->data ? m->bytes() : 0, sample = std::min<size_t>(n, 65536);
+    if (sample == 0) continue;
+    id.append(reinterpret_cast<const char*>(m->data), sample);
+    id.append(reinterpret_cast<const char*>(m->data + n - sample), sample);
+  }
+  cache_->use_disk(
+      std::make_unique<CacheDisk>(opt_.cache_disk, opt_.cache_disk_bytes, fingerprint(id), c));
+}
+
+void Engine::checkpoint(const Sequence& s) {
+  if (!cache_ || shape_.n_recurrent == 0) return;
+  Slot& sl = slots_[static_cast<size_t>(s.id)];
+  if (s.n_past == 0 || static_cast<int32_t>(sl.tokens.size()) != sl.n_past ||
+      (!sl.checkpoints.empty() && sl.checkpoints.back().pos >= sl.n_past))
+    return;
+  const size_t bytes = shape_.recurrent_bytes / slots_.size();
+  Checkpoint c{sl.n_past, std::make_unique_for_overwrite<uint8_t[]>(bytes)};
+  dev_.download(c.state.get(), rstate_.as() + static_cast<size_t>(s.id) * bytes, bytes);
+  sl.checkpoints.push_back(std::move(c));
 }
 
 void Engine::keep_pages(int32_t s) {
   Slot& sl = slots_[static_cast<size_t>(s)];
   // Tokens are recorded as a step starts and n_past moves when it ends: a failed step, or a
   // random fill, leaves them apart, and such pages are not kept.
-  if (!cache_ || static_cast<int32_t>(sl.tokens.size()) != sl.n_past) return;
+  if (!cache_ || static_cast<int32_t>(sl.tokens.size()) != sl.n_past || sl.n_past == 0) return;
+  checkpoint(Sequence{s, sl.n_past});  // the end of the answer
+  const int32_t P = opt_.page_size, done = sl.n_past / P;
   const size_t page = kv_.page_bytes();
-  cache_->insert(sl.tokens.data(), sl.n_past / opt_.page_size, [&](int32_t p, uint8_t* dst) {
-    for (int32_t il = 0; il < cfg_.n_layer; ++il) {
-      if (!full(il)) continue;
-      uint8_t* to = dst + static_cast<size_t>(kv_index_[static_cast<size_t>(il)]) * page;
-      if (host_)  // the authoritative copy, written back (close_sequence synchronised first)
-        std::memcpy(to, host_->page(s, store_layer(il), p), page);
-      else
-        dev_.download(to, pool_->frame(sl.frames[static_cast<size_t>(il)][static_cast<size_t>(p)]),
-                      page);
-    }
-  });
+  // The window pages a later query may see; host mode keeps them all.
+  const int32_t window_first =
+      host_dev_ ? 0 : std::max(0, sl.n_past - cache_->shape().window_back) / P;
+  cache_->insert(
+      sl.tokens.data(), sl.n_past, window_first,
+      [&](int32_t p, uint8_t* kv, uint8_t* window) {
+        for (int32_t il = 0, f = 0, w = 0; il < cfg_.n_layer; ++il) {
+          if (recurrent(il)) continue;
+          uint8_t* to = full(il) ? (kv ? kv + static_cast<size_t>(f++) * page : nullptr)
+                                 : (window ? window + static_cast<size_t>(w++) * page : nullptr);
+          if (!to) continue;
+          // The host store's copy where it has one (written back: close_sequence synchronised
+          // first); the tail page and the window pages are in frames.
+          if (host_ && (host_dev_ || (full(il) && p < done)))
+            std::memcpy(to, host_->page(s, store_layer(il), p), page);
+          else
+            dev_.download(
+                to, pool_->frame(sl.frames[static_cast<size_t>(il)][static_cast<size_t>(p)]), page);
+        }
+      },
+      std::move(sl.checkpoints));
+  sl.checkpoints.clear();
 }
 
 int32_t Engine::reuse_prefix(Sequence& s, const int32_t* tokens, int32_t n) {
@@ -145,35 +397,44 @@ int32_t Engine::reuse_prefix(Sequence& s, const int32_t* tokens, int32_t n) {
   if (!cache_ || n < 2) return 0;
   const int32_t P = opt_.page_size;
   // At least one token is left to evaluate: its logits are the answer's first.
-  const std::vector<const uint8_t*> hit = cache_->find(tokens, (n - 1) / P);
-  if (hit.empty()) return 0;
+  const CacheHit hit = cache_->find(tokens, n - 1);
+  if (hit.n == 0) return 0;
   Slot& sl = slots_[static_cast<size_t>(s.id)];
   const size_t page = kv_.page_bytes();
-  const int32_t k = static_cast<int32_t>(hit.size());
-  for (int32_t il = 0; il < cfg_.n_layer; ++il) {
-    if (!full(il)) continue;
+  const int32_t pages = static_cast<int32_t>(hit.kv.size()), done = hit.n / P;
+  const int32_t window_first = host_dev_ ? 0 : std::max(0, hit.n - cache_->shape().window_back) / P;
+  for (int32_t il = 0, f = 0, w = 0; il < cfg_.n_layer; ++il) {
+    if (recurrent(il)) continue;
+    const bool is_full = full(il);
+    const size_t at = static_cast<size_t>(is_full ? f++ : w++) * page;
     auto& fr = sl.frames[static_cast<size_t>(il)];
-    for (int32_t p = 0; p < k; ++p) {
-      const uint8_t* from = hit[static_cast<size_t>(p)] +
-                            static_cast<size_t>(kv_index_[static_cast<size_t>(il)]) * page;
-      if (host_) {
-        std::memcpy(host_->page(s.id, store_layer(il), p), from, page);
+    for (int32_t p = 0; p < pages; ++p) {
+      const uint8_t* from = (is_full ? hit.kv : hit.window)[static_cast<size_t>(p)];
+      if (host_ && (host_dev_ || (is_full && p < done))) {
+        std::memcpy(host_->page(s.id, store_layer(il), p), from + at, page);
         if (pool_) fr.push_back(-1);  // the next plan fetches those under its caps
+      } else if (!is_full && p < window_first) {
+        fr.push_back(-1);  // behind the window
       } else {
-        const int32_t f = take_frame();
-        dev_.upload(pool_->frame(f), from, page);
-        fr.push_back(f);
+        // A resident page, the partial tail page (its rows past hit.n are written before
+        // anything reads them) or a window page.
+        const int32_t fi = take_frame();
+        dev_.upload(pool_->frame(fi), from + at, page);
+        fr.push_back(fi);
       }
     }
   }
-  sl.tokens.assign(tokens, tokens + static_cast<size_t>(k) * P);
-  sl.n_past = s.n_past = k * P;
+  if (hit.state)
+    dev_.upload(rstate_.as() + static_cast<size_t>(s.id) * cache_->shape().state_bytes, hit.state,
+                cache_->shape().state_bytes);
+  sl.tokens.assign(tokens, tokens + hit.n);
+  sl.n_past = s.n_past = hit.n;
   ++frames_epoch_;
   // The next step lays the pages out anew, which also drops chunks the ring prefetched from
   // this slot's previous sequence.
   plan_dirty_ = relayout_ = true;
-  cache_->count_hit(k * P);
-  return k * P;
+  cache_->count_hit(hit.n);
+  return hit.n;
 }
 
 }  // namespace kvs

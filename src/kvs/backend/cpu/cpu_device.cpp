@@ -103,6 +103,9 @@ class CpuDevice final : public Device {
     cpu::sigmoid_mul(x, gate, n);
   }
   bool has_gated_delta_net() const override { return true; }
+  // Token by token: a state then has the same bits whatever steps its positions came in, so a
+  // prompt cache's checkpoints resume exactly; the rule is a small part of a token's work here.
+  int32_t delta_net_chunk() const override { return 1; }
   void scale(float* x, float s, int64_t n) override { cpu::scale(x, s, n); }
   void add(float* x, const float* y, int64_t n) override { cpu::add(x, y, n); }
   void kv_write(const KvLayout& l, const float* k, const float* v, int32_t n_tok,

@@ -1,0 +1,78 @@
+// The prompt cache's disk tier (--cache-disk DIR): entries the RAM evicts (and all of them when
+// the cache is destroyed), one file each, read back on a match, also by a later process. A file
+// is a header (magic, version, the fingerprint of the model, KV types and page size, the
+// entry's key, parent and sizes), its tokens and checkpoint positions, its pages and states,
+// then a checksum of all that; it is written under a temporary name, flushed and renamed, so a
+// kill leaves no partial entry under an entry's name. A file that is partial, corrupt or of
+// another fingerprint is refused by name (a warning) and never loaded. One process holds the
+// directory at a time (a lock file).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "kvs/engine/prompt_cache.h"
+
+namespace kvs {
+
+// What the index knows of an entry file without reading it whole.
+struct DiskEntry {
+  uint64_t key = 0, parent = 0;
+  std::vector<int32_t> tokens;
+  bool window = false;               // holds the window layers' page
+  std::vector<int32_t> checkpoints;  // their positions
+  size_t file_bytes = 0;
+  uint64_t used = 0;  // the index's clock at its last write, for eviction
+};
+
+class CacheDisk {
+ public:
+  // Takes dir (made if missing) for this process, refused where another holds it, and indexes
+  // its entry files of this fingerprint, at most `limit` bytes of them.
+  CacheDisk(const std::string& dir, size_t limit, uint64_t fingerprint,
+            const PromptCacheShape& shape);
+  ~CacheDisk();
+  CacheDisk(const CacheDisk&) = delete;
+  CacheDisk& operator=(const CacheDisk&) = delete;
+
+  const DiskEntry* find(uint64_t key) const;
+  std::vector<const DiskEntry*> children(uint64_t parent) const;
+  // Writes an entry (states: one per checkpoint), evicting the least recently written files
+  // past the limit; a failure (disk full, unwritable) warns and turns writing off.
+  void put(const DiskEntry& head, const uint8_t* kv, const uint8_t* window,
+           const std::vector<const uint8_t*>& states);
+  // Reads entry `key` into kv [page_bytes], window [window_bytes] where it has one, and its
+  // states, after checking the file; false (a warning, the entry forgotten) where it does not
+  // check. The file goes either way: the entry moves to RAM.
+  bool take(uint64_t key, uint8_t* kv, uint8_t* window, const std::vector<uint8_t*>& states);
+
+  size_t bytes() const { return bytes_; }
+  int64_t reads() const { return reads_; }
+  int64_t writes() const { return writes_; }
+  // Warnings since the last call (refused files, failed writes), for the caller to show.
+  std::vector<std::string> take_warnings() { return std::move(warnings_); }
+
+ private:
+  std::string path_of(uint64_t key) const;
+  void forget(uint64_t key);  // drops the index's entry and its file
+  bool forget_oldest();       // the least recently written; false where none is left
+  void index_file(const std::string& path);
+
+  std::string dir_;
+  size_t limit_;
+  uint64_t fingerprint_;
+  PromptCacheShape shape_;
+  int lock_fd_ = -1;
+  bool writable_ = true;
+  std::unordered_map<uint64_t, DiskEntry> index_;
+  std::unordered_multimap<uint64_t, uint64_t> children_;  // parent key -> key
+  size_t bytes_ = 0;
+  uint64_t clock_ = 0;
+  int64_t reads_ = 0, writes_ = 0;
+  std::vector<std::string> warnings_;
+};
+
+}  // namespace kvs

@@ -170,8 +170,17 @@ def main():
         prompt = (LONG + " " + words) if i % 5 == 0 else words
         jobs.append((rng.choice(["chat", "text"]), prompt, rng.randint(4, 24)))
     s = Soak(a)
-    # The answers alone: one slot, no prompt cache, the same page size.
-    alone = Server(a.kvstream, a.model, "-np", "1", "--cache-ram", "0", *a.serve_flags)
+    # The answers alone: one slot, no prompt cache (the soak's cache flags left out), the same
+    # page size.
+    flags, skip = [], False
+    for f in a.serve_flags:
+        if skip:
+            skip = False
+        elif f in ("--cache-ram", "--cache-disk", "--cache-disk-size"):
+            skip = True
+        else:
+            flags.append(f)
+    alone = Server(a.kvstream, a.model, "-np", "1", "--cache-ram", "0", *flags)
     s.url = alone.url
     expected = {j: s.answer(j[0], j[1], j[2], False) for j in jobs}
     alone.stop()

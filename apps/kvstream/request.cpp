@@ -60,14 +60,9 @@ json parse_body(const std::string& body) {
 
 // The parts every generation request shares: the model, sampling, limits, stop strings.
 GenRequest RequestRules::common(const json& b) const {
-  if (b.contains("model") && !b["model"].is_null()) {
-    if (!b["model"].is_string()) bad("'model' must be a string", "model");
-    const std::string m = b["model"].get<std::string>();
-    if (m != model_id && m != model_path)
-      throw ApiError{
-          404, cat("the model '", m, "' does not exist; this server serves '", model_id, "'"),
-          "invalid_request_error", "model_not_found", "model"};
-  }
+  // Any name: a server of one model answers whatever model a client names, as llama-server.
+  if (b.contains("model") && !b["model"].is_null() && !b["model"].is_string())
+    bad("'model' must be a string", "model");
   if (integer(b, "n", 1, 1, 1) != 1) bad("'n' must be 1", "n");
   if (b.contains("tools") && !b["tools"].is_null() && !b["tools"].empty())
     bad("tools are not supported", "tools");

@@ -51,8 +51,7 @@ json parse_body(const std::string& body);
 struct RequestRules {
   const Tokenizer& tok;
   int32_t n_ctx;
-  std::string model_id, model_path;  // the names a request's 'model' may give
-  SamplerParams sampling;            // the server's sampling flags
+  SamplerParams sampling;  // the server's sampling flags
   int64_t seed = -1, n_predict = -1;
   bool ignore_eos = false;
 

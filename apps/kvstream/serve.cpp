@@ -78,7 +78,10 @@ void send_error(httplib::Response& res, const ApiError& e) {
 
 // The methods of every endpoint, for the Allow header of a 405 (httplib answers HEAD as GET).
 const std::map<std::string, std::string> kMethods = {{"/v1/chat/completions", "POST, OPTIONS"},
+                                                     {"/chat/completions", "POST, OPTIONS"},
                                                      {"/v1/completions", "POST, OPTIONS"},
+                                                     {"/completions", "POST, OPTIONS"},
+                                                     {"/models", "GET, HEAD, OPTIONS"},
                                                      {"/", "GET, HEAD, OPTIONS"},
                                                      {"/health", "GET, HEAD, OPTIONS"},
                                                      {"/v1/models", "GET, HEAD, OPTIONS"},
@@ -426,16 +429,17 @@ struct Api {
         }
       };
     };
-    svr.Post("/v1/chat/completions",
-             guard([this](const auto& req, auto& res) { generate(req, res, true); }));
-    svr.Post("/v1/completions",
-             guard([this](const auto& req, auto& res) { generate(req, res, false); }));
+    // OpenAI's paths, and llama-server's without /v1.
+    for (const char* path : {"/v1/chat/completions", "/chat/completions"})
+      svr.Post(path, guard([this](const auto& req, auto& res) { generate(req, res, true); }));
+    for (const char* path : {"/v1/completions", "/completions"})
+      svr.Post(path, guard([this](const auto& req, auto& res) { generate(req, res, false); }));
     // The chat page (chat_page.html, embedded at build time); it asks for the key itself.
     svr.Get("/", [](const auto&, auto& res) { res.set_content(kChatPage, "text/html"); });
     svr.Get("/health", [](const auto&, auto& res) {
       res.set_content(R"({"status":"ok"})", "application/json");
     });
-    svr.Get("/v1/models", [this](const auto&, auto& res) {
+    svr.Get(R"(/(v1/)?models)", [this](const auto&, auto& res) {
       const json m = {{"id", model_id},
                       {"object", "model"},
                       {"created", started},
@@ -557,8 +561,7 @@ void serve(const ServeArgs& a) {
   const std::string id =
       a.alias.empty() ? std::filesystem::path(a.s.model).filename().string() : a.alias;
   Api api{a,     *model, *model->tokenizer, eo, sched, id,
-          {*model->tokenizer, eo.n_ctx, id, a.s.model, a.g.sp, a.g.seed, n_predict_of(a.g),
-           a.g.ignore_eos}};
+          {*model->tokenizer, eo.n_ctx, a.g.sp, a.g.seed, n_predict_of(a.g), a.g.ignore_eos}};
   httplib::Server svr;
   // A connection holds its thread while it waits for a request (kKeepAlive), reads one
   // (--timeout) or is answered: many more threads than slots, so that idle connections do

@@ -14,7 +14,7 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const auto file = kvs::make_synthetic("tiny");
   static const auto tok = kvs::Tokenizer::from_gguf(*file);
-  static const kvs::cli::RequestRules rules{*tok, 256, "tiny", "synthetic:tiny", {}, -1, 16, false};
+  static const kvs::cli::RequestRules rules{*tok, 256, {}, -1, 16, false};
   const std::string body(reinterpret_cast<const char*>(data), size);
   for (const bool chat : {true, false}) {
     try {

@@ -10,7 +10,7 @@ import sys
 
 import openai
 
-from serve_util import Server, check
+from serve_util import Server, chat_answer, check
 
 BINARY, MODEL = sys.argv[1], sys.argv[2]
 P = 16  # --page-size
@@ -21,13 +21,7 @@ N = 20
 
 
 def answer(client, msgs):
-    """(text, usage, logprobs as tuples) of a greedy chat request."""
-    r = client.chat.completions.create(model="m", messages=msgs, temperature=0, max_tokens=N,
-                                       logprobs=True, top_logprobs=5)
-    c = r.choices[0]
-    lps = [(t.token, t.logprob, tuple((x.token, x.logprob) for x in t.top_logprobs))
-           for t in c.logprobs.content]
-    return c.message.content, r.usage, lps
+    return chat_answer(client, msgs, N, 5)
 
 
 def conversation(client):

@@ -13,7 +13,7 @@ import tempfile
 
 import openai
 
-from serve_util import Server, check
+from serve_util import Server, chat_answer, check
 
 BINARY = sys.argv[1]
 TURNS = ["Which vegetables grow well in shade?", "And which of those can I sow in autumn?"]
@@ -21,12 +21,7 @@ N = 12
 
 
 def answer(client, msgs):
-    r = client.chat.completions.create(model="m", messages=msgs, temperature=0, max_tokens=N,
-                                       logprobs=True, top_logprobs=3)
-    c = r.choices[0]
-    lps = [(t.token, t.logprob, tuple((x.token, x.logprob) for x in t.top_logprobs))
-           for t in c.logprobs.content]
-    return c.message.content, r.usage, lps
+    return chat_answer(client, msgs, N, 3)
 
 
 def conversation(client):

@@ -95,3 +95,14 @@ def run_greedy(binary, model, prompt, n, chat):
         check(r.returncode == 0, "kvstream run failed: " + r.stderr)
         with open(out) as f:
             return json.load(f)
+
+
+def chat_answer(client, msgs, max_tokens, top_logprobs):
+    """(text, usage, logprobs as tuples) of a greedy chat request."""
+    r = client.chat.completions.create(model="m", messages=msgs, temperature=0,
+                                       max_tokens=max_tokens, logprobs=True,
+                                       top_logprobs=top_logprobs)
+    c = r.choices[0]
+    lps = [(t.token, t.logprob, tuple((x.token, x.logprob) for x in t.top_logprobs))
+           for t in c.logprobs.content]
+    return c.message.content, r.usage, lps

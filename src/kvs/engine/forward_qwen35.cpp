@@ -24,7 +24,9 @@ void Engine::gated_delta_net(Pass& p, int32_t il) {
     a.alpha = act_.alpha + off * c.ssm_v_heads;
     a.beta = act_.beta + off * c.ssm_v_heads;
     a.y = act_.y + off * vd;
-    a.chunk = e.n > 1 && !e.all_logits ? dev_.delta_net_chunk() : 1;
+    // Steps of up to kCudaInvariantTokens go token by token, so their states are a one-token
+    // step's bits (a prompt cache's checkpoint resumes where a cold run would be).
+    a.chunk = p.n_tok > kCudaInvariantTokens && !e.all_logits ? dev_.delta_net_chunk() : 1;
     // Kept for a rollback, after the inputs of the steps this one extends.
     if (const int32_t verified = slots_[static_cast<size_t>(e.seq->id)].verified; verified > 0) {
       const auto [qkv, z, alpha, beta] = saved_inputs(e.seq->id, il);

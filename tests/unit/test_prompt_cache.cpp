@@ -151,6 +151,29 @@ TEST(PromptCache, RecurrentHitsRoundDownToCheckpoints) {
   EXPECT_EQ(tiny.find(a.data(), 10).n, 0);
 }
 
+// A later turn extends a conversation whose earlier prompt ended inside a page: the earlier
+// turn's checkpoint lives in its partial page, beside the later turn's whole page that begins
+// alike, and a prompt that leaves the conversation after the earlier turn resumes there.
+TEST(PromptCache, RecurrentHitsFindCheckpointsOfEarlierTurns) {
+  const int32_t P = 4;
+  const size_t S = 16;
+  PromptCacheShape sh = shape_of(P);
+  sh.state_bytes = S;
+  PromptCache c(1000, sh);
+  const auto turn1 = join({page_of(1, P), {2, 2}});          // 6 positions
+  const auto turn2 = join({turn1, {5, 5}, page_of(6, P)});   // 12: page 1 is {2, 2, 5, 5}
+  std::vector<Checkpoint> one, two;
+  one.push_back(checkpoint_at(5, S));  // before turn 1's last token
+  two.push_back(checkpoint_at(11, S));
+  insert(c, turn1, 6, P, std::move(one));
+  insert(c, turn2, 12, P, std::move(two));
+  CacheHit h = c.find(join({turn1, {9, 9}}).data(), 7);
+  EXPECT_EQ(h.n, 5);
+  ASSERT_NE(h.state, nullptr);
+  EXPECT_EQ(h.state[0], 5);
+  EXPECT_EQ(c.find(join({turn2, {9}}).data(), 12).n, 11);
+}
+
 // Window layers: a resume needs the window pages its first query can see; a sequence keeps
 // them from window_first on, so a match far before its end is not usable.
 TEST(PromptCache, WindowPagesBoundWhereAResumeCanStart) {

@@ -179,29 +179,51 @@ CacheHit PromptCache::find(const int32_t* tokens, int32_t max_n) {
     chain.push_back(it);
     parent = key;
   }
-  // The next page: the child sharing the most leading tokens (a page that differs later, or
-  // a sequence's partial last page).
+  // The next page: of the children sharing leading tokens (a page that differs later, or a
+  // sequence's partial last page), the one a resume reaches furthest with: the most tokens, or
+  // for recurrent models the latest checkpoint within them (a sequence that went on from this
+  // prefix keeps its page, but the checkpoint may be in an earlier sequence's partial page).
   const int32_t whole = static_cast<int32_t>(chain.size()) * P;
   const int32_t room = std::min(P, max_n - whole);
-  Iter tail = lru_.end();
-  int32_t tail_n = 0;
-  for (auto [it, end] = children_.equal_range(parent); room > 0 && it != end; ++it) {
-    const std::vector<int32_t>& t = it->second->tokens;
+  const auto matched = [&](const std::vector<int32_t>& t) {
     const int32_t lim = std::min(room, static_cast<int32_t>(t.size()));
     int32_t l = 0;
     while (l < lim && t[static_cast<size_t>(l)] == tokens[whole + l]) ++l;
-    if (l > tail_n) tail = it->second, tail_n = l;
+    return l;
+  };
+  const auto reach = [&](int32_t l, auto&& checkpoint_positions) {
+    if (shape_.state_bytes == 0) return l;
+    int32_t r = 0;
+    checkpoint_positions([&](int32_t pos) {
+      if (pos <= whole + l) r = std::max(r, pos - whole);
+    });
+    return r;
+  };
+  Iter tail = lru_.end();
+  int32_t tail_n = 0, tail_reach = 0;
+  const auto better = [&](int32_t l, int32_t r) {
+    return l > 0 && (r > tail_reach || (r == tail_reach && l > tail_n));
+  };
+  for (auto [it, end] = children_.equal_range(parent); room > 0 && it != end; ++it) {
+    const Entry& e = *it->second;
+    const int32_t l = matched(e.tokens);
+    const int32_t r = reach(l, [&](auto&& f) {
+      for (const Checkpoint& c : e.checkpoints) f(c.pos);
+    });
+    if (better(l, r)) tail = it->second, tail_n = l, tail_reach = r;
   }
-  if (disk_ && room > 0) {  // a longer match on disk
+  if (disk_ && room > 0) {  // a better match on disk
     uint64_t best = 0;
-    int32_t best_n = tail_n;
+    int32_t best_n = 0, best_reach = 0;
     for (const DiskEntry* d : disk_->children(parent)) {
-      const int32_t lim = std::min(room, static_cast<int32_t>(d->tokens.size()));
-      int32_t l = 0;
-      while (l < lim && d->tokens[static_cast<size_t>(l)] == tokens[whole + l]) ++l;
-      if (l > best_n) best = d->key, best_n = l;
+      const int32_t l = matched(d->tokens);
+      const int32_t r = reach(l, [&](auto&& f) {
+        for (const int32_t pos : d->checkpoints) f(pos);
+      });
+      if (better(l, r) && (r > best_reach || (r == best_reach && l > best_n)))
+        best = d->key, best_n = l, best_reach = r;
     }
-    if (best_n > tail_n) {
+    if (best_n > 0) {
       if (tail != lru_.end()) tail->pinned = generation_, lru_.splice(lru_.begin(), lru_, tail);
       if (const Iter it = from_disk(best); it != lru_.end()) tail = it, tail_n = best_n;
     }

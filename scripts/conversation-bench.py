@@ -7,7 +7,7 @@
   - the server stopped (SIGINT writes the cache to --cache-disk) and started again: the next
     turn of --next new tokens, its time to first token and the bytes read back from disk, then a
     second such turn from RAM (its new tokens' prefill alone);
-  - each turn's prompt again cold (its first token changed, so nothing matches) for comparison.
+  - the prompts of turns 2 on again cold (the first token changed, so nothing matches).
 Writes the figures as JSON.
 
   scripts/conversation-bench.py --bin build/kvstream -m MODEL --cache-disk DIR [--turns 4]
@@ -129,7 +129,7 @@ def main():
         log("from RAM", r)
         out["from_ram"] = r
         out["cold"] = []
-        for i, p in enumerate(prompts[1:] + [conv]):
+        for i, p in enumerate(prompts[1:]):
             r = turn(url, [p[0] + 1 + i] + p[1:], 1)  # a first token of its own: no match
             log("cold", r)
             out["cold"].append(r)

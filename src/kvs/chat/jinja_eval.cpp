@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "kvs/chat/jinja_impl.h"
+#include "kvs/util/error.h"
 
 namespace kvs::jinja {
 namespace {
@@ -57,7 +58,7 @@ class Renderer final : public Evaluator {
   Value call(const Value& fn, CallArgs& args) override {
     if (fn.type != Value::Type::Callable) {
       if (fn.is_undefined()) fault(fn.s.empty() ? "undefined value is not callable" : fn.s);
-      fault("'" + type_name(fn) + "' object is not callable");
+      fault(cat("'", type_name(fn), "' object is not callable"));
     }
     return (*fn.func)(args);
   }
@@ -210,6 +211,14 @@ class Renderer final : public Evaluator {
     const Stmt* m = &s;
     Scope* outer = &def;
     return Value::function([this, m, outer](CallArgs& a) {
+      // A macro that calls itself without end is an error, not a stack overflow.
+      if (calls_ >= kMaxCalls)
+        fault("macro recursion deeper than " + std::to_string(kMaxCalls) + " calls");
+      ++calls_;
+      struct Leave {
+        int& n;
+        ~Leave() { --n; }
+      } leave{calls_};
       Scope sc{outer, {}};
       size_t used = 0;
       for (size_t k = 0; k < m->params.size(); ++k) {
@@ -309,7 +318,7 @@ class Renderer final : public Evaluator {
           if (call_method(obj, callee.name, a, out)) return out;
           const Value fn = get_attr(obj, callee.name);
           if (fn.is_undefined())
-            fault("'" + type_name(obj) + " object' has no attribute '" + callee.name + "'");
+            fault(cat("'", type_name(obj), " object' has no attribute '", callee.name, "'"));
           return call(fn, a);
         }
         return call(eval(callee, sc), a);
@@ -441,6 +450,9 @@ class Renderer final : public Evaluator {
       return Value::make_list(std::move(out), l.tuple);
     }
     if (op == "*" && (l.is_string() || l.is_list()) && r.type == Value::Type::Int) {
+      const size_t n = l.is_string() ? l.s.size() : l.list->size();
+      if (r.i > 0 && n > 0 && static_cast<uint64_t>(r.i) > (64u << 20) / n)
+        fault("the repetition would be larger than 64 MiB");
       Value out = l.is_string() ? Value::str("") : Value::make_list({}, l.tuple);
       for (int64_t k = 0; k < r.i; ++k) {
         if (l.is_string())
@@ -518,7 +530,7 @@ class Renderer final : public Evaluator {
       src = *obj.list;
       n = static_cast<int64_t>(src.size());
     } else {
-      fault("'" + type_name(obj) + "' object is not subscriptable");
+      fault(cat("'", type_name(obj), "' object is not subscriptable"));
     }
     // Python's slice.indices().
     auto clamp = [&](int64_t v, bool is_given, int64_t def) {
@@ -541,8 +553,10 @@ class Renderer final : public Evaluator {
     return Value::make_list(std::move(sl), obj.tuple);
   }
 
+  static constexpr int kMaxCalls = 100;
   const Program& p_;
   const RenderOptions& o_;
+  int calls_ = 0;
 };
 
 }  // namespace

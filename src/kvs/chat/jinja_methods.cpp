@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "kvs/chat/jinja_impl.h"
+#include "kvs/util/error.h"
 
 namespace kvs::jinja {
 
@@ -205,14 +206,15 @@ Value get_item(const Value& obj, const Value& key) {
     case Value::Type::Seq:
     case Value::Type::String: {
       if (key.type != Value::Type::Int && key.type != Value::Type::Bool)
-        return Value::undefined("'" + type_name(obj) + " object' has no attribute '" + to_str(key) +
-                                "'");
+        return Value::undefined(
+            cat("'", type_name(obj), " object' has no attribute '", to_str(key), "'"));
       int64_t k = key.as_int();
       if (obj.is_list()) {
         const auto n = static_cast<int64_t>(obj.list->size());
         if (k < 0) k += n;
         if (k < 0 || k >= n)
-          return Value::undefined("'" + type_name(obj) + " object' has no element " + to_str(key));
+          return Value::undefined(
+              cat("'", type_name(obj), " object' has no element ", to_str(key)));
         return (*obj.list)[static_cast<size_t>(k)];
       }
       const std::u32string u = to_u32(obj.s);
@@ -228,8 +230,8 @@ Value get_item(const Value& obj, const Value& key) {
       }
       return Value::undefined("'dict object' has no attribute '" + to_str(key) + "'");
     default:
-      return Value::undefined("'" + type_name(obj) + " object' has no attribute '" + to_str(key) +
-                              "'");
+      return Value::undefined(
+          cat("'", type_name(obj), " object' has no attribute '", to_str(key), "'"));
   }
 }
 
@@ -253,7 +255,7 @@ Value get_attr(const Value& obj, const std::string& name) {
           return out;
         });
       }
-    return Value::undefined("'" + type_name(obj) + " object' has no attribute '" + name + "'");
+    return Value::undefined(cat("'", type_name(obj), " object' has no attribute '", name, "'"));
   };
   if (obj.is_dict()) {
     if (!obj.dict->ns) {
@@ -261,11 +263,11 @@ Value get_attr(const Value& obj, const std::string& name) {
         if (name == n) return bound(kDictMethods);
     }
     if (const Value* v = obj.dict->find(name)) return *v;
-    return Value::undefined("'" + type_name(obj) + " object' has no attribute '" + name + "'");
+    return Value::undefined(cat("'", type_name(obj), " object' has no attribute '", name, "'"));
   }
   if (obj.is_string()) return bound(kStrMethods);
   if (obj.is_list()) return bound(kListMethods);
-  return Value::undefined("'" + type_name(obj) + " object' has no attribute '" + name + "'");
+  return Value::undefined(cat("'", type_name(obj), " object' has no attribute '", name, "'"));
 }
 
 bool call_method(const Value& obj, const std::string& name, CallArgs& a, Value& out) {

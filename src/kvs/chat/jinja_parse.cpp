@@ -71,6 +71,7 @@ class Parser {
   // Statements up to one of the `ends` tags (its name in `end`, the tag consumed up to its
   // name), or to the end of the template where `ends` is empty.
   Body body(std::initializer_list<const char*> ends, std::string& end) {
+    const Nest nest(*this, depth_, cur().pos);
     Body out;
     while (true) {
       const Tok& t = cur();
@@ -273,7 +274,19 @@ class Parser {
     return t;
   }
 
+  // Nesting deeper than this is refused rather than exhausting the stack (templates nest a few
+  // levels; a fuzzer, thousands).
+  static constexpr int kMaxDepth = 256;
+  struct Nest {
+    Nest(const Parser& p, int& d, size_t pos) : depth(d) {
+      if (++depth > kMaxDepth) p.fail(pos, "expressions or blocks nested too deeply");
+    }
+    ~Nest() { --depth; }
+    int& depth;
+  };
+
   ExprP expression(bool condexpr) {
+    const Nest nest(*this, depth_, cur().pos);
     ExprP e = or_expr();
     while (condexpr && is_name("if")) {
       auto c = node(Expr::Kind::Cond, cur().pos);
@@ -377,6 +390,7 @@ class Parser {
   ExprP unary(bool with_filter) {
     ExprP e;
     if (is_op("-") || is_op("+")) {
+      const Nest nest(*this, depth_, cur().pos);
       e = node(Expr::Kind::Unary, cur().pos);
       e->name = cur().v;
       ++k_;
@@ -465,7 +479,7 @@ class Parser {
       expect_op("}");
       return d;
     }
-    fail(pos, "unexpected " + describe(t));
+    fail(pos, "expected an expression, found " + describe(t));
   }
 
   void call_args(Expr& call) {
@@ -539,7 +553,8 @@ class Parser {
     f->name = expect_name();
     while (is_op(".")) {
       ++k_;
-      f->name += "." + expect_name();
+      f->name += '.';
+      f->name += expect_name();
     }
     f->args.push_back(std::move(subject));
     if (is_op("(")) call_args(*f);
@@ -584,6 +599,7 @@ class Parser {
   Program& p_;
   std::vector<Tok> t_;
   size_t k_ = 0;
+  int depth_ = 0;
 };
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "kvs/chat/jinja_impl.h"
+#include "kvs/util/error.h"
 
 namespace kvs::jinja {
 
@@ -64,7 +65,7 @@ std::string dict_key(const Value& k) {
     case Value::Type::Float:
       if (k.f == std::floor(k.f) && std::fabs(k.f) < 9e18)
         return "\x01i" + std::to_string(static_cast<int64_t>(k.f));
-      return "\x01f" + float_repr(k.f);
+      return cat("\x01f", float_repr(k.f));
     default:
       fault("unhashable type: '" + type_name(k) + "'");
   }
@@ -181,7 +182,7 @@ std::string float_repr(double x) {
   if (exp < -4 || exp >= 16) {
     out += digits.substr(0, 1);
     if (n > 1) out += "." + digits.substr(1);
-    char eb[8];
+    char eb[16];
     std::snprintf(eb, sizeof eb, "e%c%02d", exp < 0 ? '-' : '+', std::abs(exp));
     return out + eb;
   }
@@ -492,7 +493,7 @@ List iterate(const Value& v) {
       return chars;
     }
     default:
-      fault("'" + type_name(v) + "' object is not iterable");
+      fault(cat("'", type_name(v), "' object is not iterable"));
   }
 }
 

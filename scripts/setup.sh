@@ -44,13 +44,14 @@ if ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null;
     echo "setup: chromium is not available; the chat page's test will be skipped" >&2
 fi
 
-# Python for tools/reference.py, the tokenizer cross-check and the server's tests (openai).
+# Python for tools/reference.py, the tokenizer cross-check, the server's tests (openai) and the
+# chat templates' oracle (jinja2).
 if [ ! -x .venv/bin/python3 ]; then
   python3 -m venv .venv
 fi
-if ! .venv/bin/python3 -c "import gguf, numpy, tokenizers, openai" 2>/dev/null; then
-  echo "setup: installing gguf numpy tokenizers openai into .venv" >&2
-  .venv/bin/pip install -q --disable-pip-version-check gguf numpy tokenizers openai
+if ! .venv/bin/python3 -c "import gguf, numpy, tokenizers, openai, jinja2" 2>/dev/null; then
+  echo "setup: installing gguf numpy tokenizers openai jinja2 into .venv" >&2
+  .venv/bin/pip install -q --disable-pip-version-check gguf numpy tokenizers openai jinja2
 fi
 
 scripts/fetch-model.sh

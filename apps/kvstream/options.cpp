@@ -318,12 +318,12 @@ size_t vram_limit_of(const SharedArgs& a) {
 }
 
 void note_no_template(const Tokenizer& tok, const std::string& model, const char* what) {
-  if (tok.chat_family() != "none") return;
+  if (tok.has_chat()) return;
   std::fprintf(stderr, "kvstream: %s has %s: %s\n", model.c_str(),
-               tok.has_chat_template()
-                   ? "a chat template kvstream does not follow (chatml, llama3, llama2, gemma)"
-                   : "no chat template",
+               tok.has_chat_template() ? "a chat template that does not parse" : "no chat template",
                what);
+  if (!tok.chat_format_error().empty())
+    std::fprintf(stderr, "kvstream: %s\n", tok.chat_format_error().c_str());
 }
 
 std::string backend_of(const SharedArgs& a) {

@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "kvs/chat/chat_format.h"
 #include "kvs/tokenizer/tokenizer.h"
 #include "kvs/util/error.h"
 
@@ -12,6 +13,13 @@ namespace kvs::cli {
 namespace {
 
 const json kNull;
+
+std::string rtrim_ws(std::string s) {
+  while (!s.empty() &&
+         (s.back() == ' ' || s.back() == '\n' || s.back() == '\t' || s.back() == '\r'))
+    s.pop_back();
+  return s;
+}
 
 }  // namespace
 
@@ -64,8 +72,6 @@ GenRequest RequestRules::common(const json& b) const {
   if (b.contains("model") && !b["model"].is_null() && !b["model"].is_string())
     bad("'model' must be a string", "model");
   if (integer(b, "n", 1, 1, 1) != 1) bad("'n' must be 1", "n");
-  if (b.contains("tools") && !b["tools"].is_null() && !b["tools"].empty())
-    bad("tools are not supported", "tools");
   if (b.contains("response_format") && b["response_format"].is_object() &&
       !text_of(b["response_format"], "type").empty() &&
       text_of(b["response_format"], "type") != "text")
@@ -135,20 +141,63 @@ void RequestRules::set_prompt(GenRequest& r, std::vector<int32_t> ids, const cha
   r.prompt = std::move(ids);
 }
 
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+// A message's text parts joined ("content": [{"type": "text", "text": ...}]), counted into
+// `bytes`.
+std::string message_text(const json& c, size_t& bytes) {
+  std::string text;
+  for (const json& part : c) {
+    if (text_of(part, "type") != "text" || !part.contains("text") || !part["text"].is_string())
+      bad("only text content parts are supported", "messages");
+    bytes += part["text"].get_ref<const std::string&>().size();
+    text += part["text"].get<std::string>();
+  }
+  return text;
+}
+
+// A message as templates read it: the content a string, tool calls' arguments an object where
+// they are JSON (templates print them with tojson or iterate them), as llama-server passes them.
+ojson template_message(const json& m, const std::string& role, std::string text,
+                       bool null_content) {
+  ojson out = ojson::parse(m.dump());
+  out["role"] = role;
+  out["content"] = null_content ? ojson() : ojson(std::move(text));
+  if (out.contains("tool_calls")) {
+    if (!out["tool_calls"].is_array()) bad("'tool_calls' must be a list", "messages");
+    for (ojson& c : out["tool_calls"]) {
+      if (!c.is_object() || !c.contains("function") || !c["function"].is_object() ||
+          !c["function"].contains("name") || !c["function"]["name"].is_string())
+        bad("a tool call needs 'function' with a 'name'", "messages");
+      ojson& f = c["function"];
+      if (f.contains("arguments") && f["arguments"].is_string()) {
+        ojson args = ojson::parse(f["arguments"].get<std::string>(), nullptr, false);
+        if (args.is_object()) f["arguments"] = std::move(args);
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 GenRequest RequestRules::chat_request(const json& b) const {
   GenRequest r = common(b);
   if (!b.contains("messages")) bad("'messages' is required", "messages");
   const json& ms = b["messages"];
   if (!ms.is_array() || ms.empty()) bad("'messages' must be a non-empty list", "messages");
-  std::vector<ChatMessage> msgs;
+  ChatInput in;
   size_t bytes = 0;
   for (const json& m : ms) {
     if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
       bad("every message needs a 'role'", "messages");
     std::string role = m["role"].get<std::string>();
     if (role == "developer") role = "system";
-    if (role != "system" && role != "user" && role != "assistant")
-      bad(cat("message role '", role, "' is not supported (system, developer, user, assistant)"),
+    if (role != "system" && role != "user" && role != "assistant" && role != "tool")
+      bad(cat("message role '", role,
+              "' is not supported (system, developer, user, assistant, tool)"),
           "messages");
     std::string text;
     const json& c = m.contains("content") ? m["content"] : kNull;
@@ -156,23 +205,66 @@ GenRequest RequestRules::chat_request(const json& b) const {
       check_text_size(bytes += c.get_ref<const std::string&>().size(), "messages");
       text = c.get<std::string>();
     } else if (c.is_array()) {
-      for (const json& part : c) {
-        if (text_of(part, "type") != "text" || !part.contains("text") ||
-            !part["text"].is_string())
-          bad("only text content parts are supported", "messages");
-        check_text_size(bytes += part["text"].get_ref<const std::string&>().size(), "messages");
-        text += part["text"].get<std::string>();
-      }
+      text = message_text(c, bytes);
+      check_text_size(bytes, "messages");
     } else if (!c.is_null() || role != "assistant") {
       bad("a message's 'content' must be a string or a list of text parts", "messages");
     }
-    msgs.push_back({role, std::move(text)});
+    in.messages.push_back(template_message(m, role, std::move(text), c.is_null()));
+  }
+  // Tools go to the template (unless tool_choice is "none"), and the answer is parsed for
+  // calls in the template's convention.
+  std::string choice = "auto";
+  if (b.contains("tool_choice") && !b["tool_choice"].is_null()) {
+    const json& tc = b["tool_choice"];
+    if (tc.is_string()) {
+      choice = tc.get<std::string>();
+      if (choice != "auto" && choice != "none" && choice != "required")
+        bad("'tool_choice' must be 'auto', 'none', 'required' or a function", "tool_choice");
+    } else if (!tc.is_object()) {
+      bad("'tool_choice' must be a string or an object", "tool_choice");
+    }
+  }
+  if (b.contains("tools") && !b["tools"].is_null()) {
+    if (!b["tools"].is_array()) bad("'tools' must be a list", "tools");
+    for (const json& t : b["tools"])
+      if (!t.is_object()) bad("every tool must be an object", "tools");
+    if (choice != "none" && !b["tools"].empty()) in.tools = ojson::parse(b["tools"].dump());
+  }
+  if (b.contains("chat_template_kwargs") && !b["chat_template_kwargs"].is_null()) {
+    if (!b["chat_template_kwargs"].is_object())
+      bad("'chat_template_kwargs' must be an object", "chat_template_kwargs");
+    in.kwargs = ojson::parse(b["chat_template_kwargs"].dump());
+  }
+  bool split = split_reasoning;
+  if (b.contains("reasoning_format") && !b["reasoning_format"].is_null()) {
+    const std::string f =
+        b["reasoning_format"].is_string() ? b["reasoning_format"].get<std::string>() : "";
+    if (f != "none" && f != "auto" && f != "deepseek" && f != "deepseek-legacy")
+      bad("'reasoning_format' must be none, auto, deepseek or deepseek-legacy", "reasoning_format");
+    split = f != "none";
   }
   if (b.contains("logprobs") && boolean(b, "logprobs", false))
     r.top_logprobs = static_cast<int32_t>(integer(b, "top_logprobs", 0, 0, 20));
   else if (b.contains("top_logprobs") && !b["top_logprobs"].is_null())
     bad("'top_logprobs' needs 'logprobs': true", "top_logprobs");
-  set_prompt(r, tok.encode(tok.apply_chat(msgs), true, true), "messages");
+  std::string prompt;
+  try {
+    prompt = tok.apply_chat(in);
+  } catch (const jinja::Error& e) {
+    bad(cat("the chat template failed: ", e.what()), "messages");
+  }
+  if (const ChatFormat* f = tok.chat_format()) {
+    ChatParseOptions& o = r.chat;
+    o.enabled = true;
+    o.reasoning = split;
+    o.tools = in.tools.is_array() ? tool_syntax_of(f->source()) : ToolSyntax::None;
+    o.tool_defs = in.tools;
+    // The template opened the model's reasoning (Qwen3.5's "<think>\n"): the answer starts in it.
+    const std::string tail = rtrim_ws(prompt);
+    o.thinking_open = tail.ends_with("<think>");
+  }
+  set_prompt(r, tok.encode(prompt, true, true), "messages");
   return r;
 }
 

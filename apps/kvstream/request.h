@@ -54,6 +54,7 @@ struct RequestRules {
   SamplerParams sampling;  // the server's sampling flags
   int64_t seed = -1, n_predict = -1;
   bool ignore_eos = false;
+  bool split_reasoning = true;  // --reasoning-format: <think> text becomes reasoning_content
 
   GenRequest chat_request(const json& b) const;
   GenRequest completion_request(const json& b) const;

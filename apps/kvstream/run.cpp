@@ -42,7 +42,7 @@ std::vector<std::vector<int32_t>> prompts_of(const RunArgs& a, const Model& mode
   const Tokenizer& tok = *model.tokenizer;
   const int32_t parallel = eo.n_seq;
   auto encode = [&](std::string text) {
-    if (a.chat && tok.chat_family() != "none") {
+    if (a.chat && tok.has_chat()) {
       std::vector<ChatMessage> msgs;
       if (!a.g.system.empty()) msgs.push_back({"system", a.g.system});
       msgs.push_back({"user", text});

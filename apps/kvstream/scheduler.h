@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "kvs/chat/chat_parse.h"
 #include "kvs/engine/engine.h"
 #include "kvs/engine/sampler.h"
 #include "kvs/engine/speculation.h"
@@ -35,6 +36,7 @@ struct GenRequest {
   float presence_penalty = 0, frequency_penalty = 0;
   int32_t top_logprobs = -1;  // -1: no log-probabilities; 0..20: the chosen token's and N best
   bool ignore_eos = false;     // end-of-generation tokens do not end it (llama-server's name)
+  ChatParseOptions chat;       // how a chat answer becomes a message (reasoning, tool calls)
 };
 
 struct TokenLogprob {

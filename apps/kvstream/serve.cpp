@@ -17,9 +17,12 @@
 #include <random>
 #include <sstream>
 #include <thread>
+#include <utility>
 
+#include "chat_flags.h"
 #include "chat_page.h"
 #include "commands.h"
+#include "kvs/chat/chat_parse.h"
 #include "kvs/model/model.h"
 #include "kvs/util/error.h"
 #include "kvs/util/parse.h"
@@ -47,6 +50,7 @@ struct ServeArgs {
   std::string cache_ram = "8192";  // llama-server's default, in its unit (MiB)
   int32_t ctx_checkpoints = 8;     // llama-server's default
   std::string cache_disk, cache_disk_size = "16G";
+  ChatTemplateArgs chat;  // --jinja, --chat-template, --reasoning-format, ... (chat_flags.h)
 };
 
 // --cache-ram: a size (MiB without a suffix, as llama-server), 0 for none, -1 for no limit.
@@ -74,7 +78,6 @@ void send_error(httplib::Response& res, const ApiError& e) {
   res.status = e.status;
   res.set_content(dump(error_body(e)), "application/json");
 }
-
 
 // The methods of every endpoint, for the Allow header of a 405 (httplib answers HEAD as GET).
 const std::map<std::string, std::string> kMethods = {{"/v1/chat/completions", "POST, OPTIONS"},
@@ -167,8 +170,19 @@ struct Api {
       json lp_tokens = json::array(), lp_values = json::array(), lp_top = json::array(),
            lp_offsets = json::array();
       bool started = false;
+      // The chat answer's parser (reasoning, tool calls), where the request's format has one.
+      std::unique_ptr<ChatStream> parse;
     };
     auto st = std::make_shared<State>();
+    if (chat && job->request.chat.enabled)
+      st->parse = std::make_unique<ChatStream>(job->request.chat);
+    // A parsed delta (chat_parse.h) as a chunk of the stream.
+    auto delta_chunk = [envelope](const nlohmann::ordered_json& d, json lp) {
+      return envelope({{"index", 0},
+                       {"delta", json::parse(d.dump())},
+                       {"logprobs", std::move(lp)},
+                       {"finish_reason", nullptr}});
+    };
     // Adds a token to the lists of a completion's legacy logprobs object.
     auto add_completion_lp = [this](State& s, const TokenLogprob& t, size_t offset) {
       s.lp_tokens.push_back(tok.token_to_piece(t.id, true));
@@ -220,7 +234,11 @@ struct Api {
             lp = completion_lp(one);
           }
           st->text += e.text;
-          if (chat)
+          if (st->parse) {
+            std::vector<nlohmann::ordered_json> ds = st->parse->push(e.text);
+            if (ds.empty() && !lp.is_null()) ds.emplace_back(nlohmann::ordered_json::object());
+            for (const auto& d : ds) sse(delta_chunk(d, std::exchange(lp, nullptr)));
+          } else if (chat)
             sse(envelope({{"index", 0},
                           {"delta", {{"content", e.text}}},
                           {"logprobs", lp},
@@ -239,11 +257,18 @@ struct Api {
         }
         if (!e.done) continue;
         done = true;
+        std::string finish = e.finish_reason;
+        if (st->parse) {
+          if (!stream) st->parse->push(st->text);
+          for (const auto& d : st->parse->finish())
+            if (stream) sse(delta_chunk(d, nullptr));
+          if (st->parse->has_tool_calls() && finish == "stop") finish = "tool_calls";
+        }
         if (stream) {
           json last = chat ? envelope({{"index", 0},
                                        {"delta", json::object()},
                                        {"logprobs", nullptr},
-                                       {"finish_reason", e.finish_reason}})
+                                       {"finish_reason", finish}})
                            : envelope({{"index", 0},
                                        {"text", ""},
                                        {"logprobs", nullptr},
@@ -261,10 +286,12 @@ struct Api {
         } else {
           json lp = nullptr;
           if (want_lp) lp = chat ? json{{"content", st->lp_chat}} : completion_lp(*st);
+          json message = {{"role", "assistant"}, {"content", st->text}};
+          if (st->parse) message = json::parse(st->parse->message().dump());
           json choice = chat ? json{{"index", 0},
-                                    {"message", {{"role", "assistant"}, {"content", st->text}}},
+                                    {"message", std::move(message)},
                                     {"logprobs", lp},
-                                    {"finish_reason", e.finish_reason}}
+                                    {"finish_reason", finish}}
                              : json{{"index", 0},
                                     {"text", st->text},
                                     {"logprobs", lp},
@@ -538,6 +565,7 @@ void serve(const ServeArgs& a) {
   const size_t max_body = parse_size(a.max_body, "--max-request-size");
   const size_t vram = vram_limit_of(a.s);
   auto model = Model::load(a.s.model);
+  apply_chat_template_flags(*model->tokenizer, a.chat);
   EngineOptions eo = engine_options(a.s, model->config);
   eo.cache_ram = cache_ram_of(a.cache_ram);
   KVS_CHECK(a.ctx_checkpoints >= 0, "--ctx-checkpoints must be 0 or more");
@@ -562,6 +590,7 @@ void serve(const ServeArgs& a) {
       a.alias.empty() ? std::filesystem::path(a.s.model).filename().string() : a.alias;
   Api api{a,     *model, *model->tokenizer, eo, sched, id,
           {*model->tokenizer, eo.n_ctx, a.g.sp, a.g.seed, n_predict_of(a.g), a.g.ignore_eos}};
+  api.rules.split_reasoning = a.chat.split_reasoning();
   httplib::Server svr;
   // A connection holds its thread while it waits for a request (kKeepAlive), reads one
   // (--timeout) or is answered: many more threads than slots, so that idle connections do
@@ -662,6 +691,7 @@ void register_serve(CLI::App& app) {
       ->capture_default_str();
   add_sampling(c, a->g);
   add_speculation(c, a->spec);
+  add_chat_template_flags(c, a->chat);
   add_shared(c, a->s, kAllShared & ~kModel);
   c->callback([a] { serve(*a); });
 }

@@ -462,26 +462,26 @@ TEST(Tokenizer, ChatTemplates) {
   {
     const auto t = tok::make_tokenizer(v);
     ASSERT_EQ(t->chat_family(), "chatml");
-    EXPECT_EQ(t->apply_chat(msgs),
+    EXPECT_EQ(t->apply_chat_family(msgs),
               "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi!<|im_end|>\n"
               "<|im_start|>assistant\n");
-    const auto ids = t->encode(t->apply_chat(msgs), true, true);
+    const auto ids = t->encode(t->apply_chat_family(msgs), true, true);
     EXPECT_EQ(ids.front(), t->find("<|im_start|>"));
   }
   v.chat_template = "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>' }}";
-  EXPECT_EQ(tok::make_tokenizer(v)->apply_chat(msgs),
+  EXPECT_EQ(tok::make_tokenizer(v)->apply_chat_family(msgs),
             "<|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
             "<|start_header_id|>user<|end_header_id|>\n\nHi!<|eot_id|>"
             "<|start_header_id|>assistant<|end_header_id|>\n\n");
   v.chat_template = "{{ '[INST] ' + message['content'] + ' [/INST]' }}";
-  EXPECT_EQ(tok::make_tokenizer(v)->apply_chat(
+  EXPECT_EQ(tok::make_tokenizer(v)->apply_chat_family(
                 {{"system", "S"}, {"user", "U1"}, {"assistant", "A1"}, {"user", "U2"}}),
             "[INST] <<SYS>>\nS\n<</SYS>>\n\nU1 [/INST] A1 </s><s>[INST] U2 [/INST]");
   // Gemma's: the system prompt opens the first user turn, the assistant is "model", contents
   // are trimmed, and the model's turn is left open.
   v.chat_template = "{{ '<start_of_turn>' + role + '\\n' }}";
   EXPECT_EQ(tok::make_tokenizer(v)->chat_family(), "gemma");
-  EXPECT_EQ(tok::make_tokenizer(v)->apply_chat({{"system", " Be brief.\n"},
+  EXPECT_EQ(tok::make_tokenizer(v)->apply_chat_family({{"system", " Be brief.\n"},
                                                 {"user", "Hi!"},
                                                 {"assistant", "Hello.\n"},
                                                 {"user", " Bye "}}),
@@ -489,7 +489,7 @@ TEST(Tokenizer, ChatTemplates) {
             "<start_of_turn>model\nHello.<end_of_turn>\n"
             "<start_of_turn>user\nBye<end_of_turn>\n"
             "<start_of_turn>model\n");
-  EXPECT_EQ(tok::make_tokenizer(v)->apply_chat({{"user", "Hi!"}}),
+  EXPECT_EQ(tok::make_tokenizer(v)->apply_chat_family({{"user", "Hi!"}}),
             "<start_of_turn>user\nHi!<end_of_turn>\n<start_of_turn>model\n");
   // Without a template, or with one of another family: the texts as they are, a completion.
   for (const char* tmpl : {"", "{{ '<|user|>' + message['content'] + '<|end|>' }}"}) {
@@ -497,8 +497,8 @@ TEST(Tokenizer, ChatTemplates) {
     const auto t = tok::make_tokenizer(v);
     EXPECT_EQ(t->chat_family(), "none") << tmpl;
     EXPECT_EQ(t->has_chat_template(), *tmpl != 0) << tmpl;
-    EXPECT_EQ(t->apply_chat(msgs), "Be brief.Hi!") << tmpl;
-    EXPECT_EQ(t->apply_chat({{"user", "The capital of France is"}}), "The capital of France is");
+    EXPECT_EQ(t->apply_chat_family(msgs), "Be brief.Hi!") << tmpl;
+    EXPECT_EQ(t->apply_chat_family({{"user", "The capital of France is"}}), "The capital of France is");
   }
 }
 
@@ -525,7 +525,7 @@ TEST(Tokenizer, GemmaTurnsWithoutTemplate) {
   v.chat_template = "{{ '<start_of_turn>' + role + '\\n' }}";
   const auto g = tok::make_tokenizer(v);
   EXPECT_EQ(g->chat_family(), "gemma");
-  const auto ids = g->encode(g->apply_chat({{"user", "hello"}}), true, true);
+  const auto ids = g->encode(g->apply_chat_family({{"user", "hello"}}), true, true);
   // BOS once, then the turn markers as single tokens; no space prefix before "hello".
   EXPECT_EQ(ids,
             (std::vector<int32_t>{1, start, g->find("<0x75>"), g->find("<0x73>"), g->find("e"),

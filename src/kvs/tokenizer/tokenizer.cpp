@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "kvs/chat/chat_format.h"
 #include "kvs/tokenizer/vocab.h"
 #include "kvs/util/error.h"
 
@@ -186,6 +187,48 @@ void Tokenizer::init_common(const tok::VocabData& v) {
     chat_family_ = "none";
   }
   has_chat_template_ = !t.empty();
+  chat_template_ = t;
+  if (!t.empty()) {
+    try {
+      chat_format_ = std::make_shared<ChatFormat>(t, "the model's chat template", chat_tokens());
+    } catch (const jinja::Error& e) {
+      chat_format_error_ = e.what();
+    }
+  }
+}
+
+ChatTokens Tokenizer::chat_tokens() const {
+  ChatTokens t;
+  if (bos_ >= 0) t.bos = tokens_[static_cast<size_t>(bos_)];
+  if (eos_ >= 0) t.eos = tokens_[static_cast<size_t>(eos_)];
+  t.add_bos = add_bos_;
+  return t;
+}
+
+std::string Tokenizer::apply_chat(const std::vector<ChatMessage>& msgs) const {
+  if (!chat_format_) return apply_chat_family(msgs);
+  ChatInput in;
+  for (const auto& m : msgs) in.messages.push_back({{"role", m.role}, {"content", m.content}});
+  return chat_format_->apply(in);
+}
+
+std::string Tokenizer::apply_chat(const ChatInput& in) const {
+  if (chat_format_) return chat_format_->apply(in);
+  std::vector<ChatMessage> msgs;
+  for (const auto& m : in.messages) {
+    ChatMessage cm;
+    if (m.contains("role") && m["role"].is_string()) cm.role = m["role"].get<std::string>();
+    const auto c = m.contains("content") ? m["content"] : nlohmann::ordered_json();
+    if (c.is_string()) {
+      cm.content = c.get<std::string>();
+    } else if (c.is_array()) {
+      for (const auto& part : c)
+        if (part.is_object() && part.contains("text") && part["text"].is_string())
+          cm.content += part["text"].get<std::string>();
+    }
+    msgs.push_back(std::move(cm));
+  }
+  return apply_chat_family(msgs);
 }
 
 std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool special) const {
@@ -219,7 +262,7 @@ std::string trim(const std::string& s) {
 }
 }  // namespace
 
-std::string Tokenizer::apply_chat(const std::vector<ChatMessage>& msgs) const {
+std::string Tokenizer::apply_chat_family(const std::vector<ChatMessage>& msgs) const {
   std::string s;
   if (chat_family_ == "chatml") {
     for (const auto& m : msgs) s += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";

@@ -11,6 +11,9 @@
 #include <vector>
 
 namespace kvs {
+class ChatFormat;
+struct ChatInput;
+struct ChatTokens;
 namespace gguf {
 class File;
 }
@@ -55,10 +58,27 @@ class Tokenizer {
   // Chat template family detected from tokenizer.chat_template ("chatml", "llama3", "llama2",
   // "gemma"; "none" where the file has no template or one of another family), and the prompt
   // text for a conversation ending with the assistant's turn open ("none": the messages' texts
-  // one after the other, a plain completion).
+  // one after the other, a plain completion): llama.cpp's formats without Jinja (--no-jinja).
   const std::string& chat_family() const { return chat_family_; }
   bool has_chat_template() const { return has_chat_template_; }
+  std::string apply_chat_family(const std::vector<ChatMessage>& msgs) const;
+
+  // The Jinja chat format prompts are rendered with (src/kvs/chat/chat_format.h): by default
+  // the file's own tokenizer.chat_template where it parses, else none and the family's format
+  // (chat_format_error() says why); the CLI's --chat-template and --no-jinja replace it.
+  const ChatFormat* chat_format() const { return chat_format_.get(); }
+  void set_chat_format(std::shared_ptr<const ChatFormat> f) { chat_format_ = std::move(f); }
+  const std::string& chat_template() const { return chat_template_; }
+  const std::string& chat_format_error() const { return chat_format_error_; }
+  ChatTokens chat_tokens() const;
+  // Whether chats get a chat format (a template or a family), not a plain completion.
+  bool has_chat() const { return chat_format_ != nullptr || chat_family_ != "none"; }
+  // The prompt of a conversation ending with the assistant's turn open, through the chat format
+  // where there is one, else the family's; throws jinja::Error where the template fails.
   std::string apply_chat(const std::vector<ChatMessage>& msgs) const;
+  // The same for OpenAI's messages with tools and template arguments; without a Jinja format the
+  // messages' texts go to the family's format and the tools are not shown.
+  std::string apply_chat(const ChatInput& in) const;
 
  protected:
   // Copies tokens, types, special ids, add_bos and the chat family from the vocab.
@@ -71,6 +91,8 @@ class Tokenizer {
   bool add_bos_ = false;
   std::string chat_family_ = "none";
   bool has_chat_template_ = false;
+  std::string chat_template_, chat_format_error_;
+  std::shared_ptr<const ChatFormat> chat_format_;
   std::unordered_map<std::string, int32_t> index_;  // token text -> id
   bool strip_first_space_ = false;  // SentencePiece: decode drops the prefix space encode added
   size_t max_token_bytes_ = 4;

@@ -1,0 +1,85 @@
+#include "chat_flags.h"
+
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "kvs/chat/chat_format.h"
+#include "kvs/tokenizer/tokenizer.h"
+#include "kvs/util/error.h"
+#include "options.h"
+
+namespace kvs::cli {
+
+void add_chat_template_flags(CLI::App* c, ChatTemplateArgs& a) {
+  // --jinja is the default, as in recent llama-server; the flag is accepted for its scripts.
+  c->add_flag("--jinja{false}", a.no_jinja, "Render the model's Jinja chat template (the default)");
+  c->add_flag("--no-jinja", a.no_jinja,
+              "Use llama.cpp's built-in chat formats (chatml, llama3, llama2, gemma) instead of "
+              "the model's Jinja template");
+  c->add_option("--chat-template", a.chat_template,
+                cat("Chat template: a built-in name (", ChatFormat::builtin_names(),
+                    ") or Jinja text, instead of the model's"));
+  c->add_option("--chat-template-file", a.chat_template_file,
+                "File of a Jinja chat template, instead of the model's");
+  c->add_option(
+      "--chat-template-kwargs", a.chat_template_kwargs,
+      "JSON object of the template's extra arguments, e.g. '{\"enable_thinking\":false}'");
+  c->add_option("--reasoning-format", a.reasoning_format,
+                "none: <think> text stays in the content; deepseek, auto: it becomes "
+                "reasoning_content")
+      ->check(CLI::IsMember({"none", "deepseek", "deepseek-legacy", "auto"}))
+      ->capture_default_str();
+}
+
+void apply_chat_template_flags(Tokenizer& tok, const ChatTemplateArgs& a) {
+  const bool given = !a.chat_template.empty() || !a.chat_template_file.empty();
+  KVS_CHECK(!(a.no_jinja && given),
+            "--chat-template and --chat-template-file need Jinja; drop --no-jinja");
+  KVS_CHECK(a.chat_template.empty() || a.chat_template_file.empty(),
+            "give --chat-template or --chat-template-file, not both");
+  if (a.no_jinja) {
+    tok.set_chat_format(nullptr);
+    return;
+  }
+  nlohmann::ordered_json kwargs = nlohmann::ordered_json::object();
+  if (!a.chat_template_kwargs.empty()) {
+    kwargs = nlohmann::ordered_json::parse(a.chat_template_kwargs, nullptr, false);
+    KVS_CHECK(kwargs.is_object(), "--chat-template-kwargs must be a JSON object, got '",
+              a.chat_template_kwargs, "'");
+  }
+  std::string text, name;
+  if (!a.chat_template_file.empty()) {
+    text = read_file(a.chat_template_file);
+    name = a.chat_template_file;
+  } else if (!a.chat_template.empty()) {
+    text = ChatFormat::builtin(a.chat_template);
+    name = a.chat_template;
+    if (text.empty()) {
+      KVS_CHECK(a.chat_template.find("{{") != std::string::npos ||
+                    a.chat_template.find("{%") != std::string::npos,
+                "--chat-template '", a.chat_template, "' is neither a built-in name (",
+                ChatFormat::builtin_names(), ") nor a Jinja template");
+      text = a.chat_template;
+      name = "--chat-template";
+    }
+  } else if (const ChatFormat* f = tok.chat_format()) {
+    if (kwargs.empty()) return;
+    text = f->source();
+    name = f->name();
+  } else {
+    if (!tok.chat_format_error().empty())
+      std::fprintf(stderr,
+                   "kvstream: warning: the model's chat template cannot be used (%s); using the "
+                   "%s format\n",
+                   tok.chat_format_error().c_str(), tok.chat_family().c_str());
+    return;
+  }
+  try {
+    tok.set_chat_format(std::make_shared<ChatFormat>(text, name, tok.chat_tokens(), kwargs));
+  } catch (const jinja::Error& e) {
+    throw Error(e.what());
+  }
+}
+
+}  // namespace kvs::cli

@@ -37,7 +37,8 @@ std::shared_ptr<const grammar::Constraint> grammar_of(const GrammarArgs& g, cons
                      : !g.json_schema.empty()  ? "--json-schema"
                                                : "--json-schema-file";
   try {
-    std::string gbnf = !g.grammar.empty() ? g.grammar : read_file(g.grammar_file);
+    std::string gbnf = g.grammar;
+    if (!g.grammar_file.empty()) gbnf = read_file(g.grammar_file);
     if (!g.json_schema.empty() || !g.json_schema_file.empty()) {
       const std::string text = !g.json_schema.empty() ? g.json_schema : read_file(g.json_schema_file);
       nlohmann::ordered_json schema;  // ordered: properties come in the schema's order

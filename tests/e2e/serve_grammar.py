@@ -94,7 +94,8 @@ def main():
         for req, param, words in [
             ({"grammar": "root ::= [a-"}, "grammar", "line 1, column 10"),
             ({"grammar": "root ::= x\nx ::= y"}, "grammar", "line 2, column 7: undefined rule 'y'"),
-            ({"json_schema": {"type": "string", "pattern": "a+"}}, "json_schema", "'pattern'"),
+            ({"json_schema": {"type": "string", "pattern": "a+"}}, "json_schema", "anchored"),
+            ({"json_schema": {"type": "integer", "minimum": 0}}, "json_schema", "'minimum'"),
             ({"response_format": {"type": "json_schema"}}, "response_format", "json_schema"),
             ({"response_format": {"type": "xml"}}, "response_format", "'xml'"),
             ({"grammar": "root ::= \"a\"", "json_schema": {}}, "json_schema", "give one of"),

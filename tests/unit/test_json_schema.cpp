@@ -52,6 +52,17 @@ TEST(JsonSchema, Primitives) {
          {"\"123e4567-e89b-12d3-a456-426614174000\""}, {"\"123e4567\""}});
 }
 
+TEST(JsonSchema, Patterns) {
+  auto pat = [](const char* p) { return json{{"type", "string"}, {"pattern", p}}; };
+  check({pat("^[A-Z]{2}-\\d{3}$"), {"\"AB-123\""}, {"\"ab-123\"", "\"AB-12\"", "\"AB-1234\""}});
+  check({pat("^(foo|bar)+x?$"), {"\"foo\"", "\"foobarx\""}, {"\"fo\"", "\"x\"", "\"\""}});
+  check({pat("^a\"b\\\\c$"), {"\"a\\\"b\\\\c\""}, {"\"ab\\\\c\""}});  // " and \ as JSON escapes
+  check({pat("^.{2}$"), {"\"é!\"", "\"ab\""}, {"\"\\n\\n\"", "\"abc\""}});
+  check({pat("^\\d+(\\.\\d+)?$"), {"\"12\"", "\"1.50\""}, {"\"1.\"", "\".5\""}});
+  check({pat("^[^a-z]\\s[\\n]$"), {"\"A \\n\""}, {"\"a \\n\"", "\"A  \""}});
+  check({pat("^(?:ab)*?c{1,2}$"), {"\"c\"", "\"ababcc\""}, {"\"abc c\"", "\"ccc\""}});
+}
+
 TEST(JsonSchema, EnumConstAnyOf) {
   check({{{"enum", {"red", "green", 3, nullptr}}}, {"\"red\"", "\"green\"", "3", "null"}, {"\"blue\"", "\"Red\"", "4"}});
   check({{{"const", {{"a", 1}}}}, {"{\"a\":1}"}, {"{\"a\": 1}", "{}"}});
@@ -126,7 +137,9 @@ TEST(JsonSchema, RefusesWhatItCannotEnforceByName) {
     }
     return "accepted";
   };
-  EXPECT_NE(refused({{"type", "string"}, {"pattern", "^a+$"}}).find("'pattern'"), std::string::npos);
+  EXPECT_NE(refused({{"type", "string"}, {"pattern", "a+"}}).find("pattern: a pattern must be anchored"), std::string::npos);
+  EXPECT_NE(refused({{"type", "string"}, {"pattern", "^(?=a)a$"}}).find("lookaround"), std::string::npos);
+  EXPECT_NE(refused({{"type", "string"}, {"pattern", "^(a)\\1$"}}).find("backreferences"), std::string::npos);
   EXPECT_NE(refused({{"type", "integer"}, {"minimum", 0}}).find("'minimum'"), std::string::npos);
   EXPECT_NE(refused({{"not", {{"type", "null"}}}}).find("'not'"), std::string::npos);
   EXPECT_NE(refused({{"$ref", "https://x/y.json"}}).find("not local"), std::string::npos);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kvs/grammar/gbnf.h"
+#include "kvs/grammar/regex.h"
 #include "kvs/util/error.h"
 
 namespace kvs::grammar {
@@ -61,7 +62,8 @@ const std::set<std::string> kAnnotations = {
 const std::set<std::string> kRead = {
     "type",     "properties", "required", "additionalProperties", "items",     "prefixItems",
     "minItems", "maxItems",   "enum",     "const",                "anyOf",     "oneOf",
-    "allOf",    "$ref",       "minLength", "maxLength",           "format",    "nullable"};
+    "allOf",    "$ref",       "minLength", "maxLength",           "format",    "nullable",
+    "pattern"};
 
 class Converter {
  public:
@@ -207,6 +209,18 @@ class Converter {
       if (f != "date" && f != "time" && f != "date-time" && f != "uuid")
         refuse(where, cat("string format '", f, "' is not supported (date, time, date-time, uuid)"));
       return rule(name, "\"\\\"\" " + primitive(f) + " \"\\\"\" " + primitive("space"));
+    }
+    if (s.contains("pattern")) {
+      if (!s["pattern"].is_string()) refuse(where, "pattern must be a string");
+      if (s.contains("minLength") || s.contains("maxLength"))
+        refuse(where, "pattern with minLength or maxLength is not supported");
+      std::string body;
+      try {
+        body = pattern_to_gbnf(s["pattern"].get<std::string>());
+      } catch (const Error& e) {
+        refuse(where, cat("pattern: ", e.what()));
+      }
+      return rule(name, "\"\\\"\" (" + body + ") \"\\\"\" " + primitive("space"));
     }
     const uint64_t min = count(s, "minLength", 0, where);
     const uint64_t max = count(s, "maxLength", UINT64_MAX, where);

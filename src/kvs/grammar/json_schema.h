@@ -6,9 +6,10 @@
 // Supported: type (one or a list) object/array/string/number/integer/boolean/null, properties,
 // required, additionalProperties (bool or schema), items, prefixItems, minItems/maxItems,
 // enum, const, anyOf/oneOf (oneOf as anyOf), allOf of one schema, $ref to "#", "#/$defs/..." and
-// "#/definitions/...", minLength/maxLength, format date/time/date-time/uuid, nullable (OpenAPI).
+// "#/definitions/...", minLength/maxLength, format date/time/date-time/uuid, nullable (OpenAPI),
+// pattern (anchored; regex.h).
 // Annotations (title, description, default, examples, $schema, ...) are ignored. Any other
-// keyword that constrains (pattern, minimum, maximum, multipleOf, not, if, uniqueItems, ...)
+// keyword that constrains (minimum, maximum, multipleOf, not, if, uniqueItems, ...)
 // is refused by name rather than silently not enforced.
 #pragma once
 

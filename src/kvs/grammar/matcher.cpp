@@ -205,7 +205,8 @@ void Matcher::mask(const Vocab& v, float* logits, int32_t n) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const auto nv = static_cast<size_t>(n);
   // Refuse all, then let through what the walk allows: tokens outside `order` stay refused.
-  std::vector<uint8_t> ok(nv, 0);
+  std::vector<uint8_t>& ok = ok_;
+  ok.assign(nv, 0);
   const bool end = can_end();
   for (size_t i = 0; i < std::min(nv, v.eog.size()); ++i) ok[i] = v.eog[i] && end;
   if (!must_end()) {

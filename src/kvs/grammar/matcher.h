@@ -91,7 +91,7 @@ class Matcher {
   bool partial_ok(const std::vector<int32_t>& stacks, const Utf8& u) const;
   // Whether the text that ends at `l` is allowed (its last character complete or possible).
   bool ends_ok(const Level& l) const;
-  // Walks bytes from the current state into lv_; returns how many levels are valid, or -1.
+  // Walks bytes from the current state into lv_: whether the grammar allows them.
   bool walk(std::string_view bytes);
   void compact();
 
@@ -104,6 +104,7 @@ class Matcher {
   Utf8 partial_;                 // the last token's unfinished character
   std::vector<Level> lv_;        // scratch: the state after each byte of a walk
   std::vector<int32_t> todo_, seen_;
+  std::vector<uint8_t> ok_;      // scratch: mask()'s verdict per id
 };
 
 }  // namespace kvs::grammar

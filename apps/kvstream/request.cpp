@@ -8,6 +8,7 @@
 #include "kvs/chat/chat_format.h"
 #include "kvs/tokenizer/tokenizer.h"
 #include "kvs/util/error.h"
+#include "structured.h"
 
 namespace kvs::cli {
 namespace {
@@ -72,13 +73,11 @@ GenRequest RequestRules::common(const json& b) const {
   if (b.contains("model") && !b["model"].is_null() && !b["model"].is_string())
     bad("'model' must be a string", "model");
   if (integer(b, "n", 1, 1, 1) != 1) bad("'n' must be 1", "n");
-  if (b.contains("response_format") && b["response_format"].is_object() &&
-      !text_of(b["response_format"], "type").empty() &&
-      text_of(b["response_format"], "type") != "text")
-    bad("only the 'text' response_format is supported", "response_format");
   GenRequest r;
   SamplerParams& sp = r.sampling;
   sp = sampling;
+  // Structured output: grammar, json_schema, response_format (structured.h).
+  sp.grammar = request_grammar(b, tok);
   auto real = [&](const char* key, float def, double lo, double hi) {
     return static_cast<float>(number(b, key, static_cast<double>(def), lo, hi));
   };

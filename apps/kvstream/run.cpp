@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "commands.h"
+#include "structured.h"
 #include "kvs/backend/device.h"
 #include "kvs/engine/engine.h"
 #include "kvs/engine/sampler.h"
@@ -26,6 +27,7 @@ struct RunArgs {
   GenArgs g;
   std::string prompt, file, tokens, logits_out, mtp_logits_out, json_out;
   SpecArgs spec;
+  GrammarArgs grammar;
   bool has_prompt = false, chat = false, conversation = false, no_conversation = false;
 };
 
@@ -552,7 +554,9 @@ void run(const RunArgs& a) {
   const auto mtp = make_mtp(a.spec, *model, *dev, eo);
   Engine eng(*model, *dev, eo, mtp ? &mtp->engine() : nullptr);
   Speculator spec(spec_options(a.spec), eng, drafter.get(), mtp.get());
-  std::vector<Sampler> samplers = samplers_for(a.g, prompts);
+  GenArgs g = a.g;
+  g.sp.grammar = grammar_of(a.grammar, *model->tokenizer);
+  std::vector<Sampler> samplers = samplers_for(g, prompts);
   int64_t prompt_tokens = 0;
   for (const auto& p : prompts) prompt_tokens += static_cast<int64_t>(p.size());
   describe_run(a, model->config, eng, prompt_tokens, samplers[0].seed());
@@ -593,6 +597,7 @@ void register_run(CLI::App& app) {
   c->add_option("-f,--file", a->file, "Read the prompt from a file");
   c->add_option("--tokens", a->tokens, "Prompt as token ids: 1,2,3");
   add_generation(c, a->g);
+  add_grammar(c, a->grammar);
   c->add_flag("--chat", a->chat, "Wrap the prompt in the model's chat template");
   c->add_flag("--conversation,-i,--interactive", a->conversation,
               "-cnv: interactive chat, as `kvstream chat` (-p: the first message); also when "

@@ -29,6 +29,7 @@ void check_draft_vocab(const Model& target, const Model& draft) {
 
 SamplerParams drafting_params(const SamplerParams& sp) {
   SamplerParams p = sp;
+  p.grammar.reset();  // the target's sampler masks; a drafter only proposes
   if (p.seed != Sampler::kSeedRandom) {
     p.seed ^= 0x9E3779B97F4A7C15ull;
     if (p.seed == Sampler::kSeedRandom) p.seed ^= 1;

@@ -71,12 +71,17 @@ Sampler::Sampler(SamplerParams p) : p_(p) {
             p_.repeat_last_n);
   seed_ = p_.seed == kSeedRandom ? random_seed() : p_.seed;
   rng_.seed(seed_);
+  if (p_.grammar) {
+    KVS_CHECK(p_.grammar->grammar && p_.grammar->vocab, "sampler: a grammar without its vocab");
+    matcher_.emplace(p_.grammar->grammar);
+  }
 }
 
 void Sampler::reset() {
   history_.clear();
   rng_.seed(seed_);
   last_candidates_ = 0;
+  if (matcher_) matcher_->reset();
 }
 
 void Sampler::accept(int32_t token) {
@@ -277,11 +282,30 @@ int32_t Sampler::pick(const float* logits, int32_t n_vocab) {
   return static_cast<int32_t>(best);
 }
 
+const float* Sampler::constrain(const float* logits, int32_t n_vocab) {
+  if (!matcher_ || n_vocab <= 0 || logits == nullptr) return logits;
+  const grammar::Vocab& v = *p_.grammar->vocab;
+  const bool penalty = p_.repeat_penalty != 1.0f && p_.repeat_last_n != 0 && !history_.empty();
+  if (p_.temp <= 0.0f && !penalty) {
+    const size_t best = first_max(logits, static_cast<size_t>(n_vocab));
+    if (best < static_cast<size_t>(n_vocab) && matcher_->allows(v, static_cast<int32_t>(best)))
+      return logits;
+  }
+  masked_.assign(logits, logits + n_vocab);
+  matcher_->mask(v, masked_.data(), n_vocab);
+  return masked_.data();
+}
+
+int32_t Sampler::follow(int32_t token) {
+  if (matcher_) matcher_->accept(*p_.grammar->vocab, token);
+  return token;
+}
+
 int32_t Sampler::sample(const float* logits, int32_t n_vocab) {
-  int32_t token = pick(logits, n_vocab);
+  int32_t token = pick(constrain(logits, n_vocab), n_vocab);
   if (token < 0) token = draw(total_);
   accept(token);
-  return token;
+  return follow(token);
 }
 
 int32_t Sampler::draft(const float* logits, int32_t n_vocab, double p_min, float* q) {
@@ -308,6 +332,11 @@ int32_t Sampler::draft(const float* logits, int32_t n_vocab, double p_min, float
 
 int32_t Sampler::verify(const float* logits, int32_t n_vocab, int32_t draft, const float* q,
                         bool* accepted) {
+  return follow(verify_token(constrain(logits, n_vocab), n_vocab, draft, q, accepted));
+}
+
+int32_t Sampler::verify_token(const float* logits, int32_t n_vocab, int32_t draft, const float* q,
+                              bool* accepted) {
   int32_t token = pick(logits, n_vocab);
   if (token >= 0) {
     *accepted = token == draft;

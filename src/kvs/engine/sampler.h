@@ -12,8 +12,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <random>
 #include <vector>
+
+#include "kvs/grammar/matcher.h"
 
 namespace kvs {
 
@@ -25,6 +29,9 @@ struct SamplerParams {
   float repeat_penalty = 1.0f;  // > 0; 1: off. Positive logits are divided, others multiplied
   int32_t repeat_last_n = 64;   // tokens of history the penalty looks at (0: off, -1: all)
   uint64_t seed = 0xFFFFFFFF;   // kSeedRandom: pick one from std::random_device and the clock
+  // A grammar the generated text must follow (null: none). The tokens it refuses get -inf
+  // before the chain above, so greedy decoding picks the best token it allows.
+  std::shared_ptr<const grammar::Constraint> grammar;
 };
 
 class Sampler {
@@ -46,13 +53,15 @@ class Sampler {
   // argmax, which it returns. The returned token joins the history.
   int32_t verify(const float* logits, int32_t n_vocab, int32_t draft, const float* q,
                  bool* accepted);
-  // A draft model's token, drawn as sample() draws it (it joins the history); or -1, drawing
+  // A draft model's token (its grammar unused: drafters take drafting_params()), drawn as
+  // sample() draws it (it joins the history); or -1, drawing
   // nothing, when the most likely token's probability is below p_min (greedy: its softmax
   // probability at temperature 1), the stop deciding nothing about the token drawn. With a
   // temperature and q, q [n_vocab] receives the distribution it was drawn from (zero outside
   // the candidates), which verify() then takes.
   int32_t draft(const float* logits, int32_t n_vocab, double p_min, float* q);
-  // Adds a token to the history the repetition penalty looks at (prompt tokens too).
+  // Adds a token to the history the repetition penalty looks at (prompt tokens too); the
+  // grammar follows only the tokens sample() and verify() return.
   void accept(int32_t token);
   // Drops the last n tokens of the history (a drafter's rejected drafts); n <= kMaxForget.
   void forget(int32_t n);
@@ -86,6 +95,13 @@ class Sampler {
   int32_t distribution(const float* logits, int32_t n_vocab);
   // distribution(), or for greedy decoding without penalties the argmax straight from `logits`.
   int32_t pick(const float* logits, int32_t n_vocab);
+  // `logits`, or where a grammar refuses some tokens a copy with those at -inf. Greedy decoding
+  // without penalties first tries the best token alone, the common case, before a full mask.
+  const float* constrain(const float* logits, int32_t n_vocab);
+  // The grammar follows the token returned.
+  int32_t follow(int32_t token);
+  int32_t verify_token(const float* logits, int32_t n_vocab, int32_t draft, const float* q,
+                       bool* accepted);
   // A token of cand_ drawn by its weight; `total`: their sum.
   int32_t draw(double total);
   double uniform();  // [0, 1)
@@ -100,6 +116,8 @@ class Sampler {
   size_t n_cand_ = 0;
   double total_ = 0.0;
   int32_t last_candidates_ = 0;
+  std::optional<grammar::Matcher> matcher_;  // with params().grammar: the text's parse state
+  std::vector<float> masked_;                // scratch: the logits the grammar masked
 };
 
 }  // namespace kvs

@@ -251,6 +251,8 @@ void Engine::alloc_recurrent() {
 }
 
 Engine::~Engine() {
+  // The worker finishes its posted jobs first: they read the split buffers and the pages.
+  if (split_) split_->worker.reset();
   dev_.sync();
 }
 

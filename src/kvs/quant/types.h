@@ -1,5 +1,5 @@
 // Tensor element types: the GGML type ids as they appear in GGUF files, their block layouts,
-// and the CPU reference kernels per format (dequantize, quantize, dot).
+// and the CPU reference kernels per format (dequantize, quantize).
 #pragma once
 
 #include <cstddef>

@@ -1,4 +1,4 @@
-// Times the Gated DeltaNet kernels (delta_net.cu) at Qwen3.5 27B's shape: 16 key heads, 48
+// Times the Gated DeltaNet kernels (delta_net.cuh) at Qwen3.5 27B's shape: 16 key heads, 48
 // value heads of 128, 4 conv taps. Built with the CUDA backend as kvs_gdn_bench; run it on the
 // GPU machine:  kvs_gdn_bench [HBM_GB/S]  (default 3350, an H100 SXM)
 //   decode: one token through the conv, the token-by-token delta rule and the gated norm, over
@@ -12,11 +12,11 @@
 //     2 (2 n^2 S + 3 n S^2) a chunk of n; and up to 2048 tokens token by token (the path of
 //     cards whose shared memory holds no chunk).
 // Each figure is the mean of 50 launches back to back after 5 untimed, PDL on (PDL=0: off).
-#include "../src/kvs/backend/cuda/delta_net.cu"
-
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
+
+#include "kvs/backend/cuda/delta_net.cuh"
 
 using namespace kvs;
 using namespace kvs::cuda;

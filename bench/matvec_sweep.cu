@@ -1,6 +1,6 @@
 // Times the integer matrix-vector kernel's variants (rows per warp, groups per chunk, one
 // chunk ahead or not, warps per row) on the matrix shapes of the 8B models (--shapes 27b: of
-// Qwen3.5 27B), one token: the numbers behind q_shape() in matmul.cu, then the variant q_shape()
+// Qwen3.5 27B), one token: the numbers behind q_shape() in matvec.cuh, then the variant q_shape()
 // picks ("chosen"). Built with the CUDA backend as kvs_matvec_sweep; run it on the GPU machine:
 //   kvs_matvec_sweep [--shapes 8b|27b] [--hbm GB/S] [FORMAT...]
 // (default: every format of the integer kernel; PDL=0: without programmatic dependent launch).
@@ -8,11 +8,11 @@
 // include the launches, back to back. GB/s counts the bytes of the rows in the device layout
 // (layout.h), % of --hbm (default 3350, an H100 SXM). Each format ends with its chosen
 // variants over the matrices of a decode step ("step": each matrix as often as a token runs it).
-#include "../src/kvs/backend/cuda/matmul.cu"
-
 #include <cstdio>
 #include <string>
 #include <vector>
+
+#include "kvs/backend/cuda/matvec.cuh"
 
 using namespace kvs;
 using namespace kvs::cuda;

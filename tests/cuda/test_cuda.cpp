@@ -248,23 +248,22 @@ TEST(CudaStream, StreamedLogitsAreBitIdenticalToResident) {
 
 // The switches that must not change a bit (each a device of its own): the products asking L2
 // for the next product's weights (only in recorded decode steps; the default 4 MiB against none
-// and 16); qwen3's head norms in the rope's launch; a warp per span issuing its first copies before
-// its wait (recorded steps; against a warp per span without it, whose partials differ from a
-// block's). Prompt and decode logits, bit for bit.
+// and 16); a warp per span in recorded steps, which issues its first copies before its wait,
+// against the same launched one by one (graphs off; a warp per span on both sides, whose
+// partials differ from a block's). Prompt and decode logits, bit for bit.
 TEST(CudaSwitches, TrialsKeepTheBits) {
   NEED_GPU(gpu);
   struct Trial {
     std::string what;
     CudaOptions base, trial;
   };
-  std::vector<Trial> trials(4);
+  std::vector<Trial> trials(3);
   trials[0].what = "l2_next_mib 0", trials[0].trial.l2_next_mib = 0;
   trials[1].what = "l2_next_mib 16", trials[1].trial.l2_next_mib = 16;
-  trials[2].what = "fuse_qk_norm off", trials[2].trial.fuse_qk_norm = false;
-  trials[3].what = "a warp per span, attn_early off";
-  trials[3].base.decode_split = trials[3].trial.decode_split =
+  trials[2].what = "a warp per span, graphs off";
+  trials[2].base.decode_split = trials[2].trial.decode_split =
       CudaOptions::DecodeSplit::WarpPerSpan;
-  trials[3].trial.attn_early = false;
+  trials[2].trial.graphs = false;
   for (const char* spec : {"tiny-qwen3:q4_0", "smollm2-135m:q8_0", "tiny:q4_1", "tiny-h128:q4_0"}) {
     auto m = Model::load(std::string("synthetic:") + spec);
     const auto prompt = tokens(11, 300, m->config.n_vocab);

@@ -257,13 +257,10 @@ TEST(CudaOps, RopeKvWriteFused) {
       }
 }
 
-// Qwen3's q and k head norms inside the rope's launch (the default) against two rmsnorm
-// launches before it (CudaOptions::fuse_qk_norm off): the same q, k and page bytes.
+// Qwen3's q and k head norms inside the rope's launch against two rmsnorm launches before a
+// rope without them (the path of other head sizes): the same q, k and page bytes.
 TEST(CudaOps, RopeKvWriteWithHeadNorms) {
   NEED_GPU();
-  CudaOptions no_fuse;
-  no_fuse.fuse_qk_norm = false;
-  auto apart = make_cuda_device(0, no_fuse);
   const int n_tok = 3, n_head = 7, n_kv = 3, P = 16;  // 7 q heads: a block of 3
   const std::vector<int32_t> pos{5, 16, 4000}, slots{5, 0, 3};
   for (const int d : {64, 128})
@@ -279,7 +276,7 @@ TEST(CudaOps, RopeKvWriteWithHeadNorms) {
       std::vector<uint8_t> pages[2];
       std::vector<float> qs[2], ks[2];
       for (int f = 0; f < 2; ++f) {
-        Device& dev = f ? *gpu : *apart;
+        Device& dev = *gpu;
         DeviceBuffer pg = dev.alloc(2 * l.page_bytes(), "pages");
         std::vector<uint8_t> h(2 * l.page_bytes(), 0);
         dev.upload(pg.as(), h.data(), h.size());
@@ -287,8 +284,12 @@ TEST(CudaOps, RopeKvWriteWithHeadNorms) {
                                         pg.as() + l.page_bytes()};
         Buf qg(dev, q), kg(dev, k), vg(dev, v), qn(dev, qw), kn(dev, kw);
         const QkNorm norm{qn.f(), kn.f(), 1e-6f};
+        if (f == 0) {
+          dev.rmsnorm(qg.f(), norm.q, qg.f(), int64_t{n_tok} * n_head, d, norm.eps);
+          dev.rmsnorm(kg.f(), norm.k, kg.f(), int64_t{n_tok} * n_kv, d, norm.eps);
+        }
         dev.rope_kv_write(qg.f(), kg.f(), vg.f(), pos.data(), n_tok, n_head, p, l, dst.data(),
-                          slots.data(), &norm);
+                          slots.data(), f ? &norm : nullptr);
         dev.sync();
         dev.download(h.data(), pg.as(), h.size());
         pages[f] = h;

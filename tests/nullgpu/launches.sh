@@ -75,8 +75,7 @@ sys.exit(r[1]['streamed_bytes_per_token'] >= r[0]['streamed_bytes_per_token'])" 
 
 # The switches' host paths (their bits are tests/cuda's).
 for env in "KVS_CUDA_GRAPHS=0" "KVS_PDL=0" "KVS_PROFILE=1" "KVS_DECODE_WARP=0" \
-  "KVS_DECODE_WARP=1" "KVS_L2_NEXT=0" "KVS_L2_NEXT=16" "KVS_ATTN_EARLY=0 KVS_DECODE_WARP=1" \
-  "KVS_FUSE_QK_NORM=0"; do
+  "KVS_DECODE_WARP=1" "KVS_L2_NEXT=0" "KVS_L2_NEXT=16" "KVS_CUDA_GRAPHS=0 KVS_DECODE_WARP=1"; do
   k h200 "$env" bench -m synthetic:tiny-qwen3 -ctk q8_0 -ctv q4_0 --backend cuda \
     --depths 0,700 --n-gen 8 -b 128 --page-size 64 || true
 done

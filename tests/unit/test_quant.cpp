@@ -1,6 +1,5 @@
 // CPU quant kernels: the AVX2 kernels against the scalar reference (bit exact), both against
-// gguf-py (tests/unit/dequant_ref.py, bit exact), dot_row against dequantize + dot, and the
-// round-trip error of quantize_row.
+// gguf-py (tests/unit/dequant_ref.py, bit exact), and the round-trip error of quantize_row.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -212,37 +211,6 @@ TEST_P(QuantFormat, DequantizeMatchesGguf) {
   }
 }
 
-// ---- dot ----
-
-TEST_P(QuantFormat, DotMatchesDequantize) {
-  const Format& f = GetParam();
-  std::mt19937 rng(7);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  for (int64_t n :
-       {static_cast<int64_t>(f.block) * 1, int64_t{256}, int64_t{4096}, int64_t{4096 + 256 * 3}}) {
-    SCOPED_TRACE(n);
-    // Random blocks for the quantized formats; F32/F16/BF16 from random values, so that the
-    // products have comparable magnitudes.
-    std::vector<uint8_t> raw = random_blocks(f, n / f.block, static_cast<uint32_t>(n) + 1);
-    if (f.block == 1) {
-      std::vector<float> v(static_cast<size_t>(n));
-      for (auto& e : v) e = u(rng);
-      quantize_row(f.t, v.data(), raw.data(), n);
-    }
-    std::vector<float> x(static_cast<size_t>(n));
-    for (auto& e : x) e = u(rng);
-    const auto w = dequant(f.t, raw, n, true);
-    double want = 0.0, mag = 0.0;
-    for (int64_t i = 0; i < n; ++i) {
-      want += static_cast<double>(w[i]) * static_cast<double>(x[i]);
-      mag += std::fabs(static_cast<double>(w[i]) * static_cast<double>(x[i]));
-    }
-    const double got = static_cast<double>(dot_row(f.t, raw.data(), x.data(), n));
-    // Relative to sum |w x|: the dot itself may cancel to near zero.
-    EXPECT_LE(std::fabs(got - want), 1e-5 * mag + 1e-30) << got << " vs " << want;
-  }
-}
-
 // ---- quantize ----
 
 TEST_P(QuantFormat, QuantizeFastMatchesReference) {
@@ -445,13 +413,11 @@ TEST(Quant, UnsupportedTypeFails) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("iq2_xxs"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(dot_row(DType::IQ3_S, w, x, 256), Error);
   EXPECT_THROW(quantize_row(DType::IQ3_XXS, x, w, 256), Error);
   EXPECT_THROW(dequantize_row_ref(DType::TQ1_0, w, y, 256), Error);
   EXPECT_FALSE(is_supported(DType::IQ2_XS));
   // Not a whole number of blocks.
   EXPECT_THROW(dequantize_row(DType::Q4_0, w, y, 48), Error);
-  EXPECT_THROW(dot_row(DType::Q6_K, w, x, 128), Error);
 }
 
 // A row that the format's blocks do not divide is refused, naming the format.
@@ -460,12 +426,11 @@ TEST(Quant, PartialBlockNamesFormat) {
   float y[512], x[512] = {};
   for (const DType t : {DType::Q2_K, DType::Q3_K, DType::IQ4_XS, DType::IQ4_NL}) {
     const int64_t n = traits(t).block + 16;
-    for (int op = 0; op < 4; ++op) {
+    for (int op = 0; op < 3; ++op) {
       try {
         if (op == 0) dequantize_row(t, w, y, n);
-        if (op == 1) dot_row(t, w, x, n);
-        if (op == 2) quantize_row(t, x, w, n);
-        if (op == 3) (void)row_bytes(t, n);
+        if (op == 1) quantize_row(t, x, w, n);
+        if (op == 2) (void)row_bytes(t, n);
         FAIL() << dtype_name(t) << " op " << op << ": no error";
       } catch (const Error& e) {
         EXPECT_NE(std::string(e.what()).find(dtype_name(t)), std::string::npos) << e.what();

@@ -21,8 +21,6 @@ CudaOptions CudaOptions::from_env() {
   flag("KVS_CUDA_GRAPHS", o.graphs);
   flag("KVS_PDL", o.pdl);
   flag("KVS_PROFILE", o.profile);
-  flag("KVS_FUSE_QK_NORM", o.fuse_qk_norm);
-  flag("KVS_ATTN_EARLY", o.attn_early);
   if (const char* e = var("KVS_TRACE")) o.trace = e;
   if (const char* e = var("KVS_DECODE_WARP")) {
     const std::string s = e;

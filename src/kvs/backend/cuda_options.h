@@ -16,9 +16,7 @@ struct CudaOptions {
   bool profile = false;  // KVS_PROFILE=1: each operation's GPU time, printed at exit (no graphs)
   std::string trace;     // KVS_TRACE=FILE: a timing build's block times written there
   DecodeSplit decode_split = DecodeSplit::Auto;  // KVS_DECODE_WARP=0: a block per span, 1: a warp
-  bool fuse_qk_norm = true;  // KVS_FUSE_QK_NORM=0: qwen3's head norms as launches of their own
-  bool attn_early = true;    // KVS_ATTN_EARLY=0: a warp per span copies only after its wait
-  int l2_next_mib = 4;       // KVS_L2_NEXT=MiB (0-64) of the next product's weights L2 fetches
+  int l2_next_mib = 4;  // KVS_L2_NEXT=MiB (0-64) of the next product's weights L2 fetches
 
   // The options as the environment sets them (unset: the defaults above); throws Error on a
   // value it does not know.

@@ -23,7 +23,6 @@ class DevicePool {
   // The lowest free page frame (keeping the top of the arena free for the ring), -1 if none.
   int32_t take();
   void give(int32_t f);
-  int32_t free_frames() const { return static_cast<int32_t>(free_.size()); }
 
   // Moves the ring boundary, the ring right below `top` frames kept out of the pool; the frames
   // they take must be free (the engine relocates first).
@@ -33,7 +32,6 @@ class DevicePool {
   uint8_t* top_memory() const { return frame(n_frames_ - top_); }
   int32_t ring_frames() const { return slot_pages_ * n_slots_; }
   uint8_t* slot(int32_t i) const { return frame(ring_begin() + i * slot_pages_); }
-  bool is_free(int32_t f) const { return free_.count(f) != 0; }
 
  private:
   size_t page_bytes_;

@@ -23,18 +23,6 @@ const char* arch_name(Arch a) {
   return "?";
 }
 
-const char* layer_kind_name(LayerKind k) {
-  switch (k) {
-    case LayerKind::Full:
-      return "full";
-    case LayerKind::Window:
-      return "window";
-    case LayerKind::Recurrent:
-      return "recurrent";
-  }
-  return "?";
-}
-
 int32_t ModelConfig::n_layers_of(LayerKind k) const {
   int32_t n = 0;
   for (LayerKind x : kinds) n += x == k;

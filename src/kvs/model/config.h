@@ -76,6 +76,5 @@ struct ModelConfig {
 };
 
 const char* arch_name(Arch a);
-const char* layer_kind_name(LayerKind k);
 
 }  // namespace kvs

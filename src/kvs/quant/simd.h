@@ -12,6 +12,14 @@
 
 namespace kvs::quant {
 
+// The largest of v's eight lanes.
+inline float hmax(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
 inline __m128i load16(const void* p) {
   return _mm_loadu_si128(static_cast<const __m128i*>(p));
 }

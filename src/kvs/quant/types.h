@@ -1,5 +1,5 @@
 // Tensor element types: the GGML type ids as they appear in GGUF files, their block layouts,
-// and the CPU reference kernels per format (dequantize, quantize, dot).
+// and the CPU reference kernels per format (dequantize, quantize).
 #pragma once
 
 #include <cstddef>
@@ -74,7 +74,5 @@ void dequantize_row(DType t, const void* x, float* y, int64_t n);
 void dequantize_split(DType t, const uint8_t* scales, const uint8_t* quants, float* y, int64_t nb);
 // Quantizes y into t's blocks (round to nearest, as ggml's reference quantizers do).
 void quantize_row(DType t, const float* x, void* y, int64_t n);
-// sum_i dequant(w)[i] * x[i], accumulated in float.
-float dot_row(DType t, const void* w, const float* x, int64_t n);
 
 }  // namespace kvs

@@ -28,6 +28,16 @@ double leading_number(std::string_view text, std::string_view flag, std::string*
   return v;
 }
 
+// Calls item(each comma-separated item of text), empty ones included.
+template <class F>
+void for_each_item(std::string_view text, F&& item) {
+  for (size_t start = 0; start <= text.size();) {
+    const size_t comma = std::min(text.find(',', start), text.size());
+    item(text.substr(start, comma - start));
+    start = comma + 1;
+  }
+}
+
 }  // namespace
 
 uint64_t parse_size(std::string_view text, std::string_view flag) {
@@ -74,25 +84,17 @@ int64_t parse_count(std::string_view text, std::string_view flag) {
 
 std::vector<int64_t> parse_count_list(std::string_view text, std::string_view flag) {
   std::vector<int64_t> out;
-  size_t start = 0;
-  while (start <= text.size()) {
-    size_t comma = text.find(',', start);
-    if (comma == std::string_view::npos) comma = text.size();
-    std::string_view item = text.substr(start, comma - start);
+  for_each_item(text, [&](std::string_view item) {
     if (item.empty()) fail(flag, ": empty item in list '", text, "'");
     out.push_back(parse_count(item, flag));
-    start = comma + 1;
-  }
+  });
   return out;
 }
 
 std::vector<int32_t> parse_int_list(std::string_view text, std::string_view flag) {
   std::vector<int32_t> out;
-  size_t start = 0;
-  while (start <= text.size()) {
-    size_t comma = text.find(',', start);
-    if (comma == std::string_view::npos) comma = text.size();
-    std::string item(text.substr(start, comma - start));
+  for_each_item(text, [&](std::string_view piece) {
+    std::string item(piece);
     while (!item.empty() && std::isspace(static_cast<unsigned char>(item.back()))) item.pop_back();
     size_t lead = 0;
     while (lead < item.size() && std::isspace(static_cast<unsigned char>(item[lead]))) ++lead;
@@ -102,17 +104,13 @@ std::vector<int32_t> parse_int_list(std::string_view text, std::string_view flag
     if (item.empty() || *end != '\0' || v < INT32_MIN || v > INT32_MAX)
       fail(flag, ": '", item, "' is not an integer (in '", text, "')");
     out.push_back(static_cast<int32_t>(v));
-    start = comma + 1;
-  }
+  });
   return out;
 }
 
 std::vector<int> parse_cpu_list(std::string_view text, std::string_view flag) {
   std::vector<int> out;
-  size_t start = 0;
-  while (start <= text.size()) {
-    const size_t comma = std::min(text.find(',', start), text.size());
-    const std::string_view item = text.substr(start, comma - start);
+  for_each_item(text, [&](std::string_view item) {
     const size_t dash = item.find('-');
     const auto number = [&](std::string_view s) {
       const std::string t(s);
@@ -126,8 +124,7 @@ std::vector<int> parse_cpu_list(std::string_view text, std::string_view flag) {
     const int hi = dash == std::string_view::npos ? lo : number(item.substr(dash + 1));
     if (hi < lo) fail(flag, ": the range '", item, "' ends before it starts");
     for (int c = lo; c <= hi; ++c) out.push_back(c);
-    start = comma + 1;
-  }
+  });
   return out;
 }
 

@@ -226,7 +226,7 @@ constexpr int kInlineFoldStages = 2;
 // warp per (span, kv head), 4 to a block, each warp writing (or folding) its partial itself: no
 // merge, no barrier, which pays once the context gives every warp of the GPU a span. Either
 // way the keys a warp takes depend on the span and the split alone. A warp per span may hold
-// the fold (FoldSync). kEarly (recorded steps only; CudaOptions::attn_early): a warp whose span
+// the fold (FoldSync). kEarly (recorded steps only): a warp whose span
 // is not the call's last issues its first copies before pdl_wait(). Only q and the last span's
 // new row come from the kernel before; everything older is done when a kernel launched early
 // starts, the staged span table and positions included (a recorded step copies them before its
@@ -625,7 +625,7 @@ bool launch_decode_tc(Ctx& c, Geo& g, const KvLayout& l, bool by_warp, float* pa
     dispatch_kv(l.v_type, [&]<DType V>() {
       dispatch_tc_head(d, [&]<int D>() {
         const auto [kst, vst, cw] = head_copies(g, l.n_head_kv);
-        const bool early = by_warp && c.attn_early && c.staged;
+        const bool early = by_warp && c.staged;
         const auto tc = early     ? decode_tc<K, V, D, true, true>
                         : by_warp ? decode_tc<K, V, D, true>
                                   : decode_tc<K, V, D, false>;

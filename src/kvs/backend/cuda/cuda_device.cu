@@ -68,7 +68,6 @@ class CudaDevice final : public Device {
         trace_(opt.trace),
 #endif
         graphs_(opt.graphs && !opt.profile),
-        fuse_qk_norm_(opt.fuse_qk_norm),
         l2_next_bytes_(static_cast<size_t>(opt.l2_next_mib) << 20) {
     int n = 0;
     KVS_CHECK(cudaGetDeviceCount(&n) == cudaSuccess && n > 0,
@@ -95,7 +94,6 @@ class CudaDevice final : public Device {
     ctx_.n_sm = prop.multiProcessorCount;
     ctx_.smem_optin = prop.sharedMemPerBlockOptin;
     ctx_.decode_split = opt.decode_split;
-    ctx_.attn_early = opt.attn_early;
     KVS_CHECK(opt.l2_next_mib >= 0 && opt.l2_next_mib <= 64, "CUDA options: l2_next_mib ",
               opt.l2_next_mib, " (0-64)");
     KVS_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_.side, cudaStreamNonBlocking));
@@ -360,13 +358,13 @@ class CudaDevice final : public Device {
     key_layout(l);
     run("kv_write", [=, this] { cuda::kv_write(ctx_, l, k, v, n_tok, d_pages, d_slots); });
   }
-  // The q and k heads' norms in the same launch (heads of 64 or 128, unless
-  // CudaOptions::fuse_qk_norm is off), else as two rmsnorm launches before it.
+  // The q and k heads' norms in the same launch (heads of 64 or 128), else as two rmsnorm
+  // launches before it; both give the same bits (CudaOps.RopeKvWriteWithHeadNorms).
   void rope_kv_write(float* q, float* k, const float* v, const int32_t* pos, int32_t n_tok,
                      int32_t n_head, const RopeParams& p, const KvLayout& l, uint8_t* const* pages,
                      const int32_t* slots, const QkNorm* norm) override {
     QkNorm n{};
-    if (norm && fuse_qk_norm_ && (p.head_dim == 64 || p.head_dim == 128)) {
+    if (norm && (p.head_dim == 64 || p.head_dim == 128)) {
       n = {dv(norm->q), dv(norm->k), norm->eps};
     } else if (norm) {
       rmsnorm(q, norm->q, q, int64_t{n_tok} * n_head, p.head_dim, norm->eps);
@@ -771,7 +769,6 @@ class CudaDevice final : public Device {
   bool partial_ = false;            // the step being captured was cut by a pause
   bool recording_ = false;
   Calls calls_, held_;  // the recorded step's operations; those being launched
-  bool fuse_qk_norm_;  // qwen3's head norms in the rope's launch
   // What a product asks L2 to fetch of the next one at its end; next_: the recorded step's
   // products' requests; between_: K/V bytes attended since the last.
   size_t l2_next_bytes_;

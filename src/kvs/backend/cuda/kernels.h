@@ -51,10 +51,9 @@ struct Ctx {
   // Forces decode_by_warp's answer (CudaOptions::decode_split).
   CudaOptions::DecodeSplit decode_split = CudaOptions::DecodeSplit::Auto;
   L2Next next;  // for the next matmuls call's last launch (set by the device)
-  // A warp per span issues its first copies before waiting for the kernel before
-  // (CudaOptions::attn_early), while `staged`: the operations of a recorded step run, whose
-  // staged inputs were copied before its first kernel.
-  bool attn_early = true, staged = false;
+  // While the operations of a recorded step run, whose staged inputs were copied before its
+  // first kernel: a warp per span may then issue its first copies before its wait.
+  bool staged = false;
 
   // While a step is being recorded as a graph, a scratch buffer that must grow first runs and
   // waits for what was recorded so far (pause: the old buffer may be in use), then recording

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine: qwen35 (Gated DeltaNet + gated attention) on the CUDA backend.
-#   scripts/gpu-gdn.sh [HBM_GB/S]    (default 3350, an H100 SXM; an H200 has 4800)
+#   scripts/experiments/gpu-gdn.sh [HBM_GB/S]    (default 3350, an H100 SXM; an H200 has 4800)
 # Builds the cuda-sm90 preset's targets first where KVS_BIN (default build/sm90) lacks them.
 # Then, each with its verdict and first failures:
 #   kvs_cuda_test_cuda_gdn: the GDN kernels against the CPU on random inputs (the 27B's 16 key
@@ -27,7 +27,7 @@ set -uo pipefail
 bin=${KVS_BIN:-build/sm90}
 out=${OUT:-out/gdn}
 hbm=${1:-3350}
-. "$(dirname "$0")/gpu-common.sh"
+. "$(dirname "$0")/../gpu-common.sh"
 tests=(kvs_cuda_test_cuda_gdn kvs_cuda_test_cuda kvs_cuda_test_cuda_ops kvs_cuda_test_cuda_window)
 missing=0
 for t in kvstream kvs_gdn_bench "${tests[@]}"; do [ -x "$(find_bin "$t")" ] || missing=1; done
@@ -58,7 +58,7 @@ fi
 
 if [ "${KVS_GDN_E2E:-0}" = 1 ]; then
   echo "== qwen35-27b:q4_k end to end"
-  model=$("$(dirname "$0")/synth-model.sh" "$bin" qwen35-27b:q4_k)
+  model=$("$(dirname "$0")/../synth-model.sh" "$bin" qwen35-27b:q4_k)
   timeout 1200 "$bin/kvstream" bench -m "$model" --backend cuda --depths 0,4k --n-gen 32 -p 512 \
     --modes resident --json "$out/e2e.json" > "$out/e2e.txt" 2>&1 || failed=1
   grep -E '\| (tg|pp)[0-9]+ \||error' "$out/e2e.txt"

@@ -34,7 +34,7 @@ for round in 1 2; do
   [ -n "$base" ] && kernels base "$base" 8,16
 done
 
-model=$("$(dirname "$0")/synth-model.sh" "$bin" llama3-8b:q4_0)  # written once, then mapped
+model=$("$(dirname "$0")/../synth-model.sh" "$bin" llama3-8b:q4_0)  # written once, then mapped
 split() {  # name, folder, round, more bench arguments
   # shellcheck disable=SC2086  # $4: arguments, a word each
   timeout 240 "$2/kvstream" bench -m "$model" -ctk q8_0 -ctv q4_0 --backend cuda \

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the GPU machine's host (16 cores, about 130 GB/s of AVX2 reads, ../shared/ceilings.md): the
+# On the GPU machine's host (16 cores, about 130 GB/s of AVX2 reads, docs/benchmarks.md#the-machine-and-its-ceilings): the
 # CPU attention kernels' read speed (bench/cpu_attention_bench.cpp) for 1 to 16 threads, every
 # cache type and head size, against issue 33's target of 60 % of 130 GB/s at 16 threads; then
 # `kvstream bench --modes host` (llama3-8b q4_0, q8_0 K / q4_0 V) with these kernels and, where
@@ -32,7 +32,7 @@ grep -E '^\| [a-z0-9_/]+ \| [0-9]+ \| 16 \|' "$out/attention.md" |
                (g[1] >= 78 ? "(meets)" : "(below)")}'
 
 # Host mode end to end: the KV in host memory, attention on the CPU (llama.cpp's -nkvo).
-synth="$(dirname "$0")/synth-model.sh"
+synth="$(dirname "$0")/../synth-model.sh"
 host_bench() {  # name, kvstream's folder
   timeout "${KVS_BENCH_TIMEOUT:-900}" "$2/kvstream" bench -m "$("$synth" "$2" llama3-8b:q4_0)" \
     -ctk q8_0 -ctv q4_0 --backend cuda --fill random --modes host --depths 8k,32k,64k,128k \

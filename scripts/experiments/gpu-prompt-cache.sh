@@ -4,9 +4,9 @@
 # (turn 1's pages reused, several of them written by decode steps) against a server without
 # one, answers and log-probabilities compared exactly; then two completions whose cached pages
 # were written by prefills only. Exit 0 and "serve cache: ok" when they are identical.
-#   scripts/gpu-prompt-cache.sh [BUILD_DIR]   (default build/sm90; models/ from scripts/fetch-model.sh)
+#   scripts/experiments/gpu-prompt-cache.sh [BUILD_DIR]   (default build/sm90; models/ from scripts/fetch-model.sh)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 bin=${1:-build/sm90}
 py=.venv/bin/python3
 [ -x "$py" ] || py=python3

@@ -4,7 +4,7 @@
 # default) and with --no-phase-arena, twice each, alternating; then the decode arenas and tok/s
 # side by side. Before that, the CUDA exactness tests whose cases now switch phases (streamed ==
 # resident bit for bit with the phase arena on and off, sequences starting while others decode).
-#   scripts/gpu-phase.sh
+#   scripts/experiments/gpu-phase.sh
 # KVS_BIN: the folder with kvstream and tests/ (default build/sm90); OUT: the logs and JSON
 # (default out/phase). KVS_DEPTHS overrides 128k,256k.
 set -uo pipefail
@@ -12,7 +12,7 @@ bin=${KVS_BIN:-build/sm90}
 out=${OUT:-out/phase}
 depths=${KVS_DEPTHS:-128k,256k}
 mkdir -p "$out"
-synth="$(dirname "$0")/synth-model.sh"  # the model written once as GGUF, then mapped
+synth="$(dirname "$0")/../synth-model.sh"  # the model written once as GGUF, then mapped
 model=$("$synth" "$bin" llama3-8b:q4_0)
 
 echo "== CUDA exactness (phase arena in the random stream cases)"

@@ -11,7 +11,7 @@
 #   plan-{auto,split}-{full,limited}.{txt,json}   kvstream plan at 256K
 #   bench-{full,limited}.{md,json}                kvstream bench, both modes in each
 #   summary.txt                                   split against auto, depth by depth
-#   scripts/gpu-split.sh
+#   scripts/experiments/gpu-split.sh
 # KVS_BIN: the folder with kvstream and tests/ (default build/sm90, built here if missing);
 # OUT (default out/split); LIMIT: --vram-limit (6.66G); H2D_LIMIT: --h2d-limit in bytes a second
 # (25000000000: 25 GB/s; 25G would be 25 GiB/s); KVS_DEPTHS (64k,128k,256k); TESTS=0 skips
@@ -34,7 +34,7 @@ if [ "${TESTS:-1}" != 0 ]; then
   grep -E "against resident|Failure|Expected|actual" "$out/test_cuda_split.txt" | head -20
 fi
 
-model=$("$(dirname "$0")/synth-model.sh" "$bin" llama3-8b:q4_0)  # written once, then mapped
+model=$("$(dirname "$0")/../synth-model.sh" "$bin" llama3-8b:q4_0)  # written once, then mapped
 kv=(-ctk q8_0 -ctv q4_0 --vram-limit "$limit")
 for link in full limited; do
   lim=(); [ "$link" = limited ] && lim=(--h2d-limit "$h2d")

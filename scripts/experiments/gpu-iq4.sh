@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine: the iq4_xs matrix-vector kernel at one token (issue 30), then the CUDA
 # tests that cover the products.
-#   scripts/gpu-iq4.sh [HBM_GB/S]    (default 3350, an H100 SXM; an H200 has 4800)
+#   scripts/experiments/gpu-iq4.sh [HBM_GB/S]    (default 3350, an H100 SXM; an H200 has 4800)
 # KVS_BIN (default build/sm90) holds kvs_matvec_sweep, kvs_cuda_test_cuda_ops and
 # kvs_cuda_test_cuda (directly or under tests/) and kvstream; logs in OUT (default out/iq4).
 # 1. kvs_matvec_sweep iq4_xs q4_0 q4_k q3_k on Qwen3.5 27B's matrices: each variant's us, GB/s and
@@ -15,7 +15,7 @@ set -uo pipefail
 bin=${KVS_BIN:-build/sm90}
 out=${OUT:-out/iq4}
 hbm=${1:-3350}
-. "$(dirname "$0")/gpu-common.sh"
+. "$(dirname "$0")/../gpu-common.sh"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv \
   > "$out/gpu.txt" 2>&1
 cat "$out/gpu.txt"

@@ -71,8 +71,16 @@ void quantize_block(const float* x, XPair& p, int b) {
     _mm_storeu_ps(p.s4 + 8 * b + 4 * half, _mm_set1_ps(dx * sum * 0.25f));
   }
   _mm256_storeu_ps(p.d + 8 * b, _mm256_set1_ps(dx / 254.0f));
-  for (int e = 0; e < 32; ++e)
-    p.v[32 * b + v16_index(e)] = static_cast<int16_t>(254 * p.h[32 * b + e] + p.l[32 * b + e]);
+  // 254 h + l in v16_index's order: packs leaves dword pairs (0,1) (2,3) (8,9) (10,11) |
+  // (4,5) (6,7) (12,13) (14,15) of each 16, the permute sorts them into A's then B's.
+  const __m256i k254 = _mm256_set1_epi32(254), ab = _mm256_setr_epi32(0, 4, 2, 6, 1, 5, 3, 7);
+  __m256i hl[4];
+  for (int c = 0; c < 4; ++c) hl[c] = _mm256_add_epi32(_mm256_madd_epi16(h[c], k254), l[c]);
+  const __m256i lo = _mm256_permutevar8x32_epi32(_mm256_packs_epi32(hl[0], hl[1]), ab);
+  const __m256i hi = _mm256_permutevar8x32_epi32(_mm256_packs_epi32(hl[2], hl[3]), ab);
+  auto* out = reinterpret_cast<__m256i*>(p.v + 32 * b);
+  _mm256_store_si256(out, _mm256_permute2x128_si256(lo, hi, 0x20));
+  _mm256_store_si256(out + 1, _mm256_permute2x128_si256(lo, hi, 0x31));
 }
 
 // ---- helpers ----
@@ -699,7 +707,7 @@ template <class F, class D>
     case 2:
       return each_row.template operator()<2>(t);
     case 1: {
-      constexpr int R1 = 4;
+      constexpr int R1 = 2;
       int64_t r = 0;
       for (; r + R1 <= nr; r += R1) {
         // The rows eight tiles on (past nr too: the next task's), asked of the caches now: one

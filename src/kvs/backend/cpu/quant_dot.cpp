@@ -140,10 +140,12 @@ struct Avx2 {
   }
   static VI bits_or(VI a, VI b) { return {_mm256_or_si256(a.a, b.a), _mm256_or_si256(a.b, b.b)}; }
   // v[i] in lanes 8 (i - first) .. + 7 for i = first, first + 1.
+  // p[0] in lanes 0 .. 7, p[1] in 8 .. 15: broadcasts from memory, which take no shuffle port.
+  static VF rep8p(const float* p) { return {_mm256_broadcast_ss(p), _mm256_broadcast_ss(p + 1)}; }
   static VF rep8(__m128 v, int first) {
-    const __m256 w = _mm256_castps128_ps256(v);
-    return {_mm256_permutevar8x32_ps(w, _mm256_set1_epi32(first)),
-            _mm256_permutevar8x32_ps(w, _mm256_set1_epi32(first + 1))};
+    alignas(16) float f[4];
+    _mm_store_ps(f, v);
+    return rep8p(f + first);
   }
   // v[i] in lanes 4 i .. 4 i + 3.
   static VF rep4(__m128 v) {
@@ -193,6 +195,9 @@ struct Avx512 {
     return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(table), idx);
   }
   [[KVS_AVX512]] static VI bits_or(VI a, VI b) { return _mm512_or_si512(a, b); }
+  [[KVS_AVX512]] static VF rep8p(const float* p) {
+    return rep8(_mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))), 0);
+  }
   [[KVS_AVX512]] static VF rep8(__m128 v, int first) {
     const __m512i i = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     return _mm512_permutexvar_ps(_mm512_add_epi32(i, _mm512_set1_epi32(first)),
@@ -363,11 +368,11 @@ struct Q4_K : Super<BlockQ4_K> {
   }
   template <class I>
   [[gnu::always_inline]] static typename I::VF scale(const Scales& s, int q) {
-    return I::rep8(load2(s.d + 2 * q), 0);
+    return I::rep8p(s.d + 2 * q);
   }
   template <class I>
   [[gnu::always_inline]] static typename I::VF min(const Scales& s, int q) {
-    return I::rep8(load2(s.m + 2 * q), 0);
+    return I::rep8p(s.m + 2 * q);
   }
 };
 // q4_k with the fifth bit of element l of sub-block j in bit j of qh[l].
@@ -384,11 +389,11 @@ struct Q5_K : Super<BlockQ5_K> {
   }
   template <class I>
   [[gnu::always_inline]] static typename I::VF scale(const Scales& s, int q) {
-    return I::rep8(load2(s.d + 2 * q), 0);
+    return I::rep8p(s.d + 2 * q);
   }
   template <class I>
   [[gnu::always_inline]] static typename I::VF min(const Scales& s, int q) {
-    return I::rep8(load2(s.m + 2 * q), 0);
+    return I::rep8p(s.m + 2 * q);
   }
 };
 
@@ -506,7 +511,7 @@ struct IQ4_XS : Super<BlockIQ4_XS> {
   }
   template <class I>
   [[gnu::always_inline]] static typename I::VF scale(const Scales& s, int q) {
-    return I::rep8(load2(s.d + 2 * q), 0);
+    return I::rep8p(s.d + 2 * q);
   }
   template <class I>
   [[gnu::always_inline]] static typename I::VF min(const Scales&, int) {

@@ -653,12 +653,14 @@ struct Dpwssd16 {
 template <class F, class D, int R, int T>
 [[gnu::always_inline]] inline void tile16(const uint8_t* w, size_t ld, const XPair* x, int64_t np,
                                           int64_t n_units, int64_t n_sub, float* y, int64_t ldy) {
-  using I = Avx2;  // the bytes' unpacking and the float steps
-  using VF = I::VF;
+  using I = Avx2;  // the bytes' unpacking and the scales
   constexpr int kShift = F::kSigned ? 0 : F::kShift;
-  VF acc[R][T];
+  // Lanes 0 .. 7 (the pair's first block or sub-block) and 8 .. 15 apart, one half of a row's
+  // levels widened at a time: 4 tokens' accumulators, the half's levels and scales fit the 16
+  // registers without spilling.
+  __m256 acc[R][T][2];
   for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) acc[r][t] = I::zerof();
+    for (int t = 0; t < T; ++t) acc[r][t][0] = acc[r][t][1] = _mm256_setzero_ps();
   for (int64_t b = 0; b < n_units; ++b) {
     typename F::Scales sc[R];
     const bool two = (b + 1) * F::kSubs <= n_sub;
@@ -667,26 +669,28 @@ template <class F, class D, int R, int T>
       const int64_t p = b * (F::kSubs / 2) + q;
       for (int r = 0; r < R; ++r) {
         const I::VI u = F::template levels<I>(sc[r], q);
-        __m256i a0, b0, a1, b1;
-        widen<F::kSigned, kShift>(u.a, a0, b0);
-        widen<F::kSigned, kShift>(u.b, a1, b1);
-        const VF dw = F::template scale<I>(sc[r], q);
-        const VF mw = F::kMin ? F::template min<I>(sc[r], q) : I::zerof();
-        for (int t = 0; t < T; ++t) {
-          const XPair& xp = x[t * np + p];
-          const auto* v = reinterpret_cast<const __m256i*>(xp.v);
-          const __m256i z = _mm256_setzero_si256();
-          const I::VI lane = {D::dot(D::dot(z, a0, _mm256_load_si256(v)), b0, _mm256_load_si256(v + 1)),
-                              D::dot(D::dot(z, a1, _mm256_load_si256(v + 2)), b1, _mm256_load_si256(v + 3))};
-          const VF s = I::mul(dw, I::loadf(xp.d));
-          acc[r][t] = I::fma(I::cvt(lane), s, acc[r][t]);
-          if constexpr (F::kMin) acc[r][t] = I::fma(mw, I::loadf(xp.s4), acc[r][t]);
+        const I::VF dw = F::template scale<I>(sc[r], q);
+        const I::VF mw = F::kMin ? F::template min<I>(sc[r], q) : I::zerof();
+        for (int h = 0; h < 2; ++h) {
+          __m256i lo, hi;
+          widen<F::kSigned, kShift>(h == 0 ? u.a : u.b, lo, hi);
+          const __m256 d = h == 0 ? dw.a : dw.b, m = h == 0 ? mw.a : mw.b;
+          for (int t = 0; t < T; ++t) {
+            const XPair& xp = x[t * np + p];
+            const auto* v = reinterpret_cast<const __m256i*>(xp.v) + 2 * h;
+            const __m256i lane = D::dot(D::dot(_mm256_setzero_si256(), lo, _mm256_load_si256(v)),
+                                        hi, _mm256_load_si256(v + 1));
+            const __m256 s = _mm256_mul_ps(d, _mm256_load_ps(xp.d + 8 * h));
+            __m256& a = acc[r][t][h];
+            a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lane), s, a);
+            if constexpr (F::kMin) a = _mm256_fmadd_ps(m, _mm256_load_ps(xp.s4 + 8 * h), a);
+          }
         }
       }
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) y[t * ldy + r] = I::sum(acc[r][t]);
+    for (int t = 0; t < T; ++t) y[t * ldy + r] = hsum(_mm256_add_ps(acc[r][t][0], acc[r][t][1]));
 }
 
 // rows() for the 256-bit instruction sets: tiles of a row and 4 tokens (a verify step of 4, or

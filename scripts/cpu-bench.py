@@ -134,7 +134,13 @@ def main():
                 for d in a.depths for t in ("tg", "pp"))
             print(f"round {i} {name} ({time.time() - t0:.0f} s, load {rec['load_avg']:.2f}) "
                   f"kvstream/llama.cpp {line}", flush=True)
+            report(a, models, rounds, commands, kvs_cpu, final=False)
+    report(a, models, rounds, commands, kvs_cpu, final=True)
 
+
+def report(a, models, rounds, commands, kvs_cpu, final):
+    """The medians so far, printed at the end and written to --json after every round (a run
+    cut short keeps its rounds)."""
     table = []
     for name in models:
         rs = [r for r in rounds if r["model"] == name]
@@ -150,19 +156,10 @@ def main():
             table.append({"model": name, "depth": d, "test": f"verify{kk}",
                           "ratio_to_tg_step": med([r["verify"][(d, kk)] for r in rs])})
 
+    done = max(r["round"] for r in rounds) + 1
     isa = kvs_cpu.get("isa", "?")
-    print(f"\nmedians of {a.rounds} alternating rounds, {a.threads} threads, kvstream {isa} "
-          f"({kvs_cpu.get('isa_origin', '?')}), {cpu_info()['model']}")
-    print("| model | depth | test | kvstream | llama.cpp | ratio | median of rounds' ratios |")
-    print("| --- | ---: | --- | ---: | ---: | ---: | ---: |")
-    for e in table:
-        if "ratio" in e:
-            print(f"| {e['model']} | {e['depth']} | {e['test']} | {e['kvstream']:.1f} | "
-                  f"{e['llama_cpp']:.1f} | {e['ratio']:.2f} | {e['median_round_ratio']:.2f} |")
-        else:
-            print(f"| {e['model']} | {e['depth']} | {e['test']} | {e['ratio_to_tg_step']:.2f}x "
-                  f"the one-token step | | | |")
-
+    if final:
+        print_table(a, table, done, isa, kvs_cpu)
     if a.json:
         def keyed(d):
             return {f"{k[0]}:{k[1]}": v for k, v in d.items()}
@@ -173,8 +170,9 @@ def main():
             "llama_cpp": {"build": "llama-cpp-python 0.3.36 vendored llama.cpp, GGML_NATIVE=OFF, "
                                    "AVX2 FMA F16C BMI2, no AVX-512, no AVX-VNNI",
                           "binary": a.llama_bench},
+            "kvstream_binary": a.kvstream,
             "threads": a.threads,
-            "rounds": a.rounds,
+            "rounds": done,
             "commands": commands,
             "models": {k: str(v) for k, v in models.items()},
             "medians": table,
@@ -183,7 +181,22 @@ def main():
             "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         }
         Path(a.json).write_text(json.dumps(out, indent=2) + "\n")
-        print(f"wrote {a.json}")
+        if final:
+            print(f"wrote {a.json}")
+
+
+def print_table(a, table, done, isa, kvs_cpu):
+    print(f"\nmedians of {done} alternating rounds, {a.threads} threads, kvstream {isa} "
+          f"({kvs_cpu.get('isa_origin', '?')}), {cpu_info()['model']}")
+    print("| model | depth | test | kvstream | llama.cpp | ratio | median of rounds' ratios |")
+    print("| --- | ---: | --- | ---: | ---: | ---: | ---: |")
+    for e in table:
+        if "ratio" in e:
+            print(f"| {e['model']} | {e['depth']} | {e['test']} | {e['kvstream']:.1f} | "
+                  f"{e['llama_cpp']:.1f} | {e['ratio']:.2f} | {e['median_round_ratio']:.2f} |")
+        else:
+            print(f"| {e['model']} | {e['depth']} | {e['test']} | {e['ratio_to_tg_step']:.2f}x "
+                  f"the one-token step | | | |")
 
 
 if __name__ == "__main__":

@@ -14,8 +14,8 @@ the instruction set kvstream's kernels were forced to (KVS_CPU_ISA).
 
 Models: `smollm2` (models/SmolLM2-135M-Instruct.Q4_1.gguf, scripts/fetch-model.sh), or a
 synthetic preset `NAME:TYPE`, written once by `kvstream synth` into --synth-dir (llama.cpp loads
-the same file). llama-bench: tests/peers/build-llama.sh builds it (AVX2, FMA, F16C; no AVX-512,
-no VNNI) into ~/.cache/kvstream/peers.
+the same file). llama-bench: tests/peers/build-llama.sh --bench builds it (AVX2, FMA, F16C; no
+AVX-512, no VNNI) into ~/.cache/kvstream/peers, which this script runs where it is missing.
 """
 import argparse
 import json
@@ -111,7 +111,10 @@ def main():
     a = ap.parse_args()
     a.depths = [int(d) for d in a.depths.split(",")]
     if not Path(a.llama_bench).exists():
-        sys.exit(f"cpu-bench: no {a.llama_bench} (tests/peers/build-llama.sh builds it)")
+        subprocess.run([str(ROOT / "tests/peers/build-llama.sh"), "--bench"], check=True,
+                       stdout=subprocess.DEVNULL)
+    if not Path(a.llama_bench).exists():
+        sys.exit(f"cpu-bench: no {a.llama_bench} (tests/peers/build-llama.sh --bench builds it)")
 
     models = {m: model_path(m, a.kvstream, a.synth_dir) for m in a.models.split(",")}
     rounds, commands, kvs_cpu = [], {}, {}

@@ -167,9 +167,17 @@ struct Avx2 {
 // the AVX-512 function: a clang build takes the 256-bit kernels there (the same bits).
 #ifndef __clang__
 #define KVS_HAVE_AVX512_KERNELS 1
+// The 256-bit kernels' products in AVX-512 VNNI's VL form (tile16()).
+struct Dpwssd16Vl {
+  static constexpr bool kInt16 = true;
+  [[KVS_AVX512]] static __m256i dot(__m256i acc, __m256i a, __m256i v) {
+    return _mm256_dpwssd_epi32(acc, a, v);
+  }
+};
 // One 512-bit register.
 struct Avx512 {
   static constexpr bool kInt16 = false;  // bytes against the two planes (tile())
+  using Narrow = Dpwssd16Vl;             // the tokens short of a tile of kToks
   static constexpr int kRows = 2, kToks = 8, kRows1 = 4;  // 32 registers
   using VI = __m512i;
   using VF = __m512;
@@ -739,10 +747,18 @@ template <class F, class D>
 template <class F, class I>
 [[gnu::always_inline]] inline void pick(const Matrix& w, const XPair* x, int64_t n_tok, int64_t r0,
                                         int64_t nr, float* y, int64_t ldy) {
-  if constexpr (I::kInt16)
+  if constexpr (I::kInt16) {
     rows16<F, I>(w, x, n_tok, r0, nr, y, ldy);
-  else
-    rows<F, I>(w, x, n_tok, r0, nr, y, ldy);
+  } else {
+    // 2 to kToks - 1 tokens past the whole tiles (a verify step, a small batch) go to the
+    // 256-bit kernel, which unpacks a row once for 4 of them where rows() would take them one
+    // by one; its bits are the same.
+    const int64_t whole = n_tok / I::kToks * I::kToks;
+    if (n_tok - whole < 2) return rows<F, I>(w, x, n_tok, r0, nr, y, ldy);
+    if (whole > 0) rows<F, I>(w, x, whole, r0, nr, y, ldy);
+    rows16<F, typename I::Narrow>(w, x + whole * x_pairs(w.n_in), n_tok - whole, r0, nr,
+                                  y + whole * ldy, ldy);
+  }
 }
 
 template <class I>

@@ -139,9 +139,9 @@ struct Avx2 {
     return {_mm256_shuffle_epi8(t, idx.a), _mm256_shuffle_epi8(t, idx.b)};
   }
   static VI bits_or(VI a, VI b) { return {_mm256_or_si256(a.a, b.a), _mm256_or_si256(a.b, b.b)}; }
-  // v[i] in lanes 8 (i - first) .. + 7 for i = first, first + 1.
   // p[0] in lanes 0 .. 7, p[1] in 8 .. 15: broadcasts from memory, which take no shuffle port.
   static VF rep8p(const float* p) { return {_mm256_broadcast_ss(p), _mm256_broadcast_ss(p + 1)}; }
+  // v[i] in lanes 8 (i - first) .. + 7 for i = first, first + 1 (through memory, as rep8p).
   static VF rep8(__m128 v, int first) {
     alignas(16) float f[4];
     _mm_store_ps(f, v);
@@ -348,9 +348,6 @@ struct Scales16 {
 };
 inline __m128 load4(const float* p) {
   return _mm_loadu_ps(p);
-}
-inline __m128 load2(const float* p) {
-  return _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
 }
 
 // q4_k, q5_k: sub-block j's weights are d sc_j level - dmin m_j; the levels of sub-blocks 2q
@@ -703,7 +700,7 @@ template <class F, class D, int R, int T>
 
 // rows() for the 256-bit instruction sets: tiles of a row and 4 tokens (a verify step of 4, or
 // prefill, unpacks each row once for the 4), the 1 to 3 tokens left in one tile, and a single
-// token (decode) 4 rows at a time.
+// token (decode) 2 rows at a time (4 spilled).
 template <class F, class D>
 [[gnu::always_inline]] inline void rows16(const Matrix& w, const XPair* x, int64_t n_tok,
                                           int64_t r0, int64_t nr, float* y, int64_t ldy) {

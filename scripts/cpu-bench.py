@@ -147,6 +147,8 @@ def report(a, models, rounds, commands, kvs_cpu, final):
     table = []
     for name in models:
         rs = [r for r in rounds if r["model"] == name]
+        if not rs:  # a model the current round has not reached yet
+            continue
         for d in a.depths:
             for t in ("tg", "pp"):
                 k = med([r["kvstream"][(d, t)] for r in rs])

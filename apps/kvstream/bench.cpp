@@ -8,6 +8,7 @@
 #include <random>
 
 #include "commands.h"
+#include "kvs/backend/cpu/isa.h"
 #include "kvs/backend/device.h"
 #include "kvs/engine/engine.h"
 #include "kvs/engine/speculation.h"
@@ -405,6 +406,11 @@ nlohmann::json bench_json(const BenchArgs& a, const std::string& device, size_t 
   j["build"] = {{"version", KVS_VERSION}, {"compiler", __VERSION__}, {"date", __DATE__}};
   j["command"] = a.command;
   j["threads"] = thread_pool().size();
+  // The CPU's kernels run on whatever the backend: the CPU and the instruction set they chose.
+  j["cpu"] = {{"model", cpu::cpu_brand()},
+              {"features", cpu::cpu_features()},
+              {"isa", cpu::isa_name(cpu::best_isa())},
+              {"isa_origin", cpu::isa_origin()}};
   j["page_size"] = a.base.page_size;
   j["batch"] = a.n_batch;
   j["fill"] = a.fill;
@@ -588,6 +594,7 @@ void bench(BenchArgs& a) {
   a.backend = backend_of(a.s);
   check_flash_attn(a.s);
   apply_threads(a.s);
+  cpu::best_isa();  // a bad KVS_CPU_ISA is an error before the model loads
   const size_t vram = vram_limit_of(a.s);
   auto model = Model::load(a.s.model);
   const ModelConfig& c = model->config;

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "commands.h"
+#include "kvs/backend/cpu/isa.h"
 #include "kvs/gguf/gguf.h"
 #include "kvs/model/model.h"
 #include "kvs/quant/types.h"
@@ -97,6 +98,9 @@ void print_info(const std::string& spec, const std::string& ctk, const std::stri
   if (c.embd_scale != 1.0f)
     std::printf("  embd scale      %g\n", static_cast<double>(c.embd_scale));
   std::printf("  attn scale      %g\n", static_cast<double>(c.attn_scale));
+
+  std::printf("\ncpu: %s; CPU kernels: %s (%s)\n", cpu::cpu_brand().c_str(),
+              cpu::isa_name(cpu::best_isa()), cpu::isa_origin());
 
   const size_t wb = m->weights.matrix_bytes();
   std::printf("\nweight matrices read per token: %zu bytes (%.1f MiB)\n", wb, mib(wb));

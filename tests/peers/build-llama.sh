@@ -2,7 +2,8 @@
 # Builds stock llama.cpp (CPU) from the vendored tree of PyPI's llama-cpp-python sdist, version
 # pinned, and tests/peers/llama_peer.cpp against it, in a cache outside the checkout
 # (KVS_PEERS_CACHE, default ~/.cache/kvstream/peers) so later runs reuse both. Prints the path of
-# llama_peer on its last line.
+# llama_peer on its last line. --bench also builds llama-bench (build-VERSION/bin) from the same
+# tree and flags, for scripts/cpu-bench.py.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 version=0.3.36
@@ -27,6 +28,13 @@ if [ ! -f "$build/src/libllama.a" ]; then
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
     -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_CURL=OFF -DGGML_OPENMP=OFF >&2
   cmake --build "$build" --target llama -j "$(nproc)" >&2
+fi
+
+if [ "${1:-}" = --bench ] && [ ! -x "$build/bin/llama-bench" ]; then
+  echo "build-llama: building llama-bench in $build" >&2
+  cmake -S "$src" -B "$build" -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=OFF \
+    -DLLAMA_BUILD_MTMD=OFF >&2
+  cmake --build "$build" --target llama-bench -j "$(nproc)" >&2
 fi
 
 peer=$cache/llama_peer

@@ -64,6 +64,16 @@ void quantize_block(const float* x, XPair& p, int b) {
     _mm_storeu_ps(p.s4 + 8 * b + 4 * half, _mm_set1_ps(dx * sum * 0.25f));
   }
   _mm256_storeu_ps(p.d + 8 * b, _mm256_set1_ps(dx / 254.0f));
+  // 254 h + l in v16_index's order: packs leaves dword pairs (0,1) (2,3) (8,9) (10,11) |
+  // (4,5) (6,7) (12,13) (14,15) of each 16, the permute sorts them into A's then B's.
+  const __m256i k254 = _mm256_set1_epi32(254), ab = _mm256_setr_epi32(0, 4, 2, 6, 1, 5, 3, 7);
+  __m256i hl[4];
+  for (int c = 0; c < 4; ++c) hl[c] = _mm256_add_epi32(_mm256_madd_epi16(h[c], k254), l[c]);
+  const __m256i lo = _mm256_permutevar8x32_epi32(_mm256_packs_epi32(hl[0], hl[1]), ab);
+  const __m256i hi = _mm256_permutevar8x32_epi32(_mm256_packs_epi32(hl[2], hl[3]), ab);
+  auto* out = reinterpret_cast<__m256i*>(p.v + 32 * b);
+  _mm256_store_si256(out, _mm256_permute2x128_si256(lo, hi, 0x20));
+  _mm256_store_si256(out + 1, _mm256_permute2x128_si256(lo, hi, 0x31));
 }
 
 // ---- helpers ----
@@ -95,26 +105,19 @@ inline __m256i move_bits(__m256i v, int from, int to, int mask) {
 }
 
 // ---- instruction sets: 16 int32 / float lanes (lane i: elements 4i .. 4i + 3 of a pair) ----
-// dot(acc, u, x): each lane plus the sum of its 4 products u x (u unsigned, x signed bytes),
-// exact: maddubs (AVX2) cannot saturate on these levels, with signed ones taken as |u| and the
-// sign moved to x (kVnni false); VNNI adds 128 to signed levels instead (offset 2^7). The rest
-// builds a pair's levels and scales from a format's bytes.
+// Each builds a pair's levels and scales from a format's bytes and holds the float steps;
+// Avx512 also takes the dot products (tile()), the 256-bit sets take theirs in tile16().
 
 // Two 256-bit halves: AVX2 and AVX-VNNI.
-template <class D>
-struct Ymm2 {
-  static constexpr bool kVnni = D::kVnni;
-  static constexpr int kRows = 2, kToks = 2, kRows1 = 4;  // 16 registers
+struct Avx2 {
   struct VI {
     __m256i a, b;
   };
   struct VF {
     __m256 a, b;
   };
-  static VI zero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
   static VF zerof() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
   static VI join(__m256i a, __m256i b) { return {a, b}; }
-  static VI load(const int8_t* p) { return {load32(p), load32(p + 32)}; }
   static VF loadf(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
   // The nibbles of 16 bytes at a, then of 16 at b, as levels (nibbles()).
   static VI nibbles2(const uint8_t* a, const uint8_t* b) { return {nibbles(a), nibbles(b)}; }
@@ -129,41 +132,19 @@ struct Ymm2 {
     return {_mm256_shuffle_epi8(t, idx.a), _mm256_shuffle_epi8(t, idx.b)};
   }
   static VI bits_or(VI a, VI b) { return {_mm256_or_si256(a.a, b.a), _mm256_or_si256(a.b, b.b)}; }
-  // v[i] in lanes 8 (i - first) .. + 7 for i = first, first + 1.
+  // p[0] in lanes 0 .. 7, p[1] in 8 .. 15: broadcasts from memory, which take no shuffle port.
+  static VF rep8p(const float* p) { return {_mm256_broadcast_ss(p), _mm256_broadcast_ss(p + 1)}; }
+  // v[i] in lanes 8 (i - first) .. + 7 for i = first, first + 1 (through memory, as rep8p).
   static VF rep8(__m128 v, int first) {
-    const __m256 w = _mm256_castps128_ps256(v);
-    return {_mm256_permutevar8x32_ps(w, _mm256_set1_epi32(first)),
-            _mm256_permutevar8x32_ps(w, _mm256_set1_epi32(first + 1))};
+    alignas(16) float f[4];
+    _mm_store_ps(f, v);
+    return rep8p(f + first);
   }
   // v[i] in lanes 4 i .. 4 i + 3.
   static VF rep4(__m128 v) {
     const __m256 w = _mm256_castps128_ps256(v);
     return {_mm256_permutevar8x32_ps(w, _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1)),
             _mm256_permutevar8x32_ps(w, _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3))};
-  }
-  static VI dot(VI acc, VI u, VI x) { return {D::dot(acc.a, u.a, x.a), D::dot(acc.b, u.b, x.b)}; }
-  static VI xor80(VI u) {
-    return {_mm256_xor_si256(u.a, bytes(0x80)), _mm256_xor_si256(u.b, bytes(0x80))};
-  }
-  static VI abs8(VI u) { return {_mm256_sign_epi8(u.a, u.a), _mm256_sign_epi8(u.b, u.b)}; }
-  static VI sign8(VI x, VI u) { return {_mm256_sign_epi8(x.a, u.a), _mm256_sign_epi8(x.b, u.b)}; }
-  // -(the lanes' sums of x) 2^s: the offset's share.
-  static VI offset(VI x, int s) {
-    const VI n = dot(zero(), join(bytes(1 << s), bytes(1 << s)), x);
-    return {_mm256_sub_epi32(_mm256_setzero_si256(), n.a), _mm256_sub_epi32(_mm256_setzero_si256(), n.b)};
-  }
-  // 254 h + l; with kNarrow every lane of h is within int16 (one multiply-add of its low half).
-  template <bool kNarrow>
-  static VI combine(VI h, VI l) {
-    if constexpr (kNarrow) {
-      const __m256i k = _mm256_set1_epi32(254);
-      return {_mm256_add_epi32(_mm256_madd_epi16(h.a, k), l.a),
-              _mm256_add_epi32(_mm256_madd_epi16(h.b, k), l.b)};
-    } else {
-      const __m256i k = _mm256_set1_epi32(254);
-      return {_mm256_add_epi32(_mm256_mullo_epi32(h.a, k), l.a),
-              _mm256_add_epi32(_mm256_mullo_epi32(h.b, k), l.b)};
-    }
   }
   static VF mul(VF a, VF b) { return {_mm256_mul_ps(a.a, b.a), _mm256_mul_ps(a.b, b.b)}; }
   static VF fma(VF a, VF b, VF c) {
@@ -173,31 +154,23 @@ struct Ymm2 {
   static float sum(VF v) { return hsum(_mm256_add_ps(v.a, v.b)); }
 };
 
-struct Maddubs {
-  static constexpr bool kVnni = false;
-  // Pairs of products summed to int16 (at most 2 x 128 x 127 here), then pairs of those.
-  static __m256i dot(__m256i acc, __m256i u, __m256i x) {
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)));
-  }
-};
-struct DpbusdAvx {
-  static constexpr bool kVnni = true;
-  [[gnu::target("avxvnni")]] static __m256i dot(__m256i acc, __m256i u, __m256i x) {
-    return _mm256_dpbusd_avx_epi32(acc, u, x);
-  }
-};
-using Avx2 = Ymm2<Maddubs>;
-using AvxVnni = Ymm2<DpbusdAvx>;
-
 #define KVS_AVX512 gnu::target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")
 
 // Clang refuses 512-bit values through the templates' calls, which GCC's flatten inlines into
 // the AVX-512 function: a clang build takes the 256-bit kernels there (the same bits).
 #ifndef __clang__
 #define KVS_HAVE_AVX512_KERNELS 1
+// The 256-bit kernels' products in AVX-512 VNNI's VL form (tile16()).
+struct Dpwssd16Vl {
+  static constexpr bool kInt16 = true;
+  [[KVS_AVX512]] static __m256i dot(__m256i acc, __m256i a, __m256i v) {
+    return _mm256_dpwssd_epi32(acc, a, v);
+  }
+};
 // One 512-bit register.
 struct Avx512 {
-  static constexpr bool kVnni = true;
+  static constexpr bool kInt16 = false;  // bytes against the two planes (tile())
+  using Narrow = Dpwssd16Vl;             // the tokens short of a tile of kToks
   static constexpr int kRows = 2, kToks = 8, kRows1 = 4;  // 32 registers
   using VI = __m512i;
   using VF = __m512;
@@ -223,6 +196,9 @@ struct Avx512 {
     return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(table), idx);
   }
   [[KVS_AVX512]] static VI bits_or(VI a, VI b) { return _mm512_or_si512(a, b); }
+  [[KVS_AVX512]] static VF rep8p(const float* p) {
+    return rep8(_mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))), 0);
+  }
   [[KVS_AVX512]] static VF rep8(__m128 v, int first) {
     const __m512i i = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     return _mm512_permutexvar_ps(_mm512_add_epi32(i, _mm512_set1_epi32(first)),
@@ -236,8 +212,6 @@ struct Avx512 {
   [[KVS_AVX512]] static VI xor80(VI u) {
     return _mm512_xor_si512(u, _mm512_set1_epi8(static_cast<char>(0x80)));
   }
-  [[KVS_AVX512]] static VI abs8(VI u) { return _mm512_abs_epi8(u); }
-  [[KVS_AVX512]] static VI sign8(VI x, VI) { return x; }  // unused: kVnni
   [[KVS_AVX512]] static VI offset(VI x, int s) {
     return _mm512_sub_epi32(zero(), _mm512_dpbusd_epi32(zero(), _mm512_set1_epi8(static_cast<char>(1 << s)), x));
   }
@@ -368,9 +342,6 @@ struct Scales16 {
 inline __m128 load4(const float* p) {
   return _mm_loadu_ps(p);
 }
-inline __m128 load2(const float* p) {
-  return _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-}
 
 // q4_k, q5_k: sub-block j's weights are d sc_j level - dmin m_j; the levels of sub-blocks 2q
 // and 2q + 1 are the low and high nibbles of qs[32 q ..].
@@ -395,11 +366,11 @@ struct Q4_K : Super<BlockQ4_K> {
   }
   template <class I>
   [[gnu::always_inline]] static typename I::VF scale(const Scales& s, int q) {
-    return I::rep8(load2(s.d + 2 * q), 0);
+    return I::rep8p(s.d + 2 * q);
   }
   template <class I>
   [[gnu::always_inline]] static typename I::VF min(const Scales& s, int q) {
-    return I::rep8(load2(s.m + 2 * q), 0);
+    return I::rep8p(s.m + 2 * q);
   }
 };
 // q4_k with the fifth bit of element l of sub-block j in bit j of qh[l].
@@ -416,11 +387,11 @@ struct Q5_K : Super<BlockQ5_K> {
   }
   template <class I>
   [[gnu::always_inline]] static typename I::VF scale(const Scales& s, int q) {
-    return I::rep8(load2(s.d + 2 * q), 0);
+    return I::rep8p(s.d + 2 * q);
   }
   template <class I>
   [[gnu::always_inline]] static typename I::VF min(const Scales& s, int q) {
-    return I::rep8(load2(s.m + 2 * q), 0);
+    return I::rep8p(s.m + 2 * q);
   }
 };
 
@@ -538,7 +509,7 @@ struct IQ4_XS : Super<BlockIQ4_XS> {
   }
   template <class I>
   [[gnu::always_inline]] static typename I::VF scale(const Scales& s, int q) {
-    return I::rep8(load2(s.d + 2 * q), 0);
+    return I::rep8p(s.d + 2 * q);
   }
   template <class I>
   [[gnu::always_inline]] static typename I::VF min(const Scales&, int) {
@@ -559,8 +530,7 @@ template <class F, class I, int R, int T>
                                         int64_t n_units, int64_t n_sub, float* y, int64_t ldy) {
   using VI = typename I::VI;
   using VF = typename I::VF;
-  constexpr bool kSignTrick = F::kSigned && !I::kVnni;
-  constexpr int kShift = F::kSigned ? (I::kVnni ? 7 : 0) : F::kShift;
+  constexpr int kShift = F::kSigned ? 7 : F::kShift;  // signed levels + 128: unsigned bytes
   VF acc[R][T];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) acc[r][t] = I::zerof();
@@ -586,17 +556,9 @@ template <class F, class I, int R, int T>
         const VF dw = F::template scale<I>(sc[r], q);
         const VF mw = F::kMin ? F::template min<I>(sc[r], q) : I::zerof();
         VI ua = u;
-        if constexpr (kSignTrick) ua = I::abs8(u);
-        if constexpr (F::kSigned && I::kVnni) ua = I::xor80(u);
+        if constexpr (F::kSigned) ua = I::xor80(u);
         for (int t = 0; t < T; ++t) {
-          VI lh, ll;
-          if constexpr (kSignTrick) {
-            lh = I::dot(I::zero(), ua, I::sign8(xh[t], u));
-            ll = I::dot(I::zero(), ua, I::sign8(xl[t], u));
-          } else {
-            lh = I::dot(oh[t], ua, xh[t]);
-            ll = I::dot(ol[t], ua, xl[t]);
-          }
+          const VI lh = I::dot(oh[t], ua, xh[t]), ll = I::dot(ol[t], ua, xl[t]);
           const VF s = I::mul(dw, I::loadf(x[t * np + p].d));
           acc[r][t] = I::fma(I::cvt(I::template combine<!F::kSigned>(lh, ll)), s, acc[r][t]);
           if constexpr (F::kMin) acc[r][t] = I::fma(mw, I::loadf(x[t * np + p].s4), acc[r][t]);
@@ -641,34 +603,182 @@ template <class F, class I>
   }
 }
 
+// ---- the 256-bit kernels: levels widened to int16 against 254 h + l ----
+// The same lanes' integers as tile(), from one vpmaddwd (AVX2) or vpdpwssd (AVX-VNNI) per 16
+// elements of a token where the bytes take four multiplies and a combine: a pair's 64 levels,
+// bytes in element order as Avx2 unpacks them, are spread to int16 in XPair::v's order once
+// per row and serve every token of the tile. Unsigned levels lose their offset here (the
+// integers sum (u - 2^s)(254 h + l) are tile()'s 254 h.w + l.w), signed ones keep their sign.
+template <bool kSigned, int kShift>
+[[gnu::always_inline]] inline void widen(__m256i u, __m256i& a, __m256i& b) {
+  constexpr char z = -1;  // pshufb: a zero byte
+  if constexpr (kSigned) {  // each byte into its int16's high byte, then shifted down
+    const __m256i ma = _mm256_setr_epi8(z, 0, z, 1, z, 4, z, 5, z, 8, z, 9, z, 12, z, 13, z, 0, z,
+                                        1, z, 4, z, 5, z, 8, z, 9, z, 12, z, 13);
+    const __m256i mb = _mm256_setr_epi8(z, 2, z, 3, z, 6, z, 7, z, 10, z, 11, z, 14, z, 15, z, 2,
+                                        z, 3, z, 6, z, 7, z, 10, z, 11, z, 14, z, 15);
+    a = _mm256_srai_epi16(_mm256_shuffle_epi8(u, ma), 8);
+    b = _mm256_srai_epi16(_mm256_shuffle_epi8(u, mb), 8);
+  } else {
+    const __m256i ma = _mm256_setr_epi8(0, z, 1, z, 4, z, 5, z, 8, z, 9, z, 12, z, 13, z, 0, z, 1,
+                                        z, 4, z, 5, z, 8, z, 9, z, 12, z, 13, z);
+    const __m256i mb = _mm256_setr_epi8(2, z, 3, z, 6, z, 7, z, 10, z, 11, z, 14, z, 15, z, 2, z,
+                                        3, z, 6, z, 7, z, 10, z, 11, z, 14, z, 15, z);
+    a = _mm256_shuffle_epi8(u, ma);
+    b = _mm256_shuffle_epi8(u, mb);
+    if constexpr (kShift > 0) {
+      a = _mm256_sub_epi16(a, _mm256_set1_epi16(1 << kShift));
+      b = _mm256_sub_epi16(b, _mm256_set1_epi16(1 << kShift));
+    }
+  }
+}
+
+struct Madd16 {
+  static constexpr bool kInt16 = true;
+  static __m256i dot(__m256i acc, __m256i a, __m256i v) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(a, v));
+  }
+};
+struct Dpwssd16 {
+  static constexpr bool kInt16 = true;
+  [[gnu::target("avxvnni")]] static __m256i dot(__m256i acc, __m256i a, __m256i v) {
+    return _mm256_dpwssd_avx_epi32(acc, a, v);
+  }
+};
+
+// tile() for the 256-bit instruction sets: per output and pair the same integers, then the same
+// float steps in the same order.
+template <class F, class D, int R, int T>
+[[gnu::always_inline]] inline void tile16(const uint8_t* w, size_t ld, const XPair* x, int64_t np,
+                                          int64_t n_units, int64_t n_sub, float* y, int64_t ldy) {
+  using I = Avx2;  // the bytes' unpacking and the scales
+  constexpr int kShift = F::kSigned ? 0 : F::kShift;
+  // Lanes 0 .. 7 (the pair's first block or sub-block) and 8 .. 15 apart, one half of a row's
+  // levels widened at a time: 4 tokens' accumulators, the half's levels and scales fit the 16
+  // registers without spilling.
+  __m256 acc[R][T][2];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t][0] = acc[r][t][1] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < n_units; ++b) {
+    typename F::Scales sc[R];
+    const bool two = (b + 1) * F::kSubs <= n_sub;
+    for (int r = 0; r < R; ++r) F::scales(w + r * ld + b * F::kUnitBytes, two, sc[r]);
+    for (int q = 0; q < F::kSubs / 2; ++q) {
+      const int64_t p = b * (F::kSubs / 2) + q;
+      for (int r = 0; r < R; ++r) {
+        const I::VI u = F::template levels<I>(sc[r], q);
+        const I::VF dw = F::template scale<I>(sc[r], q);
+        const I::VF mw = F::kMin ? F::template min<I>(sc[r], q) : I::zerof();
+        for (int h = 0; h < 2; ++h) {
+          __m256i lo, hi;
+          widen<F::kSigned, kShift>(h == 0 ? u.a : u.b, lo, hi);
+          const __m256 d = h == 0 ? dw.a : dw.b, m = h == 0 ? mw.a : mw.b;
+          for (int t = 0; t < T; ++t) {
+            const XPair& xp = x[t * np + p];
+            const auto* v = reinterpret_cast<const __m256i*>(xp.v) + 2 * h;
+            const __m256i lane = D::dot(D::dot(_mm256_setzero_si256(), lo, _mm256_load_si256(v)),
+                                        hi, _mm256_load_si256(v + 1));
+            const __m256 s = _mm256_mul_ps(d, _mm256_load_ps(xp.d + 8 * h));
+            __m256& a = acc[r][t][h];
+            a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lane), s, a);
+            if constexpr (F::kMin) a = _mm256_fmadd_ps(m, _mm256_load_ps(xp.s4 + 8 * h), a);
+          }
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) y[t * ldy + r] = hsum(_mm256_add_ps(acc[r][t][0], acc[r][t][1]));
+}
+
+// rows() for the 256-bit instruction sets: tiles of a row and 4 tokens (a verify step of 4, or
+// prefill, unpacks each row once for the 4), the 1 to 3 tokens left in one tile, and a single
+// token (decode) 2 rows at a time (4 spilled).
+template <class F, class D>
+[[gnu::always_inline]] inline void rows16(const Matrix& w, const XPair* x, int64_t n_tok,
+                                          int64_t r0, int64_t nr, float* y, int64_t ldy) {
+  const int64_t np = x_pairs(w.n_in), n_sub = w.n_in / QK;
+  const int64_t n_units = (n_sub + F::kSubs - 1) / F::kSubs;
+  const size_t ld = w.row_bytes;
+  const uint8_t* w0 = w.row(r0);
+  // A template, not a function pointer: the tile must inline into its instruction set's entry.
+  const auto each_row = [&]<int T>(int64_t t) {
+    for (int64_t r = 0; r < nr; ++r)
+      tile16<F, D, 1, T>(w0 + r * ld, ld, x + t * np, np, n_units, n_sub, y + t * ldy + r, ldy);
+  };
+  int64_t t = 0;
+  for (; t + 4 <= n_tok; t += 4) each_row.template operator()<4>(t);
+  switch (n_tok - t) {
+    case 3:
+      return each_row.template operator()<3>(t);
+    case 2:
+      return each_row.template operator()<2>(t);
+    case 1: {
+      constexpr int R1 = 2;
+      int64_t r = 0;
+      for (; r + R1 <= nr; r += R1) {
+        // The rows eight tiles on (past nr too: the next task's), asked of the caches now: one
+        // token's tiles wait on memory, not on arithmetic.
+        const uint8_t* next = w0 + (r + 8 * R1) * ld;
+        for (size_t off = 0; off < R1 * ld; off += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(next + off), _MM_HINT_T0);
+        tile16<F, D, R1, 1>(w0 + r * ld, ld, x + t * np, np, n_units, n_sub, y + t * ldy + r, ldy);
+      }
+      for (; r < nr; ++r)
+        tile16<F, D, 1, 1>(w0 + r * ld, ld, x + t * np, np, n_units, n_sub, y + t * ldy + r, ldy);
+      return;
+    }
+    default:
+      return;
+  }
+}
+
+// I: Madd16 or Dpwssd16 (the 256-bit kernels' products), or Avx512.
+template <class F, class I>
+[[gnu::always_inline]] inline void pick(const Matrix& w, const XPair* x, int64_t n_tok, int64_t r0,
+                                        int64_t nr, float* y, int64_t ldy) {
+  if constexpr (I::kInt16) {
+    rows16<F, I>(w, x, n_tok, r0, nr, y, ldy);
+  } else {
+    // 2 to kToks - 1 tokens past the whole tiles (a verify step, a small batch) go to the
+    // 256-bit kernel, which unpacks a row once for 4 of them where rows() would take them one
+    // by one; its bits are the same.
+    const int64_t whole = n_tok / I::kToks * I::kToks;
+    if (n_tok - whole < 2) return rows<F, I>(w, x, n_tok, r0, nr, y, ldy);
+    if (whole > 0) rows<F, I>(w, x, whole, r0, nr, y, ldy);
+    rows16<F, typename I::Narrow>(w, x + whole * x_pairs(w.n_in), n_tok - whole, r0, nr,
+                                  y + whole * ldy, ldy);
+  }
+}
+
 template <class I>
 [[gnu::always_inline]] inline void rows_of(const Matrix& w, const XPair* x, int64_t n_tok,
                                            int64_t r0, int64_t nr, float* y, int64_t ldy) {
   switch (w.type) {
     case DType::Q8_0:
-      return rows<Pair<Q8_0>, I>(w, x, n_tok, r0, nr, y, ldy);
+      return pick<Pair<Q8_0>, I>(w, x, n_tok, r0, nr, y, ldy);
     case DType::Q4_0:
-      return rows<Pair<Q4_0>, I>(w, x, n_tok, r0, nr, y, ldy);
+      return pick<Pair<Q4_0>, I>(w, x, n_tok, r0, nr, y, ldy);
     case DType::Q4_1:
-      return rows<Pair<Q4_1>, I>(w, x, n_tok, r0, nr, y, ldy);
+      return pick<Pair<Q4_1>, I>(w, x, n_tok, r0, nr, y, ldy);
     case DType::Q5_0:
-      return rows<Pair<Q5_0>, I>(w, x, n_tok, r0, nr, y, ldy);
+      return pick<Pair<Q5_0>, I>(w, x, n_tok, r0, nr, y, ldy);
     case DType::Q5_1:
-      return rows<Pair<Q5_1>, I>(w, x, n_tok, r0, nr, y, ldy);
+      return pick<Pair<Q5_1>, I>(w, x, n_tok, r0, nr, y, ldy);
     case DType::IQ4_NL:
-      return rows<Pair<IQ4_NL>, I>(w, x, n_tok, r0, nr, y, ldy);
+      return pick<Pair<IQ4_NL>, I>(w, x, n_tok, r0, nr, y, ldy);
     case DType::Q2_K:
-      return rows<Q2_K, I>(w, x, n_tok, r0, nr, y, ldy);
+      return pick<Q2_K, I>(w, x, n_tok, r0, nr, y, ldy);
     case DType::Q3_K:
-      return rows<Q3_K, I>(w, x, n_tok, r0, nr, y, ldy);
+      return pick<Q3_K, I>(w, x, n_tok, r0, nr, y, ldy);
     case DType::Q4_K:
-      return rows<Q4_K, I>(w, x, n_tok, r0, nr, y, ldy);
+      return pick<Q4_K, I>(w, x, n_tok, r0, nr, y, ldy);
     case DType::Q5_K:
-      return rows<Q5_K, I>(w, x, n_tok, r0, nr, y, ldy);
+      return pick<Q5_K, I>(w, x, n_tok, r0, nr, y, ldy);
     case DType::Q6_K:
-      return rows<Q6_K, I>(w, x, n_tok, r0, nr, y, ldy);
+      return pick<Q6_K, I>(w, x, n_tok, r0, nr, y, ldy);
     case DType::IQ4_XS:
-      return rows<IQ4_XS, I>(w, x, n_tok, r0, nr, y, ldy);
+      return pick<IQ4_XS, I>(w, x, n_tok, r0, nr, y, ldy);
     default:
       fail("int_matmul_rows: no integer kernel for ", dtype_name(w.type));
   }
@@ -677,12 +787,12 @@ template <class I>
 // One entry per instruction set, compiled for it (the kernels are inlined into it).
 void rows_avx2(const Matrix& w, const XPair* x, int64_t n_tok, int64_t r0, int64_t nr, float* y,
                int64_t ldy) {
-  rows_of<Avx2>(w, x, n_tok, r0, nr, y, ldy);
+  rows_of<Madd16>(w, x, n_tok, r0, nr, y, ldy);
 }
 [[gnu::target("avxvnni"), gnu::flatten]] void rows_avxvnni(const Matrix& w, const XPair* x,
                                                             int64_t n_tok, int64_t r0, int64_t nr,
                                                             float* y, int64_t ldy) {
-  rows_of<AvxVnni>(w, x, n_tok, r0, nr, y, ldy);
+  rows_of<Dpwssd16>(w, x, n_tok, r0, nr, y, ldy);
 }
 #ifdef KVS_HAVE_AVX512_KERNELS
 [[KVS_AVX512, gnu::flatten]] void rows_avx512(const Matrix& w, const XPair* x, int64_t n_tok,
@@ -726,6 +836,7 @@ void quantize_x(const float* x, int64_t n_tok, int64_t n, XPair* xq) {
       } else {  // the odd last block's partner: zeros
         std::memset(xp.h + 32, 0, 32);
         std::memset(xp.l + 32, 0, 32);
+        std::memset(xp.v + 32, 0, 64);
         std::fill(xp.d + 8, xp.d + 16, 0.0f);
         std::fill(xp.s4 + 8, xp.s4 + 16, 0.0f);
       }

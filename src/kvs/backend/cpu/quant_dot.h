@@ -22,8 +22,19 @@ struct alignas(64) XPair {
   int8_t h[64], l[64];
   float d[16];   // block b's dx / 254 in its lanes: the scale of 254 h.w + l.w
   float s4[16];  // lanes 4i .. 4i + 3 (16 elements): a quarter of their dx sum(h + l / 254) each
+  // 254 h + l (within int16) for the 256-bit kernels' vpmaddwd / vpdpwssd: block b's 32 as
+  // v[32 b ..] = A then B, 16 each, where 128-bit half k of A holds elements 16k + 4g, 16k + 4g + 1
+  // and that of B 16k + 4g + 2, 16k + 4g + 3 (g = 0 .. 3), so A's and B's pair sums add up to
+  // the lanes' (v16_index).
+  int16_t v[64];
 };
-static_assert(sizeof(XPair) == 256);
+static_assert(sizeof(XPair) == 384);
+
+// Where element e (0 .. 31) of a block sits in its 32 entries of XPair::v.
+constexpr int v16_index(int e) {
+  const int k = e % 16, j = k % 4;
+  return (j / 2) * 16 + (e / 16) * 8 + 2 * (k / 4) + j % 2;
+}
 
 // XPairs per token for n activations (n % 32 == 0); an odd last block is paired with zeros.
 inline int64_t x_pairs(int64_t n) {

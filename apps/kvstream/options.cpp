@@ -379,6 +379,15 @@ std::vector<std::string> rewrite_llama_flags(int argc, char** argv) {
       {"-no-cnv", "--no-conversation"}, {"-ctk", "--cache-type-k"},
       {"-ctv", "--cache-type-v"},       {"-to", "--timeout"},
       {"-md", "--model-draft"},
+      // llama-server's and llama-cli's, which CLI11 would read as -s m, -c b, -s t, ...
+      {"-ub", "--ubatch-size"},         {"-cb", "--cont-batching"},
+      {"-nocb", "--no-cont-batching"},  {"-sm", "--split-mode"},
+      {"-st", "--single-turn"},         {"-kvu", "--kv-unified"},
+      {"-cram", "--cache-ram"},         {"-ctxcp", "--ctx-checkpoints"},
+      {"-tb", "--threads-batch"},       {"-lv", "--verbosity"},
+      {"-rea", "--reasoning"},          {"-dev", "--device"},
+      {"-nkvo", "--no-kv-offload"},     {"-kvo", "--kv-offload"},
+      {"-mg", "--main-gpu"},            {"-ts", "--tensor-split"},
   };
   // Options whose value is free text: a value that looks like a flag stays as it is.
   static const char* kText[] = {"-p",       "--prompt", "-sys",         "--system-prompt",

@@ -59,6 +59,13 @@ class Tokenizer {
   const std::string& chat_family() const { return chat_family_; }
   bool has_chat_template() const { return has_chat_template_; }
   std::string apply_chat(const std::vector<ChatMessage>& msgs) const;
+  // The family of a template's text, as detected from the file ("none" where unknown).
+  static std::string chat_family_of(const std::string& chat_template);
+  // Replaces the file's family (serve --chat-template NAME or --chat-template-file).
+  void set_chat_family(std::string family) {
+    chat_family_ = std::move(family);
+    has_chat_template_ = true;
+  }
 
  protected:
   // Copies tokens, types, special ids, add_bos and the chat family from the vocab.

@@ -161,6 +161,12 @@ void add_speculation(CLI::App* c, SpecArgs& sp) {
 
 std::string SpecArgs::kind() const {
   if (mode.empty()) return model_draft.empty() ? "off" : "draft";
+  // llama-server's --spec-type names of the kinds kvstream has.
+  if (mode == "draft-simple") return "draft";
+  if (mode == "draft-mtp") return "mtp";
+  if (mode == "ngram-simple" || mode == "ngram-map-k" || mode == "ngram-map-k4v" ||
+      mode == "ngram-mod" || mode == "ngram-cache")
+    return "ngram";
   return mode == "none" ? "off" : mode;
 }
 

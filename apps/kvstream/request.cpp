@@ -87,6 +87,7 @@ GenRequest RequestRules::common(const json& b) const {
   r.presence_penalty = real("presence_penalty", 0, -2, 2);
   r.frequency_penalty = real("frequency_penalty", 0, -2, 2);
   r.ignore_eos = boolean(b, "ignore_eos", ignore_eos);
+  r.logit_bias = logit_bias(b);
   const int64_t asked_seed = integer(b, "seed", seed, INT64_MIN, INT64_MAX);
   sp.seed = asked_seed >= 0 ? static_cast<uint64_t>(asked_seed) : Sampler::kSeedRandom;
   const int64_t max_tokens = integer(b, "max_tokens", n_predict, -1, INT32_MAX);
@@ -263,17 +264,15 @@ std::vector<std::pair<int32_t, float>> RequestRules::logit_bias(const json& b) c
 
 GenRequest RequestRules::native_request(const json& b, std::vector<int32_t> prompt) const {
   GenRequest r = common(b);
-  int64_t n = integer(b, "n_predict", r.max_tokens, -1, INT32_MAX);
+  // A request's n_predict replaces the server's -n (the default), as llama-server's.
+  const int64_t n = integer(b, "n_predict", r.max_tokens, -1, INT32_MAX);
   if (n == 0) bad("'n_predict' must be -1 or at least 1", "n_predict");
-  // The server's -n caps a request's, as llama-server's.
-  if (n_predict >= 0 && (n < 0 || n > n_predict)) n = n_predict;
   r.max_tokens = n;
   const int64_t n_probs = integer(b, "n_probs", 0, 0, 100);
   r.top_logprobs = n_probs > 0 ? static_cast<int32_t>(n_probs) : -1;
   r.id_slot = static_cast<int32_t>(integer(b, "id_slot", -1, -1, INT32_MAX));
   r.sampling.repeat_last_n =
       static_cast<int32_t>(integer(b, "repeat_last_n", r.sampling.repeat_last_n, -1, 1 << 30));
-  r.logit_bias = logit_bias(b);
   // ignore_eos: end-of-generation tokens are never sampled, as llama-server does.
   if (r.ignore_eos)
     for (int32_t id = 0; id < tok.n_vocab(); ++id)

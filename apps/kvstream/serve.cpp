@@ -14,6 +14,7 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -491,8 +492,10 @@ void Api::routes(httplib::Server& svr) {
   svr.Post("/v1/completions",
            guard([this](const auto& req, auto& res) { generate(req, res, false); }));
   // The chat page (chat_page.html, embedded at build time); it asks for the key itself.
-  if (!a.no_ui)
-    svr.Get("/", [](const auto&, auto& res) { res.set_content(kChatPage, "text/html"); });
+  svr.Get("/", guard([this](const auto&, auto& res) {
+    if (a.no_ui) throw ApiError{404, "no chat page (--no-ui)", "invalid_request_error", "not_found"};
+    res.set_content(kChatPage, "text/html");
+  }));
   for (const char* path : {"/health", "/v1/health"})
     svr.Get(path, [](const auto&, auto& res) {
       res.set_content(R"({"status":"ok"})", "application/json");
@@ -607,7 +610,11 @@ namespace {
 // --chat-template NAME or --chat-template-file FILE in place of the file's template.
 void apply_chat_template(const ServeArgs& a, Tokenizer& tok) {
   if (!a.chat_template_file.empty()) {
-    const std::string text = read_file(a.chat_template_file);
+    std::ifstream in(a.chat_template_file, std::ios::binary);
+    KVS_CHECK(in.good(), "--chat-template-file: cannot read '", a.chat_template_file, "'");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    const std::string text = ss.str();
     const std::string family = Tokenizer::chat_family_of(text);
     KVS_CHECK(family != "none", "--chat-template-file ", a.chat_template_file,
               ": not a template of a family kvstream follows (chatml, llama3, llama2, gemma)");

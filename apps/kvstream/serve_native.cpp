@@ -139,6 +139,14 @@ void Api::completion(const httplib::Request& req, httplib::Response& res, bool i
   // The prompts: one (text, ids, a mixed list, an object) or a list of them.
   std::vector<std::vector<int32_t>> prompts;
   if (infill) {
+    if (b.contains("input_extra")) {
+      const json& ex = b["input_extra"];
+      if (!ex.is_array()) bad("'input_extra' must be a list of {filename, text}", "input_extra");
+      for (const json& e : ex)
+        if (!e.is_object() || !e.contains("filename") || !e["filename"].is_string() ||
+            !e.contains("text") || !e["text"].is_string())
+          bad("every 'input_extra' chunk needs a string 'filename' and 'text'", "input_extra");
+    }
     // Fill in the middle: prefix and suffix around the model's FIM tokens.
     const int32_t pre = tok.find("<|fim_prefix|>") >= 0 ? tok.find("<|fim_prefix|>")
                                                          : tok.find("<fim_prefix>");
@@ -457,6 +465,12 @@ void Api::native_routes(httplib::Server& svr) {
   svr.Post("/apply-template", guard([this](const auto& req, auto& res) {
     res.set_content(dump({{"prompt", rules.chat_text(parse_body(req.body))}}), "application/json");
   }));
+  // llama-server's count of a chat request's prompt tokens.
+  for (const char* path : {"/chat/completions/input_tokens", "/v1/chat/completions/input_tokens"})
+    svr.Post(path, guard([this](const auto& req, auto& res) {
+      const auto ids = tok.encode(rules.chat_text(parse_body(req.body)), true, true);
+      res.set_content(dump({{"input_tokens", ids.size()}}), "application/json");
+    }));
   svr.Get("/props", guard([this](const auto&, auto& res) {
     res.set_content(dump(props()), "application/json");
   }));

@@ -40,14 +40,18 @@ for m in SmolLM2-135M-Instruct.Q4_1.gguf gemma-3-270m-q4_k_m.gguf; do
   [ -f "models/$m" ] || scripts/fetch-model.sh "$(case $m in Smol*) echo smollm2 ;; *) echo gemma3-270m ;; esac)"
 done
 
-# A fresh copy of the tests, whose tmp/ the suite writes in.
+# A fresh copy of the tests, whose tmp/ the suite writes in, where their paths into the tree
+# (../../../models/templates, ../../../tools/mtmd) find the sdist's files.
 work=build/server-suite
+tests=$work/tools/server/tests
 rm -rf "$work"
-mkdir -p "$work"
-cp -r "$src/tools/server/tests" "$work/tests"
-mkdir -p "$work/tests/tmp"
+mkdir -p "$work/tools/server"
+cp -r "$src/tools/server/tests" "$tests"
+ln -s "$src/models" "$work/models"
+ln -s "$src/tools/mtmd" "$work/tools/mtmd"
+mkdir -p "$tests/tmp"
 # test_speculative's draft model, which the suite would download: the local SmolLM2.
-ln -s "$root/models/SmolLM2-135M-Instruct.Q4_1.gguf" "$work/tests/tmp/stories15M-q4_0.gguf"
+ln -s "$root/models/SmolLM2-135M-Instruct.Q4_1.gguf" "$tests/tmp/stories15M-q4_0.gguf"
 
 suites=(basic completion chat_completion stream tokenize security metrics slot_save ctx_shift
         ignore_eos speculative template compat_oai_responses compat_anthropic
@@ -60,9 +64,10 @@ export LLAMA_SERVER_BIN_PATH=$root/tests/peers/llama-server
 # The suite's servers on the CPU, 2 threads each, whatever KVS_THREADS the caller has.
 export KVS_THREADS=2
 t0=$SECONDS
-(cd "$work/tests" &&
+(cd "$tests" &&
   "$venv/bin/python3" -m pytest -q -p no:cacheprovider -n "$jobs" --dist=loadfile \
-    --junitxml=../results.xml -o junit_family=xunit1 "${files[@]}" "$@" >../pytest.log 2>&1) || true
+    --junitxml="$root/$work/results.xml" -o junit_family=xunit1 "${files[@]}" "$@" \
+    >"$root/$work/pytest.log" 2>&1) || true
 echo "server-suite: pytest took $((SECONDS - t0)) s ($jobs workers; log $work/pytest.log)"
 "$venv/bin/python3" tests/peers/server_suite.py --junit "$work/results.xml" \
   --expected tests/peers/server-suite-expected.txt ${KVS_SUITE_WRITE:+--write}

@@ -65,6 +65,10 @@ void add_shared(CLI::App* c, SharedArgs& a, unsigned flags) {
     c->add_option("--flash-attn", a.flash_attn,
                   "-fa [on|off|auto], accepted as in llama.cpp: attention is always fused")
         ->check(CLI::IsMember({"on", "off", "auto"}));
+    c->add_option("--split-mode", a.split_mode,
+                  "-sm none|layer|row|tensor as in llama.cpp: accepted (kvstream runs on one "
+                  "device)")
+        ->check(CLI::IsMember({"none", "layer", "row", "tensor"}));
   }
   if (flags & kKvMode)
     c->add_option("--kv-mode", a.kv_mode,
@@ -444,6 +448,21 @@ void clear_interrupt() {
 double now() {
   using namespace std::chrono;
   return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+std::string unescape(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] != '\\' || i + 1 == s.size()) {
+      out += s[i];
+      continue;
+    }
+    const char c = s[++i];
+    out += c == 'n' ? '\n' : c == 't' ? '\t' : c == 'r' ? '\r' : c == '0' ? '\0' : c;
+    if (c != 'n' && c != 't' && c != 'r' && c != '0' && c != '\\' && c != '\'' && c != '"')
+      out.insert(out.size() - 1, 1, '\\');  // an unknown escape stays as written
+  }
+  return out;
 }
 
 std::string count_of(int64_t n, const char* noun) {

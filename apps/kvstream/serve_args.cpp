@@ -52,7 +52,7 @@ void add_llama_server_flags(CLI::App* c, ServeArgs& a) {
     c->add_flag(f, flag_sink, "Accepted as in llama-server (no effect in kvstream)")
         ->group("llama-server compatibility");
   for (const char* f :
-       {"--ubatch-size", "--split-mode", "--threads-batch", "--verbosity", "--log-file",
+       {"--ubatch-size", "--threads-batch", "--verbosity", "--log-file",
         "--reasoning-budget", "--cache-reuse", "--keep", "--prio", "--poll", "--numa", "--device",
         "--main-gpu", "--tensor-split", "--fit", "--pooling", "--defrag-thold", "--log-prefix",
         "--log-timestamps", "--log-colors", "--sleep-idle-seconds", "--cpu-mask", "--cpu-range"})

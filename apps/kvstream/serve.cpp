@@ -83,7 +83,8 @@ const std::map<std::string, std::string> kMethods = {{"/v1/chat/completions", "P
                                                      {"/detokenize", "POST, OPTIONS"},
                                                      {"/apply-template", "POST, OPTIONS"},
                                                      {"/infill", "POST, OPTIONS"},
-                                                     {"/props", "GET, HEAD, OPTIONS"}};
+                                                     {"/props", "GET, HEAD, OPTIONS"},
+                                                     {"/v1/messages", "POST, OPTIONS"}};
 
 // Whether an Origin header names this machine (http://localhost[:port], 127.0.0.1, [::1]), for
 // --cors-origins localhost.
@@ -522,6 +523,7 @@ void Api::routes(httplib::Server& svr) {
     res.set_content(dump(slots()), "application/json");
   }));
   native_routes(svr);
+  anthropic_routes(svr);
   // CORS, authorisation and the request count before routing; OpenAI bodies for what httplib
   // answers itself (404, 413, ...).
   svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {

@@ -90,6 +90,10 @@ struct Api {
   void slot_action(const httplib::Request& req, httplib::Response& res);
   std::string llamacpp_metrics() const;
   void count_end(const Event& e);
+
+  // serve_anthropic.cpp: /v1/messages and /v1/messages/count_tokens.
+  void anthropic_routes(httplib::Server& svr);
+  void messages(const httplib::Request& req, httplib::Response& res);
 };
 
 }  // namespace kvs::cli

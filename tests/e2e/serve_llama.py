@@ -91,6 +91,27 @@ def main():
         _, _, text = srv.http("GET", "/metrics")
         check("llamacpp:tokens_predicted_total" in text and
               "llamacpp:prompt_tokens_cached_total" in text, "llamacpp metrics")
+        # Anthropic's Messages API: the chat endpoint's greedy answer, in its shapes.
+        msgs = [{"role": "user", "content": "Say hello"}]
+        _, _, oa = srv.http("POST", "/v1/chat/completions",
+                            {"messages": msgs, "max_tokens": 10, "temperature": 0})
+        st, _, am = srv.http("POST", "/v1/messages", {"model": "claude", "max_tokens": 10,
+                                                     "temperature": 0, "messages": msgs})
+        check(st == 200 and am["type"] == "message" and am["content"][0]["type"] == "text" and
+              am["content"][0]["text"] == oa["choices"][0]["message"]["content"] and
+              am["stop_reason"] in ("end_turn", "max_tokens") and
+              am["usage"]["input_tokens"] == oa["usage"]["prompt_tokens"], "/v1/messages %r" % am)
+        st, _, ct = srv.http("POST", "/v1/messages/count_tokens", {"messages": msgs})
+        check(st == 200 and ct == {"input_tokens": am["usage"]["input_tokens"]}, "%r" % ct)
+        st, _, text = srv.http("POST", "/v1/messages", {"max_tokens": 10, "temperature": 0,
+                                                       "messages": msgs, "stream": True})
+        kinds = [l[7:] for l in text.splitlines() if l.startswith("event: ")]
+        check(st == 200 and kinds[:2] == ["message_start", "content_block_start"] and
+              kinds[-3:] == ["content_block_stop", "message_delta", "message_stop"],
+              "/v1/messages stream %r" % kinds)
+        st, _, e = srv.http("POST", "/v1/messages", {"max_tokens": 10, "messages": [
+            {"role": "user", "content": [{"type": "image", "source": {}}]}]})
+        check(st == 400 and "image" in e["error"]["message"], "an image block: %d %r" % (st, e))
         st, _, sl = srv.http("GET", "/slots")
         check(st == 200 and all(s["is_processing"] is False for s in sl), "/slots %r" % sl)
         srv.stop()

@@ -94,6 +94,8 @@ struct Api {
   // serve_anthropic.cpp: /v1/messages and /v1/messages/count_tokens.
   void anthropic_routes(httplib::Server& svr);
   void messages(const httplib::Request& req, httplib::Response& res);
+  // serve_responses.cpp: /v1/responses.
+  void responses(const httplib::Request& req, httplib::Response& res);
 };
 
 }  // namespace kvs::cli

@@ -1,5 +1,5 @@
 // Anthropic's Messages API (POST /v1/messages, /v1/messages/count_tokens), which Claude-Code-
-// style agents speak: the body becomes a chat request (the same template, sampling and limits
+// style agents speak (its routes also take OpenAI's /v1/responses, serve_responses.cpp): the body becomes a chat request (the same template, sampling and limits
 // as /v1/chat/completions), the answer Anthropic's message or its event stream. Text only:
 // tool_use, tool_result and image blocks are refused with 400 naming them.
 #include <memory>
@@ -76,6 +76,8 @@ void Api::anthropic_routes(httplib::Server& svr) {
     res.set_content(dump({{"input_tokens", ids.size()}}), "application/json");
   }));
   svr.Post("/v1/messages", guard([this](const auto& req, auto& res) { messages(req, res); }));
+  for (const char* path : {"/v1/responses", "/responses"})
+    svr.Post(path, guard([this](const auto& req, auto& res) { responses(req, res); }));
 }
 
 void Api::messages(const httplib::Request& req, httplib::Response& res) {

@@ -112,6 +112,19 @@ def main():
         st, _, e = srv.http("POST", "/v1/messages", {"max_tokens": 10, "messages": [
             {"role": "user", "content": [{"type": "image", "source": {}}]}]})
         check(st == 400 and "image" in e["error"]["message"], "an image block: %d %r" % (st, e))
+        # OpenAI's Responses API: the chat endpoint's greedy answer as one message item.
+        st, _, rp = srv.http("POST", "/v1/responses", {"input": msgs, "max_output_tokens": 10,
+                                                      "temperature": 0})
+        check(st == 200 and rp["id"].startswith("resp_") and rp["status"] == "completed" and
+              rp["output"][0]["id"].startswith("msg_") and
+              rp["output"][0]["content"][0]["text"] == oa["choices"][0]["message"]["content"],
+              "/v1/responses %r" % rp)
+        st, _, text = srv.http("POST", "/responses", {"input": "Say hello", "max_output_tokens": 10,
+                                                     "temperature": 0, "stream": True})
+        kinds = [l[7:] for l in text.splitlines() if l.startswith("event: ")]
+        check(st == 200 and kinds[0] == "response.created" and
+              kinds[-1] == "response.completed" and "response.output_text.delta" in kinds,
+              "/responses stream %r" % kinds)
         st, _, sl = srv.http("GET", "/slots")
         check(st == 200 and all(s["is_processing"] is False for s in sl), "/slots %r" % sl)
         srv.stop()

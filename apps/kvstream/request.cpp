@@ -68,6 +68,11 @@ GenRequest RequestRules::common(const json& b) const {
   if (integer(b, "n", 1, 1, 1) != 1) bad("'n' must be 1", "n");
   if (b.contains("tools") && !b["tools"].is_null() && !b["tools"].empty())
     bad("tools are not supported", "tools");
+  // Constrained sampling is not there yet: refused, never ignored.
+  for (const char* key : {"grammar", "json_schema"})
+    if (b.contains(key) && !b[key].is_null() &&
+        !(b[key].is_string() && b[key].get_ref<const std::string&>().empty()))
+      bad(cat("'", key, "' (constrained sampling) is not supported yet"), key);
   if (b.contains("response_format") && b["response_format"].is_object() &&
       !text_of(b["response_format"], "type").empty() &&
       text_of(b["response_format"], "type") != "text")

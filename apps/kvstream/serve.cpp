@@ -285,6 +285,7 @@ void Api::respond(httplib::Response& res, std::shared_ptr<Job> job, bool chat, b
           json u = envelope(json::object());
           u["choices"] = json::array();
           u["usage"] = usage(e);
+          u["timings"] = timings(e);  // llama-server's last chunk carries them
           sse(u);
         }
         out += "data: [DONE]\n\n";

@@ -65,7 +65,8 @@ GenRequest RequestRules::common(const json& b) const {
   // Any name: a server of one model answers whatever model a client names, as llama-server.
   if (b.contains("model") && !b["model"].is_null() && !b["model"].is_string())
     bad("'model' must be a string", "model");
-  if (integer(b, "n", 1, 1, 1) != 1) bad("'n' must be 1", "n");
+  integer(b, "n", 1, 1, 16);  // more than 1: the chat endpoint's choices
+  const int64_t slot = integer(b, "id_slot", -1, -1, INT32_MAX);
   if (b.contains("tools") && !b["tools"].is_null() && !b["tools"].empty())
     bad("tools are not supported", "tools");
   // Constrained sampling is not there yet: refused, never ignored.
@@ -78,6 +79,7 @@ GenRequest RequestRules::common(const json& b) const {
       text_of(b["response_format"], "type") != "text")
     bad("only the 'text' response_format is supported", "response_format");
   GenRequest r;
+  r.id_slot = static_cast<int32_t>(slot);
   SamplerParams& sp = r.sampling;
   sp = sampling;
   auto real = [&](const char* key, float def, double lo, double hi) {
@@ -275,7 +277,6 @@ GenRequest RequestRules::native_request(const json& b, std::vector<int32_t> prom
   r.max_tokens = n;
   const int64_t n_probs = integer(b, "n_probs", 0, 0, 100);
   r.top_logprobs = n_probs > 0 ? static_cast<int32_t>(n_probs) : -1;
-  r.id_slot = static_cast<int32_t>(integer(b, "id_slot", -1, -1, INT32_MAX));
   r.sampling.repeat_last_n =
       static_cast<int32_t>(integer(b, "repeat_last_n", r.sampling.repeat_last_n, -1, 1 << 30));
   // ignore_eos: end-of-generation tokens are never sampled, as llama-server does.

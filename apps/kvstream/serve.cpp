@@ -174,7 +174,7 @@ json Api::chat_logprob(const TokenLogprob& t) const {
 // Writes one job's answer: SSE chunks while it runs (stream), or one JSON object at the end.
 // The provider returns false when the client is gone, which cancels the job.
 void Api::respond(httplib::Response& res, std::shared_ptr<Job> job, bool chat, bool stream,
-             bool include_usage) {
+             bool include_usage, bool verbose) {
   const std::string id = cat(chat ? "chatcmpl-" : "cmpl-", random_id());
   const std::time_t created = std::time(nullptr);
   const char* object =
@@ -304,6 +304,7 @@ void Api::respond(httplib::Response& res, std::shared_ptr<Job> job, bool chat, b
         j["usage"] = usage(e);
         j["timings"] = timings(e);
         j["kvstream"] = kvstream_figures(e);
+        if (verbose) j["__verbose"] = native_final(job->request, e, st->text, {}, {}, false, {});
         out = dump(j);
       }
       break;
@@ -362,7 +363,14 @@ void Api::generate(const httplib::Request& req, httplib::Response& res, bool cha
   } catch (const Error& e) {
     bad(e.what());
   }
-  respond(res, submit(std::move(r), res), chat, stream, include_usage);
+  const int64_t n = integer(b, "n", 1, 1, 16);
+  if (n > 1) {
+    if (stream || !chat) bad("'n' above 1 is for chat requests that are not streamed", "n");
+    choices(res, r, n);
+    return;
+  }
+  respond(res, submit(std::move(r), res), chat, stream, include_usage,
+          boolean(b, "verbose", false));
 }
 
 std::string Api::metrics() const {

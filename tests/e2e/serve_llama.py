@@ -125,6 +125,16 @@ def main():
         check(st == 200 and kinds[0] == "response.created" and
               kinds[-1] == "response.completed" and "response.output_text.delta" in kinds,
               "/responses stream %r" % kinds)
+        # n choices (each its own sequence and seed), __verbose, constrained sampling refused.
+        st, _, nc = srv.http("POST", "/chat/completions", {"messages": msgs, "n": 3, "seed": 5,
+                                                          "max_tokens": 8, "temperature": 1})
+        check(st == 200 and [c["index"] for c in nc["choices"]] == [0, 1, 2] and
+              len({c["message"]["content"] for c in nc["choices"]}) > 1, "n=3: %r" % nc)
+        st, _, vb = srv.http("POST", "/chat/completions", {"messages": msgs, "max_tokens": 2,
+                                                          "verbose": True})
+        check(st == 200 and "Say hello" in vb["__verbose"]["prompt"], "verbose: %r" % vb)
+        st, _, e = srv.http("POST", "/completion", {"prompt": "x", "grammar": 'root ::= "a"'})
+        check(st == 400 and e["error"]["param"] == "grammar", "grammar: %d %r" % (st, e))
         st, _, sl = srv.http("GET", "/slots")
         check(st == 200 and all(s["is_processing"] is False for s in sl), "/slots %r" % sl)
         srv.stop()

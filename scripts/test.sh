@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite, stage by stage, every build with -Werror and ccache where installed:
 #   cpu tests       build/cpu, then ctest (extra arguments go to it: -L unit, -R gguf)
-#   peers           the CPU backend against stock llama.cpp and Hugging Face transformers
-#                   (tests/peers/run.sh; llama.cpp and a torch venv built once into
-#                   ~/.cache/kvstream/peers)
+#   peers           the CPU backend against stock llama.cpp and Hugging Face transformers,
+#                   and serve against llama.cpp's server tests with their expected failures
+#                   (tests/peers/run.sh; llama.cpp, a torch venv and the tests' venv built
+#                   once into ~/.cache/kvstream/peers)
 #   sanitizers      the streams, fences, thread pool, the streaming engine (ring, write-back,
 #                   smallest rings), split attention's worker, the prompt cache and the
 #                   server's scheduler under

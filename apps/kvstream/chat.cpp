@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -175,6 +176,59 @@ class Chat {
 
   uint64_t seed() const { return sampler_.seed(); }
 
+  // /save NAME: the conversation's KV as a slot file (NAME.kvslot, Engine::save_prefix) and its
+  // messages (NAME.json); the sequence goes through the prompt cache and comes back from it.
+  void save(const std::string& name) {
+    if (kv_.empty()) {
+      std::fprintf(stderr, "kvstream: /save: the conversation is empty\n");
+      return;
+    }
+    const std::vector<int32_t> tokens = kv_;
+    reset_kv();  // its pages go into the prompt cache
+    size_t bytes = 0;
+    const int32_t n = eng_.save_prefix(tokens, name + ".kvslot", &bytes);
+    resume(tokens);
+    nlohmann::json j = json();
+    j["kv_tokens"] = n;
+    write_json(name + ".json", j);
+    std::fprintf(stderr, "kvstream: saved %s of KV (%s) to %s.kvslot, the messages to %s.json\n",
+                 count_of(n, "token").c_str(), format_bytes(bytes).c_str(), name.c_str(),
+                 name.c_str());
+  }
+
+  // /load NAME: the messages of NAME.json and the KV of NAME.kvslot, so that the next message
+  // reads only its own tokens.
+  void load(const std::string& name) {
+    std::ifstream in(name + ".json");
+    KVS_CHECK(in.good(), "/load: cannot read '", name, ".json'");
+    nlohmann::json j;
+    try {
+      in >> j;
+    } catch (const nlohmann::json::exception& e) {
+      fail("/load: '", name, ".json' is not JSON: ", e.what());
+    }
+    KVS_CHECK(j.contains("messages") && j["messages"].is_array(), "/load: '", name,
+              ".json' has no messages");
+    std::vector<ChatMessage> msgs;
+    for (const auto& m : j["messages"]) {
+      KVS_CHECK(m.is_object() && m.value("role", "") != "" && m.contains("content") &&
+                    m["content"].is_string(),
+                "/load: '", name, ".json' has a message without a role or text");
+      msgs.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+    }
+    std::vector<int32_t> tokens;
+    size_t bytes = 0;
+    eng_.load_prefix(name + ".kvslot", tokens, &bytes);
+    msgs_ = std::move(msgs);
+    sampler_.reset();
+    reset_kv();
+    resume(tokens);
+    std::fprintf(stderr, "kvstream: loaded %s (%s of messages, %s of KV, %s)\n", name.c_str(),
+                 count_of(static_cast<int64_t>(msgs_.size()), "message").c_str(),
+                 count_of(static_cast<int64_t>(kv_.size()), "token").c_str(),
+                 format_bytes(bytes).c_str());
+  }
+
   nlohmann::json json() const {
     nlohmann::json j;
     j["model"] = s_.model;
@@ -261,6 +315,13 @@ class Chat {
     if (g.seed >= 0) sp.seed = static_cast<uint64_t>(g.seed);
     return sp;
   }
+  // A fresh sequence takes the cached pages of `tokens` (all but the last, which the next turn
+  // reads again for its logits).
+  void resume(const std::vector<int32_t>& tokens) {
+    const int32_t n = eng_.reuse_prefix(seq_, tokens.data(), static_cast<int32_t>(tokens.size()));
+    kv_.assign(tokens.begin(), tokens.begin() + n);
+    for (int32_t t : kv_) sampler_.accept(t);
+  }
   void reset_kv() {
     if (seq_.id >= 0) eng_.close_sequence(seq_);
     seq_ = eng_.open_sequence();
@@ -315,6 +376,9 @@ void chat_session(const SharedArgs& s, const GenArgs& g, const SpecArgs& spec,
   auto dev = device_of(s, backend, vram);
   const auto drafter = make_drafter(spec, draft_model.get(), *model, *dev, eo);
   const auto mtp = make_mtp(spec, *model, *dev, eo);
+  // A prompt cache of one conversation's KV, through which /save and /load pass.
+  const KvShape kv = Engine::kv_shape(model->config, eo);
+  eo.cache_ram = kv.full_bytes + kv.window_bytes + kv.recurrent_bytes;
   Engine eng(*model, *dev, eo, mtp ? &mtp->engine() : nullptr);
   Speculator speculator(spec_options(spec), eng, drafter.get(), mtp.get());
   Chat chat(s, g, speculator, *model, eng);
@@ -322,7 +386,8 @@ void chat_session(const SharedArgs& s, const GenArgs& g, const SpecArgs& spec,
   std::fprintf(stderr,
                "kvstream: chat with %s (%s template), -c %d, %d threads, seed %llu\n"
                "kvstream: /clear starts a new conversation, /stats shows the context used and "
-               "speed, Ctrl-C stops an answer, Ctrl-D quits\n",
+               "speed, /save NAME and /load NAME keep a conversation, Ctrl-C stops an answer, "
+               "Ctrl-D quits\n",
                s.model.c_str(), tok.chat_family().c_str(), eo.n_ctx, thread_pool().size(),
                static_cast<unsigned long long>(chat.seed()));
   catch_interrupt(false);
@@ -350,10 +415,21 @@ void chat_session(const SharedArgs& s, const GenArgs& g, const SpecArgs& spec,
       std::fprintf(stderr, "kvstream: new conversation\n");
     } else if (line == "/stats") {
       chat.stats();
+    } else if (line.rfind("/save ", 0) == 0 || line.rfind("/load ", 0) == 0) {
+      const std::string name = line.substr(6);
+      try {
+        if (line[1] == 's')
+          chat.save(name);
+        else
+          chat.load(name);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "kvstream: %s\n", e.what());
+      }
     } else if (line == "/help") {
       std::fprintf(stderr,
                    "kvstream: /clear: new conversation | /stats: context used, speed, bytes "
-                   "streamed | /exit or Ctrl-D: quit | Ctrl-C: stop an answer\n");
+                   "streamed | /save NAME, /load NAME: the conversation and its KV to and from "
+                   "NAME.json and NAME.kvslot | /exit or Ctrl-D: quit | Ctrl-C: stop an answer\n");
     } else {
       chat.turn(line);
     }

@@ -65,6 +65,10 @@ void add_shared(CLI::App* c, SharedArgs& a, unsigned flags) {
     c->add_option("--flash-attn", a.flash_attn,
                   "-fa [on|off|auto], accepted as in llama.cpp: attention is always fused")
         ->check(CLI::IsMember({"on", "off", "auto"}));
+    c->add_option("--split-mode", a.split_mode,
+                  "-sm none|layer|row|tensor as in llama.cpp: accepted (kvstream runs on one "
+                  "device)")
+        ->check(CLI::IsMember({"none", "layer", "row", "tensor"}));
   }
   if (flags & kKvMode)
     c->add_option("--kv-mode", a.kv_mode,
@@ -161,6 +165,12 @@ void add_speculation(CLI::App* c, SpecArgs& sp) {
 
 std::string SpecArgs::kind() const {
   if (mode.empty()) return model_draft.empty() ? "off" : "draft";
+  // llama-server's --spec-type names of the kinds kvstream has.
+  if (mode == "draft-simple") return "draft";
+  if (mode == "draft-mtp") return "mtp";
+  if (mode == "ngram-simple" || mode == "ngram-map-k" || mode == "ngram-map-k4v" ||
+      mode == "ngram-mod" || mode == "ngram-cache")
+    return "ngram";
   return mode == "none" ? "off" : mode;
 }
 
@@ -379,6 +389,15 @@ std::vector<std::string> rewrite_llama_flags(int argc, char** argv) {
       {"-no-cnv", "--no-conversation"}, {"-ctk", "--cache-type-k"},
       {"-ctv", "--cache-type-v"},       {"-to", "--timeout"},
       {"-md", "--model-draft"},
+      // llama-server's and llama-cli's, which CLI11 would read as -s m, -c b, -s t, ...
+      {"-ub", "--ubatch-size"},         {"-cb", "--cont-batching"},
+      {"-nocb", "--no-cont-batching"},  {"-sm", "--split-mode"},
+      {"-st", "--single-turn"},         {"-kvu", "--kv-unified"},
+      {"-cram", "--cache-ram"},         {"-ctxcp", "--ctx-checkpoints"},
+      {"-tb", "--threads-batch"},       {"-lv", "--verbosity"},
+      {"-rea", "--reasoning"},          {"-dev", "--device"},
+      {"-nkvo", "--no-kv-offload"},     {"-kvo", "--kv-offload"},
+      {"-mg", "--main-gpu"},            {"-ts", "--tensor-split"},
   };
   // Options whose value is free text: a value that looks like a flag stays as it is.
   static const char* kText[] = {"-p",       "--prompt", "-sys",         "--system-prompt",
@@ -429,6 +448,21 @@ void clear_interrupt() {
 double now() {
   using namespace std::chrono;
   return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+std::string unescape(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] != '\\' || i + 1 == s.size()) {
+      out += s[i];
+      continue;
+    }
+    const char c = s[++i];
+    out += c == 'n' ? '\n' : c == 't' ? '\t' : c == 'r' ? '\r' : c == '0' ? '\0' : c;
+    if (c != 'n' && c != 't' && c != 'r' && c != '0' && c != '\\' && c != '\'' && c != '"')
+      out.insert(out.size() - 1, 1, '\\');  // an unknown escape stays as written
+  }
+  return out;
 }
 
 std::string count_of(int64_t n, const char* noun) {

@@ -37,6 +37,7 @@ struct SharedArgs {
   std::string backend;        // empty: -ngl decides, else cpu
   int32_t n_gpu_layers = -1;  // -1: not given
   std::string flash_attn = "auto";
+  std::string split_mode = "none";  // -sm: llama.cpp's split over GPUs (one device here)
   bool verbose = false;
 };
 
@@ -134,6 +135,9 @@ std::vector<std::string> rewrite_llama_flags(int argc, char** argv);
 void catch_interrupt(bool once);
 bool interrupted();
 void clear_interrupt();
+
+// llama-cli's -e: \n, \t, \r, \0, \\, \' and \" as the characters; other escapes as written.
+std::string unescape(const std::string& s);
 
 double now();                                       // seconds, monotonic
 std::string count_of(int64_t n, const char* noun);  // "1 token", "2 tokens"

@@ -1,6 +1,8 @@
 #include "request.h"
 
+#include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <utility>
 #include <vector>
@@ -72,8 +74,10 @@ GenRequest RequestRules::common(const json& b) const {
   // Any name: a server of one model answers whatever model a client names, as llama-server.
   if (b.contains("model") && !b["model"].is_null() && !b["model"].is_string())
     bad("'model' must be a string", "model");
-  if (integer(b, "n", 1, 1, 1) != 1) bad("'n' must be 1", "n");
+  integer(b, "n", 1, 1, 16);  // more than 1: the chat endpoint's choices
+  const int64_t slot = integer(b, "id_slot", -1, -1, INT32_MAX);
   GenRequest r;
+  r.id_slot = static_cast<int32_t>(slot);
   SamplerParams& sp = r.sampling;
   sp = sampling;
   // Structured output: grammar, json_schema, response_format (structured.h).
@@ -90,6 +94,7 @@ GenRequest RequestRules::common(const json& b) const {
   r.presence_penalty = real("presence_penalty", 0, -2, 2);
   r.frequency_penalty = real("frequency_penalty", 0, -2, 2);
   r.ignore_eos = boolean(b, "ignore_eos", ignore_eos);
+  r.logit_bias = logit_bias(b);
   const int64_t asked_seed = integer(b, "seed", seed, INT64_MIN, INT64_MAX);
   sp.seed = asked_seed >= 0 ? static_cast<uint64_t>(asked_seed) : Sampler::kSeedRandom;
   const int64_t max_tokens = integer(b, "max_tokens", n_predict, -1, INT32_MAX);
@@ -119,8 +124,8 @@ void RequestRules::too_long(size_t n_tokens, size_t bytes, const char* field) co
                                ? cat(bytes, " bytes of text, at least ", n_tokens, " tokens")
                                : cat(n_tokens, " tokens");
   throw ApiError{400,
-                 cat("the prompt has ", what, "; the context holds ", n_ctx,
-                     " (-c), with room for at least one generated token"),
+                 cat("the request (", what, ") exceeds the available context size (", n_ctx,
+                     " tokens a slot: -c over -np), which must leave room for a generated token"),
                  "exceed_context_size_error",
                  "",
                  field,
@@ -184,6 +189,15 @@ ojson template_message(const json& m, const std::string& role, std::string text,
 
 GenRequest RequestRules::chat_request(const json& b) const {
   GenRequest r = common(b);
+  if (b.contains("logprobs") && boolean(b, "logprobs", false))
+    r.top_logprobs = static_cast<int32_t>(integer(b, "top_logprobs", 0, 0, 20));
+  else if (b.contains("top_logprobs") && !b["top_logprobs"].is_null())
+    bad("'top_logprobs' needs 'logprobs': true", "top_logprobs");
+  set_prompt(r, tok.encode(chat_text(b, &r.chat), true, true), "messages");
+  return r;
+}
+
+std::string RequestRules::chat_text(const json& b, ChatParseOptions* parse) const {
   if (!b.contains("messages")) bad("'messages' is required", "messages");
   const json& ms = b["messages"];
   if (!ms.is_array() || ms.empty()) bad("'messages' must be a non-empty list", "messages");
@@ -243,18 +257,15 @@ GenRequest RequestRules::chat_request(const json& b) const {
       bad("'reasoning_format' must be none, auto, deepseek or deepseek-legacy", "reasoning_format");
     split = f != "none";
   }
-  if (b.contains("logprobs") && boolean(b, "logprobs", false))
-    r.top_logprobs = static_cast<int32_t>(integer(b, "top_logprobs", 0, 0, 20));
-  else if (b.contains("top_logprobs") && !b["top_logprobs"].is_null())
-    bad("'top_logprobs' needs 'logprobs': true", "top_logprobs");
   std::string prompt;
   try {
     prompt = tok.apply_chat(in);
   } catch (const jinja::Error& e) {
     bad(cat("the chat template failed: ", e.what()), "messages");
   }
-  if (const ChatFormat* f = tok.chat_format()) {
-    ChatParseOptions& o = r.chat;
+  const ChatFormat* f = tok.chat_format();
+  if (parse && f) {
+    ChatParseOptions& o = *parse;
     o.enabled = true;
     o.reasoning = split;
     o.tools = in.tools.is_array() ? tool_syntax_of(f->source()) : ToolSyntax::None;
@@ -263,7 +274,103 @@ GenRequest RequestRules::chat_request(const json& b) const {
     const std::string tail = rtrim_ws(prompt);
     o.thinking_open = tail.ends_with("<think>");
   }
-  set_prompt(r, tok.encode(prompt, true, true), "messages");
+  return prompt;
+}
+
+std::vector<int32_t> RequestRules::native_prompt(const json& p) const {
+  if (p.is_object()) {
+    if (p.contains("multimodal_data"))
+      bad("this model takes no images or audio ('multimodal_data')", "prompt");
+    if (!p.contains("prompt_string") || !p["prompt_string"].is_string())
+      bad("a prompt object needs 'prompt_string'", "prompt");
+    return native_prompt(p["prompt_string"]);
+  }
+  if (p.is_string()) {
+    check_text_size(p.get_ref<const std::string&>().size(), "prompt");
+    return tok.encode(p.get_ref<const std::string&>(), true, true);
+  }
+  if (!p.is_array()) bad("'prompt' must be a string, token ids or a list of them", "prompt");
+  std::vector<int32_t> ids;
+  for (const json& t : p) {
+    if (t.is_string()) {
+      check_text_size(t.get_ref<const std::string&>().size(), "prompt");
+      // BOS only before text that opens the prompt, as llama-server's mixed prompts.
+      const auto more = tok.encode(t.get_ref<const std::string&>(), ids.empty(), true);
+      ids.insert(ids.end(), more.begin(), more.end());
+    } else if (t.is_number_integer()) {
+      const int64_t v = t.get<int64_t>();
+      if (v < 0 || v >= tok.n_vocab()) bad(cat("token id ", v, " is out of range"), "prompt");
+      ids.push_back(static_cast<int32_t>(v));
+    } else {
+      bad("a prompt list holds token ids and strings", "prompt");
+    }
+    if (ids.size() >= static_cast<size_t>(n_ctx)) too_long(ids.size(), 0, "prompt");
+  }
+  return ids;
+}
+
+// llama-server's logit_bias: [[TOKEN or TEXT, BIAS or false], ...] or {"TOKEN" or "TEXT": BIAS};
+// a text's bias goes to each of its tokens, false (or null) means never.
+std::vector<std::pair<int32_t, float>> RequestRules::logit_bias(const json& b) const {
+  std::vector<std::pair<int32_t, float>> out;
+  if (!b.contains("logit_bias") || b["logit_bias"].is_null()) return out;
+  auto add = [&](const json& key, const json& bias) {
+    float v = 0;
+    if (bias.is_number())
+      v = bias.get<float>();
+    else if (bias.is_boolean() && !bias.get<bool>())
+      v = -INFINITY;
+    else
+      bad("a logit_bias value must be a number or false", "logit_bias");
+    std::vector<int32_t> ids;
+    if (key.is_number_integer()) {
+      ids.push_back(static_cast<int32_t>(key.get<int64_t>()));
+    } else if (key.is_string()) {
+      const std::string& k = key.get_ref<const std::string&>();
+      char* end = nullptr;
+      const long id = std::strtol(k.c_str(), &end, 10);
+      if (!k.empty() && end && *end == 0)
+        ids.push_back(static_cast<int32_t>(id));
+      else
+        ids = tok.encode(k, false, false);
+    } else {
+      bad("a logit_bias key must be a token id or a text", "logit_bias");
+    }
+    for (int32_t id : ids) {
+      if (id < 0 || id >= tok.n_vocab())
+        bad(cat("logit_bias: token id ", id, " is out of range"), "logit_bias");
+      out.emplace_back(id, v);
+    }
+  };
+  const json& lb = b["logit_bias"];
+  if (lb.is_object()) {
+    for (const auto& [k, v] : lb.items()) add(json(k), v);
+  } else if (lb.is_array()) {
+    for (const json& e : lb) {
+      if (!e.is_array() || e.size() != 2) bad("logit_bias entries are [token, bias] pairs", "logit_bias");
+      add(e[0], e[1]);
+    }
+  } else {
+    bad("'logit_bias' must be an object or a list of pairs", "logit_bias");
+  }
+  return out;
+}
+
+GenRequest RequestRules::native_request(const json& b, std::vector<int32_t> prompt) const {
+  GenRequest r = common(b);
+  // A request's n_predict replaces the server's -n (the default), as llama-server's.
+  const int64_t n = integer(b, "n_predict", r.max_tokens, -1, INT32_MAX);
+  if (n == 0) bad("'n_predict' must be -1 or at least 1", "n_predict");
+  r.max_tokens = n;
+  const int64_t n_probs = integer(b, "n_probs", 0, 0, 100);
+  r.top_logprobs = n_probs > 0 ? static_cast<int32_t>(n_probs) : -1;
+  r.sampling.repeat_last_n =
+      static_cast<int32_t>(integer(b, "repeat_last_n", r.sampling.repeat_last_n, -1, 1 << 30));
+  // ignore_eos: end-of-generation tokens are never sampled, as llama-server does.
+  if (r.ignore_eos)
+    for (int32_t id = 0; id < tok.n_vocab(); ++id)
+      if (tok.is_eog(id)) r.logit_bias.emplace_back(id, -INFINITY);
+  set_prompt(r, std::move(prompt), "prompt");
   return r;
 }
 

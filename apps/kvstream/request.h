@@ -58,9 +58,19 @@ struct RequestRules {
 
   GenRequest chat_request(const json& b) const;
   GenRequest completion_request(const json& b) const;
+  // The prompt text of a chat body's messages (the model's template applied, tools and
+  // chat_template_kwargs included); `parse` gets how the answer is read (reasoning, tool calls).
+  std::string chat_text(const json& b, ChatParseOptions* parse = nullptr) const;
+  // llama-server's /completion body (n_predict, n_probs, logit_bias, id_slot, ...) for one of
+  // its prompts, already tokenized.
+  GenRequest native_request(const json& b, std::vector<int32_t> prompt) const;
+  // A prompt of llama-server's: text (BOS added where the vocab wants it, special tokens
+  // parsed), token ids, a list mixing both, or {"prompt_string": TEXT}.
+  std::vector<int32_t> native_prompt(const json& p) const;
 
  private:
   GenRequest common(const json& b) const;
+  std::vector<std::pair<int32_t, float>> logit_bias(const json& b) const;
   [[noreturn]] void too_long(size_t n_tokens, size_t bytes, const char* field) const;
   void check_text_size(size_t bytes, const char* field) const;
   void set_prompt(GenRequest& r, std::vector<int32_t> ids, const char* field) const;

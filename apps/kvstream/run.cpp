@@ -29,6 +29,10 @@ struct RunArgs {
   SpecArgs spec;
   GrammarArgs grammar;
   bool has_prompt = false, chat = false, conversation = false, no_conversation = false;
+  // llama-cli's: -r (text that ends the generation, kept in it), -e (escapes in the prompt),
+  // --color and --no-display-prompt (kvstream prints only the generated text, uncoloured).
+  std::vector<std::string> reverse;
+  bool escape = false, color = false, no_display_prompt = false, single_turn = false;
 };
 
 size_t peak_rss() {
@@ -264,6 +268,7 @@ void decode_all(const RunArgs& a, Engine& eng, Speculator& spec, const Tokenizer
     r.out[u].push_back(id);
     if (spec.on()) spec.accept(static_cast<int32_t>(u), id);
     const bool eog = !a.g.ignore_eos && tok.is_eog(id);
+    bool reversed = false;
     if (!eog) {
       std::string piece = decoders[u].push(id);
       r.texts[u] += piece;
@@ -271,8 +276,13 @@ void decode_all(const RunArgs& a, Engine& eng, Speculator& spec, const Tokenizer
         std::fwrite(piece.data(), 1, piece.size(), stdout);
         std::fflush(stdout);
       }
+      // -r: only the text this piece completes can newly hold a reverse prompt.
+      for (const std::string& rp : a.reverse) {
+        const size_t from = r.texts[u].size() - std::min(r.texts[u].size(), rp.size() + piece.size());
+        reversed |= !rp.empty() && r.texts[u].find(rp, from) != std::string::npos;
+      }
     }
-    if (eog || static_cast<int64_t>(r.out[u].size()) >= n_predict) {
+    if (eog || reversed || static_cast<int64_t>(r.out[u].size()) >= n_predict) {
       live[u] = false;
       eng.close_sequence(r.seqs[u]);
       return false;
@@ -512,7 +522,12 @@ void report_run(const RunArgs& a, const Engine& eng, const Outcome& r, int64_t p
         static_cast<long long>(tot.repartitions));
 }
 
-void run(const RunArgs& a) {
+void run(RunArgs& a) {
+  if (a.escape) {
+    a.prompt = unescape(a.prompt);
+    a.g.system = unescape(a.g.system);
+    for (std::string& rp : a.reverse) rp = unescape(rp);
+  }
   int given =
       int(!a.prompt.empty() || a.has_prompt) + int(!a.file.empty()) + int(!a.tokens.empty());
   if (a.conversation) {
@@ -612,8 +627,18 @@ void register_run(CLI::App& app) {
                 "which predict the token after the prompt (.npy, float32)");
   c->add_option("--json", a->json_out, "Write tokens, text and timings as JSON to this file");
   add_speculation(c, a->spec);
+  c->add_option("-r,--reverse-prompt", a->reverse,
+                "Stop generating when the text holds this (kept in the output; repeatable)");
+  c->add_flag("-e,--escape", a->escape,
+              "Read \\n, \\t, \\r, \\\\, \\' and \\\" in -p, -sys and -r as the characters");
+  c->add_flag("--single-turn", a->single_turn,
+              "-st: the prompt as one chat turn (--chat), then exit, as llama-cli's");
+  c->add_flag("--color", a->color, "Accepted as in llama-cli (the output is not coloured)");
+  c->add_flag("--no-display-prompt", a->no_display_prompt,
+              "Accepted as in llama-cli (the prompt is never printed)");
   c->callback([a, c] {
     a->has_prompt = c->count("--prompt") > 0;
+    if (a->single_turn) a->chat = true, a->no_conversation = true;
     // No prompt at all: a conversation, as llama-cli starts one.
     if (!a->has_prompt && a->file.empty() && a->tokens.empty() && !a->no_conversation)
       a->conversation = true;

@@ -77,22 +77,29 @@ struct Scheduler::Generation {
     for (int32_t id : r.prompt) sampler.accept(id);
   }
 
-  // `logits` with OpenAI's penalties applied: each token sampled so far, by whether and how
-  // often it was.
+  // `logits` with OpenAI's penalties applied (each token sampled so far, by whether and how
+  // often it was) and the request's logit_bias.
   const float* penalised(const GenRequest& r, const float* logits, int32_t n_vocab) {
-    if ((r.presence_penalty == 0 && r.frequency_penalty == 0) || counts.empty()) return logits;
+    const bool penalty = (r.presence_penalty != 0 || r.frequency_penalty != 0) && !counts.empty();
+    if (!penalty && r.logit_bias.empty()) return logits;
     work.assign(logits, logits + n_vocab);
-    for (const auto& [id, c] : counts)
-      work[static_cast<size_t>(id)] -=
-          r.presence_penalty + r.frequency_penalty * static_cast<float>(c);
+    if (penalty)
+      for (const auto& [id, c] : counts)
+        work[static_cast<size_t>(id)] -=
+            r.presence_penalty + r.frequency_penalty * static_cast<float>(c);
+    for (const auto& [id, b] : r.logit_bias)
+      if (id >= 0 && id < n_vocab) work[static_cast<size_t>(id)] += b;
     return work.data();
   }
 
-  // The text `id` releases; `stopped` when a stop string completed (the text before it kept).
-  std::string text(int32_t id, const std::vector<std::string>& stops, bool& stopped) {
+  // The text `id` releases; `stopped` when a stop string completed (the text before it kept,
+  // the string in `word`).
+  std::string text(int32_t id, const std::vector<std::string>& stops, bool& stopped,
+                   std::string& word) {
     held += dec.push(id);
     size_t at = std::string::npos;
-    for (const std::string& s : stops) at = std::min(at, held.find(s));
+    for (const std::string& s : stops)
+      if (const size_t f = held.find(s); f < at) at = f, word = s;
     if (at != std::string::npos) {
       stopped = true;
       std::string out = held.substr(0, at);
@@ -178,10 +185,16 @@ void Scheduler::admit(std::unique_lock<std::mutex>& lock) {
       ++stats_.cancelled;
       return true;
     });
+    run_calls(lock);
     for (Slot& s : slots_) {
       if (s.job || queue_.empty()) continue;
-      s.job = std::move(queue_.front());
-      queue_.pop_front();
+      // The first request that may run here: any slot's, or one pinned to this one (id_slot).
+      const auto it = std::find_if(queue_.begin(), queue_.end(), [&](const auto& j) {
+        return j->request.id_slot < 0 || j->request.id_slot == index(s);
+      });
+      if (it == queue_.end()) continue;
+      s.job = std::move(*it);
+      queue_.erase(it);
       s.admitted = stats_.admitted;
       ++stats_.admitted;
       stats_.prompt_tokens += static_cast<int64_t>(s.job->request.prompt.size());
@@ -200,6 +213,7 @@ void Scheduler::admit(std::unique_lock<std::mutex>& lock) {
       }
       s.fed = s.cached =
           eng_.reuse_prefix(s.seq, prompt.data(), static_cast<int32_t>(prompt.size()));
+      s.held = prompt;
       warn_cache();
       s.next = -1;
       lock.lock();
@@ -210,13 +224,49 @@ void Scheduler::admit(std::unique_lock<std::mutex>& lock) {
     if (const PromptCacheStats* c = eng_.prompt_cache_stats()) stats_.prompt_cache = *c;
     stats_.queued = static_cast<int32_t>(queue_.size());
     if (busy > 0 || stop_) return;
-    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    cv_.wait(lock, [&] { return stop_ || !queue_.empty() || !calls_.empty(); });
+  }
+}
+
+void Scheduler::with_slot(int32_t slot,
+                          const std::function<void(Engine&, std::vector<int32_t>&)>& fn) {
+  KVS_CHECK(slot >= 0 && slot < n_slots(), "slot ", slot, " does not exist (0 to ", n_slots() - 1,
+            ")");
+  Call c{slot, &fn, {}};
+  auto done = c.done.get_future();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    KVS_CHECK(!stop_, "the server is shutting down");
+    calls_.push_back(&c);
+  }
+  cv_.notify_one();
+  done.get();
+}
+
+void Scheduler::run_calls(std::unique_lock<std::mutex>& lock) {
+  while (!calls_.empty()) {
+    Call* c = calls_.front();
+    calls_.pop_front();
+    Slot& s = slots_[static_cast<size_t>(c->slot)];
+    lock.unlock();
+    try {
+      KVS_CHECK(!s.job, "slot ", c->slot, " is busy with a request; retry when it is idle");
+      (*c->fn)(eng_, s.last);
+      c->done.set_value();
+    } catch (...) {
+      c->done.set_exception(std::current_exception());
+    }
+    warn_cache();
+    lock.lock();
   }
 }
 
 // Frees s and says so in the published slots at once: its client hears of the end after this,
 // so the client's next look at /slots or /metrics sees the slot free.
 void Scheduler::release(Slot& s) {
+  s.held.resize(std::min(s.held.size(), static_cast<size_t>(s.seq.n_past)));
+  s.last = std::move(s.held);
+  s.held.clear();
   eng_.close_sequence(s.seq);
   warn_cache();
   s.job.reset();
@@ -229,12 +279,15 @@ void Scheduler::release(Slot& s) {
   if (const PromptCacheStats* c = eng_.prompt_cache_stats()) stats_.prompt_cache = *c;
 }
 
-void Scheduler::finish(Slot& s, const char* reason, bool flush) {
+void Scheduler::finish(Slot& s, const End& end) {
   Generation& g = *s.gen;
   Event e;
-  if (flush) e.text = g.flush();
+  if (end.flush) e.text = g.flush();
   e.done = true;
-  e.finish_reason = reason;
+  e.finish_reason = end.reason;
+  e.stop_type = end.stop_type;
+  e.stopping_word = end.word;
+  e.slot = index(s);
   e.prompt_tokens = static_cast<int64_t>(s.job->request.prompt.size());
   e.completion_tokens = g.generated;
   e.cached_tokens = s.cached;
@@ -304,7 +357,7 @@ int64_t Scheduler::advance(Slot& s, int32_t entry) {
     if ((!ok || end.reason) && kept < s.seq.n_past) eng_.truncate(s.seq, kept);
     if ((!ok || end.reason) && n_draft > 0) spec_->verified(seq, j + ok);
     if (end.reason) {
-      finish(s, end.reason, end.flush);
+      finish(s, end);
       return j + 1;
     }
     if (!ok) {
@@ -320,6 +373,7 @@ Scheduler::End Scheduler::deliver(Slot& s, int32_t id, const float* logits, int3
   const GenRequest& r = s.job->request;
   ++g.counts[id];
   ++g.generated;
+  s.held.push_back(id);
   g.accepted += accepted;
   if (spec_) spec_->accept(s.seq.id, id);
   {  // counted, and the slot shown decoding, before the client can see the token
@@ -332,15 +386,18 @@ Scheduler::End Scheduler::deliver(Slot& s, int32_t id, const float* logits, int3
     stats_.accepted += accepted;
     stats_.slots[static_cast<size_t>(&s - slots_.data())] = info;
   }
-  if (!r.ignore_eos && tok_.is_eog(id)) return {"stop", true};  // not text, no log-probability
+  if (!r.ignore_eos && tok_.is_eog(id))
+    return {"stop", true, "eos", ""};  // not text, no log-probability
   Event e;
+  e.tokens.push_back(id);
   if (r.top_logprobs >= 0) e.logprob = logprob_of(logits, tok_.n_vocab(), id, r.top_logprobs);
   bool stopped = false;
-  e.text = g.text(id, r.stop, stopped);
+  std::string word;
+  e.text = g.text(id, r.stop, stopped, word);
   s.job->push(std::move(e));
-  if (stopped) return {"stop", false};
+  if (stopped) return {"stop", false, "word", word};
   if ((r.max_tokens >= 0 && g.generated >= r.max_tokens) || n_past >= eng_.options().n_ctx)
-    return {"length", true};
+    return {"length", true, "limit", ""};
   return {};
 }
 
@@ -362,6 +419,7 @@ void Scheduler::count_pages(const Slot& s, SlotInfo& info) const {
 
 void Scheduler::describe(const Slot& s, SlotInfo& info) const {
   info.state = s.next < 0 ? "prefill" : "decode";
+  info.id_task = s.admitted;
   info.n_past = s.seq.n_past;
   info.prompt_tokens = static_cast<int64_t>(s.job->request.prompt.size());
   info.generated = s.gen->generated;

@@ -11,6 +11,8 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -37,6 +39,8 @@ struct GenRequest {
   int32_t top_logprobs = -1;  // -1: no log-probabilities; 0..20: the chosen token's and N best
   bool ignore_eos = false;     // end-of-generation tokens do not end it (llama-server's name)
   ChatParseOptions chat;       // how a chat answer becomes a message (reasoning, tool calls)
+  int32_t id_slot = -1;        // the slot that must run it (llama-server's id_slot); -1: any
+  std::vector<std::pair<int32_t, float>> logit_bias;  // added to a token's logit (-inf: never)
 };
 
 struct TokenLogprob {
@@ -48,9 +52,13 @@ struct TokenLogprob {
 // One message of the scheduler to a job's reader: text, or the end.
 struct Event {
   std::string text;  // complete UTF-8 characters, stop strings held back until decided
+  std::vector<int32_t> tokens;  // the tokens sampled since the last event (text may lag them)
   std::optional<TokenLogprob> logprob;
   bool done = false;
   std::string finish_reason;  // with done: "stop" or "length"
+  std::string stop_type;      // with done: llama-server's "eos", "word" or "limit"
+  std::string stopping_word;  // with done: the stop string that ended it
+  int32_t slot = -1;          // the slot that ran it
   std::string error;          // with done: not empty when the generation failed
   int64_t prompt_tokens = 0, completion_tokens = 0;
   int64_t cached_tokens = 0;  // prompt tokens whose pages came from the prompt cache
@@ -81,6 +89,7 @@ class Job {
 
 struct SlotInfo {
   const char* state = "idle";  // idle, prefill, decode
+  int64_t id_task = -1;        // the admission number of its request (-1: idle)
   int32_t n_past = 0;          // positions in the KV
   int64_t prompt_tokens = 0, generated = 0;
   // Pages of the full layers (all of them summed): resident in the arena, streamed through the
@@ -113,6 +122,12 @@ class Scheduler {
   // Queues the job; false when every sequence is busy and the queue is full.
   bool submit(const std::shared_ptr<Job>& job);
   SchedulerStats stats() const;
+  int32_t n_slots() const { return static_cast<int32_t>(slots_.size()); }
+
+  // Runs fn on the engine's thread between steps and returns when it has run (its exceptions
+  // rethrown here): fn gets the engine and the tokens that slot `slot` last held in its KV,
+  // which it may change (slot actions); fails while the slot is busy.
+  void with_slot(int32_t slot, const std::function<void(Engine&, std::vector<int32_t>&)>& fn);
 
  private:
   struct Generation;
@@ -125,15 +140,26 @@ class Scheduler {
     int32_t cached = 0;    // of which the prompt cache gave
     int32_t next = -1;     // the sampled token the next step feeds; -1 while reading the prompt
     std::vector<int32_t> feed;  // a decode step's tokens: next, then the drafts
+    std::vector<int32_t> held;  // the tokens in its KV (prompt, then generated)
+    std::vector<int32_t> last;  // those of its last request, once released (slot actions)
+  };
+  struct Call {
+    int32_t slot;
+    const std::function<void(Engine&, std::vector<int32_t>&)>* fn;
+    std::promise<void> done;
   };
   // Why a generation ends with a token: finish()'s arguments; reason null: it goes on.
   struct End {
     const char* reason = nullptr;
     bool flush = true;
+    const char* stop_type = "none";  // llama-server's: eos, word (a stop string), limit
+    std::string word;                // the stop string
   };
 
   void loop();
   void admit(std::unique_lock<std::mutex>& lock);
+  // Runs the queued with_slot() calls (mu_ held on entry and exit).
+  void run_calls(std::unique_lock<std::mutex>& lock);
   void release(Slot& s);
   // Shows the prompt cache's warnings (its disk tier's refused files, failed writes) on stderr.
   void warn_cache();
@@ -147,7 +173,7 @@ class Scheduler {
   // Sends `id`, chosen from `logits` with `n_past` positions before it, and counts it.
   End deliver(Slot& s, int32_t id, const float* logits, int32_t n_past, bool accepted);
   // Sends the end (flush: with the text held back, unless a stop string ended it) and frees s.
-  void finish(Slot& s, const char* reason, bool flush);
+  void finish(Slot& s, const End& end);
   void fail(Slot& s, const char* what);
   void publish(const StepStats* step, int64_t decoded);
   // The pages of s's full layers in the arena and streamed through the ring, into info.
@@ -166,6 +192,7 @@ class Scheduler {
   mutable std::mutex mu_;  // guards queue_, stop_, stats_
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Job>> queue_;
+  std::deque<Call*> calls_;
   bool stop_ = false;
   SchedulerStats stats_;
   std::deque<std::pair<double, std::pair<int64_t, double>>> recent_;  // step end: tokens, s

@@ -38,7 +38,7 @@ def cached(usage):
 
 
 def main():
-    common = ("-np", "2", "-c", "2048", "--page-size", str(P), "-a", "m")
+    common = ("-np", "2", "-c", "4096", "--page-size", str(P), "-a", "m")
     cold_srv = Server(BINARY, MODEL, *common, "--cache-ram", "0")
     cold = openai.OpenAI(base_url=cold_srv.url + "/v1", api_key="none", max_retries=0)
     srv = Server(BINARY, MODEL, *common, "--cache-ram", "64")

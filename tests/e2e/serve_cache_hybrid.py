@@ -38,7 +38,7 @@ def cached(usage):
 
 def main():
     for preset in ("tiny-qwen35", "tiny-gemma3"):
-        common = ("-np", "2", "-c", "1024", "-a", "m")
+        common = ("-np", "2", "-c", "2048", "-a", "m")
         cold_srv = Server(BINARY, "synthetic:" + preset, *common, "--cache-ram", "0")
         srv = Server(BINARY, "synthetic:" + preset, *common, "--cache-ram", "64")
         cold = openai.OpenAI(base_url=cold_srv.url + "/v1", api_key="none", max_retries=0)

@@ -90,7 +90,7 @@ def main():
     client.close()
     ref.stop()
 
-    srv = Server(BINARY, MODEL, "-np", "4", "-c", "1024", "-b", "64", "--page-size", "16",
+    srv = Server(BINARY, MODEL, "-np", "4", "-c", "4096", "-b", "64", "--page-size", "16",
                  "--kv-arena", "6M", "--ring-chunk", "64K", "--cache-ram", "64", "-a", "m")
     client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=120)
     count_prompt = ask(client, "text", COUNTING, 1)[1].prompt_tokens

@@ -126,7 +126,7 @@ def main():
         print("SKIP: chromium is not installed (scripts/setup.sh installs it)")
         sys.exit(77)  # ctest's SKIP_RETURN_CODE for this test
     # An arena too small for the second turn's history, so that some of it streams.
-    srv = Server(binary, model, "-np", "2", "-c", "1024", "-b", "64", "--page-size", "16",
+    srv = Server(binary, model, "-np", "2", "-c", "2048", "-b", "64", "--page-size", "16",
                  "--kv-arena", "3M", "--ring-chunk", "64K", "--api-key", KEY)
     b = None
     try:

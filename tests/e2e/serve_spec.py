@@ -33,7 +33,7 @@ def timings(r):
 
 
 def main():
-    common = ("-np", "2", "-c", "1024", "--page-size", "16", "-a", "m", "--cache-ram", "64")
+    common = ("-np", "2", "-c", "2048", "--page-size", "16", "-a", "m", "--cache-ram", "64")
     plain_srv = Server(BINARY, MODEL, *common)
     srv = Server(BINARY, MODEL, *common, "--spec", "ngram", "--draft-max", "8")
     plain = openai.OpenAI(base_url=plain_srv.url + "/v1", api_key="none", max_retries=0)

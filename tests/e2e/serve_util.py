@@ -26,8 +26,9 @@ class Server:
         self.err = tempfile.NamedTemporaryFile(prefix="kvs_serve_", suffix=".log", delete=False)
         # KVS_SERVE_ARGS: flags added to every server (--backend cuda on a GPU machine).
         extra = os.environ.get("KVS_SERVE_ARGS", "").split()
+        # --metrics: llama-server's switch of /metrics, which the tests read.
         self.proc = subprocess.Popen([binary, "serve", "-m", model, "--port", "0", "-t", "2",
-                                      *args, *extra], stdout=subprocess.DEVNULL, stderr=self.err)
+                                      "--metrics", *args, *extra], stdout=subprocess.DEVNULL, stderr=self.err)
         deadline = time.time() + 60
         self.port = None
         while self.port is None:

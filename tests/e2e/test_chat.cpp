@@ -93,6 +93,30 @@ TEST_F(Chat, ClearStartsANewConversation) {
   EXPECT_TRUE(contains(o.out, "0 tokens reused")) << o.out;
 }
 
+// /save NAME and /load NAME: a later chat takes the conversation and its KV back (the next
+// message reads only its own tokens) and answers as the chat that never stopped; a file that
+// is not there or not a slot file is said and the chat goes on.
+TEST_F(Chat, SaveAndLoadKeepTheConversation) {
+  const auto dir = test::temp_dir("chat_save");
+  const std::string name = (dir / "conv").string();
+  std::filesystem::remove(name + ".json");
+  std::filesystem::remove(name + ".kvslot");
+  nlohmann::json whole, first, second;
+  chat("--temp 0 -n 16 -c 1024", "What is the capital of France?\nAnd of Italy?\n", &whole);
+  Outcome o = chat("--temp 0 -n 16 -c 1024", "What is the capital of France?\n/save " + name + "\n",
+                   &first);
+  EXPECT_TRUE(contains(o.err, "saved ")) << o.err;
+  ASSERT_TRUE(std::filesystem::exists(name + ".kvslot")) << o.err;
+  o = chat("--temp 0 -n 16 -c 1024",
+           "/load " + (dir / "none").string() + "\n/load " + name + "\nAnd of Italy?\n", &second);
+  EXPECT_TRUE(contains(o.err, "cannot read")) << o.err;
+  EXPECT_TRUE(contains(o.err, "loaded ")) << o.err;
+  ASSERT_EQ(second["messages"].size(), 4u) << second.dump();
+  EXPECT_EQ(second["messages"], whole["messages"]);
+  ASSERT_EQ(second["turns"].size(), 1u);
+  EXPECT_GT(second["turns"][0]["reused_tokens"].get<int>(), 16) << "the loaded KV was reused";
+}
+
 TEST_F(Chat, SystemPromptAndRunConversation) {
   nlohmann::json j;
   const Outcome sys = chat("--temp 0 -n 8 -c 512 -sys \"You are a pirate.\"", "Hi\n", &j);

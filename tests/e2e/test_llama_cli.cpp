@@ -69,6 +69,32 @@ TEST_F(SmolLM2, LlamaCppCommandLinesRunUnchanged) {
   EXPECT_TRUE(contains(o.out, "[1] ") && contains(o.out, "[2] ")) << o.out;
 }
 
+// llama-cli's -e, -r, --color, --no-display-prompt, -st and -sm: -e reads escapes, -r ends the
+// text at its first reverse prompt (kept), the others change nothing in kvstream's output.
+TEST_F(SmolLM2, LlamaCliFlagsOfIssue44) {
+  const std::string p = "run" + m + "--temp 0 -c 512 ";
+  const Outcome plain = kvstream(p + "-n 48 -p \"Count: 1, 2, 3,\"");
+  expect_ok(plain, "plain");
+  const size_t at = plain.out.find('7');
+  ASSERT_NE(at, std::string::npos) << plain.out;
+  const Outcome r =
+      kvstream(p + "-n 48 -p \"Count: 1, 2, 3,\" -r 7 --color --no-display-prompt -sm none");
+  expect_ok(r, "-r 7");
+  EXPECT_EQ(r.out.substr(0, r.out.find('7') + 1), plain.out.substr(0, at + 1));
+  EXPECT_EQ(r.out.find_last_not_of('\n'), r.out.find('7'))
+      << "the text ends at the reverse prompt: " << r.out;
+  const Outcome nl = kvstream(p + "-n 4 -p \"a\nb\"");
+  const Outcome e = kvstream(p + "-n 4 -e -p 'a\\nb'");
+  expect_ok(e, "-e");
+  const Outcome raw = kvstream(p + "-n 4 -p 'a\\nb'");
+  EXPECT_EQ(e.out, nl.out) << "-e reads \\n as a newline";
+  EXPECT_NE(raw.out, e.out) << "without -e the backslash stays";
+  const Outcome st = kvstream(p + "-n 8 -st -p Hi");
+  expect_ok(st, "-st");
+  EXPECT_EQ(st.out, kvstream(p + "-n 8 --chat -p Hi").out) << "-st: one chat turn";
+  expect_error(p + "-n 1 -p Hi -sm sideways", "--split-mode");
+}
+
 TEST_F(SmolLM2, SystemPromptFlagsAgree) {
   auto prompt_tokens = [&](const std::string& flags) {
     const auto js = test::temp_dir("cli") / "sys.json";

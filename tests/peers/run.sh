@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The peers stage of scripts/test.sh: kvstream's CPU backend against stock llama.cpp
-# (tests/peers/peers.py) and against Hugging Face transformers (tests/peers/hf_oracle.py). Builds
+# (tests/peers/peers.py) and against Hugging Face transformers (tests/peers/hf_oracle.py), and
+# kvstream serve against llama.cpp's own server tests (tests/peers/server-suite.sh). Builds
 # what it needs once into KVS_PEERS_CACHE (default ~/.cache/kvstream/peers): llama.cpp from the
-# pinned llama-cpp-python sdist, and a venv with torch and transformers.
+# pinned llama-cpp-python sdist, a venv with torch and transformers, a venv with the server
+# tests' requirements.
 #   tests/peers/run.sh [KVSTREAM]   (default build/cpu/kvstream)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -26,3 +28,6 @@ export HF_HUB_OFFLINE=1  # nothing is fetched from a hub
 src=$(ls -d "$cache"/llama_cpp_python-*/vendor/llama.cpp | head -n 1)
 "$hf/bin/python3" tests/peers/hf_oracle.py --llama-src "$src" --kvstream "$kvstream" \
   --peer "$peer" --work build/peers/hf --json build/peers/hf_oracle.json
+
+# llama.cpp's server tests (about 150 s with 2 workers on 2 cores).
+tests/peers/server-suite.sh "$kvstream"

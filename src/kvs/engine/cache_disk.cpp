@@ -31,29 +31,6 @@ struct Header {
   uint64_t used;
 };
 
-// A checksum of pieces of bytes, 8 bytes at a time (a piece's tail zero-padded, then its
-// length): the writer and the reader cut the file into the same pieces.
-struct Checksum {
-  uint64_t h = 0x9E3779B97F4A7C15ull;
-  void word(uint64_t w) {
-    h = (h ^ w) * 0xBF58476D1CE4E5B9ull;
-    h ^= h >> 29;
-  }
-  void add(const void* data, size_t n) {
-    const auto* p = static_cast<const uint8_t*>(data);
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-      uint64_t w;
-      std::memcpy(&w, p + i, 8);
-      word(w);
-    }
-    uint64_t tail = 0;
-    std::memcpy(&tail, p + i, n - i);
-    word(tail);
-    word(n);
-  }
-};
-
 size_t file_size(const Header& h) {
   return sizeof(Header) + 4 * size_t{h.n_tokens} + 4 * size_t{h.n_checkpoints} + h.page_bytes +
          (h.window ? h.window_bytes : 0) + h.n_checkpoints * h.state_bytes + sizeof(uint64_t);
@@ -204,7 +181,7 @@ void CacheDisk::put(const DiskEntry& head, const uint8_t* kv, const uint8_t* win
   const std::string path = path_of(head.key);
   const std::string tmp =
       cat(dir_, "/.tmp-", static_cast<long>(::getpid()), "-", path.substr(dir_.size() + 1));
-  Checksum sum;
+  CacheChecksum sum;
   bool ok = true;
   {
     File f{std::fopen(tmp.c_str(), "wb")};
@@ -255,7 +232,7 @@ bool CacheDisk::take(uint64_t key, uint8_t* kv, uint8_t* window,
   {
     File f{std::fopen(path.c_str(), "rb")};
     Header h{};
-    Checksum sum;
+    CacheChecksum sum;
     const auto read = [&](void* p, size_t n) {
       if (!ok || n == 0) return;
       ok = std::fread(p, 1, n, f.f) == n;

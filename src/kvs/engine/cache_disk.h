@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -17,6 +18,30 @@
 #include "kvs/engine/prompt_cache.h"
 
 namespace kvs {
+
+// A checksum of pieces of bytes, 8 bytes at a time (a piece's tail zero-padded, then its
+// length): the writer and the reader cut the file into the same pieces.
+struct CacheChecksum {
+  uint64_t h = 0x9E3779B97F4A7C15ull;
+  void word(uint64_t w) {
+    h = (h ^ w) * 0xBF58476D1CE4E5B9ull;
+    h ^= h >> 29;
+  }
+  void add(const void* data, size_t n) {
+    const auto* p = static_cast<const uint8_t*>(data);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      uint64_t w;
+      std::memcpy(&w, p + i, 8);
+      word(w);
+    }
+    uint64_t tail = 0;
+    std::memcpy(&tail, p + i, n - i);
+    word(tail);
+    word(n);
+  }
+};
+
 
 // What the index knows of an entry file without reading it whole.
 struct DiskEntry {

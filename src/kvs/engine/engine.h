@@ -204,6 +204,21 @@ class Engine {
   std::vector<std::string> prompt_cache_warnings() {
     return cache_ ? cache_->take_warnings() : std::vector<std::string>{};
   }
+  // Slot files (serve --slot-save-path, chat /save): the prompt cache's pages of the longest
+  // cached prefix of `tokens` written to `path` (under a temporary name, then renamed), with the
+  // cache's fingerprint of the model and KV types and a checksum; returns the positions saved.
+  // Fails (naming the path) without a prompt cache or where nothing of `tokens` is cached.
+  int32_t save_prefix(const std::vector<int32_t>& tokens, const std::string& path,
+                      size_t* bytes = nullptr);
+  // Reads a slot file into the prompt cache, so that a prompt it begins reuses its pages; its
+  // tokens into `tokens`. A file that is partial, corrupt or of another model, KV type or page
+  // size is refused by name and nothing is loaded.
+  void load_prefix(const std::string& path, std::vector<int32_t>& tokens, size_t* bytes = nullptr);
+  // Drops the prompt cache's pages of `tokens` that no other cached sequence goes on from;
+  // returns the positions dropped (0 without a cache).
+  int32_t erase_prefix(const std::vector<int32_t>& tokens) {
+    return cache_ ? cache_->erase(tokens.data(), static_cast<int32_t>(tokens.size())) : 0;
+  }
   // Appends n tokens to one sequence (in chunks of n_batch) and returns the logits of the last
   // one [n_vocab], valid until the next call. Fails when the sequence would pass n_ctx.
   const float* eval(Sequence& s, const int32_t* tokens, int32_t n);
@@ -392,6 +407,7 @@ class Engine {
   double ring_stall_s_ = 0;  // the last decode step's wait, which sizes such a growth
   bool relayout_ = false;    // the next plan is applied even if unchanged (pages were adopted)
   std::unique_ptr<PromptCache> cache_;
+  uint64_t cache_fingerprint_ = 0;  // the model, KV types and pages a cache file must match
   std::vector<int32_t> pending_;  // frames of written-back pages, free once wb_ is reached
   FenceId wb_ = -1, computed_ = -1;
   // Measured figures for the planner (exponential averages; 0: not measured yet), and the

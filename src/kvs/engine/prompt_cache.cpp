@@ -137,8 +137,7 @@ void PromptCache::touch(const std::vector<Iter>& chain) {
   for (auto it = chain.rbegin(); it != chain.rend(); ++it) lru_.splice(lru_.begin(), lru_, *it);
 }
 
-void PromptCache::evict_back() {
-  const Iter victim = std::prev(lru_.end());
+void PromptCache::drop(Iter victim) {
   if (const auto it = index_.find(victim->key); it != index_.end() && it->second == victim)
     index_.erase(it);
   for (auto [it, end] = children_.equal_range(victim->parent); it != end; ++it)
@@ -146,12 +145,39 @@ void PromptCache::evict_back() {
       children_.erase(it);
       break;
     }
-  if (disk_) to_disk(*victim);
   stats_.bytes -= victim->bytes;
   stats_.checkpoints -= static_cast<int64_t>(victim->checkpoints.size());
   stats_.checkpoint_bytes -= victim->checkpoints.size() * shape_.state_bytes;
-  lru_.pop_back();
+  lru_.erase(victim);
+}
+
+void PromptCache::evict_back() {
+  const Iter victim = std::prev(lru_.end());
+  if (disk_) to_disk(*victim);
+  drop(victim);
   ++stats_.evicted;
+}
+
+int32_t PromptCache::erase(const int32_t* tokens, int32_t n) {
+  const int32_t P = shape_.page_tokens;
+  std::vector<Iter> chain;
+  uint64_t parent = 0;
+  for (int32_t i = 0; i * P < n; ++i) {
+    const int32_t* t = tokens + static_cast<size_t>(i) * P;
+    const int32_t len = std::min(P, n - i * P);
+    const uint64_t key = chain_key(parent, t, len);
+    const Iter it = lookup(parent, key, t, len);
+    if (it == lru_.end()) break;
+    chain.push_back(it);
+    parent = key;
+  }
+  int32_t dropped = 0;
+  for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
+    if (children_.count((*it)->key) > 0) break;  // another sequence goes on from here
+    dropped += static_cast<int32_t>((*it)->tokens.size());
+    drop(*it);
+  }
+  return dropped;
 }
 
 bool PromptCache::make_room(size_t more) {
@@ -349,7 +375,6 @@ void Engine::make_prompt_cache(const Model& model) {
   // Host mode keeps every window page; otherwise trim_windows's reach.
   c.window_back = opt_.kv_mode == KvMode::Host ? INT32_MAX / 2 : cfg_.n_swa - 1 + opt_.n_verify - 1;
   cache_ = std::make_unique<PromptCache>(budget, c);
-  if (opt_.cache_disk.empty()) return;
   // What a disk entry must match: the model's shape, the KV's types and pages, and samples of
   // its weights (the embedding's and the output's first and last 64 KiB).
   std::string id = cat(cfg_.arch_name, cfg_.n_layer, ' ', cfg_.n_embd, ' ', cfg_.n_ff, ' ',
@@ -364,8 +389,10 @@ void Engine::make_prompt_cache(const Model& model) {
     id.append(reinterpret_cast<const char*>(m->data), sample);
     id.append(reinterpret_cast<const char*>(m->data + n - sample), sample);
   }
+  cache_fingerprint_ = fingerprint(id);
+  if (opt_.cache_disk.empty()) return;
   cache_->use_disk(
-      std::make_unique<CacheDisk>(opt_.cache_disk, opt_.cache_disk_bytes, fingerprint(id), c));
+      std::make_unique<CacheDisk>(opt_.cache_disk, opt_.cache_disk_bytes, cache_fingerprint_, c));
 }
 
 void Engine::checkpoint(const Sequence& s) {

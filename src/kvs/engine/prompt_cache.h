@@ -85,6 +85,9 @@ class PromptCache {
   void insert(const int32_t* tokens, int32_t n, int32_t window_first,
               const std::function<void(int32_t, uint8_t*, uint8_t*)>& fill,
               std::vector<Checkpoint> checkpoints);
+  // Drops the entries of the first n positions of `tokens` that no other cached entry
+  // continues, leaf first (slot erase); returns the positions dropped.
+  int32_t erase(const int32_t* tokens, int32_t n);
   // A sequence reused n positions (after find()).
   void count_hit(int32_t n) {
     ++stats_.hits;
@@ -117,6 +120,7 @@ class PromptCache {
   // Evicts least recently used entries not pinned until `more` bytes fit; false if they can't.
   bool make_room(size_t more);
   void evict_back();
+  void drop(Iter victim);  // out of the index, its parent's children and the LRU list
   void to_disk(const Entry& e);
   // The disk's entry `key` as a RAM entry (pinned), or lru_.end().
   Iter from_disk(uint64_t key);

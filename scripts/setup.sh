@@ -49,9 +49,9 @@ fi
 if [ ! -x .venv/bin/python3 ]; then
   python3 -m venv .venv
 fi
-if ! .venv/bin/python3 -c "import gguf, numpy, tokenizers, openai, jinja2" 2>/dev/null; then
-  echo "setup: installing gguf numpy tokenizers openai jinja2 into .venv" >&2
-  .venv/bin/pip install -q --disable-pip-version-check gguf numpy tokenizers openai jinja2
+if ! .venv/bin/python3 -c "import gguf, numpy, tokenizers, openai, jinja2, anthropic" 2>/dev/null; then
+  echo "setup: installing gguf numpy tokenizers openai jinja2 anthropic into .venv" >&2
+  .venv/bin/pip install -q --disable-pip-version-check gguf numpy tokenizers openai jinja2 anthropic
 fi
 
 scripts/fetch-model.sh

@@ -3,11 +3,13 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <ctime>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "kvs/chat/chat_format.h"
+#include "kvs/grammar/json_schema.h"
 #include "kvs/tokenizer/tokenizer.h"
 #include "kvs/util/error.h"
 #include "structured.h"
@@ -157,6 +159,7 @@ std::string message_text(const json& c, size_t& bytes) {
     if (text_of(part, "type") != "text" || !part.contains("text") || !part["text"].is_string())
       bad("only text content parts are supported", "messages");
     bytes += part["text"].get_ref<const std::string&>().size();
+    if (!text.empty()) text += "\n\n";  // parts become paragraphs, as llama-server joins them
     text += part["text"].get<std::string>();
   }
   return text;
@@ -168,7 +171,9 @@ ojson template_message(const json& m, const std::string& role, std::string text,
                        bool null_content) {
   ojson out = ojson::parse(m.dump());
   out["role"] = role;
-  out["content"] = null_content ? ojson() : ojson(std::move(text));
+  // A null content (an assistant's tool calls) is empty text: templates such as Qwen3's call
+  // string methods on it.
+  out["content"] = null_content ? ojson("") : ojson(std::move(text));
   if (out.contains("tool_calls")) {
     if (!out["tool_calls"].is_array()) bad("'tool_calls' must be a list", "messages");
     for (ojson& c : out["tool_calls"]) {
@@ -185,6 +190,51 @@ ojson template_message(const json& m, const std::string& role, std::string text,
   return out;
 }
 
+// The tool a request's tool_choice forces: "" for none ("auto", "none", absent), "*" for any
+// ("required"), else the function's name.
+std::string forced_tool(const json& b) {
+  if (!b.contains("tool_choice") || b["tool_choice"].is_null()) return "";
+  const json& tc = b["tool_choice"];
+  if (tc.is_string()) return tc.get<std::string>() == "required" ? "*" : "";
+  const json f = tc.value("function", json::object());
+  if (!f.is_object() || !f.contains("name") || !f["name"].is_string())
+    bad("a 'tool_choice' object needs 'function': {'name': ...}", "tool_choice");
+  return f["name"].get<std::string>();
+}
+
+// The grammar of an answer that is one call of `only` ("*": any of the tools) in the
+// template's convention, after the model's reasoning where it thinks first; "" where the
+// convention has no JSON form to constrain (Qwen3.5's XML parameters).
+std::string tool_call_gbnf(const ChatParseOptions& o, const std::string& only) {
+  const char* args = o.tools == ToolSyntax::Hermes   ? "arguments"
+                     : o.tools == ToolSyntax::Llama3 ? "parameters"
+                                                     : nullptr;
+  if (!args || !o.tool_defs.is_array()) return "";
+  ojson any = ojson::array();
+  for (const ojson& t : o.tool_defs) {
+    const ojson f = t.value("function", ojson::object());
+    if (!f.is_object() || !f.contains("name") || !f["name"].is_string()) continue;
+    const std::string name = f["name"].get<std::string>();
+    if (only != "*" && name != only) continue;
+    const ojson params = f.contains("parameters") && f["parameters"].is_object()
+                             ? f["parameters"]
+                             : ojson{{"type", "object"}};
+    any.push_back({{"type", "object"},
+                   {"properties", {{"name", {{"const", name}}}, {args, params}}},
+                   {"required", {"name", args}}});
+  }
+  if (any.empty()) bad(cat("'tool_choice' names '", only, "', which is not among the tools"), "tool_choice");
+  std::string gbnf = grammar::json_schema_to_gbnf(any.size() == 1 ? any[0] : ojson{{"anyOf", any}});
+  gbnf.replace(0, gbnf.find("::="), "tool-call ");
+  const std::string call = o.tools == ToolSyntax::Hermes
+                               ? "\"<tool_call>\\n\" tool-call \"</tool_call>\""
+                               : "tool-call";
+  const std::string think = "( [^<] | \"<\" [^/] )* \"</think>\" [ \\n]*";
+  if (o.thinking_open) return cat("root ::= ", think, " ", call, "\n", gbnf);
+  if (o.reasoning) return cat("root ::= (\"<think>\" ", think, ")? ", call, "\n", gbnf);
+  return cat("root ::= ", call, "\n", gbnf);
+}
+
 }  // namespace
 
 GenRequest RequestRules::chat_request(const json& b) const {
@@ -194,6 +244,17 @@ GenRequest RequestRules::chat_request(const json& b) const {
   else if (b.contains("top_logprobs") && !b["top_logprobs"].is_null())
     bad("'top_logprobs' needs 'logprobs': true", "top_logprobs");
   set_prompt(r, tok.encode(chat_text(b, &r.chat), true, true), "messages");
+  // tool_choice "required" or a named function: the answer is held to a call by a grammar.
+  const std::string only = forced_tool(b);
+  if (!only.empty() && r.chat.tools != ToolSyntax::None) {
+    const std::string gbnf = tool_call_gbnf(r.chat, only);
+    if (!gbnf.empty()) {
+      if (r.sampling.grammar)
+        bad("a forced 'tool_choice' cannot be combined with a grammar or response_format",
+            "tool_choice");
+      r.sampling.grammar = constraint_of(gbnf, tok);
+    }
+  }
   return r;
 }
 
@@ -257,9 +318,40 @@ std::string RequestRules::chat_text(const json& b, ChatParseOptions* parse) cons
       bad("'reasoning_format' must be none, auto, deepseek or deepseek-legacy", "reasoning_format");
     split = f != "none";
   }
+  // A final assistant message is continued, not answered (llama-server's assistant prefill,
+  // vLLM's continue_final_message): the template closes the turns before it and opens the
+  // assistant's, and its text follows.
+  const bool continue_final = boolean(b, "continue_final_message", false);
+  in.add_generation_prompt = boolean(b, "add_generation_prompt", true);
+  if (continue_final && b.contains("add_generation_prompt") && in.add_generation_prompt)
+    bad("'continue_final_message' and 'add_generation_prompt' cannot both be true",
+        "continue_final_message");
+  std::string prefill;
+  if (in.messages.size() > 1 && in.messages.back()["role"] == "assistant" &&
+      (continue_final || in.add_generation_prompt)) {
+    const ojson& last = in.messages.back()["content"];
+    prefill = last.is_string() ? last.get<std::string>() : "";
+    in.messages.erase(in.messages.size() - 1);
+    in.add_generation_prompt = true;
+  } else if (continue_final) {
+    bad("'continue_final_message' needs an assistant message last", "continue_final_message");
+  }
+  // What llama-server gives every template: whether to think (--reasoning), today's date in the
+  // forms Llama 3.x and FireFunction read; a request's chat_template_kwargs override them.
+  ojson defaults = {{"enable_thinking", enable_thinking}};
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char date[64];
+  if (std::strftime(date, sizeof date, "%d %b %Y", &tm)) defaults["date_string"] = date;
+  if (std::strftime(date, sizeof date, "%b %d %Y %H:%M:%S GMT", &tm)) defaults["datetime"] = date;
+  if (const ChatFormat* f = tok.chat_format())  // --chat-template-kwargs come before them
+    for (const auto& [k, v] : f->kwargs().items()) defaults.erase(k);
+  for (const auto& [k, v] : in.kwargs.items()) defaults[k] = v;
+  in.kwargs = std::move(defaults);
   std::string prompt;
   try {
-    prompt = tok.apply_chat(in);
+    prompt = tok.apply_chat(in) + prefill;
   } catch (const jinja::Error& e) {
     bad(cat("the chat template failed: ", e.what()), "messages");
   }

@@ -55,6 +55,7 @@ struct RequestRules {
   int64_t seed = -1, n_predict = -1;
   bool ignore_eos = false;
   bool split_reasoning = true;  // --reasoning-format: <think> text becomes reasoning_content
+  bool enable_thinking = true;  // --reasoning off: the templates' enable_thinking false
 
   GenRequest chat_request(const json& b) const;
   GenRequest completion_request(const json& b) const;

@@ -720,6 +720,7 @@ void serve(const ServeArgs& a) {
           split_list(a.tags),
           {*model->tokenizer, eo.n_ctx, a.g.sp, a.g.seed, n_predict_of(a.g), a.g.ignore_eos}};
   api.rules.split_reasoning = a.chat.split_reasoning();
+  api.rules.enable_thinking = a.reasoning != "off";
   // One server per --host address (llama-server takes a comma-separated list), all on --port.
   const std::vector<std::string> hosts = split_list(a.host);
   KVS_CHECK(!hosts.empty(), "--host: no address given");

@@ -36,7 +36,7 @@ struct ServeArgs {
   std::string cors_origins = "*", cors_methods = "GET, POST, DELETE, OPTIONS", cors_headers = "*";
   std::string slot_save_path;
   ChatTemplateArgs chat;  // --jinja, --chat-template, --reasoning-format, ... (chat_flags.h)
-  std::string reasoning = "auto";  // llama-server's --reasoning: accepted
+  std::string reasoning = "auto";  // --reasoning: off sets the templates' enable_thinking false
   bool embedding = false;  // accepted with a warning: kvstream serves no embeddings
 };
 

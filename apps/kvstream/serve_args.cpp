@@ -27,7 +27,8 @@ void add_llama_server_flags(CLI::App* c, ServeArgs& a) {
                 "Directory of slot files: POST /slots/ID?action=save|restore with a filename");
   c->add_flag("--kv-unified", a.kv_unified,
               "Each slot may hold the whole -c (by default -c is split over the -np slots)");
-  c->add_option("--reasoning", a.reasoning, "on, off or auto; accepted")
+  c->add_option("--reasoning", a.reasoning,
+                "off: templates get enable_thinking false (on, auto: true, llama-server's default)")
       ->check(CLI::IsMember({"on", "off", "auto"}));
   c->add_flag("--embedding,--embeddings,--reranking,--rerank", a.embedding,
               "Accepted with a warning: kvstream serves no embeddings or reranking");

@@ -5,7 +5,8 @@ tool_choice and chat_template_kwargs reach the template (a template given with
 call and its result is accepted, streamed answers with tools add up to the whole one, a
 template's raise_exception is a 400 naming the template and position, and a template that does
 not parse stops the server with its line and column. (The parsing of tool calls and reasoning
-out of an answer is tested on canned outputs in tests/unit/test_chat.cpp.)
+out of an answer is tested on canned outputs in tests/unit/test_chat.cpp.) An agent's loop with
+tool_choice required, through the openai and the anthropic clients.
 
 usage: serve_tools.py KVSTREAM MODEL"""
 import json
@@ -56,6 +57,71 @@ TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "The current weather in a city.",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                    "required": ["city"]}}}]
+
+
+def agent_loop(srv, client):
+    """An agent's loop end to end: tool_choice "required" holds the answer to a call (by a
+    grammar in the template's convention), the client runs the tool and sends its result, the
+    model answers; through the openai client (whole and streamed) and the anthropic client."""
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    r = client.chat.completions.create(model="m", messages=ask, tools=TOOLS,
+                                       tool_choice="required", max_tokens=64, temperature=0)
+    msg = r.choices[0].message
+    check(r.choices[0].finish_reason == "tool_calls" and msg.tool_calls
+          and msg.tool_calls[0].function.name == "get_weather",
+          f"tool_choice required gives a call: {msg}")
+    args = json.loads(msg.tool_calls[0].function.arguments)
+    check(isinstance(args.get("city"), str), f"the call's arguments follow the schema: {args}")
+    streamed = {}
+    for chunk in client.chat.completions.create(model="m", messages=ask, tools=TOOLS,
+                                                tool_choice="required", max_tokens=64,
+                                                temperature=0, stream=True):
+        for c in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            t = streamed.setdefault(c.index, {"name": "", "arguments": ""})
+            t["name"] += (c.function.name or "") if c.function else ""
+            t["arguments"] += (c.function.arguments or "") if c.function else ""
+    check(list(streamed.values()) == [{"name": "get_weather",
+                                        "arguments": msg.tool_calls[0].function.arguments}],
+          f"the streamed call is the whole one's: {streamed}")
+    turn = ask + [msg.model_dump(exclude_none=True),
+                  {"role": "tool", "tool_call_id": msg.tool_calls[0].id,
+                   "content": json.dumps({"sky": "clear", "c": 21})}]
+    final = client.chat.completions.create(model="m", messages=turn, tools=TOOLS,
+                                           max_tokens=24, temperature=0)
+    check(final.choices[0].finish_reason in ("stop", "length")
+          and isinstance(final.choices[0].message.content, str),
+          f"the answer after the tool's result: {final.choices[0]}")
+    try:
+        client.chat.completions.create(model="m", messages=ask, tools=TOOLS, max_tokens=4,
+                                       tool_choice={"type": "function",
+                                                    "function": {"name": "nosuch"}})
+        check(False, "a tool_choice naming no tool answers 400")
+    except BadRequestError as e:
+        check("nosuch" in json.dumps(e.body), "the 400 names the tool: " + json.dumps(e.body))
+
+    import anthropic
+    ac = anthropic.Anthropic(base_url=srv.url, api_key="none")
+    tools = [{"name": t["function"]["name"], "description": t["function"]["description"],
+              "input_schema": t["function"]["parameters"]} for t in TOOLS]
+    m = ac.messages.create(model="m", max_tokens=64, tools=tools, tool_choice={"type": "any"},
+                           messages=ask, extra_body={"temperature": 0})
+    use = [b for b in m.content if b.type == "tool_use"]
+    check(m.stop_reason == "tool_use" and use and use[0].name == "get_weather"
+          and isinstance(use[0].input.get("city"), str), f"anthropic: a tool_use block: {m}")
+    with ac.messages.stream(model="m", max_tokens=64, tools=tools, tool_choice={"type": "any"},
+                            messages=ask, extra_body={"temperature": 0}) as s:
+        sm = s.get_final_message()
+    check([b.model_dump() for b in sm.content] == [b.model_dump() for b in m.content
+                                                   if b.type != "tool_use"] +
+          [dict(b.model_dump(), id=sm.content[-1].id) for b in use],
+          f"anthropic: the streamed message is the whole one: {sm.content} against {m.content}")
+    history = ask + [{"role": "assistant", "content": [b.model_dump() for b in m.content]},
+                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use[0].id,
+                                                   "content": "clear, 21 C"}]}]
+    after = ac.messages.create(model="m", max_tokens=24, tools=tools, messages=history,
+                               extra_body={"temperature": 0})
+    check(after.stop_reason in ("end_turn", "max_tokens") and after.content
+          and after.content[0].type == "text", f"anthropic: the answer after the result: {after}")
 
 
 def main():
@@ -117,6 +183,8 @@ def main():
             msg = json.dumps(e.body)
             check("raise_exception: asked to fail" in msg and tmpl in msg and "line 1" in msg,
                   "the error names the template and position: " + msg)
+
+        agent_loop(srv, client)
     finally:
         srv.stop()
 

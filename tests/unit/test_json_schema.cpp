@@ -108,7 +108,9 @@ TEST(JsonSchema, Arrays) {
           {"items", false}},
          {"[]", "[\"a\"]", "[\"a\", 1]"}, {"[1]", "[\"a\", 1, 2]"}});
   check({{{"type", "array"}, {"prefixItems", {{{"type", "string"}}}}, {"minItems", 1}},
-         {"[\"a\"]", "[\"a\", 2, null]"}, {"[]", "[2]"}});
+         {"[\"a\"]", "[\"a\", 2, null]"}, {"[]", "[2]"}});  // Draft 4's tuple, items as a list: exactly those elements.
+  check({{{"items", {{{"type", "integer"}}, {{"type", "string"}}}}},
+         {"[1, \"a\"]"}, {"[]", "[1]", "[1, \"a\", 2]", "[\"a\", 1]"}});
 }
 
 TEST(JsonSchema, Refs) {

@@ -75,6 +75,14 @@ std::string ChatFormat::builtin(const std::string& name) {
            "{%- endif -%}\n"
            "{%- endfor -%}\n"
            "{%- if add_generation_prompt -%}{{- '<start_of_turn>model\\n' -}}{%- endif -%}";
+  if (name == "command-r")
+    return "{%- for message in messages -%}\n"
+           "{%- set token = {'system': 'SYSTEM', 'user': 'USER'}.get(message.role, 'CHATBOT') -%}\n"
+           "{{- '<|START_OF_TURN_TOKEN|><|' + token + '_TOKEN|>' + message.content | trim + "
+           "'<|END_OF_TURN_TOKEN|>' -}}\n"
+           "{%- endfor -%}\n"
+           "{%- if add_generation_prompt -%}{{- '<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>' -}}"
+           "{%- endif -%}";
   return "";
 }
 

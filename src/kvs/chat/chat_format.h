@@ -45,9 +45,10 @@ class ChatFormat {
   // Whether the template reads the request's tools (so that tool calls can be asked for).
   bool reads_tools() const;
 
-  // The Jinja text of a built-in template by name (chatml, llama3, llama2, gemma), or "".
+  // The Jinja text of a built-in template by name (chatml, llama3, llama2, gemma, command-r),
+  // or "".
   static std::string builtin(const std::string& name);
-  static const char* builtin_names() { return "chatml, llama3, llama2, gemma"; }
+  static const char* builtin_names() { return "chatml, llama3, llama2, gemma, command-r"; }
 
  private:
   jinja::Template tmpl_;

@@ -236,11 +236,16 @@ class Converter {
       for (size_t i = 0; i < s["prefixItems"].size(); ++i)
         tuple.push_back(visit(s["prefixItems"][i], cat(name, "-", i), cat(where, "/prefixItems/", i)));
     }
-    const bool no_more = s.contains("items") && s["items"] == false;
+    // The older drafts' tuple, "items": [...] (llama.cpp reads it so): those elements, no more.
+    const bool old_tuple = s.contains("items") && s["items"].is_array();
+    if (old_tuple)
+      for (size_t i = 0; i < s["items"].size(); ++i)
+        tuple.push_back(visit(s["items"][i], cat(name, "-", i), cat(where, "/items/", i)));
+    const bool no_more = old_tuple || (s.contains("items") && s["items"] == false);
     std::string item;
     if (!no_more)
       item = s.contains("items") ? visit(s["items"], name + "-item", where + "/items") : primitive("value");
-    uint64_t min = count(s, "minItems", 0, where);
+    uint64_t min = count(s, "minItems", old_tuple ? tuple.size() : 0, where);
     uint64_t max = count(s, "maxItems", UINT64_MAX, where);
     if (no_more) max = std::min<uint64_t>(max, tuple.size());
     if (min > max) refuse(where, "minItems > maxItems");

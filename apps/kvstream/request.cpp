@@ -96,6 +96,8 @@ GenRequest RequestRules::common(const json& b) const {
   r.presence_penalty = real("presence_penalty", 0, -2, 2);
   r.frequency_penalty = real("frequency_penalty", 0, -2, 2);
   r.ignore_eos = boolean(b, "ignore_eos", ignore_eos);
+  r.return_progress = boolean(b, "return_progress", false);
+  r.timings_per_token = boolean(b, "timings_per_token", false);
   r.logit_bias = logit_bias(b);
   const int64_t asked_seed = integer(b, "seed", seed, INT64_MIN, INT64_MAX);
   sp.seed = asked_seed >= 0 ? static_cast<uint64_t>(asked_seed) : Sampler::kSeedRandom;
@@ -329,6 +331,8 @@ std::string RequestRules::chat_text(const json& b, ChatParseOptions* parse) cons
   std::string prefill;
   if (in.messages.size() > 1 && in.messages.back()["role"] == "assistant" &&
       (continue_final || in.add_generation_prompt)) {
+    if (in.messages[in.messages.size() - 2]["role"] == "assistant")
+      bad("two assistant messages cannot end the conversation", "messages");
     const ojson& last = in.messages.back()["content"];
     prefill = last.is_string() ? last.get<std::string>() : "";
     in.messages.erase(in.messages.size() - 1);
@@ -345,8 +349,12 @@ std::string RequestRules::chat_text(const json& b, ChatParseOptions* parse) cons
   char date[64];
   if (std::strftime(date, sizeof date, "%d %b %Y", &tm)) defaults["date_string"] = date;
   if (std::strftime(date, sizeof date, "%b %d %Y %H:%M:%S GMT", &tm)) defaults["datetime"] = date;
-  if (const ChatFormat* f = tok.chat_format())  // --chat-template-kwargs come before them
-    for (const auto& [k, v] : f->kwargs().items()) defaults.erase(k);
+  if (const ChatFormat* f = tok.chat_format()) {
+    // FireFunction v2's template prints its tools from `functions` (llama.cpp spots it so).
+    if (f->source().find(" functools[") != std::string::npos)
+      defaults["functions"] = in.tools.is_array() ? in.tools.dump(2) : "";
+    for (const auto& [k, v] : f->kwargs().items()) defaults.erase(k);  // --chat-template-kwargs
+  }
   for (const auto& [k, v] : in.kwargs.items()) defaults[k] = v;
   in.kwargs = std::move(defaults);
   std::string prompt;
@@ -455,6 +463,7 @@ GenRequest RequestRules::native_request(const json& b, std::vector<int32_t> prom
   if (n == 0) bad("'n_predict' must be -1 or at least 1", "n_predict");
   r.max_tokens = n;
   const int64_t n_probs = integer(b, "n_probs", 0, 0, 100);
+  r.post_sampling_probs = boolean(b, "post_sampling_probs", false);
   r.top_logprobs = n_probs > 0 ? static_cast<int32_t>(n_probs) : -1;
   r.sampling.repeat_last_n =
       static_cast<int32_t>(integer(b, "repeat_last_n", r.sampling.repeat_last_n, -1, 1 << 30));

@@ -216,6 +216,7 @@ void Scheduler::admit(std::unique_lock<std::mutex>& lock) {
       s.held = prompt;
       warn_cache();
       s.next = -1;
+      progress(s);
       lock.lock();
     }
     int32_t busy = 0;
@@ -309,6 +310,21 @@ void Scheduler::finish(Slot& s, const End& end) {
   job->push(std::move(e));
 }
 
+void Scheduler::progress(Slot& s) {
+  if (!s.job->request.return_progress) return;
+  Event e;
+  Event::Progress p;
+  p.total = static_cast<int64_t>(s.job->request.prompt.size());
+  p.cache = s.cached;
+  p.processed = s.fed;
+  if (s.fed > s.cached) p.ms = (now() - s.gen->t_admit) * 1e3;
+  e.prompt_tokens = p.processed;
+  e.cached_tokens = p.cache;
+  e.prompt_s = p.ms / 1e3;
+  e.progress = p;
+  s.job->push(std::move(e));
+}
+
 void Scheduler::fail(Slot& s, const char* what) {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -390,10 +406,27 @@ Scheduler::End Scheduler::deliver(Slot& s, int32_t id, const float* logits, int3
     return {"stop", true, "eos", ""};  // not text, no log-probability
   Event e;
   e.tokens.push_back(id);
-  if (r.top_logprobs >= 0) e.logprob = logprob_of(logits, tok_.n_vocab(), id, r.top_logprobs);
+  if (r.top_logprobs >= 0 && r.post_sampling_probs) {
+    TokenLogprob t;
+    t.id = id;
+    t.post_sampling = true;
+    t.top = g.sampler.last_distribution(static_cast<size_t>(r.top_logprobs));
+    t.logprob = t.top.empty() ? 1.0f : 0.0f;  // greedy: the token was certain
+    for (const auto& [tid, p] : g.sampler.last_distribution(SIZE_MAX))
+      if (tid == id) t.logprob = p;
+    if (t.top.empty()) t.top.emplace_back(id, 1.0f);
+    e.logprob = std::move(t);
+  } else if (r.top_logprobs >= 0) {
+    e.logprob = logprob_of(logits, tok_.n_vocab(), id, r.top_logprobs);
+  }
   bool stopped = false;
   std::string word;
   e.text = g.text(id, r.stop, stopped, word);
+  e.prompt_tokens = static_cast<int64_t>(r.prompt.size());
+  e.completion_tokens = g.generated;
+  e.cached_tokens = s.cached;
+  e.prompt_s = g.t_first - g.t_admit;
+  e.decode_s = now() - g.t_first;
   s.job->push(std::move(e));
   if (stopped) return {"stop", false, "word", word};
   if ((r.max_tokens >= 0 && g.generated >= r.max_tokens) || n_past >= eng_.options().n_ctx)
@@ -529,6 +562,8 @@ void Scheduler::loop() {
       continue;
     }
     const StepStats step = eng_.last_step();
+    for (size_t i = 0; i < who.size(); ++i)
+      if (who[i]->next < 0) progress(*who[i]);
     // The recurrent checkpoints inside prompts and before their last tokens.
     for (size_t i = 0; i < who.size(); ++i)
       if (Slot& s = *who[i];

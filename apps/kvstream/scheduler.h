@@ -39,6 +39,9 @@ struct GenRequest {
   int32_t top_logprobs = -1;  // -1: no log-probabilities; 0..20: the chosen token's and N best
   bool ignore_eos = false;     // end-of-generation tokens do not end it (llama-server's name)
   ChatParseOptions chat;       // how a chat answer becomes a message (reasoning, tool calls)
+  bool return_progress = false;  // llama-server's: an event after each prompt chunk
+  bool timings_per_token = false;  // llama-server's: streamed chunks carry the timings so far
+  bool post_sampling_probs = false;  // top_logprobs as probabilities after the sampler's chain
   int32_t id_slot = -1;        // the slot that must run it (llama-server's id_slot); -1: any
   std::vector<std::pair<int32_t, float>> logit_bias;  // added to a token's logit (-inf: never)
 };
@@ -47,6 +50,7 @@ struct TokenLogprob {
   int32_t id = 0;
   float logprob = 0;
   std::vector<std::pair<int32_t, float>> top;
+  bool post_sampling = false;  // logprob and top hold probabilities after the sampler's chain
 };
 
 // One message of the scheduler to a job's reader: text, or the end.
@@ -67,6 +71,14 @@ struct Event {
   // With done: the sequence's KV at the end (positions, and pages as SlotInfo counts them).
   int32_t n_past = 0;
   int64_t pages_resident = 0, pages_streamed = 0;
+  // With return_progress, before the answer: the prompt's tokens read so far (the cached ones
+  // included), as llama-server's prompt_progress. Its and every token's event also carry the
+  // counts and times above (prompt_tokens: those read), for timings_per_token.
+  struct Progress {
+    int64_t total = 0, cache = 0, processed = 0;
+    double ms = 0;
+  };
+  std::optional<Progress> progress;
 };
 
 // A request in flight, shared by its handler thread and the scheduler.
@@ -157,6 +169,8 @@ class Scheduler {
   };
 
   void loop();
+  // With return_progress: the slot's prompt read so far, as an event.
+  void progress(Slot& s);
   void admit(std::unique_lock<std::mutex>& lock);
   // Runs the queued with_slot() calls (mu_ held on entry and exit).
   void run_calls(std::unique_lock<std::mutex>& lock);

@@ -38,6 +38,10 @@ std::string dump(const json& j) {
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
+json prompt_progress(const Event::Progress& p) {
+  return {{"total", p.total}, {"cache", p.cache}, {"processed", p.processed}, {"time_ms", p.ms}};
+}
+
 // OpenAI's error object; llama-server's clients read the same message and type.
 json error_body(const ApiError& e) {
   json err = {{"message", e.message},
@@ -183,6 +187,7 @@ void Api::respond(httplib::Response& res, std::shared_ptr<Job> job, bool chat, b
   const char* object =
       chat ? (stream ? "chat.completion.chunk" : "chat.completion") : "text_completion";
   const bool want_lp = job->request.top_logprobs >= 0;
+  const bool per_token = job->request.timings_per_token;
   auto envelope = [=, this](json choice) {
     json j = {{"id", id},
               {"object", object},
@@ -254,6 +259,21 @@ void Api::respond(httplib::Response& res, std::shared_ptr<Job> job, bool chat, b
         done = true;
         break;
       }
+      if (e.progress) {
+        if (stream) {
+          json chunk = envelope(json::object());
+          chunk["choices"] = json::array();
+          chunk["prompt_progress"] = prompt_progress(*e.progress);
+          if (per_token) chunk["timings"] = timings(e);
+          sse(chunk);
+        }
+        continue;
+      }
+      // A token's chunk, with the timings so far where the request asks for them.
+      auto sse_token = [&](json j) {
+        if (per_token) j["timings"] = timings(e);
+        sse(j);
+      };
       if (stream && (!e.text.empty() || e.logprob)) {
         json lp = nullptr;
         if (e.logprob && chat) lp = {{"content", json::array({chat_logprob(*e.logprob)})}};
@@ -266,14 +286,14 @@ void Api::respond(httplib::Response& res, std::shared_ptr<Job> job, bool chat, b
         if (st->parse) {
           std::vector<nlohmann::ordered_json> ds = st->parse->push(e.text);
           if (ds.empty() && !lp.is_null()) ds.emplace_back(nlohmann::ordered_json::object());
-          for (const auto& d : ds) sse(delta_chunk(d, std::exchange(lp, nullptr)));
+          for (const auto& d : ds) sse_token(delta_chunk(d, std::exchange(lp, nullptr)));
         } else if (chat)
-          sse(envelope({{"index", 0},
+          sse_token(envelope({{"index", 0},
                         {"delta", {{"content", e.text}}},
                         {"logprobs", lp},
                         {"finish_reason", nullptr}}));
         else
-          sse(envelope(
+          sse_token(envelope(
               {{"index", 0}, {"text", e.text}, {"logprobs", lp}, {"finish_reason", nullptr}}));
       } else if (!stream) {
         if (e.logprob) {
@@ -396,8 +416,9 @@ void Api::generate(const httplib::Request& req, httplib::Response& res, bool cha
     choices(res, r, n);
     return;
   }
+  // __verbose (the prompt as rendered, ...) on request, or on every answer of a --verbose server.
   respond(res, submit(std::move(r), res), chat, stream, include_usage,
-          boolean(b, "verbose", false));
+          boolean(b, "verbose", a.s.verbose));
 }
 
 std::string Api::metrics() const {

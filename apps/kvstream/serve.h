@@ -45,6 +45,8 @@ struct ServeArgs {
 void add_llama_server_flags(CLI::App* c, ServeArgs& a);
 
 std::string dump(const json& j);
+// llama-server's prompt_progress object of a progress event.
+json prompt_progress(const Event::Progress& p);
 json error_body(const ApiError& e);
 void send_error(httplib::Response& res, const ApiError& e);
 

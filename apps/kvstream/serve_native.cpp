@@ -202,18 +202,21 @@ void Api::completion(const httplib::Request& req, httplib::Response& res, bool i
     std::optional<Event> end;
   };
   auto st = std::make_shared<std::vector<State>>(jobs.size());
+  // A token's entry of completion_probabilities: log-probabilities, or with
+  // post_sampling_probs the probabilities after the sampler's chain (llama-server's names).
   auto prob_json = [this](const TokenLogprob& t) {
+    const char* value = t.post_sampling ? "prob" : "logprob";
     json top = json::array();
     for (const auto& [id, lp] : t.top) {
       const std::string piece = tok.token_to_piece(id, true);
-      top.push_back({{"id", id}, {"token", piece}, {"bytes", bytes_of(piece)}, {"logprob", lp}});
+      top.push_back({{"id", id}, {"token", piece}, {"bytes", bytes_of(piece)}, {value, lp}});
     }
     const std::string piece = tok.token_to_piece(t.id, true);
     return json{{"id", t.id},
                 {"token", piece},
                 {"bytes", bytes_of(piece)},
-                {"logprob", t.logprob},
-                {"top_logprobs", top}};
+                {value, t.logprob},
+                {t.post_sampling ? "top_probs" : "top_logprobs", top}};
   };
   auto provider = [=, this](size_t, httplib::DataSink& sink) {
     auto cancel = [&] {
@@ -235,6 +238,16 @@ void Api::completion(const httplib::Request& req, httplib::Response& res, bool i
           failed = true;
           break;
         }
+        if (e.progress) {
+          if (stream) {
+            json chunk = {{"index", 0}, {"content", ""}, {"tokens", json::array()},
+                          {"stop", false}, {"id_slot", -1},
+                          {"prompt_progress", prompt_progress(*e.progress)}};
+            if (jobs[k]->request.timings_per_token) chunk["timings"] = timings(e);
+            out += "data: " + dump(chunk) + "\n\n";
+          }
+          continue;
+        }
         if (stream && !e.done) {
           json chunk = {{"index", 0},
                         {"content", e.text},
@@ -244,6 +257,7 @@ void Api::completion(const httplib::Request& req, httplib::Response& res, bool i
                         {"tokens_predicted", static_cast<int64_t>(s.tokens.size() + 1)},
                         {"tokens_evaluated", jobs[k]->request.prompt.size()}};
           if (e.logprob) chunk["completion_probabilities"] = json::array({prob_json(*e.logprob)});
+          if (jobs[k]->request.timings_per_token) chunk["timings"] = timings(e);
           out += "data: " + dump(chunk) + "\n\n";
         }
         s.text += e.text;

@@ -63,6 +63,7 @@ void Api::responses(const httplib::Request& req, httplib::Response& res) {
     bad(e.what());
   }
   const bool stream = boolean(body, "stream", false);
+  const bool per_token = r.timings_per_token;
   auto job = submit(std::move(r), res);
   const std::string resp_id = "resp_" + random_id(), msg_id = "msg_" + random_id();
   const std::time_t created = std::time(nullptr);
@@ -137,9 +138,19 @@ void Api::responses(const httplib::Request& req, httplib::Response& res) {
         done = true;
         break;
       }
+      if (e.progress) {
+        if (stream) {
+          json p = {{"response", response("in_progress", json::array(), nullptr)},
+                    {"prompt_progress", prompt_progress(*e.progress)}};
+          if (per_token) p["timings"] = timings(e);
+          sse("response.in_progress", std::move(p));
+        }
+        continue;
+      }
       if (stream && !e.text.empty()) {
         json delta = where;
         delta["delta"] = e.text;
+        if (per_token) delta["timings"] = timings(e);
         sse("response.output_text.delta", delta);
       }
       st->text += e.text;
@@ -154,7 +165,8 @@ void Api::responses(const httplib::Request& req, httplib::Response& res) {
         sse("response.output_text.done", text_done);
         sse("response.content_part.done", part_done);
         sse("response.output_item.done", {{"output_index", 0}, {"item", output[0]}});
-        sse("response.completed", {{"response", response("completed", output, &e)}});
+        sse("response.completed",
+            {{"response", response("completed", output, &e)}, {"timings", timings(e)}});
       } else {
         out = dump(response("completed", output, &e));
       }

@@ -260,6 +260,16 @@ int32_t Sampler::distribution(const float* logits, int32_t n_vocab) {
   return -1;
 }
 
+std::vector<std::pair<int32_t, float>> Sampler::last_distribution(size_t n) const {
+  std::vector<std::pair<int32_t, float>> out;
+  for (size_t i = 0; i < n_cand_; ++i)
+    if (cand_[i].logit > 0.0f)
+      out.emplace_back(cand_[i].id, static_cast<float>(static_cast<double>(cand_[i].logit) / total_));
+  std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  if (out.size() > n) out.resize(n);
+  return out;
+}
+
 int32_t Sampler::draw(double total) {
   const double r = uniform() * total;
   double acc = 0.0;

@@ -74,6 +74,10 @@ class Sampler {
   const SamplerParams& params() const { return p_; }
   // How many tokens survived the filters in the last sample() call (1 for greedy).
   int32_t last_candidates() const { return last_candidates_; }
+  // The last sample()'s distribution after the chain: its n most likely candidates and their
+  // probabilities, most likely first (llama-server's post_sampling_probs); empty for greedy,
+  // whose token had probability 1.
+  std::vector<std::pair<int32_t, float>> last_distribution(size_t n) const;
 
  private:
   struct Cand {

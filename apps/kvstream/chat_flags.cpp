@@ -33,14 +33,25 @@ void add_chat_template_flags(CLI::App* c, ChatTemplateArgs& a) {
 }
 
 void apply_chat_template_flags(Tokenizer& tok, const ChatTemplateArgs& a) {
-  const bool given = !a.chat_template.empty() || !a.chat_template_file.empty();
-  KVS_CHECK(!(a.no_jinja && given),
-            "--chat-template and --chat-template-file need Jinja; drop --no-jinja");
   KVS_CHECK(a.chat_template.empty() || a.chat_template_file.empty(),
             "give --chat-template or --chat-template-file, not both");
   if (a.no_jinja) {
+    // llama.cpp's formats without Jinja: a family by name or as detected in a template's text.
     tok.set_chat_format(nullptr);
-    return;
+    const std::string given =
+        a.chat_template_file.empty() ? a.chat_template : read_file(a.chat_template_file);
+    if (given.empty()) return;
+    const bool named = given == "chatml" || given == "llama3" || given == "llama2" || given == "gemma";
+    const std::string family = named ? given : Tokenizer::chat_family_of(given);
+    if (family != "none") {
+      tok.set_chat_family(family);
+      return;
+    }
+    // Another of llama.cpp's built-in formats (command-r) is kvstream's built-in template.
+    KVS_CHECK(!ChatFormat::builtin(a.chat_template).empty(),
+              a.chat_template_file.empty() ? "--chat-template" : "--chat-template-file",
+              " with --no-jinja must name a built-in format (", ChatFormat::builtin_names(),
+              ") or be a template of chatml, llama3, llama2 or gemma");
   }
   nlohmann::ordered_json kwargs = nlohmann::ordered_json::object();
   if (!a.chat_template_kwargs.empty()) {

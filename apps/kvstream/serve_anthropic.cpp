@@ -128,7 +128,7 @@ json chat_body(const json& b) {
   // Extended thinking: the template's enable_thinking follows it.
   if (b.contains("thinking") && b["thinking"].is_object())
     out["chat_template_kwargs"] = {{"enable_thinking", text_of(b["thinking"], "type") == "enabled"}};
-  for (const char* k : {"temperature", "top_p", "top_k", "max_tokens"})
+  for (const char* k : {"temperature", "top_p", "top_k", "max_tokens", "return_progress", "timings_per_token"})
     if (b.contains(k)) out[k] = b[k];
   if (b.contains("stop_sequences")) out["stop"] = b["stop_sequences"];
   return out;

@@ -44,7 +44,7 @@ void add_llama_server_flags(CLI::App* c, ServeArgs& a) {
         "--mlock", "--log-disable", "--no-warmup", "--warmup", "--no-context-shift",
         "--cache-prompt", "--no-cache-prompt", "--no-cache-idle-slots", "--no-mmproj",
         "--no-mmproj-auto", "--single-turn", "--no-perf", "--kv-offload",
-        "--swa-full", "--check-tensors"})
+        "--swa-full", "--check-tensors", "--backend-sampling", "--backend_sampling"})
     c->add_flag(f, flag_sink, "Accepted as in llama-server (no effect in kvstream)")
         ->group("llama-server compatibility");
   for (const char* f :

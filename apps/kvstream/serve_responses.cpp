@@ -46,7 +46,7 @@ json chat_body_of_response(const json& b) {
     bad("'input' must be a string or a list of messages", "input");
   }
   json out = {{"messages", msgs}};
-  for (const char* k : {"temperature", "top_p", "top_k", "seed"})
+  for (const char* k : {"temperature", "top_p", "top_k", "seed", "return_progress", "timings_per_token"})
     if (b.contains(k)) out[k] = b[k];
   if (b.contains("max_output_tokens")) out["max_tokens"] = b["max_output_tokens"];
   return out;

@@ -173,19 +173,7 @@ void Tokenizer::init_common(const tok::VocabData& v) {
   eog_.erase(std::unique(eog_.begin(), eog_.end()), eog_.end());
 
   const std::string& t = v.chat_template;
-  if (t.find("<|im_start|>") != std::string::npos) {
-    chat_family_ = "chatml";
-  } else if (t.find("<|start_header_id|>") != std::string::npos) {
-    chat_family_ = "llama3";
-  } else if (t.find("[INST]") != std::string::npos) {
-    chat_family_ = "llama2";
-  } else if (t.find("<start_of_turn>") != std::string::npos) {
-    chat_family_ = "gemma";
-  } else {
-    // No template (base models, Gemma's included though their vocab has the turn pieces) or
-    // one of another family: a plain completion, never a guessed format.
-    chat_family_ = "none";
-  }
+  chat_family_ = chat_family_of(t);
   has_chat_template_ = !t.empty();
   chat_template_ = t;
   if (!t.empty()) {
@@ -195,6 +183,16 @@ void Tokenizer::init_common(const tok::VocabData& v) {
       chat_format_error_ = e.what();
     }
   }
+}
+
+std::string Tokenizer::chat_family_of(const std::string& t) {
+  if (t.find("<|im_start|>") != std::string::npos) return "chatml";
+  if (t.find("<|start_header_id|>") != std::string::npos) return "llama3";
+  if (t.find("[INST]") != std::string::npos) return "llama2";
+  if (t.find("<start_of_turn>") != std::string::npos) return "gemma";
+  // No template (base models, Gemma's included though their vocab has the turn pieces) or one
+  // of another family: a plain completion, never a guessed format.
+  return "none";
 }
 
 ChatTokens Tokenizer::chat_tokens() const {

@@ -62,6 +62,10 @@ class Tokenizer {
   const std::string& chat_family() const { return chat_family_; }
   bool has_chat_template() const { return has_chat_template_; }
   std::string apply_chat_family(const std::vector<ChatMessage>& msgs) const;
+  // The family of a template's text ("none" where it is none of them), and replacing the
+  // file's (--no-jinja with --chat-template).
+  static std::string chat_family_of(const std::string& chat_template);
+  void set_chat_family(std::string family) { chat_family_ = std::move(family); }
 
   // The Jinja chat format prompts are rendered with (src/kvs/chat/chat_format.h): by default
   // the file's own tokenizer.chat_template where it parses, else none and the family's format

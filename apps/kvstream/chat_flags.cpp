@@ -67,8 +67,9 @@ void apply_chat_template_flags(Tokenizer& tok, const ChatTemplateArgs& a) {
     text = ChatFormat::builtin(a.chat_template);
     name = a.chat_template;
     if (text.empty()) {
-      KVS_CHECK(a.chat_template.find("{{") != std::string::npos ||
-                    a.chat_template.find("{%") != std::string::npos,
+      // A template's text (any with Jinja syntax or spaces, as llama-server renders it); a bare
+      // word is a name, and an unknown one is refused.
+      KVS_CHECK(a.chat_template.find_first_of("{ \n") != std::string::npos,
                 "--chat-template '", a.chat_template, "' is neither a built-in name (",
                 ChatFormat::builtin_names(), ") nor a Jinja template");
       text = a.chat_template;

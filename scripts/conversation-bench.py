@@ -48,6 +48,20 @@ def stop(proc):
     return time.perf_counter() - t0
 
 
+def machine():
+    """The CPU and its count, for figures from whichever machine ran them."""
+    name = "unknown"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import os
+    return {"cpu": name, "cpus": os.cpu_count()}
+
+
 def turn(url, prompt, n_gen):
     """One streamed completion: its time to first token, usage and the server's timings."""
     body = {"prompt": prompt, "max_tokens": n_gen, "temperature": 0, "ignore_eos": True,
@@ -97,8 +111,9 @@ def main():
     a = ap.parse_args()
     rng = random.Random(43)
     ids = lambda n: [rng.randrange(a.vocab // 30, a.vocab) for _ in range(n)]  # noqa: E731
-    flags = [*a.flags, "--cache-disk", a.cache_disk]
-    out = {"model": a.model, "flags": flags, "turn": a.turn, "next": a.next, "n_gen": a.n_gen}
+    flags = [*a.flags, "--cache-disk", a.cache_disk, "--metrics"]
+    out = {"model": a.model, "flags": flags, "turn": a.turn, "next": a.next, "n_gen": a.n_gen,
+           "machine": machine()}
 
     def log(name, r):
         print("%-10s %7d tokens, %7s cached: first token %.3f s (server prompt %.0f ms)"

@@ -2,9 +2,12 @@
 /completion against /v1/completions, /tokenize and /detokenize, /apply-template, the slot actions
 (save, erase, restore with --slot-save-path: a restored slot's prefix is reused and its greedy
 answer is the cold one; a corrupt file is refused by name), X-Api-Key and authentication_error,
-CORS preflights, llamacpp:* metrics and the flags llama-server's command lines carry.
+CORS preflights, llamacpp:* metrics and the flags llama-server's command lines carry; an
+assistant message continued (prefill, continue_final_message), return_progress,
+timings_per_token, post_sampling_probs, --reasoning off and --no-jinja --chat-template NAME.
 
 Usage: serve_llama.py KVSTREAM MODEL"""
+import json
 import os
 import sys
 import tempfile
@@ -135,9 +138,67 @@ def main():
         check(st == 200 and "Say hello" in vb["__verbose"]["prompt"], "verbose: %r" % vb)
         st, _, e = srv.http("POST", "/completion", {"prompt": "x", "grammar": 'root ::= "a"'})
         check(st == 200 and e["content"] == "a", "grammar: %d %r" % (st, e))
+        # An assistant message last is continued (llama-server's prefill): its text ends the
+        # prompt, after the template's opening of the assistant's turn.
+        pre = msgs + [{"role": "assistant", "content": [{"type": "text", "text": "Wh"},
+                                                       {"type": "text", "text": "ill"}]}]
+        st, _, vp = srv.http("POST", "/chat/completions", {"messages": pre, "max_tokens": 1,
+                                                          "verbose": True})
+        check(st == 200 and vp["__verbose"]["prompt"].endswith(
+            "<|im_start|>assistant\nWh\n\nill"), "prefill: %r" % vp.get("__verbose"))
+        st, _, e = srv.http("POST", "/chat/completions", {
+            "messages": pre, "max_tokens": 1, "continue_final_message": True,
+            "add_generation_prompt": True})
+        check(st == 400 and e["error"]["param"] == "continue_final_message", "%d %r" % (st, e))
+        st, _, e = srv.http("POST", "/chat/completions", {
+            "messages": pre + [{"role": "assistant", "content": "x"}], "max_tokens": 1})
+        check(st == 400, "two assistant messages last: %d %r" % (st, e))
+        st, _, ag = srv.http("POST", "/apply-template", {"messages": msgs,
+                                                        "add_generation_prompt": False})
+        check(st == 200 and not ag["prompt"].rstrip().endswith("assistant"), "%r" % ag)
+        # return_progress: a prompt_progress object after each chunk of -b 64 (-ub is accepted,
+        # -b is the step), the first before any, the last at the whole prompt; timings_per_token.
+        long_prompt = "the quick brown fox jumps over the lazy dog " * 20
+        st, _, text = srv.http("POST", "/completion", {
+            "prompt": long_prompt, "n_predict": 2, "stream": True, "return_progress": True,
+            "timings_per_token": True, "cache_prompt": False})
+        chunks = [json.loads(l[6:]) for l in text.splitlines() if l.startswith("data: ")]
+        prog = [c["prompt_progress"] for c in chunks if "prompt_progress" in c]
+        total = prog[-1]["total"] if prog else 0
+        check(st == 200 and len(prog) >= 2 and prog[0]["processed"] == prog[0]["cache"] and
+              prog[-1]["processed"] == total and
+              all(a["processed"] < b["processed"] for a, b in zip(prog, prog[1:])) and
+              all("timings" in c for c in chunks if "content" in c and c["content"]),
+              "return_progress: %r" % prog)
+        # post_sampling_probs: probabilities after the sampler's chain, summing to at most 1.
+        ps = completion(srv, {"prompt": PROMPT, "n_predict": 3, "n_probs": 5, "temperature": 1,
+                              "top_k": 5, "post_sampling_probs": True})
+        for t in ps["completion_probabilities"]:
+            check(0 < t["prob"] <= 1 and 1 <= len(t["top_probs"]) <= 5 and
+                  sum(p["prob"] for p in t["top_probs"]) <= 1 + 1e-5 and
+                  t["id"] in [p["id"] for p in t["top_probs"]], "post_sampling_probs %r" % t)
         st, _, sl = srv.http("GET", "/slots")
         check(st == 200 and all(s["is_processing"] is False for s in sl), "/slots %r" % sl)
         srv.stop()
+
+    # --reasoning off: templates get enable_thinking false; --no-jinja --chat-template NAME is
+    # llama.cpp's format of that name.
+    with tempfile.NamedTemporaryFile("w", suffix=".jinja", delete=False) as f:
+        f.write("{% for m in messages %}{{ m.content }}{% endfor %}"
+                "{% if enable_thinking %}[think]{% else %}[no think]{% endif %}")
+        tmpl = f.name
+    for flag, want in (("auto", "[think]"), ("off", "[no think]")):
+        srv = Server(BINARY, MODEL, "--chat-template-file", tmpl, "--reasoning", flag)
+        st, _, ap = srv.http("POST", "/apply-template", {"messages": [{"role": "user",
+                                                                      "content": "Hi"}]})
+        check(st == 200 and ap["prompt"] == "Hi" + want, "--reasoning %s: %r" % (flag, ap))
+        srv.stop()
+    os.unlink(tmpl)
+    srv = Server(BINARY, MODEL, "--no-jinja", "--chat-template", "llama3")
+    st, _, ap = srv.http("POST", "/apply-template", {"messages": [{"role": "user",
+                                                                  "content": "Hi"}]})
+    check(st == 200 and "<|start_header_id|>user<|end_header_id|>" in ap["prompt"], "%r" % ap)
+    srv.stop()
 
     # -c is split over the slots; X-Api-Key and authentication_error; several addresses.
     srv = Server(BINARY, MODEL, "-np", "2", "-c", "512", "--api-key", "k1,k2")

@@ -14,6 +14,7 @@
 namespace kvs::cli {
 
 void Job::push(Event e) {
+  if (e.done) prompt_read = true;
   {
     std::lock_guard<std::mutex> lock(mu_);
     events_.push_back(std::move(e));
@@ -563,7 +564,13 @@ void Scheduler::loop() {
     }
     const StepStats step = eng_.last_step();
     for (size_t i = 0; i < who.size(); ++i)
-      if (who[i]->next < 0) progress(*who[i]);
+      if (Slot& s = *who[i]; s.next < 0) {
+        progress(s);
+        if (s.fed == static_cast<int32_t>(s.job->request.prompt.size())) {
+          if (s.job->request.share_prompt) eng_.publish(s.seq);
+          s.job->prompt_read = true;
+        }
+      }
     // The recurrent checkpoints inside prompts and before their last tokens.
     for (size_t i = 0; i < who.size(); ++i)
       if (Slot& s = *who[i];

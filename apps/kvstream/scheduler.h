@@ -42,6 +42,9 @@ struct GenRequest {
   bool return_progress = false;  // llama-server's: an event after each prompt chunk
   bool timings_per_token = false;  // llama-server's: streamed chunks carry the timings so far
   bool post_sampling_probs = false;  // top_logprobs as probabilities after the sampler's chain
+  // The prompt's pages go into the prompt cache as soon as it is read (not when the answer
+  // ends), for the other choices of an n > 1 request to reuse.
+  bool share_prompt = false;
   int32_t id_slot = -1;        // the slot that must run it (llama-server's id_slot); -1: any
   std::vector<std::pair<int32_t, float>> logit_bias;  // added to a token's logit (-inf: never)
 };
@@ -88,6 +91,8 @@ class Job {
   const GenRequest request;
   // Set by the handler when its client is gone; the scheduler frees the sequence next step.
   std::atomic<bool> cancelled{false};
+  // Set by the scheduler once the prompt is read (or the job has ended).
+  std::atomic<bool> prompt_read{false};
 
   void push(Event e);
   // Moves the pending events into `out`, waiting up to `timeout_s` for one.

@@ -4,7 +4,8 @@
 answer is the cold one; a corrupt file is refused by name), X-Api-Key and authentication_error,
 CORS preflights, llamacpp:* metrics and the flags llama-server's command lines carry; an
 assistant message continued (prefill, continue_final_message), return_progress,
-timings_per_token, post_sampling_probs, --reasoning off and --no-jinja --chat-template NAME.
+timings_per_token, post_sampling_probs, --reasoning off and --no-jinja --chat-template NAME; n
+choices that read their prompt once.
 
 Usage: serve_llama.py KVSTREAM MODEL"""
 import json
@@ -209,6 +210,26 @@ def main():
     st, _, e = srv.http("POST", "/completion", {"prompt": "hi " * 300, "n_predict": 1},
                         headers={"Authorization": "Bearer k1"})
     check(st == 400 and e["error"]["n_ctx"] == 256, "-c 512 -np 2: %d %r" % (st, e))
+    srv.stop()
+    # n choices read the prompt once: the first puts its pages in the prompt cache as soon as it
+    # has read it, the others reuse them; greedy, each is the cold answer of a server without a
+    # cache, bit for bit in its text.
+    story = [{"role": "user", "content": "Write a long story about a cat who lives in a library "
+                                         "and reads every book on the shelves, through winter."}]
+    srv = Server(BINARY, MODEL, "--cache-ram", "0")
+    st, _, cold = srv.http("POST", "/chat/completions", {"messages": story, "max_tokens": 12,
+                                                        "temperature": 0})
+    srv.stop()
+    srv = Server(BINARY, MODEL, "-np", "3", "-c", "3072", "--metrics")
+    st, _, nc = srv.http("POST", "/chat/completions", {"messages": story, "max_tokens": 12,
+                                                      "temperature": 0, "n": 3})
+    m = srv.metrics()
+    want = cold["choices"][0]["message"]["content"]
+    p = nc["usage"]["prompt_tokens"]
+    check(st == 200 and [c["message"]["content"] for c in nc["choices"]] == [want] * 3,
+          "n=3 greedy against the cold answer %r: %r" % (want, nc))
+    check(m["prompt_cache_hits_total"] == 2 and m["prompt_cache_tokens_total"] == 2 * (p - 1),
+          "the other choices reused the first's prompt: %r of %d tokens" % (m, p))
     srv.stop()
     print("serve_llama: ok")
 

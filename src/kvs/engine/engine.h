@@ -194,6 +194,9 @@ class Engine {
   // the step after it) and close_sequence() at the end; the points of checkpoint_due are the
   // caller's, which knows the prompt.
   void checkpoint(const Sequence& s);
+  // With a prompt cache: puts s's pages so far (and a checkpoint at its end) into it now, as
+  // closing it would, for other sequences to reuse while s goes on.
+  void publish(const Sequence& s);
   // Whether checkpoints are kept: a prompt's last token is then read in a step of its own, so
   // that the state before it is a checkpoint (eval() does; so must other callers).
   bool keeps_checkpoints() const { return cache_ && shape_.n_recurrent > 0; }

@@ -439,6 +439,13 @@ void Engine::keep_pages(int32_t s) {
   sl.checkpoints.clear();
 }
 
+void Engine::publish(const Sequence& s) {
+  if (!cache_ || s.id < 0 || s.id >= opt_.n_seq || !slots_[static_cast<size_t>(s.id)].live) return;
+  dev_.sync();  // keep_pages reads the host copies of the written-back pages
+  reclaim(false);
+  keep_pages(s.id);
+}
+
 int32_t Engine::reuse_prefix(Sequence& s, const int32_t* tokens, int32_t n) {
   KVS_CHECK(
       s.id >= 0 && s.id < opt_.n_seq && slots_[static_cast<size_t>(s.id)].live && s.n_past == 0,

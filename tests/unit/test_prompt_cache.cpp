@@ -238,5 +238,42 @@ TEST(PromptCacheExact, SequencesShareACachedPrefixAtOnce) {
   sequences_share_a_cached_prefix_at_once(cpu(), 13);
 }
 
+// Engine::publish (serve's n choices): a sequence's prompt goes into the cache while it lives;
+// a second sequence reuses all of it but the last token and has the cold logits, and the first
+// goes on as if nothing happened; every layer kind, resident and streamed.
+TEST(PromptCacheExact, PublishedPromptsServeOtherSequencesAtOnce) {
+  for (const char* preset : {"tiny", "tiny-gemma3", "tiny-qwen35"})
+    for (const KvMode mode : {KvMode::Resident, KvMode::Stream}) {
+      SCOPED_TRACE(std::string(preset) + " " + kv_mode_name(mode));
+      auto m = Model::load(std::string("synthetic:") + preset);
+      std::mt19937 g(5);
+      const int32_t V = m->config.n_vocab;
+      const auto prompt = random_tokens(g, 70, V);
+      const int32_t n = static_cast<int32_t>(prompt.size());
+      const int32_t next = 3;
+      std::vector<float> want[2], got[2];  // [the second sequence, the first's next step]
+      for (const bool cached : {true, false}) {
+        auto dev = cpu()();
+        Engine e(*m, *dev, small_options(*m, mode, 2, cached));
+        Sequence a = e.open_sequence();
+        e.eval(a, prompt.data(), n);
+        if (cached) e.publish(a);
+        Sequence b = e.open_sequence();
+        const int32_t reused = e.reuse_prefix(b, prompt.data(), n);
+        if (cached) {
+          EXPECT_EQ(reused, n - 1);
+        }
+        const float* lb = e.eval(b, prompt.data() + reused, n - reused);
+        (cached ? got : want)[0].assign(lb, lb + V);
+        e.step({BatchEntry{&a, &next, 1}});
+        const float* la = e.logits(0);
+        (cached ? got : want)[1].assign(la, la + V);
+      }
+      for (int i = 0; i < 2; ++i)
+        ASSERT_EQ(std::memcmp(got[i].data(), want[i].data(), got[i].size() * sizeof(float)), 0)
+            << (i ? "the first sequence's next step" : "the second sequence");
+    }
+}
+
 }  // namespace
 }  // namespace kvs

@@ -205,12 +205,46 @@ std::string forced_tool(const json& b) {
 }
 
 // The grammar of an answer that is one call of `only` ("*": any of the tools) in the
-// template's convention, after the model's reasoning where it thinks first; "" where the
-// convention has no JSON form to constrain (Qwen3.5's XML parameters).
+// template's convention, after the model's reasoning where it thinks first.
+// Qwen3.5's XML call of one of the tools: <function=NAME> and <parameter=P> blocks of the
+// tool's parameter names, whose values are any text without "</" (the parser types them).
+std::string xml_call_gbnf(const ojson& tools, const std::string& only) {
+  std::string calls, rules;
+  int k = 0;
+  for (const ojson& t : tools) {
+    const ojson f = t.value("function", ojson::object());
+    if (!f.is_object() || !f.contains("name") || !f["name"].is_string()) continue;
+    const std::string name = f["name"].get<std::string>();
+    if (only != "*" && name != only) continue;
+    std::string params;
+    if (f.contains("parameters") && f["parameters"].is_object() &&
+        f["parameters"].contains("properties") && f["parameters"]["properties"].is_object())
+      for (const auto& [p, _] : f["parameters"]["properties"].items())
+        params += cat(params.empty() ? "" : " | ", ojson(p).dump());
+    const std::string r = cat("call-", k++);
+    calls += cat(calls.empty() ? "" : " | ", r);
+    rules += cat(r, " ::= \"<function=\" ", ojson(name).dump(), " \">\\n\" ");
+    if (!params.empty())
+      rules += cat("(\"<parameter=\" (", params, ") \">\\n\" xml-value \"\\n</parameter>\\n\")* ");
+    rules += "\"</function>\"\n";
+  }
+  if (calls.empty()) return "";
+  return cat("tool-call ::= ", calls, "\n", rules, "xml-value ::= ( [^<] | \"<\" [^/] )*\n");
+}
+
 std::string tool_call_gbnf(const ChatParseOptions& o, const std::string& only) {
   const char* args = o.tools == ToolSyntax::Hermes   ? "arguments"
                      : o.tools == ToolSyntax::Llama3 ? "parameters"
                                                      : nullptr;
+  if (o.tools == ToolSyntax::XmlParams && o.tool_defs.is_array()) {
+    std::string gbnf = xml_call_gbnf(o.tool_defs, only);
+    if (gbnf.empty()) bad(cat("'tool_choice' names '", only, "', which is not among the tools"), "tool_choice");
+    const std::string call = "\"<tool_call>\\n\" tool-call \"\\n</tool_call>\"";
+    const std::string think = "( [^<] | \"<\" [^/] )* \"</think>\" [ \\n]*";
+    if (o.thinking_open) return cat("root ::= ", think, " ", call, "\n", gbnf);
+    if (o.reasoning) return cat("root ::= (\"<think>\" ", think, ")? ", call, "\n", gbnf);
+    return cat("root ::= ", call, "\n", gbnf);
+  }
   if (!args || !o.tool_defs.is_array()) return "";
   ojson any = ojson::array();
   for (const ojson& t : o.tool_defs) {

@@ -352,6 +352,7 @@ struct ChatArgs {
   SharedArgs s;
   GenArgs g;
   SpecArgs spec;
+  ChatTemplateArgs tmpl;
   std::string json_out;
   bool conversation = false;
 };
@@ -359,7 +360,8 @@ struct ChatArgs {
 }  // namespace
 
 void chat_session(const SharedArgs& s, const GenArgs& g, const SpecArgs& spec,
-                  const std::string& first, const std::string& json_out) {
+                  const ChatTemplateArgs& tmpl, const std::string& first,
+                  const std::string& json_out) {
   KVS_CHECK(s.parallel == "1", "chat: -np/--parallel is 1 (one conversation)");
   n_predict_of(g);  // a bad -n fails before the model loads
   const std::string backend = backend_of(s);
@@ -367,6 +369,7 @@ void chat_session(const SharedArgs& s, const GenArgs& g, const SpecArgs& spec,
   apply_threads(s);
   const size_t vram = vram_limit_of(s);
   auto model = Model::load(s.model);
+  apply_chat_template_flags(*model->tokenizer, tmpl);
   EngineOptions eo = engine_options(s, model->config);
   apply_speculation(spec, eo, backend);
   const auto draft_model = load_draft(spec, *model);
@@ -448,11 +451,12 @@ void register_chat(CLI::App& app) {
   add_shared(c, a->s, kModel);
   add_generation(c, a->g);
   add_speculation(c, a->spec);
+  add_chat_template_flags(c, a->tmpl);
   c->add_flag("--conversation,-i,--interactive", a->conversation, "-cnv: accepted (chat is)");
   add_shared(c, a->s, kAllShared & ~kModel);
   c->add_option("--json", a->json_out,
                 "Write the conversation (messages, per-turn tokens and timings) to this file");
-  c->callback([a] { chat_session(a->s, a->g, a->spec, "", a->json_out); });
+  c->callback([a] { chat_session(a->s, a->g, a->spec, a->tmpl, "", a->json_out); });
 }
 
 }  // namespace kvs::cli

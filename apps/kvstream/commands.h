@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "chat_flags.h"
 #include "kvs/backend/device.h"
 #include "options.h"
 
@@ -29,6 +30,7 @@ void register_serve(CLI::App& app);
 
 // The interactive chat of `chat` and `run -cnv`; `first`, when not empty, is the first message.
 void chat_session(const SharedArgs& s, const GenArgs& g, const SpecArgs& spec,
-                  const std::string& first, const std::string& json_out);
+                  const ChatTemplateArgs& tmpl, const std::string& first,
+                  const std::string& json_out);
 
 }  // namespace kvs::cli

@@ -28,6 +28,7 @@ struct RunArgs {
   std::string prompt, file, tokens, logits_out, mtp_logits_out, json_out;
   SpecArgs spec;
   GrammarArgs grammar;
+  ChatTemplateArgs tmpl;  // --jinja, --chat-template, ... (chat_flags.h)
   bool has_prompt = false, chat = false, conversation = false, no_conversation = false;
   // llama-cli's: -r (text that ends the generation, kept in it), -e (escapes in the prompt),
   // --color and --no-display-prompt (kvstream prints only the generated text, uncoloured).
@@ -534,7 +535,7 @@ void run(RunArgs& a) {
     KVS_CHECK(a.file.empty() && a.tokens.empty() && a.logits_out.empty(),
               "-cnv/--conversation takes -p (the first message), not -f, --tokens or "
               "--logits-out");
-    chat_session(a.s, a.g, a.spec, a.has_prompt ? a.prompt : "", a.json_out);
+    chat_session(a.s, a.g, a.spec, a.tmpl, a.has_prompt ? a.prompt : "", a.json_out);
     return;
   }
   KVS_CHECK(given == 1,
@@ -551,6 +552,7 @@ void run(RunArgs& a) {
 
   const double t_load = now();
   auto model = Model::load(a.s.model);
+  apply_chat_template_flags(*model->tokenizer, a.tmpl);
   EngineOptions eo = engine_options(a.s, model->config);
   apply_speculation(a.spec, eo, backend);
   const auto draft_model = load_draft(a.spec, *model);
@@ -614,6 +616,7 @@ void register_run(CLI::App& app) {
   add_generation(c, a->g);
   add_grammar(c, a->grammar);
   c->add_flag("--chat", a->chat, "Wrap the prompt in the model's chat template");
+  add_chat_template_flags(c, a->tmpl);
   c->add_flag("--conversation,-i,--interactive", a->conversation,
               "-cnv: interactive chat, as `kvstream chat` (-p: the first message); also when "
               "no -p, -f or --tokens is given");

@@ -110,6 +110,33 @@ TEST_F(SmolLM2, SystemPromptFlagsAgree) {
   EXPECT_EQ(prompt_tokens("--system \"You are a pirate.\""), sys);
 }
 
+// llama-cli's template flags in run and chat: a template by name, from a file, without Jinja.
+TEST_F(SmolLM2, ChatTemplateFlagsInRunAndChat) {
+  auto prompt_tokens = [&](const std::string& cmd) {
+    const auto js = test::temp_dir("cli") / "tmpl.json";
+    const Outcome o = kvstream(cmd + " --json " + js.string());
+    EXPECT_EQ(o.status, 0) << cmd << "\n" << o.err;
+    return nlohmann::json::parse(test::slurp(js))["prompt_tokens"];
+  };
+  const auto file = test::temp_dir("cli") / "bang.jinja";
+  {
+    std::ofstream(file) << "{% for m in messages %}{{ m.content }}!{% endfor %}";
+  }
+  // The file's template renders "hi!", which is what a plain prompt of "hi!" reads.
+  EXPECT_EQ(prompt_tokens("run" + m + "--chat -p hi -n 0 --chat-template-file " + file.string()),
+            prompt_tokens("run" + m + "-p hi! -n 0"));
+  const auto own = prompt_tokens("run" + m + "--chat -p hi -n 0");
+  const auto llama3 = prompt_tokens("run" + m + "--chat -p hi -n 0 --chat-template llama3");
+  EXPECT_NE(llama3, own);
+  EXPECT_NE(prompt_tokens("run" + m + "--chat -p hi -n 0 --no-jinja --chat-template llama3"),
+            own);
+  const Outcome bad = kvstream("run" + m + "--chat -p hi -n 0 --chat-template nosuch");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.err.find("chatml"), std::string::npos) << bad.err;
+  const Outcome chat = kvstream("chat" + m + "-n 2 --chat-template-file " + file.string(), "hi\n");
+  EXPECT_EQ(chat.status, 0) << chat.err;
+}
+
 TEST(LlamaFlags, GpuLayersChooseTheBackend) {
   expect_ok(kvstream(kTiny + "-n 2 -ngl 0"), "-ngl 0");
   expect_ok(kvstream(kTiny + "-n 2 --n-gpu-layers 0 --backend cpu"), "--n-gpu-layers 0");

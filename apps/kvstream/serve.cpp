@@ -412,8 +412,8 @@ void Api::generate(const httplib::Request& req, httplib::Response& res, bool cha
   }
   const int64_t n = integer(b, "n", 1, 1, 16);
   if (n > 1) {
-    if (stream || !chat) bad("'n' above 1 is for chat requests that are not streamed", "n");
-    choices(res, r, n);
+    if (r.top_logprobs >= 0) bad("log-probabilities are not given for 'n' above 1", "n");
+    choices(res, r, n, chat, stream, include_usage);
     return;
   }
   // __verbose (the prompt as rendered, ...) on request, or on every answer of a --verbose server.

@@ -74,8 +74,9 @@ struct Api {
   // verbose: the answer carries llama-server's __verbose (the native answer, prompt included).
   void respond(httplib::Response& res, std::shared_ptr<Job> job, bool chat, bool stream,
                bool include_usage, bool verbose = false);
-  // serve_choices.cpp: a chat answer of n > 1 choices, each its own sequence (not streamed).
-  void choices(httplib::Response& res, const GenRequest& r, int64_t n);
+  // serve_choices.cpp: an answer of n > 1 choices, each its own sequence, whole or streamed.
+  void choices(httplib::Response& res, const GenRequest& r, int64_t n, bool chat, bool stream,
+               bool include_usage);
   void generate(const httplib::Request& req, httplib::Response& res, bool chat);
   std::shared_ptr<Job> submit(GenRequest r, httplib::Response& res);
   std::string metrics() const;

@@ -1,6 +1,8 @@
-// n > 1 on the chat endpoint: n sequences of the same prompt, each with its own seed (the
-// request's seed plus the choice's index, or random), answered together as n choices; the
-// prompt is read once, its pages shared through the prompt cache.
+// n > 1: n sequences of the same prompt, each with its own seed (the request's seed plus the
+// choice's index, or random), answered together as n choices, whole or streamed (each chunk
+// one choice's, by its index); the prompt is read once, its pages shared through the prompt
+// cache.
+#include <ctime>
 #include <memory>
 #include <optional>
 
@@ -9,7 +11,8 @@
 
 namespace kvs::cli {
 
-void Api::choices(httplib::Response& res, const GenRequest& r, int64_t n) {
+void Api::choices(httplib::Response& res, const GenRequest& r, int64_t n, bool chat, bool stream,
+                  bool include_usage) {
   // With a prompt cache the first choice reads the prompt and puts its pages there; the others
   // are queued once it has, and reuse them instead of reading it again.
   const bool share = eo.cache_ram > 0;
@@ -30,9 +33,28 @@ void Api::choices(httplib::Response& res, const GenRequest& r, int64_t n) {
   struct State {
     std::string text;
     std::optional<Event> end;
+    std::unique_ptr<ChatStream> parse;  // a chat stream's parser (reasoning, tool calls)
+    bool started = false;               // a chat stream's first delta (the role) is sent
   };
   auto st = std::make_shared<std::vector<State>>(static_cast<size_t>(n));
-  const std::string id = "chatcmpl-" + random_id();
+  const std::string id = cat(chat ? "chatcmpl-" : "cmpl-", random_id());
+  const std::time_t created = std::time(nullptr);
+  const char* object =
+      chat ? (stream ? "chat.completion.chunk" : "chat.completion") : "text_completion";
+  auto envelope = [=, this](json list) {
+    return json{{"id", id},
+                {"object", object},
+                {"created", created},
+                {"model", model_id},
+                {"system_fingerprint", fingerprint()},
+                {"choices", std::move(list)}};
+  };
+  // A stream's chunk of choice k: a chat delta or a completion's text.
+  auto chunk = [=](size_t k, json delta_or_text, json finish) {
+    json c = {{"index", k}, {"logprobs", nullptr}, {"finish_reason", std::move(finish)}};
+    c[chat ? "delta" : "text"] = std::move(delta_or_text);
+    return envelope(json::array({std::move(c)}));
+  };
   auto provider = [=, this](size_t, httplib::DataSink& sink) {
     auto cancel = [&] {
       for (const auto& j : *jobs) j->cancelled = true;
@@ -40,7 +62,8 @@ void Api::choices(httplib::Response& res, const GenRequest& r, int64_t n) {
     };
     if (!sink.is_writable()) return cancel();
     bool all = true;
-    std::string error;
+    std::string error, out;
+    auto sse = [&](const json& j) { out += "data: " + dump(j) + "\n\n"; };
     if (jobs->size() < static_cast<size_t>(n) && jobs->front()->prompt_read) {
       for (auto i = static_cast<int64_t>(jobs->size()); i < n; ++i) {
         auto job = std::make_shared<Job>(choice(i, false));
@@ -54,13 +77,32 @@ void Api::choices(httplib::Response& res, const GenRequest& r, int64_t n) {
     for (size_t k = 0; k < jobs->size() && error.empty(); ++k) {
       State& s = (*st)[k];
       if (s.end) continue;
+      if (stream && chat && !s.started) {
+        s.started = true;
+        if (r.chat.enabled) s.parse = std::make_unique<ChatStream>(r.chat);
+        sse(chunk(k, {{"role", "assistant"}, {"content", nullptr}}, nullptr));
+      }
       std::vector<Event> events;
       (*jobs)[k]->pop(events, 0.1 / static_cast<double>(jobs->size()));
       for (Event& e : events) {
         if (!e.error.empty()) error = e.error;
         s.text += e.text;
+        if (stream && !e.text.empty()) {
+          if (s.parse)
+            for (const auto& d : s.parse->push(e.text)) sse(chunk(k, json::parse(d.dump()), nullptr));
+          else
+            sse(chunk(k, chat ? json{{"content", e.text}} : json(e.text), nullptr));
+        }
         if (e.done) {
           count_end(e);
+          if (stream) {
+            std::string finish = e.finish_reason;
+            if (s.parse) {
+              for (const auto& d : s.parse->finish()) sse(chunk(k, json::parse(d.dump()), nullptr));
+              if (s.parse->has_tool_calls() && finish == "stop") finish = "tool_calls";
+            }
+            sse(chunk(k, chat ? json::object() : json(""), finish));
+          }
           s.end = std::move(e);
           break;
         }
@@ -68,18 +110,28 @@ void Api::choices(httplib::Response& res, const GenRequest& r, int64_t n) {
       all &= s.end.has_value();
     }
     all &= jobs->size() == static_cast<size_t>(n);
-    std::string out;
-    if (!error.empty()) {
+    const bool failed = !error.empty();
+    if (failed) {
       for (const auto& j : *jobs) j->cancelled = true;
-      out = dump(error_body(ApiError{500, error, "server_error"}));
+      const json err = error_body(ApiError{500, error, "server_error"});
+      if (stream)
+        sse(err);
+      else
+        out = dump(err);
     } else if (all) {
       json list = json::array();
       int64_t completion = 0;
       for (size_t k = 0; k < jobs->size(); ++k) {
         const State& s = (*st)[k];
         completion += s.end->completion_tokens;
-        json message = {{"role", "assistant"}, {"content", s.text}};
+        if (stream) continue;
         std::string finish = s.end->finish_reason;
+        if (!chat) {
+          list.push_back({{"index", k}, {"text", s.text}, {"logprobs", nullptr},
+                          {"finish_reason", finish}});
+          continue;
+        }
+        json message = {{"role", "assistant"}, {"content", s.text}};
         if (r.chat.enabled) {  // reasoning and tool calls, as a single answer's
           ChatStream parse(r.chat);
           parse.push(s.text);
@@ -93,28 +145,32 @@ void Api::choices(httplib::Response& res, const GenRequest& r, int64_t n) {
                         {"finish_reason", finish}});
       }
       const Event& first = *(*st)[0].end;
-      out = dump({{"id", id},
-                  {"object", "chat.completion"},
-                  {"created", std::time(nullptr)},
-                  {"model", model_id},
-                  {"system_fingerprint", fingerprint()},
-                  {"choices", list},
-                  {"usage",
-                   {{"prompt_tokens", first.prompt_tokens},
-                    {"completion_tokens", completion},
-                    {"total_tokens", first.prompt_tokens + completion}}}});
+      const json u = {{"prompt_tokens", first.prompt_tokens},
+                      {"completion_tokens", completion},
+                      {"total_tokens", first.prompt_tokens + completion}};
+      if (stream) {
+        if (include_usage) {
+          json last = envelope(json::array());
+          last["usage"] = u;
+          sse(last);
+        }
+        out += "data: [DONE]\n\n";
+      } else {
+        json j = envelope(std::move(list));
+        j["usage"] = u;
+        out = dump(j);
+      }
     }
-    if (!out.empty()) {
-      if (!sink.write(out.data(), out.size())) return cancel();
-      sink.done();
-    }
+    if (!out.empty() && !sink.write(out.data(), out.size())) return cancel();
+    if (failed || all) sink.done();
     return true;
   };
   auto release = [jobs](bool ok) {
     if (!ok)
       for (const auto& j : *jobs) j->cancelled = true;
   };
-  res.set_chunked_content_provider("application/json", provider, release);
+  res.set_chunked_content_provider(stream ? "text/event-stream" : "application/json", provider,
+                                   release);
 }
 
 }  // namespace kvs::cli

@@ -5,7 +5,7 @@ answer is the cold one; a corrupt file is refused by name), X-Api-Key and authen
 CORS preflights, llamacpp:* metrics and the flags llama-server's command lines carry; an
 assistant message continued (prefill, continue_final_message), return_progress,
 timings_per_token, post_sampling_probs, --reasoning off and --no-jinja --chat-template NAME; n
-choices that read their prompt once.
+choices that read their prompt once, whole and streamed, chat and completion.
 
 Usage: serve_llama.py KVSTREAM MODEL"""
 import json
@@ -230,6 +230,29 @@ def main():
           "n=3 greedy against the cold answer %r: %r" % (want, nc))
     check(m["prompt_cache_hits_total"] == 2 and m["prompt_cache_tokens_total"] == 2 * (p - 1),
           "the other choices reused the first's prompt: %r of %d tokens" % (m, p))
+    # Streamed, each chunk one choice's by its index: they add up to the whole answer's.
+    st, _, text = srv.http("POST", "/chat/completions", {
+        "messages": story, "max_tokens": 12, "temperature": 0, "n": 3, "stream": True,
+        "stream_options": {"include_usage": True}})
+    got, finish, usage = ["", "", ""], [None] * 3, None
+    for line in text.splitlines():
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        c = json.loads(line[6:])
+        usage = c.get("usage") or usage
+        for ch in c["choices"]:
+            got[ch["index"]] += ch["delta"].get("content") or ""
+            finish[ch["index"]] = ch["finish_reason"] or finish[ch["index"]]
+    check(st == 200 and got == [want] * 3 and finish == ["length"] * 3 and
+          usage["completion_tokens"] == 36 and text.endswith("data: [DONE]\n\n"),
+          "n=3 streamed: %r %r %r" % (got, finish, usage))
+    st, _, cc = srv.http("POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 6,
+                                                    "temperature": 0, "n": 2})
+    check(st == 200 and [c["index"] for c in cc["choices"]] == [0, 1] and
+          cc["choices"][0]["text"] == cc["choices"][1]["text"], "completion n=2: %r" % cc)
+    st, _, e = srv.http("POST", "/chat/completions", {"messages": story, "max_tokens": 2, "n": 2,
+                                                      "logprobs": True})
+    check(st == 400 and e["error"]["param"] == "n", "n with logprobs: %d %r" % (st, e))
     srv.stop()
     print("serve_llama: ok")
 

@@ -207,7 +207,8 @@ std::string forced_tool(const json& b) {
 // The grammar of an answer that is one call of `only` ("*": any of the tools) in the
 // template's convention, after the model's reasoning where it thinks first.
 // Qwen3.5's XML call of one of the tools: <function=NAME> and <parameter=P> blocks of the
-// tool's parameter names, whose values are any text without "</" (the parser types them).
+// tool's parameters, whose values follow the parameter's type where it is a number, an integer
+// or a boolean, and are any text without "</" otherwise (the parser reads them so).
 std::string xml_call_gbnf(const ojson& tools, const std::string& only) {
   std::string calls, rules;
   int k = 0;
@@ -219,17 +220,29 @@ std::string xml_call_gbnf(const ojson& tools, const std::string& only) {
     std::string params;
     if (f.contains("parameters") && f["parameters"].is_object() &&
         f["parameters"].contains("properties") && f["parameters"]["properties"].is_object())
-      for (const auto& [p, _] : f["parameters"]["properties"].items())
-        params += cat(params.empty() ? "" : " | ", ojson(p).dump());
+      for (const auto& [p, schema] : f["parameters"]["properties"].items()) {
+        std::string type;
+        if (const auto it = schema.find("type"); it != schema.end() && it->is_string())
+          type = it->get<std::string>();
+        const char* value = type == "integer"   ? "xml-int"
+                            : type == "number"  ? "xml-num"
+                            : type == "boolean" ? "xml-bool"
+                                                : "xml-value";
+        params += cat(params.empty() ? "" : " | ", "\"<parameter=\" ", ojson(p).dump(),
+                      " \">\\n\" ", value, " \"\\n</parameter>\\n\"");
+      }
     const std::string r = cat("call-", k++);
     calls += cat(calls.empty() ? "" : " | ", r);
     rules += cat(r, " ::= \"<function=\" ", ojson(name).dump(), " \">\\n\" ");
-    if (!params.empty())
-      rules += cat("(\"<parameter=\" (", params, ") \">\\n\" xml-value \"\\n</parameter>\\n\")* ");
+    if (!params.empty()) rules += cat("(", params, ")* ");
     rules += "\"</function>\"\n";
   }
   if (calls.empty()) return "";
-  return cat("tool-call ::= ", calls, "\n", rules, "xml-value ::= ( [^<] | \"<\" [^/] )*\n");
+  return cat("tool-call ::= ", calls, "\n", rules,
+             "xml-value ::= ( [^<] | \"<\" [^/] )*\n"
+             "xml-int ::= \"-\"? [0-9]+\n"
+             "xml-num ::= \"-\"? [0-9]+ (\".\" [0-9]+)? ([eE] [-+]? [0-9]+)?\n"
+             "xml-bool ::= \"true\" | \"false\"\n");
 }
 
 std::string tool_call_gbnf(const ChatParseOptions& o, const std::string& only) {

@@ -59,6 +59,55 @@ TOOLS = [{"type": "function", "function": {
                    "required": ["city"]}}}]
 
 
+# Qwen3.5's convention (the parser and the forced call's grammar follow <function=...> and
+# <parameter=...> blocks).
+XML_TEMPLATE = r"""{%- if tools %}<|im_start|>system
+You have these functions:
+{%- for tool in tools %}
+{{ tool.function | tojson }}
+{%- endfor %}
+To call one, answer:
+<tool_call>
+<function=NAME>
+<parameter=PARAM>
+VALUE
+</parameter>
+</function>
+</tool_call><|im_end|>
+{% endif %}
+{%- for m in messages %}<|im_start|>{{ m.role }}
+{{ m.content }}<|im_end|>
+{% endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+
+def xml_call(binary, model):
+    """tool_choice required in the XML convention: the call's values follow their types."""
+    with tempfile.NamedTemporaryFile("w", suffix=".jinja", delete=False) as f:
+        f.write(XML_TEMPLATE)
+        tmpl = f.name
+    srv = Server(binary, model, "--chat-template-file", tmpl)
+    try:
+        client = OpenAI(base_url=srv.url + "/v1", api_key="none")
+        timer = [{"type": "function", "function": {
+            "name": "set_timer", "description": "Start a timer.",
+            "parameters": {"type": "object", "properties": {"minutes": {"type": "integer"},
+                                                            "loud": {"type": "boolean"}},
+                           "required": ["minutes"]}}}]
+        r = client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "Set a timer for ten minutes."}],
+            tools=timer, tool_choice="required", max_tokens=48, temperature=0)
+        calls = r.choices[0].message.tool_calls or []
+        check(r.choices[0].finish_reason == "tool_calls" and len(calls) == 1 and
+              calls[0].function.name == "set_timer" and
+              isinstance(json.loads(calls[0].function.arguments).get("minutes"), int),
+              "an XML call with an integer: %r" % r.choices[0])
+    finally:
+        srv.stop()
+        os.unlink(tmpl)
+
+
 def agent_loop(srv, client):
     """An agent's loop end to end: tool_choice "required" holds the answer to a call (by a
     grammar in the template's convention), the client runs the tool and sends its result, the
@@ -187,6 +236,8 @@ def main():
         agent_loop(srv, client)
     finally:
         srv.stop()
+
+    xml_call(binary, model)
 
     # The model's own template (SmolLM2's adds its system prompt) and --no-jinja's ChatML
     # differ by that prompt; --reasoning-format none is accepted.

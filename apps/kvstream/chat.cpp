@@ -387,11 +387,11 @@ void chat_session(const SharedArgs& s, const GenArgs& g, const SpecArgs& spec,
   Chat chat(s, g, speculator, *model, eng);
   const bool terminal = isatty(STDIN_FILENO) != 0;
   std::fprintf(stderr,
-               "kvstream: chat with %s (%s template), -c %d, %d threads, seed %llu\n"
+               "kvstream: chat with %s (%s), -c %d, %d threads, seed %llu\n"
                "kvstream: /clear starts a new conversation, /stats shows the context used and "
                "speed, /save NAME and /load NAME keep a conversation, Ctrl-C stops an answer, "
                "Ctrl-D quits\n",
-               s.model.c_str(), tok.chat_family().c_str(), eo.n_ctx, thread_pool().size(),
+               s.model.c_str(), chat_template_name(tok).c_str(), eo.n_ctx, thread_pool().size(),
                static_cast<unsigned long long>(chat.seed()));
   catch_interrupt(false);
   auto save = [&] {

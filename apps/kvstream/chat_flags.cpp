@@ -32,6 +32,14 @@ void add_chat_template_flags(CLI::App* c, ChatTemplateArgs& a) {
       ->capture_default_str();
 }
 
+std::string chat_template_name(const Tokenizer& tok) {
+  if (const ChatFormat* f = tok.chat_format())
+    return f->source() == tok.chat_template() ? "its own chat template"
+                                              : cat("chat template ", f->name());
+  if (tok.chat_family() == "none") return "no chat template";
+  return cat(tok.chat_family(), " chat format");
+}
+
 void apply_chat_template_flags(Tokenizer& tok, const ChatTemplateArgs& a) {
   KVS_CHECK(a.chat_template.empty() || a.chat_template_file.empty(),
             "give --chat-template or --chat-template-file, not both");

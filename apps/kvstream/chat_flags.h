@@ -24,5 +24,8 @@ void add_chat_template_flags(CLI::App* c, ChatTemplateArgs& a);
 // that does not parse, its line and column. Says on stderr when the model's own template
 // cannot be used.
 void apply_chat_template_flags(Tokenizer& tok, const ChatTemplateArgs& a);
+// How chats are formatted, for the start line: the model's own Jinja template, one given by
+// name or file, a family's format without Jinja, or none.
+std::string chat_template_name(const Tokenizer& tok);
 
 }  // namespace kvs::cli

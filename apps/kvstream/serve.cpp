@@ -785,9 +785,9 @@ void serve(const ServeArgs& a) {
   const PromptCacheStats* pc = eng.prompt_cache_stats();
   std::fprintf(
       stderr,
-      "kvstream: serving %s (%s template) on http://%s:%d, %d slots of -c %d, -b %d, "
+      "kvstream: serving %s (%s) on http://%s:%d, %d slots of -c %d, -b %d, "
       "kv-mode %s, arena %s, prompt cache %s, %d threads%s\n",
-      id.c_str(), model->tokenizer->chat_family().c_str(), a.host.c_str(), port, eo.n_seq, eo.n_ctx,
+      id.c_str(), chat_template_name(*model->tokenizer).c_str(), a.host.c_str(), port, eo.n_seq, eo.n_ctx,
       eo.n_batch, kv_mode_name(eo.kv_mode), format_bytes(eng.arena_bytes()).c_str(),
       pc ? format_bytes(pc->budget).c_str() : "off", thread_pool().size(),
       a.spec.on() ? cat(", --spec ", a.spec.kind(), " up to ", a.spec.draft_max, " drafts").c_str()

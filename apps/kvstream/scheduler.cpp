@@ -504,9 +504,11 @@ void Scheduler::loop() {
     }
     for (Slot& s : slots_)
       if (s.job && s.job->cancelled) {
+        {  // counted before the slot shows idle, which a client may be waiting for
+          std::lock_guard<std::mutex> lock(mu_);
+          ++stats_.cancelled;
+        }
         release(s);
-        std::lock_guard<std::mutex> lock(mu_);
-        ++stats_.cancelled;
       }
     // One token of every decoding sequence, then prompt chunks in what is left of -b, the
     // sequences admitted first served first.

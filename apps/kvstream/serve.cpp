@@ -178,6 +178,31 @@ json Api::chat_logprob(const TokenLogprob& t) const {
   return j;
 }
 
+void provide(httplib::Response& res, std::shared_ptr<Job> job, bool stream,
+             std::function<bool(std::vector<Event>& events, std::string& out)> write) {
+  auto provider = [job, write = std::move(write)](size_t, httplib::DataSink& sink) {
+    std::vector<Event> events;
+    job->pop(events, 0.1);
+    if (!sink.is_writable()) {
+      job->cancelled = true;
+      return false;
+    }
+    std::string out;
+    const bool done = write(events, out);
+    if (!out.empty() && !sink.write(out.data(), out.size())) {
+      job->cancelled = true;
+      return false;
+    }
+    if (done) sink.done();
+    return true;
+  };
+  auto release = [job](bool ok) {
+    if (!ok) job->cancelled = true;
+  };
+  res.set_chunked_content_provider(stream ? "text/event-stream" : "application/json", provider,
+                                   release);
+}
+
 // Writes one job's answer: SSE chunks while it runs (stream), or one JSON object at the end.
 // The provider returns false when the client is gone, which cancels the job.
 void Api::respond(httplib::Response& res, std::shared_ptr<Job> job, bool chat, bool stream,
@@ -232,14 +257,7 @@ void Api::respond(httplib::Response& res, std::shared_ptr<Job> job, bool chat, b
                 {"top_logprobs", s.lp_top},
                 {"text_offset", s.lp_offsets}};
   };
-  auto provider = [=, this](size_t, httplib::DataSink& sink) {
-    std::vector<Event> events;
-    job->pop(events, 0.1);
-    if (!sink.is_writable()) {
-      job->cancelled = true;
-      return false;
-    }
-    std::string out;
+  provide(res, job, stream, [=, this](std::vector<Event>& events, std::string& out) {
     auto sse = [&](const json& j) { out += "data: " + dump(j) + "\n\n"; };
     if (stream && chat && !st->started) {
       st->started = true;
@@ -356,20 +374,8 @@ void Api::respond(httplib::Response& res, std::shared_ptr<Job> job, bool chat, b
       }
       break;
     }
-    if (!out.empty() && !sink.write(out.data(), out.size())) {
-      job->cancelled = true;
-      return false;
-    }
-    if (done) sink.done();
-    return true;
-  };
-  auto release = [job](bool ok) {
-    if (!ok) job->cancelled = true;
-  };
-  if (stream)
-    res.set_chunked_content_provider("text/event-stream", provider, release);
-  else
-    res.set_chunked_content_provider("application/json", provider, release);
+    return done;
+  });
 }
 
 std::string Api::random_id() {
@@ -533,24 +539,13 @@ json Api::model_json() const {
 }
 
 void Api::routes(httplib::Server& svr) {
-  auto guard = [](auto fn) {
-    return [fn](const httplib::Request& req, httplib::Response& res) {
-      try {
-        fn(req, res);
-      } catch (const ApiError& e) {
-        send_error(res, e);
-      } catch (const std::exception& e) {
-        send_error(res, ApiError{500, e.what(), "server_error"});
-      }
-    };
-  };
   // OpenAI's paths, and llama-server's chat path without /v1 (its /completions is its own).
   for (const char* path : {"/v1/chat/completions", "/chat/completions"})
-    svr.Post(path, guard([this](const auto& req, auto& res) { generate(req, res, true); }));
+    svr.Post(path, guarded([this](const auto& req, auto& res) { generate(req, res, true); }));
   svr.Post("/v1/completions",
-           guard([this](const auto& req, auto& res) { generate(req, res, false); }));
+           guarded([this](const auto& req, auto& res) { generate(req, res, false); }));
   // The chat page (chat_page.html, embedded at build time); it asks for the key itself.
-  svr.Get("/", guard([this](const auto&, auto& res) {
+  svr.Get("/", guarded([this](const auto&, auto& res) {
     if (a.no_ui) throw ApiError{404, "no chat page (--no-ui)", "invalid_request_error", "not_found"};
     res.set_content(kChatPage, "text/html");
   }));
@@ -570,12 +565,12 @@ void Api::routes(httplib::Server& svr) {
   auto not_supported = [](const std::string& what) {
     return ApiError{501, what, "not_supported_error", "", "", {{"code", 501}}};
   };
-  svr.Get("/metrics", guard([this, not_supported](const auto&, auto& res) {
+  svr.Get("/metrics", guarded([this, not_supported](const auto&, auto& res) {
     if (!a.metrics) throw not_supported("this server has no metrics endpoint (start it with --metrics)");
     res.set_header("Process-Start-Time-Unix", std::to_string(started));
     res.set_content(metrics() + llamacpp_metrics(), "text/plain; version=0.0.4");
   }));
-  svr.Get("/slots", guard([this, not_supported](const auto&, auto& res) {
+  svr.Get("/slots", guarded([this, not_supported](const auto&, auto& res) {
     if (!a.slots) throw not_supported("this server has no slots endpoint (started with --no-slots)");
     res.set_content(dump(slots()), "application/json");
   }));

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <ctime>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -45,10 +46,29 @@ struct ServeArgs {
 void add_llama_server_flags(CLI::App* c, ServeArgs& a);
 
 std::string dump(const json& j);
+
 // llama-server's prompt_progress object of a progress event.
 json prompt_progress(const Event::Progress& p);
 json error_body(const ApiError& e);
 void send_error(httplib::Response& res, const ApiError& e);
+// A handler whose ApiError is the answer, and whose other exceptions are a 500.
+template <class F>
+auto guarded(F fn) {
+  return [fn](const httplib::Request& req, httplib::Response& res) {
+    try {
+      fn(req, res);
+    } catch (const ApiError& e) {
+      send_error(res, e);
+    } catch (const std::exception& e) {
+      send_error(res, ApiError{500, e.what(), "server_error"});
+    }
+  };
+}
+// Answers one job: the events popped as they come become `out` by `write`, which returns true
+// once the answer is whole; sent as Server-Sent Events (stream) or one JSON body. A client that
+// goes away cancels the job.
+void provide(httplib::Response& res, std::shared_ptr<Job> job, bool stream,
+             std::function<bool(std::vector<Event>& events, std::string& out)> write);
 
 struct Api {
   const ServeArgs& a;

@@ -143,25 +143,14 @@ json tool_input(const std::string& arguments) {
 }  // namespace
 
 void Api::anthropic_routes(httplib::Server& svr) {
-  auto guard = [](auto fn) {
-    return [fn](const httplib::Request& req, httplib::Response& res) {
-      try {
-        fn(req, res);
-      } catch (const ApiError& e) {
-        send_error(res, e);
-      } catch (const std::exception& e) {
-        send_error(res, ApiError{500, e.what(), "server_error"});
-      }
-    };
-  };
-  svr.Post("/v1/messages/count_tokens", guard([this](const auto& req, auto& res) {
+  svr.Post("/v1/messages/count_tokens", guarded([this](const auto& req, auto& res) {
     const json b = chat_body(parse_body(req.body));
     const auto ids = tok.encode(rules.chat_text(b), true, true);
     res.set_content(dump({{"input_tokens", ids.size()}}), "application/json");
   }));
-  svr.Post("/v1/messages", guard([this](const auto& req, auto& res) { messages(req, res); }));
+  svr.Post("/v1/messages", guarded([this](const auto& req, auto& res) { messages(req, res); }));
   for (const char* path : {"/v1/responses", "/responses"})
-    svr.Post(path, guard([this](const auto& req, auto& res) { responses(req, res); }));
+    svr.Post(path, guarded([this](const auto& req, auto& res) { responses(req, res); }));
 }
 
 void Api::messages(const httplib::Request& req, httplib::Response& res) {
@@ -200,14 +189,7 @@ void Api::messages(const httplib::Request& req, httplib::Response& res) {
                 {"cache_read_input_tokens", e.cached_tokens},
                 {"cache_creation_input_tokens", 0}};
   };
-  auto provider = [=, this](size_t, httplib::DataSink& sink) {
-    std::vector<Event> events;
-    job->pop(events, 0.1);
-    if (!sink.is_writable()) {
-      job->cancelled = true;
-      return false;
-    }
-    std::string out;
+  provide(res, job, stream, [=, this](std::vector<Event>& events, std::string& out) {
     auto sse = [&](const char* type, json j) {
       j["type"] = type;
       out += cat("event: ", type, "\ndata: ", dump(j), "\n\n");
@@ -327,18 +309,8 @@ void Api::messages(const httplib::Request& req, httplib::Response& res) {
       }
       break;
     }
-    if (!out.empty() && !sink.write(out.data(), out.size())) {
-      job->cancelled = true;
-      return false;
-    }
-    if (done) sink.done();
-    return true;
-  };
-  auto release = [job](bool ok) {
-    if (!ok) job->cancelled = true;
-  };
-  res.set_chunked_content_provider(stream ? "text/event-stream" : "application/json", provider,
-                                   release);
+    return done;
+  });
 }
 
 }  // namespace kvs::cli

@@ -434,21 +434,10 @@ std::string Api::llamacpp_metrics() const {
 }
 
 void Api::native_routes(httplib::Server& svr) {
-  auto guard = [](auto fn) {
-    return [fn](const httplib::Request& req, httplib::Response& res) {
-      try {
-        fn(req, res);
-      } catch (const ApiError& e) {
-        send_error(res, e);
-      } catch (const std::exception& e) {
-        send_error(res, ApiError{500, e.what(), "server_error"});
-      }
-    };
-  };
   for (const char* path : {"/completion", "/completions"})
-    svr.Post(path, guard([this](const auto& req, auto& res) { completion(req, res, false); }));
-  svr.Post("/infill", guard([this](const auto& req, auto& res) { completion(req, res, true); }));
-  svr.Post("/tokenize", guard([this](const auto& req, auto& res) {
+    svr.Post(path, guarded([this](const auto& req, auto& res) { completion(req, res, false); }));
+  svr.Post("/infill", guarded([this](const auto& req, auto& res) { completion(req, res, true); }));
+  svr.Post("/tokenize", guarded([this](const auto& req, auto& res) {
     const json b = parse_body(req.body);
     if (!b.contains("content") || !b["content"].is_string())
       bad("'content' must be a string", "content");
@@ -466,7 +455,7 @@ void Api::native_routes(httplib::Server& svr) {
     }
     res.set_content(dump({{"tokens", tokens}}), "application/json");
   }));
-  svr.Post("/detokenize", guard([this](const auto& req, auto& res) {
+  svr.Post("/detokenize", guarded([this](const auto& req, auto& res) {
     const json b = parse_body(req.body);
     std::vector<int32_t> ids;
     if (b.contains("tokens") && !b["tokens"].is_array()) bad("'tokens' must be a list", "tokens");
@@ -477,25 +466,25 @@ void Api::native_routes(httplib::Server& svr) {
     }
     res.set_content(dump({{"content", tok.decode(ids, true)}}), "application/json");
   }));
-  svr.Post("/apply-template", guard([this](const auto& req, auto& res) {
+  svr.Post("/apply-template", guarded([this](const auto& req, auto& res) {
     res.set_content(dump({{"prompt", rules.chat_text(parse_body(req.body))}}), "application/json");
   }));
   // llama-server's count of a chat request's prompt tokens.
   for (const char* path : {"/chat/completions/input_tokens", "/v1/chat/completions/input_tokens"})
-    svr.Post(path, guard([this](const auto& req, auto& res) {
+    svr.Post(path, guarded([this](const auto& req, auto& res) {
       const auto ids = tok.encode(rules.chat_text(parse_body(req.body)), true, true);
       res.set_content(dump({{"input_tokens", ids.size()}}), "application/json");
     }));
-  svr.Get("/props", guard([this](const auto&, auto& res) {
+  svr.Get("/props", guarded([this](const auto&, auto& res) {
     res.set_content(dump(props()), "application/json");
   }));
-  svr.Post("/props", guard([this](const auto&, auto&) {
+  svr.Post("/props", guarded([this](const auto&, auto&) {
     throw ApiError{a.props ? 501 : 403,
                    a.props ? "kvstream has no properties to change yet"
                            : "changing properties needs --props",
                    "not_supported_error", "", "", {{"code", a.props ? 501 : 403}}};
   }));
-  svr.Post(R"(/slots/([^/]+))", guard([this](const auto& req, auto& res) { slot_action(req, res); }));
+  svr.Post(R"(/slots/([^/]+))", guarded([this](const auto& req, auto& res) { slot_action(req, res); }));
 }
 
 }  // namespace kvs::cli

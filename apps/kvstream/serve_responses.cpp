@@ -106,14 +106,7 @@ void Api::responses(const httplib::Request& req, httplib::Response& res) {
                 {"role", "assistant"},
                 {"content", std::move(content)}};
   };
-  auto provider = [=, this](size_t, httplib::DataSink& sink) {
-    std::vector<Event> events;
-    job->pop(events, 0.1);
-    if (!sink.is_writable()) {
-      job->cancelled = true;
-      return false;
-    }
-    std::string out;
+  provide(res, job, stream, [=, this](std::vector<Event>& events, std::string& out) {
     auto sse = [&](const char* type, json j) {
       j["type"] = type;
       j["sequence_number"] = st->seq++;
@@ -172,18 +165,8 @@ void Api::responses(const httplib::Request& req, httplib::Response& res) {
       }
       break;
     }
-    if (!out.empty() && !sink.write(out.data(), out.size())) {
-      job->cancelled = true;
-      return false;
-    }
-    if (done) sink.done();
-    return true;
-  };
-  auto release = [job](bool ok) {
-    if (!ok) job->cancelled = true;
-  };
-  res.set_chunked_content_provider(stream ? "text/event-stream" : "application/json", provider,
-                                   release);
+    return done;
+  });
 }
 
 }  // namespace kvs::cli

@@ -115,7 +115,13 @@ def main():
     out = {"model": a.model, "flags": flags, "turn": a.turn, "next": a.next, "n_gen": a.n_gen,
            "machine": machine()}
 
+    def save():  # after every phase: a run cut short still leaves its figures
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(out, f, indent=1)
+
     def log(name, r):
+        save()
         print("%-10s %7d tokens, %7s cached: first token %.3f s (server prompt %.0f ms)"
               % (name, r["prompt_tokens"], r["cached_tokens"], r["ttft_s"],
                  r["prompt_ms"] or 0), flush=True)
@@ -155,9 +161,7 @@ def main():
     finally:
         if proc.poll() is None:
             stop(proc)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(out, f, indent=1)
+    save()
 
 
 if __name__ == "__main__":

@@ -98,6 +98,8 @@ void register_serve(CLI::App& app) {
   c->add_option("-n,--n-predict", a->g.n_predict,
                 "Default max_tokens of a request (-1: until the context is full)")
       ->capture_default_str();
+  c->add_flag("--ignore-eos", a->g.ignore_eos,
+              "Default ignore_eos of a request: generate past end-of-generation tokens");
   add_sampling(c, a->g);
   add_speculation(c, a->spec);
   add_chat_template_flags(c, a->chat);

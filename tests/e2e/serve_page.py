@@ -125,9 +125,10 @@ def main():
     if not exe:
         print("SKIP: chromium is not installed (scripts/setup.sh installs it)")
         sys.exit(77)  # ctest's SKIP_RETURN_CODE for this test
-    # An arena too small for the second turn's history, so that some of it streams.
+    # An arena too small for the second turn's history, so that some of it streams; answers
+    # past end-of-generation, so that the long one is still streaming when Stop is clicked.
     srv = Server(binary, model, "-np", "2", "-c", "2048", "-b", "64", "--page-size", "16",
-                 "--kv-arena", "3M", "--ring-chunk", "64K", "--api-key", KEY)
+                 "--kv-arena", "3M", "--ring-chunk", "64K", "--api-key", KEY, "--ignore-eos")
     b = None
     try:
         status, hdrs, page = srv.http("GET", "/")
@@ -181,7 +182,7 @@ def main():
               in a2["stats"], "nothing of the long history streamed: " + a2["stats"])
 
         # Stop: a long answer, stopped once text has streamed in, frees its slot.
-        b.js("$('max').value = 1000; $('input').value = 'Count from 1 to 500, one number a "
+        b.js("$('max').value = 600; $('input').value = 'Count from 1 to 500, one number a "
              "line.'; $('ask').requestSubmit()")
         b.wait("document.querySelectorAll('.assistant').length === 3 && "
                "(%s.firstChild.data.length > 8)" % LAST, "text streaming in")

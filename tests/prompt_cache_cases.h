@@ -319,7 +319,9 @@ inline void sequences_share_a_cached_prefix_at_once(const MakeDevice& make, int3
         Engine e(*m, *dev, small_options(*m, mode, 3, cached));
         if (cached) {
           Sequence s = e.open_sequence();
-          e.eval(s, prompt.data(), static_cast<int32_t>(prompt.size()));
+          const auto n = static_cast<int32_t>(prompt.size());
+          for (int32_t j = 0; j < n; j += chunk)  // steps no larger than the cold run's
+            e.step({BatchEntry{&s, prompt.data() + j, std::min(chunk, n - j)}});
           for (const int32_t t : gen) e.step({BatchEntry{&s, &t, 1}});
           e.close_sequence(s);
         }

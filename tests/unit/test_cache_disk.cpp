@@ -168,6 +168,39 @@ TEST(CacheDisk, BrokenAndForeignFilesAreRefusedByName) {
   EXPECT_TRUE(found(*other, a).empty());
 }
 
+// A long match reads its pages' files all at once; one that does not check ends the match
+// before it, and the pages after it that did check stay cached.
+TEST(CacheDisk, ACorruptPageEndsAMatchReadAtOnce) {
+  TempDir d;
+  const auto a = pages({1, 2, 3});
+  {
+    auto c = cache_on(d.path, 6);
+    for (int32_t n = 1; n <= 3; ++n)
+      insert(*c, std::vector<int32_t>(a.begin(), a.begin() + n * P), n * P);
+  }  // all three written as the cache goes
+  ASSERT_EQ(entry_files(d.path).size(), 3u);
+  // The middle page's file: its first token (after the 80-byte header) is 2.
+  int corrupted = 0;
+  for (const fs::path& f : entry_files(d.path)) {
+    std::fstream io(f, std::ios::in | std::ios::out | std::ios::binary);
+    int32_t first = 0;
+    io.seekg(80);
+    io.read(reinterpret_cast<char*>(&first), 4);
+    if (first != 2) continue;
+    io.seekp(static_cast<std::streamoff>(fs::file_size(f) - 12));
+    io.put('\x7f');
+    ++corrupted;
+  }
+  ASSERT_EQ(corrupted, 1);
+  auto c = cache_on(d.path, 6);  // room for the pages and their checkpoints
+  int32_t state = 0;
+  EXPECT_EQ(found(*c, a, &state), (std::vector<int32_t>{1}));
+  EXPECT_EQ(state, P);
+  EXPECT_TRUE(warned(*c, "corrupt", ".kvpc"));
+  EXPECT_EQ(c->stats().disk_reads, 2);
+  EXPECT_TRUE(entry_files(d.path).empty());  // every file read went to RAM or was dropped
+}
+
 TEST(CacheDisk, OneProcessADirectoryAndWritesThatFailWarn) {
   TempDir d;
   auto c = cache_on(d.path, 2);

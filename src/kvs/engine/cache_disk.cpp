@@ -14,6 +14,7 @@
 #include <memory>
 
 #include "kvs/util/error.h"
+#include "kvs/util/threadpool.h"
 
 namespace kvs {
 namespace {
@@ -223,41 +224,50 @@ void CacheDisk::put(const DiskEntry& head, const uint8_t* kv, const uint8_t* win
   ++writes_;
 }
 
-bool CacheDisk::take(uint64_t key, uint8_t* kv, uint8_t* window,
-                     const std::vector<uint8_t*>& states) {
-  const DiskEntry* d = find(key);
-  if (!d) return false;
-  const std::string path = path_of(key);
-  bool ok = false;
-  {
-    File f{std::fopen(path.c_str(), "rb")};
-    Header h{};
-    CacheChecksum sum;
-    const auto read = [&](void* p, size_t n) {
-      if (!ok || n == 0) return;
-      ok = std::fread(p, 1, n, f.f) == n;
-      sum.add(p, n);
-    };
-    ok = f.f != nullptr;
-    read(&h, sizeof(h));
-    ok = ok && std::memcmp(h.magic, kMagic, 8) == 0 && h.version == kVersion &&
-         h.fingerprint == fingerprint_ && h.key == key && h.n_tokens == d->tokens.size() &&
-         h.n_checkpoints == d->checkpoints.size() && (h.window != 0) == d->window &&
-         h.page_bytes == shape_.page_bytes && h.window_bytes == shape_.window_bytes &&
-         h.state_bytes == shape_.state_bytes && states.size() == d->checkpoints.size();
-    std::vector<int32_t> skip(h.n_tokens + h.n_checkpoints);
-    if (ok) read(skip.data(), 4 * skip.size());
-    read(kv, shape_.page_bytes);
-    if (d->window) read(window, shape_.window_bytes);
-    for (uint8_t* s : states) read(s, shape_.state_bytes);
-    uint64_t v = 0;
-    if (ok) ok = std::fread(&v, sizeof(v), 1, f.f) == 1 && v == sum.h;
-    ok = ok && std::fgetc(f.f) == EOF;
+bool CacheDisk::read(const DiskEntry& d, const Take& t) const {
+  File f{std::fopen(path_of(d.key).c_str(), "rb")};
+  Header h{};
+  CacheChecksum sum;
+  bool ok = f.f != nullptr;
+  const auto get = [&](void* p, size_t n) {
+    if (!ok || n == 0) return;
+    ok = std::fread(p, 1, n, f.f) == n;
+    sum.add(p, n);
+  };
+  get(&h, sizeof(h));
+  ok = ok && std::memcmp(h.magic, kMagic, 8) == 0 && h.version == kVersion &&
+       h.fingerprint == fingerprint_ && h.key == d.key && h.n_tokens == d.tokens.size() &&
+       h.n_checkpoints == d.checkpoints.size() && (h.window != 0) == d.window &&
+       h.page_bytes == shape_.page_bytes && h.window_bytes == shape_.window_bytes &&
+       h.state_bytes == shape_.state_bytes && t.states.size() == d.checkpoints.size();
+  std::vector<int32_t> skip(ok ? h.n_tokens + h.n_checkpoints : 0);
+  get(skip.data(), 4 * skip.size());
+  get(t.kv, shape_.page_bytes);
+  if (d.window) get(t.window, shape_.window_bytes);
+  for (uint8_t* s : t.states) get(s, shape_.state_bytes);
+  uint64_t v = 0;
+  if (ok) ok = std::fread(&v, sizeof(v), 1, f.f) == 1 && v == sum.h;
+  return ok && std::fgetc(f.f) == EOF;
+}
+
+void CacheDisk::take(std::vector<Take>& takes) {
+  std::vector<const DiskEntry*> entries;
+  for (const Take& t : takes) entries.push_back(find(t.key));
+  thread_pool().parallel_for(static_cast<int64_t>(takes.size()), 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      auto& t = takes[static_cast<size_t>(i)];
+      const DiskEntry* d = entries[static_cast<size_t>(i)];
+      t.ok = d && read(*d, t);
+    }
+  });
+  for (size_t i = 0; i < takes.size(); ++i) {
+    if (!entries[i]) continue;
+    if (!takes[i].ok)
+      warnings_.push_back(
+          cat("--cache-disk: ", path_of(takes[i].key), ": corrupt (its checksum); not loaded"));
+    reads_ += takes[i].ok;
+    forget(takes[i].key);
   }
-  if (!ok) warnings_.push_back(cat("--cache-disk: ", path, ": corrupt (its checksum); not loaded"));
-  reads_ += ok;
-  forget(key);
-  return ok;
 }
 
 }  // namespace kvs

@@ -69,10 +69,18 @@ class CacheDisk {
   // past the limit; a failure (disk full, unwritable) warns and turns writing off.
   void put(const DiskEntry& head, const uint8_t* kv, const uint8_t* window,
            const std::vector<const uint8_t*>& states);
-  // Reads entry `key` into kv [page_bytes], window [window_bytes] where it has one, and its
-  // states, after checking the file; false (a warning, the entry forgotten) where it does not
-  // check. The file goes either way: the entry moves to RAM.
-  bool take(uint64_t key, uint8_t* kv, uint8_t* window, const std::vector<uint8_t*>& states);
+  // Where take() puts an entry: kv [page_bytes], window [window_bytes] where it has one, and
+  // one state per checkpoint; whether its file checked.
+  struct Take {
+    uint64_t key = 0;
+    uint8_t *kv = nullptr, *window = nullptr;
+    std::vector<uint8_t*> states;
+    bool ok = false;
+  };
+  // Reads the entries (their files at once, on the thread pool: a long conversation is
+  // hundreds of them), each after checking its file; an entry that does not check is not ok (a
+  // warning). The files go either way: the entries move to RAM.
+  void take(std::vector<Take>& takes);
 
   size_t bytes() const { return bytes_; }
   int64_t reads() const { return reads_; }
@@ -84,6 +92,7 @@ class CacheDisk {
   std::string path_of(uint64_t key) const;
   void forget(uint64_t key);  // drops the index's entry and its file
   bool forget_oldest();       // the least recently written; false where none is left
+  bool read(const DiskEntry& d, const Take& t) const;  // any thread
   void index_file(const std::string& path);
 
   std::string dir_;

@@ -9,6 +9,7 @@
 #include "kvs/engine/cache_disk.h"
 #include "kvs/engine/engine.h"
 #include "kvs/util/error.h"
+#include "kvs/util/threadpool.h"
 
 namespace kvs {
 namespace {
@@ -30,6 +31,16 @@ uint64_t fingerprint(const std::string& bytes) {
   std::vector<int32_t> words((bytes.size() + 3) / 4, 0);
   std::memcpy(words.data(), bytes.data(), bytes.size());
   return chain_key(bytes.size(), words.data(), static_cast<int32_t>(words.size()));
+}
+
+// Copies of `bytes` each (dst, src), on the thread pool: a resumed conversation's history is
+// gigabytes, which one thread copies in a large part of a second.
+void copy_all(const std::vector<std::pair<uint8_t*, const uint8_t*>>& copies, size_t bytes) {
+  thread_pool().parallel_for(static_cast<int64_t>(copies.size()), 4, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i)
+      std::memcpy(copies[static_cast<size_t>(i)].first, copies[static_cast<size_t>(i)].second,
+                  bytes);
+  });
 }
 
 }  // namespace
@@ -87,39 +98,57 @@ bool PromptCache::on_disk(uint64_t parent, uint64_t key, const int32_t* tokens, 
          std::equal(d->tokens.begin(), d->tokens.end(), tokens);
 }
 
-PromptCache::Iter PromptCache::from_disk(uint64_t key) {
-  const DiskEntry* d = disk_->find(key);
-  if (!d || index_.count(key)) return lru_.end();
-  const DiskEntry head = *d;  // make_room may write others, and the disk forget this one
-  const size_t bytes = entry_bytes(static_cast<int32_t>(head.tokens.size()), head.window) +
-                       head.checkpoints.size() * shape_.state_bytes;
-  if (!make_room(bytes) || !disk_->find(key)) return lru_.end();
-  lru_.emplace_front();
-  const Iter it = lru_.begin();
-  it->key = key;
-  it->parent = head.parent;
-  it->tokens = head.tokens;
-  it->kv = std::make_unique_for_overwrite<uint8_t[]>(shape_.page_bytes);
-  if (head.window) it->window = std::make_unique_for_overwrite<uint8_t[]>(shape_.window_bytes);
-  std::vector<uint8_t*> states;
-  for (const int32_t pos : head.checkpoints) {
-    it->checkpoints.push_back({pos, std::make_unique_for_overwrite<uint8_t[]>(shape_.state_bytes)});
-    states.push_back(it->checkpoints.back().state.get());
+std::vector<PromptCache::Iter> PromptCache::from_disk(const std::vector<uint64_t>& keys) {
+  std::vector<Iter> out(keys.size(), lru_.end());
+  std::vector<CacheDisk::Take> takes;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const DiskEntry* d = disk_->find(keys[i]);
+    if (!d || index_.count(keys[i])) break;
+    const DiskEntry head = *d;  // make_room may write others, and the disk forget this one
+    const size_t bytes = entry_bytes(static_cast<int32_t>(head.tokens.size()), head.window) +
+                         head.checkpoints.size() * shape_.state_bytes;
+    if (!make_room(bytes) || !disk_->find(keys[i])) break;
+    lru_.emplace_front();
+    const Iter it = lru_.begin();
+    it->key = keys[i];
+    it->parent = head.parent;
+    it->tokens = head.tokens;
+    it->bytes = bytes;
+    it->pinned = generation_;
+    stats_.bytes += bytes;  // counted now: the next make_room must see it
+    CacheDisk::Take& t = takes.emplace_back();
+    t.key = keys[i];
+    t.kv = (it->kv = std::make_unique_for_overwrite<uint8_t[]>(shape_.page_bytes)).get();
+    if (head.window)
+      t.window = (it->window = std::make_unique_for_overwrite<uint8_t[]>(shape_.window_bytes)).get();
+    for (const int32_t pos : head.checkpoints) {
+      it->checkpoints.push_back({pos, std::make_unique_for_overwrite<uint8_t[]>(shape_.state_bytes)});
+      t.states.push_back(it->checkpoints.back().state.get());
+    }
+    out[i] = it;
   }
-  const bool ok = disk_->take(key, it->kv.get(), it->window.get(), states);
+  disk_->take(takes);
   disk_stats();
-  if (!ok) {
-    lru_.pop_front();
-    return lru_.end();
+  bool chained = true;
+  for (size_t i = 0; i < takes.size(); ++i) {
+    const Iter it = out[i];
+    if (!takes[i].ok || !chained) {
+      // A file that did not check, or an entry past it: kept where it read, but not in this
+      // chain.
+      if (!takes[i].ok) {
+        stats_.bytes -= it->bytes;
+        lru_.erase(it);
+      }
+      out[i] = lru_.end();
+      chained = false;
+      if (!takes[i].ok) continue;
+    }
+    stats_.checkpoints += static_cast<int64_t>(it->checkpoints.size());
+    stats_.checkpoint_bytes += it->checkpoints.size() * shape_.state_bytes;
+    index_[it->key] = it;
+    children_.emplace(it->parent, it);
   }
-  it->bytes = bytes;
-  it->pinned = generation_;
-  stats_.bytes += bytes;
-  stats_.checkpoints += static_cast<int64_t>(it->checkpoints.size());
-  stats_.checkpoint_bytes += it->checkpoints.size() * shape_.state_bytes;
-  index_[key] = it;
-  children_.emplace(head.parent, it);
-  return it;
+  return out;
 }
 
 PromptCache::Iter PromptCache::lookup(uint64_t parent, uint64_t key, const int32_t* tokens,
@@ -193,17 +222,35 @@ CacheHit PromptCache::find(const int32_t* tokens, int32_t max_n) {
   ++generation_;  // entries read back from disk must not evict those matched before them
   const int32_t P = shape_.page_tokens;
   std::vector<Iter> chain;  // pages matched whole
+  std::vector<uint64_t> keys;  // of the chain's pages
+  std::vector<uint64_t> disk_keys;  // of those on disk only, read back all at once below
   uint64_t parent = 0;
   for (int32_t i = 0; (i + 1) * P <= max_n; ++i) {
     const int32_t* t = tokens + static_cast<size_t>(i) * P;
     const uint64_t key = chain_key(parent, t, P);
-    Iter it = lookup(parent, key, t, P);
-    if (it == lru_.end() && on_disk(parent, key, t, P)) it = from_disk(key);
-    if (it == lru_.end()) break;
-    it->pinned = generation_;  // at the front: eviction takes from the back
-    lru_.splice(lru_.begin(), lru_, it);
+    const Iter it = lookup(parent, key, t, P);
+    if (it != lru_.end()) {
+      it->pinned = generation_;  // at the front: eviction takes from the back
+      lru_.splice(lru_.begin(), lru_, it);
+    } else if (on_disk(parent, key, t, P)) {
+      disk_keys.push_back(key);
+    } else {
+      break;
+    }
     chain.push_back(it);
+    keys.push_back(key);
     parent = key;
+  }
+  if (!disk_keys.empty()) {
+    const std::vector<Iter> read = from_disk(disk_keys);
+    for (size_t i = 0, d = 0; i < chain.size(); ++i) {
+      if (chain[i] == lru_.end()) chain[i] = read[d++];
+      if (chain[i] == lru_.end()) {  // not read back: the chain ends before it
+        chain.resize(i);
+        parent = i > 0 ? keys[i - 1] : 0;
+        break;
+      }
+    }
   }
   // The next page: of the children sharing leading tokens (a page that differs later, or a
   // sequence's partial last page), the one a resume reaches furthest with: the most tokens, or
@@ -251,7 +298,7 @@ CacheHit PromptCache::find(const int32_t* tokens, int32_t max_n) {
     }
     if (best_n > 0) {
       if (tail != lru_.end()) tail->pinned = generation_, lru_.splice(lru_.begin(), lru_, tail);
-      if (const Iter it = from_disk(best); it != lru_.end()) tail = it, tail_n = best_n;
+      if (const Iter it = from_disk({best})[0]; it != lru_.end()) tail = it, tail_n = best_n;
     }
   }
   // Where a resume could start, best first: for recurrent models the checkpoints, else the
@@ -418,6 +465,7 @@ void Engine::keep_pages(int32_t s) {
   // The window pages a later query may see; host mode keeps them all.
   const int32_t window_first =
       host_dev_ ? 0 : std::max(0, sl.n_past - cache_->shape().window_back) / P;
+  std::vector<std::pair<uint8_t*, const uint8_t*>> copies;
   cache_->insert(
       sl.tokens.data(), sl.n_past, window_first,
       [&](int32_t p, uint8_t* kv, uint8_t* window) {
@@ -429,13 +477,14 @@ void Engine::keep_pages(int32_t s) {
           // The host store's copy where it has one (written back: close_sequence synchronised
           // first); the tail page and the window pages are in frames.
           if (host_ && (host_dev_ || (full(il) && p < done)))
-            std::memcpy(to, host_->page(s, store_layer(il), p), page);
+            copies.emplace_back(to, host_->page(s, store_layer(il), p));
           else
             dev_.download(
                 to, pool_->frame(sl.frames[static_cast<size_t>(il)][static_cast<size_t>(p)]), page);
         }
       },
       std::move(sl.checkpoints));
+  copy_all(copies, page);
   sl.checkpoints.clear();
 }
 
@@ -459,6 +508,7 @@ int32_t Engine::reuse_prefix(Sequence& s, const int32_t* tokens, int32_t n) {
   const size_t page = kv_.page_bytes();
   const int32_t pages = static_cast<int32_t>(hit.kv.size()), done = hit.n / P;
   const int32_t window_first = host_dev_ ? 0 : std::max(0, hit.n - cache_->shape().window_back) / P;
+  std::vector<std::pair<uint8_t*, const uint8_t*>> copies;
   for (int32_t il = 0, f = 0, w = 0; il < cfg_.n_layer; ++il) {
     if (recurrent(il)) continue;
     const bool is_full = full(il);
@@ -467,7 +517,7 @@ int32_t Engine::reuse_prefix(Sequence& s, const int32_t* tokens, int32_t n) {
     for (int32_t p = 0; p < pages; ++p) {
       const uint8_t* from = (is_full ? hit.kv : hit.window)[static_cast<size_t>(p)];
       if (host_ && (host_dev_ || (is_full && p < done))) {
-        std::memcpy(host_->page(s.id, store_layer(il), p), from + at, page);
+        copies.emplace_back(host_->page(s.id, store_layer(il), p), from + at);
         if (pool_) fr.push_back(-1);  // the next plan fetches those under its caps
       } else if (!is_full && p < window_first) {
         fr.push_back(-1);  // behind the window
@@ -480,6 +530,7 @@ int32_t Engine::reuse_prefix(Sequence& s, const int32_t* tokens, int32_t n) {
       }
     }
   }
+  copy_all(copies, page);
   if (hit.state)
     dev_.upload(rstate_.as() + static_cast<size_t>(s.id) * cache_->shape().state_bytes, hit.state,
                 cache_->shape().state_bytes);

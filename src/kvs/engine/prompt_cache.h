@@ -122,8 +122,9 @@ class PromptCache {
   void evict_back();
   void drop(Iter victim);  // out of the index, its parent's children and the LRU list
   void to_disk(const Entry& e);
-  // The disk's entry `key` as a RAM entry (pinned), or lru_.end().
-  Iter from_disk(uint64_t key);
+  // The disk's entries `keys` as RAM entries (pinned), read at once; lru_.end() for each that
+  // could not be (a corrupt file, no room) and for those after the first such.
+  std::vector<Iter> from_disk(const std::vector<uint64_t>& keys);
   // The disk's entry of `n` tokens under `parent` equal to `tokens`, if it has one.
   bool on_disk(uint64_t parent, uint64_t key, const int32_t* tokens, int32_t n) const;
   void disk_stats();

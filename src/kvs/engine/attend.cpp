@@ -141,7 +141,7 @@ void Engine::attend_host(int32_t il, const BatchEntry& e, int32_t off) {
 void Engine::make_split() {
   split_ = std::make_unique<Split>();
   Split& sp = *split_;
-  sp.per_span = dev_.cpu_partials();
+  sp.per_span = dev_.caps().cpu_partials;
   const size_t rows = static_cast<size_t>(opt_.n_seq) *
                       static_cast<size_t>(sp.per_span ? std::max(1, max_pages_) : 1);
   const size_t row = static_cast<size_t>(cfg_.n_head) * (static_cast<size_t>(cfg_.head_dim) + 4);

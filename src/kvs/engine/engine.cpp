@@ -60,7 +60,7 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt, const 
             opt.n_verify - 1, " + 1) tokens are more than -b/--batch-size ", opt.n_batch);
   KVS_CHECK(opt.n_seq <= opt.n_batch, "--parallel ", opt.n_seq, " is more than -b/--batch-size ",
             opt.n_batch, ": a decode step of every sequence must fit one batch");
-  KVS_CHECK(cfg_.n_layers_of(LayerKind::Recurrent) == 0 || dev.has_gated_delta_net(),
+  KVS_CHECK(cfg_.n_layers_of(LayerKind::Recurrent) == 0 || dev.caps().gated_delta_net,
             cfg_.arch_name, ": the ", dev.name(), " backend has no gated_delta_net (the Gated "
             "DeltaNet layers' operation) yet; run this model on the cpu backend");
   place(model, shared);

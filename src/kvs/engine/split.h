@@ -4,7 +4,7 @@
 // and folds them in logical order into one partial per sequence and head, in pinned memory (a
 // few KiB a layer cross the bus, not a row per page); a flag tells the device it is there, and
 // the device folds it with its own partials in its logical place (Engine::attend). A device
-// whose partials are the CPU's (Device::cpu_partials) gets the row of each span instead.
+// whose partials are the CPU's (Device::Caps::cpu_partials) gets the row of each span instead.
 #pragma once
 
 #include <condition_variable>

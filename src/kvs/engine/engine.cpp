@@ -7,6 +7,7 @@
 #include <string_view>
 #include <utility>
 
+#include "kvs/backend/cpu/host_attention.h"
 #include "kvs/util/error.h"
 #include "kvs/util/parse.h"
 
@@ -134,7 +135,6 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt, const 
   if (opt.kv_mode == KvMode::Host) {
     host_ = std::make_unique<HostStore>(dev, page, shape_.n_full + shape_.n_window, opt.n_seq,
                                         max_pages_);
-    host_dev_ = make_cpu_device(0);
     const size_t hb = b * static_cast<size_t>(std::max(cfg_.q_dim(), cfg_.kv_dim()));
     hq_.resize(hb);
     hk_.resize(hb);
@@ -438,7 +438,7 @@ void Engine::fill_random(Sequence& s, int32_t n, uint32_t seed) {
         if (recurrent(il)) continue;
         for (int32_t j = 0; j < m; ++j)
           dst_[static_cast<size_t>(j)] = host_->page(s.id, store_layer(il), (s.n_past + j) / P);
-        host_dev_->kv_write(kv_, hk.data(), hv.data(), m, dst_.data(), page_slot_.data());
+        cpu::kv_write(kv_, hk.data(), hv.data(), m, dst_.data(), page_slot_.data());
       }
     } else {
       if (ring_) {

@@ -22,7 +22,7 @@
 namespace kvs {
 
 // One sequence's part of a layer's job: its query, the host pages the CPU attends and where
-// their partial goes: n_head rows of part_stride(head size) floats (span_attention.h's), or
+// their partial goes: n_head rows of part_stride(head size) floats (host_attention.h's), or
 // with SplitJob::per_span those of each span in turn.
 struct SplitEntry {
   int32_t pos = 0;          // the query's position

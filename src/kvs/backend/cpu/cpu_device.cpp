@@ -10,8 +10,8 @@
 
 #include <deque>
 
-#include "kvs/backend/cpu/attention.h"
 #include "kvs/backend/cpu/copy_engine.h"
+#include "kvs/backend/cpu/host_attention.h"
 #include "kvs/backend/cpu/kernels.h"
 #include "kvs/backend/device.h"
 #include "kvs/util/error.h"

@@ -145,7 +145,7 @@ void Engine::make_split() {
   sp.per_span = dev_.caps().cpu_partials;
   const size_t rows = static_cast<size_t>(opt_.n_seq) *
                       static_cast<size_t>(sp.per_span ? std::max(1, max_pages_) : 1);
-  const size_t row = static_cast<size_t>(cfg_.n_head) * (static_cast<size_t>(cfg_.head_dim) + 4);
+  const size_t row = static_cast<size_t>(cfg_.n_head) * cpu::part_stride(cfg_.head_dim);
   const size_t f = sizeof(float);
   sp.q = dev_.alloc_host(static_cast<size_t>(shape_.n_full) * static_cast<size_t>(opt_.n_seq) *
                              static_cast<size_t>(cfg_.q_dim()) * f,
@@ -191,7 +191,7 @@ void Engine::post_split(int32_t il, const Pass& p) {
   if (!split_) return;
   Split& sp = *split_;
   const int32_t layer = kv_index_[static_cast<size_t>(il)], P = opt_.page_size;
-  const size_t row = static_cast<size_t>(cfg_.n_head) * (static_cast<size_t>(cfg_.head_dim) + 4);
+  const size_t row = static_cast<size_t>(cfg_.n_head) * cpu::part_stride(cfg_.head_dim);
   float* out = sp.part[layer % 2].as<float>();
   size_t place = 0;
   SplitJob job;

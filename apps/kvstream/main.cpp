@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "kvs/backend/cuda/backend.h"
 #include "kvs/util/error.h"
 
 namespace kvs::cli {

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "commands.h"
+#include "kvs/backend/cuda/backend.h"
 #include "kvs/quant/kv_page.h"
 #include "kvs/util/error.h"
 #include "kvs/util/parse.h"

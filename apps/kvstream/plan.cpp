@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "commands.h"
+#include "kvs/backend/cuda/backend.h"
 #include "kvs/backend/device.h"
 #include "kvs/engine/engine.h"
 #include "kvs/engine/model_draft.h"

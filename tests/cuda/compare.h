@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "kvs/backend/cuda/backend.h"
 #include "kvs/backend/device.h"
 #include "kvs/util/error.h"
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common.h"
+#include "kvs/backend/cuda/backend.h"
 #include "kvs/backend/device.h"
 #include "kvs/engine/engine.h"
 #include "kvs/model/model.h"

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "draft_cases.h"
+#include "kvs/backend/cuda/backend.h"
 #include "kvs/backend/device.h"
 #include "kvs/util/error.h"
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "draft_cases.h"
+#include "kvs/backend/cuda/backend.h"
 #include "kvs/backend/device.h"
 #include "kvs/engine/mtp_draft.h"
 #include "kvs/util/error.h"

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cuda/compare.h"
+#include "kvs/backend/cuda/backend.h"
 #include "kvs/backend/device.h"
 #include "kvs/model/model.h"
 #include "kvs/quant/types.h"

@@ -3,6 +3,7 @@
 // the chunk, on both sides).
 #include <gtest/gtest.h>
 
+#include "kvs/backend/cuda/backend.h"
 #include "kvs/backend/device.h"
 #include "kvs/util/error.h"
 #include "prompt_cache_cases.h"

@@ -3,6 +3,7 @@
 // steps of up to kCudaInvariantTokens tokens compute each token as a step of it alone does.
 #include <gtest/gtest.h>
 
+#include "kvs/backend/cuda/backend.h"
 #include "speculative_cases.h"
 
 namespace kvs::test {

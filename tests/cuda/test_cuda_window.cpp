@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cuda/compare.h"
+#include "kvs/backend/cuda/backend.h"
 #include "kvs/backend/device.h"
 #include "kvs/quant/types.h"
 

@@ -1,4 +1,4 @@
-// The CPU attention kernels (backend/cpu/span_attention.h, attention.h; span_tile.cpp's
+// The CPU attention kernels (backend/cpu/span_attention.h, host_attention.h; span_tile.cpp's
 // prefill tiles against span_partials) against a scalar
 // reference that dequantizes the cache (kv_dequantize_head) and computes in double: every K and
 // V type, head sizes 32 to 256, 1 to 8 query heads a kv head, every instruction set the CPU
@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "kvs/backend/cpu/attention.h"
+#include "kvs/backend/cpu/host_attention.h"
 #include "kvs/backend/cpu/kernels.h"
 #include "kvs/backend/cpu/span_attention.h"
 #include "kvs/quant/kv_page.h"

@@ -25,15 +25,6 @@ DeviceBuffer Device::alloc_managed(size_t, const char* what) {
        ")");
 }
 
-void Device::gated_delta_net(const DeltaNetArgs&) {
-  fail("Gated DeltaNet layers (qwen35) are not implemented on the ", name(), " backend");
-}
-
-void Device::sigmoid_mul(float*, const float*, int64_t) {
-  fail("the gated attention of qwen35 (sigmoid_mul) is not implemented on the ", name(),
-       " backend");
-}
-
 void Device::limit_copy_in(double) {
   fail("--h2d-limit is not available on the ", name(), " backend");
 }
@@ -47,8 +38,18 @@ void Device::raise(FlagId, uint64_t) {
 void Device::wait_flag(Stream, FlagId, uint64_t) {
   fail("--kv-mode split is not available on the ", name(), " backend");
 }
+
 void Device::fold(const AttentionArgs&, const float*) {
   fail("--kv-mode split is not available on the ", name(), " backend");
+}
+
+void Device::gated_delta_net(const DeltaNetArgs&) {
+  fail("Gated DeltaNet layers (qwen35) are not implemented on the ", name(), " backend");
+}
+
+void Device::sigmoid_mul(float*, const float*, int64_t) {
+  fail("the gated attention of qwen35 (sigmoid_mul) is not implemented on the ", name(),
+       " backend");
 }
 
 }  // namespace kvs

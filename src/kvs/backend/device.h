@@ -1,14 +1,15 @@
-// The Device: memory and kernels of one backend. The engine allocates everything it computes
-// with through it and calls its kernels; the CPU implementation is a simulated device with a
-// bounded memory region, the CUDA one (backend/cuda/) the real thing.
+// The Device: memory, streams and kernels of one backend. The engine allocates everything it
+// computes with through it and calls its kernels; the CPU implementation is a simulated device
+// with a bounded memory region, the CUDA one (backend/cuda/, its own options and sizes in
+// cuda/backend.h) the real thing.
 #pragma once
 
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
 
-#include "kvs/backend/cuda_options.h"
 #include "kvs/model/config.h"
 #include "kvs/model/weights.h"
 #include "kvs/quant/kv_page.h"
@@ -121,10 +122,36 @@ using FenceId = int32_t;
 // attention tells the device that a layer's partials are in host memory.
 using FlagId = int32_t;
 
+// A backend in two parts: what a device is (memory, streams, fences, flags, step capture) and
+// the operations it computes. A new backend implements both lists; the engine asks caps(),
+// never the backend's name, what it may do.
 class Device {
  public:
+  // What a backend's operations can do beyond the common list, fixed when it is made.
+  struct Caps {
+    // gated_delta_net and sigmoid_mul run here (qwen35): the engine refuses such a model before
+    // allocating anything otherwise.
+    bool gated_delta_net = false;
+    // Tokens a prefill's delta rule takes at once (DeltaNetArgs::chunk; decode goes token by
+    // token).
+    int32_t delta_net_chunk = 64;
+    // Steps of up to this many tokens (all sequences' together) are batch-invariant: each
+    // token's bits are those of a step of it alone.
+    int32_t invariant_tokens = INT32_MAX;
+    // Its attention's span partials are the CPU kernels' (cpu/host_attention.h) bit for bit:
+    // split attention then hands it the CPU's row of each span, folded as its own would be, and
+    // a split run gives resident's bits. Elsewhere one merged row crosses the bus.
+    bool cpu_partials = false;
+  };
+
+  explicit Device(const Caps& caps) : caps_(caps) {}
   virtual ~Device() = default;
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
   virtual std::string name() const = 0;
+  const Caps& caps() const { return caps_; }
+
+  // ---- What a device is: memory, streams, fences ----
 
   // Device memory, bounded by capacity(); fails naming `what` and the sizes when full.
   virtual DeviceBuffer alloc(size_t bytes, const char* what) = 0;
@@ -134,7 +161,7 @@ class Device {
   // Pinned host memory (the host store), not counted against capacity(); freed by free().
   virtual DeviceBuffer alloc_host(size_t bytes, const char* what) = 0;
   // Memory the driver pages between host and device on demand (CUDA managed memory, the
-  // `unified` baseline), not counted against capacity(). Only the CUDA backend has it.
+  // `unified` baseline), not counted against capacity(); fails where the backend has none.
   virtual DeviceBuffer alloc_managed(size_t bytes, const char* what);
   // Makes the limit real (on): takes all device memory beyond what capacity() still leaves
   // free, so managed memory competes for only that much (the `unified` baseline under
@@ -163,7 +190,40 @@ class Device {
   // it back once the work queued on it is done. Lending what is lent already costs nothing.
   virtual void lend_prefill_scratch(uint8_t* /*p*/) {}
 
-  // Kernels. Activations are f32 rows in device memory.
+  // Asynchronous work. copy() on a stream is ordered with everything else on that stream.
+  virtual void copy(Stream s, void* dst, const void* src, size_t n) = 0;
+  virtual FenceId make_fence() = 0;
+  virtual void record(Stream s, FenceId f) = 0;  // f opens when s reaches this point
+  virtual void wait(Stream s, FenceId f) = 0;    // later work on s waits for f's last record
+  virtual void wait_host(FenceId f) = 0;         // the calling thread waits for it
+  virtual bool done(FenceId f) = 0;              // whether its last record has been reached
+  virtual double busy_seconds(Stream s) = 0;     // time a copy stream has spent copying
+  // Time the compute stream has spent waiting on fences (the ring's ready fences: stalls),
+  // measured where the waiting happens (on the GPU for CUDA).
+  virtual double wait_seconds() = 0;
+  virtual void sync() = 0;  // waits for all queued work on all streams
+  // --h2d-limit: later copies on the CopyIn stream average at most this many bytes a second
+  // (a simulated slower link; backend/pacer.h); fails where the backend cannot.
+  virtual void limit_copy_in(double bytes_per_s);
+
+  // Flags (split attention; the other modes do not use them; fail where the backend has
+  // none): raise() from any host thread sets the counter to `value`, never lower; later work on
+  // s waits until it is at least `value`.
+  virtual FlagId make_flag();
+  virtual void raise(FlagId f, uint64_t value);
+  virtual void wait_flag(Stream s, FlagId f, uint64_t value);
+  // Time the compute stream has spent waiting on flags (for the CPU's partials), apart from
+  // wait_seconds().
+  virtual double flag_wait_seconds() { return 0; }
+
+  // A step whose work is all on the compute stream, with no host waits inside, may be recorded
+  // between these calls and run as one unit (a CUDA graph); end_step(false) drops it after an
+  // error. The CPU runs each operation as it is called.
+  virtual void begin_step() {}
+  virtual void end_step(bool /*run*/) {}
+
+  // ---- The operations, on the compute stream. Activations are f32 rows in device memory ----
+
   virtual void embed(const Matrix& emb, const int32_t* ids, int32_t n, float* x) = 0;
   // y[r] = x[r] / rms(x[r]) * w, rows of n.
   virtual void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n,
@@ -200,64 +260,23 @@ class Device {
     rope(q, k, pos, n_tok, n_head, l.n_head_kv, p);
     kv_write(l, k, v, n_tok, pages, slots);
   }
-
-  // A Gated DeltaNet layer's recurrent part (DeltaNetArgs); fails on a backend without it.
-  virtual void gated_delta_net(const DeltaNetArgs& a);
-  // x *= sigmoid(gate) (qwen35's gated attention output); fails on a backend without it.
-  virtual void sigmoid_mul(float* x, const float* gate, int64_t n);
-  // Whether gated_delta_net and sigmoid_mul run here: the engine refuses a qwen35 model before
-  // allocating anything otherwise.
-  virtual bool has_gated_delta_net() const { return false; }
-  // Tokens a prefill's delta rule takes at once (DeltaNetArgs::chunk; decode goes token by
-  // token).
-  virtual int32_t delta_net_chunk() const { return 64; }
-
-  // Asynchronous work. copy() on a stream is ordered with everything else on that stream.
-  virtual void copy(Stream s, void* dst, const void* src, size_t n) = 0;
-  virtual FenceId make_fence() = 0;
-  virtual void record(Stream s, FenceId f) = 0;  // f opens when s reaches this point
-  virtual void wait(Stream s, FenceId f) = 0;    // later work on s waits for f's last record
-  virtual void wait_host(FenceId f) = 0;         // the calling thread waits for it
-  virtual bool done(FenceId f) = 0;              // whether its last record has been reached
-  virtual double busy_seconds(Stream s) = 0;     // time a copy stream has spent copying
-  // Time the compute stream has spent waiting on fences (the ring's ready fences: stalls),
-  // measured where the waiting happens (on the GPU for CUDA).
-  virtual double wait_seconds() = 0;
-  virtual void sync() = 0;  // waits for all queued work on all streams
-  // --h2d-limit: later copies on the CopyIn stream average at most this many bytes a second
-  // (a simulated slower link; backend/pacer.h); fails where the backend cannot.
-  virtual void limit_copy_in(double bytes_per_s);
-
-  // Flags (split attention; the other modes do not use them): raise() from any host thread
-  // sets the counter to `value`, never lower; later work on s waits until it is at least
-  // `value`.
-  virtual FlagId make_flag();
-  virtual void raise(FlagId f, uint64_t value);
-  virtual void wait_flag(Stream s, FlagId f, uint64_t value);
-  // Time the compute stream has spent waiting on flags (for the CPU's partials), apart from
-  // wait_seconds().
-  virtual double flag_wait_seconds() { return 0; }
   // Folds a.n_spans spans' partials computed elsewhere (split attention: by the CPU), in
   // pinned host memory (alloc_host), into the running state of a's one token, as attention()
   // folds those it computes (a.spans are not read): rows of head_dim + 4 floats [max, sum,
-  // non-empty (1 or 0), 0, unnormalised output], span s's head h at row s * n_head + h.
+  // non-empty (1 or 0), 0, unnormalised output], span s's head h at row s * n_head + h. Fails
+  // where the backend has no flags.
   virtual void fold(const AttentionArgs& a, const float* parts);
-  // Whether its attention's span partials are the CPU kernels' (cpu/span_attention.h) bit for
-  // bit: split attention then hands it the CPU's row of each span, folded as its own would be,
-  // and a split run gives resident's bits. Elsewhere one merged row crosses the bus.
-  virtual bool cpu_partials() const { return false; }
+  // A Gated DeltaNet layer's recurrent part (DeltaNetArgs), and x *= sigmoid(gate) (qwen35's
+  // gated attention output); fail unless caps().gated_delta_net.
+  virtual void gated_delta_net(const DeltaNetArgs& a);
+  virtual void sigmoid_mul(float* x, const float* gate, int64_t n);
 
-  // A step whose work is all on the compute stream, with no host waits inside, may be recorded
-  // between these calls and run as one unit (a CUDA graph); end_step(false) drops it after an
-  // error. The CPU runs each operation as it is called.
-  virtual void begin_step() {}
-  virtual void end_step(bool /*run*/) {}
+ private:
+  const Caps caps_;
 };
 
 // The CPU backend; capacity 0 means unbounded.
 std::unique_ptr<Device> make_cpu_device(size_t capacity);
-// The CUDA backend (builds with KVS_HAVE_CUDA); capacity 0 means the GPU's free memory.
-std::unique_ptr<Device> make_cuda_device(size_t capacity, const CudaOptions& opt);
 // The scratch an engine has a device set aside (Engine::scratch_args): reserve()'s for passes
 // of n_tok rows (n_out_tok through the output matrix) over max_spans spans, and
 // prefill_scratch()'s for passes of n_batch rows (0: no phase arena).
@@ -266,15 +285,5 @@ struct ScratchArgs {
   int32_t n_head = 0, head_dim = 0;
   KvLayout kv;
 };
-// What a CUDA device holds for an engine beside its KV pool, found without a GPU (kvstream
-// plan): the weights as place_weights lays them out, and reserve()'s and prefill_scratch()'s
-// bytes for `a`.
-struct CudaFootprint {
-  size_t weights = 0, reserved = 0, workspace = 0;
-};
-CudaFootprint cuda_footprint(const Weights& w, const ScratchArgs& a);
-// Steps of up to this many tokens (all sequences' together) are batch-invariant on CUDA: each
-// token's logits are the bits of a step of it alone (the CPU backend's steps always are).
-constexpr int kCudaInvariantTokens = 16;
 
 }  // namespace kvs

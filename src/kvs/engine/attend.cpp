@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "kvs/backend/cpu/host_attention.h"
 #include "kvs/engine/engine.h"
 #include "kvs/util/error.h"
 
@@ -103,7 +104,7 @@ void Engine::attend(int32_t il, const BatchEntry& e, int32_t entry, int32_t off,
   flush(true);
 }
 
-// Host mode: K/V rows and attention on the host over the host store, by the CPU backend.
+// Host mode: K/V rows and attention on the host over the host store (cpu/host_attention.h).
 void Engine::attend_host(int32_t il, const BatchEntry& e, int32_t off) {
   const int32_t P = opt_.page_size, s = e.seq->id;
   const int64_t qd = cfg_.q_dim(), kvd = cfg_.kv_dim();
@@ -114,7 +115,7 @@ void Engine::attend_host(int32_t il, const BatchEntry& e, int32_t off) {
   dev_.download(hv_.data(), act_.v + off * kvd, static_cast<size_t>(e.n * kvd) * f);
   for (int32_t j = 0; j < e.n; ++j)
     dst_[static_cast<size_t>(j)] = host_->page(s, store_layer(il), (e.seq->n_past + j) / P);
-  host_dev_->kv_write(kv_, hk_.data(), hv_.data(), e.n, dst_.data(), page_slot_.data() + off);
+  cpu::kv_write(kv_, hk_.data(), hv_.data(), e.n, dst_.data(), page_slot_.data() + off);
   spans_.clear();
   const int32_t total = e.seq->n_past + e.n;
   const int32_t window = full(il) ? 0 : cfg_.n_swa;
@@ -132,7 +133,7 @@ void Engine::attend_host(int32_t il, const BatchEntry& e, int32_t off) {
   a.n_head = cfg_.n_head;
   a.scale = cfg_.attn_scale;
   a.window = window;
-  host_dev_->attention(a);
+  cpu::attention(a);
   dev_.upload(act_.att + off * qd, hatt_.data(), static_cast<size_t>(e.n * qd) * f);
 }
 
@@ -141,10 +142,10 @@ void Engine::attend_host(int32_t il, const BatchEntry& e, int32_t off) {
 void Engine::make_split() {
   split_ = std::make_unique<Split>();
   Split& sp = *split_;
-  sp.per_span = dev_.cpu_partials();
+  sp.per_span = dev_.caps().cpu_partials;
   const size_t rows = static_cast<size_t>(opt_.n_seq) *
                       static_cast<size_t>(sp.per_span ? std::max(1, max_pages_) : 1);
-  const size_t row = static_cast<size_t>(cfg_.n_head) * (static_cast<size_t>(cfg_.head_dim) + 4);
+  const size_t row = static_cast<size_t>(cfg_.n_head) * cpu::part_stride(cfg_.head_dim);
   const size_t f = sizeof(float);
   sp.q = dev_.alloc_host(static_cast<size_t>(shape_.n_full) * static_cast<size_t>(opt_.n_seq) *
                              static_cast<size_t>(cfg_.q_dim()) * f,
@@ -190,7 +191,7 @@ void Engine::post_split(int32_t il, const Pass& p) {
   if (!split_) return;
   Split& sp = *split_;
   const int32_t layer = kv_index_[static_cast<size_t>(il)], P = opt_.page_size;
-  const size_t row = static_cast<size_t>(cfg_.n_head) * (static_cast<size_t>(cfg_.head_dim) + 4);
+  const size_t row = static_cast<size_t>(cfg_.n_head) * cpu::part_stride(cfg_.head_dim);
   float* out = sp.part[layer % 2].as<float>();
   size_t place = 0;
   SplitJob job;

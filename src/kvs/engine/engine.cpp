@@ -7,6 +7,7 @@
 #include <string_view>
 #include <utility>
 
+#include "kvs/backend/cpu/host_attention.h"
 #include "kvs/util/error.h"
 #include "kvs/util/parse.h"
 
@@ -60,7 +61,7 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt, const 
             opt.n_verify - 1, " + 1) tokens are more than -b/--batch-size ", opt.n_batch);
   KVS_CHECK(opt.n_seq <= opt.n_batch, "--parallel ", opt.n_seq, " is more than -b/--batch-size ",
             opt.n_batch, ": a decode step of every sequence must fit one batch");
-  KVS_CHECK(cfg_.n_layers_of(LayerKind::Recurrent) == 0 || dev.has_gated_delta_net(),
+  KVS_CHECK(cfg_.n_layers_of(LayerKind::Recurrent) == 0 || dev.caps().gated_delta_net,
             cfg_.arch_name, ": the ", dev.name(), " backend has no gated_delta_net (the Gated "
             "DeltaNet layers' operation) yet; run this model on the cpu backend");
   place(model, shared);
@@ -134,7 +135,6 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt, const 
   if (opt.kv_mode == KvMode::Host) {
     host_ = std::make_unique<HostStore>(dev, page, shape_.n_full + shape_.n_window, opt.n_seq,
                                         max_pages_);
-    host_dev_ = make_cpu_device(0);
     const size_t hb = b * static_cast<size_t>(std::max(cfg_.q_dim(), cfg_.kv_dim()));
     hq_.resize(hb);
     hk_.resize(hb);
@@ -438,7 +438,7 @@ void Engine::fill_random(Sequence& s, int32_t n, uint32_t seed) {
         if (recurrent(il)) continue;
         for (int32_t j = 0; j < m; ++j)
           dst_[static_cast<size_t>(j)] = host_->page(s.id, store_layer(il), (s.n_past + j) / P);
-        host_dev_->kv_write(kv_, hk.data(), hv.data(), m, dst_.data(), page_slot_.data());
+        cpu::kv_write(kv_, hk.data(), hv.data(), m, dst_.data(), page_slot_.data());
       }
     } else {
       if (ring_) {

@@ -303,6 +303,8 @@ class Engine {
   int32_t cap(int32_t seq, int32_t il) const {
     return resident_cap(plan_, static_cast<size_t>(seq), kv_index_[static_cast<size_t>(il)]);
   }
+  // Host mode: K/V rows and attention on the host, the host store holding every page.
+  bool host_mode() const { return opt_.kv_mode == KvMode::Host; }
   bool full(int32_t il) const { return cfg_.kinds[static_cast<size_t>(il)] == LayerKind::Full; }
   bool recurrent(int32_t il) const {
     return cfg_.kinds[static_cast<size_t>(il)] == LayerKind::Recurrent;
@@ -317,7 +319,7 @@ class Engine {
   // The layer's index in the host store and the ring: among the full layers, or (host mode,
   // where the host keeps every attention layer) among the full and window layers.
   int32_t store_layer(int32_t il) const {
-    return (host_dev_ ? attn_index_ : kv_index_)[static_cast<size_t>(il)];
+    return (host_mode() ? attn_index_ : kv_index_)[static_cast<size_t>(il)];
   }
 
   void place(const Model& model, const Engine* shared);  // the weights on the device
@@ -464,9 +466,8 @@ class Engine {
   std::vector<int32_t> ids_, pos_, page_slot_;
   std::vector<uint8_t*> dst_;
   std::vector<Span> spans_;
-  // Host mode: the CPU backend writes and attends over the host store, whatever dev_ is.
-  std::unique_ptr<Device> host_dev_;
-  // Host mode: activations on the host.
+  // Host mode: the queries, K/V rows and attention's output on the host, where the CPU
+  // writes and attends over the host store (cpu/host_attention.h) whatever dev_ is.
   std::vector<float> hq_, hk_, hv_, hatt_, hacc_;
   std::vector<std::pair<int32_t, int32_t>> lrows_;  // per entry of the last step: first row, rows
   // The last step's activations x (hidden()) and each entry's first row in them.

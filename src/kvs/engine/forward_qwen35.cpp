@@ -24,9 +24,10 @@ void Engine::gated_delta_net(Pass& p, int32_t il) {
     a.alpha = act_.alpha + off * c.ssm_v_heads;
     a.beta = act_.beta + off * c.ssm_v_heads;
     a.y = act_.y + off * vd;
-    // Steps of up to kCudaInvariantTokens go token by token, so their states are a one-token
-    // step's bits (a prompt cache's checkpoint resumes where a cold run would be).
-    a.chunk = p.n_tok > kCudaInvariantTokens && !e.all_logits ? dev_.delta_net_chunk() : 1;
+    // Batch-invariant steps go token by token, so their states are a one-token step's bits (a
+    // prompt cache's checkpoint resumes where a cold run would be).
+    const Device::Caps& caps = dev_.caps();
+    a.chunk = p.n_tok > caps.invariant_tokens && !e.all_logits ? caps.delta_net_chunk : 1;
     // Kept for a rollback, after the inputs of the steps this one extends.
     if (const int32_t verified = slots_[static_cast<size_t>(e.seq->id)].verified; verified > 0) {
       const auto [qkv, z, alpha, beta] = saved_inputs(e.seq->id, il);

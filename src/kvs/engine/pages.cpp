@@ -190,7 +190,7 @@ void Engine::truncate(Sequence& s, int32_t n_past) {
     redo_recurrent(s.id, sl.verified - (s.n_past - n_past));
     sl.verified = 0;
   }
-  KVS_CHECK(shape_.n_window == 0 || host_dev_ || s.n_past - n_past < opt_.n_verify,
+  KVS_CHECK(shape_.n_window == 0 || host_mode() || s.n_past - n_past < opt_.n_verify,
             "truncate: ", s.n_past - n_past, " positions back, more than the windows keep (",
             opt_.n_verify - 1, ")");
   const int32_t P = opt_.page_size;
@@ -228,7 +228,7 @@ void Engine::truncate(Sequence& s, int32_t n_past) {
 }
 
 void Engine::trim_windows(const Sequence& s) {
-  if (shape_.n_window == 0 || host_dev_) return;  // host mode keeps every page on the host
+  if (shape_.n_window == 0 || host_mode()) return;  // host mode keeps every page on the host
   const int32_t keep =
       std::max(0, s.n_past - cfg_.n_swa + 1 - (opt_.n_verify - 1)) / opt_.page_size;
   Slot& sl = slots_[static_cast<size_t>(s.id)];

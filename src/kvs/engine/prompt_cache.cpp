@@ -464,7 +464,7 @@ void Engine::keep_pages(int32_t s) {
   const size_t page = kv_.page_bytes();
   // The window pages a later query may see; host mode keeps them all.
   const int32_t window_first =
-      host_dev_ ? 0 : std::max(0, sl.n_past - cache_->shape().window_back) / P;
+      host_mode() ? 0 : std::max(0, sl.n_past - cache_->shape().window_back) / P;
   std::vector<std::pair<uint8_t*, const uint8_t*>> copies;
   cache_->insert(
       sl.tokens.data(), sl.n_past, window_first,
@@ -476,7 +476,7 @@ void Engine::keep_pages(int32_t s) {
           if (!to) continue;
           // The host store's copy where it has one (written back: close_sequence synchronised
           // first); the tail page and the window pages are in frames.
-          if (host_ && (host_dev_ || (full(il) && p < done)))
+          if (host_ && (host_mode() || (full(il) && p < done)))
             copies.emplace_back(to, host_->page(s, store_layer(il), p));
           else
             dev_.download(
@@ -507,7 +507,7 @@ int32_t Engine::reuse_prefix(Sequence& s, const int32_t* tokens, int32_t n) {
   Slot& sl = slots_[static_cast<size_t>(s.id)];
   const size_t page = kv_.page_bytes();
   const int32_t pages = static_cast<int32_t>(hit.kv.size()), done = hit.n / P;
-  const int32_t window_first = host_dev_ ? 0 : std::max(0, hit.n - cache_->shape().window_back) / P;
+  const int32_t window_first = host_mode() ? 0 : std::max(0, hit.n - cache_->shape().window_back) / P;
   std::vector<std::pair<uint8_t*, const uint8_t*>> copies;
   for (int32_t il = 0, f = 0, w = 0; il < cfg_.n_layer; ++il) {
     if (recurrent(il)) continue;
@@ -516,7 +516,7 @@ int32_t Engine::reuse_prefix(Sequence& s, const int32_t* tokens, int32_t n) {
     auto& fr = sl.frames[static_cast<size_t>(il)];
     for (int32_t p = 0; p < pages; ++p) {
       const uint8_t* from = (is_full ? hit.kv : hit.window)[static_cast<size_t>(p)];
-      if (host_ && (host_dev_ || (is_full && p < done))) {
+      if (host_ && (host_mode() || (is_full && p < done))) {
         copies.emplace_back(host_->page(s.id, store_layer(il), p), from + at);
         if (pool_) fr.push_back(-1);  // the next plan fetches those under its caps
       } else if (!is_full && p < window_first) {

@@ -5,9 +5,7 @@
 #include <cstring>
 #include <utility>
 
-#include "kvs/backend/cpu/attention.h"
-#include "kvs/backend/cpu/kernels.h"
-#include "kvs/backend/cpu/span_attention.h"
+#include "kvs/backend/cpu/host_attention.h"
 #include "kvs/util/error.h"
 #include "kvs/util/parse.h"
 

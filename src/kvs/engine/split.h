@@ -4,7 +4,7 @@
 // and folds them in logical order into one partial per sequence and head, in pinned memory (a
 // few KiB a layer cross the bus, not a row per page); a flag tells the device it is there, and
 // the device folds it with its own partials in its logical place (Engine::attend). A device
-// whose partials are the CPU's (Device::cpu_partials) gets the row of each span instead.
+// whose partials are the CPU's (Device::Caps::cpu_partials) gets the row of each span instead.
 #pragma once
 
 #include <condition_variable>
@@ -22,7 +22,7 @@
 namespace kvs {
 
 // One sequence's part of a layer's job: its query, the host pages the CPU attends and where
-// their partial goes: n_head rows of part_stride(head size) floats (span_attention.h's), or
+// their partial goes: n_head rows of part_stride(head size) floats (host_attention.h's), or
 // with SplitJob::per_span those of each span in turn.
 struct SplitEntry {
   int32_t pos = 0;          // the query's position

@@ -1,4 +1,4 @@
-#include "kvs/backend/cpu/attention.h"
+#include "kvs/backend/cpu/host_attention.h"
 
 #include <immintrin.h>
 

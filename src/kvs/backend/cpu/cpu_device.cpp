@@ -10,8 +10,8 @@
 
 #include <deque>
 
-#include "kvs/backend/cpu/attention.h"
 #include "kvs/backend/cpu/copy_engine.h"
+#include "kvs/backend/cpu/host_attention.h"
 #include "kvs/backend/cpu/kernels.h"
 #include "kvs/backend/device.h"
 #include "kvs/util/error.h"
@@ -22,7 +22,13 @@ namespace {
 
 class CpuDevice final : public Device {
  public:
-  explicit CpuDevice(size_t capacity) : capacity_(capacity) {}
+  // Token by token through the delta rule: a state then has the same bits whatever steps its
+  // positions came in, so a prompt cache's checkpoints resume exactly; the rule is a small part
+  // of a token's work here. Every step is batch-invariant, and the span partials are the host
+  // attention's own.
+  explicit CpuDevice(size_t capacity)
+      : Device({.gated_delta_net = true, .delta_net_chunk = 1, .cpu_partials = true}),
+        capacity_(capacity) {}
 
   std::string name() const override { return "cpu"; }
 
@@ -102,10 +108,6 @@ class CpuDevice final : public Device {
   void sigmoid_mul(float* x, const float* gate, int64_t n) override {
     cpu::sigmoid_mul(x, gate, n);
   }
-  bool has_gated_delta_net() const override { return true; }
-  // Token by token: a state then has the same bits whatever steps its positions came in, so a
-  // prompt cache's checkpoints resume exactly; the rule is a small part of a token's work here.
-  int32_t delta_net_chunk() const override { return 1; }
   void scale(float* x, float s, int64_t n) override { cpu::scale(x, s, n); }
   void add(float* x, const float* y, int64_t n) override { cpu::add(x, y, n); }
   void kv_write(const KvLayout& l, const float* k, const float* v, int32_t n_tok,
@@ -180,7 +182,6 @@ class CpuDevice final : public Device {
   }
   double flag_wait_seconds() override { return flag_wait_s_; }
   void fold(const AttentionArgs& a, const float* parts) override { cpu::fold_partials(a, parts); }
-  bool cpu_partials() const override { return true; }
 
  private:
   double wait_s_ = 0;       // the compute thread blocked on fences

@@ -3,6 +3,7 @@
 // independent of how the work is split, so batch sizes and residency never change the numbers.
 #pragma once
 
+#include "kvs/backend/cpu/host_attention.h"  // kv_write, attention
 #include "kvs/backend/cpu/quant_dot.h"
 #include "kvs/backend/device.h"
 
@@ -21,9 +22,6 @@ void geglu(float* gate, const float* up, int64_t n);
 void sigmoid_mul(float* x, const float* gate, int64_t n);
 void scale(float* x, float s, int64_t n);
 void add(float* x, const float* y, int64_t n);
-void kv_write(const KvLayout& l, const float* k, const float* v, int32_t n_tok,
-              uint8_t* const* pages, const int32_t* slots);
-void attention(const AttentionArgs& a);       // attention.cpp
 void gated_delta_net(const DeltaNetArgs& a);  // delta_net.cpp
 
 }  // namespace kvs::cpu

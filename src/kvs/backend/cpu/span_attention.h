@@ -1,10 +1,11 @@
 // Attention of the query heads of one kv head over the rows of one span, on the CPU at the
-// speed of memory: the partial (max, sum, unnormalised output) of each head, which the drivers
-// merge in logical span order (attention.cpp for the CPU backend and host mode; split
-// attention hands them to the GPU's fold). Each K row is read once for all heads of the group:
-// quantized keys (q8_0, q4_0) by integer dot products with the query as 16-bit levels
-// (vpdpwssd where the CPU has AVX-VNNI or AVX-512 VNNI, vpmaddwd otherwise), f16 keys by f32
-// products; a V row is dequantized once and accumulated into every head's output.
+// speed of memory: the partial (max, sum, unnormalised output; host_attention.h's rows) of each
+// head, which the drivers merge in logical span order (attention.cpp, behind host_attention.h,
+// for the CPU backend, host mode and split attention, which hands them to the GPU's fold).
+// Each K row is read once for all heads of the group: quantized keys (q8_0, q4_0) by integer
+// dot products with the query as 16-bit levels (vpdpwssd where the CPU has AVX-VNNI or AVX-512
+// VNNI, vpmaddwd otherwise), f16 keys by f32 products; a V row is dequantized once and
+// accumulated into every head's output.
 //
 // The arithmetic of a partial depends only on the query, the keys and the rows' values: not on
 // the instruction set (integer sums are exact, the float operations the same on every path),
@@ -14,18 +15,11 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kvs/backend/cpu/host_attention.h"
 #include "kvs/backend/cpu/isa.h"
 #include "kvs/quant/types.h"
 
 namespace kvs::cpu {
-
-// A partial row of one query head: max, sum, non-empty (1 or 0), 0, then the unnormalised
-// output [d]. The CUDA decode's layout (rows of a multiple of 16 bytes), so that split
-// attention hands the GPU the CPU's rows as they are.
-constexpr int kPartHead = 4;
-constexpr size_t part_stride(int32_t d) {
-  return static_cast<size_t>(d) + kPartHead;
-}
 
 // One token's query heads prepared for the kernels. For quantized keys every block of 32 of a
 // head is held as int16 levels with a step of its own (q ~ step q16, |q16| <= 32767): the CUDA

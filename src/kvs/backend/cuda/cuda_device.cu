@@ -20,6 +20,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "kvs/backend/cuda/backend.h"
 #include "kvs/backend/cuda/common.cuh"
 #include "kvs/backend/cuda/kernels.h"
 #include "kvs/backend/cuda/profile.h"
@@ -63,7 +64,8 @@ using cuda::Timed;
 class CudaDevice final : public Device {
  public:
   CudaDevice(size_t limit, const CudaOptions& opt)
-      : prof_(opt.profile),
+      : Device({.gated_delta_net = true, .invariant_tokens = kCudaInvariantTokens}),
+        prof_(opt.profile),
 #ifdef KVS_TRACE
         trace_(opt.trace),
 #endif
@@ -349,7 +351,6 @@ class CudaDevice final : public Device {
     run(a.chunk > 1 ? "delta net prefill" : "delta net decode",
         [=, this] { cuda::gated_delta_net(ctx_, b); });
   }
-  bool has_gated_delta_net() const override { return true; }
   void kv_write(const KvLayout& l, const float* k, const float* v, int32_t n_tok,
                 uint8_t* const* pages, const int32_t* slots) override {
     uint8_t* const* d_pages = stage(pages, n_tok);

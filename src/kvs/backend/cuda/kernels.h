@@ -8,6 +8,7 @@
 
 #include <functional>
 
+#include "kvs/backend/cuda/backend.h"
 #include "kvs/backend/device.h"
 
 namespace kvs::cuda {

@@ -6,6 +6,7 @@
 
 #include "kvs/backend/cuda/kernels.h"
 #include "kvs/backend/cuda/weights.h"
+#include "kvs/backend/cuda/backend.h"
 #include "kvs/backend/device.h"
 
 namespace kvs {

@@ -1,4 +1,4 @@
-#include "kvs/backend/cuda_options.h"
+#include "kvs/backend/cuda/backend.h"
 
 #include <cstdlib>
 #include <string>

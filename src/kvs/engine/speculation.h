@@ -79,10 +79,9 @@ class Speculator {
 
   SpecOptions opt_;
   const Engine& target_;
-  ModelDrafter* draft_;
-  MtpDrafter* mtp_;
+  Drafter* drafter_;  // the draft model or the MTP block; null for the others
   std::vector<Seq> seqs_;
-  std::vector<ModelDrafter::Ask> asks_;  // scratch
+  std::vector<Drafter::Ask> asks_;  // scratch
 };
 
 }  // namespace kvs

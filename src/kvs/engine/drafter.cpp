@@ -48,7 +48,8 @@ bool Drafter::next_draft(Track& t, const Ask& a, const float* logits) {
   const bool sampled = t.sampler->params().temp > 0;
   const size_t k = d.tokens.size(), V = static_cast<size_t>(n_vocab_);
   if (sampled) d.q.resize((k + 1) * V);
-  const int32_t id = t.sampler->draft(logits, n_vocab_, p_min_, sampled ? d.q.data() + k * V : nullptr);
+  const int32_t id =
+      t.sampler->draft(logits, n_vocab_, p_min_, sampled ? d.q.data() + k * V : nullptr);
   if (id < 0) {  // too unsure to be worth verifying: the drafts end
     if (sampled) d.q.resize(k * V);
     return false;

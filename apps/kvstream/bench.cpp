@@ -11,7 +11,7 @@
 #include "kvs/backend/cpu/isa.h"
 #include "kvs/backend/device.h"
 #include "kvs/engine/engine.h"
-#include "kvs/engine/speculation.h"
+#include "kvs/engine/generate.h"
 #include "kvs/model/model.h"
 #include "kvs/tokenizer/tokenizer.h"
 #include "kvs/util/error.h"
@@ -421,54 +421,43 @@ nlohmann::json bench_json(const BenchArgs& a, const std::string& device, size_t 
   return j;
 }
 
-// A greedy decode of n tokens by one sequence from the logits l of its last token, with the
-// drafts of spec where given, verified in the step of the token before them:
-// the tokens, and the steps, drafts and time it took. The speculator's sequence is s's id.
+// A greedy decode of n tokens by one sequence, which holds `prompt`, from the logits l of its
+// last token, with the drafts of spec where given (Decoder): the tokens, and the steps, drafts
+// and time it took.
 struct Decoded {
   std::vector<int32_t> tokens;
   int64_t steps = 0, drafted = 0, accepted = 0;
   double seconds = 0;
   size_t streamed = 0;
 };
-Decoded decode_greedy(Engine& eng, Sequence& s, const float* l, int32_t n, int32_t V,
-                      Speculator* spec) {
+Decoded decode_greedy(Engine& eng, Sequence& s, const std::vector<int32_t>& prompt, const float* l,
+                      int32_t n, int32_t V, Speculator* spec) {
+  SamplerParams greedy;
+  greedy.temp = 0;
+  Sampler sampler(greedy);
+  Decoder decoder(eng, V, spec);
+  Decoding g{&s, &sampler};
+  decoder.start(g, prompt.data(), static_cast<int32_t>(prompt.size()));
   Decoded d;
   const size_t in0 = eng.totals().bytes_in;
   const double t0 = now();
-  std::vector<int32_t> feed;
-  int32_t next = argmax(l, V);
-  auto emit = [&](int32_t t) {
+  const Decoder::Take take = [&](int32_t t, const float*, int32_t, bool) {
     d.tokens.push_back(t);
-    if (spec) spec->accept(s.id, t);
     return static_cast<int32_t>(d.tokens.size()) < n;
   };
-  while (emit(next)) {
-    feed.assign(1, next);
-    if (spec) {
-      const int64_t room = std::min<int64_t>(n - static_cast<int64_t>(d.tokens.size()),
-                                             eng.options().n_ctx - s.n_past - 1);
-      spec->propose({{s.id, room}});
-      feed.insert(feed.end(), spec->drafts(s.id).begin(), spec->drafts(s.id).end());
-    }
-    const auto nd = static_cast<int32_t>(feed.size()) - 1;
-    eng.step({{&s, feed.data(), nd + 1, nd > 0}});
-    ++d.steps;
-    d.drafted += nd;
-    int32_t k = 0;
-    bool more = true;
-    for (; k < nd && more; ++k) {
-      const int32_t t = argmax(eng.logits(0, k), V);
-      if (t != feed[static_cast<size_t>(k) + 1]) break;
-      more = emit(t);
-    }
-    if (k < nd && more) eng.truncate(s, s.n_past - (nd - k));  // the drafts from k on
-    d.accepted += k;
-    if (nd > 0) spec->verified(s.id, k);
-    if (!more) break;
-    next = argmax(eng.logits(0, k), V);
+  std::vector<BatchEntry> batch;
+  for (bool more = decoder.first(g, l, take); more; more = g.next >= 0) {
+    g.max_drafts = n - static_cast<int64_t>(d.tokens.size());
+    batch.clear();
+    decoder.add_steps({&g}, batch);
+    eng.step(batch);
+    decoder.advance(g, 0, take);
   }
   d.seconds = now() - t0;
   d.streamed = eng.totals().bytes_in - in0;
+  d.steps = g.steps;
+  d.drafted = g.drafted;
+  d.accepted = g.accepted;
   return d;
 }
 
@@ -500,12 +489,7 @@ void spec_bench(BenchArgs& a, const Model& model, const std::vector<int64_t>& de
         const float* l = nullptr;
         for (int32_t j = 0; j < n_prompt; j += a.n_batch)
           l = eng.eval(s, prompt.data() + j, std::min(a.n_batch, n_prompt - j));
-        if (spec) {
-          SamplerParams greedy;
-          greedy.temp = 0;
-          spec->start(s.id, prompt.data(), n_prompt, greedy);
-        }
-        out.push_back(decode_greedy(eng, s, l, a.n_gen, model.config.n_vocab, spec));
+        out.push_back(decode_greedy(eng, s, prompt, l, a.n_gen, model.config.n_vocab, spec));
         eng.close_sequence(s);
       }
       progress.finish();

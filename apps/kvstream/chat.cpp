@@ -13,6 +13,7 @@
 
 #include "commands.h"
 #include "kvs/engine/engine.h"
+#include "kvs/engine/generate.h"
 #include "kvs/engine/sampler.h"
 #include "kvs/model/model.h"
 #include "kvs/util/error.h"
@@ -254,60 +255,34 @@ class Chat {
   // The answer to a message (`target`: the conversation up to it, in the KV; `logits`: of its
   // last token), streamed: every chosen token but the last goes into the KV, the template's
   // end of turn being part of the next prompt. With --spec a step also carries the drafts its
-  // drafter proposes, the whole conversation being its history; the first rejected one and
-  // those after it are rolled back.
+  // drafter proposes, the whole conversation being its history (Decoder).
   void answer(const std::vector<int32_t>& target, const float* logits, StreamDecoder& dec,
               std::string& reply, TurnStats& st, bool& full) {
-    const int32_t n_ctx = eng_.options().n_ctx, n_vocab = model_.config.n_vocab;
-    if (spec_.on()) {
-      SamplerParams sp = sampler_.params();
-      sp.seed = sampler_.seed();
-      spec_.start(0, target.data(), static_cast<int32_t>(target.size()), sp);
-    }
+    const int32_t n_ctx = eng_.options().n_ctx;
+    Decoder decoder(eng_, model_.config.n_vocab, &spec_);
+    Decoding d{&seq_, &sampler_};
+    decoder.start(d, target.data(), static_cast<int32_t>(target.size()));
     // Shows a chosen token (`n_past` positions before it); false when the answer ends with it.
-    auto take = [&](int32_t id, int32_t n_past) {
+    const Decoder::Take take = [&](int32_t id, const float*, int32_t n_past, bool) {
       ++st.answer_tokens;
-      if (spec_.on()) spec_.accept(0, id);
+      kv_.push_back(id);  // until the end, which keeps those the KV holds
       if (!g_.ignore_eos && tok_.is_eog(id)) return false;
       emit(dec.push(id), reply);
       if (st.answer_tokens == n_predict_) return false;
       full = n_past >= n_ctx;
       return !full;
     };
-    int32_t id = sampler_.sample(logits, n_vocab);
-    std::vector<int32_t> feed;
-    for (bool more = take(id, seq_.n_past); more && !interrupted();) {
-      feed.assign(1, id);
-      if (spec_.on()) {
-        int64_t room = int64_t{n_ctx} - seq_.n_past - 1;
-        if (n_predict_ >= 0) room = std::min(room, n_predict_ - st.answer_tokens - 1);
-        spec_.propose({{0, room}});
-        const std::vector<int32_t>& d = spec_.drafts(0);
-        feed.insert(feed.end(), d.begin(), d.end());
-      }
-      const auto n = static_cast<int32_t>(feed.size());
-      eng_.step({BatchEntry{&seq_, feed.data(), n, n > 1}});
-      kv_.insert(kv_.end(), feed.begin(), feed.end());
-      st.drafted += n - 1;
-      int32_t accepted = 0;
-      for (int32_t j = 0; j < n; ++j) {
-        bool ok = false;
-        id = j + 1 < n ? sampler_.verify(eng_.logits(0, j), n_vocab,
-                                         feed[static_cast<size_t>(j) + 1], spec_.q(0, j), &ok)
-                       : sampler_.sample(eng_.logits(0, j), n_vocab);
-        st.accepted += ok;
-        accepted += ok;
-        const int32_t kept = seq_.n_past - (n - 1 - j);  // the positions before id
-        more = take(id, kept);
-        if (ok && more) continue;
-        if (kept < seq_.n_past) {
-          eng_.truncate(seq_, kept);
-          kv_.resize(static_cast<size_t>(kept));
-        }
-        break;
-      }
-      if (n > 1) spec_.verified(0, accepted);
+    std::vector<BatchEntry> batch;
+    for (bool more = decoder.first(d, logits, take); more && !interrupted(); more = d.next >= 0) {
+      if (n_predict_ >= 0) d.max_drafts = n_predict_ - st.answer_tokens - 1;
+      batch.clear();
+      decoder.add_steps({&d}, batch);
+      eng_.step(batch);
+      decoder.advance(d, 0, take);
     }
+    kv_.resize(static_cast<size_t>(seq_.n_past));
+    st.drafted = d.drafted;
+    st.accepted = d.accepted;
   }
 
   static SamplerParams params(const GenArgs& g) {

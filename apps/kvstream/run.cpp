@@ -12,6 +12,7 @@
 #include "structured.h"
 #include "kvs/backend/device.h"
 #include "kvs/engine/engine.h"
+#include "kvs/engine/generate.h"
 #include "kvs/engine/sampler.h"
 #include "kvs/model/model.h"
 #include "kvs/util/error.h"
@@ -239,114 +240,70 @@ void prefill_all(const RunArgs& a, Engine& eng, const std::vector<std::vector<in
 
 // Decode: every unfinished sequence in one batch per step; a finished one gives its pages back
 // at once. One sequence's text streams to stdout; several are printed as they end. With --spec
-// a sequence's step also carries the drafts its drafter proposes, all verified by that one
-// step; the first rejected one and those after it are rolled back.
+// a sequence's step also carries the drafts its drafter proposes (Decoder).
 void decode_all(const RunArgs& a, Engine& eng, Speculator& spec, const Tokenizer& tok,
                 std::vector<Sampler>& samplers, const std::vector<std::vector<int32_t>>& prompts,
                 int64_t n_predict, int32_t n_vocab, Outcome& r) {
   const size_t N = samplers.size();
   r.out.assign(N, {});
   r.texts.assign(N, {});
-  std::vector<StreamDecoder> decoders;
-  for (size_t i = 0; i < N; ++i) {
-    decoders.emplace_back(tok);
-    if (!spec.on()) continue;
-    SamplerParams sp = samplers[i].params();
-    sp.seed = samplers[i].seed();  // the drafts' generator follows the printed seed
-    spec.start(static_cast<int32_t>(i), prompts[i].data(), static_cast<int32_t>(prompts[i].size()),
-               sp);
-  }
   const bool prefilled = !interrupted();
-  std::vector<bool> live(N, n_predict > 0 && prefilled);
-  std::vector<const float*> cur(N);
-  // A token already chosen (a rejected draft's replacement) that the next step feeds.
-  std::vector<int32_t> pending(N, -1);
-  std::vector<std::vector<int32_t>> feed(N);  // the step's tokens: the last chosen, then drafts
-  for (size_t i = 0; i < r.first_logits.size(); ++i) cur[i] = r.first_logits[i].data();
+  Decoder decoder(eng, n_vocab, &spec);
+  std::vector<Decoding> ds(N);
+  std::vector<StreamDecoder> decoders;
+  for (size_t u = 0; u < N; ++u) {
+    decoders.emplace_back(tok);
+    if (!prefilled) continue;
+    ds[u].seq = &r.seqs[u];
+    ds[u].sampler = &samplers[u];
+    decoder.start(ds[u], prompts[u].data(), static_cast<int32_t>(prompts[u].size()));
+  }
   const bool stream_text = N == 1;
-  // Emits a chosen token; false when the sequence ends with it (and its pages are given back).
-  auto emit = [&](size_t u, int32_t id) {
-    r.out[u].push_back(id);
-    if (spec.on()) spec.accept(static_cast<int32_t>(u), id);
-    const bool eog = !a.g.ignore_eos && tok.is_eog(id);
-    bool reversed = false;
-    if (!eog) {
-      std::string piece = decoders[u].push(id);
-      r.texts[u] += piece;
-      if (stream_text) {
-        std::fwrite(piece.data(), 1, piece.size(), stdout);
-        std::fflush(stdout);
+  // Sequence u's chosen tokens; false when the sequence ends with it.
+  std::vector<Decoder::Take> takes;
+  for (size_t u = 0; u < N; ++u)
+    takes.push_back([&, u](int32_t id, const float*, int32_t, bool) {
+      r.out[u].push_back(id);
+      const bool eog = !a.g.ignore_eos && tok.is_eog(id);
+      bool reversed = false;
+      if (!eog) {
+        std::string piece = decoders[u].push(id);
+        r.texts[u] += piece;
+        if (stream_text) {
+          std::fwrite(piece.data(), 1, piece.size(), stdout);
+          std::fflush(stdout);
+        }
+        // -r: only the text this piece completes can newly hold a reverse prompt.
+        for (const std::string& rp : a.reverse) {
+          const size_t from =
+              r.texts[u].size() - std::min(r.texts[u].size(), rp.size() + piece.size());
+          reversed |= !rp.empty() && r.texts[u].find(rp, from) != std::string::npos;
+        }
       }
-      // -r: only the text this piece completes can newly hold a reverse prompt.
-      for (const std::string& rp : a.reverse) {
-        const size_t from = r.texts[u].size() - std::min(r.texts[u].size(), rp.size() + piece.size());
-        reversed |= !rp.empty() && r.texts[u].find(rp, from) != std::string::npos;
-      }
-    }
-    if (eog || reversed || static_cast<int64_t>(r.out[u].size()) >= n_predict) {
-      live[u] = false;
-      eng.close_sequence(r.seqs[u]);
-      return false;
-    }
-    return true;
-  };
+      return !eog && !reversed && static_cast<int64_t>(r.out[u].size()) < n_predict;
+    });
   const double t1 = now();
-  std::vector<Speculator::Ask> asks;
-  while (prefilled && !interrupted()) {
-    std::vector<size_t> who;
-    asks.clear();
+  std::vector<Decoding*> who;
+  std::vector<BatchEntry> batch;
+  for (bool begun = false; prefilled && n_predict > 0 && !interrupted(); begun = true) {
+    who.clear();
     for (size_t u = 0; u < N; ++u) {
-      if (!live[u]) continue;
-      int32_t id = pending[u];
-      pending[u] = -1;
-      if (id < 0) {
-        id = samplers[u].sample(cur[u], n_vocab);  // also adds it to the history
-        if (!emit(u, id)) continue;
-      }
-      feed[u].assign(1, id);
-      who.push_back(u);
-      // No draft past the tokens still wanted or the context.
-      asks.push_back({static_cast<int32_t>(u),
-                      std::min<int64_t>(n_predict - static_cast<int64_t>(r.out[u].size()),
-                                        eng.options().n_ctx - r.seqs[u].n_past - 1)});
+      if (!begun && !decoder.first(ds[u], r.first_logits[u].data(), takes[u]))
+        eng.close_sequence(r.seqs[u]);
+      if (ds[u].next < 0) continue;
+      ds[u].max_drafts = n_predict - static_cast<int64_t>(r.out[u].size());
+      who.push_back(&ds[u]);
     }
     if (who.empty()) break;
-    if (spec.on()) spec.propose(asks);
-    std::vector<BatchEntry> batch;
-    for (size_t u : who) {
-      if (spec.on()) {
-        const std::vector<int32_t>& d = spec.drafts(static_cast<int32_t>(u));
-        feed[u].insert(feed[u].end(), d.begin(), d.end());
-      }
-      const auto n = static_cast<int32_t>(feed[u].size());
-      batch.push_back({&r.seqs[u], feed[u].data(), n, n > 1});
-    }
+    batch.clear();
+    decoder.add_steps(who, batch);
     eng.step(batch);
     r.decode.add(eng.last_step());
     if (a.s.verbose) print_step("decode", r.decode.steps, eng.last_step(), eng);
     for (size_t j = 0; j < who.size(); ++j) {
-      const size_t u = who[j];
-      const auto e = static_cast<int32_t>(j);
-      const auto n_draft = static_cast<int32_t>(feed[u].size()) - 1;
-      ++r.seq_steps;
-      cur[u] = eng.logits(e);
-      r.drafted += n_draft;
-      int32_t accepted = 0;
-      for (int32_t k = 0; k < n_draft; ++k) {
-        bool ok = false;
-        const int32_t t =
-            samplers[u].verify(eng.logits(e, k), n_vocab, feed[u][static_cast<size_t>(k) + 1],
-                               spec.q(static_cast<int32_t>(u), k), &ok);
-        accepted += ok;
-        if (!emit(u, t)) break;
-        if (!ok) {  // t replaces the draft; the drafts from it on leave the cache
-          eng.truncate(r.seqs[u], r.seqs[u].n_past - (n_draft - k));
-          pending[u] = t;
-          break;
-        }
-      }
-      r.accepted += accepted;
-      if (n_draft > 0) spec.verified(static_cast<int32_t>(u), accepted);
+      const auto u = static_cast<size_t>(who[j] - ds.data());
+      decoder.advance(*who[j], static_cast<int32_t>(j), takes[u]);
+      if (who[j]->next < 0) eng.close_sequence(r.seqs[u]);
     }
   }
   for (size_t u = 0; u < N; ++u) {
@@ -359,6 +316,9 @@ void decode_all(const RunArgs& a, Engine& eng, Speculator& spec, const Tokenizer
       std::printf("[%zu] %s\n", u + 1, r.texts[u].c_str());
     }
     if (u < r.seqs.size() && r.seqs[u].id >= 0) eng.close_sequence(r.seqs[u]);
+    r.seq_steps += ds[u].steps;
+    r.drafted += ds[u].drafted;
+    r.accepted += ds[u].accepted;
   }
   std::fflush(stdout);
   r.t_decode = now() - t1;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <exception>
+#include <limits>
 #include <optional>
 #include <unordered_map>
 
@@ -130,13 +131,17 @@ struct Scheduler::Generation {
   std::string held;
   std::unordered_map<int32_t, int32_t> counts;  // generated tokens, for the penalties
   std::vector<float> work;
-  int64_t generated = 0, drafted = 0, accepted = 0;
+  int64_t generated = 0;
   double t_admit = now(), t_first = 0;
 };
 
 Scheduler::Scheduler(Engine& eng, const Tokenizer& tok, int32_t max_queue, bool verbose,
                      Speculator* spec)
-    : eng_(eng), tok_(tok), max_queue_(max_queue), verbose_(verbose), spec_(spec) {
+    : eng_(eng),
+      tok_(tok),
+      max_queue_(max_queue),
+      verbose_(verbose),
+      decoder_(eng, tok.n_vocab(), spec) {
   slots_.resize(static_cast<size_t>(eng.options().n_seq));
   stats_.slots.resize(slots_.size());
   thread_ = std::thread([this] { loop(); });
@@ -207,16 +212,12 @@ void Scheduler::admit(std::unique_lock<std::mutex>& lock) {
       s.seq = eng_.open_sequence();
       s.gen = std::make_unique<Generation>(tok_, s.job->request);
       const auto& prompt = s.job->request.prompt;
-      if (spec_) {
-        SamplerParams sp = s.job->request.sampling;
-        sp.seed = s.gen->sampler.seed();  // the drafts' generator follows the request's seed
-        spec_->start(s.seq.id, prompt.data(), static_cast<int32_t>(prompt.size()), sp);
-      }
+      s.dec = Decoding{&s.seq, &s.gen->sampler};
+      decoder_.start(s.dec, prompt.data(), static_cast<int32_t>(prompt.size()));
       s.fed = s.cached =
           eng_.reuse_prefix(s.seq, prompt.data(), static_cast<int32_t>(prompt.size()));
       s.held = prompt;
       warn_cache();
-      s.next = -1;
       progress(s);
       lock.lock();
     }
@@ -295,8 +296,8 @@ void Scheduler::finish(Slot& s, const End& end) {
   e.cached_tokens = s.cached;
   e.prompt_s = g.t_first - g.t_admit;
   e.decode_s = now() - g.t_first;
-  e.drafted = g.drafted;
-  e.accepted = g.accepted;
+  e.drafted = s.dec.drafted;
+  e.accepted = s.dec.accepted;
   SlotInfo kv;
   count_pages(s, kv);
   e.n_past = s.seq.n_past;
@@ -336,52 +337,25 @@ void Scheduler::fail(Slot& s, const char* what) {
   job->push(ended(what));
 }
 
-int64_t Scheduler::room(const Slot& s) const {
-  // No draft past the context, nor one whose row could only give a token past max_tokens.
-  int64_t room = int64_t{eng_.options().n_ctx} - s.seq.n_past - 1;
-  const int64_t max_tokens = s.job->request.max_tokens;
-  if (max_tokens >= 0) room = std::min(room, max_tokens - s.gen->generated - 1);
-  return room;
-}
-
 int64_t Scheduler::advance(Slot& s, int32_t entry) {
   Generation& g = *s.gen;
   const GenRequest& r = s.job->request;
-  const int32_t n_vocab = tok_.n_vocab();
   if (g.generated == 0) g.t_first = now();
-  // A prompt's last chunk has no drafts; s.feed is the last decode step's.
-  const int32_t n_draft = s.next >= 0 ? static_cast<int32_t>(s.feed.size()) - 1 : 0;
-  const int32_t n_past = s.seq.n_past;
-  if (n_draft > 0) {
-    g.drafted += n_draft;
+  // A prompt's last chunk has no drafts.
+  if (const int64_t n_draft = std::max<int64_t>(0, std::ssize(s.dec.feed) - 1); n_draft > 0) {
     std::lock_guard<std::mutex> lock(mu_);
     stats_.drafted += n_draft;
   }
-  // Row j's logits follow the token at position n_past - n_draft - 1 + j and choose the one
-  // after it, where draft j + 1 stands.
-  const int32_t seq = s.seq.id;
-  for (int32_t j = 0;; ++j) {
-    const float* logits = eng_.logits(entry, j);
-    const float* from = g.penalised(r, logits, n_vocab);
-    bool ok = false;
-    const int32_t id = j < n_draft
-                           ? g.sampler.verify(from, n_vocab, s.feed[static_cast<size_t>(j) + 1],
-                                              spec_->q(seq, j), &ok)
-                           : g.sampler.sample(from, n_vocab);
-    const int32_t kept = n_past - (n_draft - j);  // the positions before id
-    const End end = deliver(s, id, logits, kept, ok);
-    // The drafts after id leave the KV (and so never reach the prompt cache).
-    if ((!ok || end.reason) && kept < s.seq.n_past) eng_.truncate(s.seq, kept);
-    if ((!ok || end.reason) && n_draft > 0) spec_->verified(seq, j + ok);
-    if (end.reason) {
-      finish(s, end);
-      return j + 1;
-    }
-    if (!ok) {
-      s.next = id;
-      return j + 1;
-    }
-  }
+  End end;
+  const int32_t n = decoder_.advance(
+      s.dec, entry,
+      [&](int32_t id, const float* row, int32_t n_past, bool ok) {
+        end = deliver(s, id, row, n_past, ok);
+        return end.reason == nullptr;
+      },
+      [&](const float* row) { return g.penalised(r, row, tok_.n_vocab()); });
+  if (end.reason) finish(s, end);
+  return n;
 }
 
 Scheduler::End Scheduler::deliver(Slot& s, int32_t id, const float* logits, int32_t n_past,
@@ -391,8 +365,6 @@ Scheduler::End Scheduler::deliver(Slot& s, int32_t id, const float* logits, int3
   ++g.counts[id];
   ++g.generated;
   s.held.push_back(id);
-  g.accepted += accepted;
-  if (spec_) spec_->accept(s.seq.id, id);
   {  // counted, and the slot shown decoding, before the client can see the token
     SlotInfo info;
     describe(s, info);
@@ -452,7 +424,7 @@ void Scheduler::count_pages(const Slot& s, SlotInfo& info) const {
 }
 
 void Scheduler::describe(const Slot& s, SlotInfo& info) const {
-  info.state = s.next < 0 ? "prefill" : "decode";
+  info.state = s.dec.next < 0 ? "prefill" : "decode";
   info.id_task = s.admitted;
   info.n_past = s.seq.n_past;
   info.prompt_tokens = static_cast<int64_t>(s.job->request.prompt.size());
@@ -495,7 +467,6 @@ void Scheduler::loop() {
   std::vector<BatchEntry> batch;
   std::vector<Slot*> who;
   std::vector<bool> samples;
-  std::vector<Speculator::Ask> asks;
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mu_);
@@ -515,27 +486,23 @@ void Scheduler::loop() {
     batch.clear();
     who.clear();
     samples.clear();
-    int32_t budget = n_batch;
-    asks.clear();
+    decoding_.clear();
     for (Slot& s : slots_)
-      if (s.job && s.next >= 0) asks.push_back({s.seq.id, room(s)});
-    if (spec_ && !asks.empty()) spec_->propose(asks);
-    for (Slot& s : slots_)
-      if (s.job && s.next >= 0) {
-        s.feed.assign(1, s.next);
-        if (spec_) {
-          const std::vector<int32_t>& d = spec_->drafts(s.seq.id);
-          s.feed.insert(s.feed.end(), d.begin(), d.end());
-        }
-        const auto n = static_cast<int32_t>(s.feed.size());
-        batch.push_back({&s.seq, s.feed.data(), n, n > 1});
+      if (s.job && s.dec.next >= 0) {
+        // No draft whose row could only give a token past max_tokens.
+        const int64_t max_tokens = s.job->request.max_tokens;
+        s.dec.max_drafts = max_tokens >= 0 ? max_tokens - s.gen->generated - 1
+                                           : std::numeric_limits<int64_t>::max();
+        decoding_.push_back(&s.dec);
         who.push_back(&s);
         samples.push_back(true);
-        budget -= n;
       }
+    decoder_.add_steps(decoding_, batch);
+    int32_t budget = n_batch;
+    for (const BatchEntry& e : batch) budget -= e.n;
     reading_.clear();
     for (Slot& s : slots_)
-      if (s.job && s.next < 0) reading_.push_back(&s);
+      if (s.job && s.dec.next < 0) reading_.push_back(&s);
     std::sort(reading_.begin(), reading_.end(),
               [](const Slot* x, const Slot* y) { return x->admitted < y->admitted; });
     for (Slot* sp : reading_) {
@@ -566,7 +533,7 @@ void Scheduler::loop() {
     }
     const StepStats step = eng_.last_step();
     for (size_t i = 0; i < who.size(); ++i)
-      if (Slot& s = *who[i]; s.next < 0) {
+      if (Slot& s = *who[i]; s.dec.next < 0) {
         progress(s);
         if (s.fed == static_cast<int32_t>(s.job->request.prompt.size())) {
           if (s.job->request.share_prompt) eng_.publish(s.seq);
@@ -576,9 +543,9 @@ void Scheduler::loop() {
     // The recurrent checkpoints inside prompts and before their last tokens.
     for (size_t i = 0; i < who.size(); ++i)
       if (Slot& s = *who[i];
-          s.next < 0 && checkpoint_due(s.fed - batch[i].n, s.fed,
-                                       static_cast<int32_t>(s.job->request.prompt.size()),
-                                       eng_.options().ctx_checkpoints))
+          s.dec.next < 0 && checkpoint_due(s.fed - batch[i].n, s.fed,
+                                           static_cast<int32_t>(s.job->request.prompt.size()),
+                                           eng_.options().ctx_checkpoints))
         eng_.checkpoint(s.seq);
     int64_t decoded = 0;
     for (size_t i = 0; i < who.size(); ++i) {

@@ -23,6 +23,7 @@
 
 #include "kvs/chat/chat_parse.h"
 #include "kvs/engine/engine.h"
+#include "kvs/engine/generate.h"
 #include "kvs/engine/sampler.h"
 #include "kvs/engine/speculation.h"
 #include "kvs/tokenizer/tokenizer.h"
@@ -155,8 +156,7 @@ class Scheduler {
     int64_t admitted = 0;  // admission order: earlier prompts get their chunks first
     int32_t fed = 0;       // prompt tokens in the KV
     int32_t cached = 0;    // of which the prompt cache gave
-    int32_t next = -1;     // the sampled token the next step feeds; -1 while reading the prompt
-    std::vector<int32_t> feed;  // a decode step's tokens: next, then the drafts
+    Decoding dec;          // dec.next: -1 while reading the prompt
     std::vector<int32_t> held;  // the tokens in its KV (prompt, then generated)
     std::vector<int32_t> last;  // those of its last request, once released (slot actions)
   };
@@ -182,12 +182,9 @@ class Scheduler {
   void release(Slot& s);
   // Shows the prompt cache's warnings (its disk tier's refused files, failed writes) on stderr.
   void warn_cache();
-  // The drafts that fit s's next decode step: the context's room and its request's.
-  int64_t room(const Slot& s) const;
   int32_t index(const Slot& s) const { return static_cast<int32_t>(&s - slots_.data()); }
-  // After the step of s (batch entry `entry`): its next token from the logits of its last row,
-  // or, after a verify step, each draft checked in turn, the first rejected one replaced and
-  // the rest rolled back; each token sent. Returns the tokens sent.
+  // After the step of s (batch entry `entry`): its next tokens (Decoder::advance), each sent.
+  // Returns the tokens sent.
   int64_t advance(Slot& s, int32_t entry);
   // Sends `id`, chosen from `logits` with `n_past` positions before it, and counts it.
   End deliver(Slot& s, int32_t id, const float* logits, int32_t n_past, bool accepted);
@@ -204,8 +201,9 @@ class Scheduler {
   const Tokenizer& tok_;
   const int32_t max_queue_;
   const bool verbose_;
-  Speculator* const spec_;
+  Decoder decoder_;
   std::vector<Slot> slots_;
+  std::vector<Decoding*> decoding_;  // scratch: the slots' decodings of a step
   std::vector<Slot*> reading_;  // scratch: the slots reading their prompts, in admission order
 
   mutable std::mutex mu_;  // guards queue_, stop_, stats_

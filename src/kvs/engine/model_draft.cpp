@@ -27,16 +27,6 @@ void check_draft_vocab(const Model& target, const Model& draft) {
             " (special ids)");
 }
 
-SamplerParams drafting_params(const SamplerParams& sp) {
-  SamplerParams p = sp;
-  p.grammar.reset();  // the target's sampler masks; a drafter only proposes
-  if (p.seed != Sampler::kSeedRandom) {
-    p.seed ^= 0x9E3779B97F4A7C15ull;
-    if (p.seed == Sampler::kSeedRandom) p.seed ^= 1;
-  }
-  return p;
-}
-
 namespace {
 
 EngineOptions draft_options(const ModelConfig& c, const EngineOptions& o, int32_t draft_max) {
@@ -75,9 +65,8 @@ int32_t len(const std::vector<int32_t>& v) {
 
 ModelDrafter::ModelDrafter(const Model& draft, const Model& target, Device& dev,
                            const EngineOptions& o, int32_t draft_max, double p_min)
-    : cfg_(draft.config),
-      p_min_(p_min),
-      draft_max_(draft_max),
+    : Drafter("draft model", draft.config.n_vocab, draft_max, p_min),
+      cfg_(draft.config),
       device_bytes_(dev.used()),
       eng_(draft_engine(draft, target, dev, draft_options(draft.config, o, draft_max))),
       seqs_(static_cast<size_t>(o.n_seq)) {
@@ -93,26 +82,7 @@ size_t ModelDrafter::planned_bytes(const ModelConfig& c, size_t weights, const E
          k.recurrent_bytes;
 }
 
-void ModelDrafter::start(int32_t seq, const int32_t* tokens, int32_t n, const SamplerParams& sp) {
-  Seq& s = seqs_.at(static_cast<size_t>(seq));
-  s.tokens.assign(tokens, tokens + n);
-  s.sampler.emplace(drafting_params(sp));
-  s.drafted = 0;
-  for (int32_t t : s.tokens) s.sampler->accept(t);
-}
-
-void ModelDrafter::accept(int32_t seq, int32_t token) {
-  Seq& s = seqs_.at(static_cast<size_t>(seq));
-  KVS_CHECK(s.sampler.has_value(), "draft model: sequence ", seq, " was not started");
-  s.sampler->forget(s.drafted);
-  s.drafted = 0;
-  s.tokens.push_back(token);
-  s.sampler->accept(token);
-}
-
 void ModelDrafter::sync(Seq& s) {
-  s.sampler->forget(s.drafted);
-  s.drafted = 0;
   // The last token is read again when the KV has it already: its logits start the drafts.
   const auto common =
       std::min(static_cast<int32_t>(
@@ -131,7 +101,7 @@ void ModelDrafter::sync(Seq& s) {
 }
 
 void ModelDrafter::propose(const std::vector<Ask>& asks) {
-  const int32_t V = cfg_.n_vocab, n_batch = eng_.options().n_batch;
+  const int32_t n_batch = eng_.options().n_batch;
   // Only full attention layers roll back to any position; window and recurrent layers undo
   // only the drafts of the last propose().
   const bool any_floor = cfg_.n_layers_of(LayerKind::Full) != cfg_.n_layer;
@@ -145,12 +115,8 @@ void ModelDrafter::propose(const std::vector<Ask>& asks) {
   std::vector<Live> live;
   batch_.clear();
   for (const Ask& a : asks) {
-    a.out->tokens.clear();
-    a.out->q.clear();
-    if (a.max <= 0) continue;
-    KVS_CHECK(a.max <= draft_max_, "draft model: ", a.max, " drafts, more than ", draft_max_);
+    if (!begin(a)) continue;
     Seq& s = seqs_.at(static_cast<size_t>(a.seq));
-    KVS_CHECK(s.sampler.has_value(), "draft model: sequence ", a.seq, " was not started");
     if (s.tokens.empty()) continue;
     sync(s);
     int32_t unread = len(s.tokens) - len(s.kv);
@@ -174,30 +140,14 @@ void ModelDrafter::propose(const std::vector<Ask>& asks) {
     std::vector<Live> next;
     for (size_t i = 0; i < live.size(); ++i) {
       const auto [a, s] = live[i];
-      Drafts& d = *a->out;
-      const int32_t t = next_draft(*s->sampler, eng_.logits(static_cast<int32_t>(i)), V, p_min_, d);
-      if (t < 0) continue;
-      ++s->drafted;
-      if (len(d.tokens) == a->max) continue;
-      batch_.push_back({&s->draft, &d.tokens.back(), 1, recurrent, recurrent});
+      if (!next_draft(*s, *a, eng_.logits(static_cast<int32_t>(i)))) continue;
+      const int32_t& t = a->out->tokens.back();
+      batch_.push_back({&s->draft, &t, 1, recurrent, recurrent});
       s->kv.push_back(t);
       next.push_back(live[i]);
     }
     live = std::move(next);
   }
-}
-
-int32_t next_draft(Sampler& s, const float* logits, int32_t n_vocab, double p_min, Drafts& d) {
-  const bool sampled = s.params().temp > 0;
-  const size_t k = d.tokens.size(), V = static_cast<size_t>(n_vocab);
-  if (sampled) d.q.resize((k + 1) * V);
-  const int32_t t = s.draft(logits, n_vocab, p_min, sampled ? d.q.data() + k * V : nullptr);
-  if (t < 0) {  // too unsure to be worth verifying: the drafts end
-    if (sampled) d.q.resize(k * V);
-    return -1;
-  }
-  d.tokens.push_back(t);
-  return t;
 }
 
 }  // namespace kvs

@@ -7,11 +7,10 @@
 #pragma once
 
 #include <cstdint>
-#include <optional>
 #include <vector>
 
+#include "kvs/engine/drafter.h"
 #include "kvs/engine/engine.h"
-#include "kvs/engine/sampler.h"
 
 namespace kvs {
 
@@ -19,23 +18,7 @@ namespace kvs {
 // the draft model's vocabulary is the target's.
 void check_draft_vocab(const Model& target, const Model& draft);
 
-// A drafter's sampling: the target's sp with a generator of its own (the drafts must not be
-// drawn from the numbers the target's verify() draws).
-SamplerParams drafting_params(const SamplerParams& sp);
-
-// One sequence's drafts of a step.
-struct Drafts {
-  std::vector<int32_t> tokens;
-  // Sampling with a temperature: [tokens][n_vocab], the drafter's distribution each token was
-  // drawn from (for Sampler::verify); empty: greedy.
-  std::vector<float> q;
-};
-
-// The next draft of d from a drafter's logits (Sampler::draft with p_min), its distribution
-// kept in d.q when sampling; -1 where the drafter is too unsure and the drafts end.
-int32_t next_draft(Sampler& s, const float* logits, int32_t n_vocab, double p_min, Drafts& d);
-
-class ModelDrafter {
+class ModelDrafter final : public Drafter {
  public:
   // The draft engine's options follow the target's (o: -c, -b, --parallel, --page-size, -ctk,
   // -ctv), its KV resident, drafting up to draft_max tokens a step of the target. p_min: drafting
@@ -45,21 +28,9 @@ class ModelDrafter {
   ModelDrafter(const Model& draft, const Model& target, Device& dev, const EngineOptions& o,
                int32_t draft_max, double p_min);
 
-  // Sequence seq (< --parallel) now holds `tokens` (a prompt, a conversation so far): its
-  // draft sequence keeps the positions that begin alike. sp: the target's sampling; the drafts
-  // are drawn with its temperature and filters from a generator of their own.
-  void start(int32_t seq, const int32_t* tokens, int32_t n, const SamplerParams& sp);
-  // A token the target chose for seq.
-  void accept(int32_t seq, int32_t token);
-
-  struct Ask {
-    int32_t seq = 0;
-    int32_t max = 0;        // drafts at most
-    Drafts* out = nullptr;  // replaced
-  };
   // The drafts of several sequences, their draft model steps batched. A sequence with more
   // than -b tokens still to read reads -b of them and drafts nothing this time.
-  void propose(const std::vector<Ask>& asks);
+  void propose(const std::vector<Ask>& asks) override;
 
   // What a draft model of config c (its matrices: `weights` bytes) takes on the device beside a
   // target of options o, without building it: its weights, activations and logits, and its
@@ -71,23 +42,18 @@ class ModelDrafter {
   size_t device_bytes() const { return device_bytes_; }  // weights, buffers and KV
 
  private:
-  struct Seq {
-    Sequence draft;               // in the draft engine
-    std::vector<int32_t> tokens;  // the target's, as accepted
-    std::vector<int32_t> kv;      // the draft KV's
+  struct Seq : Track {
+    Sequence draft;           // in the draft engine
+    std::vector<int32_t> kv;  // the draft KV's
     // The draft KV keeps no position below this through a rollback (window and recurrent
     // layers undo only the last drafts); it starts again from nothing instead.
     int32_t floor = 0;
-    std::optional<Sampler> sampler;
-    int32_t drafted = 0;  // tokens the sampler's history holds beyond `tokens`
   };
-  // Rolls s's KV back to what it shares with its tokens (from scratch under the floor) and
-  // drops the drafts from its sampler's history.
+  Track& track(int32_t seq) override { return seqs_.at(static_cast<size_t>(seq)); }
+  // Rolls s's KV back to what it shares with its tokens (from scratch under the floor).
   void sync(Seq& s);
 
   const ModelConfig& cfg_;
-  const double p_min_;
-  const int32_t draft_max_;
   size_t device_bytes_ = 0;
   Engine eng_;
   std::vector<Seq> seqs_;

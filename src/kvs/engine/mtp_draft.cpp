@@ -71,10 +71,9 @@ int32_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>&
 
 MtpDrafter::MtpDrafter(const Model& target, Device& dev, const EngineOptions& o, int32_t draft_max,
                        double p_min)
-    : cfg_(target.config),
+    : Drafter("MTP", target.config.n_vocab, draft_max, p_min),
+      cfg_(target.config),
       dev_(dev),
-      p_min_(p_min),
-      draft_max_(draft_max),
       keep_(o.n_verify),
       device_bytes_(dev.used()),
       block_(block_model(target)),
@@ -102,23 +101,6 @@ void MtpDrafter::follow(Engine& target) {
                 target.options().n_verify <= keep_,
             "--spec mtp: the target's engine has other options than the MTP block's");
   target.observe(this);
-}
-
-void MtpDrafter::start(int32_t seq, const int32_t* tokens, int32_t n, const SamplerParams& sp) {
-  Seq& s = seqs_.at(static_cast<size_t>(seq));
-  s.tokens.assign(tokens, tokens + n);
-  s.sampler.emplace(drafting_params(sp));
-  s.drafted = 0;
-  for (int32_t t : s.tokens) s.sampler->accept(t);
-}
-
-void MtpDrafter::accept(int32_t seq, int32_t token) {
-  Seq& s = seqs_.at(static_cast<size_t>(seq));
-  KVS_CHECK(s.sampler.has_value(), "MTP: sequence ", seq, " was not started");
-  s.sampler->forget(s.drafted);
-  s.drafted = 0;
-  s.tokens.push_back(token);
-  s.sampler->accept(token);
 }
 
 void MtpDrafter::still_true(Seq& s, const std::vector<int32_t>& tokens) {
@@ -201,25 +183,18 @@ void MtpDrafter::stepped(const Engine& e, const std::vector<BatchEntry>& batch) 
   }
 }
 
-void MtpDrafter::propose(const std::vector<ModelDrafter::Ask>& asks) {
-  const int32_t V = cfg_.n_vocab;
+void MtpDrafter::propose(const std::vector<Ask>& asks) {
   const int64_t d = cfg_.n_embd;
   const float *out_norm = norms_.as<float>() + 2 * d, *own_norm = out_norm + d;
   struct Live {
-    const ModelDrafter::Ask* ask;
+    const Ask* ask;
     Seq* seq;
   };
   std::vector<Live> live;
   batch_.clear();
-  for (const ModelDrafter::Ask& a : asks) {
-    a.out->tokens.clear();
-    a.out->q.clear();
-    if (a.max <= 0) continue;
-    KVS_CHECK(a.max <= draft_max_, "MTP: ", a.max, " drafts, more than ", draft_max_);
+  for (const Ask& a : asks) {
+    if (!begin(a)) continue;
     Seq& s = seqs_.at(static_cast<size_t>(a.seq));
-    KVS_CHECK(s.sampler.has_value(), "MTP: sequence ", a.seq, " was not started");
-    s.sampler->forget(s.drafted);
-    s.drafted = 0;
     // The target read up to q; it reads t_{q+1} next: entry q starts the drafts.
     const int32_t q = len(s.tokens) - 2;
     still_true(s, s.tokens);
@@ -242,15 +217,11 @@ void MtpDrafter::propose(const std::vector<ModelDrafter::Ask>& asks) {
     std::vector<Live> next;
     for (size_t i = 0; i < live.size(); ++i) {
       const auto [a, s] = live[i];
-      Drafts& dr = *a->out;
-      const int32_t t =
-          next_draft(*s->sampler, eng_.logits(static_cast<int32_t>(i)), V, p_min_, dr);
-      if (t < 0) continue;
-      ++s->drafted;
-      if (len(dr.tokens) == a->max) continue;
+      if (!next_draft(*s, *a, eng_.logits(static_cast<int32_t>(i)))) continue;
+      const int32_t& t = a->out->tokens.back();
       const auto at = static_cast<int64_t>(row_tok_.size());
       add_row(t, eng_.hidden(static_cast<int32_t>(i)), own_norm);
-      batch_.push_back({&s->mtp, &dr.tokens.back(), 1, false, false, in_.as<float>() + at * d});
+      batch_.push_back({&s->mtp, &t, 1, false, false, in_.as<float>() + at * d});
       next.push_back(live[i]);
     }
     live = std::move(next);

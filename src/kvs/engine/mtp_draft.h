@@ -17,16 +17,14 @@
 #pragma once
 
 #include <cstdint>
-#include <optional>
 #include <vector>
 
 #include "kvs/engine/engine.h"
-#include "kvs/engine/model_draft.h"
-#include "kvs/engine/sampler.h"
+#include "kvs/engine/drafter.h"
 
 namespace kvs {
 
-class MtpDrafter final : public StepObserver {
+class MtpDrafter final : public Drafter, public StepObserver {
  public:
   // o: the target's options (-c, -b, --parallel, --page-size, -ctk, -ctv, n_verify). Fails,
   // naming the model's file, unless it is a qwen35 model with an MTP block (before allocating
@@ -39,12 +37,9 @@ class MtpDrafter final : public StepObserver {
   // The target's engine, whose steps it is told of from now on; the sequence numbers of the
   // calls below are that engine's Sequence ids. The drafter must outlive its steps.
   void follow(Engine& target);
-  // As ModelDrafter's: sequence seq now holds `tokens`; sp: the target's sampling.
-  void start(int32_t seq, const int32_t* tokens, int32_t n, const SamplerParams& sp);
-  void accept(int32_t seq, int32_t token);
   // The drafts of several sequences, the block's steps batched; none for a sequence whose
   // target state it does not have (a position the target read without a step it saw).
-  void propose(const std::vector<ModelDrafter::Ask>& asks);
+  void propose(const std::vector<Ask>& asks) override;
 
   void stepped(const Engine& e, const std::vector<BatchEntry>& batch) override;
 
@@ -54,18 +49,16 @@ class MtpDrafter final : public StepObserver {
   size_t device_bytes() const { return device_bytes_; }  // weights, buffers and KV
 
  private:
-  struct Seq {
-    Sequence mtp;                 // in eng_: position q holds entry q
-    std::vector<int32_t> tokens;  // the target's, as accepted
-    std::vector<int32_t> seen;    // what the target's KV held after the last step it was told of
+  struct Seq : Track {
+    Sequence mtp;               // in eng_: position q holds entry q
+    std::vector<int32_t> seen;  // what the target's KV held after the last step it was told of
     // Entries [0, n_true) come from the target's states and the tokens basis[0 .. n_true]; they
     // hold while those begin the target's tokens. The KV may hold drafted entries after them.
     int32_t n_true = 0;
     std::vector<int32_t> basis;
     int32_t first = 0, kept = 0;  // the positions of the target's last step whose rows are kept
-    std::optional<Sampler> sampler;
-    int32_t drafted = 0;  // tokens the sampler's history holds beyond `tokens`
   };
+  Track& track(int32_t seq) override { return seqs_.at(static_cast<size_t>(seq)); }
   // Keeps the true entries while their tokens begin `tokens`.
   static void still_true(Seq& s, const std::vector<int32_t>& tokens);
   // Row i of the target's state at position q kept for s (q in [first, first + kept)).
@@ -77,8 +70,7 @@ class MtpDrafter final : public StepObserver {
 
   const ModelConfig& cfg_;
   Device& dev_;
-  const double p_min_;
-  const int32_t draft_max_, keep_;  // rows kept per sequence: n_verify
+  const int32_t keep_;  // rows kept per sequence: n_verify
   size_t device_bytes_ = 0;
   Model block_;     // the MTP block as a one-layer model over the target's embedding and head
   Matrix eh_proj_;  // [n_embd x 2 n_embd], placed on the device

@@ -23,7 +23,7 @@ int32_t DraftLength::next(int32_t lo, int32_t hi, bool streaming) const {
 }
 
 Speculator::Speculator(const SpecOptions& o, Engine& target, ModelDrafter* draft, MtpDrafter* mtp)
-    : opt_(o), target_(target), draft_(draft), mtp_(mtp) {
+    : opt_(o), target_(target), drafter_(draft ? static_cast<Drafter*>(draft) : mtp) {
   KVS_CHECK((o.mode == SpecMode::Draft) == (draft != nullptr),
             "speculation: a draft model is for --spec draft, and --spec draft needs one");
   KVS_CHECK((o.mode == SpecMode::Mtp) == (mtp != nullptr),
@@ -45,17 +45,14 @@ void Speculator::start(int32_t seq, const int32_t* tokens, int32_t n, const Samp
   if (opt_.mode == SpecMode::Ngram) {
     s.ngram = NgramDrafter{};
     s.ngram.accept(tokens, n);
-  } else if (draft_) {
-    draft_->start(seq, tokens, n, sp);
-  } else if (mtp_) {
-    mtp_->start(seq, tokens, n, sp);
+  } else if (drafter_) {
+    drafter_->start(seq, tokens, n, sp);
   }
 }
 
 void Speculator::accept(int32_t seq, int32_t token) {
   if (opt_.mode == SpecMode::Ngram) seqs_.at(static_cast<size_t>(seq)).ngram.accept(token);
-  if (draft_) draft_->accept(seq, token);
-  if (mtp_) mtp_->accept(seq, token);
+  if (drafter_) drafter_->accept(seq, token);
 }
 
 void Speculator::propose(const std::vector<Ask>& asks) {
@@ -71,15 +68,10 @@ void Speculator::propose(const std::vector<Ask>& asks) {
     if (max < opt_.draft_min) continue;
     if (opt_.mode == SpecMode::Ngram)
       s.drafts.tokens = s.ngram.propose(max);
-    else if (draft_ || mtp_)
+    else if (drafter_)
       asks_.push_back({a.seq, max, &s.drafts});
   }
-  if (!asks_.empty()) {
-    if (draft_)
-      draft_->propose(asks_);
-    else
-      mtp_->propose(asks_);
-  }
+  if (!asks_.empty()) drafter_->propose(asks_);
   for (const Ask& a : asks) {
     Drafts& d = seqs_.at(static_cast<size_t>(a.seq)).drafts;
     if (static_cast<int32_t>(d.tokens.size()) >= opt_.draft_min) continue;

@@ -2,8 +2,8 @@
 // target engine a prompt lookup (NgramDrafter), a sequence of a draft model (ModelDrafter) or of
 // the model's own MTP block (MtpDrafter), and
 // the draft length each step asks for, adapted to how many drafts the target accepts and to
-// whether its steps stream. The callers verify the drafts (Sampler::verify with q()) in the step
-// of the token before them and tell the outcome (verified()).
+// whether its steps stream. The Decoder (generate.h) verifies the drafts (Sampler::verify with
+// q()) in the step of the token before them and tells the outcome (verified()).
 #pragma once
 
 #include <cstdint>
@@ -79,10 +79,9 @@ class Speculator {
 
   SpecOptions opt_;
   const Engine& target_;
-  ModelDrafter* draft_;
-  MtpDrafter* mtp_;
+  Drafter* drafter_;  // the draft model or the MTP block; null for the others
   std::vector<Seq> seqs_;
-  std::vector<ModelDrafter::Ask> asks_;  // scratch
+  std::vector<Drafter::Ask> asks_;  // scratch
 };
 
 }  // namespace kvs

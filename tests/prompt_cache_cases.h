@@ -95,9 +95,9 @@ struct Feeder {
 // With `cached`: a first sequence reads prompt1, decodes gen1 and closes; a second one reads
 // prompt2 (which begins with part of the first's tokens) from what the cache gives, then
 // decodes. Without: the second alone, on an engine without a cache, chunked differently.
-inline Turns run(const MakeDevice& make, const Model& m, const CacheCase& c, bool cached, const std::vector<int32_t>& prompt1,
-          const std::vector<int32_t>& gen1, const std::vector<int32_t>& prompt2,
-          const std::vector<int32_t>& gen2) {
+inline Turns run(const MakeDevice& make, const Model& m, const CacheCase& c, bool cached,
+                 const std::vector<int32_t>& prompt1, const std::vector<int32_t>& gen1,
+                 const std::vector<int32_t>& prompt2, const std::vector<int32_t>& gen2) {
   EngineOptions o;
   o.n_ctx = c.n_ctx;
   o.n_batch = c.batch;
@@ -224,7 +224,6 @@ inline void cached_prefixes_give_the_cold_logits(const MakeDevice& make,
   EXPECT_GE(hits, min_hits);          // the cases must reuse pages, not miss
   EXPECT_GE(streamed, min_streamed);  // and the smallest arenas must stream them
 }
-
 
 inline EngineOptions small_options(const Model& m, KvMode mode, int32_t n_seq, bool cached,
                                    int32_t n_batch = 32) {

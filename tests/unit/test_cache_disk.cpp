@@ -119,8 +119,8 @@ TEST(CacheDisk, EvictedEntriesComeBackAlsoAfterARestart) {
     EXPECT_EQ(c->stats().disk_reads, 1);
     EXPECT_EQ(c->stats().disk_writes, 2);
     EXPECT_EQ(c->stats().checkpoints, 1);
-  }  // everything still held goes to disk
-  auto c = cache_on(d.path / "", 3);  // DIR/ is DIR
+  }                                           // everything still held goes to disk
+  auto c = cache_on(d.path / "", 3);          // DIR/ is DIR
   EXPECT_EQ(entry_files(d.path).size(), 4u);  // b's leaf, then the three held at the end
   int32_t state = 0;
   EXPECT_EQ(found(*c, b, &state), (std::vector<int32_t>{5, 6}));

@@ -42,7 +42,6 @@ struct CacheChecksum {
   }
 };
 
-
 // What the index knows of an entry file without reading it whole.
 struct DiskEntry {
   uint64_t key = 0, parent = 0;

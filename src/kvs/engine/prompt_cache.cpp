@@ -120,9 +120,11 @@ std::vector<PromptCache::Iter> PromptCache::from_disk(const std::vector<uint64_t
     t.key = keys[i];
     t.kv = (it->kv = std::make_unique_for_overwrite<uint8_t[]>(shape_.page_bytes)).get();
     if (head.window)
-      t.window = (it->window = std::make_unique_for_overwrite<uint8_t[]>(shape_.window_bytes)).get();
+      t.window =
+          (it->window = std::make_unique_for_overwrite<uint8_t[]>(shape_.window_bytes)).get();
     for (const int32_t pos : head.checkpoints) {
-      it->checkpoints.push_back({pos, std::make_unique_for_overwrite<uint8_t[]>(shape_.state_bytes)});
+      it->checkpoints.push_back(
+          {pos, std::make_unique_for_overwrite<uint8_t[]>(shape_.state_bytes)});
       t.states.push_back(it->checkpoints.back().state.get());
     }
     out[i] = it;
@@ -221,8 +223,8 @@ CacheHit PromptCache::find(const int32_t* tokens, int32_t max_n) {
   ++stats_.lookups;
   ++generation_;  // entries read back from disk must not evict those matched before them
   const int32_t P = shape_.page_tokens;
-  std::vector<Iter> chain;  // pages matched whole
-  std::vector<uint64_t> keys;  // of the chain's pages
+  std::vector<Iter> chain;          // pages matched whole
+  std::vector<uint64_t> keys;       // of the chain's pages
   std::vector<uint64_t> disk_keys;  // of those on disk only, read back all at once below
   uint64_t parent = 0;
   for (int32_t i = 0; (i + 1) * P <= max_n; ++i) {
@@ -507,7 +509,8 @@ int32_t Engine::reuse_prefix(Sequence& s, const int32_t* tokens, int32_t n) {
   Slot& sl = slots_[static_cast<size_t>(s.id)];
   const size_t page = kv_.page_bytes();
   const int32_t pages = static_cast<int32_t>(hit.kv.size()), done = hit.n / P;
-  const int32_t window_first = host_mode() ? 0 : std::max(0, hit.n - cache_->shape().window_back) / P;
+  const int32_t window_first =
+      host_mode() ? 0 : std::max(0, hit.n - cache_->shape().window_back) / P;
   std::vector<std::pair<uint8_t*, const uint8_t*>> copies;
   for (int32_t il = 0, f = 0, w = 0; il < cfg_.n_layer; ++il) {
     if (recurrent(il)) continue;

@@ -12,6 +12,7 @@
 #include "kvs/backend/device.h"
 #include "kvs/engine/engine.h"
 #include "kvs/engine/generate.h"
+#include "kvs/engine/oracle_draft.h"
 #include "kvs/model/model.h"
 #include "kvs/tokenizer/tokenizer.h"
 #include "kvs/util/error.h"
@@ -33,6 +34,7 @@ struct BenchArgs {
   int32_t n_gen = 32, n_batch = 512;
   std::vector<int64_t> verify;  // --verify-tokens: tokens of one sequence a timed step verifies
   SpecArgs spec;
+  double accept = 0;  // --spec oracle: the chance that a draft is kept (--accept)
   std::string file;  // --spec: the prompt its drafts continue
   bool chat = false;
 };
@@ -472,23 +474,40 @@ void spec_bench(BenchArgs& a, const Model& model, const std::vector<int64_t>& de
   const std::unique_ptr<Model> draft_model = load_draft(a.spec, model);
   for (const std::string& mode_s : split(a.modes)) {
     EngineOptions plain_o = options(a, mode_s), spec_o = plain_o;
-    apply_speculation(a.spec, spec_o, a.backend);
+    apply_speculation(a.spec, spec_o, a.backend, true);
     plain_o.n_ctx = spec_o.n_ctx =
         context_of(max_depth + n_prompt + a.n_gen + spec_o.n_verify, "--depths, -f and --n-gen");
     check_host_kv(spec_o, model.config, a.backend);
     RandomTokens random_tokens{static_cast<uint32_t>(model.config.n_vocab)};
+    const std::unique_ptr<OracleDrafter> oracle =
+        a.spec.kind() == "oracle"
+            ? std::make_unique<OracleDrafter>(spec_o.n_seq, model.config.n_vocab,
+                                              a.spec.draft_max, a.accept, 43)
+            : nullptr;
     // Each depth's decodes, -r of each: fill, prompt, decode.
-    auto decodes = [&](Engine& eng, Speculator* spec, int64_t depth) {
+    // expected: the plain decodes at the depth, whose tokens the oracle's drafts follow.
+    auto decodes = [&](Engine& eng, Speculator* spec, int64_t depth,
+                       const std::vector<Decoded>& expected) {
       std::vector<Decoded> out;
       Progress progress(cat(mode_s, " at ", depth, ": ", spec ? "--spec" : "plain", " decode"),
                         int64_t{a.reps} * a.n_gen, true);
       for (int32_t r = 0; r < a.reps; ++r) {
         progress.update(int64_t{r} * a.n_gen);
         Sequence s = eng.open_sequence();
-        fill(a, eng, s, depth, mode_s, random_tokens, static_cast<uint32_t>(depth));
+        // The same history for the plain and the speculative decode of (depth, r), which must
+        // then give the same tokens.
+        RandomTokens history{static_cast<uint32_t>(model.config.n_vocab)};
+        history.rng.seed(static_cast<uint32_t>(depth * 1000 + r));
+        fill(a, eng, s, depth, mode_s, history, static_cast<uint32_t>(depth));
         const float* l = nullptr;
         for (int32_t j = 0; j < n_prompt; j += a.n_batch)
           l = eng.eval(s, prompt.data() + j, std::min(a.n_batch, n_prompt - j));
+        if (oracle && spec) {
+          std::vector<int32_t> e = prompt;
+          const std::vector<int32_t>& t = expected.at(static_cast<size_t>(r)).tokens;
+          e.insert(e.end(), t.begin(), t.end());
+          oracle->expect(s.id, std::move(e));
+        }
         out.push_back(decode_greedy(eng, s, prompt, l, a.n_gen, model.config.n_vocab, spec));
         eng.close_sequence(s);
       }
@@ -501,16 +520,17 @@ void spec_bench(BenchArgs& a, const Model& model, const std::vector<int64_t>& de
       device_name = dev->name();
       Engine eng(model, *dev, plain_o);
       warm_up(eng, random_tokens(std::min<int64_t>(a.n_batch, plain_o.n_ctx - 1) + 1));
-      for (int64_t depth : depths) plain.push_back(decodes(eng, nullptr, depth));
+      for (int64_t depth : depths) plain.push_back(decodes(eng, nullptr, depth, {}));
     }
     auto dev = device_of(a.s, a.backend, vram);
     const auto drafter = make_drafter(a.spec, draft_model.get(), model, *dev, spec_o);
     const auto mtp = make_mtp(a.spec, model, *dev, spec_o);
     Engine eng(model, *dev, spec_o, mtp ? &mtp->engine() : nullptr);
-    Speculator sp(spec_options(a.spec), eng, drafter.get(), mtp.get());
+    Speculator sp(spec_options(a.spec), eng,
+                  drafter ? static_cast<Drafter*>(drafter.get()) : oracle.get(), mtp.get());
     warm_up(eng, random_tokens(std::min<int64_t>(a.n_batch, spec_o.n_ctx - 1) + 1));
     for (size_t i = 0; i < depths.size(); ++i) {
-      spec.push_back(decodes(eng, &sp, depths[i]));
+      spec.push_back(decodes(eng, &sp, depths[i], plain[i]));
       const auto rate = [&](const std::vector<Decoded>& v) {
         std::vector<double> x;
         for (const Decoded& d : v)
@@ -549,11 +569,17 @@ void spec_bench(BenchArgs& a, const Model& model, const std::vector<int64_t>& de
           {"tokens_per_step", steps ? static_cast<double>(tokens) / steps : 0.0},
           {"streamed_bytes_per_token", tokens ? static_cast<double>(streamed) / tokens : 0.0},
           {"same_tokens", same}};
+      // The oracle's acceptance is chosen, not reached: the rows say so.
+      std::string label = a.spec.kind();
+      if (oracle) {
+        j["spec"]["accept_p"] = a.accept;
+        label = cat("oracle (drafts kept with P ", a.accept, ")");
+      }
       std::printf(
           "| %s | %s | %s/%s | %lld | tg%d spec %s | %s (%.2fx of %s) | %.1f %% accepted | "
           "%.2f tokens/step | %s%s |\n",
           a.s.model.c_str(), mode_s.c_str(), a.s.ctk.c_str(), a.s.ctv.c_str(),
-          static_cast<long long>(depths[i]), a.n_gen, a.spec.kind().c_str(), show(q, n).c_str(),
+          static_cast<long long>(depths[i]), a.n_gen, label.c_str(), show(q, n).c_str(),
           q.mean / p.mean, show(p, n).c_str(),
           drafted ? 100.0 * static_cast<double>(accepted) / drafted : 0.0,
           steps ? static_cast<double>(tokens) / steps : 0.0,
@@ -594,6 +620,9 @@ void bench(BenchArgs& a) {
     KVS_CHECK(d >= 0, "--depths: negative depth");
     max_depth = std::max(max_depth, d);
   }
+  KVS_CHECK((a.spec.kind() == "oracle") == (a.accept > 0),
+            "bench: --spec oracle needs --accept P (the chance a draft is kept), and --accept is "
+            "for --spec oracle");
   if (a.spec.on()) {
     KVS_CHECK(!a.file.empty(), "bench --spec: give the prompt the drafts continue with -f/--file");
     KVS_CHECK(a.spec.kind() != "mtp" || a.fill == "prefill" || depths == std::vector<int64_t>{0},
@@ -717,6 +746,11 @@ void register_bench(CLI::App& app, std::string command) {
                 "each (speculative verify steps, the drafts rolled back), e.g. 1,2,4,8: their "
                 "time against the one-token step's");
   add_speculation(c, a->spec);
+  c->add_option("--accept", a->accept,
+                "--spec oracle: drafts are the tokens a plain greedy run of the same prompt "
+                "produced, each kept with this probability and otherwise replaced by a wrong one "
+                "(a verify pipeline measured at a chosen acceptance, on any weights)")
+      ->check(CLI::Range(0.0, 1.0));
   c->add_option("-f,--file", a->file,
                 "--spec: the prompt the drafts continue (text), prefilled after each depth; "
                 "--n-gen tokens are then decoded greedily with and without speculation");

@@ -175,10 +175,13 @@ std::string SpecArgs::kind() const {
   return mode == "none" ? "off" : mode;
 }
 
-void apply_speculation(const SpecArgs& sp, EngineOptions& o, const std::string& backend) {
+void apply_speculation(const SpecArgs& sp, EngineOptions& o, const std::string& backend,
+                       bool bench) {
   const std::string kind = sp.kind();
-  KVS_CHECK(kind == "off" || kind == "ngram" || kind == "draft" || kind == "mtp",
-            "--spec must be off, ngram, draft or mtp, got '", sp.mode, "'");
+  KVS_CHECK(kind == "off" || kind == "ngram" || kind == "draft" || kind == "mtp" ||
+                (bench && kind == "oracle"),
+            "--spec must be off, ngram, draft or mtp", bench ? " (bench: or oracle)" : "",
+            ", got '", sp.mode, "'");
   KVS_CHECK(kind != "draft" || !sp.model_draft.empty(),
             "--spec draft needs a draft model: -md/--model-draft FILE");
   KVS_CHECK(kind == "draft" || sp.model_draft.empty(),
@@ -204,8 +207,9 @@ SpecOptions spec_options(const SpecArgs& sp) {
   SpecOptions o;
   o.mode = kind == "ngram"   ? SpecMode::Ngram
            : kind == "draft" ? SpecMode::Draft
-           : kind == "mtp"   ? SpecMode::Mtp
-                             : SpecMode::Off;
+           : kind == "mtp"    ? SpecMode::Mtp
+           : kind == "oracle" ? SpecMode::Oracle
+                              : SpecMode::Off;
   o.draft_max = sp.draft_max;
   o.draft_min = sp.draft_min;
   return o;

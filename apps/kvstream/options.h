@@ -73,18 +73,21 @@ void add_sampling(CLI::App* c, GenArgs& g);
 // are verified in the step of the token before them.
 // llama.cpp's -md, --draft-max/--draft-min, --draft-p-min and --spec-draft-n-* names.
 struct SpecArgs {
-  std::string mode;  // --spec, --spec-type: off (none), ngram, draft, mtp; empty: draft with -md
+  // --spec, --spec-type: off (none), ngram, draft, mtp (bench: oracle); empty: draft with -md
+  std::string mode;
   std::string model_draft;  // -md, --model-draft
   int32_t draft_max = 8, draft_min = 1;
   double p_min = 0.75;  // --draft-p-min
-  // off, ngram, draft or mtp, once apply_speculation() has checked the flags.
+  // off, ngram, draft, mtp or oracle, once apply_speculation() has checked the flags.
   std::string kind() const;
   bool on() const { return kind() != "off"; }
 };
 void add_speculation(CLI::App* c, SpecArgs& sp);
 // Checks the flags and makes room for the verify steps (o.n_verify); warns that on a GPU backend
-// verified logits are within its tolerance of one-token steps rather than the same bits.
-void apply_speculation(const SpecArgs& sp, EngineOptions& o, const std::string& backend);
+// verified logits are within its tolerance of one-token steps rather than the same bits. bench:
+// --spec oracle is allowed (bench's drafts of a chosen acceptance).
+void apply_speculation(const SpecArgs& sp, EngineOptions& o, const std::string& backend,
+                       bool bench = false);
 SpecOptions spec_options(const SpecArgs& sp);
 // --spec draft: the draft model (-md), its vocabulary checked against the target's; else null.
 std::unique_ptr<Model> load_draft(const SpecArgs& sp, const Model& target);

@@ -224,6 +224,40 @@ TEST_F(StreamCli, BenchSpecComparesWithPlainDecoding) {
   EXPECT_NE(bad.err.find("MTP drafts come from the nextn layer"), std::string::npos) << bad.err;
 }
 
+// bench --spec oracle: drafts of a chosen acceptance, from the plain run's tokens, over a history
+// that streams (prefilled with the same random tokens for both runs); the output is plain
+// decoding's at every P, every draft is kept at P 1, and fewer at P 0.5.
+TEST_F(StreamCli, BenchOracleDraftsHaveTheAcceptanceAskedFor) {
+  const std::string bench = "bench -m " + test::smollm2() + " -f " + source_dir_file() +
+                            " --n-gen 40 --page-size 8 -b 64 --kv-arena 1M --no-phase-arena "
+                            "--depths 0,300 --spec oracle --draft-max 3 --draft-min 3";
+  double acceptance[2] = {0, 0};
+  for (const char* p : {"1", "0.5"}) {
+    const Outcome o = kvstream(bench + " --accept " + p, std::string("bench_oracle_") + p);
+    ASSERT_EQ(o.status, 0) << o.err;
+    ASSERT_EQ(o.json["runs"].size(), 2u);
+    for (const auto& r : o.json["runs"]) {
+      const auto& sp = r["spec"];
+      EXPECT_TRUE(sp["same_tokens"].get<bool>()) << r.dump();
+      EXPECT_EQ(sp["mode"], "oracle");
+      EXPECT_EQ(sp["accept_p"].get<double>(), std::stod(p));
+      acceptance[p[0] == '1' ? 0 : 1] += sp["acceptance"].get<double>() / 2;
+    }
+    EXPECT_GT(o.json["runs"][1]["spec"]["streamed_bytes_per_token"].get<double>(), 0);
+    EXPECT_NE(o.out.find(std::string("oracle (drafts kept with P ") + p + ")"), std::string::npos)
+        << o.out;
+  }
+  EXPECT_EQ(acceptance[0], 1.0);
+  EXPECT_LT(acceptance[1], 0.6);
+  EXPECT_GT(acceptance[1], 0.1);
+  Outcome bad = kvstream(bench, "bench_oracle_no_p");
+  EXPECT_NE(bad.err.find("--spec oracle needs --accept P"), std::string::npos) << bad.err;
+  bad = kvstream("run -m " + test::smollm2() + " -p hi -n 1 --spec oracle", "run_oracle");
+  EXPECT_NE(bad.err.find("--spec must be off, ngram, draft or mtp, got 'oracle'"),
+            std::string::npos)
+      << bad.err;
+}
+
 TEST_F(StreamCli, BadStreamingInputIsRefusedClearly) {
   const std::string m = "run -m " + test::smollm2() + " -p hi -n 1";
   Outcome o = kvstream(m + " --kv-arena 1K", "small");

@@ -22,10 +22,10 @@ int32_t DraftLength::next(int32_t lo, int32_t hi, bool streaming) const {
   return static_cast<int32_t>(std::clamp(k, static_cast<double>(lo), static_cast<double>(hi)));
 }
 
-Speculator::Speculator(const SpecOptions& o, Engine& target, ModelDrafter* draft, MtpDrafter* mtp)
-    : opt_(o), target_(target), drafter_(draft ? static_cast<Drafter*>(draft) : mtp) {
-  KVS_CHECK((o.mode == SpecMode::Draft) == (draft != nullptr),
-            "speculation: a draft model is for --spec draft, and --spec draft needs one");
+Speculator::Speculator(const SpecOptions& o, Engine& target, Drafter* draft, MtpDrafter* mtp)
+    : opt_(o), target_(target), drafter_(draft ? draft : mtp) {
+  KVS_CHECK((o.mode == SpecMode::Draft || o.mode == SpecMode::Oracle) == (draft != nullptr),
+            "speculation: a drafter is for --spec draft or oracle, and they need one");
   KVS_CHECK((o.mode == SpecMode::Mtp) == (mtp != nullptr),
             "speculation: an MTP drafter is for --spec mtp, and --spec mtp needs one");
   if (mtp) mtp->follow(target);

@@ -13,10 +13,12 @@
 #include "kvs/engine/model_draft.h"
 #include "kvs/engine/mtp_draft.h"
 #include "kvs/engine/ngram_draft.h"
+#include "kvs/engine/oracle_draft.h"
 
 namespace kvs {
 
-enum class SpecMode { Off, Ngram, Draft, Mtp };
+// Oracle: kvstream bench's drafts of a chosen acceptance (oracle_draft.h).
+enum class SpecMode { Off, Ngram, Draft, Mtp, Oracle };
 
 struct SpecOptions {
   SpecMode mode = SpecMode::Off;
@@ -41,11 +43,11 @@ class DraftLength {
 
 class Speculator {
  public:
-  // draft: the draft model for SpecMode::Draft, mtp: the MTP block for SpecMode::Mtp (else
-  // null), which follows the target's steps from now on. target: the engine whose last step
-  // says whether the history streams; a sequence is an index below its --parallel (with mtp,
-  // its Sequence id).
-  Speculator(const SpecOptions& o, Engine& target, ModelDrafter* draft, MtpDrafter* mtp = nullptr);
+  // draft: the draft model for SpecMode::Draft or the oracle for SpecMode::Oracle, mtp: the MTP
+  // block for SpecMode::Mtp (else null), which follows the target's steps from now on. target:
+  // the engine whose last step says whether the history streams; a sequence is an index below
+  // its --parallel (with mtp, its Sequence id).
+  Speculator(const SpecOptions& o, Engine& target, Drafter* draft, MtpDrafter* mtp = nullptr);
 
   const SpecOptions& options() const { return opt_; }
   bool on() const { return opt_.mode != SpecMode::Off; }
@@ -79,7 +81,7 @@ class Speculator {
 
   SpecOptions opt_;
   const Engine& target_;
-  Drafter* drafter_;  // the draft model or the MTP block; null for the others
+  Drafter* drafter_;  // the draft model, the MTP block or the oracle; null for the others
   std::vector<Seq> seqs_;
   std::vector<Drafter::Ask> asks_;  // scratch
 };

@@ -1,5 +1,6 @@
 // kvstream bench: prefill and decode speed at chosen depths and KV modes, as a table like
 // llama-bench's and as JSON with every figure.
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdio>
@@ -25,7 +26,7 @@ namespace {
 struct BenchArgs {
   SharedArgs s;
   std::string depths = "0", modes = "auto", json_out, pair, fill = "prefill";
-  std::string n_gen_text = "32", n_prompt_text, verify_text;
+  std::string n_gen_text = "32", n_prompt_text, verify_text, ingest_text;
   int32_t reps = 1;
   std::string command;
   // Resolved from the text above and the model.
@@ -33,9 +34,10 @@ struct BenchArgs {
   EngineOptions base;
   int32_t n_gen = 32, n_batch = 512;
   std::vector<int64_t> verify;  // --verify-tokens: tokens of one sequence a timed step verifies
+  std::vector<int64_t> ingest;  // --ingest: whole prompts timed from an empty cache
   SpecArgs spec;
   double accept = 0;  // --spec oracle: the chance that a draft is kept (--accept)
-  std::string file;  // --spec: the prompt its drafts continue
+  std::string file;   // --spec: the prompt its drafts continue
   bool chat = false;
 };
 
@@ -398,6 +400,53 @@ void warm_up(Engine& eng, const std::vector<int32_t>& t) {
   eng.close_sequence(w);
 }
 
+// --ingest: per length n (ascending), a prompt of n random tokens read from an empty cache in
+// -b batches, as a client's whole prompt is, on one engine with room for the longest: its wall
+// time, tokens/s and the bytes it streamed.
+void ingest_runs(const BenchArgs& a, const Model& model, const std::string& mode, size_t vram,
+                 nlohmann::json& runs, std::string& device_name,
+                 const std::function<void()>& save) {
+  const int64_t longest = *std::max_element(a.ingest.begin(), a.ingest.end());
+  EngineOptions o = options(a, mode);
+  o.n_ctx = context_of(longest + 1, "--ingest");
+  check_host_kv(o, model.config, a.backend, cat("a context of ", o.n_ctx, " tokens (--ingest)"));
+  auto dev = device_of(a.s, a.backend, vram);
+  device_name = dev->name();
+  Engine eng(model, *dev, o);
+  RandomTokens random_tokens{static_cast<uint32_t>(model.config.n_vocab)};
+  warm_up(eng, random_tokens(std::min<int64_t>(a.n_batch, o.n_ctx - 1) + 1));
+  for (const int64_t n : a.ingest) {
+    const std::vector<int32_t> t = random_tokens(n);
+    Sequence s = eng.open_sequence();
+    Progress progress(cat(mode, ": ingest ", n, " tokens"), n, true);
+    const size_t in0 = eng.totals().bytes_in;
+    const double t0 = now();
+    for (int64_t i = 0; i < n; i += a.n_batch) {
+      const auto m = static_cast<int32_t>(std::min<int64_t>(a.n_batch, n - i));
+      eng.eval(s, t.data() + i, m);  // returns once the batch's logits are on the host
+      progress.update(i + m);
+    }
+    const double seconds = now() - t0;
+    progress.finish();
+    const size_t streamed = eng.totals().bytes_in - in0;
+    eng.close_sequence(s);
+    nlohmann::json j = run_json(a, eng, mode);
+    j["depth"] = 0;
+    j["ingest"] = {{"tokens", n},
+                   {"seconds", seconds},
+                   {"tokens_per_s", static_cast<double>(n) / seconds},
+                   {"batch", a.n_batch},
+                   {"streamed_bytes", streamed}};
+    std::printf("| %s | %s | %s/%s | 0 | ingest %lld (-b %d): %.2f s | %.2f | | | %s |\n",
+                a.s.model.c_str(), mode.c_str(), a.s.ctk.c_str(), a.s.ctv.c_str(),
+                static_cast<long long>(n), a.n_batch, seconds, static_cast<double>(n) / seconds,
+                format_bytes(streamed / static_cast<size_t>(n)).c_str());
+    std::fflush(stdout);
+    runs.push_back(j);
+    save();
+  }
+}
+
 // The JSON of a bench: what ran where, and its runs and pairs.
 nlohmann::json bench_json(const BenchArgs& a, const std::string& device, size_t vram,
                           const nlohmann::json& runs, const nlohmann::json& pairs) {
@@ -481,8 +530,8 @@ void spec_bench(BenchArgs& a, const Model& model, const std::vector<int64_t>& de
     RandomTokens random_tokens{static_cast<uint32_t>(model.config.n_vocab)};
     const std::unique_ptr<OracleDrafter> oracle =
         a.spec.kind() == "oracle"
-            ? std::make_unique<OracleDrafter>(spec_o.n_seq, model.config.n_vocab,
-                                              a.spec.draft_max, a.accept, 43)
+            ? std::make_unique<OracleDrafter>(spec_o.n_seq, model.config.n_vocab, a.spec.draft_max,
+                                              a.accept, 43)
             : nullptr;
     // Each depth's decodes, -r of each: fill, prompt, decode.
     // expected: the plain decodes at the depth, whose tokens the oracle's drafts follow.
@@ -611,6 +660,11 @@ void bench(BenchArgs& a) {
   a.base = engine_options(a.s, c);
   a.n_batch = a.base.n_batch;
   if (!a.verify_text.empty()) a.verify = parse_count_list(a.verify_text, "--verify-tokens");
+  if (!a.ingest_text.empty()) {
+    a.ingest = parse_count_list(a.ingest_text, "--ingest");
+    for (int64_t n : a.ingest) KVS_CHECK(n >= 1, "--ingest: ", n, " is not a prompt length");
+    std::sort(a.ingest.begin(), a.ingest.end());
+  }
   for (int64_t k : a.verify) {
     KVS_CHECK(k >= 1 && k <= 64, "--verify-tokens: ", k, " is not 1 to 64");
     a.base.n_verify = std::max(a.base.n_verify, static_cast<int32_t>(k));
@@ -628,8 +682,8 @@ void bench(BenchArgs& a) {
     KVS_CHECK(a.spec.kind() != "mtp" || a.fill == "prefill" || depths == std::vector<int64_t>{0},
               "bench --spec mtp: --fill random writes no keys for the MTP block; use --fill "
               "prefill or --depths 0");
-    KVS_CHECK(a.pair.empty() && a.verify.empty(),
-              "bench --spec: not with --pair or --verify-tokens");
+    KVS_CHECK(a.pair.empty() && a.verify.empty() && a.ingest.empty(),
+              "bench --spec: not with --pair, --verify-tokens or --ingest");
     const Tokenizer& tok = *model->tokenizer;
     std::string text = read_file(a.file);
     if (a.chat) text = tok.apply_chat({{"user", text}});
@@ -669,6 +723,7 @@ void bench(BenchArgs& a) {
       pairs.push_back(r);
       save();
     }
+    if (!a.ingest.empty()) ingest_runs(a, *model, mode_s, vram, runs, device_name, save);
     if (a.depths.empty()) continue;
     EngineOptions o = options(a, mode_s);
     const auto n_verify = static_cast<int64_t>(a.verify.size());
@@ -745,6 +800,10 @@ void register_bench(CLI::App& app, std::string command) {
                 "Also time, at each depth, steps of K tokens of one sequence with the logits of "
                 "each (speculative verify steps, the drafts rolled back), e.g. 1,2,4,8: their "
                 "time against the one-token step's");
+  c->add_option("--ingest", a->ingest_text,
+                "Also time whole prompts of these lengths, e.g. 32k,128k, each read from an "
+                "empty cache in -b batches: the time to ingest a prompt (the depths then run "
+                "only where --depths is given)");
   add_speculation(c, a->spec);
   c->add_option("--accept", a->accept,
                 "--spec oracle: drafts are the tokens a plain greedy run of the same prompt "
@@ -757,7 +816,7 @@ void register_bench(CLI::App& app, std::string command) {
   c->add_flag("--chat", a->chat, "--spec: wrap the prompt in the model's chat template");
   c->add_option("--json", a->json_out, "Write every figure as JSON to this file");
   c->callback([a, depths] {
-    if (!a->pair.empty() && depths->count() == 0) a->depths.clear();
+    if ((!a->pair.empty() || !a->ingest_text.empty()) && depths->count() == 0) a->depths.clear();
     bench(*a);
   });
 }

@@ -205,8 +205,8 @@ void apply_speculation(const SpecArgs& sp, EngineOptions& o, const std::string& 
 SpecOptions spec_options(const SpecArgs& sp) {
   const std::string kind = sp.kind();
   SpecOptions o;
-  o.mode = kind == "ngram"   ? SpecMode::Ngram
-           : kind == "draft" ? SpecMode::Draft
+  o.mode = kind == "ngram"    ? SpecMode::Ngram
+           : kind == "draft"  ? SpecMode::Draft
            : kind == "mtp"    ? SpecMode::Mtp
            : kind == "oracle" ? SpecMode::Oracle
                               : SpecMode::Off;
@@ -389,20 +389,32 @@ void apply_threads(const SharedArgs& a) {
 
 std::vector<std::string> rewrite_llama_flags(int argc, char** argv) {
   static const std::pair<const char*, const char*> kLong[] = {
-      {"-ngl", "--n-gpu-layers"},       {"-np", "--parallel"},
-      {"-sys", "--system-prompt"},      {"-cnv", "--conversation"},
-      {"-no-cnv", "--no-conversation"}, {"-ctk", "--cache-type-k"},
-      {"-ctv", "--cache-type-v"},       {"-to", "--timeout"},
+      {"-ngl", "--n-gpu-layers"},
+      {"-np", "--parallel"},
+      {"-sys", "--system-prompt"},
+      {"-cnv", "--conversation"},
+      {"-no-cnv", "--no-conversation"},
+      {"-ctk", "--cache-type-k"},
+      {"-ctv", "--cache-type-v"},
+      {"-to", "--timeout"},
       {"-md", "--model-draft"},
       // llama-server's and llama-cli's, which CLI11 would read as -s m, -c b, -s t, ...
-      {"-ub", "--ubatch-size"},         {"-cb", "--cont-batching"},
-      {"-nocb", "--no-cont-batching"},  {"-sm", "--split-mode"},
-      {"-st", "--single-turn"},         {"-kvu", "--kv-unified"},
-      {"-cram", "--cache-ram"},         {"-ctxcp", "--ctx-checkpoints"},
-      {"-tb", "--threads-batch"},       {"-lv", "--verbosity"},
-      {"-rea", "--reasoning"},          {"-dev", "--device"},
-      {"-nkvo", "--no-kv-offload"},     {"-kvo", "--kv-offload"},
-      {"-mg", "--main-gpu"},            {"-ts", "--tensor-split"},
+      {"-ub", "--ubatch-size"},
+      {"-cb", "--cont-batching"},
+      {"-nocb", "--no-cont-batching"},
+      {"-sm", "--split-mode"},
+      {"-st", "--single-turn"},
+      {"-kvu", "--kv-unified"},
+      {"-cram", "--cache-ram"},
+      {"-ctxcp", "--ctx-checkpoints"},
+      {"-tb", "--threads-batch"},
+      {"-lv", "--verbosity"},
+      {"-rea", "--reasoning"},
+      {"-dev", "--device"},
+      {"-nkvo", "--no-kv-offload"},
+      {"-kvo", "--kv-offload"},
+      {"-mg", "--main-gpu"},
+      {"-ts", "--tensor-split"},
   };
   // Options whose value is free text: a value that looks like a flag stays as it is.
   static const char* kText[] = {"-p",       "--prompt", "-sys",         "--system-prompt",

@@ -56,7 +56,9 @@ std::string long_prompt_file() {
 }
 
 // A prompt that repeats itself, as code edits and summaries quote their input.
-std::string source_dir_file() { return test::source_dir() + "/bench/prompts/code-edit.txt"; }
+std::string source_dir_file() {
+  return test::source_dir() + "/bench/prompts/code-edit.txt";
+}
 
 class StreamCli : public ::testing::Test {
  protected:
@@ -141,7 +143,8 @@ TEST_F(StreamCli, NgramSpeculationGivesTheTokensOfPlainDecoding) {
       << bad.err;
   const Outcome mtp = kvstream("run -m " + test::smollm2() + " -p hi --spec mtp", "spec_mtp");
   EXPECT_NE(mtp.status, 0);
-  EXPECT_NE(mtp.err.find("is a llama model; MTP drafts come from the nextn layer"), std::string::npos)
+  EXPECT_NE(mtp.err.find("is a llama model; MTP drafts come from the nextn layer"),
+            std::string::npos)
       << mtp.err;
 }
 
@@ -256,6 +259,31 @@ TEST_F(StreamCli, BenchOracleDraftsHaveTheAcceptanceAskedFor) {
   EXPECT_NE(bad.err.find("--spec must be off, ngram, draft or mtp, got 'oracle'"),
             std::string::npos)
       << bad.err;
+}
+
+// bench --ingest: whole prompts read from an empty cache, timed, the longer one streaming
+// through a small arena; no depth table unless --depths is given.
+TEST_F(StreamCli, BenchIngestTimesWholePrompts) {
+  const Outcome o = kvstream("bench -m " + test::smollm2() +
+                                 " --page-size 8 -b 64 --kv-arena 1M --no-phase-arena --ingest "
+                                 "600,100",
+                             "bench_ingest");
+  ASSERT_EQ(o.status, 0) << o.err;
+  ASSERT_EQ(o.json["runs"].size(), 2u) << o.json.dump();
+  int64_t want[] = {100, 600};
+  for (int i = 0; i < 2; ++i) {
+    const auto& in = o.json["runs"][static_cast<size_t>(i)]["ingest"];
+    EXPECT_EQ(in["tokens"].get<int64_t>(), want[i]);
+    EXPECT_EQ(in["batch"].get<int64_t>(), 64);
+    EXPECT_GT(in["seconds"].get<double>(), 0);
+    EXPECT_NEAR(in["tokens_per_s"].get<double>() * in["seconds"].get<double>(), want[i], 1e-6);
+  }
+  EXPECT_GT(o.json["runs"][1]["ingest"]["streamed_bytes"].get<int64_t>(), 0)
+      << "600 tokens should outgrow a 1M arena";
+  EXPECT_NE(o.out.find("ingest 600 (-b 64)"), std::string::npos) << o.out;
+  EXPECT_EQ(o.out.find("| tg"), std::string::npos) << o.out;
+  const Outcome bad = kvstream("bench -m " + test::smollm2() + " --ingest 0", "bench_ingest_0");
+  EXPECT_NE(bad.err.find("--ingest: 0 is not a prompt length"), std::string::npos) << bad.err;
 }
 
 TEST_F(StreamCli, BadStreamingInputIsRefusedClearly) {

@@ -6,8 +6,8 @@
 
 namespace kvs {
 
-OracleDrafter::OracleDrafter(int32_t n_sequences, int32_t n_vocab, int32_t draft_max,
-                             double accept, uint64_t seed)
+OracleDrafter::OracleDrafter(int32_t n_sequences, int32_t n_vocab, int32_t draft_max, double accept,
+                             uint64_t seed)
     : Drafter("oracle drafts", n_vocab, draft_max, 0.0),
       accept_(accept),
       seqs_(static_cast<size_t>(n_sequences)),
@@ -27,9 +27,8 @@ void OracleDrafter::propose(const std::vector<Ask>& asks) {
     KVS_CHECK(s.tokens.size() <= s.expected.size() &&
                   std::equal(s.tokens.begin(), s.tokens.end(), s.expected.begin()),
               name_, ": sequence ", a.seq, " left the tokens it was expected to produce");
-    for (size_t i = s.tokens.size(); i < s.expected.size() && a.out->tokens.size() <
-                                                                    static_cast<size_t>(a.max);
-         ++i) {
+    for (size_t i = s.tokens.size();
+         i < s.expected.size() && a.out->tokens.size() < static_cast<size_t>(a.max); ++i) {
       const int32_t t = s.expected[i];
       // A wrong draft: the next id, which the greedy choice of that row is not.
       a.out->tokens.push_back(u(rng_) < accept_ ? t : (t + 1) % n_vocab_);

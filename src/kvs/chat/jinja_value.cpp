@@ -7,6 +7,7 @@
 
 #include "kvs/chat/jinja_impl.h"
 #include "kvs/util/error.h"
+#include "kvs/util/utf8.h"
 
 namespace kvs::jinja {
 
@@ -210,23 +211,7 @@ std::u32string to_u32(std::string_view s) {
 std::string to_utf8(std::u32string_view s) {
   std::string out;
   out.reserve(s.size());
-  for (char32_t c : s) {
-    if (c < 0x80) {
-      out += static_cast<char>(c);
-    } else if (c < 0x800) {
-      out += static_cast<char>(0xC0 | (c >> 6));
-      out += static_cast<char>(0x80 | (c & 0x3F));
-    } else if (c < 0x10000) {
-      out += static_cast<char>(0xE0 | (c >> 12));
-      out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (c & 0x3F));
-    } else {
-      out += static_cast<char>(0xF0 | (c >> 18));
-      out += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
-      out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (c & 0x3F));
-    }
-  }
+  for (char32_t c : s) utf8_append(out, c);
   return out;
 }
 

@@ -7,6 +7,7 @@
 
 #include "kvs/grammar/gbnf.h"
 #include "kvs/util/error.h"
+#include "kvs/util/utf8.h"
 
 namespace kvs::grammar {
 
@@ -20,21 +21,7 @@ const Ranges kSpace = {{' ', ' '}};  // \t \n \r would be escapes inside JSON: l
 
 std::string utf8(uint32_t c) {
   std::string s;
-  if (c < 0x80) {
-    s += static_cast<char>(c);
-  } else if (c < 0x800) {
-    s += static_cast<char>(0xC0 | (c >> 6));
-    s += static_cast<char>(0x80 | (c & 0x3F));
-  } else if (c < 0x10000) {
-    s += static_cast<char>(0xE0 | (c >> 12));
-    s += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-    s += static_cast<char>(0x80 | (c & 0x3F));
-  } else {
-    s += static_cast<char>(0xF0 | (c >> 18));
-    s += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
-    s += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-    s += static_cast<char>(0x80 | (c & 0x3F));
-  }
+  utf8_append(s, c);
   return s;
 }
 

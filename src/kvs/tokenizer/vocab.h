@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kvs/tokenizer/tokenizer.h"
+#include "kvs/util/utf8.h"
 
 namespace kvs::tok {
 
@@ -43,8 +44,6 @@ size_t utf8_char_len(std::string_view s, size_t i);
 // `s` with every byte that does not start a well-formed sequence replaced by U+FFFD, one a byte,
 // as llama.cpp's BPE reads text (lead and continuation bits only: overlong forms pass).
 std::string replace_invalid_utf8(std::string_view s);
-// Appends code point `cp` as UTF-8.
-void utf8_append(std::string& out, uint32_t cp);
 // Decodes the valid character at s[i] (utf8_char_len(s, i) must be > 0).
 uint32_t utf8_decode(std::string_view s, size_t i, size_t len);
 

@@ -1,6 +1,7 @@
 // A layer's attention for each sequence of a pass: over its pages in the device's frames and
 // the ring (attend), over the host store on the CPU (host mode: attend_host), or both, the CPU
-// taking the last pages that would stream (split mode: cpu_pages, post_split, fold_cpu).
+// taking the last pages that would stream (split mode: cpu_pages, post_split; split.h's
+// SplitAttention does the rest).
 #include <algorithm>
 #include <utility>
 
@@ -86,7 +87,8 @@ void Engine::attend(int32_t il, const BatchEntry& e, int32_t entry, int32_t off,
     if (p >= cpu_from && p < cpu_to) {
       if (p > cpu_from) continue;
       if (!spans_.empty()) flush(false);
-      fold_cpu(il, entry, cpu_to - cpu_from, a);
+      split_->fold(kv_index_[static_cast<size_t>(il)], entry, cpu_to - cpu_from, a);
+      last_.cpu_pages += cpu_to - cpu_from;
       continue;
     }
     if (f >= 0) {
@@ -139,109 +141,29 @@ void Engine::attend_host(int32_t il, const BatchEntry& e, int32_t off) {
 
 // ---- split ----
 
-void Engine::make_split() {
-  split_ = std::make_unique<Split>();
-  Split& sp = *split_;
-  sp.per_span = dev_.caps().cpu_partials;
-  const size_t rows = static_cast<size_t>(opt_.n_seq) *
-                      static_cast<size_t>(sp.per_span ? std::max(1, max_pages_) : 1);
-  const size_t row = static_cast<size_t>(cfg_.n_head) * cpu::part_stride(cfg_.head_dim);
-  const size_t f = sizeof(float);
-  sp.q = dev_.alloc_host(static_cast<size_t>(shape_.n_full) * static_cast<size_t>(opt_.n_seq) *
-                             static_cast<size_t>(cfg_.q_dim()) * f,
-                         "split attention: queries");
-  for (DeviceBuffer& b : sp.part) b = dev_.alloc_host(rows * row * f, "split attention: partials");
-  for (int32_t l = 0; l < shape_.n_full; ++l) sp.q_ready.push_back(dev_.make_fence());
-  sp.stored = dev_.make_fence();
-  sp.flag = dev_.make_flag();
-  sp.tickets.assign(static_cast<size_t>(opt_.n_seq), 0);
-  sp.place.assign(static_cast<size_t>(opt_.n_seq), 0);
-  sp.placed = place_split_threads(opt_.split_cpus, opt_.split_threads, opt_.split_pinned);
-  sp.worker = std::make_unique<SplitWorker>(dev_, kv_, cfg_.n_head, cfg_.attn_scale,
-                                            sp.placed.threads, sp.placed.cpus);
-  // The first plan's share from the pool's rate on pages of the cache's types (more of them
-  // than the caches hold, where the store is that large), unless given or fixed.
-  if (opt_.cpu_bytes_per_s > 0)
-    cpu_assumed_ = opt_.cpu_bytes_per_s;
-  else if (opt_.split_share == 0)
-    cpu_assumed_ = sp.worker->calibrate(std::min(size_t{256} << 20, shape_.full_bytes));
-}
-
 const std::vector<int>& Engine::split_cpus() const {
   static const std::vector<int> none;
-  return split_ ? split_->placed.cpus : none;
+  return split_ ? split_->placed().cpus : none;
 }
 
-// The last plan_.cpu[s] complete pages that the device does not hold (one-token entries of a
-// full layer): the tail page, always on the device, follows them.
+// The CPU's pages (split_->pages) of one-token entries of full layers.
 std::pair<int32_t, int32_t> Engine::cpu_pages(int32_t il, const BatchEntry& e, bool next) const {
-  const int32_t s = e.seq->id;
-  if (!split_ || e.n != 1 || !full(il) || plan_.cpu.empty() ||
-      plan_.cpu[static_cast<size_t>(s)] == 0)
-    return {0, 0};
-  const int32_t done = (e.seq->n_past + (next ? e.n : 0)) / opt_.page_size;
-  const int32_t from =
-      std::max(std::min(done, cap(s, il)), done - plan_.cpu[static_cast<size_t>(s)]);
-  return {from, done};
+  if (!split_ || e.n != 1 || !full(il)) return {0, 0};
+  return split_->pages(plan_, e.seq->id, kv_index_[static_cast<size_t>(il)],
+                       (e.seq->n_past + (next ? e.n : 0)) / opt_.page_size);
 }
 
 // The layer's queries go to the host after the rope (its pages were written back in earlier
-// steps: `stored`, recorded as the step began), and the worker gets the layer's pages.
+// steps, before the step began), and the worker gets the layer's pages.
 void Engine::post_split(int32_t il, const Pass& p) {
   if (!split_) return;
-  Split& sp = *split_;
-  const int32_t layer = kv_index_[static_cast<size_t>(il)], P = opt_.page_size;
-  const size_t row = static_cast<size_t>(cfg_.n_head) * cpu::part_stride(cfg_.head_dim);
-  float* out = sp.part[layer % 2].as<float>();
-  size_t place = 0;
-  SplitJob job;
-  job.per_span = sp.per_span;
+  std::vector<SplitQuery> queries;
   for (size_t i = 0; i < p.batch.size(); ++i) {
     const BatchEntry& e = p.batch[i];
     const auto [from, to] = cpu_pages(il, e, false);
-    sp.tickets[i] = 0;
-    if (from >= to) continue;
-    SplitEntry se;
-    se.pos = e.seq->n_past;
-    for (int32_t q = from; q < to; ++q)
-      se.spans.push_back({host_->page(e.seq->id, layer, q), q * P, P});
-    se.out = out + place;
-    sp.place[i] = place;
-    place += row * (sp.per_span ? se.spans.size() : 1);
-    sp.tickets[i] = sp.ticket + 1 + job.entries.size();
-    job.entries.push_back(std::move(se));
+    queries.push_back({e.seq->id, e.seq->n_past, p.offs[i], from, to});
   }
-  if (job.entries.empty()) return;
-  // Each entry's query row, in job order (a pass with prompts has more rows than the buffer).
-  const auto qd = static_cast<size_t>(cfg_.q_dim());
-  float* q = sp.q.as<float>() + static_cast<size_t>(layer) * static_cast<size_t>(opt_.n_seq) * qd;
-  for (size_t i = 0, k = 0; i < p.batch.size(); ++i)
-    if (sp.tickets[i] != 0)
-      dev_.copy(Stream::Compute, q + qd * k++, act_.q + static_cast<size_t>(p.offs[i]) * qd,
-                qd * sizeof(float));
-  dev_.record(Stream::Compute, sp.q_ready[static_cast<size_t>(layer)]);
-  job.stored = sp.stored;
-  job.q_ready = sp.q_ready[static_cast<size_t>(layer)];
-  job.q = q;
-  job.flag = sp.flag;
-  job.ticket = sp.ticket + 1;
-  sp.ticket += job.entries.size();
-  sp.worker->post(std::move(job));
-}
-
-// Entry i's partial of its CPU pages at layer il into a's state: once the worker has raised
-// the flag, folded on the device (after the device's own pages before them).
-void Engine::fold_cpu(int32_t il, int32_t i, int32_t pages, AttentionArgs& a) {
-  Split& sp = *split_;
-  const int32_t layer = kv_index_[static_cast<size_t>(il)];
-  dev_.wait_flag(Stream::Compute, sp.flag, sp.tickets[static_cast<size_t>(i)]);
-  AttentionArgs g = a;
-  g.spans = nullptr;
-  g.n_spans = sp.per_span ? pages : 1;
-  g.last = false;
-  dev_.fold(g, sp.part[layer % 2].as<float>() + sp.place[static_cast<size_t>(i)]);
-  a.first = false;
-  last_.cpu_pages += pages;
+  split_->post(kv_index_[static_cast<size_t>(il)], queries, act_.q, *host_);
 }
 
 }  // namespace kvs

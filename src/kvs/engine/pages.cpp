@@ -60,7 +60,7 @@ void Engine::replan(const std::vector<BatchEntry>& batch) {
   in.min_slots = opt_.ring_slots;
   in.force_ring = opt_.kv_mode == KvMode::Stream;
   in.split = split_ != nullptr;
-  in.cpu_bytes_per_s = cpu_rate_ > 0 ? cpu_rate_ : cpu_assumed_;
+  in.cpu_bytes_per_s = split_ ? split_->rate() : 0;
   in.split_share = opt_.split_share;
   // Repartition at page boundaries and phase changes; between them only to grow the ring, once
   // decode steps have measured what it must cover (the first plan of a decode knows nothing).
@@ -183,13 +183,7 @@ void Engine::truncate(Sequence& s, int32_t n_past) {
             " positions");
   if (n_past == s.n_past) return;
   Slot& sl = slots_[static_cast<size_t>(s.id)];
-  if (shape_.n_recurrent > 0) {
-    KVS_CHECK(s.n_past - n_past < sl.verified, "truncate: recurrent layers roll back only within ",
-              "the last step, a verify step, and the steps that extended it, but its first token (",
-              sl.verified, " tokens); asked for ", s.n_past - n_past, " positions");
-    redo_recurrent(s.id, sl.verified - (s.n_past - n_past));
-    sl.verified = 0;
-  }
+  if (shape_.n_recurrent > 0) rec_->roll_back(s.id, s.n_past - n_past, w_, act_.y);
   KVS_CHECK(shape_.n_window == 0 || host_mode() || s.n_past - n_past < opt_.n_verify,
             "truncate: ", s.n_past - n_past, " positions back, more than the windows keep (",
             opt_.n_verify - 1, ")");
@@ -216,12 +210,11 @@ void Engine::truncate(Sequence& s, int32_t n_past) {
       if (n_past % P == 0 || fr.empty() || fr.back() >= 0) continue;
       KVS_CHECK(full(il) && host_, "truncate: a window page behind the window");
       fr.back() = take_frame();
-      dev_.copy(Stream::Compute, pool_->frame(fr.back()), host_->page(s.id, store_layer(il), pages - 1),
-                kv_.page_bytes());
+      dev_.copy(Stream::Compute, pool_->frame(fr.back()),
+                host_->page(s.id, store_layer(il), pages - 1), kv_.page_bytes());
     }
   }
-  if (static_cast<int32_t>(sl.tokens.size()) > n_past) sl.tokens.resize(static_cast<size_t>(n_past));
-  std::erase_if(sl.checkpoints, [&](const Checkpoint& c) { return c.pos > n_past; });
+  if (cache_) cache_->truncate(s.id, n_past);
   sl.n_past = s.n_past = n_past;
   ++frames_epoch_;
   plan_dirty_ = true;

@@ -18,7 +18,7 @@ namespace kvs {
 void Engine::attend(int32_t il, const BatchEntry& e, int32_t entry, int32_t off, int32_t& cursor) {
   const int32_t P = opt_.page_size, s = e.seq->id;
   const int32_t total = e.seq->n_past + e.n;
-  const auto& fr = slots_[static_cast<size_t>(s)].frames[static_cast<size_t>(il)];
+  const auto& fr = pages_->frames(s, il);
   AttentionArgs a;
   a.q = act_.q + int64_t{off} * cfg_.q_dim();
   a.out = act_.att + int64_t{off} * cfg_.q_dim();
@@ -35,7 +35,7 @@ void Engine::attend(int32_t il, const BatchEntry& e, int32_t entry, int32_t off,
     for (int32_t p = std::max(0, e.seq->n_past - cfg_.n_swa + 1) / P; p * P < total; ++p) {
       const int32_t f = fr[static_cast<size_t>(p)];
       KVS_CHECK(f >= 0, "window: page ", p, " of layer ", il, " has no frame; this is a bug");
-      spans_.push_back({pool_->frame(f), p * P, std::min(P, total - p * P)});
+      spans_.push_back({pages_->pool()->frame(f), p * P, std::min(P, total - p * P)});
     }
     a.spans = spans_.data();
     a.n_spans = static_cast<int32_t>(spans_.size());
@@ -47,15 +47,16 @@ void Engine::attend(int32_t il, const BatchEntry& e, int32_t entry, int32_t off,
   // before the last are full).
   SpanCache& sc = slots_[static_cast<size_t>(s)].spans[static_cast<size_t>(il)];
   const int32_t n_pages = (total + P - 1) / P;
-  if (sc.epoch != frames_epoch_ || sc.pages != n_pages) {
-    sc.epoch = frames_epoch_;
+  if (sc.epoch != pages_->epoch() || sc.pages != n_pages) {
+    sc.epoch = pages_->epoch();
     sc.pages = n_pages;
     sc.spans.clear();
     sc.resident = static_cast<int32_t>(fr.size()) >= n_pages;
     for (int32_t p = 0; p < n_pages && sc.resident; ++p) {
       const int32_t f = fr[static_cast<size_t>(p)];
       sc.resident = f >= 0;
-      if (sc.resident) sc.spans.push_back({pool_->frame(f), p * P, std::min(P, total - p * P)});
+      if (sc.resident)
+        sc.spans.push_back({pages_->pool()->frame(f), p * P, std::min(P, total - p * P)});
     }
   }
   if (sc.resident) {
@@ -77,7 +78,7 @@ void Engine::attend(int32_t il, const BatchEntry& e, int32_t entry, int32_t off,
     dev_.attention(a);
     a.first = false;
     spans_.clear();
-    if (chunk >= 0) ring_->release(cursor);
+    if (chunk >= 0) pages_->ring()->release(cursor);
     chunk = -1;
   };
   const auto [cpu_from, cpu_to] = cpu_pages(il, e, false);
@@ -92,15 +93,15 @@ void Engine::attend(int32_t il, const BatchEntry& e, int32_t entry, int32_t off,
       continue;
     }
     if (f >= 0) {
-      spans_.push_back({pool_->frame(f), sp.start, sp.n});
+      spans_.push_back({pages_->pool()->frame(f), sp.start, sp.n});
       continue;
     }
-    KVS_CHECK(ring_ && cursor < ring_->n_items() &&
-                  ring_->item(cursor) == (RingItem{store_layer(il), s, p}),
+    KVS_CHECK(pages_->ring() && cursor < pages_->ring()->n_items() &&
+                  pages_->ring()->item(cursor) == (RingItem{store_layer(il), s, p}),
               "ring: the schedule does not match the pages of layer ", il);
-    if (chunk >= 0 && ring_->chunk_of(cursor) != chunk) flush(false);
-    chunk = ring_->chunk_of(cursor);
-    spans_.push_back({ring_->acquire(cursor), sp.start, sp.n});
+    if (chunk >= 0 && pages_->ring()->chunk_of(cursor) != chunk) flush(false);
+    chunk = pages_->ring()->chunk_of(cursor);
+    spans_.push_back({pages_->ring()->acquire(cursor), sp.start, sp.n});
     ++cursor;
   }
   flush(true);
@@ -116,13 +117,15 @@ void Engine::attend_host(int32_t il, const BatchEntry& e, int32_t off) {
   dev_.download(hk_.data(), act_.k + off * kvd, static_cast<size_t>(e.n * kvd) * f);
   dev_.download(hv_.data(), act_.v + off * kvd, static_cast<size_t>(e.n * kvd) * f);
   for (int32_t j = 0; j < e.n; ++j)
-    dst_[static_cast<size_t>(j)] = host_->page(s, store_layer(il), (e.seq->n_past + j) / P);
+    dst_[static_cast<size_t>(j)] =
+        pages_->host()->page(s, store_layer(il), (e.seq->n_past + j) / P);
   cpu::kv_write(kv_, hk_.data(), hv_.data(), e.n, dst_.data(), page_slot_.data() + off);
   spans_.clear();
   const int32_t total = e.seq->n_past + e.n;
   const int32_t window = full(il) ? 0 : cfg_.n_swa;
   for (int32_t p = window > 0 ? std::max(0, e.seq->n_past - window + 1) / P : 0; p * P < total; ++p)
-    spans_.push_back({host_->page(s, store_layer(il), p), p * P, std::min(P, total - p * P)});
+    spans_.push_back(
+        {pages_->host()->page(s, store_layer(il), p), p * P, std::min(P, total - p * P)});
   AttentionArgs a;
   a.q = hq_.data();
   a.out = hatt_.data();
@@ -163,7 +166,7 @@ void Engine::post_split(int32_t il, const Pass& p) {
     const auto [from, to] = cpu_pages(il, e, false);
     queries.push_back({e.seq->id, e.seq->n_past, p.offs[i], from, to});
   }
-  split_->post(kv_index_[static_cast<size_t>(il)], queries, act_.q, *host_);
+  split_->post(kv_index_[static_cast<size_t>(il)], queries, act_.q, *pages_->host());
 }
 
 }  // namespace kvs

@@ -85,12 +85,13 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt, const 
     if (!recurrent(il)) attn_index_[static_cast<size_t>(il)] = a++;
   }
   shape_ = kv_shape(cfg_, opt);
+  pages_ = std::make_unique<PagePlacement>(dev, cfg_, kv_, opt.n_seq, opt.n_verify, host_mode(),
+                                           host_mode() ? attn_index_ : kv_index_, kv_index_);
 
   const int32_t L = cfg_.n_layer;
   max_pages_ = shape_.max_pages;
   slots_.resize(static_cast<size_t>(opt.n_seq));
-  for (Slot& s : slots_)
-    s.frames.resize(static_cast<size_t>(L)), s.spans.resize(static_cast<size_t>(L));
+  for (Slot& s : slots_) s.spans.resize(static_cast<size_t>(L));
 
   const size_t b = static_cast<size_t>(opt.n_batch), f = sizeof(float);
   // With a phase arena the decode's activations are the only ones of their own; a prefill's
@@ -140,8 +141,9 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt, const 
   }
   const size_t free_bytes = dev.capacity() == 0 ? SIZE_MAX : dev.capacity() - dev.used();
   if (opt.kv_mode == KvMode::Host) {
-    host_ = std::make_unique<HostStore>(dev, page, shape_.n_full + shape_.n_window, opt.n_seq,
-                                        max_pages_);
+    pages_->own(std::make_unique<HostStore>(dev, page, shape_.n_full + shape_.n_window, opt.n_seq,
+                                            max_pages_),
+                nullptr, false);
     const size_t hb = b * static_cast<size_t>(std::max(cfg_.q_dim(), cfg_.kv_dim()));
     hq_.resize(hb);
     hk_.resize(hb);
@@ -154,7 +156,7 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt, const 
   }
   if (opt.kv_mode == KvMode::Unified) {
     // As resident, but the driver pages the cache in and out of what the limit leaves free.
-    pool_ = std::make_unique<DevicePool>(dev, all_bytes, page, true);
+    pages_->own(nullptr, std::make_unique<DevicePool>(dev, all_bytes, page, true), false);
     plan_.resident.assign(slots_.size(), kUnlimited);
     plan_.extra.assign(slots_.size(), 0);
     dev.set_balloon(true);
@@ -169,7 +171,7 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt, const 
            " needs ", format_bytes(all_bytes), " but the arena holds ", format_bytes(arena), " (",
            opt.kv_arena ? "--kv-arena" : "what the device has left",
            "); use --kv-mode auto or stream, or lower -c/--ctx-size");
-    pool_ = std::make_unique<DevicePool>(dev, all_bytes, page);
+    pages_->own(nullptr, std::make_unique<DevicePool>(dev, all_bytes, page), false);
     plan_.resident.assign(slots_.size(), kUnlimited);
     plan_.extra.assign(slots_.size(), 0);
     return;
@@ -196,11 +198,11 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt, const 
          ") is below the minimum of ", format_bytes(min_arena), ": ", fixed_frames_,
          " frames for the pages being written plus one ring slot, ", format_bytes(page),
          " each; raise --kv-arena or --vram-limit, or lower --page-size, -b or --parallel");
-  host_ = std::make_unique<HostStore>(dev, page, shape_.n_full, opt.n_seq, max_pages_);
-  pool_ = std::make_unique<DevicePool>(dev, arena / page * page + work, page);
-  ring_ = std::make_unique<Ring>(dev, *host_, *pool_, page);
-  wb_ = dev.make_fence();
-  computed_ = dev.make_fence();
+  {  // the host store first, then the arena, the ring and its fences
+    auto host = std::make_unique<HostStore>(dev, page, shape_.n_full, opt.n_seq, max_pages_);
+    pages_->own(std::move(host),
+                std::make_unique<DevicePool>(dev, arena / page * page + work, page), true);
+  }
   h2d_assumed_ = opt.h2d_bytes_per_s;
   if (opt.h2d_limit > 0) {  // the link is no faster than the limit
     h2d_assumed_ = h2d_assumed_ > 0 ? std::min(h2d_assumed_, opt.h2d_limit) : opt.h2d_limit;
@@ -367,15 +369,10 @@ void Engine::close_sequence(Sequence& s) {
   if (s.id < 0 || s.id >= opt_.n_seq || !slots_[static_cast<size_t>(s.id)].live) return;
   // Prefetches may still read this slot's host pages, which a new sequence would overwrite.
   dev_.sync();
-  reclaim(false);
+  pages_->reclaim(false);
   Slot& sl = slots_[static_cast<size_t>(s.id)];
-  if (cache_) cache_->keep(s.id, sl.n_past, slot_pages(s.id), *rec_);
-  for (auto& layer : sl.frames) {
-    for (int32_t f : layer)
-      if (f >= 0 && pool_) pool_->give(f);
-    layer.clear();
-  }
-  ++frames_epoch_;
+  if (cache_) cache_->keep(s.id, sl.n_past, pages_->slot(s.id), *rec_);
+  pages_->release(s.id);
   sl.live = false;
   sl.n_past = 0;
   plan_dirty_ = true;
@@ -385,15 +382,6 @@ void Engine::close_sequence(Sequence& s) {
 
 // ---- the prompt cache's calls (cache_link.cpp) ----
 
-SlotPages Engine::slot_pages(int32_t s) {
-  return {host_.get(),
-          pool_.get(),
-          host_mode(),
-          host_mode() ? &attn_index_ : &kv_index_,
-          &slots_[static_cast<size_t>(s)].frames,
-          [this] { return take_frame(); }};
-}
-
 void Engine::checkpoint(const Sequence& s) {
   if (cache_ && s.n_past > 0)
     cache_->checkpoint(s.id, slots_[static_cast<size_t>(s.id)].n_past, *rec_);
@@ -402,8 +390,8 @@ void Engine::checkpoint(const Sequence& s) {
 void Engine::publish(const Sequence& s) {
   if (!cache_ || s.id < 0 || s.id >= opt_.n_seq || !slots_[static_cast<size_t>(s.id)].live) return;
   dev_.sync();  // the link reads the host copies of the written-back pages
-  reclaim(false);
-  cache_->keep(s.id, slots_[static_cast<size_t>(s.id)].n_past, slot_pages(s.id), *rec_);
+  pages_->reclaim(false);
+  cache_->keep(s.id, slots_[static_cast<size_t>(s.id)].n_past, pages_->slot(s.id), *rec_);
 }
 
 int32_t Engine::reuse_prefix(Sequence& s, const int32_t* tokens, int32_t n) {
@@ -411,11 +399,11 @@ int32_t Engine::reuse_prefix(Sequence& s, const int32_t* tokens, int32_t n) {
       s.id >= 0 && s.id < opt_.n_seq && slots_[static_cast<size_t>(s.id)].live && s.n_past == 0,
       "reuse_prefix: a sequence that is not freshly open");
   if (!cache_ || n < 2) return 0;
-  SlotPages pages = slot_pages(s.id);
+  SlotPages pages = pages_->slot(s.id);
   const int32_t hit = cache_->reuse(s.id, tokens, n, pages, *rec_);
   if (hit == 0) return 0;
   slots_[static_cast<size_t>(s.id)].n_past = s.n_past = hit;
-  ++frames_epoch_;
+  pages_->touched();
   // The next step lays the pages out anew, which also drops chunks the ring prefetched from
   // this slot's previous sequence.
   plan_dirty_ = relayout_ = true;
@@ -480,29 +468,30 @@ void Engine::fill_random(Sequence& s, int32_t n, uint32_t seed) {
       for (int32_t il = 0; il < cfg_.n_layer; ++il) {
         if (recurrent(il)) continue;
         for (int32_t j = 0; j < m; ++j)
-          dst_[static_cast<size_t>(j)] = host_->page(s.id, store_layer(il), (s.n_past + j) / P);
+          dst_[static_cast<size_t>(j)] =
+              pages_->host()->page(s.id, store_layer(il), (s.n_past + j) / P);
         cpu::kv_write(kv_, hk.data(), hv.data(), m, dst_.data(), page_slot_.data());
       }
     } else {
-      if (ring_) {
+      if (pages_->ring()) {
         replan(batch);
-        ring_->begin_step({}, {});
+        pages_->ring()->begin_step({}, {});
       }
       dev_.upload(act_.k, hk.data(), rows * sizeof(float));
       dev_.upload(act_.v, hv.data(), rows * sizeof(float));
       for (int32_t il = 0; il < cfg_.n_layer; ++il) {
         if (recurrent(il)) continue;
-        add_pages(il, batch);
+        pages_->add(il, batch);
         dev_.kv_write(kv_, act_.k, act_.v, m, kv_pages(il, batch), page_slot_.data());
-        if (ring_ && full(il)) {
-          write_back(il, batch);
-          ring_->layers_done(store_layer(il) + 1);
+        if (pages_->ring() && full(il)) {
+          last_.bytes_out += pages_->write_back(il, batch, plan_);
+          pages_->ring()->layers_done(store_layer(il) + 1);
         }
       }
     }
     s.n_past += m;
     slots_[static_cast<size_t>(s.id)].n_past = s.n_past;
-    trim_windows(s);
+    pages_->trim_windows(s.id, s.n_past);
   }
 }
 
@@ -533,7 +522,7 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
   const double t0 = now();
   const double busy0 = dev_.busy_seconds(Stream::CopyIn), wait0 = dev_.wait_seconds(),
                flag0 = split_ ? dev_.flag_wait_seconds() : 0.0;
-  const RingStats r0 = ring_ ? ring_->stats() : RingStats{};
+  const RingStats r0 = pages_->ring() ? pages_->ring()->stats() : RingStats{};
   last_ = StepStats{};
   for (const BatchEntry& e : batch) {  // a prompt ends where its sequence's decoding begins
     Slot& sl = slots_[static_cast<size_t>(e.seq->id)];
@@ -558,9 +547,9 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
     }
   }
   for (const BatchEntry& e : batch) rec_->begin_step(e.seq->id, e.n, e.all_logits, e.extend_verify);
-  if (ring_) replan(batch);
+  if (pages_->ring()) replan(batch);
   lend_scratch();
-  if (ring_) ring_->begin_step(ring_items(batch, false), ring_items(batch, true));
+  if (pages_->ring()) pages_->ring()->begin_step(ring_items(batch, false), ring_items(batch, true));
   if (split_) split_->begin_step();
 
   // Decode steps with nothing to stream touch only the compute stream (a write-back cuts the
@@ -571,7 +560,7 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
     ~Capture() {
       if (dev) dev->end_step(false);
     }
-  } capture{(!ring_ || !plan_.streams()) && opt_.kv_mode != KvMode::Host &&
+  } capture{(!pages_->ring() || !plan_.streams()) && opt_.kv_mode != KvMode::Host &&
                     n_tok == static_cast<int32_t>(batch.size())
                 ? &dev_
                 : nullptr};
@@ -587,8 +576,8 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
       forward_gemma3(pass);
       break;
   }
-  KVS_CHECK(!ring_ || pass.cursor == ring_->n_items(), "ring: ", ring_->n_items() - pass.cursor,
-            " streamed pages were not read");
+  KVS_CHECK(!pages_->ring() || pass.cursor == pages_->ring()->n_items(),
+            "ring: ", pages_->ring()->n_items() - pass.cursor, " streamed pages were not read");
   output_logits(pass);
   hidden_ = act_.x;
   offs_ = pass.offs;
@@ -604,7 +593,7 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
   for (const BatchEntry& e : batch) {
     e.seq->n_past += e.n;
     slots_[static_cast<size_t>(e.seq->id)].n_past = e.seq->n_past;
-    trim_windows(*e.seq);
+    pages_->trim_windows(e.seq->id, e.seq->n_past);
   }
 
   last_.seconds = now() - t0;
@@ -612,8 +601,8 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
     std::tie(last_.cpu_s, last_.cpu_bytes) = split_->end_step();
     last_.cpu_wait_s = dev_.flag_wait_seconds() - flag0;
   }
-  if (ring_) {
-    const RingStats& r = ring_->stats();
+  if (pages_->ring()) {
+    const RingStats& r = pages_->ring()->stats();
     last_.bytes_in = r.bytes_in - r0.bytes_in;
     last_.chunks = r.chunks - r0.chunks;
     last_.ready_wait_s = dev_.wait_seconds() - wait0;
@@ -697,7 +686,7 @@ void Engine::self_attention(Pass& p, int32_t il) {
     }
     dev_.rope(q, k, pos_.data(), n, c.n_head, c.n_head_kv, rope);
   } else {
-    add_pages(il, p.batch);
+    pages_->add(il, p.batch);
     dev_.rope_kv_write(q, k, v, pos_.data(), n, c.n_head, rope, kv_, kv_pages(il, p.batch),
                        page_slot_.data(), c.qk_norm ? &norm : nullptr);
     if (full(il)) post_split(il, p);
@@ -709,9 +698,9 @@ void Engine::self_attention(Pass& p, int32_t il) {
       attend(il, p.batch[i], static_cast<int32_t>(i), p.offs[i], p.cursor);
   }
   if (c.attn_gate) dev_.sigmoid_mul(act_.att, act_.attn_gate, int64_t{n} * c.q_dim());
-  if (ring_ && full(il)) {
-    write_back(il, p.batch);
-    ring_->layers_done(store_layer(il) + 1);
+  if (pages_->ring() && full(il)) {
+    last_.bytes_out += pages_->write_back(il, p.batch, plan_);
+    pages_->ring()->layers_done(store_layer(il) + 1);
   }
 }
 
@@ -736,9 +725,9 @@ uint8_t* const* Engine::kv_pages(int32_t il, const std::vector<BatchEntry>& batc
   const int32_t P = opt_.page_size;
   size_t t = 0;
   for (const BatchEntry& e : batch) {
-    const auto& fr = slots_[static_cast<size_t>(e.seq->id)].frames[static_cast<size_t>(il)];
+    const auto& fr = pages_->frames(e.seq->id, il);
     for (int32_t j = 0; j < e.n; ++j)
-      dst_[t++] = pool_->frame(fr[static_cast<size_t>((e.seq->n_past + j) / P)]);
+      dst_[t++] = pages_->pool()->frame(fr[static_cast<size_t>((e.seq->n_past + j) / P)]);
   }
   return dst_.data();
 }

@@ -3,7 +3,6 @@
 // the host store, or (host mode) kept and attended on the host.
 #pragma once
 
-#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -13,6 +12,7 @@
 
 #include "kvs/backend/device.h"
 #include "kvs/engine/cache_link.h"
+#include "kvs/engine/pages.h"
 #include "kvs/engine/prompt_cache.h"
 #include "kvs/engine/recurrent.h"
 #include "kvs/engine/split.h"
@@ -261,12 +261,13 @@ class Engine {
   size_t kv_bytes_per_token() const;  // what the history grows by (full layers)
   const EngineOptions& options() const { return opt_; }
   const Plan& plan() const { return plan_; }
-  size_t arena_bytes() const { return pool_ ? pool_->bytes() : 0; }  // the decode's arena
+  // The decode's arena.
+  size_t arena_bytes() const { return pages_->pool() ? pages_->pool()->bytes() : 0; }
   // The frames a prefill takes back for its workspace (0: no phase arena); whether it has them.
   size_t workspace_bytes() const { return static_cast<size_t>(work_frames_) * kv_.page_bytes(); }
-  bool in_prefill_phase() const { return pool_ && pool_->top() > 0; }
+  bool in_prefill_phase() const { return pages_->pool() && pages_->pool()->top() > 0; }
   int32_t fixed_frames() const { return fixed_frames_; }
-  size_t host_bytes() const { return host_ ? host_->bytes() : 0; }
+  size_t host_bytes() const { return pages_->host() ? pages_->host()->bytes() : 0; }
   // Split mode: its threads, and the CPUs they run on (empty: not pinned).
   int32_t split_threads() const { return split_ ? split_->placed().threads : 0; }
   const std::vector<int>& split_cpus() const;
@@ -278,7 +279,7 @@ class Engine {
   // step only lengthens the last one, so it is kept instead of rebuilt, which at long contexts
   // would take much of the host's time for a step.
   struct SpanCache {
-    uint64_t epoch = 0;  // frames_epoch_ when built; 0: never
+    uint64_t epoch = 0;  // pages_->epoch() when built; 0: never
     int32_t pages = 0;   // the sequence's pages then
     bool resident = false;
     std::vector<Span> spans;
@@ -286,8 +287,6 @@ class Engine {
   struct Slot {
     bool live = false;
     int32_t n_past = 0;
-    // [layer][page] -> pool frame; -1: host only (full layers) or behind the window
-    std::vector<std::vector<int32_t>> frames;
     std::vector<SpanCache> spans;  // [layer]
     bool reading = false;          // its last step read a prompt chunk
   };
@@ -330,26 +329,17 @@ class Engine {
   void embed_inputs(const Pass& p);
 
   void replan(const std::vector<BatchEntry>& batch);
-  // Slot s's pages as the prompt cache link copies them.
-  SlotPages slot_pages(int32_t s);
-  // Moves the pool to plan p with `top` frames kept for the prefill's workspace.
-  void apply(const Plan& p, int32_t top);
   // Points the activations at the decode buffers, or at the workspace, and lends the backend
   // its part of it.
   void set_phase(bool prefill);
   // Lends the workspace's scratch to the device for this pass: another engine on the device (a
   // draft model's, the MTP block's) may have lent its own, of its own geometry, since.
   void lend_scratch();
-  int32_t take_frame();
-  void reclaim(bool wait);
-  void add_pages(int32_t il, const std::vector<BatchEntry>& batch);
-  // Gives back the window layers' frames no later query of s can see.
-  void trim_windows(const Sequence& s);
+  // The ring's schedule of a pass (pages.cpp).
   std::vector<RingItem> ring_items(const std::vector<BatchEntry>& batch, bool next) const;
   // The page frames of the batch's tokens at layer il, in batch order (in dst_).
   uint8_t* const* kv_pages(int32_t il, const std::vector<BatchEntry>& batch);
   void attend(int32_t il, const BatchEntry& e, int32_t entry, int32_t off, int32_t& cursor);
-  void write_back(int32_t il, const std::vector<BatchEntry>& batch);
   void attend_host(int32_t il, const BatchEntry& e, int32_t off);
   void measure(const StepStats& st);
   // Split (engine/attend.cpp): pages [first, second) of entry e at full layer il go to the CPU
@@ -374,11 +364,8 @@ class Engine {
   int32_t max_pages_ = 0;                // per layer and sequence
   int32_t fixed_frames_ = 0;
   std::vector<Slot> slots_;
-  uint64_t frames_epoch_ = 1;  // bumped whenever any slot's frames change
 
-  std::unique_ptr<HostStore> host_;
-  std::unique_ptr<DevicePool> pool_;
-  std::unique_ptr<Ring> ring_;
+  std::unique_ptr<PagePlacement> pages_;
   Plan plan_;
   bool plan_dirty_ = true;
   bool ring_check_ = false;  // decode steps found the ring too small: replan to grow it
@@ -386,8 +373,6 @@ class Engine {
   double ring_stall_s_ = 0;  // the last decode step's wait, which sizes such a growth
   bool relayout_ = false;    // the next plan is applied even if unchanged (pages were adopted)
   std::unique_ptr<PromptCacheLink> cache_;  // null: no prompt cache
-  std::vector<int32_t> pending_;  // frames of written-back pages, free once wb_ is reached
-  FenceId wb_ = -1, computed_ = -1;
   // Measured figures for the planner (exponential averages; 0: not measured yet), and the
   // rate it assumes until it is: --h2d-gbps (capped by --h2d-limit). The CPU's are split_'s.
   double h2d_ = 0, layer_s_ = 0, stall_s_ = 0;

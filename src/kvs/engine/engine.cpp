@@ -450,6 +450,7 @@ void Engine::fill_random(Sequence& s, int32_t n, uint32_t seed) {
             "fill: a sequence that is not open");
   KVS_CHECK(n >= 0 && int64_t{s.n_past} + n <= opt_.n_ctx, "fill: the sequence would hold ",
             int64_t{s.n_past} + n, " tokens, more than the context size ", opt_.n_ctx);
+  Ring* const ring = pages_->ring();  // null: nothing streams
   const int64_t kvd = cfg_.kv_dim();
   const int32_t P = opt_.page_size;
   std::vector<float> hk(static_cast<size_t>(opt_.n_batch * kvd)), hv(hk.size());
@@ -473,9 +474,9 @@ void Engine::fill_random(Sequence& s, int32_t n, uint32_t seed) {
         cpu::kv_write(kv_, hk.data(), hv.data(), m, dst_.data(), page_slot_.data());
       }
     } else {
-      if (pages_->ring()) {
+      if (ring) {
         replan(batch);
-        pages_->ring()->begin_step({}, {});
+        ring->begin_step({}, {});
       }
       dev_.upload(act_.k, hk.data(), rows * sizeof(float));
       dev_.upload(act_.v, hv.data(), rows * sizeof(float));
@@ -483,9 +484,9 @@ void Engine::fill_random(Sequence& s, int32_t n, uint32_t seed) {
         if (recurrent(il)) continue;
         pages_->add(il, batch);
         dev_.kv_write(kv_, act_.k, act_.v, m, kv_pages(il, batch), page_slot_.data());
-        if (pages_->ring() && full(il)) {
+        if (ring && full(il)) {
           last_.bytes_out += pages_->write_back(il, batch, plan_);
-          pages_->ring()->layers_done(store_layer(il) + 1);
+          ring->layers_done(store_layer(il) + 1);
         }
       }
     }
@@ -519,10 +520,11 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
   }
   KVS_CHECK(n_tok <= opt_.n_batch, "step: ", n_tok, " tokens are more than -b ", opt_.n_batch);
 
+  Ring* const ring = pages_->ring();  // null: nothing streams
   const double t0 = now();
   const double busy0 = dev_.busy_seconds(Stream::CopyIn), wait0 = dev_.wait_seconds(),
                flag0 = split_ ? dev_.flag_wait_seconds() : 0.0;
-  const RingStats r0 = pages_->ring() ? pages_->ring()->stats() : RingStats{};
+  const RingStats r0 = ring ? ring->stats() : RingStats{};
   last_ = StepStats{};
   for (const BatchEntry& e : batch) {  // a prompt ends where its sequence's decoding begins
     Slot& sl = slots_[static_cast<size_t>(e.seq->id)];
@@ -547,9 +549,9 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
     }
   }
   for (const BatchEntry& e : batch) rec_->begin_step(e.seq->id, e.n, e.all_logits, e.extend_verify);
-  if (pages_->ring()) replan(batch);
+  if (ring) replan(batch);
   lend_scratch();
-  if (pages_->ring()) pages_->ring()->begin_step(ring_items(batch, false), ring_items(batch, true));
+  if (ring) ring->begin_step(ring_items(batch, false), ring_items(batch, true));
   if (split_) split_->begin_step();
 
   // Decode steps with nothing to stream touch only the compute stream (a write-back cuts the
@@ -560,7 +562,7 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
     ~Capture() {
       if (dev) dev->end_step(false);
     }
-  } capture{(!pages_->ring() || !plan_.streams()) && opt_.kv_mode != KvMode::Host &&
+  } capture{(!ring || !plan_.streams()) && opt_.kv_mode != KvMode::Host &&
                     n_tok == static_cast<int32_t>(batch.size())
                 ? &dev_
                 : nullptr};
@@ -576,8 +578,8 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
       forward_gemma3(pass);
       break;
   }
-  KVS_CHECK(!pages_->ring() || pass.cursor == pages_->ring()->n_items(),
-            "ring: ", pages_->ring()->n_items() - pass.cursor, " streamed pages were not read");
+  KVS_CHECK(!ring || pass.cursor == ring->n_items(), "ring: ", ring->n_items() - pass.cursor,
+            " streamed pages were not read");
   output_logits(pass);
   hidden_ = act_.x;
   offs_ = pass.offs;
@@ -601,8 +603,8 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
     std::tie(last_.cpu_s, last_.cpu_bytes) = split_->end_step();
     last_.cpu_wait_s = dev_.flag_wait_seconds() - flag0;
   }
-  if (pages_->ring()) {
-    const RingStats& r = pages_->ring()->stats();
+  if (ring) {
+    const RingStats& r = ring->stats();
     last_.bytes_in = r.bytes_in - r0.bytes_in;
     last_.chunks = r.chunks - r0.chunks;
     last_.ready_wait_s = dev_.wait_seconds() - wait0;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <string_view>
+#include <tuple>
 #include <utility>
 
 #include "kvs/backend/cpu/host_attention.h"
@@ -62,7 +63,8 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt, const 
   KVS_CHECK(opt.n_seq <= opt.n_batch, "--parallel ", opt.n_seq, " is more than -b/--batch-size ",
             opt.n_batch, ": a decode step of every sequence must fit one batch");
   KVS_CHECK(cfg_.n_layers_of(LayerKind::Recurrent) == 0 || dev.caps().gated_delta_net,
-            cfg_.arch_name, ": the ", dev.name(), " backend has no gated_delta_net (the Gated "
+            cfg_.arch_name, ": the ", dev.name(),
+            " backend has no gated_delta_net (the Gated "
             "DeltaNet layers' operation) yet; run this model on the cpu backend");
   place(model, shared);
   kv_ = KvLayout::make(opt.k_type, opt.v_type, opt.page_size, cfg_.n_head_kv, cfg_.head_dim);
@@ -77,22 +79,19 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt, const 
   rope_swa_.linear_scale = 1.0f;
   rope_swa_.freq_factors = nullptr;
   kv_index_.assign(static_cast<size_t>(cfg_.n_layer), -1);
-  rec_index_.assign(static_cast<size_t>(cfg_.n_layer), -1);
   attn_index_.assign(static_cast<size_t>(cfg_.n_layer), -1);
-  for (int32_t il = 0, n = 0, r = 0, a = 0; il < cfg_.n_layer; ++il) {
+  for (int32_t il = 0, n = 0, a = 0; il < cfg_.n_layer; ++il) {
     if (full(il)) kv_index_[static_cast<size_t>(il)] = n++;
-    if (recurrent(il))
-      rec_index_[static_cast<size_t>(il)] = r++;
-    else
-      attn_index_[static_cast<size_t>(il)] = a++;
+    if (!recurrent(il)) attn_index_[static_cast<size_t>(il)] = a++;
   }
   shape_ = kv_shape(cfg_, opt);
+  pages_ = std::make_unique<PagePlacement>(dev, cfg_, kv_, opt.n_seq, opt.n_verify, host_mode(),
+                                           host_mode() ? attn_index_ : kv_index_, kv_index_);
 
   const int32_t L = cfg_.n_layer;
   max_pages_ = shape_.max_pages;
   slots_.resize(static_cast<size_t>(opt.n_seq));
-  for (Slot& s : slots_)
-    s.frames.resize(static_cast<size_t>(L)), s.spans.resize(static_cast<size_t>(L));
+  for (Slot& s : slots_) s.spans.resize(static_cast<size_t>(L));
 
   const size_t b = static_cast<size_t>(opt.n_batch), f = sizeof(float);
   // With a phase arena the decode's activations are the only ones of their own; a prefill's
@@ -107,14 +106,15 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt, const 
   // driver's staging buffers, on the step's critical path).
   hlogits_ = dev.alloc_host(out_rows * cfg_.n_vocab * f, "logits (host)");
   // Before the arena is sized, which takes what is left.
-  alloc_recurrent();
+  rec_ = std::make_unique<RecurrentState>(dev, cfg_, shape_.n_recurrent,
+                                          shape_.recurrent_layer_bytes, opt.n_seq, opt.n_verify);
   ids_.resize(b);
   pos_.resize(b);
   page_slot_.resize(b);
   dst_.resize(b);
   spans_.reserve(static_cast<size_t>(max_pages_));
 
-  make_prompt_cache(model);
+  cache_ = PromptCacheLink::make(model, dev, opt, shape_, kv_);
   const ScratchArgs sa = scratch_args(cfg_, opt);
   max_spans_ = sa.max_spans;
   dev.reserve(w_, sa.n_tok, sa.n_out_tok, sa.max_spans, sa.n_head, sa.head_dim);
@@ -130,11 +130,20 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt, const 
       opt.n_seq;
   KVS_CHECK(all_frames < (int64_t{1} << 31), "the KV cache has too many pages; raise --page-size");
   const size_t all_bytes = static_cast<size_t>(all_frames) * page;
-  if (opt.kv_mode == KvMode::Split) make_split();
+  if (opt.kv_mode == KvMode::Split) {
+    split_ = std::make_unique<SplitAttention>(
+        dev, cfg_, kv_, opt.n_seq, shape_.n_full, max_pages_,
+        place_split_threads(opt.split_cpus, opt.split_threads, opt.split_pinned));
+    // The first plan's share from the pool's rate on pages of the cache's types (more of them
+    // than the caches hold, where the store is that large), unless given or fixed.
+    split_->assume_rate(opt.cpu_bytes_per_s, opt.split_share != 0,
+                        std::min(size_t{256} << 20, shape_.full_bytes));
+  }
   const size_t free_bytes = dev.capacity() == 0 ? SIZE_MAX : dev.capacity() - dev.used();
   if (opt.kv_mode == KvMode::Host) {
-    host_ = std::make_unique<HostStore>(dev, page, shape_.n_full + shape_.n_window, opt.n_seq,
-                                        max_pages_);
+    pages_->own(std::make_unique<HostStore>(dev, page, shape_.n_full + shape_.n_window, opt.n_seq,
+                                            max_pages_),
+                nullptr, false);
     const size_t hb = b * static_cast<size_t>(std::max(cfg_.q_dim(), cfg_.kv_dim()));
     hq_.resize(hb);
     hk_.resize(hb);
@@ -147,7 +156,7 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt, const 
   }
   if (opt.kv_mode == KvMode::Unified) {
     // As resident, but the driver pages the cache in and out of what the limit leaves free.
-    pool_ = std::make_unique<DevicePool>(dev, all_bytes, page, true);
+    pages_->own(nullptr, std::make_unique<DevicePool>(dev, all_bytes, page, true), false);
     plan_.resident.assign(slots_.size(), kUnlimited);
     plan_.extra.assign(slots_.size(), 0);
     dev.set_balloon(true);
@@ -162,7 +171,7 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt, const 
            " needs ", format_bytes(all_bytes), " but the arena holds ", format_bytes(arena), " (",
            opt.kv_arena ? "--kv-arena" : "what the device has left",
            "); use --kv-mode auto or stream, or lower -c/--ctx-size");
-    pool_ = std::make_unique<DevicePool>(dev, all_bytes, page);
+    pages_->own(nullptr, std::make_unique<DevicePool>(dev, all_bytes, page), false);
     plan_.resident.assign(slots_.size(), kUnlimited);
     plan_.extra.assign(slots_.size(), 0);
     return;
@@ -189,11 +198,11 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt, const 
          ") is below the minimum of ", format_bytes(min_arena), ": ", fixed_frames_,
          " frames for the pages being written plus one ring slot, ", format_bytes(page),
          " each; raise --kv-arena or --vram-limit, or lower --page-size, -b or --parallel");
-  host_ = std::make_unique<HostStore>(dev, page, shape_.n_full, opt.n_seq, max_pages_);
-  pool_ = std::make_unique<DevicePool>(dev, arena / page * page + work, page);
-  ring_ = std::make_unique<Ring>(dev, *host_, *pool_, page);
-  wb_ = dev.make_fence();
-  computed_ = dev.make_fence();
+  {  // the host store first, then the arena, the ring and its fences
+    auto host = std::make_unique<HostStore>(dev, page, shape_.n_full, opt.n_seq, max_pages_);
+    pages_->own(std::move(host),
+                std::make_unique<DevicePool>(dev, arena / page * page + work, page), true);
+  }
   h2d_assumed_ = opt.h2d_bytes_per_s;
   if (opt.h2d_limit > 0) {  // the link is no faster than the limit
     h2d_assumed_ = h2d_assumed_ > 0 ? std::min(h2d_assumed_, opt.h2d_limit) : opt.h2d_limit;
@@ -237,22 +246,9 @@ void Engine::place(const Model& model, const Engine* shared) {
   }
 }
 
-// The recurrent layers' states, and with n_verify > 1 what a verify step keeps for a rollback.
-void Engine::alloc_recurrent() {
-  if (shape_.recurrent_bytes == 0) return;
-  rstate_ = dev_.alloc(shape_.recurrent_bytes, "recurrent state");
-  if (opt_.n_verify == 1) return;
-  rsnap_ = dev_.alloc(shape_.recurrent_bytes, "recurrent state before a verify step");
-  rec_row_ = cfg_.ssm_conv_dim() + cfg_.ssm_value_dim() + 2 * int64_t{cfg_.ssm_v_heads};
-  rinputs_ = dev_.alloc(static_cast<size_t>(shape_.n_recurrent) * static_cast<size_t>(opt_.n_seq) *
-                            static_cast<size_t>(opt_.n_verify) * static_cast<size_t>(rec_row_) *
-                            sizeof(float),
-                        "recurrent inputs of a verify step");
-}
-
 Engine::~Engine() {
   // The worker finishes its posted jobs first: they read the split buffers and the pages.
-  if (split_) split_->worker.reset();
+  if (split_) split_->stop();
   dev_.sync();
 }
 
@@ -260,18 +256,21 @@ size_t Engine::carve(const ModelConfig& c, int64_t rows, uint8_t* base, Activati
   Activations sizes_only{};
   Activations& t = a ? *a : sizes_only;
   const bool rec = c.n_layers_of(LayerKind::Recurrent) > 0;
-  const std::pair<float**, int64_t> arrays[] = {
-      {&t.x, c.n_embd},       {&t.h, std::max(c.n_embd, c.q_dim())},
-      {&t.q, c.q_dim()},      {&t.k, c.kv_dim()},
-      {&t.v, c.kv_dim()},     {&t.att, c.q_dim()},
-      {&t.acc, 2 * c.n_head}, {&t.gate, c.n_ff},
-      {&t.up, c.n_ff},
-      {&t.attn_gate, c.attn_gate ? c.q_dim() : 0},
-      {&t.mix, rec ? c.ssm_conv_dim() : 0},
-      {&t.z, rec ? c.ssm_value_dim() : 0},
-      {&t.alpha, rec ? c.ssm_v_heads : 0},
-      {&t.beta, rec ? c.ssm_v_heads : 0},
-      {&t.y, rec ? c.ssm_value_dim() : 0}};
+  const std::pair<float**, int64_t> arrays[] = {{&t.x, c.n_embd},
+                                                {&t.h, std::max(c.n_embd, c.q_dim())},
+                                                {&t.q, c.q_dim()},
+                                                {&t.k, c.kv_dim()},
+                                                {&t.v, c.kv_dim()},
+                                                {&t.att, c.q_dim()},
+                                                {&t.acc, 2 * c.n_head},
+                                                {&t.gate, c.n_ff},
+                                                {&t.up, c.n_ff},
+                                                {&t.attn_gate, c.attn_gate ? c.q_dim() : 0},
+                                                {&t.mix, rec ? c.ssm_conv_dim() : 0},
+                                                {&t.z, rec ? c.ssm_value_dim() : 0},
+                                                {&t.alpha, rec ? c.ssm_v_heads : 0},
+                                                {&t.beta, rec ? c.ssm_v_heads : 0},
+                                                {&t.y, rec ? c.ssm_value_dim() : 0}};
   size_t off = 0;
   for (const auto& [array, width] : arrays) {
     if (base) *array = reinterpret_cast<float*>(base + off);
@@ -314,7 +313,8 @@ ScratchArgs Engine::scratch_args(const ModelConfig& c, const EngineOptions& o) {
 int32_t Engine::fixed_frames(const ModelConfig& c, const EngineOptions& o) {
   const KvShape k = kv_shape(c, o);
   const int32_t P = o.page_size;
-  return o.n_seq * (k.n_full + k.n_window * k.window_pages) + 2 * ((o.n_batch + P - 1) / P + o.n_seq);
+  return o.n_seq * (k.n_full + k.n_window * k.window_pages) +
+         2 * ((o.n_batch + P - 1) / P + o.n_seq);
 }
 
 // A window layer's pages hold the last n_swa - 1 positions between steps (n_verify - 1 more, to
@@ -327,13 +327,13 @@ KvShape Engine::kv_shape(const ModelConfig& c, const EngineOptions& o) {
   k.n_window = c.n_layers_of(LayerKind::Window);
   k.max_pages = static_cast<int32_t>((o.n_ctx + P - 1) / P);
   if (k.n_window > 0)
-    k.window_pages = static_cast<int32_t>(
-        std::min<int64_t>(k.max_pages,
-                          (int64_t{c.n_swa} - 1 + (o.n_verify - 1) + o.n_batch + P - 1) / P + 1));
+    k.window_pages = static_cast<int32_t>(std::min<int64_t>(
+        k.max_pages, (int64_t{c.n_swa} - 1 + (o.n_verify - 1) + o.n_batch + P - 1) / P + 1));
   const KvLayout l = KvLayout::make(o.k_type, o.v_type, o.page_size, c.n_head_kv, c.head_dim);
   k.page_bytes = l.page_bytes();
   const size_t seqs = static_cast<size_t>(o.n_seq);
-  k.full_bytes = static_cast<size_t>(k.max_pages) * static_cast<size_t>(k.n_full) * seqs * k.page_bytes;
+  k.full_bytes =
+      static_cast<size_t>(k.max_pages) * static_cast<size_t>(k.n_full) * seqs * k.page_bytes;
   k.window_bytes =
       static_cast<size_t>(k.window_pages) * static_cast<size_t>(k.n_window) * seqs * k.page_bytes;
   k.n_recurrent = c.n_layers_of(LayerKind::Recurrent);
@@ -356,14 +356,9 @@ Sequence Engine::open_sequence() {
     if (!slots_[i].live) {
       slots_[i].live = true;
       slots_[i].n_past = 0;
-      slots_[i].tokens.clear();
-      slots_[i].verified = 0;
       slots_[i].reading = false;
-      slots_[i].checkpoints.clear();
-      if (shape_.n_recurrent > 0) {  // a new sequence's recurrent layers start from zero
-        const std::vector<uint8_t> zero(shape_.recurrent_bytes / slots_.size(), 0);
-        dev_.upload(rstate_.as() + i * zero.size(), zero.data(), zero.size());
-      }
+      if (cache_) cache_->open(static_cast<int32_t>(i));
+      rec_->reset(static_cast<int32_t>(i));  // a new sequence's recurrent layers start from zero
       plan_dirty_ = true;
       return Sequence{static_cast<int32_t>(i), 0};
     }
@@ -374,20 +369,56 @@ void Engine::close_sequence(Sequence& s) {
   if (s.id < 0 || s.id >= opt_.n_seq || !slots_[static_cast<size_t>(s.id)].live) return;
   // Prefetches may still read this slot's host pages, which a new sequence would overwrite.
   dev_.sync();
-  reclaim(false);
-  keep_pages(s.id);
+  pages_->reclaim(false);
   Slot& sl = slots_[static_cast<size_t>(s.id)];
-  for (auto& layer : sl.frames) {
-    for (int32_t f : layer)
-      if (f >= 0 && pool_) pool_->give(f);
-    layer.clear();
-  }
-  ++frames_epoch_;
+  if (cache_) cache_->keep(s.id, sl.n_past, pages_->slot(s.id), *rec_);
+  pages_->release(s.id);
   sl.live = false;
   sl.n_past = 0;
   plan_dirty_ = true;
   s.id = -1;
   s.n_past = 0;
+}
+
+// ---- the prompt cache's calls (cache_link.cpp) ----
+
+void Engine::checkpoint(const Sequence& s) {
+  if (cache_ && s.n_past > 0)
+    cache_->checkpoint(s.id, slots_[static_cast<size_t>(s.id)].n_past, *rec_);
+}
+
+void Engine::publish(const Sequence& s) {
+  if (!cache_ || s.id < 0 || s.id >= opt_.n_seq || !slots_[static_cast<size_t>(s.id)].live) return;
+  dev_.sync();  // the link reads the host copies of the written-back pages
+  pages_->reclaim(false);
+  cache_->keep(s.id, slots_[static_cast<size_t>(s.id)].n_past, pages_->slot(s.id), *rec_);
+}
+
+int32_t Engine::reuse_prefix(Sequence& s, const int32_t* tokens, int32_t n) {
+  KVS_CHECK(
+      s.id >= 0 && s.id < opt_.n_seq && slots_[static_cast<size_t>(s.id)].live && s.n_past == 0,
+      "reuse_prefix: a sequence that is not freshly open");
+  if (!cache_ || n < 2) return 0;
+  SlotPages pages = pages_->slot(s.id);
+  const int32_t hit = cache_->reuse(s.id, tokens, n, pages, *rec_);
+  if (hit == 0) return 0;
+  slots_[static_cast<size_t>(s.id)].n_past = s.n_past = hit;
+  pages_->touched();
+  // The next step lays the pages out anew, which also drops chunks the ring prefetched from
+  // this slot's previous sequence.
+  plan_dirty_ = relayout_ = true;
+  return hit;
+}
+
+int32_t Engine::save_prefix(const std::vector<int32_t>& tokens, const std::string& path,
+                            size_t* bytes) {
+  KVS_CHECK(cache_, "saving a slot needs the prompt cache (--cache-ram above 0)");
+  return cache_->save(tokens, path, bytes);
+}
+
+void Engine::load_prefix(const std::string& path, std::vector<int32_t>& tokens, size_t* bytes) {
+  KVS_CHECK(cache_, "restoring a slot needs the prompt cache (--cache-ram above 0)");
+  cache_->load(path, tokens, bytes);
 }
 
 const float* Engine::eval(Sequence& s, const int32_t* tokens, int32_t n) {
@@ -419,6 +450,7 @@ void Engine::fill_random(Sequence& s, int32_t n, uint32_t seed) {
             "fill: a sequence that is not open");
   KVS_CHECK(n >= 0 && int64_t{s.n_past} + n <= opt_.n_ctx, "fill: the sequence would hold ",
             int64_t{s.n_past} + n, " tokens, more than the context size ", opt_.n_ctx);
+  Ring* const ring = pages_->ring();  // null: nothing streams
   const int64_t kvd = cfg_.kv_dim();
   const int32_t P = opt_.page_size;
   std::vector<float> hk(static_cast<size_t>(opt_.n_batch * kvd)), hv(hk.size());
@@ -437,29 +469,30 @@ void Engine::fill_random(Sequence& s, int32_t n, uint32_t seed) {
       for (int32_t il = 0; il < cfg_.n_layer; ++il) {
         if (recurrent(il)) continue;
         for (int32_t j = 0; j < m; ++j)
-          dst_[static_cast<size_t>(j)] = host_->page(s.id, store_layer(il), (s.n_past + j) / P);
+          dst_[static_cast<size_t>(j)] =
+              pages_->host()->page(s.id, store_layer(il), (s.n_past + j) / P);
         cpu::kv_write(kv_, hk.data(), hv.data(), m, dst_.data(), page_slot_.data());
       }
     } else {
-      if (ring_) {
+      if (ring) {
         replan(batch);
-        ring_->begin_step({}, {});
+        ring->begin_step({}, {});
       }
       dev_.upload(act_.k, hk.data(), rows * sizeof(float));
       dev_.upload(act_.v, hv.data(), rows * sizeof(float));
       for (int32_t il = 0; il < cfg_.n_layer; ++il) {
         if (recurrent(il)) continue;
-        add_pages(il, batch);
+        pages_->add(il, batch);
         dev_.kv_write(kv_, act_.k, act_.v, m, kv_pages(il, batch), page_slot_.data());
-        if (ring_ && full(il)) {
-          write_back(il, batch);
-          ring_->layers_done(store_layer(il) + 1);
+        if (ring && full(il)) {
+          last_.bytes_out += pages_->write_back(il, batch, plan_);
+          ring->layers_done(store_layer(il) + 1);
         }
       }
     }
     s.n_past += m;
     slots_[static_cast<size_t>(s.id)].n_past = s.n_past;
-    trim_windows(s);
+    pages_->trim_windows(s.id, s.n_past);
   }
 }
 
@@ -487,10 +520,11 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
   }
   KVS_CHECK(n_tok <= opt_.n_batch, "step: ", n_tok, " tokens are more than -b ", opt_.n_batch);
 
+  Ring* const ring = pages_->ring();  // null: nothing streams
   const double t0 = now();
   const double busy0 = dev_.busy_seconds(Stream::CopyIn), wait0 = dev_.wait_seconds(),
                flag0 = split_ ? dev_.flag_wait_seconds() : 0.0;
-  const RingStats r0 = ring_ ? ring_->stats() : RingStats{};
+  const RingStats r0 = ring ? ring->stats() : RingStats{};
   last_ = StepStats{};
   for (const BatchEntry& e : batch) {  // a prompt ends where its sequence's decoding begins
     Slot& sl = slots_[static_cast<size_t>(e.seq->id)];
@@ -499,10 +533,7 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
     sl.reading = reading;
   }
   if (cache_)
-    for (const BatchEntry& e : batch) {
-      auto& t = slots_[static_cast<size_t>(e.seq->id)].tokens;
-      t.insert(t.end(), e.tokens, e.tokens + e.n);
-    }
+    for (const BatchEntry& e : batch) cache_->record(e.seq->id, e.tokens, e.n);
   last_.n_tokens = n_tok;
   last_.n_seqs = static_cast<int32_t>(batch.size());
 
@@ -517,32 +548,11 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
       page_slot_[t] = static_cast<int32_t>((e.seq->n_past + j) % P);
     }
   }
-  for (const BatchEntry& e : batch) {
-    const auto s = static_cast<size_t>(e.seq->id);
-    int32_t& verified = slots_[s].verified;
-    if (!e.all_logits || !rsnap_.as()) {
-      verified = 0;
-      continue;
-    }
-    if (e.extend_verify) {  // its inputs go after those of the steps it extends
-      KVS_CHECK(verified > 0 && verified + e.n <= opt_.n_verify, "step: ", e.n,
-                " tokens extend a verify step of ", verified, ", more than n_verify ",
-                opt_.n_verify, " in all, or the sequence's last step was no verify step");
-      verified += e.n;
-      continue;
-    }
-    verified = e.n;
-    const size_t bytes = shape_.recurrent_bytes / slots_.size();
-    dev_.copy(Stream::Compute, rsnap_.as() + s * bytes, rstate_.as() + s * bytes, bytes);
-  }
-  if (ring_) replan(batch);
+  for (const BatchEntry& e : batch) rec_->begin_step(e.seq->id, e.n, e.all_logits, e.extend_verify);
+  if (ring) replan(batch);
   lend_scratch();
-  if (ring_) ring_->begin_step(ring_items(batch, false), ring_items(batch, true));
-  if (split_) {  // the CPU reads pages whose write-backs were issued before this step
-    dev_.record(Stream::CopyOut, split_->stored);
-    split_->busy0 = split_->worker->busy_seconds();
-    split_->bytes0 = split_->worker->bytes();
-  }
+  if (ring) ring->begin_step(ring_items(batch, false), ring_items(batch, true));
+  if (split_) split_->begin_step();
 
   // Decode steps with nothing to stream touch only the compute stream (a write-back cuts the
   // recording): the device may record and replay them (prefill steps are few and long,
@@ -552,7 +562,7 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
     ~Capture() {
       if (dev) dev->end_step(false);
     }
-  } capture{(!ring_ || !plan_.streams()) && opt_.kv_mode != KvMode::Host &&
+  } capture{(!ring || !plan_.streams()) && opt_.kv_mode != KvMode::Host &&
                     n_tok == static_cast<int32_t>(batch.size())
                 ? &dev_
                 : nullptr};
@@ -568,7 +578,7 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
       forward_gemma3(pass);
       break;
   }
-  KVS_CHECK(!ring_ || pass.cursor == ring_->n_items(), "ring: ", ring_->n_items() - pass.cursor,
+  KVS_CHECK(!ring || pass.cursor == ring->n_items(), "ring: ", ring->n_items() - pass.cursor,
             " streamed pages were not read");
   output_logits(pass);
   hidden_ = act_.x;
@@ -579,23 +589,22 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
   }
   last_.issue_s = now() - t0;
   const auto& [first, rows] = lrows_.back();
-  dev_.download(hlogits_.as(), logits_.as<float>(),
-                static_cast<size_t>(first + rows) * static_cast<size_t>(cfg_.n_vocab) * sizeof(float));
+  dev_.download(
+      hlogits_.as(), logits_.as<float>(),
+      static_cast<size_t>(first + rows) * static_cast<size_t>(cfg_.n_vocab) * sizeof(float));
   for (const BatchEntry& e : batch) {
     e.seq->n_past += e.n;
     slots_[static_cast<size_t>(e.seq->id)].n_past = e.seq->n_past;
-    trim_windows(*e.seq);
+    pages_->trim_windows(e.seq->id, e.seq->n_past);
   }
 
   last_.seconds = now() - t0;
   if (split_) {
-    split_->worker->check();
-    last_.cpu_s = split_->worker->busy_seconds() - split_->busy0;
-    last_.cpu_bytes = split_->worker->bytes() - split_->bytes0;
+    std::tie(last_.cpu_s, last_.cpu_bytes) = split_->end_step();
     last_.cpu_wait_s = dev_.flag_wait_seconds() - flag0;
   }
-  if (ring_) {
-    const RingStats& r = ring_->stats();
+  if (ring) {
+    const RingStats& r = ring->stats();
     last_.bytes_in = r.bytes_in - r0.bytes_in;
     last_.chunks = r.chunks - r0.chunks;
     last_.ready_wait_s = dev_.wait_seconds() - wait0;
@@ -631,8 +640,7 @@ const char* step_bound(double step_s, double copy_s, double cpu_s) {
 void Engine::measure(const StepStats& st) {
   if (st.copy_busy_s > 0 && st.bytes_in > 0)
     h2d_ = ema(h2d_, static_cast<double>(st.bytes_in) / st.copy_busy_s);
-  if (st.cpu_s > 0 && st.cpu_bytes > 0)
-    cpu_rate_ = ema(cpu_rate_, static_cast<double>(st.cpu_bytes) / st.cpu_s);
+  if (split_) split_->measured(st.cpu_s, st.cpu_bytes);
   // Decode steps: the figures the plan is for; but not one that repartitioned, whose time
   // includes waiting for the copies in flight.
   if (st.n_tokens == st.n_seqs && !st.repartitioned) {
@@ -642,8 +650,8 @@ void Engine::measure(const StepStats& st) {
     stall_s_ = ema(stall_s_, st.ready_wait_s);
     // The compute waited while the copy engine idled: the ring, not the link, held it back. Two
     // such steps in a row, so that a step starting cold (nothing prefetched) does not count.
-    const bool short_ring = plan_.streams() && st.ready_wait_s > 0.05 * st.seconds &&
-                            st.copy_busy_s < 0.9 * st.seconds;
+    const bool short_ring =
+        plan_.streams() && st.ready_wait_s > 0.05 * st.seconds && st.copy_busy_s < 0.9 * st.seconds;
     short_ring_steps_ = short_ring ? short_ring_steps_ + 1 : 0;
     ring_check_ = short_ring_steps_ >= 2;
     ring_stall_s_ = st.ready_wait_s;
@@ -680,7 +688,7 @@ void Engine::self_attention(Pass& p, int32_t il) {
     }
     dev_.rope(q, k, pos_.data(), n, c.n_head, c.n_head_kv, rope);
   } else {
-    add_pages(il, p.batch);
+    pages_->add(il, p.batch);
     dev_.rope_kv_write(q, k, v, pos_.data(), n, c.n_head, rope, kv_, kv_pages(il, p.batch),
                        page_slot_.data(), c.qk_norm ? &norm : nullptr);
     if (full(il)) post_split(il, p);
@@ -692,9 +700,9 @@ void Engine::self_attention(Pass& p, int32_t il) {
       attend(il, p.batch[i], static_cast<int32_t>(i), p.offs[i], p.cursor);
   }
   if (c.attn_gate) dev_.sigmoid_mul(act_.att, act_.attn_gate, int64_t{n} * c.q_dim());
-  if (ring_ && full(il)) {
-    write_back(il, p.batch);
-    ring_->layers_done(store_layer(il) + 1);
+  if (pages_->ring() && full(il)) {
+    last_.bytes_out += pages_->write_back(il, p.batch, plan_);
+    pages_->ring()->layers_done(store_layer(il) + 1);
   }
 }
 
@@ -719,9 +727,9 @@ uint8_t* const* Engine::kv_pages(int32_t il, const std::vector<BatchEntry>& batc
   const int32_t P = opt_.page_size;
   size_t t = 0;
   for (const BatchEntry& e : batch) {
-    const auto& fr = slots_[static_cast<size_t>(e.seq->id)].frames[static_cast<size_t>(il)];
+    const auto& fr = pages_->frames(e.seq->id, il);
     for (int32_t j = 0; j < e.n; ++j)
-      dst_[t++] = pool_->frame(fr[static_cast<size_t>((e.seq->n_past + j) / P)]);
+      dst_[t++] = pages_->pool()->frame(fr[static_cast<size_t>((e.seq->n_past + j) / P)]);
   }
   return dst_.data();
 }

@@ -3,7 +3,6 @@
 // the host store, or (host mode) kept and attended on the host.
 #pragma once
 
-#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -12,7 +11,10 @@
 #include <vector>
 
 #include "kvs/backend/device.h"
+#include "kvs/engine/cache_link.h"
+#include "kvs/engine/pages.h"
 #include "kvs/engine/prompt_cache.h"
+#include "kvs/engine/recurrent.h"
 #include "kvs/engine/split.h"
 #include "kvs/kv/device_pool.h"
 #include "kvs/kv/host_store.h"
@@ -201,11 +203,13 @@ class Engine {
   // that the state before it is a checkpoint (eval() does; so must other callers).
   bool keeps_checkpoints() const { return cache_ && shape_.n_recurrent > 0; }
   // nullptr without a prompt cache.
-  const PromptCacheStats* prompt_cache_stats() const { return cache_ ? &cache_->stats() : nullptr; }
+  const PromptCacheStats* prompt_cache_stats() const {
+    return cache_ ? &cache_->cache().stats() : nullptr;
+  }
   // The prompt cache's warnings since the last call (its disk tier's refused files and failed
   // writes), for the caller to show.
   std::vector<std::string> prompt_cache_warnings() {
-    return cache_ ? cache_->take_warnings() : std::vector<std::string>{};
+    return cache_ ? cache_->cache().take_warnings() : std::vector<std::string>{};
   }
   // Slot files (serve --slot-save-path, chat /save): the prompt cache's pages of the longest
   // cached prefix of `tokens` written to `path` (under a temporary name, then renamed), with the
@@ -220,7 +224,7 @@ class Engine {
   // Drops the prompt cache's pages of `tokens` that no other cached sequence goes on from;
   // returns the positions dropped (0 without a cache).
   int32_t erase_prefix(const std::vector<int32_t>& tokens) {
-    return cache_ ? cache_->erase(tokens.data(), static_cast<int32_t>(tokens.size())) : 0;
+    return cache_ ? cache_->cache().erase(tokens.data(), static_cast<int32_t>(tokens.size())) : 0;
   }
   // Appends n tokens to one sequence (in chunks of n_batch) and returns the logits of the last
   // one [n_vocab], valid until the next call. Fails when the sequence would pass n_ctx.
@@ -257,14 +261,15 @@ class Engine {
   size_t kv_bytes_per_token() const;  // what the history grows by (full layers)
   const EngineOptions& options() const { return opt_; }
   const Plan& plan() const { return plan_; }
-  size_t arena_bytes() const { return pool_ ? pool_->bytes() : 0; }  // the decode's arena
+  // The decode's arena.
+  size_t arena_bytes() const { return pages_->pool() ? pages_->pool()->bytes() : 0; }
   // The frames a prefill takes back for its workspace (0: no phase arena); whether it has them.
   size_t workspace_bytes() const { return static_cast<size_t>(work_frames_) * kv_.page_bytes(); }
-  bool in_prefill_phase() const { return pool_ && pool_->top() > 0; }
+  bool in_prefill_phase() const { return pages_->pool() && pages_->pool()->top() > 0; }
   int32_t fixed_frames() const { return fixed_frames_; }
-  size_t host_bytes() const { return host_ ? host_->bytes() : 0; }
+  size_t host_bytes() const { return pages_->host() ? pages_->host()->bytes() : 0; }
   // Split mode: its threads, and the CPUs they run on (empty: not pinned).
-  int32_t split_threads() const { return split_ ? split_->placed.threads : 0; }
+  int32_t split_threads() const { return split_ ? split_->placed().threads : 0; }
   const std::vector<int>& split_cpus() const;
   const StepStats& last_step() const { return last_; }
   const EngineStats& totals() const { return totals_; }
@@ -274,7 +279,7 @@ class Engine {
   // step only lengthens the last one, so it is kept instead of rebuilt, which at long contexts
   // would take much of the host's time for a step.
   struct SpanCache {
-    uint64_t epoch = 0;  // frames_epoch_ when built; 0: never
+    uint64_t epoch = 0;  // pages_->epoch() when built; 0: never
     int32_t pages = 0;   // the sequence's pages then
     bool resident = false;
     std::vector<Span> spans;
@@ -282,15 +287,8 @@ class Engine {
   struct Slot {
     bool live = false;
     int32_t n_past = 0;
-    // [layer][page] -> pool frame; -1: host only (full layers) or behind the window
-    std::vector<std::vector<int32_t>> frames;
     std::vector<SpanCache> spans;  // [layer]
-    std::vector<int32_t> tokens;   // with a prompt cache: the token of every position
-    // Tokens of its last verify step and the steps that extended it, if the last step was one
-    // of those (the recurrent rollback).
-    int32_t verified = 0;
-    bool reading = false;                 // its last step read a prompt chunk
-    std::vector<Checkpoint> checkpoints;  // with a prompt cache: its recurrent states so far
+    bool reading = false;          // its last step read a prompt chunk
   };
   // One forward pass: the batch, where each entry's rows start, the next ring item.
   struct Pass {
@@ -309,13 +307,6 @@ class Engine {
   bool recurrent(int32_t il) const {
     return cfg_.kinds[static_cast<size_t>(il)] == LayerKind::Recurrent;
   }
-  // Sequence slot s's state at recurrent layer il: the conv tail [conv - 1][conv_dim], then
-  // the delta-rule state [v_heads][head][head].
-  float* recurrent_state(int32_t s, int32_t il) const {
-    const size_t i = static_cast<size_t>(s) * static_cast<size_t>(shape_.n_recurrent) +
-                     static_cast<size_t>(rec_index_[static_cast<size_t>(il)]);
-    return reinterpret_cast<float*>(rstate_.as() + i * shape_.recurrent_layer_bytes);
-  }
   // The layer's index in the host store and the ring: among the full layers, or (host mode,
   // where the host keeps every attention layer) among the full and window layers.
   int32_t store_layer(int32_t il) const {
@@ -323,7 +314,6 @@ class Engine {
   }
 
   void place(const Model& model, const Engine* shared);  // the weights on the device
-  void alloc_recurrent();  // the recurrent states and their rollback buffers
   // The forward pass of each architecture family (engine/forward_*.cpp) over the blocks below.
   void forward_llama(Pass& p);
   void forward_gemma3(Pass& p);
@@ -339,36 +329,23 @@ class Engine {
   void embed_inputs(const Pass& p);
 
   void replan(const std::vector<BatchEntry>& batch);
-  // The prompt cache's part of the constructor, and its keeping of a closing slot's pages.
-  void make_prompt_cache(const Model& model);
-  void keep_pages(int32_t s);
-  // Moves the pool to plan p with `top` frames kept for the prefill's workspace.
-  void apply(const Plan& p, int32_t top);
   // Points the activations at the decode buffers, or at the workspace, and lends the backend
   // its part of it.
   void set_phase(bool prefill);
   // Lends the workspace's scratch to the device for this pass: another engine on the device (a
   // draft model's, the MTP block's) may have lent its own, of its own geometry, since.
   void lend_scratch();
-  int32_t take_frame();
-  void reclaim(bool wait);
-  void add_pages(int32_t il, const std::vector<BatchEntry>& batch);
-  // Gives back the window layers' frames no later query of s can see.
-  void trim_windows(const Sequence& s);
+  // The ring's schedule of a pass (pages.cpp).
   std::vector<RingItem> ring_items(const std::vector<BatchEntry>& batch, bool next) const;
   // The page frames of the batch's tokens at layer il, in batch order (in dst_).
   uint8_t* const* kv_pages(int32_t il, const std::vector<BatchEntry>& batch);
   void attend(int32_t il, const BatchEntry& e, int32_t entry, int32_t off, int32_t& cursor);
-  void write_back(int32_t il, const std::vector<BatchEntry>& batch);
   void attend_host(int32_t il, const BatchEntry& e, int32_t off);
   void measure(const StepStats& st);
   // Split (engine/attend.cpp): pages [first, second) of entry e at full layer il go to the CPU
-  // this step (with `next`, the step after it); the layer's queries to the host and its job to
-  // the worker; entry i's partials folded on the device after the CPU raised its flag.
+  // this step (with `next`, the step after it); the layer's queries and pages to the worker.
   std::pair<int32_t, int32_t> cpu_pages(int32_t il, const BatchEntry& e, bool next) const;
   void post_split(int32_t il, const Pass& p);
-  void fold_cpu(int32_t il, int32_t entry, int32_t pages, AttentionArgs& a);
-  void make_split();  // the constructor's part
 
   const ModelConfig& cfg_;
   Device& dev_;
@@ -378,70 +355,30 @@ class Engine {
   KvLayout kv_;
   KvShape shape_;
   std::vector<int32_t> kv_index_;    // [layer]: index among the full layers, -1 for the others
-  std::vector<int32_t> rec_index_;   // [layer]: index among the recurrent layers, -1 for the others
   std::vector<int32_t> attn_index_;  // [layer]: index among the others, -1 for the recurrent
   // qwen35: attn_q's rows regrouped [q of every head; gate of every head] (the file has them
   // per head), so that each is one product: [layer], empty for the others.
   std::vector<std::vector<uint8_t>> gated_q_;
-  DeviceBuffer rstate_;  // every sequence's recurrent layers' states (KvShape)
-  // With n_verify > 1: each sequence's recurrent states before its last verify step, and that
-  // step's Gated DeltaNet inputs ([recurrent layer][n_verify rows of mix, z, alpha, beta]), from
-  // which truncate() recomputes the states of the tokens it keeps.
-  DeviceBuffer rsnap_, rinputs_;
-  int64_t rec_row_ = 0;  // floats of one token's inputs to one Gated DeltaNet layer
-  // Where sequence s's verify step keeps layer il's inputs: mix, z, alpha, beta.
-  std::array<float*, 4> saved_inputs(int32_t s, int32_t il) const;
-  // Sequence s's Gated DeltaNet at layer il over n_tok rows: its state, the layer's weights and
-  // the model's shape; the caller points it at the inputs and the output.
-  DeltaNetArgs delta_net_args(int32_t s, int32_t il, int32_t n_tok) const;
-  // The recurrent layers of sequence s after `kept` of its last verify step's tokens.
-  void redo_recurrent(int32_t s, int32_t kept);
-  RopeParams rope_, rope_swa_;  // full and window layers
-  int32_t max_pages_ = 0;       // per layer and sequence
+  std::unique_ptr<RecurrentState> rec_;  // the recurrent layers' states and their rollback
+  RopeParams rope_, rope_swa_;           // full and window layers
+  int32_t max_pages_ = 0;                // per layer and sequence
   int32_t fixed_frames_ = 0;
   std::vector<Slot> slots_;
-  uint64_t frames_epoch_ = 1;  // bumped whenever any slot's frames change
 
-  std::unique_ptr<HostStore> host_;
-  std::unique_ptr<DevicePool> pool_;
-  std::unique_ptr<Ring> ring_;
+  std::unique_ptr<PagePlacement> pages_;
   Plan plan_;
   bool plan_dirty_ = true;
   bool ring_check_ = false;  // decode steps found the ring too small: replan to grow it
   int32_t short_ring_steps_ = 0;
   double ring_stall_s_ = 0;  // the last decode step's wait, which sizes such a growth
   bool relayout_ = false;    // the next plan is applied even if unchanged (pages were adopted)
-  std::unique_ptr<PromptCache> cache_;
-  uint64_t cache_fingerprint_ = 0;  // the model, KV types and pages a cache file must match
-  std::vector<int32_t> pending_;  // frames of written-back pages, free once wb_ is reached
-  FenceId wb_ = -1, computed_ = -1;
+  std::unique_ptr<PromptCacheLink> cache_;  // null: no prompt cache
   // Measured figures for the planner (exponential averages; 0: not measured yet), and the
-  // rates it assumes until they are: --h2d-gbps (capped by --h2d-limit), the CPU's calibration
-  // or --cpu-gbps.
-  double h2d_ = 0, layer_s_ = 0, stall_s_ = 0, cpu_rate_ = 0;
-  double h2d_assumed_ = 0, cpu_assumed_ = 0;
+  // rate it assumes until it is: --h2d-gbps (capped by --h2d-limit). The CPU's are split_'s.
+  double h2d_ = 0, layer_s_ = 0, stall_s_ = 0;
+  double h2d_assumed_ = 0;
 
-  // Split mode: the worker, each full layer's queries in pinned memory and the fence of their
-  // copy, the CPU's partials in pinned memory (a layer's and the one before's: the worker writes
-  // one while the device may still read the other), a row per head and sequence, or per head,
-  // page and sequence where the device folds the CPU's rows of each span (per_span); the
-  // write-backs' fence, the flag, and the current layer's entries' tickets (0: none) and places
-  // among its partials (floats from the start).
-  struct Split {
-    std::unique_ptr<SplitWorker> worker;
-    DeviceBuffer q, part[2];
-    std::vector<FenceId> q_ready;
-    FenceId stored = -1;
-    FlagId flag = -1;
-    uint64_t ticket = 0;
-    std::vector<uint64_t> tickets;
-    std::vector<size_t> place;
-    bool per_span = false;
-    double busy0 = 0;  // the worker's figures when the step began
-    size_t bytes0 = 0;
-    SplitThreads placed;  // the worker's threads and their CPUs
-  };
-  std::unique_ptr<Split> split_;
+  std::unique_ptr<SplitAttention> split_;  // split mode
 
   // Activations of a pass (rows: its tokens), carved from one region by carve().
   struct Activations {

@@ -1,5 +1,8 @@
-// The engine's pages: frames of the pool taken and given back, the plan and its repartitions,
-// the windows' recycling, the ring's schedule and the write-back of completed pages.
+// The engine's pages: the plan and its repartitions and the ring's schedule (Engine), and
+// where each page lives (PagePlacement): frames of the pool taken and given back, the windows'
+// recycling, the write-back of completed pages.
+#include "kvs/engine/pages.h"
+
 #include <algorithm>
 #include <utility>
 
@@ -8,28 +11,6 @@
 
 namespace kvs {
 
-void Engine::reclaim(bool wait) {
-  if (pending_.empty()) return;
-  if (!dev_.done(wb_)) {
-    if (!wait) return;
-    dev_.wait_host(wb_);
-  }
-  for (int32_t f : pending_) pool_->give(f);
-  pending_.clear();
-}
-
-int32_t Engine::take_frame() {
-  reclaim(false);
-  int32_t f = pool_->take();
-  if (f < 0) {
-    reclaim(true);
-    f = pool_->take();
-  }
-  KVS_CHECK(f >= 0, "the KV arena has no free frame (", pool_->n_frames(), " frames, ",
-            plan_.ring_frames(), " in the ring); this is a bug in the plan");
-  return f;
-}
-
 void Engine::replan(const std::vector<BatchEntry>& batch) {
   const int32_t P = opt_.page_size;
   // A pass of more rows than the decode's buffers hold takes the workspace back from the KV;
@@ -37,7 +18,7 @@ void Engine::replan(const std::vector<BatchEntry>& batch) {
   int32_t n_tok = 0;
   for (const BatchEntry& e : batch) n_tok += e.n;
   const int32_t top = n_tok > decode_rows(opt_) ? work_frames_ : 0;
-  const bool switches = top != pool_->top();
+  const bool switches = top != pages_->pool()->top();
   bool grows = plan_dirty_ || switches;
   std::vector<int32_t> pages(slots_.size(), 0);
   for (size_t i = 0; i < slots_.size(); ++i)
@@ -48,7 +29,7 @@ void Engine::replan(const std::vector<BatchEntry>& batch) {
     pages[static_cast<size_t>(e.seq->id)] = after;
   }
   PlanInput in;
-  in.arena_bytes = static_cast<size_t>(pool_->n_frames() - top) * kv_.page_bytes();
+  in.arena_bytes = static_cast<size_t>(pages_->pool()->n_frames() - top) * kv_.page_bytes();
   in.page_bytes = kv_.page_bytes();
   in.n_layer = shape_.n_full;
   in.fixed_frames = fixed_frames_;
@@ -60,7 +41,7 @@ void Engine::replan(const std::vector<BatchEntry>& batch) {
   in.min_slots = opt_.ring_slots;
   in.force_ring = opt_.kv_mode == KvMode::Stream;
   in.split = split_ != nullptr;
-  in.cpu_bytes_per_s = cpu_rate_ > 0 ? cpu_rate_ : cpu_assumed_;
+  in.cpu_bytes_per_s = split_ ? split_->rate() : 0;
   in.split_share = opt_.split_share;
   // Repartition at page boundaries and phase changes; between them only to grow the ring, once
   // decode steps have measured what it must cover (the first plan of a decode knows nothing).
@@ -77,7 +58,11 @@ void Engine::replan(const std::vector<BatchEntry>& batch) {
   if (switches && top == 0) set_phase(false);  // before pages move into the workspace
   if (switches || relayout_ || p.resident != plan_.resident || p.extra != plan_.extra ||
       p.slot_pages != plan_.slot_pages || p.n_slots != plan_.n_slots) {
-    apply(p, top);
+    std::vector<int32_t> lengths(slots_.size(), -1);
+    for (size_t i = 0; i < slots_.size(); ++i)
+      if (slots_[i].live) lengths[i] = slots_[i].n_past;
+    pages_->apply(p, top, lengths);
+    ++totals_.repartitions;
     last_.repartitioned = true;
     relayout_ = false;
   }
@@ -92,7 +77,7 @@ void Engine::set_phase(bool prefill) {
     carve(cfg_, decode_rows(opt_), act_mem_.as(), &act_);
     return;
   }
-  uint8_t* base = pool_->top_memory();
+  uint8_t* base = pages_->pool()->top_memory();
   base += (256 - reinterpret_cast<uintptr_t>(base) % 256) % 256;
   const size_t acts = carve(cfg_, opt_.n_batch, base, &act_);  // a multiple of 256
   if (work_scratch_) scratch_at_ = base + acts;
@@ -106,76 +91,6 @@ void Engine::lend_scratch() {
   dev_.lend_prefill_scratch(scratch_at_);
 }
 
-// Moves the pool to plan p: pages past the new caps leave the device (the host store has
-// them), frames the ring or the workspace take are relocated, pages under raised caps are
-// fetched back.
-void Engine::apply(const Plan& p, int32_t top) {
-  dev_.sync();
-  reclaim(true);
-  ++frames_epoch_;
-  const int32_t L = cfg_.n_layer, P = opt_.page_size;
-  const int32_t boundary = pool_->n_frames() - top - p.ring_frames();
-  for (size_t s = 0; s < slots_.size(); ++s) {
-    Slot& sl = slots_[s];
-    if (!sl.live) continue;
-    const int32_t done = sl.n_past / P;  // complete pages; the tail keeps its frame
-    for (int32_t l = 0; l < L; ++l) {
-      if (!full(l)) continue;
-      auto& fr = sl.frames[static_cast<size_t>(l)];
-      for (int32_t q = 0; q < done; ++q)
-        if (fr[static_cast<size_t>(q)] >= 0 && q >= resident_cap(p, s, store_layer(l))) {
-          pool_->give(fr[static_cast<size_t>(q)]);
-          fr[static_cast<size_t>(q)] = -1;
-        }
-    }
-  }
-  for (size_t s = 0; s < slots_.size(); ++s) {
-    Slot& sl = slots_[s];
-    if (!sl.live) continue;
-    for (auto& fr : sl.frames)
-      for (int32_t& f : fr)
-        if (f >= boundary) {
-          const int32_t g = pool_->take();
-          KVS_CHECK(g >= 0 && g < boundary, "repartition: no frame below the ring for a page");
-          dev_.copy(Stream::Compute, pool_->frame(g), pool_->frame(f), kv_.page_bytes());
-          pool_->give(f);
-          f = g;
-        }
-  }
-  pool_->set_ring(p.slot_pages, p.n_slots, top);
-  for (size_t s = 0; s < slots_.size(); ++s) {
-    Slot& sl = slots_[s];
-    if (!sl.live) continue;
-    const int32_t done = sl.n_past / P;
-    for (int32_t l = 0; l < L; ++l) {
-      if (!full(l)) continue;
-      auto& fr = sl.frames[static_cast<size_t>(l)];
-      for (int32_t q = 0; q < std::min(done, resident_cap(p, s, store_layer(l))); ++q)
-        if (fr[static_cast<size_t>(q)] < 0) {
-          const int32_t g = pool_->take();
-          KVS_CHECK(g >= 0, "repartition: no frame for a page the plan makes resident");
-          dev_.copy(Stream::Compute, pool_->frame(g),
-                    host_->page(static_cast<int32_t>(s), store_layer(l), q), kv_.page_bytes());
-          fr[static_cast<size_t>(q)] = g;
-        }
-    }
-  }
-  ring_->configure(p.slot_pages, p.n_slots);
-  ++totals_.repartitions;
-}
-
-// Frames for the pages this pass writes into at one layer: resident ones under the cap,
-// transient ones above it (given back after their write-back). Allocated layer by layer, so a
-// prompt chunk needs transient frames for one layer at a time.
-void Engine::add_pages(int32_t il, const std::vector<BatchEntry>& batch) {
-  const int32_t P = opt_.page_size;
-  for (const BatchEntry& e : batch) {
-    auto& fr = slots_[static_cast<size_t>(e.seq->id)].frames[static_cast<size_t>(il)];
-    const int32_t last = (e.seq->n_past + e.n - 1) / P;
-    while (static_cast<int32_t>(fr.size()) <= last) fr.push_back(take_frame()), ++frames_epoch_;
-  }
-}
-
 void Engine::truncate(Sequence& s, int32_t n_past) {
   KVS_CHECK(s.id >= 0 && s.id < opt_.n_seq && slots_[static_cast<size_t>(s.id)].live,
             "truncate: a sequence that is not open");
@@ -183,65 +98,14 @@ void Engine::truncate(Sequence& s, int32_t n_past) {
             " positions");
   if (n_past == s.n_past) return;
   Slot& sl = slots_[static_cast<size_t>(s.id)];
-  if (shape_.n_recurrent > 0) {
-    KVS_CHECK(s.n_past - n_past < sl.verified, "truncate: recurrent layers roll back only within ",
-              "the last step, a verify step, and the steps that extended it, but its first token (",
-              sl.verified, " tokens); asked for ", s.n_past - n_past, " positions");
-    redo_recurrent(s.id, sl.verified - (s.n_past - n_past));
-    sl.verified = 0;
-  }
+  if (shape_.n_recurrent > 0) rec_->roll_back(s.id, s.n_past - n_past, w_, act_.y);
   KVS_CHECK(shape_.n_window == 0 || host_mode() || s.n_past - n_past < opt_.n_verify,
             "truncate: ", s.n_past - n_past, " positions back, more than the windows keep (",
             opt_.n_verify - 1, ")");
-  const int32_t P = opt_.page_size;
-  const int32_t pages = (n_past + P - 1) / P;  // those holding a kept position
-  if (pool_) {
-    // Write-backs and prefetches may still read the pages that go. Without a ring (a resident
-    // engine, a draft model's) there are none, and the compute stream orders the last step's
-    // reads before the next one's writes: nothing to wait for, nor to keep a draft model's
-    // rollback from overlapping the target's prefetches.
-    if (ring_) {
-      dev_.sync();
-      reclaim(true);
-    }
-    for (int32_t il = 0; il < cfg_.n_layer; ++il) {
-      auto& fr = sl.frames[static_cast<size_t>(il)];
-      while (static_cast<int32_t>(fr.size()) > pages) {
-        if (fr.back() >= 0) pool_->give(fr.back());
-        fr.pop_back();
-      }
-      // The tail page is written again: it needs its frame back where its completion let the
-      // frame go after the write-back (the host store has its kept rows). A chunk the ring
-      // prefetched with it no longer matches the next step's pages and is dropped.
-      if (n_past % P == 0 || fr.empty() || fr.back() >= 0) continue;
-      KVS_CHECK(full(il) && host_, "truncate: a window page behind the window");
-      fr.back() = take_frame();
-      dev_.copy(Stream::Compute, pool_->frame(fr.back()), host_->page(s.id, store_layer(il), pages - 1),
-                kv_.page_bytes());
-    }
-  }
-  if (static_cast<int32_t>(sl.tokens.size()) > n_past) sl.tokens.resize(static_cast<size_t>(n_past));
-  std::erase_if(sl.checkpoints, [&](const Checkpoint& c) { return c.pos > n_past; });
+  pages_->truncate(s.id, n_past);
+  if (cache_) cache_->truncate(s.id, n_past);
   sl.n_past = s.n_past = n_past;
-  ++frames_epoch_;
   plan_dirty_ = true;
-}
-
-void Engine::trim_windows(const Sequence& s) {
-  if (shape_.n_window == 0 || host_mode()) return;  // host mode keeps every page on the host
-  const int32_t keep =
-      std::max(0, s.n_past - cfg_.n_swa + 1 - (opt_.n_verify - 1)) / opt_.page_size;
-  Slot& sl = slots_[static_cast<size_t>(s.id)];
-  for (int32_t il = 0; il < cfg_.n_layer; ++il) {
-    if (full(il)) continue;
-    auto& fr = sl.frames[static_cast<size_t>(il)];
-    for (int32_t p = std::min(keep, static_cast<int32_t>(fr.size())) - 1; p >= 0; --p) {
-      int32_t& f = fr[static_cast<size_t>(p)];
-      if (f < 0) break;  // the pages before it went earlier
-      pool_->give(f);
-      f = -1;
-    }
-  }
 }
 
 // The non-resident pages of a pass in visiting order: layer, then sequence, then page, but for
@@ -263,14 +127,136 @@ std::vector<RingItem> Engine::ring_items(const std::vector<BatchEntry>& batch, b
   return items;
 }
 
-// Pages this pass completed at layer il go to the host store on the CopyOut stream, after the
-// compute that wrote them; transient ones give their frame back once the copy is done.
-void Engine::write_back(int32_t il, const std::vector<BatchEntry>& batch) {
-  const int32_t P = opt_.page_size;
+// ---- where each page lives ----
+
+PagePlacement::PagePlacement(Device& dev, const ModelConfig& c, const KvLayout& kv, int32_t n_seq,
+                             int32_t n_verify, bool host_mode, std::vector<int32_t> store_index,
+                             std::vector<int32_t> kv_index)
+    : dev_(dev),
+      cfg_(c),
+      kv_(kv),
+      n_verify_(n_verify),
+      host_mode_(host_mode),
+      store_index_(std::move(store_index)),
+      kv_index_(std::move(kv_index)),
+      frames_(static_cast<size_t>(n_seq),
+              std::vector<std::vector<int32_t>>(static_cast<size_t>(c.n_layer))) {}
+
+void PagePlacement::own(std::unique_ptr<HostStore> host, std::unique_ptr<DevicePool> pool,
+                        bool ring) {
+  host_ = std::move(host);
+  pool_ = std::move(pool);
+  if (!ring) return;
+  ring_ = std::make_unique<Ring>(dev_, *host_, *pool_, kv_.page_bytes());
+  wb_ = dev_.make_fence();
+  computed_ = dev_.make_fence();
+}
+
+SlotPages PagePlacement::slot(int32_t s) {
+  return {host_.get(),
+          pool_.get(),
+          host_mode_,
+          &store_index_,
+          &frames_[static_cast<size_t>(s)],
+          [this] { return take(); }};
+}
+
+void PagePlacement::reclaim(bool wait) {
+  if (pending_.empty()) return;
+  if (!dev_.done(wb_)) {
+    if (!wait) return;
+    dev_.wait_host(wb_);
+  }
+  for (int32_t f : pending_) pool_->give(f);
+  pending_.clear();
+}
+
+int32_t PagePlacement::take() {
+  reclaim(false);
+  int32_t f = pool_->take();
+  if (f < 0) {
+    reclaim(true);
+    f = pool_->take();
+  }
+  KVS_CHECK(f >= 0, "the KV arena has no free frame (", pool_->n_frames(), " frames, ",
+            pool_->ring_frames(), " in the ring); this is a bug in the plan");
+  return f;
+}
+
+// Pages past the new caps leave the device (the host store has them), frames the ring or the
+// workspace take are relocated, pages under raised caps are fetched back.
+void PagePlacement::apply(const Plan& p, int32_t top, const std::vector<int32_t>& lengths) {
+  dev_.sync();
+  reclaim(true);
+  ++epoch_;
+  const int32_t L = cfg_.n_layer, P = kv_.page_size;
+  const int32_t boundary = pool_->n_frames() - top - p.ring_frames();
+  for (size_t s = 0; s < frames_.size(); ++s) {
+    if (lengths[s] < 0) continue;
+    const int32_t done = lengths[s] / P;  // complete pages; the tail keeps its frame
+    for (int32_t l = 0; l < L; ++l) {
+      if (!full(l)) continue;
+      auto& fr = frames_[s][static_cast<size_t>(l)];
+      for (int32_t q = 0; q < done; ++q)
+        if (fr[static_cast<size_t>(q)] >= 0 && q >= resident_cap(p, s, store_layer(l))) {
+          pool_->give(fr[static_cast<size_t>(q)]);
+          fr[static_cast<size_t>(q)] = -1;
+        }
+    }
+  }
+  for (size_t s = 0; s < frames_.size(); ++s) {
+    if (lengths[s] < 0) continue;
+    for (auto& fr : frames_[s])
+      for (int32_t& f : fr)
+        if (f >= boundary) {
+          const int32_t g = pool_->take();
+          KVS_CHECK(g >= 0 && g < boundary, "repartition: no frame below the ring for a page");
+          dev_.copy(Stream::Compute, pool_->frame(g), pool_->frame(f), kv_.page_bytes());
+          pool_->give(f);
+          f = g;
+        }
+  }
+  pool_->set_ring(p.slot_pages, p.n_slots, top);
+  for (size_t s = 0; s < frames_.size(); ++s) {
+    if (lengths[s] < 0) continue;
+    const int32_t done = lengths[s] / P;
+    for (int32_t l = 0; l < L; ++l) {
+      if (!full(l)) continue;
+      auto& fr = frames_[s][static_cast<size_t>(l)];
+      for (int32_t q = 0; q < std::min(done, resident_cap(p, s, store_layer(l))); ++q)
+        if (fr[static_cast<size_t>(q)] < 0) {
+          const int32_t g = pool_->take();
+          KVS_CHECK(g >= 0, "repartition: no frame for a page the plan makes resident");
+          dev_.copy(Stream::Compute, pool_->frame(g),
+                    host_->page(static_cast<int32_t>(s), store_layer(l), q), kv_.page_bytes());
+          fr[static_cast<size_t>(q)] = g;
+        }
+    }
+  }
+  ring_->configure(p.slot_pages, p.n_slots);
+}
+
+// Resident frames under the cap, transient ones above it (given back after their write-back).
+// Allocated layer by layer, so a prompt chunk needs transient frames for one layer at a time.
+void PagePlacement::add(int32_t il, const std::vector<BatchEntry>& batch) {
+  const int32_t P = kv_.page_size;
+  for (const BatchEntry& e : batch) {
+    auto& fr = frames_[static_cast<size_t>(e.seq->id)][static_cast<size_t>(il)];
+    const int32_t last = (e.seq->n_past + e.n - 1) / P;
+    while (static_cast<int32_t>(fr.size()) <= last) fr.push_back(take()), ++epoch_;
+  }
+}
+
+// On the CopyOut stream, after the compute that wrote them; transient ones give their frame
+// back once the copy is done.
+size_t PagePlacement::write_back(int32_t il, const std::vector<BatchEntry>& batch,
+                                 const Plan& plan) {
+  const int32_t P = kv_.page_size;
+  size_t bytes = 0;
   bool any = false;
   for (const BatchEntry& e : batch) {
     const int32_t s = e.seq->id;
-    auto& fr = slots_[static_cast<size_t>(s)].frames[static_cast<size_t>(il)];
+    auto& fr = frames_[static_cast<size_t>(s)][static_cast<size_t>(il)];
     const int32_t done = (e.seq->n_past + e.n) / P;
     for (int32_t p = e.seq->n_past / P; p < done; ++p) {
       if (!any) {
@@ -281,17 +267,73 @@ void Engine::write_back(int32_t il, const std::vector<BatchEntry>& batch) {
       const int32_t f = fr[static_cast<size_t>(p)];
       dev_.copy(Stream::CopyOut, host_->page(s, store_layer(il), p), pool_->frame(f),
                 kv_.page_bytes());
-      last_.bytes_out += kv_.page_bytes();
-      if (p >= cap(s, il)) {
+      bytes += kv_.page_bytes();
+      if (p >= resident_cap(plan, static_cast<size_t>(s), kv_index_[static_cast<size_t>(il)])) {
         pending_.push_back(f);
         fr[static_cast<size_t>(p)] = -1;
-        ++frames_epoch_;
+        ++epoch_;
       }
     }
   }
-  if (!any) return;
+  if (!any) return bytes;
   dev_.record(Stream::CopyOut, wb_);
   ring_->after_writeback(wb_);
+  return bytes;
+}
+
+void PagePlacement::trim_windows(int32_t s, int32_t n_past) {
+  if (host_mode_) return;  // host mode keeps every page on the host
+  const int32_t keep = std::max(0, n_past - cfg_.n_swa + 1 - (n_verify_ - 1)) / kv_.page_size;
+  for (int32_t il = 0; il < cfg_.n_layer; ++il) {
+    if (cfg_.kinds[static_cast<size_t>(il)] != LayerKind::Window) continue;
+    auto& fr = frames_[static_cast<size_t>(s)][static_cast<size_t>(il)];
+    for (int32_t p = std::min(keep, static_cast<int32_t>(fr.size())) - 1; p >= 0; --p) {
+      int32_t& f = fr[static_cast<size_t>(p)];
+      if (f < 0) break;  // the pages before it went earlier
+      pool_->give(f);
+      f = -1;
+    }
+  }
+}
+
+void PagePlacement::truncate(int32_t s, int32_t n_past) {
+  const int32_t P = kv_.page_size;
+  const int32_t pages = (n_past + P - 1) / P;  // those holding a kept position
+  if (pool_) {
+    // Write-backs and prefetches may still read the pages that go. Without a ring (a resident
+    // engine, a draft model's) there are none, and the compute stream orders the last step's
+    // reads before the next one's writes: nothing to wait for, nor to keep a draft model's
+    // rollback from overlapping the target's prefetches.
+    if (ring_) {
+      dev_.sync();
+      reclaim(true);
+    }
+    for (int32_t il = 0; il < cfg_.n_layer; ++il) {
+      auto& fr = frames_[static_cast<size_t>(s)][static_cast<size_t>(il)];
+      while (static_cast<int32_t>(fr.size()) > pages) {
+        if (fr.back() >= 0) pool_->give(fr.back());
+        fr.pop_back();
+      }
+      // The tail page is written again: it needs its frame back where its completion let the
+      // frame go after the write-back (the host store has its kept rows). A chunk the ring
+      // prefetched with it no longer matches the next step's pages and is dropped.
+      if (n_past % P == 0 || fr.empty() || fr.back() >= 0) continue;
+      KVS_CHECK(full(il) && host_, "truncate: a window page behind the window");
+      fr.back() = take();
+      dev_.copy(Stream::Compute, pool_->frame(fr.back()),
+                host_->page(s, store_layer(il), pages - 1), kv_.page_bytes());
+    }
+  }
+  ++epoch_;
+}
+
+void PagePlacement::release(int32_t s) {
+  for (auto& layer : frames_[static_cast<size_t>(s)]) {
+    for (int32_t f : layer)
+      if (f >= 0 && pool_) pool_->give(f);
+    layer.clear();
+  }
+  ++epoch_;
 }
 
 }  // namespace kvs

@@ -1,15 +1,11 @@
-// The prompt cache, and the engine's side of it: a closed sequence's pages and recurrent
-// checkpoints go into the cache, a new sequence whose prompt begins alike takes copies of them.
+// The prompt cache: pages and recurrent checkpoints of closed sequences by the tokens they
+// hold (the engine's side of it is cache_link.cpp).
 #include "kvs/engine/prompt_cache.h"
 
 #include <algorithm>
-#include <climits>
 #include <cstring>
 
 #include "kvs/engine/cache_disk.h"
-#include "kvs/engine/engine.h"
-#include "kvs/util/error.h"
-#include "kvs/util/threadpool.h"
 
 namespace kvs {
 namespace {
@@ -26,24 +22,14 @@ uint64_t chain_key(uint64_t parent, const int32_t* tokens, int32_t n) {
   return h;
 }
 
-// A 64-bit digest of bytes (the chain's mixing, 4 bytes a step; the tail zero-padded).
-uint64_t fingerprint(const std::string& bytes) {
+}  // namespace
+
+// The chain's mixing, 4 bytes a step; the tail zero-padded.
+uint64_t cache_fingerprint(const std::string& bytes) {
   std::vector<int32_t> words((bytes.size() + 3) / 4, 0);
   std::memcpy(words.data(), bytes.data(), bytes.size());
   return chain_key(bytes.size(), words.data(), static_cast<int32_t>(words.size()));
 }
-
-// Copies of `bytes` each (dst, src), on the thread pool: a resumed conversation's history is
-// gigabytes, which one thread copies in a large part of a second.
-void copy_all(const std::vector<std::pair<uint8_t*, const uint8_t*>>& copies, size_t bytes) {
-  thread_pool().parallel_for(static_cast<int64_t>(copies.size()), 4, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i)
-      std::memcpy(copies[static_cast<size_t>(i)].first, copies[static_cast<size_t>(i)].second,
-                  bytes);
-  });
-}
-
-}  // namespace
 
 bool checkpoint_due(int32_t before, int32_t after, int32_t n_prompt, int32_t max_points) {
   if (after >= n_prompt || after <= before) return false;
@@ -402,149 +388,6 @@ void PromptCache::insert(const int32_t* tokens, int32_t n, int32_t window_first,
     }
   }
   touch(chain);
-}
-
-// ---- the engine's side ----
-
-// The cache takes at most --cache-ram, and at most what host memory has left beside the whole
-// KV history of every sequence, so that a sequence never runs out of host memory mid-way.
-void Engine::make_prompt_cache(const Model& model) {
-  KVS_CHECK(opt_.cache_disk.empty() || opt_.cache_ram > 0,
-            "--cache-disk needs the prompt cache in RAM too (--cache-ram above 0)");
-  if (opt_.cache_ram == 0) return;
-  const size_t avail = host_memory_available() / 10 * 9;
-  size_t budget = opt_.cache_ram;
-  if (avail != 0)
-    budget = std::min(budget, avail > shape_.full_bytes ? avail - shape_.full_bytes : 0);
-  PromptCacheShape c;
-  c.page_tokens = opt_.page_size;
-  c.page_bytes = kv_.page_bytes() * static_cast<size_t>(shape_.n_full);
-  c.window_bytes = kv_.page_bytes() * static_cast<size_t>(shape_.n_window);
-  c.state_bytes = shape_.recurrent_bytes / slots_.size();
-  // Host mode keeps every window page; otherwise trim_windows's reach.
-  c.window_back = opt_.kv_mode == KvMode::Host ? INT32_MAX / 2 : cfg_.n_swa - 1 + opt_.n_verify - 1;
-  cache_ = std::make_unique<PromptCache>(budget, c);
-  // What a disk entry must match: the model's shape, the KV's types and pages, and samples of
-  // its weights (the embedding's and the output's first and last 64 KiB).
-  std::string id = cat(cfg_.arch_name, cfg_.n_layer, ' ', cfg_.n_embd, ' ', cfg_.n_ff, ' ',
-                       cfg_.n_head, ' ', cfg_.n_head_kv, ' ', cfg_.head_dim, ' ', cfg_.n_vocab, ' ',
-                       cfg_.n_swa, ' ', cfg_.ssm_state, ' ', cfg_.ssm_v_heads, ' ',
-                       dtype_name(opt_.k_type), dtype_name(opt_.v_type), ' ', opt_.page_size, ' ',
-                       c.page_bytes, ' ', c.window_bytes, ' ', c.state_bytes);
-  for (const LayerKind k : cfg_.kinds) id += static_cast<char>('0' + static_cast<int>(k));
-  for (const Matrix* m : {&model.weights.tok_embd, &model.weights.output}) {
-    const size_t n = m->data ? m->bytes() : 0, sample = std::min<size_t>(n, 65536);
-    if (sample == 0) continue;
-    id.append(reinterpret_cast<const char*>(m->data), sample);
-    id.append(reinterpret_cast<const char*>(m->data + n - sample), sample);
-  }
-  cache_fingerprint_ = fingerprint(id);
-  if (opt_.cache_disk.empty()) return;
-  cache_->use_disk(
-      std::make_unique<CacheDisk>(opt_.cache_disk, opt_.cache_disk_bytes, cache_fingerprint_, c));
-}
-
-void Engine::checkpoint(const Sequence& s) {
-  if (!cache_ || shape_.n_recurrent == 0) return;
-  Slot& sl = slots_[static_cast<size_t>(s.id)];
-  if (s.n_past == 0 || static_cast<int32_t>(sl.tokens.size()) != sl.n_past ||
-      (!sl.checkpoints.empty() && sl.checkpoints.back().pos >= sl.n_past))
-    return;
-  const size_t bytes = shape_.recurrent_bytes / slots_.size();
-  Checkpoint c{sl.n_past, std::make_unique_for_overwrite<uint8_t[]>(bytes)};
-  dev_.download(c.state.get(), rstate_.as() + static_cast<size_t>(s.id) * bytes, bytes);
-  sl.checkpoints.push_back(std::move(c));
-}
-
-void Engine::keep_pages(int32_t s) {
-  Slot& sl = slots_[static_cast<size_t>(s)];
-  // Tokens are recorded as a step starts and n_past moves when it ends: a failed step, or a
-  // random fill, leaves them apart, and such pages are not kept.
-  if (!cache_ || static_cast<int32_t>(sl.tokens.size()) != sl.n_past || sl.n_past == 0) return;
-  checkpoint(Sequence{s, sl.n_past});  // the end of the answer
-  const int32_t P = opt_.page_size, done = sl.n_past / P;
-  const size_t page = kv_.page_bytes();
-  // The window pages a later query may see; host mode keeps them all.
-  const int32_t window_first =
-      host_mode() ? 0 : std::max(0, sl.n_past - cache_->shape().window_back) / P;
-  std::vector<std::pair<uint8_t*, const uint8_t*>> copies;
-  cache_->insert(
-      sl.tokens.data(), sl.n_past, window_first,
-      [&](int32_t p, uint8_t* kv, uint8_t* window) {
-        for (int32_t il = 0, f = 0, w = 0; il < cfg_.n_layer; ++il) {
-          if (recurrent(il)) continue;
-          uint8_t* to = full(il) ? (kv ? kv + static_cast<size_t>(f++) * page : nullptr)
-                                 : (window ? window + static_cast<size_t>(w++) * page : nullptr);
-          if (!to) continue;
-          // The host store's copy where it has one (written back: close_sequence synchronised
-          // first); the tail page and the window pages are in frames.
-          if (host_ && (host_mode() || (full(il) && p < done)))
-            copies.emplace_back(to, host_->page(s, store_layer(il), p));
-          else
-            dev_.download(
-                to, pool_->frame(sl.frames[static_cast<size_t>(il)][static_cast<size_t>(p)]), page);
-        }
-      },
-      std::move(sl.checkpoints));
-  copy_all(copies, page);
-  sl.checkpoints.clear();
-}
-
-void Engine::publish(const Sequence& s) {
-  if (!cache_ || s.id < 0 || s.id >= opt_.n_seq || !slots_[static_cast<size_t>(s.id)].live) return;
-  dev_.sync();  // keep_pages reads the host copies of the written-back pages
-  reclaim(false);
-  keep_pages(s.id);
-}
-
-int32_t Engine::reuse_prefix(Sequence& s, const int32_t* tokens, int32_t n) {
-  KVS_CHECK(
-      s.id >= 0 && s.id < opt_.n_seq && slots_[static_cast<size_t>(s.id)].live && s.n_past == 0,
-      "reuse_prefix: a sequence that is not freshly open");
-  if (!cache_ || n < 2) return 0;
-  const int32_t P = opt_.page_size;
-  // At least one token is left to evaluate: its logits are the answer's first.
-  const CacheHit hit = cache_->find(tokens, n - 1);
-  if (hit.n == 0) return 0;
-  Slot& sl = slots_[static_cast<size_t>(s.id)];
-  const size_t page = kv_.page_bytes();
-  const int32_t pages = static_cast<int32_t>(hit.kv.size()), done = hit.n / P;
-  const int32_t window_first =
-      host_mode() ? 0 : std::max(0, hit.n - cache_->shape().window_back) / P;
-  std::vector<std::pair<uint8_t*, const uint8_t*>> copies;
-  for (int32_t il = 0, f = 0, w = 0; il < cfg_.n_layer; ++il) {
-    if (recurrent(il)) continue;
-    const bool is_full = full(il);
-    const size_t at = static_cast<size_t>(is_full ? f++ : w++) * page;
-    auto& fr = sl.frames[static_cast<size_t>(il)];
-    for (int32_t p = 0; p < pages; ++p) {
-      const uint8_t* from = (is_full ? hit.kv : hit.window)[static_cast<size_t>(p)];
-      if (host_ && (host_mode() || (is_full && p < done))) {
-        copies.emplace_back(host_->page(s.id, store_layer(il), p), from + at);
-        if (pool_) fr.push_back(-1);  // the next plan fetches those under its caps
-      } else if (!is_full && p < window_first) {
-        fr.push_back(-1);  // behind the window
-      } else {
-        // A resident page, the partial tail page (its rows past hit.n are written before
-        // anything reads them) or a window page.
-        const int32_t fi = take_frame();
-        dev_.upload(pool_->frame(fi), from + at, page);
-        fr.push_back(fi);
-      }
-    }
-  }
-  copy_all(copies, page);
-  if (hit.state)
-    dev_.upload(rstate_.as() + static_cast<size_t>(s.id) * cache_->shape().state_bytes, hit.state,
-                cache_->shape().state_bytes);
-  sl.tokens.assign(tokens, tokens + hit.n);
-  sl.n_past = s.n_past = hit.n;
-  ++frames_epoch_;
-  // The next step lays the pages out anew, which also drops chunks the ring prefetched from
-  // this slot's previous sequence.
-  plan_dirty_ = relayout_ = true;
-  cache_->count_hit(hit.n);
-  return hit.n;
 }
 
 }  // namespace kvs

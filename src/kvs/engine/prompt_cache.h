@@ -146,4 +146,7 @@ class PromptCache {
 // again can resume.
 bool checkpoint_due(int32_t before, int32_t after, int32_t n_prompt, int32_t max_points);
 
+// A 64-bit digest of bytes: of what a cache file's model, KV types and pages must match.
+uint64_t cache_fingerprint(const std::string& bytes);
+
 }  // namespace kvs

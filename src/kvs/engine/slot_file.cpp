@@ -11,7 +11,7 @@
 #include <memory>
 
 #include "kvs/engine/cache_disk.h"
-#include "kvs/engine/engine.h"
+#include "kvs/engine/cache_link.h"
 #include "kvs/util/error.h"
 
 namespace kvs {
@@ -36,21 +36,20 @@ using FilePtr = std::unique_ptr<std::FILE, FileCloser>;
 
 }  // namespace
 
-int32_t Engine::save_prefix(const std::vector<int32_t>& tokens, const std::string& path,
-                            size_t* bytes) {
-  KVS_CHECK(cache_, "saving a slot needs the prompt cache (--cache-ram above 0)");
+int32_t PromptCacheLink::save(const std::vector<int32_t>& tokens, const std::string& path,
+                              size_t* bytes) {
   const int32_t n = static_cast<int32_t>(tokens.size());
   KVS_CHECK(n > 0, "the slot holds no tokens to save");
-  const CacheHit hit = cache_->find(tokens.data(), n);
+  const CacheHit hit = cache_.find(tokens.data(), n);
   KVS_CHECK(hit.n > 0, "nothing of the slot's tokens is in the prompt cache (evicted?)");
-  const PromptCacheShape& sh = cache_->shape();
+  const PromptCacheShape& sh = cache_.shape();
   KVS_CHECK(sh.state_bytes == 0 || hit.state, "the slot's recurrent state at ", hit.n,
             " is not in the prompt cache");
   SlotHeader h{};
   std::memcpy(h.magic, kMagic, sizeof kMagic);
   h.version = kVersion;
   h.n_tokens = static_cast<uint32_t>(hit.n);
-  h.fingerprint = cache_fingerprint_;
+  h.fingerprint = fingerprint_;
   h.page_tokens = static_cast<uint64_t>(sh.page_tokens);
   h.page_bytes = sh.page_bytes;
   h.window_bytes = sh.window_bytes;
@@ -96,8 +95,7 @@ int32_t Engine::save_prefix(const std::vector<int32_t>& tokens, const std::strin
   return hit.n;
 }
 
-void Engine::load_prefix(const std::string& path, std::vector<int32_t>& tokens, size_t* bytes) {
-  KVS_CHECK(cache_, "restoring a slot needs the prompt cache (--cache-ram above 0)");
+void PromptCacheLink::load(const std::string& path, std::vector<int32_t>& tokens, size_t* bytes) {
   std::error_code ec;
   const uintmax_t size = std::filesystem::file_size(path, ec);
   KVS_CHECK(!ec, "cannot read slot file '", path, "': ", ec.message());
@@ -107,8 +105,8 @@ void Engine::load_prefix(const std::string& path, std::vector<int32_t>& tokens, 
   KVS_CHECK(std::fread(&h, sizeof h, 1, f.get()) == 1 && std::memcmp(h.magic, kMagic, 8) == 0 &&
                 h.version == kVersion,
             "'", path, "' is not a kvstream slot file (of version ", kVersion, ")");
-  const PromptCacheShape& sh = cache_->shape();
-  KVS_CHECK(h.fingerprint == cache_fingerprint_ && h.page_tokens == uint64_t(sh.page_tokens) &&
+  const PromptCacheShape& sh = cache_.shape();
+  KVS_CHECK(h.fingerprint == fingerprint_ && h.page_tokens == uint64_t(sh.page_tokens) &&
                 h.page_bytes == sh.page_bytes && h.window_bytes == sh.window_bytes &&
                 h.state_bytes == sh.state_bytes,
             "slot file '", path,
@@ -120,8 +118,8 @@ void Engine::load_prefix(const std::string& path, std::vector<int32_t>& tokens, 
   const uint64_t want = sizeof h + uint64_t{h.n_tokens} * 4 + uint64_t{h.n_pages} * h.page_bytes +
                         uint64_t{h.n_pages - h.window_first} * h.window_bytes +
                         (h.has_state ? h.state_bytes : 0) + sizeof(uint64_t);
-  KVS_CHECK(size == want, "slot file '", path, "' is ", size, " bytes where its header says ",
-            want, " (partial or corrupt); not loaded");
+  KVS_CHECK(size == want, "slot file '", path, "' is ", size, " bytes where its header says ", want,
+            " (partial or corrupt); not loaded");
   CacheChecksum sum;
   sum.add(&h, sizeof h);
   bool ok = true;
@@ -153,7 +151,7 @@ void Engine::load_prefix(const std::string& path, std::vector<int32_t>& tokens, 
   for (int32_t t : toks)
     KVS_CHECK(t >= 0 && t < cfg_.n_vocab, "slot file '", path, "' has token ", t,
               " outside the vocabulary; not loaded");
-  cache_->insert(
+  cache_.insert(
       toks.data(), static_cast<int32_t>(h.n_tokens), static_cast<int32_t>(h.window_first),
       [&](int32_t i, uint8_t* to_kv, uint8_t* to_window) {
         if (to_kv) std::memcpy(to_kv, kv[static_cast<size_t>(i)].get(), h.page_bytes);

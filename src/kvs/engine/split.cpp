@@ -187,4 +187,109 @@ SplitThreads place_split_threads(const std::vector<int>& cpus, int32_t threads, 
   return {static_cast<int32_t>(cpus.size()), cpus};
 }
 
+// ---- the engine's controller ----
+
+SplitAttention::SplitAttention(Device& dev, const ModelConfig& c, const KvLayout& kv, int32_t n_seq,
+                               int32_t n_full, int32_t max_pages, SplitThreads placed)
+    : dev_(dev),
+      kv_(kv),
+      n_seq_(n_seq),
+      q_dim_(c.q_dim()),
+      row_(static_cast<size_t>(c.n_head) * cpu::part_stride(c.head_dim)),
+      per_span_(dev.caps().cpu_partials),
+      placed_(std::move(placed)) {
+  const size_t rows =
+      static_cast<size_t>(n_seq) * static_cast<size_t>(per_span_ ? std::max(1, max_pages) : 1);
+  const size_t f = sizeof(float);
+  q_ = dev.alloc_host(
+      static_cast<size_t>(n_full) * static_cast<size_t>(n_seq) * static_cast<size_t>(q_dim_) * f,
+      "split attention: queries");
+  for (DeviceBuffer& b : part_) b = dev.alloc_host(rows * row_ * f, "split attention: partials");
+  for (int32_t l = 0; l < n_full; ++l) q_ready_.push_back(dev.make_fence());
+  stored_ = dev.make_fence();
+  flag_ = dev.make_flag();
+  tickets_.assign(static_cast<size_t>(n_seq), 0);
+  place_.assign(static_cast<size_t>(n_seq), 0);
+  worker_ =
+      std::make_unique<SplitWorker>(dev, kv, c.n_head, c.attn_scale, placed_.threads, placed_.cpus);
+}
+
+void SplitAttention::assume_rate(double given, bool share_fixed, size_t bytes) {
+  if (given > 0)
+    assumed_ = given;
+  else if (!share_fixed)
+    assumed_ = worker_->calibrate(bytes);
+}
+
+void SplitAttention::measured(double seconds, size_t bytes) {
+  if (seconds > 0 && bytes > 0) rate_ = ema(rate_, static_cast<double>(bytes) / seconds);
+}
+
+std::pair<int32_t, int32_t> SplitAttention::pages(const Plan& plan, int32_t s, int32_t layer,
+                                                  int32_t done) const {
+  const auto i = static_cast<size_t>(s);
+  if (plan.cpu.empty() || plan.cpu[i] == 0) return {0, 0};
+  return {std::max(std::min(done, resident_cap(plan, i, layer)), done - plan.cpu[i]), done};
+}
+
+void SplitAttention::begin_step() {
+  dev_.record(Stream::CopyOut, stored_);
+  busy0_ = worker_->busy_seconds();
+  bytes0_ = worker_->bytes();
+}
+
+std::pair<double, size_t> SplitAttention::end_step() {
+  worker_->check();
+  return {worker_->busy_seconds() - busy0_, worker_->bytes() - bytes0_};
+}
+
+void SplitAttention::post(int32_t layer, const std::vector<SplitQuery>& queries, const float* q,
+                          HostStore& host) {
+  const int32_t P = kv_.page_size;
+  float* out = part_[layer % 2].as<float>();
+  size_t place = 0;
+  SplitJob job;
+  job.per_span = per_span_;
+  for (size_t i = 0; i < queries.size(); ++i) {
+    const SplitQuery& e = queries[i];
+    tickets_[i] = 0;
+    if (e.from >= e.to) continue;
+    SplitEntry se;
+    se.pos = e.pos;
+    for (int32_t p = e.from; p < e.to; ++p)
+      se.spans.push_back({host.page(e.seq, layer, p), p * P, P});
+    se.out = out + place;
+    place_[i] = place;
+    place += row_ * (per_span_ ? se.spans.size() : 1);
+    tickets_[i] = ticket_ + 1 + job.entries.size();
+    job.entries.push_back(std::move(se));
+  }
+  if (job.entries.empty()) return;
+  // Each entry's query row, in job order (a pass with prompts has more rows than the buffer).
+  const auto qd = static_cast<size_t>(q_dim_);
+  float* rows = q_.as<float>() + static_cast<size_t>(layer) * static_cast<size_t>(n_seq_) * qd;
+  for (size_t i = 0, k = 0; i < queries.size(); ++i)
+    if (tickets_[i] != 0)
+      dev_.copy(Stream::Compute, rows + qd * k++, q + static_cast<size_t>(queries[i].row) * qd,
+                qd * sizeof(float));
+  dev_.record(Stream::Compute, q_ready_[static_cast<size_t>(layer)]);
+  job.stored = stored_;
+  job.q_ready = q_ready_[static_cast<size_t>(layer)];
+  job.q = rows;
+  job.flag = flag_;
+  job.ticket = ticket_ + 1;
+  ticket_ += job.entries.size();
+  worker_->post(std::move(job));
+}
+
+void SplitAttention::fold(int32_t layer, int32_t i, int32_t pages, AttentionArgs& a) {
+  dev_.wait_flag(Stream::Compute, flag_, tickets_[static_cast<size_t>(i)]);
+  AttentionArgs g = a;
+  g.spans = nullptr;
+  g.n_spans = per_span_ ? pages : 1;
+  g.last = false;
+  dev_.fold(g, part_[layer % 2].as<float>() + place_[static_cast<size_t>(i)]);
+  a.first = false;
+}
+
 }  // namespace kvs

@@ -11,11 +11,16 @@
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "kvs/backend/device.h"
+#include "kvs/kv/host_store.h"
+#include "kvs/kv/planner.h"
+#include "kvs/model/model.h"
 #include "kvs/quant/kv_page.h"
 #include "kvs/util/threadpool.h"
 
@@ -98,5 +103,72 @@ struct SplitThreads {
   std::vector<int> cpus;
 };
 SplitThreads place_split_threads(const std::vector<int>& cpus, int32_t threads, bool pinned);
+
+// One entry of a pass as the CPU's side sees it: its sequence, its query's position and row in
+// the pass, and the host store's pages [from, to) that the CPU attends (from == to: none).
+struct SplitQuery {
+  int32_t seq = 0, pos = 0, row = 0, from = 0, to = 0;
+};
+
+// The engine's split controller: the worker; each full layer's queries in pinned memory and the
+// fence of their copy; the CPU's partials in pinned memory (a layer's and the one before's: the
+// worker writes one while the device may still read the other), a row per head and sequence, or
+// per head, page and sequence where the device folds the CPU's rows of each span (per_span);
+// the write-backs' fence, the flag, the current layer's entries' tickets and places among its
+// partials; and the CPU's rate for the planner, measured or assumed.
+class SplitAttention {
+ public:
+  // For n_seq sequences of at most max_pages pages in each of n_full full layers, the worker on
+  // `placed`'s threads.
+  SplitAttention(Device& dev, const ModelConfig& c, const KvLayout& kv, int32_t n_seq,
+                 int32_t n_full, int32_t max_pages, SplitThreads placed);
+  SplitAttention(const SplitAttention&) = delete;
+  SplitAttention& operator=(const SplitAttention&) = delete;
+  // The worker finishes its posted jobs and goes, before the device's last sync: they read the
+  // buffers and the pages, which must outlive them.
+  void stop() { worker_.reset(); }
+
+  const SplitThreads& placed() const { return placed_; }
+  // The rate (bytes a second) the planner assumes until a step measures it: `given`
+  // (--cpu-gbps), none where the share is fixed (--split-share), else the worker's calibration
+  // on `bytes` of pages.
+  void assume_rate(double given, bool share_fixed, size_t bytes);
+  double rate() const { return rate_ > 0 ? rate_ : assumed_; }
+  void measured(double seconds, size_t bytes);
+
+  // Of sequence s's `done` complete pages at full layer `layer` (among the full layers), the
+  // last plan.cpu[s] that the device does not hold: the tail page, always on the device,
+  // follows them.
+  std::pair<int32_t, int32_t> pages(const Plan& plan, int32_t s, int32_t layer, int32_t done) const;
+  // A step begins: the CPU reads pages whose write-backs were issued before it.
+  void begin_step();
+  // A step ended: rethrows the worker's error; the CPU's seconds and bytes in it.
+  std::pair<double, size_t> end_step();
+  // The layer's queries (rows of q, on the device) go to the host after the rope, and the
+  // worker gets the layer's pages of the host store.
+  void post(int32_t layer, const std::vector<SplitQuery>& queries, const float* q, HostStore& host);
+  // Query i's partial of its CPU pages into a's state: once the worker has raised the flag,
+  // folded on the device (after the device's own pages before them).
+  void fold(int32_t layer, int32_t i, int32_t pages, AttentionArgs& a);
+
+ private:
+  Device& dev_;
+  KvLayout kv_;
+  int32_t n_seq_, q_dim_;
+  size_t row_;  // floats of one partial: a row per head
+  DeviceBuffer q_, part_[2];
+  std::vector<FenceId> q_ready_;
+  FenceId stored_ = -1;
+  FlagId flag_ = -1;
+  uint64_t ticket_ = 0;
+  std::vector<uint64_t> tickets_;  // 0: none
+  std::vector<size_t> place_;      // floats from the start
+  bool per_span_ = false;
+  double busy0_ = 0;  // the worker's figures when the step began
+  size_t bytes0_ = 0;
+  double rate_ = 0, assumed_ = 0;
+  SplitThreads placed_;
+  std::unique_ptr<SplitWorker> worker_;
+};
 
 }  // namespace kvs

@@ -1,6 +1,10 @@
 #include "kvs/engine/recurrent.h"
 
+#include <algorithm>
+#include <cstring>
+
 #include "kvs/util/error.h"
+#include "kvs/util/threadpool.h"
 
 namespace kvs {
 
@@ -31,8 +35,8 @@ RecurrentState::RecurrentState(Device& dev, const ModelConfig& c, int32_t n_recu
 void RecurrentState::reset(int32_t s) {
   verified_[static_cast<size_t>(s)] = 0;
   if (n_recurrent_ == 0) return;
-  const std::vector<uint8_t> zero(seq_bytes_, 0);
-  upload(s, zero.data());
+  std::memset(staging(), 0, seq_bytes_);
+  dev_.upload(state_.as() + static_cast<size_t>(s) * seq_bytes_, staging(), seq_bytes_);
 }
 
 void RecurrentState::begin_step(int32_t s, int32_t n, bool all_logits, bool extend_verify) {
@@ -112,12 +116,35 @@ void RecurrentState::roll_back(int32_t s, int32_t back, const Weights& w, float*
   verified = 0;
 }
 
+uint8_t* RecurrentState::staging() const {
+  if (!staging_.as()) staging_ = dev_.alloc_host(seq_bytes_, "recurrent state staging");
+  return staging_.as();
+}
+
+namespace {
+
+// A state's bytes between the staging and a checkpoint on the thread pool: the checkpoint's
+// memory is fresh, and one thread's first touches of its pages would take longer than the link.
+void copy_state(uint8_t* to, const uint8_t* from, size_t n) {
+  constexpr size_t kPiece = size_t{1} << 20;
+  thread_pool().parallel_for(static_cast<int64_t>((n + kPiece - 1) / kPiece), 1,
+                             [&](int64_t b, int64_t e) {
+                               const size_t at = static_cast<size_t>(b) * kPiece;
+                               const size_t end = std::min(n, static_cast<size_t>(e) * kPiece);
+                               std::memcpy(to + at, from + at, end - at);
+                             });
+}
+
+}  // namespace
+
 void RecurrentState::download(int32_t s, uint8_t* to) const {
-  dev_.download(to, state_.as() + static_cast<size_t>(s) * seq_bytes_, seq_bytes_);
+  dev_.download(staging(), state_.as() + static_cast<size_t>(s) * seq_bytes_, seq_bytes_);
+  copy_state(to, staging(), seq_bytes_);
 }
 
 void RecurrentState::upload(int32_t s, const uint8_t* from) {
-  dev_.upload(state_.as() + static_cast<size_t>(s) * seq_bytes_, from, seq_bytes_);
+  copy_state(staging(), from, seq_bytes_);
+  dev_.upload(state_.as() + static_cast<size_t>(s) * seq_bytes_, staging(), seq_bytes_);
 }
 
 }  // namespace kvs

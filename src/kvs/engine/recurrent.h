@@ -46,6 +46,9 @@ class RecurrentState {
 
  private:
   float* state(int32_t s, int32_t il) const;
+  // One sequence's states in pinned host memory, made at the first use: checkpoints and resets
+  // cross the link through it at the link's rate, where pageable memory crosses at a few GB/s.
+  uint8_t* staging() const;
 
   Device& dev_;
   const ModelConfig& cfg_;
@@ -53,6 +56,7 @@ class RecurrentState {
   size_t layer_bytes_, seq_bytes_;
   std::vector<int32_t> index_;  // [layer]: index among the recurrent layers, -1 for the others
   DeviceBuffer state_, snap_, inputs_;
+  mutable DeviceBuffer staging_;  // staging()'s
   int64_t row_ = 0;                // floats of one token's inputs to one Gated DeltaNet layer
   std::vector<int32_t> verified_;  // [slot]
 };

@@ -13,7 +13,7 @@
 #   fuzz            libFuzzer harnesses (tests/fuzz: the GGUF reader, the tokenizers, the
 #                   server's request reader) under
 #                   ASan and UBSan, built with clang (build/fuzz), each for KVS_FUZZ_SECONDS
-#                   (default 60) from its checked-in seed corpus; a finding fails the stage
+#                   (default 40) from its checked-in seed corpus; a finding fails the stage
 #   clang build     the library, kvstream and the CPU tests compiled with clang (build/clang;
 #                   not run: the second compiler is there for its warnings)
 #   cuda build      the CUDA backend for sm_86, the smallest shared memory of the consumer
@@ -114,7 +114,7 @@ peers() { tests/peers/run.sh build/cpu/kvstream; }
 # Each harness from a copy of its seeds (what it finds new stays in build/fuzz/corpus); a crash,
 # leak, sanitizer report or timeout leaves its input in build/fuzz/findings and fails.
 fuzz() {
-  local targets=(gguf tokenizer request) t rc=0 secs=${KVS_FUZZ_SECONDS:-60}
+  local targets=(gguf tokenizer request) t rc=0 secs=${KVS_FUZZ_SECONDS:-40}
   cmake --preset fuzz "${cfg[@]}" &&
     cmake --build build/fuzz -j "$jobs" --target "${targets[@]/#/kvs_fuzz_}" || return 1
   mkdir -p build/fuzz/findings

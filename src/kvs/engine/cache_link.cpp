@@ -11,19 +11,6 @@
 #include "kvs/util/threadpool.h"
 
 namespace kvs {
-namespace {
-
-// Copies of `bytes` each (dst, src), on the thread pool: a resumed conversation's history is
-// gigabytes, which one thread copies in a large part of a second.
-void copy_all(const std::vector<std::pair<uint8_t*, const uint8_t*>>& copies, size_t bytes) {
-  thread_pool().parallel_for(static_cast<int64_t>(copies.size()), 4, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i)
-      std::memcpy(copies[static_cast<size_t>(i)].first, copies[static_cast<size_t>(i)].second,
-                  bytes);
-  });
-}
-
-}  // namespace
 
 std::unique_ptr<PromptCacheLink> PromptCacheLink::make(const Model& model, Device& dev,
                                                        const EngineOptions& o, const KvShape& shape,
@@ -113,7 +100,7 @@ void PromptCacheLink::keep(int32_t s, int32_t n_past, const SlotPages& pages,
   // The window pages a later query may see; host mode keeps them all.
   const int32_t window_first =
       pages.host_mode ? 0 : std::max(0, n_past - cache_.shape().window_back) / P;
-  std::vector<std::pair<uint8_t*, const uint8_t*>> copies;
+  std::vector<PoolCopy> copies;
   cache_.insert(
       q.tokens.data(), n_past, window_first,
       [&](int32_t p, uint8_t* kv, uint8_t* window) {
@@ -125,8 +112,8 @@ void PromptCacheLink::keep(int32_t s, int32_t n_past, const SlotPages& pages,
           // The host store's copy where it has one (written back: the engine synchronised
           // first); the tail page and the window pages are in frames.
           if (pages.host && (pages.host_mode || (full(il) && p < done)))
-            copies.emplace_back(
-                to, pages.host->page(s, (*pages.store_layer)[static_cast<size_t>(il)], p));
+            copies.push_back(
+                {to, pages.host->page(s, (*pages.store_layer)[static_cast<size_t>(il)], p), page});
           else
             dev_.download(
                 to,
@@ -135,7 +122,7 @@ void PromptCacheLink::keep(int32_t s, int32_t n_past, const SlotPages& pages,
         }
       },
       std::move(q.checkpoints));
-  copy_all(copies, page);
+  copy_on_pool(copies);
   q.checkpoints.clear();
 }
 
@@ -149,7 +136,7 @@ int32_t PromptCacheLink::reuse(int32_t s, const int32_t* tokens, int32_t n, Slot
   const int32_t n_pages = static_cast<int32_t>(hit.kv.size()), done = hit.n / P;
   const int32_t window_first =
       pages.host_mode ? 0 : std::max(0, hit.n - cache_.shape().window_back) / P;
-  std::vector<std::pair<uint8_t*, const uint8_t*>> copies;
+  std::vector<PoolCopy> copies;
   for (int32_t il = 0, f = 0, w = 0; il < cfg_.n_layer; ++il) {
     if (recurrent(il)) continue;
     const bool is_full = full(il);
@@ -158,8 +145,8 @@ int32_t PromptCacheLink::reuse(int32_t s, const int32_t* tokens, int32_t n, Slot
     for (int32_t p = 0; p < n_pages; ++p) {
       const uint8_t* from = (is_full ? hit.kv : hit.window)[static_cast<size_t>(p)];
       if (pages.host && (pages.host_mode || (is_full && p < done))) {
-        copies.emplace_back(pages.host->page(s, (*pages.store_layer)[static_cast<size_t>(il)], p),
-                            from + at);
+        copies.push_back({pages.host->page(s, (*pages.store_layer)[static_cast<size_t>(il)], p),
+                          from + at, page});
         if (pages.pool) fr.push_back(-1);  // the next plan fetches those under its caps
       } else if (!is_full && p < window_first) {
         fr.push_back(-1);  // behind the window
@@ -172,7 +159,7 @@ int32_t PromptCacheLink::reuse(int32_t s, const int32_t* tokens, int32_t n, Slot
       }
     }
   }
-  copy_all(copies, page);
+  copy_on_pool(copies);
   if (hit.state) rec.upload(s, hit.state);
   seqs_[static_cast<size_t>(s)].tokens.assign(tokens, tokens + hit.n);
   cache_.count_hit(hit.n);

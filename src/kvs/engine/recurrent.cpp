@@ -123,16 +123,15 @@ uint8_t* RecurrentState::staging() const {
 
 namespace {
 
-// A state's bytes between the staging and a checkpoint on the thread pool: the checkpoint's
-// memory is fresh, and one thread's first touches of its pages would take longer than the link.
+// A state's bytes between the staging and a checkpoint in pieces on the thread pool: the
+// checkpoint's memory is fresh, and one thread's first touches of its pages would take longer
+// than the link.
 void copy_state(uint8_t* to, const uint8_t* from, size_t n) {
   constexpr size_t kPiece = size_t{1} << 20;
-  thread_pool().parallel_for(static_cast<int64_t>((n + kPiece - 1) / kPiece), 1,
-                             [&](int64_t b, int64_t e) {
-                               const size_t at = static_cast<size_t>(b) * kPiece;
-                               const size_t end = std::min(n, static_cast<size_t>(e) * kPiece);
-                               std::memcpy(to + at, from + at, end - at);
-                             });
+  std::vector<PoolCopy> pieces;
+  for (size_t at = 0; at < n; at += kPiece)
+    pieces.push_back({to + at, from + at, std::min(kPiece, n - at)});
+  copy_on_pool(pieces);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 
 namespace kvs {
@@ -185,6 +186,15 @@ void set_thread_count(int n) {
   n = n <= 0 ? default_thread_count() : std::min(n, hardware_threads());
   if (p && p->size() == n) return;
   p = std::make_unique<ThreadPool>(n);
+}
+
+void copy_on_pool(const std::vector<PoolCopy>& copies) {
+  thread_pool().parallel_for(static_cast<int64_t>(copies.size()), 4, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const PoolCopy& c = copies[static_cast<size_t>(i)];
+      std::memcpy(c.dst, c.src, c.n);
+    }
+  });
 }
 
 }  // namespace kvs

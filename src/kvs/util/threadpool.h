@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <mutex>
@@ -52,6 +53,16 @@ ThreadPool& thread_pool();
 void set_thread_count(int n);
 int default_thread_count();
 int hardware_threads();
+
+// memcpy(dst, src, n) of each, spread over thread_pool(): gigabytes of pages (a resumed
+// conversation's history) or fresh memory's first touches take one thread a large part of a
+// second.
+struct PoolCopy {
+  void* dst;
+  const void* src;
+  size_t n;
+};
+void copy_on_pool(const std::vector<PoolCopy>& copies);
 
 // The CPUs this process may run on (its affinity mask), in increasing order.
 std::vector<int> allowed_cpus();

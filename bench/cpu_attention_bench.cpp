@@ -182,6 +182,8 @@ int main(int argc, char** argv) {
                              static_cast<double>(n_layers);
         const std::unique_ptr<Device> dev = make_cpu_device(size_t{1} << 20);
         const FlagId flag = dev->make_flag();
+        const FenceId ready = dev->make_fence();  // the pages and queries, there from the start
+        dev->record(Stream::Compute, ready);
         uint64_t ticket = 0;
         std::vector<float> rows(static_cast<size_t>(n_head) * cpu::part_stride(d));
         for (const std::string& ts : threads) {
@@ -194,6 +196,7 @@ int main(int argc, char** argv) {
             for (int32_t i = 0; i < layers; ++i) {
               SplitJob job;
               job.q = q.data();
+              job.stored = job.q_ready = ready;
               job.flag = flag;
               job.ticket = ++ticket;
               job.entries.push_back(

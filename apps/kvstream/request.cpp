@@ -96,6 +96,9 @@ GenRequest RequestRules::common(const json& b) const {
   r.presence_penalty = real("presence_penalty", 0, -2, 2);
   r.frequency_penalty = real("frequency_penalty", 0, -2, 2);
   r.ignore_eos = boolean(b, "ignore_eos", ignore_eos);
+  r.context_shift = context_shift;
+  r.n_keep = static_cast<int32_t>(integer(b, "n_keep", keep, -1, INT32_MAX));
+  r.n_discard = static_cast<int32_t>(integer(b, "n_discard", 0, 0, INT32_MAX));
   r.return_progress = boolean(b, "return_progress", false);
   r.timings_per_token = boolean(b, "timings_per_token", false);
   r.logit_bias = logit_bias(b);

@@ -54,6 +54,8 @@ struct RequestRules {
   SamplerParams sampling;  // the server's sampling flags
   int64_t seed = -1, n_predict = -1;
   bool ignore_eos = false;
+  bool context_shift = false;  // --context-shift
+  int32_t keep = 0;            // --keep: a request's default n_keep
   bool split_reasoning = true;  // --reasoning-format: <think> text becomes reasoning_content
   bool enable_thinking = true;  // --reasoning off: the templates' enable_thinking false
 

@@ -270,6 +270,8 @@ void Scheduler::release(Slot& s) {
   s.held.resize(std::min(s.held.size(), static_cast<size_t>(s.seq.n_past)));
   s.last = std::move(s.held);
   s.held.clear();
+  s.reread.clear();
+  s.shift_due = s.truncated = false;
   eng_.close_sequence(s.seq);
   warn_cache();
   s.job.reset();
@@ -290,6 +292,7 @@ void Scheduler::finish(Slot& s, const End& end) {
   e.finish_reason = end.reason;
   e.stop_type = end.stop_type;
   e.stopping_word = end.word;
+  e.truncated = s.truncated;
   e.slot = index(s);
   e.prompt_tokens = static_cast<int64_t>(s.job->request.prompt.size());
   e.completion_tokens = g.generated;
@@ -341,6 +344,7 @@ int64_t Scheduler::advance(Slot& s, int32_t entry) {
   Generation& g = *s.gen;
   const GenRequest& r = s.job->request;
   if (g.generated == 0) g.t_first = now();
+  if (s.dec.next < 0) s.reread.clear();  // read again whole after a shift, if it was
   // A prompt's last chunk has no drafts.
   if (const int64_t n_draft = std::max<int64_t>(0, std::ssize(s.dec.feed) - 1); n_draft > 0) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -354,8 +358,51 @@ int64_t Scheduler::advance(Slot& s, int32_t entry) {
         return end.reason == nullptr;
       },
       [&](const float* row) { return g.penalised(r, row, tok_.n_vocab()); });
+  if (!end.reason && s.shift_due && !shift(s)) end = {"length", true, "limit", ""};
   if (end.reason) finish(s, end);
   return n;
+}
+
+bool Scheduler::shift(Slot& s) {
+  s.shift_due = false;
+  const GenRequest& r = s.job->request;
+  const int32_t n_ctx = eng_.options().n_ctx, n_past = s.seq.n_past, next = s.dec.next;
+  // llama-server's arithmetic: n_keep counts from after the BOS; the rest halved by default.
+  int32_t keep = r.n_keep < 0 ? static_cast<int32_t>(r.prompt.size())
+                              : r.n_keep + (tok_.add_bos() ? 1 : 0);
+  keep = std::clamp(keep, 0, std::max(0, n_ctx - 4));
+  const int32_t left = n_past - keep;
+  const int32_t discard = std::clamp(r.n_discard > 0 ? r.n_discard : left / 2, 0,
+                                     std::max(0, left - 1));
+  if (discard == 0 || next < 0) return false;
+  std::vector<int32_t> kept(s.held.begin(), s.held.begin() + keep);
+  kept.insert(kept.end(), s.held.begin() + keep + discard, s.held.begin() + n_past);
+  // The kept tail is read again at its new positions, so the KV is what reading the kept
+  // tokens as a prompt gives, bit for bit (no rotation of cached keys). Full layers keep the
+  // first n_keep positions; window and recurrent ones cannot go back that far and start over,
+  // from the prompt cache where it holds the prefix.
+  const KvShape& shape = eng_.kv_shape();
+  int32_t reused = keep;
+  if (shape.n_window == 0 && shape.n_recurrent == 0) {
+    eng_.truncate(s.seq, keep);
+  } else {
+    eng_.close_sequence(s.seq);
+    s.seq = eng_.open_sequence();
+    reused = eng_.reuse_prefix(s.seq, kept.data(), static_cast<int32_t>(kept.size()));
+    warn_cache();
+  }
+  if (verbose_)
+    std::fprintf(stderr,
+                 "kvstream: slot %d: context shift: %d tokens kept, %d dropped after them, %d "
+                 "read again\n",
+                 index(s), keep, discard, static_cast<int32_t>(kept.size()) - reused + 1);
+  s.reread.assign(kept.begin() + reused, kept.end());
+  s.reread.push_back(next);
+  s.fed = 0;
+  kept.push_back(next);
+  decoder_.start(s.dec, kept.data(), static_cast<int32_t>(kept.size()));
+  s.held = std::move(kept);
+  return true;
 }
 
 Scheduler::End Scheduler::deliver(Slot& s, int32_t id, const float* logits, int32_t n_past,
@@ -402,8 +449,12 @@ Scheduler::End Scheduler::deliver(Slot& s, int32_t id, const float* logits, int3
   e.decode_s = now() - g.t_first;
   s.job->push(std::move(e));
   if (stopped) return {"stop", false, "word", word};
-  if ((r.max_tokens >= 0 && g.generated >= r.max_tokens) || n_past >= eng_.options().n_ctx)
-    return {"length", true, "limit", ""};
+  if (r.max_tokens >= 0 && g.generated >= r.max_tokens) return {"length", true, "limit", ""};
+  if (n_past >= eng_.options().n_ctx) {
+    s.truncated = true;
+    if (!r.context_shift) return {"length", true, "limit", ""};
+    s.shift_due = true;
+  }
   return {};
 }
 
@@ -508,7 +559,7 @@ void Scheduler::loop() {
     for (Slot* sp : reading_) {
       if (budget == 0) break;
       Slot& s = *sp;
-      const auto& prompt = s.job->request.prompt;
+      const auto& prompt = reading(s);
       const int32_t left = static_cast<int32_t>(prompt.size()) - s.fed;
       // With recurrent checkpoints the last token goes alone (Engine::keeps_checkpoints).
       const int32_t m = std::min(budget, eng_.keeps_checkpoints() && left > 1 ? left - 1 : left);
@@ -533,7 +584,7 @@ void Scheduler::loop() {
     }
     const StepStats step = eng_.last_step();
     for (size_t i = 0; i < who.size(); ++i)
-      if (Slot& s = *who[i]; s.dec.next < 0) {
+      if (Slot& s = *who[i]; s.dec.next < 0 && s.reread.empty()) {
         progress(s);
         if (s.fed == static_cast<int32_t>(s.job->request.prompt.size())) {
           if (s.job->request.share_prompt) eng_.publish(s.seq);
@@ -543,7 +594,7 @@ void Scheduler::loop() {
     // The recurrent checkpoints inside prompts and before their last tokens.
     for (size_t i = 0; i < who.size(); ++i)
       if (Slot& s = *who[i];
-          s.dec.next < 0 && checkpoint_due(s.fed - batch[i].n, s.fed,
+          s.dec.next < 0 && s.reread.empty() && checkpoint_due(s.fed - batch[i].n, s.fed,
                                            static_cast<int32_t>(s.job->request.prompt.size()),
                                            eng_.options().ctx_checkpoints))
         eng_.checkpoint(s.seq);

@@ -47,6 +47,11 @@ struct GenRequest {
   // ends), for the other choices of an n > 1 request to reuse.
   bool share_prompt = false;
   int32_t id_slot = -1;        // the slot that must run it (llama-server's id_slot); -1: any
+  // llama-server's context shift: at the context's end the generation goes on with n_discard
+  // tokens after the first n_keep dropped (0: half of those after n_keep; n_keep -1: the
+  // prompt's), the rest read again at their new positions; without it the generation ends.
+  bool context_shift = false;
+  int32_t n_keep = 0, n_discard = 0;
   std::vector<std::pair<int32_t, float>> logit_bias;  // added to a token's logit (-inf: never)
 };
 
@@ -66,6 +71,7 @@ struct Event {
   std::string finish_reason;  // with done: "stop" or "length"
   std::string stop_type;      // with done: llama-server's "eos", "word" or "limit"
   std::string stopping_word;  // with done: the stop string that ended it
+  bool truncated = false;     // with done: the context ran full (shifted, or ended there)
   int32_t slot = -1;          // the slot that ran it
   std::string error;          // with done: not empty when the generation failed
   int64_t prompt_tokens = 0, completion_tokens = 0;
@@ -158,6 +164,11 @@ class Scheduler {
     int32_t cached = 0;    // of which the prompt cache gave
     Decoding dec;          // dec.next: -1 while reading the prompt
     std::vector<int32_t> held;  // the tokens in its KV (prompt, then generated)
+    // After a context shift: the tokens it reads again (fed counts them), then the generation
+    // goes on; empty otherwise.
+    std::vector<int32_t> reread;
+    bool shift_due = false;  // the context is full and the request shifts it
+    bool truncated = false;  // the context ran full
     std::vector<int32_t> last;  // those of its last request, once released (slot actions)
   };
   struct Call {
@@ -190,6 +201,13 @@ class Scheduler {
   End deliver(Slot& s, int32_t id, const float* logits, int32_t n_past, bool accepted);
   // Sends the end (flush: with the text held back, unless a stop string ended it) and frees s.
   void finish(Slot& s, const End& end);
+  // The context shift of s (shift_due): its KV cut to the kept tokens, whose tail and the
+  // pending token it reads again next. False when nothing can be dropped.
+  bool shift(Slot& s);
+  // The tokens s reads: its prompt, or after a shift those it reads again.
+  const std::vector<int32_t>& reading(const Slot& s) const {
+    return s.reread.empty() ? s.job->request.prompt : s.reread;
+  }
   void fail(Slot& s, const char* what);
   void publish(const StepStats* step, int64_t decoded);
   // The pages of s's full layers in the arena and streamed through the ring, into info.

@@ -735,6 +735,8 @@ void serve(const ServeArgs& a) {
           aliases.empty() ? std::vector<std::string>{id} : aliases,
           split_list(a.tags),
           {*model->tokenizer, eo.n_ctx, a.g.sp, a.g.seed, n_predict_of(a.g), a.g.ignore_eos}};
+  api.rules.context_shift = a.context_shift;
+  api.rules.keep = a.keep;
   api.rules.split_reasoning = a.chat.split_reasoning();
   api.rules.enable_thinking = a.reasoning != "off";
   // One server per --host address (llama-server takes a comma-separated list), all on --port.

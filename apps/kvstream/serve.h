@@ -39,6 +39,8 @@ struct ServeArgs {
   ChatTemplateArgs chat;  // --jinja, --chat-template, --reasoning-format, ... (chat_flags.h)
   std::string reasoning = "auto";  // --reasoning: off sets the templates' enable_thinking false
   bool embedding = false;  // accepted with a warning: kvstream serves no embeddings
+  bool context_shift = false;
+  int32_t keep = 0;  // --keep: n_keep of requests that give none
 };
 
 // Registers llama-server's flags that serve takes with their meaning, or as accepted without

@@ -30,6 +30,15 @@ void add_llama_server_flags(CLI::App* c, ServeArgs& a) {
   c->add_option("--reasoning", a.reasoning,
                 "off: templates get enable_thinking false (on, auto: true, llama-server's default)")
       ->check(CLI::IsMember({"on", "off", "auto"}));
+  c->add_flag("--context-shift,!--no-context-shift", a.context_shift,
+              "At the context's end a generation goes on: tokens after the first n_keep "
+              "(--keep) are dropped, half of the rest unless a request gives n_discard, and the "
+              "others read again at their new positions (without it the generation ends there)");
+  c->add_option("--keep", a.keep,
+                "n_keep of a request that gives none: tokens of the prompt a context shift keeps "
+                "(-1: all of it)")
+      ->check(CLI::Range(-1, INT32_MAX))
+      ->capture_default_str();
   c->add_flag("--embedding,--embeddings,--reranking,--rerank", a.embedding,
               "Accepted with a warning: kvstream serves no embeddings or reranking");
   // llama-server's -nkvo: the KV cache in host memory, attention on the CPU.
@@ -41,7 +50,7 @@ void add_llama_server_flags(CLI::App* c, ServeArgs& a) {
   static std::string value_sink;
   for (const char* f :
        {"--cont-batching", "--no-cont-batching", "--mmap", "--no-mmap",
-        "--mlock", "--log-disable", "--no-warmup", "--warmup", "--no-context-shift",
+        "--mlock", "--log-disable", "--no-warmup", "--warmup",
         "--cache-prompt", "--no-cache-prompt", "--no-cache-idle-slots", "--no-mmproj",
         "--no-mmproj-auto", "--single-turn", "--no-perf", "--kv-offload",
         "--swa-full", "--check-tensors", "--backend-sampling", "--backend_sampling"})
@@ -49,7 +58,7 @@ void add_llama_server_flags(CLI::App* c, ServeArgs& a) {
         ->group("llama-server compatibility");
   for (const char* f :
        {"--ubatch-size", "--threads-batch", "--verbosity", "--log-file",
-        "--reasoning-budget", "--cache-reuse", "--keep", "--prio", "--poll", "--numa", "--device",
+        "--reasoning-budget", "--cache-reuse", "--prio", "--poll", "--numa", "--device",
         "--main-gpu", "--tensor-split", "--fit", "--pooling", "--defrag-thold", "--log-prefix",
         "--log-timestamps", "--log-colors", "--sleep-idle-seconds", "--cpu-mask", "--cpu-range"})
     c->add_option(f, value_sink, "Accepted as in llama-server (no effect in kvstream)")

@@ -94,6 +94,8 @@ json Api::generation_settings(const GenRequest& r, bool stream) const {
           {"max_tokens", r.max_tokens},
           {"n_predict", r.max_tokens},
           {"ignore_eos", r.ignore_eos},
+          {"n_keep", r.n_keep},
+          {"n_discard", r.n_discard},
           {"stream", stream},
           {"logit_bias", bias},
           {"n_probs", std::max(0, r.top_logprobs)},
@@ -125,7 +127,7 @@ json Api::native_final(const GenRequest& r, const Event& end, const std::string&
               {"generation_settings", generation_settings(r, stream)},
               {"prompt", tok.decode(r.prompt, true)},
               {"has_new_line", content.find('\n') != std::string::npos},
-              {"truncated", false},
+              {"truncated", end.truncated},
               {"stop_type", end.stop_type},
               {"stopping_word", end.stopping_word},
               {"tokens_cached", end.n_past},
@@ -304,6 +306,7 @@ json Api::props() const {
   defaults.sampling = a.g.sp;
   defaults.max_tokens = rules.n_predict;
   defaults.ignore_eos = a.g.ignore_eos;
+  defaults.n_keep = a.keep;
   json slot = {{"id", 0},
                {"id_task", -1},
                {"n_ctx", eo.n_ctx},

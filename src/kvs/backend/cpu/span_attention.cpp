@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "kvs/quant/simd.h"
 #include "kvs/util/error.h"
@@ -103,6 +104,95 @@ template <class I, DType K, int G, int KN, int S = score_slots(G)>
   }
 }
 
+#ifndef __clang__
+#define KVS_HAVE_ZMM_SCORES 1
+// AVX-512: two heads of the group in one vector, head 2p in the low 8 lanes and 2p + 1 in the
+// high ones, against the key block repeated in both halves. Each lane gets the integer sum and
+// the float steps of key_sums' lane (the same products, the same scale, one FMA a block), so the
+// bits are key_sums'; a block takes half the instructions. The query side, laid out per pair
+// once a call (Pairs::make): q16's halves of a block, the q4_0 offsets and the steps, each
+// repeated over the 8 lanes of its head.
+constexpr int kMaxBlocks = 512 / 32;
+struct Pairs {
+  alignas(64) int16_t q[4][kMaxBlocks][2][32];
+  alignas(64) int32_t offset[4][kMaxBlocks][16];
+  alignas(64) float step[4][kMaxBlocks][16];
+
+  void make(const int16_t* q16, const float* st, const int32_t* off, int32_t d, int n_pairs) {
+    const int32_t nb = d / 32, sb = query_blocks(d);
+    for (int pr = 0; pr < n_pairs; ++pr)
+      for (int32_t b = 0; b < nb; ++b)
+        for (int hi = 0; hi < 2; ++hi) {
+          const int g = 2 * pr + hi;
+          for (int half = 0; half < 2; ++half)
+            std::memcpy(q[pr][b][half] + 16 * hi, q16 + g * d + 32 * b + 16 * half, 32);
+          if (off) std::memcpy(offset[pr][b] + 8 * hi, off + (g * nb + b) * 8, 32);
+          for (int l = 0; l < 8; ++l) step[pr][b][8 * hi + l] = st[g * sb + b];
+        }
+  }
+};
+
+// key_sums for quantized keys with the pairs in 512-bit vectors; an odd group's last head takes
+// key_sums' 256-bit steps.
+template <DType K, int G, int KN, int S = score_slots(G)>
+[[gnu::target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]] inline void
+key_sums_zmm(const Pairs& pq, const int16_t* q16, const float* step, const int32_t* offset,
+             int32_t d, const uint8_t* k, size_t k_row, __m256 (&acc)[8]) {
+  constexpr int NP = G / 2;
+  const int32_t nb = d / 32, sb = query_blocks(d);
+  __m512 za[KN][NP > 0 ? NP : 1];
+  for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
+  for (int kk = 0; kk < KN; ++kk)
+    for (int pr = 0; pr < NP; ++pr) za[kk][pr] = _mm512_setzero_ps();
+  alignas(64) float dk[KN][kMaxBlocks];
+  for (int kk = 0; kk < KN; ++kk)
+    for (int32_t b = 0; b < nb; b += 8)
+      _mm256_store_ps(dk[kk] + b, _mm256_cvtph_ps(quant::load16(k + kk * k_row + 2 * b)));
+  for (int32_t b = 0; b < nb; ++b)
+    for (int kk = 0; kk < KN; ++kk) {
+      const uint8_t* qs = k + kk * k_row + 2 * nb;
+      __m512i k0, k1;
+      if constexpr (K == DType::Q8_0) {
+        k0 = _mm512_cvtepi8_epi16(_mm256_broadcastsi128_si256(quant::load16(qs + 32 * b)));
+        k1 = _mm512_cvtepi8_epi16(_mm256_broadcastsi128_si256(quant::load16(qs + 32 * b + 16)));
+      } else {
+        const __m512i bytes =
+            _mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(quant::load16(qs + 16 * b)));
+        k0 = _mm512_and_si512(bytes, _mm512_set1_epi16(0x0F));
+        k1 = _mm512_srli_epi16(bytes, 4);
+      }
+      const __m512 dkb = _mm512_set1_ps(dk[kk][b]);
+      for (int pr = 0; pr < NP; ++pr) {
+        const __m512i q0 = _mm512_load_si512(pq.q[pr][b][0]);
+        const __m512i q1 = _mm512_load_si512(pq.q[pr][b][1]);
+        const __m512i first = K == DType::Q4_0
+                                  ? _mm512_dpwssd_epi32(_mm512_load_si512(pq.offset[pr][b]), k0, q0)
+                                  : _mm512_madd_epi16(k0, q0);
+        const __m512i sum = _mm512_dpwssd_epi32(first, k1, q1);
+        const __m512 sc = _mm512_mul_ps(dkb, _mm512_load_ps(pq.step[pr][b]));
+        za[kk][pr] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), sc, za[kk][pr]);
+      }
+      if constexpr (G % 2 == 1) {
+        const int g = G - 1;
+        const __m256i k0y = _mm512_castsi512_si256(k0), k1y = _mm512_castsi512_si256(k1);
+        const int16_t* qb = q16 + g * d + 32 * b;
+        const __m256i first =
+            K == DType::Q4_0
+                ? Avx512Vnni::dot(load256(offset + (g * nb + b) * 8), k0y, load256(qb))
+                : _mm256_madd_epi16(k0y, load256(qb));
+        const __m256i sum = Avx512Vnni::dot(first, k1y, load256(qb + 16));
+        const __m256 sc = _mm256_mul_ps(_mm256_set1_ps(dk[kk][b]), _mm256_set1_ps(step[g * sb + b]));
+        acc[kk * S + g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), sc, acc[kk * S + g]);
+      }
+    }
+  for (int kk = 0; kk < KN; ++kk)
+    for (int pr = 0; pr < NP; ++pr) {
+      acc[kk * S + 2 * pr] = _mm512_castps512_ps256(za[kk][pr]);
+      acc[kk * S + 2 * pr + 1] = _mm512_extractf32x8_ps(za[kk][pr], 1);
+    }
+}
+#endif
+
 // p[(j + kk) S + g] for KN keys from j, S = score_slots(G): their lane sums by one lane_sums
 // (KN S <= 8; the other vectors zero), times the scale, as one vector of 8 (whatever it writes
 // past the KN keys' slots is the next keys', or p's slack).
@@ -114,6 +204,17 @@ template <class I, DType K, int G, int KN>
   key_sums<I, K, G, KN>(q, q16, step, offset, d, k + j * k_row, k_row, acc);
   _mm256_storeu_ps(p + j * score_slots(G), _mm256_mul_ps(lane_sums(acc), _mm256_set1_ps(scale)));
 }
+#ifdef KVS_HAVE_ZMM_SCORES
+// keys() by key_sums_zmm.
+template <DType K, int G, int KN>
+[[gnu::always_inline]] inline void keys_zmm(const Pairs& pq, const int16_t* q16, const float* step,
+                                            const int32_t* offset, float scale, int32_t d,
+                                            const uint8_t* k, size_t k_row, int32_t j, float* p) {
+  __m256 acc[8];
+  key_sums_zmm<K, G, KN>(pq, q16, step, offset, d, k + j * k_row, k_row, acc);
+  _mm256_storeu_ps(p + j * score_slots(G), _mm256_mul_ps(lane_sums(acc), _mm256_set1_ps(scale)));
+}
+#endif
 
 // Lines of [p, p + bytes) into L2 (L1 does not keep a piece's rows of every head until their
 // turn). A span's rows of one kv head are slices a row apart, which the hardware's
@@ -130,13 +231,22 @@ constexpr int32_t kAhead = 16;  // K rows prefetched ahead of the one being read
 // rows of the same keys (read right after the softmax) come into the caches.
 template <class I, DType K, int G>
 void scores(const Query& qy, int32_t h0, float scale, int32_t d, const HeadRows& r, float* p) {
-  constexpr int kn = 8 / score_slots(G);
+#ifdef KVS_HAVE_ZMM_SCORES
+  constexpr bool zmm = std::is_same_v<I, Avx512Vnni> && K != DType::F16 && G >= 2;
+#else
+  constexpr bool zmm = false;
+#endif
+  constexpr int kn = 8 / score_slots(G);  // keys a step: a vector of 8 slots
   // The group's heads: for quantized keys q16, its steps and (q4_0) offsets.
   const float* q = qy.q + int64_t{h0} * d;
   const int16_t* q16 = K == DType::F16 ? nullptr : qy.q16 + int64_t{h0} * d;
   const float* step = K == DType::F16 ? nullptr : qy.step + int64_t{h0} * query_blocks(d);
   const int32_t* offset = K == DType::Q4_0 ? qy.offset + int64_t{h0} * d / 4 : nullptr;
   const size_t k_bytes = row_bytes(K, d);
+#ifdef KVS_HAVE_ZMM_SCORES
+  Pairs pq;
+  if constexpr (zmm) pq.make(q16, step, offset, d, G / 2);
+#endif
   const auto ahead = [&](int32_t j) {
     for (int32_t i = j; i < j + kn; ++i) {
       if (i + kAhead < r.n + r.more)
@@ -144,14 +254,20 @@ void scores(const Query& qy, int32_t h0, float scale, int32_t d, const HeadRows&
       if (i < r.n) prefetch(r.v + static_cast<size_t>(i) * r.v_row, r.v_head);
     }
   };
+  const auto step_of = [&]<int n>(int32_t j) {
+#ifdef KVS_HAVE_ZMM_SCORES
+    if constexpr (zmm) return keys_zmm<K, G, n>(pq, q16, step, offset, scale, d, r.k, r.k_row, j, p);
+#endif
+    keys<I, K, G, n>(q, q16, step, offset, scale, d, r.k, r.k_row, j, p);
+  };
   int32_t j = 0;
   for (; j + kn <= r.n; j += kn) {
     ahead(j);
-    keys<I, K, G, kn>(q, q16, step, offset, scale, d, r.k, r.k_row, j, p);
+    step_of.template operator()<kn>(j);
   }
   for (; j < r.n; ++j) {
     ahead(j);
-    keys<I, K, G, 1>(q, q16, step, offset, scale, d, r.k, r.k_row, j, p);
+    step_of.template operator()<1>(j);
   }
 }
 
@@ -167,7 +283,7 @@ template <DType K, int G>
   scores<AvxVnni, K, G>(q, h0, scale, d, r, p);
 }
 template <DType K, int G>
-[[gnu::target("avx512vnni,avx512vl"), gnu::flatten]] void scores_avx512vnni(
+[[gnu::target("avx512f,avx512bw,avx512dq,avx512vnni,avx512vl"), gnu::flatten]] void scores_avx512vnni(
     const Query& q, int32_t h0, float scale, int32_t d, const HeadRows& r, float* p) {
   scores<Avx512Vnni, K, G>(q, h0, scale, d, r, p);
 }

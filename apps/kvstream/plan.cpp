@@ -1,5 +1,7 @@
 // kvstream plan: the partition of the KV arena at a context, the bytes streamed per token and
-// the predicted decode bound max(T_gpu, S/B), without running the model.
+// the predicted decode bound max(T_gpu, S/B), without running the model; with drafts of a given
+// acceptance, the verify step's bound and the tokens it yields.
+#include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <utility>
@@ -25,6 +27,7 @@ struct PlanArgs {
   SpecArgs spec;
   std::string json_out;
   double hbm_gbps = 0;  // 0: the backend's default, as s.h2d_gbps
+  double accept = -1;   // --accept: each draft kept with this probability (-1: no drafts)
 };
 
 // The backend a plan is for, and the bandwidths it assumes: a step reads at `mem_gbps`, the
@@ -89,6 +92,10 @@ struct Figures {
   Plan p;  // the decode's
   double resident_frac = 0, prefill_frac = 0, tok_s = 0;
   size_t per_token = 0;  // streamed bytes
+  // --accept: a verify step of 1 + draft_max rows (its plan: the CPU's share attends every row)
+  // and the tokens a step yields.
+  Plan verify;
+  double tokens_per_step = 0, spec_tok_s = 0;
 };
 
 Figures figures(const PlanArgs& pa) {
@@ -175,7 +182,9 @@ Figures figures(const PlanArgs& pa) {
                         2 * static_cast<double>(shape.recurrent_bytes) +
                         static_cast<double>(f.kv_token) * static_cast<double>(ctx) * parallel) /
                        hbm;
-  const auto plan_of = [&](size_t arena_bytes) {
+  // rows: the tokens of a sequence's step; the CPU's attention is bound by its arithmetic, which
+  // each row repeats over the pages, where the device's step reads its bytes once for all.
+  const auto plan_of = [&](size_t arena_bytes, int32_t rows = 1) {
     Plan p;  // without full layers: everything resident
     p.resident.assign(static_cast<size_t>(parallel), kUnlimited);
     p.extra.assign(static_cast<size_t>(parallel), 0);
@@ -193,7 +202,7 @@ Figures figures(const PlanArgs& pa) {
     in.min_slots = a.ring_slots;
     in.force_ring = o.kv_mode == KvMode::Stream;
     in.split = o.kv_mode == KvMode::Split;
-    in.cpu_bytes_per_s = a.cpu_gbps * 1e9;
+    in.cpu_bytes_per_s = a.cpu_gbps * 1e9 / rows;
     in.split_share = a.split_share;
     return plan(in);
   };
@@ -208,6 +217,14 @@ Figures figures(const PlanArgs& pa) {
   f.prefill_frac = resident_of(plan_of(f.prefill_arena));
   f.tok_s = parallel / f.p.predicted_step_s;
   f.per_token = f.p.streamed_bytes / static_cast<size_t>(parallel);
+  if (pa.accept >= 0) {
+    // Each draft kept with probability P until the first rejection, whose row gives the
+    // token: 1 + P + ... + P^k tokens a step of k drafts.
+    const int32_t k = pa.spec.draft_max;
+    f.verify = plan_of(f.arena, k + 1);
+    for (int32_t i = 0; i <= k; ++i) f.tokens_per_step += std::pow(pa.accept, i);
+    f.spec_tok_s = parallel * f.tokens_per_step / f.verify.predicted_step_s;
+  }
   return f;
 }
 
@@ -288,6 +305,15 @@ void print(const PlanArgs& pa, const Figures& f) {
     std::printf(", cpu_s + %s %.3f ms", cpu ? "T_cpu" : "T_gpu", p.cpu_side_s() * 1e3);
   std::printf(": %.3f ms per step (%s), %.1f tokens/s\n", p.predicted_step_s * 1e3, bound.c_str(),
               f.tok_s);
+  if (pa.accept >= 0)
+    std::printf(
+        "drafts     %d a step, each kept at %.2f (--accept): %.2f tokens a step of %d rows, "
+        "%.3f ms (%s%s), %.1f tokens/s (%.2fx); the drafter's own work is not counted\n",
+        pa.spec.draft_max, pa.accept, f.tokens_per_step, pa.spec.draft_max + 1,
+        f.verify.predicted_step_s * 1e3, f.verify.bound(),
+        f.verify.cpu_bytes > 0 ? cat(", the CPU's share ", format_bytes(f.verify.cpu_bytes)).c_str()
+                               : "",
+        f.spec_tok_s, f.spec_tok_s / f.tok_s);
 }
 
 nlohmann::json plan_json(const PlanArgs& pa, const Figures& f) {
@@ -340,6 +366,15 @@ nlohmann::json plan_json(const PlanArgs& pa, const Figures& f) {
   j["predicted_tokens_per_s"] = f.tok_s;
   j["h2d_gbps"] = f.backend.copy_gbps;
   j["hbm_gbps"] = f.backend.mem_gbps;
+  if (pa.accept >= 0)
+    j["drafts"] = {{"draft_max", pa.spec.draft_max},
+                   {"accept", pa.accept},
+                   {"tokens_per_step", f.tokens_per_step},
+                   {"step_s", f.verify.predicted_step_s},
+                   {"bound", f.verify.bound()},
+                   {"cpu_bytes_per_step", f.verify.cpu_bytes},
+                   {"streamed_bytes_per_step", f.verify.streamed_bytes},
+                   {"tokens_per_s", f.spec_tok_s}};
   return j;
 }
 
@@ -349,6 +384,8 @@ void plan_cmd(const PlanArgs& pa) {
             pa.s.h2d_gbps, " and ", pa.hbm_gbps);
   KVS_CHECK(pa.s.kv_arena.empty() || pa.s.vram_limit.empty(),
             "give --kv-arena or --vram-limit, not both");
+  KVS_CHECK(pa.accept < 0 || pa.spec.on(),
+            "--accept: the drafts' acceptance needs --spec (and --draft-max, their number)");
   const Figures f = figures(pa);
   print(pa, f);
   if (!pa.json_out.empty()) write_json(pa.json_out, plan_json(pa, f));
@@ -371,6 +408,10 @@ void register_plan(CLI::App& app) {
       ->capture_default_str();
   c->add_option("--json", a->json_out, "Also write the plan as JSON to this file");
   add_speculation(c, a->spec);
+  c->add_option("--accept", a->accept,
+                "With --spec: predict drafting at this acceptance (each of --draft-max drafts kept "
+                "with this probability until one is not), e.g. bench --spec oracle's")
+      ->check(CLI::Range(0.0, 1.0));
   c->callback([a] { plan_cmd(*a); });
 }
 

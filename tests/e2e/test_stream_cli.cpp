@@ -344,6 +344,30 @@ TEST_F(StreamCli, PlanPrintsThePartitionAndTheBound) {
             off.json["streamed_bytes_per_step"].get<size_t>());
 }
 
+// plan --accept: drafts kept at P until the first rejection yield 1 + P + ... + P^k tokens a
+// verify step, which streams what a one-token step streams (the pages cross once for all rows).
+TEST_F(StreamCli, PlanPredictsDraftsOfAnAcceptance) {
+  const std::string args =
+      "plan -m synthetic:llama3-8b:q4_0 -c 128k -ctk q8_0 -ctv q4_0 --kv-arena 2G --h2d-gbps 50 "
+      "--spec ngram --draft-max 3";
+  const Outcome o = kvstream(args + " --accept 0.75", "plan_accept");
+  ASSERT_EQ(o.status, 0) << o.err;
+  const auto& d = o.json["drafts"];
+  EXPECT_DOUBLE_EQ(d["tokens_per_step"].get<double>(), 1 + 0.75 + 0.5625 + 0.421875);
+  EXPECT_EQ(d["streamed_bytes_per_step"], o.json["streamed_bytes_per_step"]);
+  EXPECT_DOUBLE_EQ(d["step_s"].get<double>(), o.json["predicted_step_s"].get<double>());
+  EXPECT_DOUBLE_EQ(d["tokens_per_s"].get<double>(),
+                   d["tokens_per_step"].get<double>() / d["step_s"].get<double>());
+  EXPECT_NE(o.out.find("drafts     3 a step, each kept at 0.75"), std::string::npos) << o.out;
+  const Outcome all = kvstream(args + " --accept 1", "plan_accept_1");
+  ASSERT_EQ(all.status, 0) << all.err;
+  EXPECT_DOUBLE_EQ(all.json["drafts"]["tokens_per_step"].get<double>(), 4.0);
+  const Outcome bad = kvstream(
+      "plan -m synthetic:llama3-8b:q4_0 -c 128k --kv-arena 2G --accept 0.5", "plan_accept_bad");
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_NE(bad.err.find("--accept"), std::string::npos) << bad.err;
+}
+
 // plan says which backend it predicts for, with that backend's bandwidths; a build without
 // CUDA refuses to plan for it.
 TEST_F(StreamCli, PlanIsForTheBackendAskedAbout) {

@@ -234,7 +234,7 @@ void scores(const Query& qy, int32_t h0, float scale, int32_t d, const HeadRows&
 #ifdef KVS_HAVE_ZMM_SCORES
   constexpr bool zmm = std::is_same_v<I, Avx512Vnni> && K != DType::F16 && G >= 2;
 #else
-  constexpr bool zmm = false;
+  [[maybe_unused]] constexpr bool zmm = false;
 #endif
   constexpr int kn = 8 / score_slots(G);  // keys a step: a vector of 8 slots
   // The group's heads: for quantized keys q16, its steps and (q4_0) offsets.

@@ -92,8 +92,7 @@ struct Figures {
   Plan p;  // the decode's
   double resident_frac = 0, prefill_frac = 0, tok_s = 0;
   size_t per_token = 0;  // streamed bytes
-  // --accept: a verify step of 1 + draft_max rows (its plan: the CPU's share attends every row)
-  // and the tokens a step yields.
+  // --accept: a verify step of 1 + draft_max rows (its plan) and the tokens a step yields.
   Plan verify;
   double tokens_per_step = 0, spec_tok_s = 0;
 };
@@ -182,8 +181,8 @@ Figures figures(const PlanArgs& pa) {
                         2 * static_cast<double>(shape.recurrent_bytes) +
                         static_cast<double>(f.kv_token) * static_cast<double>(ctx) * parallel) /
                        hbm;
-  // rows: the tokens of a sequence's step; the CPU's attention is bound by its arithmetic, which
-  // each row repeats over the pages, where the device's step reads its bytes once for all.
+  // rows: the tokens of a sequence's step; split attention takes a share of one-token steps only
+  // (Engine::cpu_pages), so a verify step streams what stream-only streams.
   const auto plan_of = [&](size_t arena_bytes, int32_t rows = 1) {
     Plan p;  // without full layers: everything resident
     p.resident.assign(static_cast<size_t>(parallel), kUnlimited);
@@ -201,8 +200,8 @@ Figures figures(const PlanArgs& pa) {
     in.min_chunk_bytes = o.ring_chunk_bytes;
     in.min_slots = a.ring_slots;
     in.force_ring = o.kv_mode == KvMode::Stream;
-    in.split = o.kv_mode == KvMode::Split;
-    in.cpu_bytes_per_s = a.cpu_gbps * 1e9 / rows;
+    in.split = o.kv_mode == KvMode::Split && rows == 1;
+    in.cpu_bytes_per_s = a.cpu_gbps * 1e9;
     in.split_share = a.split_share;
     return plan(in);
   };

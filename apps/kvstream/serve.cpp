@@ -659,10 +659,6 @@ void Api::routes(httplib::Server& svr) {
   });
 }
 
-namespace {
-
-}  // namespace
-
 void serve(const ServeArgs& a) {
   // SIGINT and SIGTERM go to one thread that stops the server: blocked before any thread
   // starts (the kernels' pool, the device's copy threads), so that every thread inherits the

@@ -28,6 +28,7 @@ struct PlanArgs {
   std::string json_out;
   double hbm_gbps = 0;  // 0: the backend's default, as s.h2d_gbps
   double accept = -1;   // --accept: each draft kept with this probability (-1: no drafts)
+  double gpu_ms = 0;    // --gpu-ms: the device's own work a step, measured (0: from the bytes)
 };
 
 // The backend a plan is for, and the bandwidths it assumes: a step reads at `mem_gbps`, the
@@ -177,10 +178,12 @@ Figures figures(const PlanArgs& pa) {
   const double copy_gbps = f.backend.copy_gbps;
   const double hbm = f.backend.mem_gbps * 1e9,
                h2d = o.h2d_limit > 0 ? std::min(copy_gbps * 1e9, o.h2d_limit) : copy_gbps * 1e9;
-  const double gpu_s = (static_cast<double>(f.weights) + static_cast<double>(window_read) +
-                        2 * static_cast<double>(shape.recurrent_bytes) +
-                        static_cast<double>(f.kv_token) * static_cast<double>(ctx) * parallel) /
-                       hbm;
+  const double gpu_s =
+      pa.gpu_ms > 0 ? pa.gpu_ms / 1e3
+                    : (static_cast<double>(f.weights) + static_cast<double>(window_read) +
+                       2 * static_cast<double>(shape.recurrent_bytes) +
+                       static_cast<double>(f.kv_token) * static_cast<double>(ctx) * parallel) /
+                          hbm;
   // rows: the tokens of a sequence's step; split attention takes a share of one-token steps only
   // (Engine::cpu_pages), so a verify step streams what stream-only streams.
   const auto plan_of = [&](size_t arena_bytes, int32_t rows = 1) {
@@ -296,8 +299,10 @@ void print(const PlanArgs& pa, const Figures& f) {
         p.cpu[0], 100 * cpu_share(p), format_bytes(p.cpu_bytes).c_str(), p.cpu_s * 1e3, a.cpu_gbps);
   // On the CPU backend the device's step is the CPU's and the ring copies within host memory.
   const std::string bound = !cpu ? p.bound() : p.bound() == std::string("pcie") ? "copy" : "cpu";
-  std::printf("bound      %s %.3f ms (at %.0f GB/s), copy_s %.3f ms (at %.1f GB/s%s)",
-              cpu ? "T_cpu" : "T_gpu", p.gpu_s * 1e3, b.mem_gbps, p.copy_s * 1e3,
+  std::printf("bound      %s %.3f ms (%s), copy_s %.3f ms (at %.1f GB/s%s)",
+              cpu ? "T_cpu" : "T_gpu", p.gpu_s * 1e3,
+              pa.gpu_ms > 0 ? "--gpu-ms" : cat("at ", static_cast<int>(b.mem_gbps), " GB/s").c_str(),
+              p.copy_s * 1e3,
               f.o.h2d_limit > 0 ? std::min(b.copy_gbps, f.o.h2d_limit / 1e9) : b.copy_gbps,
               f.o.h2d_limit > 0 && f.o.h2d_limit / 1e9 < b.copy_gbps ? ", --h2d-limit" : "");
   if (p.cpu_bytes > 0)
@@ -404,6 +409,12 @@ void register_plan(CLI::App& app) {
       ->check(CLI::IsMember({"cpu", "cuda"}));
   c->add_option("--hbm-gbps", a->hbm_gbps,
                 "Memory bandwidth a step reads at, GB/s (0: 4400 for cuda, 20 for cpu)")
+      ->capture_default_str();
+  c->add_option("--gpu-ms", a->gpu_ms,
+                "The device's own work a decode step, in ms, where it is measured (bench's step "
+                "less its waits: tg time less ready_wait_s and cpu_wait_s per token); 0: every "
+                "weight and the whole KV read once at --hbm-gbps")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   c->add_option("--json", a->json_out, "Also write the plan as JSON to this file");
   add_speculation(c, a->spec);

@@ -362,6 +362,13 @@ TEST_F(StreamCli, PlanPredictsDraftsOfAnAcceptance) {
   const Outcome all = kvstream(args + " --accept 1", "plan_accept_1");
   ASSERT_EQ(all.status, 0) << all.err;
   EXPECT_DOUBLE_EQ(all.json["drafts"]["tokens_per_step"].get<double>(), 4.0);
+  // --gpu-ms: a measured device step replaces the bytes' model of T_gpu.
+  const Outcome slow = kvstream(args + " --accept 0.75 --gpu-ms 500", "plan_gpu_ms");
+  ASSERT_EQ(slow.status, 0) << slow.err;
+  EXPECT_DOUBLE_EQ(slow.json["t_gpu_s"].get<double>(), 0.5);
+  EXPECT_DOUBLE_EQ(slow.json["predicted_step_s"].get<double>(), 0.5);
+  EXPECT_EQ(slow.json["bound"], "gpu");
+  EXPECT_NE(slow.out.find(" 500.000 ms (--gpu-ms)"), std::string::npos) << slow.out;
   const Outcome bad = kvstream(
       "plan -m synthetic:llama3-8b:q4_0 -c 128k --kv-arena 2G --accept 0.5", "plan_accept_bad");
   EXPECT_EQ(bad.status, 1);

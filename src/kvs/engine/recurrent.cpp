@@ -57,10 +57,13 @@ void RecurrentState::begin_step(int32_t s, int32_t n, bool all_logits, bool exte
   dev_.copy(Stream::Compute, snap_.as() + at, state_.as() + at, seq_bytes_);
 }
 
+size_t RecurrentState::slot_layer(int32_t s, int32_t il) const {
+  return static_cast<size_t>(s) * static_cast<size_t>(n_recurrent_) +
+         static_cast<size_t>(index_[static_cast<size_t>(il)]);
+}
+
 float* RecurrentState::state(int32_t s, int32_t il) const {
-  const size_t i = static_cast<size_t>(s) * static_cast<size_t>(n_recurrent_) +
-                   static_cast<size_t>(index_[static_cast<size_t>(il)]);
-  return reinterpret_cast<float*>(state_.as() + i * layer_bytes_);
+  return reinterpret_cast<float*>(state_.as() + slot_layer(s, il) * layer_bytes_);
 }
 
 DeltaNetArgs RecurrentState::args(int32_t s, int32_t il, int32_t n_tok,
@@ -85,10 +88,8 @@ DeltaNetArgs RecurrentState::args(int32_t s, int32_t il, int32_t n_tok,
 std::array<float*, 4> RecurrentState::saved_inputs(int32_t s, int32_t il) const {
   const ModelConfig& c = cfg_;
   const int64_t V = n_verify_, vd = c.ssm_value_dim();
-  const size_t i = static_cast<size_t>(s) * static_cast<size_t>(n_recurrent_) +
-                   static_cast<size_t>(index_[static_cast<size_t>(il)]);
   float* in = reinterpret_cast<float*>(inputs_.as()) +
-              i * static_cast<size_t>(V) * static_cast<size_t>(row_);
+              slot_layer(s, il) * static_cast<size_t>(V) * static_cast<size_t>(row_);
   return {in, in + V * c.ssm_conv_dim(), in + V * (c.ssm_conv_dim() + vd),
           in + V * (c.ssm_conv_dim() + vd + c.ssm_v_heads)};
 }

@@ -45,6 +45,8 @@ class RecurrentState {
   void upload(int32_t s, const uint8_t* from);
 
  private:
+  // Slot s's place among every slot's recurrent layers, at layer il.
+  size_t slot_layer(int32_t s, int32_t il) const;
   float* state(int32_t s, int32_t il) const;
   // One sequence's states in pinned host memory, made at the first use: checkpoints and resets
   // cross the link through it at the link's rate, where pageable memory crosses at a few GB/s.

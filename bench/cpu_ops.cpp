@@ -68,7 +68,7 @@ void bench_matmul(const Options& o) {
   for (const int64_t n : o.tokens) {
     std::vector<float> x(static_cast<size_t>(n * o.cols)), y(static_cast<size_t>(n * o.rows));
     for (auto& v : x) v = g(rng);
-    std::vector<cpu::XPair> xq(static_cast<size_t>(n * cpu::x_pairs(o.cols)));
+    std::vector<cpu::XGroup> xq(static_cast<size_t>(n * cpu::x_groups(o.cols)));
     const bool int_dot = cpu::has_int_dot(t);
     const cpu::DotIsa isa = o.isa == "avx2"      ? cpu::DotIsa::Avx2
                             : o.isa == "avxvnni" ? cpu::DotIsa::AvxVnni

@@ -19,13 +19,19 @@
 namespace kvs {
 namespace {
 
-using cpu::XPair;
+using cpu::XGroup;
 
 constexpr int64_t kOut = 37;  // rows: tiles of 4 (or 2) and one left over
 
-// Rows of an odd number of blocks of 32 where the format allows it (a pair with zeros at the end).
+// Rows of 25 blocks of 32 where the format allows it (a last group of one block, a half group).
 int64_t n_in(DType t) {
   return traits(t).block == 32 ? 800 : 768;
+}
+// The widths the products are checked at: for the formats of 32, also a last group of 2 blocks
+// (576, SmolLM2's) and one of 5 (672, a short group that is not a half).
+std::vector<int64_t> widths(DType t) {
+  if (traits(t).block == 32) return {800, 576, 672};
+  return {768};
 }
 
 struct Problem {
@@ -61,58 +67,66 @@ Problem make(DType t, int64_t n_tok, uint32_t seed, int64_t n = 0) {
   return p;
 }
 
-std::vector<XPair> quantize(const float* x, int64_t n_tok, int64_t n) {
-  std::vector<XPair> q(static_cast<size_t>(n_tok * cpu::x_pairs(n)));
+std::vector<XGroup> quantize(const float* x, int64_t n_tok, int64_t n) {
+  std::vector<XGroup> q(static_cast<size_t>(n_tok * cpu::x_groups(n)));
   cpu::quantize_x(x, n_tok, n, q.data());
   return q;
 }
 
 // y = W x through the backend's product of one job.
-void product(const Matrix& w, const float* x, const XPair* xq, float* y, int64_t n_tok) {
+void product(const Matrix& w, const float* x, const XGroup* xq, float* y, int64_t n_tok) {
   const MatJob job{&w, y};
   cpu::matmuls(x, xq, n_tok, &job, 1);
 }
 
-// Activation i of a token's pairs, as the kernels see it: dx (h + l / 254).
-double x_at(const XPair* q, int64_t i) {
-  const XPair& p = q[i / 64];
-  const int64_t e = i % 64;
-  return static_cast<double>(p.d[e / 4]) * (254.0 * p.h[e] + p.l[e]);
+// Activation i of a token's n, as the kernels see it: dx / 254 (254 h + l).
+double x_at(const XGroup* q, int64_t i, int64_t n) {
+  const XGroup& g = q[i / 256];
+  const int j = static_cast<int>(i % 256 / 32), e = static_cast<int>(i % 32);
+  const bool half = cpu::half_group(i / 256, n / 32);
+  return static_cast<double>(g.d[j]) * g.v[half ? cpu::v_half_index(j, e) : cpu::v_index(j, e)];
+}
+// Its scale dx / 254.
+double d_at(const XGroup* q, int64_t i) {
+  return static_cast<double>(q[i / 256].d[i % 256 / 32]);
 }
 
 // The CUDA backend's quantize_x_block, written out per element.
 TEST(IntMatmul, ActivationsAsCuda) {
   std::mt19937 rng(3);
   std::normal_distribution<float> g(0.0f, 3.0f);
-  constexpr int64_t n = 7 * 32;  // an odd number of blocks
+  constexpr int64_t n = 7 * 32;  // a group short of its last block
   std::vector<float> x(n);
   for (auto& v : x) v = g(rng) * (rng() % 20 == 0 ? 30.0f : 1.0f);
   std::fill(x.begin(), x.begin() + 32, 0.0f);  // an all-zero block
   const auto q = quantize(x.data(), 1, n);
-  ASSERT_EQ(q.size(), 4u);
-  for (int64_t b = 0; b < n / 32; ++b) {
-    const XPair& p = q[static_cast<size_t>(b / 2)];
-    const int o = static_cast<int>(b % 2) * 32;
+  ASSERT_EQ(q.size(), 1u);
+  const XGroup& xg = q[0];
+  for (int j = 0; j < n / 32; ++j) {
     float amax = 0.0f;
-    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[b * 32 + i]));
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[j * 32 + i]));
     const float dx = amax / 127.0f, id = dx != 0.0f ? 1.0f / dx : 0.0f;
-    float sum[2] = {0.0f, 0.0f};
+    int sum[3] = {0, 0, 0};
     for (int i = 0; i < 32; ++i) {
-      const float s = x[b * 32 + i] * id, h = std::rint(s), l = std::rint((s - h) * 254.0f);
-      ASSERT_EQ(p.h[o + i], static_cast<int8_t>(h)) << b << " " << i;
-      ASSERT_EQ(p.l[o + i], static_cast<int8_t>(l)) << b << " " << i;
-      EXPECT_LE(std::fabs(dx * (h + l / 254.0f) - x[b * 32 + i]), dx / 508.0f * 1.001f + 1e-30f);
-      sum[i / 16] += h + l / 254.0f;
+      const float s = x[j * 32 + i] * id, h = std::rint(s), l = std::rint((s - h) * 254.0f);
+      const int v = 254 * static_cast<int>(h) + static_cast<int>(l);
+      ASSERT_LE(std::fabs(l), 127.0f);
+      ASSERT_EQ(xg.v[cpu::v_index(j, i)], v) << j << " " << i;
+      EXPECT_LE(std::fabs(dx * (h + l / 254.0f) - x[j * 32 + i]), dx / 508.0f * 1.001f + 1e-30f);
+      sum[0] += v;
+      sum[1 + i / 16] += v;
     }
-    for (int k = 0; k < 8; ++k) {
-      EXPECT_EQ(p.d[o / 4 + k], dx / 254.0f);
-      EXPECT_NEAR(p.s4[o / 4 + k], dx * sum[k / 4] / 4.0f, 1e-6f * dx * 16 * 127);
+    EXPECT_EQ(xg.d[j], dx / 254.0f);
+    for (int k = 0; k < 3; ++k) {
+      EXPECT_EQ(xg.nsum[k][j], -sum[k]);
+      EXPECT_EQ(xg.s[k][j], dx * (static_cast<float>(sum[k]) / 254.0f));
     }
   }
-  EXPECT_EQ(q[0].d[0], 0.0f);
-  // The partner of the odd last block is zeros.
-  for (int i = 32; i < 64; ++i) EXPECT_EQ(q[3].h[i] | q[3].l[i], 0);
-  for (int k = 8; k < 16; ++k) EXPECT_EQ(q[3].d[k] + q[3].s4[k], 0.0f);
+  EXPECT_EQ(xg.d[0], 0.0f);
+  // The block past the end is zeros.
+  for (int i = 0; i < 32; ++i) EXPECT_EQ(xg.v[cpu::v_index(7, i)], 0);
+  for (int k = 0; k < 3; ++k) EXPECT_EQ(xg.s[k][7] + static_cast<float>(xg.nsum[k][7]), 0.0f);
+  EXPECT_EQ(xg.d[7], 0.0f);
 }
 
 class IntMatmul : public testing::TestWithParam<DType> {};
@@ -122,34 +136,35 @@ class IntMatmul : public testing::TestWithParam<DType> {};
 // activations themselves (up to the quantization, at most dx / 508 per element).
 TEST_P(IntMatmul, MatchesDequantizedProduct) {
   const DType t = GetParam();
-  const int64_t n = n_in(t), np = cpu::x_pairs(n);
-  for (const int64_t n_tok : {1, 2, 3, 4, 5, 6, 7, 8, 9, 16}) {
-    Problem p = make(t, n_tok, 11 + static_cast<uint32_t>(n_tok));
-    const auto q = quantize(p.x.data(), n_tok, n);
-    std::vector<float> y(static_cast<size_t>(n_tok * kOut));
-    product(p.w, p.x.data(), q.data(), y.data(), n_tok);
-    std::vector<float> w(static_cast<size_t>(n));
-    for (int64_t r = 0; r < kOut; ++r) {
-      dequantize_row(t, p.w.row(r), w.data(), n);
-      for (int64_t tt = 0; tt < n_tok; ++tt) {
-        const XPair* xq = q.data() + tt * np;
-        const float* xf = p.x.data() + tt * n;
-        double want = 0.0, mag = 0.0, exact = 0.0, bound = 0.0;
-        for (int64_t i = 0; i < n; ++i) {
-          const double xi = x_at(xq, i), wi = static_cast<double>(w[i]);
-          want += wi * xi;
-          mag += std::fabs(wi * xi);
-          exact += wi * static_cast<double>(xf[i]);
-          bound += std::fabs(wi) * static_cast<double>(xq[i / 64].d[i % 64 / 4]) * 254.0 / 508.0;
+  for (const int64_t n : widths(t))
+    for (const int64_t n_tok : {1, 2, 3, 4, 5, 6, 7, 8, 9, 16}) {
+      const int64_t np = cpu::x_groups(n);
+      Problem p = make(t, n_tok, 11 + static_cast<uint32_t>(n_tok), n);
+      const auto q = quantize(p.x.data(), n_tok, n);
+      std::vector<float> y(static_cast<size_t>(n_tok * kOut));
+      product(p.w, p.x.data(), q.data(), y.data(), n_tok);
+      std::vector<float> w(static_cast<size_t>(n));
+      for (int64_t r = 0; r < kOut; ++r) {
+        dequantize_row(t, p.w.row(r), w.data(), n);
+        for (int64_t tt = 0; tt < n_tok; ++tt) {
+          const XGroup* xq = q.data() + tt * np;
+          const float* xf = p.x.data() + tt * n;
+          double want = 0.0, mag = 0.0, exact = 0.0, bound = 0.0;
+          for (int64_t i = 0; i < n; ++i) {
+            const double xi = x_at(xq, i, n), wi = static_cast<double>(w[i]);
+            want += wi * xi;
+            mag += std::fabs(wi * xi);
+            exact += wi * static_cast<double>(xf[i]);
+            bound += std::fabs(wi) * d_at(xq, i) * 254.0 / 508.0;
+          }
+          const double got = static_cast<double>(y[static_cast<size_t>(tt * kOut + r)]);
+          ASSERT_LE(std::fabs(got - want), 2e-6 * mag)
+              << n << " wide, " << n_tok << " tokens, row " << r << " token " << tt;
+          ASSERT_LE(std::fabs(got - exact), 1.001 * bound + 2e-6 * mag)
+              << n << " wide, " << n_tok << " tokens, row " << r << " token " << tt;
         }
-        const double got = static_cast<double>(y[static_cast<size_t>(tt * kOut + r)]);
-        ASSERT_LE(std::fabs(got - want), 2e-6 * mag)
-            << n_tok << " tokens, row " << r << " token " << tt;
-        ASSERT_LE(std::fabs(got - exact), 1.001 * bound + 2e-6 * mag)
-            << n_tok << " tokens, row " << r << " token " << tt;
       }
     }
-  }
 }
 
 ::testing::AssertionResult same_bits(const float* a, const float* b, size_t n) {
@@ -165,34 +180,37 @@ TEST_P(IntMatmul, MatchesDequantizedProduct) {
 TEST_P(IntMatmul, BatchInvariant) {
   const DType t = GetParam();
   constexpr int64_t kTok = 64;
-  const int64_t n = n_in(t), np = cpu::x_pairs(n);
-  Problem p = make(t, kTok, 5);
-  const auto q = quantize(p.x.data(), kTok, n);
-  const int threads = thread_pool().size();
-  std::vector<float> alone(static_cast<size_t>(kTok * kOut));
-  for (int64_t tt = 0; tt < kTok; ++tt)
-    product(p.w, p.x.data() + tt * n, q.data() + tt * np, alone.data() + tt * kOut, 1);
-  for (const int th : {1, 2}) {
-    set_thread_count(th);
-    for (int64_t b : {1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 64}) {
-      std::vector<float> y(static_cast<size_t>(kTok * kOut));
-      for (int64_t t0 = 0; t0 < kTok; t0 += b) {
-        const int64_t m = std::min(b, kTok - t0);
-        product(p.w, p.x.data() + t0 * n, q.data() + t0 * np, y.data() + t0 * kOut, m);
+  for (const int64_t n : widths(t)) {
+    const int64_t np = cpu::x_groups(n);
+    Problem p = make(t, kTok, 5, n);
+    const auto q = quantize(p.x.data(), kTok, n);
+    const int threads = thread_pool().size();
+    std::vector<float> alone(static_cast<size_t>(kTok * kOut));
+    for (int64_t tt = 0; tt < kTok; ++tt)
+      product(p.w, p.x.data() + tt * n, q.data() + tt * np, alone.data() + tt * kOut, 1);
+    for (const int th : {1, 2}) {
+      set_thread_count(th);
+      for (int64_t b : {1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 64}) {
+        std::vector<float> y(static_cast<size_t>(kTok * kOut));
+        for (int64_t t0 = 0; t0 < kTok; t0 += b) {
+          const int64_t m = std::min(b, kTok - t0);
+          product(p.w, p.x.data() + t0 * n, q.data() + t0 * np, y.data() + t0 * kOut, m);
+        }
+        EXPECT_TRUE(same_bits(alone.data(), y.data(), y.size()))
+            << n << " wide, batch " << b << ", " << th << " threads";
       }
-      EXPECT_TRUE(same_bits(alone.data(), y.data(), y.size()))
-          << "batch " << b << ", " << th << " threads";
     }
-  }
-  set_thread_count(threads);
-  for (const cpu::DotIsa isa : {cpu::DotIsa::Avx2, cpu::DotIsa::AvxVnni, cpu::DotIsa::Avx512Vnni}) {
-    if (!cpu::cpu_has(isa)) continue;
-    std::vector<float> all(alone.size()), single(alone.size());
-    cpu::int_matmul_rows(p.w, q.data(), kTok, 0, kOut, all.data(), kOut, isa);
-    for (int64_t r = 0; r < kOut; ++r)
-      cpu::int_matmul_rows(p.w, q.data(), kTok, r, 1, single.data() + r, kOut, isa);
-    EXPECT_TRUE(same_bits(alone.data(), all.data(), all.size())) << static_cast<int>(isa);
-    EXPECT_TRUE(same_bits(alone.data(), single.data(), single.size())) << static_cast<int>(isa);
+    set_thread_count(threads);
+    for (const cpu::DotIsa isa :
+         {cpu::DotIsa::Avx2, cpu::DotIsa::AvxVnni, cpu::DotIsa::Avx512Vnni}) {
+      if (!cpu::cpu_has(isa)) continue;
+      std::vector<float> all(alone.size()), single(alone.size());
+      cpu::int_matmul_rows(p.w, q.data(), kTok, 0, kOut, all.data(), kOut, isa);
+      for (int64_t r = 0; r < kOut; ++r)
+        cpu::int_matmul_rows(p.w, q.data(), kTok, r, 1, single.data() + r, kOut, isa);
+      EXPECT_TRUE(same_bits(alone.data(), all.data(), all.size())) << static_cast<int>(isa);
+      EXPECT_TRUE(same_bits(alone.data(), single.data(), single.size())) << static_cast<int>(isa);
+    }
   }
 }
 

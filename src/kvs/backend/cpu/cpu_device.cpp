@@ -91,7 +91,7 @@ class CpuDevice final : public Device {
     bool any_int = false;
     for (int i = 0; i < n_jobs; ++i) any_int = any_int || cpu::has_int_dot(jobs[i].w->type);
     if (any_int) {
-      const size_t n = static_cast<size_t>(n_tok * cpu::x_pairs(jobs[0].w->n_in));
+      const size_t n = static_cast<size_t>(n_tok * cpu::x_groups(jobs[0].w->n_in));
       if (xq_.size() < n) xq_.resize(n);
       cpu::quantize_x(x, n_tok, jobs[0].w->n_in, xq_.data());
     }
@@ -203,7 +203,7 @@ class CpuDevice final : public Device {
   std::unordered_set<void*> host_;
   std::deque<cpu::Fence> fences_, flags_;
   cpu::CopyEngine copy_in_, copy_out_;
-  std::vector<cpu::XPair> xq_;  // the jobs' input quantized: [n_tok][x_pairs(n_in)]
+  std::vector<cpu::XGroup> xq_;  // the jobs' input quantized: [n_tok][x_groups(n_in)]
 };
 
 }  // namespace

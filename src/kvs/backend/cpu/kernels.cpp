@@ -147,7 +147,7 @@ void matmul_f32(const Matrix& w, const float* x, float* y, int64_t n_tok, const 
   });
 }
 
-void matmuls(const float* x, const XPair* xq, int64_t n_tok, const MatJob* jobs, int n_jobs) {
+void matmuls(const float* x, const XGroup* xq, int64_t n_tok, const MatJob* jobs, int n_jobs) {
   // The integer jobs in one parallel region of tasks of kRows rows x kToks tokens: a task's
   // weights stay in L1 and its activations in L2 while it runs, and consecutive tasks (the rows
   // of every job) share the activations.
@@ -162,7 +162,7 @@ void matmuls(const float* x, const XPair* xq, int64_t n_tok, const MatJob* jobs,
   const int64_t rc = first[n_jobs], tc = (n_tok + kToks - 1) / kToks;
   if (rc > 0) {
     const DotIsa isa = best_dot_isa();
-    const int64_t np = x_pairs(jobs[0].w->n_in);
+    const int64_t ng = x_groups(jobs[0].w->n_in);
     thread_pool().parallel_for(rc * tc, 1, [&](int64_t b, int64_t e) {
       float buf[kRows * kToks];
       for (int64_t task = b; task < e; ++task) {
@@ -172,7 +172,7 @@ void matmuls(const float* x, const XPair* xq, int64_t n_tok, const MatJob* jobs,
         const MatJob& job = jobs[j];
         const int64_t n_out = job.w->n_out, r0 = (c - first[j]) * kRows;
         const int64_t nr = std::min(kRows, n_out - r0);
-        int_matmul_rows(*job.w, xq + t0 * np, nt, r0, nr, buf, kRows, isa);
+        int_matmul_rows(*job.w, xq + t0 * ng, nt, r0, nr, buf, kRows, isa);
         // The product, plus the bias, then into y or added to it: the roundings of separate
         // steps.
         for (int64_t t = 0; t < nt; ++t)

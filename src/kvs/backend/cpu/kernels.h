@@ -13,7 +13,7 @@ void embed(const Matrix& emb, const int32_t* ids, int32_t n, float* x);
 void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps);
 // The jobs' y[t] (+)= W x[t] (+ bias) for x [n_tok][n_in]; xq: x quantized by quantize_x, used
 // for the weights where has_int_dot (null: every job in float).
-void matmuls(const float* x, const XPair* xq, int64_t n_tok, const MatJob* jobs, int n_jobs);
+void matmuls(const float* x, const XGroup* xq, int64_t n_tok, const MatJob* jobs, int n_jobs);
 // y[t] = W x[t] (+ bias) in float (the weights dequantized).
 void matmul_f32(const Matrix& w, const float* x, float* y, int64_t n_tok, const float* bias);
 void rope(float* x, const int32_t* pos, int32_t n_tok, int32_t n_head, const RopeParams& p);

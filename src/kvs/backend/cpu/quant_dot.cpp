@@ -20,285 +20,399 @@ using namespace lanes;
 
 // ---- kernels ----
 
-// y[t ldy + r] for R rows (w, ld bytes apart) and T tokens (x, np pairs apart), n_units units a
-// row. Per output and pair of sub-blocks, in order: lanes h and l = dot(offset, u, plane),
-// acc = fma(float(254 h + l), dw dx, acc), with kMin acc = fma(min, s4, acc); the result is the
-// 16 lanes' sum. Every tile shape performs exactly this sequence, so the shapes agree. The
-// unsigned levels are below 64 after their offset, so each lane of h is at most 4 x 32 x 127:
-// within int16 (combine's kNarrow).
-template <class F, class I, int R, int T>
-[[gnu::always_inline]] inline void tile(const uint8_t* w, size_t ld, const XPair* x, int64_t np,
-                                        int64_t n_units, int64_t n_sub, float* y, int64_t ldy) {
-  using VI = typename I::VI;
-  using VF = typename I::VF;
-  constexpr int kShift = F::kSigned ? 7 : F::kShift;  // signed levels + 128: unsigned bytes
-  VF acc[R][T];
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) acc[r][t] = I::zerof();
-  for (int64_t b = 0; b < n_units; ++b) {
-    typename F::Scales sc[R];
-    const bool two = (b + 1) * F::kSubs <= n_sub;
-    for (int r = 0; r < R; ++r) F::scales(w + r * ld + b * F::kUnitBytes, two, sc[r]);
-    for (int q = 0; q < F::kSubs / 2; ++q) {
-      const int64_t p = b * (F::kSubs / 2) + q;
-      VI xh[T], xl[T], oh[T], ol[T];
-      for (int t = 0; t < T; ++t) {
-        xh[t] = I::load(x[t * np + p].h);
-        xl[t] = I::load(x[t * np + p].l);
-        if constexpr (kShift > 0) {
-          oh[t] = I::offset(xh[t], kShift);
-          ol[t] = I::offset(xl[t], kShift);
-        } else {
-          oh[t] = ol[t] = I::zero();
-        }
-      }
-      for (int r = 0; r < R; ++r) {
-        VI u = F::template levels<I>(sc[r], q);
-        const VF dw = F::template scale<I>(sc[r], q);
-        const VF mw = F::kMin ? F::template min<I>(sc[r], q) : I::zerof();
-        VI ua = u;
-        if constexpr (F::kSigned) ua = I::xor80(u);
-        for (int t = 0; t < T; ++t) {
-          const VI lh = I::dot(oh[t], ua, xh[t]), ll = I::dot(ol[t], ua, xl[t]);
-          const VF s = I::mul(dw, I::loadf(x[t * np + p].d));
-          acc[r][t] = I::fma(I::cvt(I::template combine<!F::kSigned>(lh, ll)), s, acc[r][t]);
-          if constexpr (F::kMin) acc[r][t] = I::fma(mw, I::loadf(x[t * np + p].s4), acc[r][t]);
-        }
-      }
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) y[t * ldy + r] = I::sum(acc[r][t]);
-}
+#define KVS_AVX512 gnu::target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")
+// Clang refuses 512-bit values through the templates' calls, which GCC's flatten inlines into
+// the AVX-512 function: a clang build takes the 256-bit kernels there (the same bits).
+#ifndef __clang__
+#define KVS_HAVE_AVX512_KERNELS 1
+#endif
+// Per output and group (quant_dot.h): the level bytes u[k] of a row widened to int16 once, in
+// XGroup::v's order, and multiplied against each token's v in vpmaddwd (AVX2) or vpdpwssd
+// (AVX-VNNI, AVX-512 VNNI); the sums start at -2^kShift sum x for offset levels, so that they
+// are sum (u - 2^kShift) x. Each lane of a sum is at most 32 x 128 x 32385: within int32.
 
-// Tiles of kRows x kToks (each weight unit unpacked once for kToks tokens), then the leftover
-// rows and tokens (kRows1 rows at a time for one token).
-template <class F, class I>
-[[gnu::always_inline]] inline void rows(const Matrix& w, const XPair* x, int64_t n_tok, int64_t r0,
-                                        int64_t nr, float* y, int64_t ldy) {
-  constexpr int R = I::kRows, T = I::kToks, R1 = I::kRows1;
-  const int64_t np = x_pairs(w.n_in), n_sub = w.n_in / QK;
-  const int64_t n_units = (n_sub + F::kSubs - 1) / F::kSubs;
-  const size_t ld = w.row_bytes;
-  const uint8_t* w0 = w.row(r0);
-  int64_t t = 0;
-  for (; t + T <= n_tok; t += T) {
-    int64_t r = 0;
-    for (; r + R <= nr; r += R)
-      tile<F, I, R, T>(w0 + r * ld, ld, x + t * np, np, n_units, n_sub, y + t * ldy + r, ldy);
-    for (; r < nr; ++r)
-      tile<F, I, 1, T>(w0 + r * ld, ld, x + t * np, np, n_units, n_sub, y + t * ldy + r, ldy);
-  }
-  for (; t < n_tok; ++t) {
-    int64_t r = 0;
-    for (; r + R1 <= nr; r += R1) {
-      // The rows eight tiles on (past nr too: the next task's), asked of the caches now: one
-      // token's tiles wait on memory, not on arithmetic.
-      const uint8_t* next = w0 + (r + 8 * R1) * ld;
-      for (size_t off = 0; off < R1 * ld; off += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(next + off), _MM_HINT_T0);
-      tile<F, I, R1, 1>(w0 + r * ld, ld, x + t * np, np, n_units, n_sub, y + t * ldy + r, ldy);
-    }
-    for (; r < nr; ++r)
-      tile<F, I, 1, 1>(w0 + r * ld, ld, x + t * np, np, n_units, n_sub, y + t * ldy + r, ldy);
-  }
-}
-
-// ---- the 256-bit kernels: levels widened to int16 against 254 h + l ----
-// The same lanes' integers as tile(), from one vpmaddwd (AVX2) or vpdpwssd (AVX-VNNI) per 16
-// elements of a token where the bytes take four multiplies and a combine: a pair's 64 levels,
-// bytes in element order as Avx2 unpacks them, are spread to int16 in XPair::v's order once
-// per row and serve every token of the tile. Unsigned levels lose their offset here (the
-// integers sum (u - 2^s)(254 h + l) are tile()'s 254 h.w + l.w), signed ones keep their sign.
-template <bool kSigned, int kShift>
+// u's even bytes (a) and odd bytes (b) as int16, with their sign for signed levels.
+template <bool kSigned>
 [[gnu::always_inline]] inline void widen(__m256i u, __m256i& a, __m256i& b) {
-  constexpr char z = -1;  // pshufb: a zero byte
-  if constexpr (kSigned) {  // each byte into its int16's high byte, then shifted down
-    const __m256i ma = _mm256_setr_epi8(z, 0, z, 1, z, 4, z, 5, z, 8, z, 9, z, 12, z, 13, z, 0, z,
-                                        1, z, 4, z, 5, z, 8, z, 9, z, 12, z, 13);
-    const __m256i mb = _mm256_setr_epi8(z, 2, z, 3, z, 6, z, 7, z, 10, z, 11, z, 14, z, 15, z, 2,
-                                        z, 3, z, 6, z, 7, z, 10, z, 11, z, 14, z, 15);
-    a = _mm256_srai_epi16(_mm256_shuffle_epi8(u, ma), 8);
-    b = _mm256_srai_epi16(_mm256_shuffle_epi8(u, mb), 8);
+  if constexpr (kSigned) {
+    a = _mm256_srai_epi16(_mm256_slli_epi16(u, 8), 8);
+    b = _mm256_srai_epi16(u, 8);
   } else {
-    const __m256i ma = _mm256_setr_epi8(0, z, 1, z, 4, z, 5, z, 8, z, 9, z, 12, z, 13, z, 0, z, 1,
-                                        z, 4, z, 5, z, 8, z, 9, z, 12, z, 13, z);
-    const __m256i mb = _mm256_setr_epi8(2, z, 3, z, 6, z, 7, z, 10, z, 11, z, 14, z, 15, z, 2, z,
-                                        3, z, 6, z, 7, z, 10, z, 11, z, 14, z, 15, z);
-    a = _mm256_shuffle_epi8(u, ma);
-    b = _mm256_shuffle_epi8(u, mb);
-    if constexpr (kShift > 0) {
-      a = _mm256_sub_epi16(a, _mm256_set1_epi16(1 << kShift));
-      b = _mm256_sub_epi16(b, _mm256_set1_epi16(1 << kShift));
-    }
+    a = _mm256_and_si256(u, _mm256_set1_epi16(0xFF));
+    b = _mm256_srli_epi16(u, 8);
   }
 }
 
 struct Madd16 {
-  static constexpr bool kInt16 = true;
+  static constexpr bool kFused = false;
   static __m256i dot(__m256i acc, __m256i a, __m256i v) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(a, v));
   }
 };
 struct Dpwssd16 {
-  static constexpr bool kInt16 = true;
+  static constexpr bool kFused = true;
   [[gnu::target("avxvnni")]] static __m256i dot(__m256i acc, __m256i a, __m256i v) {
     return _mm256_dpwssd_avx_epi32(acc, a, v);
   }
 };
 
-// tile() for the 256-bit instruction sets: per output and pair the same integers, then the same
-// float steps in the same order.
+// The float steps of a group for one output (quant_dot.h): sum[1] is the last 16's with k16.
+template <class F>
+[[gnu::always_inline]] inline __m256 float_steps(__m256 acc, const __m256i sum[2], const Scales& s,
+                                                 const XGroup& x) {
+  const __m256 d = _mm256_load_ps(x.d);
+  acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[0]), _mm256_mul_ps(s.d, d), acc);
+  if constexpr (F::k16)
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[1]), _mm256_mul_ps(s.dh, d), acc);
+  if constexpr (F::kMin && !F::k16) acc = _mm256_fmadd_ps(s.m, _mm256_load_ps(x.s[0]), acc);
+  if constexpr (F::kMin && F::k16) {
+    acc = _mm256_fmadd_ps(s.m, _mm256_load_ps(x.s[1]), acc);
+    acc = _mm256_fmadd_ps(s.mh, _mm256_load_ps(x.s[2]), acc);
+  }
+  return acc;
+}
+
+// The sums' start: -2^kShift sum x (of the sub-block, or of each half with k16), else zero.
+template <class F>
+[[gnu::always_inline]] inline __m256i sum_start(const XGroup& x, int h) {
+  if constexpr (F::kShift == 0) return _mm256_setzero_si256();
+  const int i = F::k16 ? 1 + h : 0;
+  return _mm256_slli_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(x.nsum[i])),
+                           F::kShift);
+}
+
+// Independent sums per output and sub-block for a tile of T tokens: vpdpwssd accumulates in
+// place, 5 cycles a step, so one or two tokens' chains alone would wait on it.
+// (vpmaddwd's sums go through vpaddd, one cycle).
+template <bool kFused, int T>
+inline constexpr int kSplit = !kFused || T >= 4 ? 1 : 4 / T;
+
+// One row's integer sums of group g for T tokens, out[t][h] (h: the half with k16): its K level
+// vectors (8, or 4 in a half group, whose sums are then folded into lanes 0 .. 3) widened once.
+template <class F, class D, int T, int K>
+[[gnu::always_inline]] inline void group_sums(const __m256i* u, const XGroup* x, int64_t ng,
+                                              int64_t g, __m256i out[T][2]) {
+  constexpr int H = F::k16 ? 2 : 1, A = kSplit<D::kFused, T>;
+  __m256i sum[T][2][A];
+  for (int t = 0; t < T; ++t)
+    for (int h = 0; h < H; ++h) {
+      sum[t][h][0] = sum_start<F>(x[t * ng + g], h);
+      for (int i = 1; i < A; ++i) sum[t][h][i] = _mm256_setzero_si256();
+    }
+    // Unrolled: the sums stay in registers only when their indices are constants.
+#pragma GCC unroll 8
+  for (int k = 0; k < K; ++k) {
+    __m256i a, b;
+    widen<F::kSigned>(u[k], a, b);
+    for (int t = 0; t < T; ++t) {
+      const auto* v = reinterpret_cast<const __m256i*>(x[t * ng + g].v) + 2 * k;
+      __m256i& sk = sum[t][H == 2 ? k / 4 : 0][k % A];
+      sk = D::dot(D::dot(sk, a, _mm256_load_si256(v)), b, _mm256_load_si256(v + 1));
+      // Kept in its register here: GCC otherwise reorders the sums into a tree of all the
+      // products and spills them.
+      asm("" : "+x"(sk));
+    }
+  }
+  for (int t = 0; t < T; ++t)
+    for (int h = 0; h < H; ++h) {
+      __m256i v = sum[t][h][0];
+      for (int i = 1; i < A; ++i) v = _mm256_add_epi32(v, sum[t][h][i]);
+      if constexpr (K == 4)
+        v = _mm256_zextsi128_si256(
+            _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)));
+      out[t][h] = v;
+    }
+}
+
+// Group g of one row: its scales and its sums for T tokens.
+template <class F, class D, int T>
+[[gnu::always_inline]] inline void row_group(const uint8_t* row, int64_t g, int64_t n_sub,
+                                             const XGroup* x, int64_t ng, Scales& s,
+                                             __m256i sum[T][2]) {
+  __m256i u[8];
+  if constexpr (F::kHalves) {
+    if (half_group(g, n_sub)) {
+      F::half_group(row, g, n_sub, s, u);
+      return group_sums<F, D, T, 4>(u, x, ng, g, sum);
+    }
+  }
+  F::group(row, g, n_sub, s, u);
+  group_sums<F, D, T, 8>(u, x, ng, g, sum);
+}
+
+// y[t ldy + r] for R rows (w, ld bytes apart) and T tokens (x, ng groups apart), 256-bit lanes:
+// each row's group unpacked and widened once for the T tokens.
 template <class F, class D, int R, int T>
-[[gnu::always_inline]] inline void tile16(const uint8_t* w, size_t ld, const XPair* x, int64_t np,
-                                          int64_t n_units, int64_t n_sub, float* y, int64_t ldy) {
-  using I = Avx2;  // the bytes' unpacking and the scales
-  constexpr int kShift = F::kSigned ? 0 : F::kShift;
-  // Lanes 0 .. 7 (the pair's first block or sub-block) and 8 .. 15 apart, one half of a row's
-  // levels widened at a time: 4 tokens' accumulators, the half's levels and scales fit the 16
-  // registers without spilling.
-  __m256 acc[R][T][2];
+[[gnu::always_inline]] inline void tile16(const uint8_t* w, size_t ld, const XGroup* x, int64_t ng,
+                                          int64_t n_sub, float* y, int64_t ldy) {
+  __m256 acc[R][T];
   for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) acc[r][t][0] = acc[r][t][1] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < n_units; ++b) {
-    typename F::Scales sc[R];
-    const bool two = (b + 1) * F::kSubs <= n_sub;
-    for (int r = 0; r < R; ++r) F::scales(w + r * ld + b * F::kUnitBytes, two, sc[r]);
-    for (int q = 0; q < F::kSubs / 2; ++q) {
-      const int64_t p = b * (F::kSubs / 2) + q;
-      for (int r = 0; r < R; ++r) {
-        const I::VI u = F::template levels<I>(sc[r], q);
-        const I::VF dw = F::template scale<I>(sc[r], q);
-        const I::VF mw = F::kMin ? F::template min<I>(sc[r], q) : I::zerof();
-        for (int h = 0; h < 2; ++h) {
-          __m256i lo, hi;
-          widen<F::kSigned, kShift>(h == 0 ? u.a : u.b, lo, hi);
-          const __m256 d = h == 0 ? dw.a : dw.b, m = h == 0 ? mw.a : mw.b;
-          for (int t = 0; t < T; ++t) {
-            const XPair& xp = x[t * np + p];
-            const auto* v = reinterpret_cast<const __m256i*>(xp.v) + 2 * h;
-            const __m256i lane = D::dot(D::dot(_mm256_setzero_si256(), lo, _mm256_load_si256(v)),
-                                        hi, _mm256_load_si256(v + 1));
-            const __m256 s = _mm256_mul_ps(d, _mm256_load_ps(xp.d + 8 * h));
-            __m256& a = acc[r][t][h];
-            a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lane), s, a);
-            if constexpr (F::kMin) a = _mm256_fmadd_ps(m, _mm256_load_ps(xp.s4 + 8 * h), a);
-          }
-        }
-      }
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < ng; ++g) {
+    for (int r = 0; r < R; ++r) {
+      Scales s;
+      __m256i sum[T][2];
+      row_group<F, D, T>(w + r * ld, g, n_sub, x, ng, s, sum);
+      for (int t = 0; t < T; ++t) acc[r][t] = float_steps<F>(acc[r][t], sum[t], s, x[t * ng + g]);
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) y[t * ldy + r] = hsum(_mm256_add_ps(acc[r][t][0], acc[r][t][1]));
+    for (int t = 0; t < T; ++t) y[t * ldy + r] = hsum(acc[r][t]);
 }
 
-// rows() for the 256-bit instruction sets: tiles of a row and 4 tokens (a verify step of 4, or
-// prefill, unpacks each row once for the 4), the 1 to 3 tokens left in one tile, and a single
-// token (decode) 2 rows at a time (4 spilled).
+// The rows eight tiles of `rows` rows on (past the task's too: the next task's), asked of the
+// caches now: one token's tiles wait on memory, not on arithmetic.
+inline void prefetch_ahead(const uint8_t* w, size_t ld, int64_t rows) {
+  const uint8_t* next = w + 8 * rows * ld;
+  for (size_t off = 0; off < rows * ld; off += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(next + off), _MM_HINT_T0);
+}
+
+// Tokens in tiles of 4 (a verify step of 4, or prefill, unpacks each row once for the 4), then
+// 2, then 1 (decode: 2 rows at a time).
 template <class F, class D>
-[[gnu::always_inline]] inline void rows16(const Matrix& w, const XPair* x, int64_t n_tok,
+[[gnu::always_inline]] inline void rows16(const Matrix& w, const XGroup* x, int64_t n_tok,
                                           int64_t r0, int64_t nr, float* y, int64_t ldy) {
-  const int64_t np = x_pairs(w.n_in), n_sub = w.n_in / QK;
-  const int64_t n_units = (n_sub + F::kSubs - 1) / F::kSubs;
+  const int64_t ng = x_groups(w.n_in), n_sub = w.n_in / QK;
   const size_t ld = w.row_bytes;
   const uint8_t* w0 = w.row(r0);
   // A template, not a function pointer: the tile must inline into its instruction set's entry.
   const auto each_row = [&]<int T>(int64_t t) {
     for (int64_t r = 0; r < nr; ++r)
-      tile16<F, D, 1, T>(w0 + r * ld, ld, x + t * np, np, n_units, n_sub, y + t * ldy + r, ldy);
+      tile16<F, D, 1, T>(w0 + r * ld, ld, x + t * ng, ng, n_sub, y + t * ldy + r, ldy);
   };
   int64_t t = 0;
-  for (; t + 4 <= n_tok; t += 4) each_row.template operator()<4>(t);
-  switch (n_tok - t) {
-    case 3:
-      return each_row.template operator()<3>(t);
-    case 2:
-      return each_row.template operator()<2>(t);
-    case 1: {
-      constexpr int R1 = 2;
-      int64_t r = 0;
-      for (; r + R1 <= nr; r += R1) {
-        // The rows eight tiles on (past nr too: the next task's), asked of the caches now: one
-        // token's tiles wait on memory, not on arithmetic.
-        const uint8_t* next = w0 + (r + 8 * R1) * ld;
-        for (size_t off = 0; off < R1 * ld; off += 64)
-          _mm_prefetch(reinterpret_cast<const char*>(next + off), _MM_HINT_T0);
-        tile16<F, D, R1, 1>(w0 + r * ld, ld, x + t * np, np, n_units, n_sub, y + t * ldy + r, ldy);
-      }
-      for (; r < nr; ++r)
-        tile16<F, D, 1, 1>(w0 + r * ld, ld, x + t * np, np, n_units, n_sub, y + t * ldy + r, ldy);
-      return;
+  for (; t + 8 <= n_tok; t += 8) each_row.template operator()<8>(t);
+  if (t + 4 <= n_tok) {
+    each_row.template operator()<4>(t);
+    t += 4;
+  }
+  if (t + 2 <= n_tok) {
+    each_row.template operator()<2>(t);
+    t += 2;
+  }
+  if (t < n_tok) {
+    int64_t r = 0;
+    for (; r + 2 <= nr; r += 2) {
+      prefetch_ahead(w0 + r * ld, ld, 2);
+      tile16<F, D, 2, 1>(w0 + r * ld, ld, x + t * ng, ng, n_sub, y + t * ldy + r, ldy);
     }
-    default:
-      return;
+    for (; r < nr; ++r)
+      tile16<F, D, 1, 1>(w0 + r * ld, ld, x + t * ng, ng, n_sub, y + t * ldy + r, ldy);
   }
 }
 
-// I: Madd16 or Dpwssd16 (the 256-bit kernels' products), or Avx512.
-template <class F, class I>
-[[gnu::always_inline]] inline void pick(const Matrix& w, const XPair* x, int64_t n_tok, int64_t r0,
-                                        int64_t nr, float* y, int64_t ldy) {
-  if constexpr (I::kInt16) {
-    rows16<F, I>(w, x, n_tok, r0, nr, y, ldy);
-  } else {
-    // 2 to kToks - 1 tokens past the whole tiles (a verify step, a small batch) go to the
-    // 256-bit kernel, which unpacks a row once for 4 of them where rows() would take them one
-    // by one; its bits are the same.
-    const int64_t whole = n_tok / I::kToks * I::kToks;
-    if (n_tok - whole < 2) return rows<F, I>(w, x, n_tok, r0, nr, y, ldy);
-    if (whole > 0) rows<F, I>(w, x, whole, r0, nr, y, ldy);
-    rows16<F, typename I::Narrow>(w, x + whole * x_pairs(w.n_in), n_tok - whole, r0, nr,
-                                  y + whole * ldy, ldy);
+#ifdef KVS_HAVE_AVX512_KERNELS
+// The 256-bit kernels' products in AVX-512 VNNI's VL form (a pair's odd row).
+struct Dpwssd16Vl {
+  static constexpr bool kFused = true;
+  [[KVS_AVX512]] static __m256i dot(__m256i acc, __m256i a, __m256i v) {
+    return _mm256_dpwssd_epi32(acc, a, v);
+  }
+};
+
+[[KVS_AVX512, gnu::always_inline]] inline __m512 join(__m256 a, __m256 b) {
+  return _mm512_insertf32x8(_mm512_castps256_ps512(a), b, 1);
+}
+
+// group_sums() for two rows in 512-bit lanes: row 0 in lanes 0 .. 7, row 1 in 8 .. 15, a
+// token's group broadcast to both halves.
+template <class F, int T, int K>
+[[KVS_AVX512, gnu::always_inline]] inline void group_sums512(const __m256i* u0, const __m256i* u1,
+                                                             const XGroup* x, int64_t ng, int64_t g,
+                                                             __m512i out[T][2]) {
+  constexpr int H = F::k16 ? 2 : 1, A = kSplit<true, T>;
+  __m512i sum[T][2][A];
+  for (int t = 0; t < T; ++t)
+    for (int h = 0; h < H; ++h) {
+      sum[t][h][0] = _mm512_broadcast_i64x4(sum_start<F>(x[t * ng + g], h));
+      for (int i = 1; i < A; ++i) sum[t][h][i] = _mm512_setzero_si512();
+    }
+#pragma GCC unroll 8
+  for (int k = 0; k < K; ++k) {
+    const __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(u0[k]), u1[k], 1);
+    __m512i a, b;
+    if constexpr (F::kSigned) {
+      a = _mm512_srai_epi16(_mm512_slli_epi16(u, 8), 8);
+      b = _mm512_srai_epi16(u, 8);
+    } else {
+      a = _mm512_and_si512(u, _mm512_set1_epi16(0xFF));
+      b = _mm512_srli_epi16(u, 8);
+    }
+    for (int t = 0; t < T; ++t) {
+      const auto* v = reinterpret_cast<const __m256i*>(x[t * ng + g].v) + 2 * k;
+      __m512i& sk = sum[t][H == 2 ? k / 4 : 0][k % A];
+      sk = _mm512_dpwssd_epi32(sk, a, _mm512_broadcast_i64x4(_mm256_load_si256(v)));
+      sk = _mm512_dpwssd_epi32(sk, b, _mm512_broadcast_i64x4(_mm256_load_si256(v + 1)));
+    }
+  }
+  for (int t = 0; t < T; ++t)
+    for (int h = 0; h < H; ++h) {
+      __m512i v = sum[t][h][0];
+      for (int i = 1; i < A; ++i) v = _mm512_add_epi32(v, sum[t][h][i]);
+      if constexpr (K == 4)  // each row's two 128-bit halves added into the first
+        v = _mm512_maskz_mov_epi64(0x33, _mm512_add_epi32(v, _mm512_shuffle_i64x2(v, v, 0xB1)));
+      out[t][h] = v;
+    }
+}
+
+// tile16() for two rows at once, in 512-bit lanes: the same integers and the same float steps
+// per lane.
+template <class F, int T>
+[[KVS_AVX512, gnu::always_inline]] inline void tile512(const uint8_t* w, size_t ld, const XGroup* x,
+                                                       int64_t ng, int64_t n_sub, float* y,
+                                                       int64_t ldy) {
+  __m512 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < ng; ++g) {
+    Scales s0, s1;
+    __m256i u0[8], u1[8];
+    __m512i sum[T][2];
+    bool half = false;
+    if constexpr (F::kHalves) half = half_group(g, n_sub);
+    if (half) {
+      if constexpr (F::kHalves) {
+        F::half_group(w, g, n_sub, s0, u0);
+        F::half_group(w + ld, g, n_sub, s1, u1);
+        group_sums512<F, T, 4>(u0, u1, x, ng, g, sum);
+      }
+    } else {
+      F::group(w, g, n_sub, s0, u0);
+      F::group(w + ld, g, n_sub, s1, u1);
+      group_sums512<F, T, 8>(u0, u1, x, ng, g, sum);
+    }
+    for (int t = 0; t < T; ++t) {
+      const XGroup& xg = x[t * ng + g];
+      const __m512 d = _mm512_broadcast_f32x8(_mm256_load_ps(xg.d));
+      __m512& a = acc[t];
+      a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[t][0]), _mm512_mul_ps(join(s0.d, s1.d), d), a);
+      if constexpr (F::k16)
+        a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[t][1]), _mm512_mul_ps(join(s0.dh, s1.dh), d), a);
+      if constexpr (F::kMin && !F::k16)
+        a = _mm512_fmadd_ps(join(s0.m, s1.m), _mm512_broadcast_f32x8(_mm256_load_ps(xg.s[0])), a);
+      if constexpr (F::kMin && F::k16) {
+        a = _mm512_fmadd_ps(join(s0.m, s1.m), _mm512_broadcast_f32x8(_mm256_load_ps(xg.s[1])), a);
+        a = _mm512_fmadd_ps(join(s0.mh, s1.mh), _mm512_broadcast_f32x8(_mm256_load_ps(xg.s[2])), a);
+      }
+    }
+  }
+  for (int t = 0; t < T; ++t) {
+    y[t * ldy] = hsum(_mm512_castps512_ps256(acc[t]));
+    y[t * ldy + 1] = hsum(_mm512_extractf32x8_ps(acc[t], 1));
   }
 }
 
-template <class I>
-[[gnu::always_inline]] inline void rows_of(const Matrix& w, const XPair* x, int64_t n_tok,
+// T tokens against the rows in pairs (an odd last row by the VL kernel).
+template <class F, int T>
+[[KVS_AVX512, gnu::always_inline]] inline void pairs512(const uint8_t* w0, size_t ld, int64_t nr,
+                                                        const XGroup* x, int64_t ng, int64_t n_sub,
+                                                        float* y, int64_t ldy) {
+  int64_t r = 0;
+  for (; r + 2 <= nr; r += 2) {
+    if constexpr (T == 1) prefetch_ahead(w0 + r * ld, ld, 2);
+    tile512<F, T>(w0 + r * ld, ld, x, ng, n_sub, y + r, ldy);
+  }
+  if (r < nr) {
+    constexpr int T1 = T > 4 ? 4 : T;
+    for (int64_t i = 0; i < T; i += T1)
+      tile16<F, Dpwssd16Vl, 1, T1>(w0 + r * ld, ld, x + i * ng, ng, n_sub, y + i * ldy + r, ldy);
+  }
+}
+
+// Tokens in tiles of 8, then 4, 2 and 1.
+template <class F>
+[[KVS_AVX512, gnu::always_inline]] inline void rows512(const Matrix& w, const XGroup* x,
+                                                       int64_t n_tok, int64_t r0, int64_t nr,
+                                                       float* y, int64_t ldy) {
+  const int64_t ng = x_groups(w.n_in), n_sub = w.n_in / QK;
+  const size_t ld = w.row_bytes;
+  const uint8_t* w0 = w.row(r0);
+  int64_t t = 0;
+  for (; t + 8 <= n_tok; t += 8)
+    pairs512<F, 8>(w0, ld, nr, x + t * ng, ng, n_sub, y + t * ldy, ldy);
+  if (t + 4 <= n_tok) {
+    pairs512<F, 4>(w0, ld, nr, x + t * ng, ng, n_sub, y + t * ldy, ldy);
+    t += 4;
+  }
+  if (t + 2 <= n_tok) {
+    pairs512<F, 2>(w0, ld, nr, x + t * ng, ng, n_sub, y + t * ldy, ldy);
+    t += 2;
+  }
+  if (t < n_tok) pairs512<F, 1>(w0, ld, nr, x + t * ng, ng, n_sub, y + t * ldy, ldy);
+}
+#endif
+
+// K: rows16<F, Madd16 or Dpwssd16>, or rows512<F>.
+template <template <class> class K>
+[[gnu::always_inline]] inline void rows_of(const Matrix& w, const XGroup* x, int64_t n_tok,
                                            int64_t r0, int64_t nr, float* y, int64_t ldy) {
   switch (w.type) {
     case DType::Q8_0:
-      return pick<Pair<Q8_0>, I>(w, x, n_tok, r0, nr, y, ldy);
+      return K<Blocks<Q8_0>>::run(w, x, n_tok, r0, nr, y, ldy);
     case DType::Q4_0:
-      return pick<Pair<Q4_0>, I>(w, x, n_tok, r0, nr, y, ldy);
+      return K<Blocks<Q4_0>>::run(w, x, n_tok, r0, nr, y, ldy);
     case DType::Q4_1:
-      return pick<Pair<Q4_1>, I>(w, x, n_tok, r0, nr, y, ldy);
+      return K<Blocks<Q4_1>>::run(w, x, n_tok, r0, nr, y, ldy);
     case DType::Q5_0:
-      return pick<Pair<Q5_0>, I>(w, x, n_tok, r0, nr, y, ldy);
+      return K<Blocks<Q5_0>>::run(w, x, n_tok, r0, nr, y, ldy);
     case DType::Q5_1:
-      return pick<Pair<Q5_1>, I>(w, x, n_tok, r0, nr, y, ldy);
+      return K<Blocks<Q5_1>>::run(w, x, n_tok, r0, nr, y, ldy);
     case DType::IQ4_NL:
-      return pick<Pair<IQ4_NL>, I>(w, x, n_tok, r0, nr, y, ldy);
+      return K<Blocks<IQ4_NL>>::run(w, x, n_tok, r0, nr, y, ldy);
     case DType::Q2_K:
-      return pick<Q2_K, I>(w, x, n_tok, r0, nr, y, ldy);
+      return K<Q2_K>::run(w, x, n_tok, r0, nr, y, ldy);
     case DType::Q3_K:
-      return pick<Q3_K, I>(w, x, n_tok, r0, nr, y, ldy);
+      return K<Q3_K>::run(w, x, n_tok, r0, nr, y, ldy);
     case DType::Q4_K:
-      return pick<Q4_K, I>(w, x, n_tok, r0, nr, y, ldy);
+      return K<Q4_K>::run(w, x, n_tok, r0, nr, y, ldy);
     case DType::Q5_K:
-      return pick<Q5_K, I>(w, x, n_tok, r0, nr, y, ldy);
+      return K<Q5_K>::run(w, x, n_tok, r0, nr, y, ldy);
     case DType::Q6_K:
-      return pick<Q6_K, I>(w, x, n_tok, r0, nr, y, ldy);
+      return K<Q6_K>::run(w, x, n_tok, r0, nr, y, ldy);
     case DType::IQ4_XS:
-      return pick<IQ4_XS, I>(w, x, n_tok, r0, nr, y, ldy);
+      return K<IQ4_XS>::run(w, x, n_tok, r0, nr, y, ldy);
     default:
       fail("int_matmul_rows: no integer kernel for ", dtype_name(w.type));
   }
 }
 
+template <class F>
+struct Avx2Rows {
+  [[gnu::always_inline]] static void run(const Matrix& w, const XGroup* x, int64_t n_tok,
+                                         int64_t r0, int64_t nr, float* y, int64_t ldy) {
+    rows16<F, Madd16>(w, x, n_tok, r0, nr, y, ldy);
+  }
+};
+template <class F>
+struct AvxVnniRows {
+  [[gnu::always_inline]] static void run(const Matrix& w, const XGroup* x, int64_t n_tok,
+                                         int64_t r0, int64_t nr, float* y, int64_t ldy) {
+    rows16<F, Dpwssd16>(w, x, n_tok, r0, nr, y, ldy);
+  }
+};
+
 // One entry per instruction set, compiled for it (the kernels are inlined into it).
-void rows_avx2(const Matrix& w, const XPair* x, int64_t n_tok, int64_t r0, int64_t nr, float* y,
-               int64_t ldy) {
-  rows_of<Madd16>(w, x, n_tok, r0, nr, y, ldy);
+[[gnu::flatten]] void rows_avx2(const Matrix& w, const XGroup* x, int64_t n_tok, int64_t r0,
+                                int64_t nr, float* y, int64_t ldy) {
+  rows_of<Avx2Rows>(w, x, n_tok, r0, nr, y, ldy);
 }
-[[gnu::target("avxvnni"), gnu::flatten]] void rows_avxvnni(const Matrix& w, const XPair* x,
-                                                            int64_t n_tok, int64_t r0, int64_t nr,
-                                                            float* y, int64_t ldy) {
-  rows_of<Dpwssd16>(w, x, n_tok, r0, nr, y, ldy);
+[[gnu::target("avxvnni"), gnu::flatten]] void rows_avxvnni(const Matrix& w, const XGroup* x,
+                                                           int64_t n_tok, int64_t r0, int64_t nr,
+                                                           float* y, int64_t ldy) {
+  rows_of<AvxVnniRows>(w, x, n_tok, r0, nr, y, ldy);
 }
 #ifdef KVS_HAVE_AVX512_KERNELS
-[[KVS_AVX512, gnu::flatten]] void rows_avx512(const Matrix& w, const XPair* x, int64_t n_tok,
-                                               int64_t r0, int64_t nr, float* y, int64_t ldy) {
-  rows_of<Avx512>(w, x, n_tok, r0, nr, y, ldy);
+template <class F>
+struct Avx512Rows {
+  // Not always_inline: rows_of() is compiled for AVX2 before the entry's flatten takes it in.
+  [[KVS_AVX512]] static void run(const Matrix& w, const XGroup* x, int64_t n_tok, int64_t r0,
+                                 int64_t nr, float* y, int64_t ldy) {
+    rows512<F>(w, x, n_tok, r0, nr, y, ldy);
+  }
+};
+[[KVS_AVX512, gnu::flatten]] void rows_avx512(const Matrix& w, const XGroup* x, int64_t n_tok,
+                                              int64_t r0, int64_t nr, float* y, int64_t ldy) {
+  rows_of<Avx512Rows>(w, x, n_tok, r0, nr, y, ldy);
 }
 #endif
 
@@ -324,28 +438,22 @@ bool has_int_dot(DType t) {
   }
 }
 
-void quantize_x(const float* x, int64_t n_tok, int64_t n, XPair* xq) {
+void quantize_x(const float* x, int64_t n_tok, int64_t n, XGroup* xq) {
   KVS_CHECK(n % QK == 0, "quantize_x: ", n, " activations is not a whole number of blocks of 32");
-  const int64_t nb = n / QK, np = x_pairs(n);
-  thread_pool().parallel_for(n_tok * np, 128, [&](int64_t b, int64_t e) {
+  const int64_t nb = n / QK, ng = x_groups(n);
+  thread_pool().parallel_for(n_tok * ng, 64, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
-      const int64_t t = i / np, p = i % np;
-      XPair& xp = xq[i];
-      quantize_block(x + t * n + 2 * p * QK, xp, 0);
-      if (2 * p + 1 < nb) {
-        quantize_block(x + t * n + (2 * p + 1) * QK, xp, 1);
-      } else {  // the odd last block's partner: zeros
-        std::memset(xp.h + 32, 0, 32);
-        std::memset(xp.l + 32, 0, 32);
-        std::memset(xp.v + 32, 0, 64);
-        std::fill(xp.d + 8, xp.d + 16, 0.0f);
-        std::fill(xp.s4 + 8, xp.s4 + 16, 0.0f);
-      }
+      const int64_t t = i / ng, g = i % ng;
+      XGroup& xg = xq[i];
+      const int valid = static_cast<int>(std::min<int64_t>(8, nb - 8 * g));
+      if (valid < 8) std::memset(&xg, 0, sizeof xg);  // the blocks past the end: zeros
+      const bool half = half_group(g, nb);
+      for (int j = 0; j < valid; ++j) quantize_block(x + t * n + (8 * g + j) * QK, xg, j, half);
     }
   });
 }
 
-void int_matmul_rows(const Matrix& w, const XPair* xq, int64_t n_tok, int64_t r0, int64_t nr,
+void int_matmul_rows(const Matrix& w, const XGroup* xq, int64_t n_tok, int64_t r0, int64_t nr,
                      float* y, int64_t ldy, DotIsa isa) {
   switch (isa) {
     case DotIsa::Avx2:

@@ -54,15 +54,18 @@ void bench_matmul(const Options& o) {
   w.type = t;
   w.n_in = o.cols;
   w.n_out = o.rows;
-  w.row_bytes = row_bytes(t, o.cols);
+  w.row_bytes = cpu::cpu_row_bytes(t, o.cols);  // placed as the CPU backend places it
   const int copies =
       o.hot ? 1
             : static_cast<int>(std::max<int64_t>(1, (256 << 20) / static_cast<int64_t>(w.bytes())));
   std::vector<uint8_t> raw(w.bytes() * static_cast<size_t>(copies));
   std::vector<float> row(static_cast<size_t>(o.cols));
+  std::vector<uint8_t> file(row_bytes(t, o.cols));
   for (int64_t r = 0; r < o.rows; ++r) {
     for (auto& v : row) v = g(rng) * 0.02f;
-    quantize_row(t, row.data(), raw.data() + r * w.row_bytes, o.cols);
+    uint8_t* dst = raw.data() + r * w.row_bytes;
+    quantize_row(t, row.data(), cpu::cpu_repacked(t) ? file.data() : dst, o.cols);
+    if (cpu::cpu_repacked(t)) cpu::pack_row(t, file.data(), dst, o.cols);
   }
   for (int c = 1; c < copies; ++c) std::memcpy(raw.data() + c * w.bytes(), raw.data(), w.bytes());
   for (const int64_t n : o.tokens) {

@@ -35,8 +35,8 @@ std::vector<int64_t> widths(DType t) {
 }
 
 struct Problem {
-  std::vector<uint8_t> raw;
-  Matrix w;
+  std::vector<uint8_t> raw, packed;
+  Matrix file, w;        // the rows as quantize_row writes them, and as the CPU backend places them
   std::vector<float> x;  // [tokens][n_in]
 };
 
@@ -62,6 +62,19 @@ Problem make(DType t, int64_t n_tok, uint32_t seed, int64_t n = 0) {
     quantize_row(t, row.data(), p.raw.data() + r * p.w.row_bytes, n);
   }
   p.w.data = p.raw.data();
+  p.file = p.w;
+  if (cpu::cpu_repacked(t)) {
+    p.w.row_bytes = cpu::cpu_row_bytes(t, n);
+    p.packed.resize(p.w.row_bytes * kOut);
+    std::vector<uint8_t> back(p.file.row_bytes);
+    for (int64_t r = 0; r < kOut; ++r) {
+      uint8_t* row = p.packed.data() + r * p.w.row_bytes;
+      cpu::pack_row(t, p.file.row(r), row, n);
+      cpu::unpack_row(t, row, back.data(), n);
+      EXPECT_EQ(std::memcmp(back.data(), p.file.row(r), back.size()), 0) << "row " << r;
+    }
+    p.w.data = p.packed.data();
+  }
   p.x.resize(static_cast<size_t>(n_tok * n));
   for (auto& v : p.x) v = g(rng) * (rng() % 50 == 0 ? 20.0f : 1.0f);
   return p;
@@ -145,7 +158,7 @@ TEST_P(IntMatmul, MatchesDequantizedProduct) {
       product(p.w, p.x.data(), q.data(), y.data(), n_tok);
       std::vector<float> w(static_cast<size_t>(n));
       for (int64_t r = 0; r < kOut; ++r) {
-        dequantize_row(t, p.w.row(r), w.data(), n);
+        dequantize_row(t, p.file.row(r), w.data(), n);
         for (int64_t tt = 0; tt < n_tok; ++tt) {
           const XGroup* xq = q.data() + tt * np;
           const float* xf = p.x.data() + tt * n;

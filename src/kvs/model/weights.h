@@ -1,7 +1,9 @@
-// Views of a model's weights. Matrices stay in their file format (the kernels dequantize them
-// in tiles); the small vectors (norms, biases, rope factors) are converted to f32 at load.
+// Views of a model's weights. Matrices stay in their file format (a device's place_weights may
+// repack them for its kernels); the small vectors (norms, biases, rope factors) are converted to
+// f32 at load.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -71,5 +73,24 @@ struct Weights {
   static Weights from_gguf(const gguf::File& f, const ModelConfig& c);
   size_t matrix_bytes() const;  // bytes of the trunk's matrices (what a decode step reads)
 };
+
+// Every matrix a layer may have (absent ones have n_out 0); L: LayerWeights, const or not.
+template <class L>
+auto layer_matrices(L& l) {
+  return std::array{&l.wq,   &l.wk,      &l.wv,    &l.wo,       &l.gate,      &l.up,
+                    &l.down, &l.ssm_qkv, &l.ssm_z, &l.ssm_beta, &l.ssm_alpha, &l.ssm_out};
+}
+
+// The matrices a device's place_weights copies, in its order (the output matrix unless tied);
+// W: Weights, const or not.
+template <class W>
+auto placed_matrices(W& w) {
+  std::vector<decltype(&w.output)> m{&w.tok_embd};
+  if (w.output.data != w.tok_embd.data) m.push_back(&w.output);
+  for (auto& l : w.layers)
+    for (auto* x : layer_matrices(l))
+      if (x->n_out > 0) m.push_back(x);
+  return m;
+}
 
 }  // namespace kvs

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
@@ -13,9 +14,11 @@
 #include "kvs/backend/cpu/copy_engine.h"
 #include "kvs/backend/cpu/host_attention.h"
 #include "kvs/backend/cpu/kernels.h"
+#include "kvs/backend/cpu/quant_dot.h"
 #include "kvs/backend/device.h"
 #include "kvs/util/error.h"
 #include "kvs/util/parse.h"
+#include "kvs/util/threadpool.h"
 
 namespace kvs {
 namespace {
@@ -66,17 +69,44 @@ class CpuDevice final : public Device {
   size_t used() const override { return used_; }
   void upload(void* dst, const void* src, size_t n) override { std::memcpy(dst, src, n); }
   void download(void* dst, const void* src, size_t n) override { std::memcpy(dst, src, n); }
-  // The CPU reads the weights in place, but they count against the capacity as they would on a
-  // GPU, so --vram-limit means the same on both backends.
+  // The weights count against the capacity at their file's size, as they would on a GPU, so
+  // --vram-limit and the plan mean the same on both backends. The CPU reads most in place; the
+  // 32-element formats' matrices are repacked into the CPU layout (quant_dot.h), as large but
+  // for rows that end in a short group.
   Weights place_weights(const Weights& host) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    const size_t bytes =
-        host.matrix_bytes() + (host.tok_embd.data != host.output.data ? host.tok_embd.bytes() : 0);
-    if (capacity_ != 0 && used_ + bytes > capacity_)
-      fail("device memory: the weights need ", format_bytes(bytes), " but only ",
-           format_bytes(capacity_ - used_), " of ", format_bytes(capacity_), " are free");
-    used_ += bytes;
-    return host;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      const size_t bytes = host.matrix_bytes() +
+                           (host.tok_embd.data != host.output.data ? host.tok_embd.bytes() : 0);
+      if (capacity_ != 0 && used_ + bytes > capacity_)
+        fail("device memory: the weights need ", format_bytes(bytes), " but only ",
+             format_bytes(capacity_ - used_), " of ", format_bytes(capacity_), " are free");
+      used_ += bytes;
+    }
+    Weights out = host;
+    const std::vector<Matrix*> mats = placed_matrices(out);
+    size_t packed = 0;
+    for (const Matrix* m : mats)
+      if (cpu::cpu_repacked(m->type))
+        packed +=
+            (cpu::cpu_row_bytes(m->type, m->n_in) * static_cast<size_t>(m->n_out) + 63) / 64 * 64;
+    if (packed == 0) return out;
+    uint8_t* at = static_cast<uint8_t*>(std::aligned_alloc(64, packed));
+    KVS_CHECK(at != nullptr, "out of host memory repacking ", format_bytes(packed), " of weights");
+    placed_.emplace_back(at);
+    for (Matrix* m : mats) {
+      if (!cpu::cpu_repacked(m->type)) continue;
+      const Matrix file = *m;
+      m->row_bytes = cpu::cpu_row_bytes(m->type, m->n_in);
+      m->data = at;
+      thread_pool().parallel_for(m->n_out, 256, [&](int64_t b, int64_t e) {
+        for (int64_t r = b; r < e; ++r)
+          cpu::pack_row(m->type, file.row(r), at + static_cast<size_t>(r) * m->row_bytes, m->n_in);
+      });
+      at += (m->bytes() + 63) / 64 * 64;
+    }
+    if (host.output.data == host.tok_embd.data) out.output = out.tok_embd;  // tied: packed once
+    return out;
   }
 
   void embed(const Matrix& emb, const int32_t* ids, int32_t n, float* x) override {
@@ -204,6 +234,10 @@ class CpuDevice final : public Device {
   std::deque<cpu::Fence> fences_, flags_;
   cpu::CopyEngine copy_in_, copy_out_;
   std::vector<cpu::XGroup> xq_;  // the jobs' input quantized: [n_tok][x_groups(n_in)]
+  struct Free {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
+  std::vector<std::unique_ptr<uint8_t, Free>> placed_;  // every placed model's repacked matrices
 };
 
 }  // namespace

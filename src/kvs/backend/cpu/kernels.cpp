@@ -90,7 +90,14 @@ void embed(const Matrix& emb, const int32_t* ids, int32_t n, float* x) {
   for (int32_t t = 0; t < n; ++t) {
     KVS_CHECK(ids[t] >= 0 && ids[t] < emb.n_out, "token id ", ids[t], " is out of range (vocab ",
               emb.n_out, ")");
-    dequantize_row(emb.type, emb.row(ids[t]), x + t * emb.n_in, emb.n_in);
+    const uint8_t* row = emb.row(ids[t]);
+    if (cpu_repacked(emb.type)) {  // placed in the CPU layout: the file's row back first
+      thread_local std::vector<uint8_t> file;
+      file.resize(row_bytes(emb.type, emb.n_in));
+      unpack_row(emb.type, row, file.data(), emb.n_in);
+      row = file.data();
+    }
+    dequantize_row(emb.type, row, x + t * emb.n_in, emb.n_in);
   }
 }
 

@@ -438,6 +438,108 @@ bool has_int_dot(DType t) {
   }
 }
 
+namespace {
+
+// A 32-element format's block (quant_lanes.h: [d][m][qh][levels]) and its CPU layout.
+struct Shape {
+  size_t block, scales, qh, levels, group, half;  // bytes; scales: d (and m) per block
+  bool min, nibbles;
+};
+template <class B>
+constexpr Shape shape_of() {
+  using L = Blocks<B>;
+  return {B::kBytes, L::kScales,    L::kQhBytes, L::kLevels,
+          L::kGroup, L::kHalfGroup, B::kMin,     B::kNibbles};
+}
+bool shape(DType t, Shape& s) {
+  switch (t) {
+    case DType::Q8_0:
+      return s = shape_of<Q8_0>(), true;
+    case DType::Q4_0:
+      return s = shape_of<Q4_0>(), true;
+    case DType::Q4_1:
+      return s = shape_of<Q4_1>(), true;
+    case DType::Q5_0:
+      return s = shape_of<Q5_0>(), true;
+    case DType::Q5_1:
+      return s = shape_of<Q5_1>(), true;
+    case DType::IQ4_NL:
+      return s = shape_of<IQ4_NL>(), true;
+    default:
+      return false;
+  }
+}
+
+// Calls f(file byte, its shift, layout byte, its shift, mask, bytes) for each piece of the
+// row's blocks: d, m and qh whole, a whole group's levels as dwords (the byte holding elements
+// e and e + 16 of a nibble format stays whole), a half group's a level per byte (q8_0) or
+// nibble (the others). A half group's qh is in lanes j and j + 4.
+template <class F>
+void each_piece(const Shape& s, int64_t n_in, F f) {
+  const int64_t n_sub = n_in / 32;
+  for (int64_t i = 0; i < n_sub; ++i) {
+    const int64_t g = i / 8;
+    const int j = static_cast<int>(i % 8);
+    const bool half = half_group(g, n_sub);
+    const size_t at = static_cast<size_t>(i) * s.block, grp = static_cast<size_t>(g) * s.group;
+    const size_t lanes = half ? 4 : 8, hdr = grp + lanes * s.scales;
+    f(at, 0, grp + 2 * j, 0, 0xFF, 2);
+    if (s.min) f(at + 2, 0, grp + 2 * lanes + 2 * j, 0, 0xFF, 2);
+    const size_t qh = at + s.scales;
+    if (s.qh) {
+      f(qh, 0, hdr + 4 * j, 0, 0xFF, 4);
+      if (half) f(qh, 0, hdr + 4 * (j + 4), 0, 0xFF, 4);
+    }
+    const size_t qs = qh + (s.qh ? 4 : 0), lv = hdr + s.qh;
+    if (!half) {  // dword k of block j in lane j of vector k
+      for (size_t k = 0; k < (s.nibbles ? 4 : 8); ++k)
+        f(qs + 4 * k, 0, lv + 32 * k + 4 * j, 0, 0xFF, 4);
+      continue;
+    }
+    for (int e = 0; e < 32; ++e) {
+      const int k = e % 16 / 4, hi = e / 16, b = e % 4;
+      if (!s.nibbles)  // u[k]: elements 4 k .. in lane j, 16 + 4 k .. in lane j + 4
+        f(qs + e, 0, lv + 32 * k + 4 * (j + 4 * hi) + b, 0, 0xFF, 1);
+      else  // u[k % 2] low nibbles, u[k % 2 + 2] high
+        f(qs + e % 16, 4 * hi, lv + 32 * (k % 2) + 4 * (j + 4 * hi) + b, 4 * (k / 2), 0x0F, 1);
+    }
+  }
+}
+
+}  // namespace
+
+bool cpu_repacked(DType t) {
+  Shape s;
+  return shape(t, s);
+}
+
+size_t cpu_row_bytes(DType t, int64_t n_in) {
+  Shape s;
+  if (!shape(t, s)) return row_bytes(t, n_in);
+  const int64_t n_sub = n_in / QK, tail = n_sub % 8;
+  return static_cast<size_t>(n_sub / 8) * s.group + (tail == 0 ? 0 : tail <= 4 ? s.half : s.group);
+}
+
+void pack_row(DType t, const uint8_t* src, uint8_t* dst, int64_t n_in) {
+  Shape s;
+  KVS_CHECK(shape(t, s), "pack_row: ", dtype_name(t), " keeps the file's layout");
+  std::memset(dst, 0, cpu_row_bytes(t, n_in));
+  each_piece(s, n_in, [&](size_t a, int as, size_t b, int bs, int mask, int n) {
+    if (n > 1) return void(std::memcpy(dst + b, src + a, static_cast<size_t>(n)));
+    dst[b] = static_cast<uint8_t>(dst[b] | ((src[a] >> as) & mask) << bs);
+  });
+}
+
+void unpack_row(DType t, const uint8_t* src, uint8_t* dst, int64_t n_in) {
+  Shape s;
+  KVS_CHECK(shape(t, s), "unpack_row: ", dtype_name(t), " keeps the file's layout");
+  std::memset(dst, 0, row_bytes(t, n_in));
+  each_piece(s, n_in, [&](size_t a, int as, size_t b, int bs, int mask, int n) {
+    if (n > 1) return void(std::memcpy(dst + a, src + b, static_cast<size_t>(n)));
+    dst[a] = static_cast<uint8_t>(dst[a] | ((src[b] >> bs) & mask) << as);
+  });
+}
+
 void quantize_x(const float* x, int64_t n_tok, int64_t n, XGroup* xq) {
   KVS_CHECK(n % QK == 0, "quantize_x: ", n, " activations is not a whole number of blocks of 32");
   const int64_t nb = n / QK, ng = x_groups(n);

@@ -15,6 +15,7 @@
 // than the products themselves.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "kvs/backend/cpu/isa.h"
@@ -63,12 +64,25 @@ inline DotIsa best_dot_isa() {
 // Whether `t` has an integer kernel (f32, f16 and bf16 keep float products).
 bool has_int_dot(DType t);
 
+// The CPU layout of the 32-element formats (q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl), which the
+// CPU backend's place_weights repacks their rows into: per group of 8 blocks their scales
+// together and the level bytes in the order the kernels take them (quant_lanes.h, Blocks), so
+// that a group's read is a few loads, not a transpose of 8 blocks. Other types keep the file's
+// rows. cpu_row_bytes(): a row's bytes in it (a short last group of at most 4 blocks is a half
+// group, of more is padded to a whole group).
+bool cpu_repacked(DType t);
+size_t cpu_row_bytes(DType t, int64_t n_in);
+// A row of n_in elements into the CPU layout (dst: cpu_row_bytes) and back (dst: row_bytes).
+void pack_row(DType t, const uint8_t* src, uint8_t* dst, int64_t n_in);
+void unpack_row(DType t, const uint8_t* src, uint8_t* dst, int64_t n_in);
+
 // xq[t][x_groups(n)] = x[t][n] (n % 32 == 0), block by block: dx = max |x_i| / 127,
 // h_i = round(x_i / dx), l_i = round((x_i / dx - h_i) 254), with CUDA's roundings.
 void quantize_x(const float* x, int64_t n_tok, int64_t n, XGroup* xq);
 
 // y[t ldy + r] = row r0 + r of w . token t for r < nr and the n_tok tokens of xq
-// ([n_tok][x_groups(w.n_in)]). has_int_dot(w.type) must hold.
+// ([n_tok][x_groups(w.n_in)]). has_int_dot(w.type) must hold, and w's rows be in the CPU
+// layout.
 void int_matmul_rows(const Matrix& w, const XGroup* xq, int64_t n_tok, int64_t r0, int64_t nr,
                      float* y, int64_t ldy, DotIsa isa);
 

@@ -72,11 +72,6 @@ inline __m256i load32(const void* p) {
 inline __m256i bytes(int v) {
   return _mm256_set1_epi8(static_cast<char>(v));
 }
-inline uint16_t load_u16(const void* p) {
-  uint16_t v;
-  std::memcpy(&v, p, 2);
-  return v;
-}
 // The 16 bytes at lo in the low half, those at hi in the high.
 [[gnu::always_inline]] inline __m256i load2x16(const uint8_t* lo, const uint8_t* hi) {
   return _mm256_inserti128_si256(_mm256_castsi128_si256(load16(lo)), load16(hi), 1);
@@ -96,31 +91,15 @@ inline uint16_t load_u16(const void* p) {
   z[2] = _mm256_unpacklo_epi64(t1, t3);
   z[3] = _mm256_unpackhi_epi64(t1, t3);
 }
-// 16 bytes at each b(j) + off: z[c] holds dword c of block j's in lane j.
-template <class B>
-[[gnu::always_inline]] inline void blocks16(B b, size_t off, __m256i z[4]) {
-  __m256i y[4];
-  for (int j = 0; j < 4; ++j) y[j] = load2x16(b(j) + off, b(j + 4) + off);
-  transpose4(y, z);
-}
 // Levels packed as in q4_0 (element i in the low nibble of byte i, i + 16 in the high) at
-// b(j) + off: a group's u[0 .. 7], or with kHalf a half group's u[0 .. 3] (blocks 0 .. 3, their
-// elements 16 .. 31 in lanes 4 .. 7: v_half_index).
-template <bool kHalf, class B>
-[[gnu::always_inline]] inline void nibble_levels(B b, size_t off, __m256i u[8]) {
+// p + j stride, j = 0 .. 7: u[k] holds dword k of sub-block j's 32 levels in lane j.
+[[gnu::always_inline]] inline void nibble_levels(const uint8_t* p, size_t stride, __m256i u[8]) {
   __m256i y[4], z[4];
-  for (int j = 0; j < 4; ++j)
-    y[j] = kHalf ? _mm256_broadcastsi128_si256(load16(b(j) + off))
-                 : load2x16(b(j) + off, b(j + 4) + off);
+  for (int j = 0; j < 4; ++j) y[j] = load2x16(p + j * stride, p + (j + 4) * stride);
   transpose4(y, z);
-  const __m256i half = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
   for (int c = 0; c < 4; ++c) {
-    if constexpr (kHalf) {
-      u[c] = _mm256_and_si256(_mm256_srlv_epi32(z[c], half), bytes(0x0F));
-    } else {
-      u[c] = _mm256_and_si256(z[c], bytes(0x0F));
-      u[4 + c] = _mm256_and_si256(_mm256_srli_epi16(z[c], 4), bytes(0x0F));
-    }
+    u[c] = _mm256_and_si256(z[c], bytes(0x0F));
+    u[4 + c] = _mm256_and_si256(_mm256_srli_epi16(z[c], 4), bytes(0x0F));
   }
 }
 // `set` in byte i of lane j where bit j of byte i of the dword broadcast in v is set (the
@@ -129,44 +108,6 @@ template <bool kHalf, class B>
   const __m256i m = _mm256_setr_epi32(0x01010101, 0x02020202, 0x04040404, 0x08080808, 0x10101010,
                                       0x20202020, 0x40404040, static_cast<int>(0x80808080));
   return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, m), m), bytes(set));
-}
-// Where block j of a group starts: a stride apart, or, in a row's short last group, the blocks
-// past its end at its last one (they meet zero activations, so they add exactly nothing).
-struct Strided {
-  const uint8_t* p;
-  size_t stride;
-  const uint8_t* operator()(int j) const { return p + j * stride; }
-};
-struct Clamped {
-  const uint8_t* at[8];
-  Clamped(const uint8_t* p, size_t stride, int last) {
-    for (int j = 0; j < 8; ++j) {
-      int i = std::min(j, last);
-      asm("" : "+r"(i));  // scalar: GCC's vectorized min goes through memory, in the hot loop
-      at[j] = p + i * stride;
-    }
-  }
-  const uint8_t* operator()(int j) const { return at[j]; }
-};
-
-// The dwords at b(j) + off in lanes j: broadcasts from memory, which take no shuffle port.
-template <class B>
-[[gnu::always_inline]] inline __m256i dwords8(B b, size_t off) {
-  const auto at = [&](int j) { return _mm256_set1_epi32(static_cast<int>(load_u32(b(j) + off))); };
-  const __m256i v01 = _mm256_blend_epi32(at(0), at(1), 0x02);
-  const __m256i v23 = _mm256_blend_epi32(at(2), at(3), 0x08);
-  const __m256i v45 = _mm256_blend_epi32(at(4), at(5), 0x20);
-  const __m256i v67 = _mm256_blend_epi32(at(6), at(7), 0x80);
-  return _mm256_blend_epi32(_mm256_blend_epi32(v01, v23, 0x0C), _mm256_blend_epi32(v45, v67, 0xC0),
-                            0xF0);
-}
-// The f16 halves of 8 dwords as floats: the low halves in lo, the high ones in hi.
-[[gnu::always_inline]] inline void f16_halves(__m256i v, __m256& lo, __m256& hi) {
-  const __m256i split = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1,
-                                         4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
-  const __m256i h = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(v, split), 0xD8);
-  lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
-  hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
 }
 
 // ---- weight formats ----
@@ -180,40 +121,54 @@ struct Scales {
   __m256 d, m, dh, mh;
 };
 
-// The 32-element formats: 8 blocks, each starting with its f16 scale d and those with a min
-// with it next. A row's short last group (n_sub % 8 blocks) re-reads its last block in place of
-// those past the row's end (they meet zero activations, so they add exactly nothing); one of at
-// most 4 blocks is a half group (half_group(), v_half_index): 4 level vectors, not 8.
+// The 32-element formats, in the CPU layout of pack_row() (quant_dot.h): a row's groups of
+// 8 blocks each hold the blocks' f16 scales d[8], their f16 mins m[8] (kMin), q5's fifth bits
+// (kQh: 8 dwords, block j's in lane j) and the level bytes as the kernels read them (B::levels);
+// a row's last group of at most 4 blocks is a half group (half_group(), v_half_index): d[4],
+// m[4], the fifth bits with lanes 4 .. 7 again blocks 0 .. 3, and half the level bytes. The
+// blocks past a row's end are zeros.
 template <class B>
 struct Blocks : B {
   static constexpr bool k16 = false, kHalves = true;
-  [[gnu::always_inline]] static void group(const uint8_t* row, int64_t g, int64_t n_sub, Scales& s,
+  static constexpr size_t kScales = B::kMin ? 4 : 2;  // bytes per block before the qh and levels
+  static constexpr size_t kQhBytes = B::kQh ? 32 : 0, kLevels = B::kNibbles ? 128 : 256;
+  static constexpr size_t kGroup = 8 * kScales + kQhBytes + kLevels;
+  static constexpr size_t kHalfGroup = 4 * kScales + kQhBytes + kLevels / 2;
+  [[gnu::always_inline]] static void group(const uint8_t* row, int64_t g, int64_t, Scales& s,
                                            __m256i u[8]) {
-    const uint8_t* p = row + 8 * g * B::kBytes;
-    if (8 * g + 8 <= n_sub)
-      read<false>(Strided{p, B::kBytes}, s, u);
-    else
-      read<false>(Clamped(p, B::kBytes, static_cast<int>(n_sub - 1 - 8 * g)), s, u);
+    const uint8_t* p = row + g * kGroup;
+    s.d = _mm256_cvtph_ps(load16(p));
+    if constexpr (B::kMin) s.m = _mm256_cvtph_ps(load16(p + 16));
+    B::template levels<false>(p + 8 * kScales, u);
   }
-  [[gnu::always_inline]] static void half_group(const uint8_t* row, int64_t g, int64_t n_sub,
-                                                Scales& s, __m256i u[4]) {
-    const uint8_t* p = row + 8 * g * B::kBytes;
-    const Clamped b(p, B::kBytes, static_cast<int>(n_sub - 1 - 8 * g));
-    read<true>([&](int j) { return b(j % 4); }, s, u);  // lanes 4 .. 7: blocks 0 .. 3 again
-  }
-  template <bool kHalf, class P>
-  [[gnu::always_inline]] static void read(P b, Scales& s, __m256i* u) {
-    __m256 m;
-    f16_halves(dwords8(b, 0), s.d, m);
-    if constexpr (B::kMin) s.m = m;
-    B::template levels<kHalf>(b, u);
+  [[gnu::always_inline]] static void half_group(const uint8_t* row, int64_t g, int64_t, Scales& s,
+                                                __m256i u[4]) {
+    const uint8_t* p = row + g * kGroup;
+    const auto half = [](const uint8_t* q) {  // 4 f16 in lanes 0 .. 3, zeros above
+      return _mm256_zextps128_ps256(
+          _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q))));
+    };
+    s.d = half(p);
+    if constexpr (B::kMin) s.m = half(p + 8);
+    B::template levels<true>(p + 4 * kScales, u);
   }
 };
-// Or 0x10 into the levels (a group's or, with kHalf, a half group's) where the 32 bits at
-// b(j) + off (bit i: element i) are set.
-template <bool kHalf, class B>
-[[gnu::always_inline]] inline void fifth_bits(B b, size_t off, __m256i u[8]) {
-  const __m256i qh = dwords8(b, off);
+// A group's levels (elements 4 k .. 4 k + 3 of block j in lane j of u[k]) from 4 vectors of
+// nibble pairs, u[c] low and u[c + 4] high; a half group's (v_half_index) from 2, u[c] and
+// u[c + 2].
+template <bool kHalf>
+[[gnu::always_inline]] inline void cpu_nibbles(const uint8_t* q, __m256i* u) {
+  constexpr int n = kHalf ? 2 : 4;
+  for (int c = 0; c < n; ++c) {
+    const __m256i w = load32(q + 32 * c);
+    u[c] = _mm256_and_si256(w, bytes(0x0F));
+    u[c + n] = _mm256_and_si256(_mm256_srli_epi16(w, 4), bytes(0x0F));
+  }
+}
+// Or 0x10 into the levels (a group's or, with kHalf, a half group's) where the bits of qh
+// (lane j: block j's 32 bits, bit i for element i) are set.
+template <bool kHalf>
+[[gnu::always_inline]] inline void fifth_bits(__m256i qh, __m256i u[8]) {
   const __m256i lane = _mm256_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12, 0, 0, 0,
                                         0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12);
   for (int k = 0; k < (kHalf ? 4 : 8); ++k) {
@@ -233,67 +188,61 @@ template <bool kHalf, class B>
   for (int k = 0; k < n; ++k) u[k] = _mm256_shuffle_epi8(t, u[k]);
 }
 
+// The 32-element formats' blocks: [d][m: kMin][qh: kQh][levels], kBytes each.
 struct Q8_0 {
   static constexpr size_t kBytes = sizeof(BlockQ8_0);
   static constexpr int kShift = 0;
-  static constexpr bool kSigned = true, kMin = false;
-  template <bool kHalf, class P>
-  static void levels(P b, __m256i u[8]) {
-    if constexpr (kHalf) {
-      __m256i y[4];
-      for (int j = 0; j < 4; ++j) y[j] = load2x16(b(j) + 2, b(j) + 18);
-      transpose4(y, u);
-    } else {
-      blocks16(b, 2, u);
-      blocks16(b, 18, u + 4);
-    }
+  static constexpr bool kSigned = true, kMin = false, kQh = false, kNibbles = false;
+  template <bool kHalf>
+  static void levels(const uint8_t* q, __m256i u[8]) {
+    for (int k = 0; k < (kHalf ? 4 : 8); ++k) u[k] = load32(q + 32 * k);
   }
 };
 struct Q4_0 {
   static constexpr size_t kBytes = sizeof(BlockQ4_0);
   static constexpr int kShift = 3;
-  static constexpr bool kSigned = false, kMin = false;
-  template <bool kHalf, class P>
-  static void levels(P b, __m256i u[8]) {
-    nibble_levels<kHalf>(b, 2, u);
+  static constexpr bool kSigned = false, kMin = false, kQh = false, kNibbles = true;
+  template <bool kHalf>
+  static void levels(const uint8_t* q, __m256i u[8]) {
+    cpu_nibbles<kHalf>(q, u);
   }
 };
 struct Q4_1 {
   static constexpr size_t kBytes = sizeof(BlockQ4_1);
   static constexpr int kShift = 0;
-  static constexpr bool kSigned = false, kMin = true;
-  template <bool kHalf, class P>
-  static void levels(P b, __m256i u[8]) {
-    nibble_levels<kHalf>(b, 4, u);
+  static constexpr bool kSigned = false, kMin = true, kQh = false, kNibbles = true;
+  template <bool kHalf>
+  static void levels(const uint8_t* q, __m256i u[8]) {
+    cpu_nibbles<kHalf>(q, u);
   }
 };
 struct Q5_0 {
   static constexpr size_t kBytes = sizeof(BlockQ5_0);
   static constexpr int kShift = 4;
-  static constexpr bool kSigned = false, kMin = false;
-  template <bool kHalf, class P>
-  static void levels(P b, __m256i u[8]) {
-    nibble_levels<kHalf>(b, 6, u);
-    fifth_bits<kHalf>(b, 2, u);
+  static constexpr bool kSigned = false, kMin = false, kQh = true, kNibbles = true;
+  template <bool kHalf>
+  static void levels(const uint8_t* q, __m256i u[8]) {
+    cpu_nibbles<kHalf>(q + 32, u);
+    fifth_bits<kHalf>(load32(q), u);
   }
 };
 struct Q5_1 {
   static constexpr size_t kBytes = sizeof(BlockQ5_1);
   static constexpr int kShift = 0;
-  static constexpr bool kSigned = false, kMin = true;
-  template <bool kHalf, class P>
-  static void levels(P b, __m256i u[8]) {
-    nibble_levels<kHalf>(b, 8, u);
-    fifth_bits<kHalf>(b, 4, u);
+  static constexpr bool kSigned = false, kMin = true, kQh = true, kNibbles = true;
+  template <bool kHalf>
+  static void levels(const uint8_t* q, __m256i u[8]) {
+    cpu_nibbles<kHalf>(q + 32, u);
+    fifth_bits<kHalf>(load32(q), u);
   }
 };
 struct IQ4_NL {
   static constexpr size_t kBytes = sizeof(BlockIQ4_NL);
   static constexpr int kShift = 0;
-  static constexpr bool kSigned = true, kMin = false;
-  template <bool kHalf, class P>
-  static void levels(P b, __m256i u[8]) {
-    nibble_levels<kHalf>(b, 2, u);
+  static constexpr bool kSigned = true, kMin = false, kQh = false, kNibbles = true;
+  template <bool kHalf>
+  static void levels(const uint8_t* q, __m256i u[8]) {
+    cpu_nibbles<kHalf>(q, u);
     iq4nl_lookup(u, kHalf ? 4 : 8);
   }
 };
@@ -458,7 +407,7 @@ struct IQ4_XS {
     float ds[8];
     for (int j = 0; j < 8; ++j) ds[j] = d * static_cast<float>(scale_iq4_xs(j, *q));
     s.d = load8(ds);
-    nibble_levels<false>(Strided{q->qs, 16}, 0, u);
+    nibble_levels(q->qs, 16, u);
     iq4nl_lookup(u, 8);
   }
 };

@@ -200,7 +200,7 @@ int main(int argc, char** argv) {
               job.flag = flag;
               job.ticket = ++ticket;
               job.entries.push_back(
-                  {pos,
+                  {{pos},
                    std::vector<Span>(spans.begin() + i * pages, spans.begin() + (i + 1) * pages),
                    rows.data()});
               worker->post(std::move(job));

@@ -132,7 +132,7 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt, const 
   const size_t all_bytes = static_cast<size_t>(all_frames) * page;
   if (opt.kv_mode == KvMode::Split) {
     split_ = std::make_unique<SplitAttention>(
-        dev, cfg_, kv_, opt.n_seq, shape_.n_full, max_pages_,
+        dev, cfg_, kv_, opt.n_seq, opt.n_verify, shape_.n_full, max_pages_,
         place_split_threads(opt.split_cpus, opt.split_threads, opt.split_pinned));
     // The first plan's share from the pool's rate on pages of the cache's types (more of them
     // than the caches hold, where the store is that large), unless given or fixed.
@@ -627,6 +627,7 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
   totals_.cpu_s += last_.cpu_s;
   totals_.cpu_bytes += last_.cpu_bytes;
   totals_.cpu_pages += last_.cpu_pages;
+  totals_.cpu_draft_pages += last_.cpu_draft_pages;
   totals_.gpu_pages += last_.gpu_pages;
   totals_.cpu_wait_s += last_.cpu_wait_s;
   if (observer_) observer_->stepped(*this, batch);

@@ -536,6 +536,9 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
     for (const BatchEntry& e : batch) cache_->record(e.seq->id, e.tokens, e.n);
   last_.n_tokens = n_tok;
   last_.n_seqs = static_cast<int32_t>(batch.size());
+  last_.decode = std::all_of(batch.begin(), batch.end(), [&](const BatchEntry& e) {
+    return e.n == 1 || (e.all_logits && e.n <= opt_.n_verify);
+  });
 
   const int64_t P = opt_.page_size;
   Pass pass{batch, std::vector<int32_t>(batch.size()), n_tok, 0};
@@ -642,9 +645,10 @@ void Engine::measure(const StepStats& st) {
   if (st.copy_busy_s > 0 && st.bytes_in > 0)
     h2d_ = ema(h2d_, static_cast<double>(st.bytes_in) / st.copy_busy_s);
   if (split_) split_->measured(st.cpu_s, st.cpu_bytes);
-  // Decode steps: the figures the plan is for; but not one that repartitioned, whose time
-  // includes waiting for the copies in flight.
-  if (st.n_tokens == st.n_seqs && !st.repartitioned) {
+  // Decode and verify steps: the figures the plan is for (a verify step's rows make its compute
+  // between layers longer, which the ring must cover too); but not one that repartitioned, whose
+  // time includes waiting for the copies in flight.
+  if (st.decode && !st.repartitioned) {
     // Per full layer, the window layers' time between them included: what the ring must cover.
     layer_s_ = ema(layer_s_, std::max(0.0, st.seconds - st.ready_wait_s - st.cpu_wait_s) /
                                  std::max(1, shape_.n_full));

@@ -122,6 +122,7 @@ struct StepStats {
   double issue_s = 0;       // host time to issue the step (before waiting for its logits)
   double occupancy = 0;     // mean fraction of ring slots in flight when a chunk was needed
   bool repartitioned = false;
+  bool decode = false;  // every entry a decode or verify step's: the steps the plan is for
   // Split: the pages the CPU attended (all layers), again for each draft row of a verify step
   // (cpu_draft_pages), the bytes it read for every row, the CPU's time on them and the time the
   // device waited for its partials; the pages the device attended (all layers).

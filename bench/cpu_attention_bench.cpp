@@ -4,11 +4,12 @@
 //
 //   kvs_cpu_attention_bench [--ctx 256k] [--kv-heads 8] [--group 4] [--heads 64,128,256]
 //                           [--types q8_0/q8_0,q8_0/q4_0,q4_0/q4_0,f16/f16] [--threads 1,2,4]
-//                           [--page 256] [--reps 10] [--layers N]
+//                           [--page 256] [--reps 10] [--layers N [--rows R]]
 //
 // --layers N: split attention's shape (engine/split.h): a call is N layers of --ctx tokens each,
 // in memory of their own, a job a layer posted to a SplitWorker of the given threads, as the
-// engine posts them.
+// engine posts them. --rows R: each job has R query rows (a verify step's token and drafts);
+// GB/s then counts the pages' bytes once for each row, as the engine's rate does.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -108,7 +109,7 @@ double read_gbps(const std::vector<uint8_t>& cache, int reps) {
 int main(int argc, char** argv) {
   try {
     int64_t ctx = 256 * 1024;
-    int32_t kv_heads = 8, group = 4, page = 256, reps = 10, layers = 0;
+    int32_t kv_heads = 8, group = 4, page = 256, reps = 10, layers = 0, rows = 1;
     std::vector<std::string> heads = {"64", "128", "256"},
                              types = {"q8_0/q8_0", "q8_0/q4_0", "q4_0/q4_0", "f16/f16"}, threads;
     for (int i = 1; i < argc; ++i) {
@@ -133,6 +134,8 @@ int main(int argc, char** argv) {
         reps = std::stoi(v);
       else if (a == "--layers")
         layers = std::stoi(v);
+      else if (a == "--rows")
+        rows = std::stoi(v);
       else
         fail("unknown option ", a);
     }
@@ -142,7 +145,10 @@ int main(int argc, char** argv) {
         "cpu attention, decode: %lld tokens, %d kv heads x %d query heads, pages of %d, "
         "%s%s; load average %s\n",
         static_cast<long long>(ctx), kv_heads, group, page, cpu::isa_name(cpu::best_isa()),
-        layers > 0 ? (", " + std::to_string(layers) + " layers through a SplitWorker").c_str() : "",
+        layers > 0 ? (", " + std::to_string(layers) + " layers of " + std::to_string(rows) +
+                      " query rows through a SplitWorker")
+                         .c_str()
+                   : "",
         loadavg().c_str());
     std::printf(
         "| K/V | head | threads | ms / call | GB/s | read GB/s | of read |\n"
@@ -164,7 +170,7 @@ int main(int argc, char** argv) {
               {cache.data() + static_cast<size_t>(p) * l.page_bytes(), p % pages * page,
                static_cast<int32_t>(std::min<int64_t>(page, ctx - int64_t{p % pages} * page))});
         const int32_t n_head = kv_heads * group;
-        std::vector<float> q(static_cast<size_t>(n_head) * d, 0.5f), out(q.size()),
+        std::vector<float> q(static_cast<size_t>(n_head) * d * rows, 0.5f), out(q.size()),
             acc(2 * static_cast<size_t>(n_head));
         const int32_t pos = static_cast<int32_t>(ctx - 1);
         AttentionArgs a;
@@ -179,13 +185,15 @@ int main(int argc, char** argv) {
         a.n_head = n_head;
         a.scale = 1.0f / std::sqrt(static_cast<float>(d));
         const double bytes = static_cast<double>(ctx) * static_cast<double>(l.k_row + l.v_row) *
-                             static_cast<double>(n_layers);
+                             static_cast<double>(n_layers) * (layers > 0 ? rows : 1);
+        std::vector<int32_t> row_pos;
+        for (int32_t r = 0; r < rows; ++r) row_pos.push_back(pos + r);
         const std::unique_ptr<Device> dev = make_cpu_device(size_t{1} << 20);
         const FlagId flag = dev->make_flag();
         const FenceId ready = dev->make_fence();  // the pages and queries, there from the start
         dev->record(Stream::Compute, ready);
         uint64_t ticket = 0;
-        std::vector<float> rows(static_cast<size_t>(n_head) * cpu::part_stride(d));
+        std::vector<float> part(static_cast<size_t>(n_head) * cpu::part_stride(d) * rows);
         for (const std::string& ts : threads) {
           set_thread_count(std::stoi(ts));
           std::unique_ptr<SplitWorker> worker;
@@ -200,9 +208,9 @@ int main(int argc, char** argv) {
               job.flag = flag;
               job.ticket = ++ticket;
               job.entries.push_back(
-                  {pos,
+                  {row_pos,
                    std::vector<Span>(spans.begin() + i * pages, spans.begin() + (i + 1) * pages),
-                   rows.data()});
+                   part.data()});
               worker->post(std::move(job));
             }
             dev->wait_flag(Stream::Compute, flag, ticket);

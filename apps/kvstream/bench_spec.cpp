@@ -13,12 +13,16 @@ namespace {
 
 // A greedy decode of n tokens by one sequence, which holds `prompt`, from the logits l of its
 // last token, with the drafts of spec where given (Decoder): the tokens, and the steps, drafts
-// and time it took.
+// and time it took, the time the device waited on the ring and the copy engine's busy time;
+// split: the CPU's pages (for draft rows too) and its bytes and time.
 struct Decoded {
   std::vector<int32_t> tokens;
   int64_t steps = 0, drafted = 0, accepted = 0;
   double seconds = 0;
   size_t streamed = 0;
+  int64_t cpu_pages = 0, cpu_draft_pages = 0;
+  size_t cpu_bytes = 0;
+  double cpu_s = 0, ready_wait_s = 0, copy_busy_s = 0;
 };
 Decoded decode_greedy(Engine& eng, Sequence& s, const std::vector<int32_t>& prompt, const float* l,
                       int32_t n, int32_t V, Speculator* spec) {
@@ -29,7 +33,8 @@ Decoded decode_greedy(Engine& eng, Sequence& s, const std::vector<int32_t>& prom
   Decoding g{&s, &sampler};
   decoder.start(g, prompt.data(), static_cast<int32_t>(prompt.size()));
   Decoded d;
-  const size_t in0 = eng.totals().bytes_in;
+  const EngineStats t0s = eng.totals();
+  const size_t in0 = t0s.bytes_in;
   const double t0 = now();
   const Decoder::Take take = [&](int32_t t, const float*, int32_t, bool) {
     d.tokens.push_back(t);
@@ -44,7 +49,14 @@ Decoded decode_greedy(Engine& eng, Sequence& s, const std::vector<int32_t>& prom
     decoder.advance(g, 0, take);
   }
   d.seconds = now() - t0;
-  d.streamed = eng.totals().bytes_in - in0;
+  const EngineStats& t1s = eng.totals();
+  d.streamed = t1s.bytes_in - in0;
+  d.cpu_pages = t1s.cpu_pages - t0s.cpu_pages;
+  d.cpu_draft_pages = t1s.cpu_draft_pages - t0s.cpu_draft_pages;
+  d.cpu_bytes = t1s.cpu_bytes - t0s.cpu_bytes;
+  d.cpu_s = t1s.cpu_s - t0s.cpu_s;
+  d.ready_wait_s = t1s.ready_wait_s - t0s.ready_wait_s;
+  d.copy_busy_s = t1s.copy_busy_s - t0s.copy_busy_s;
   d.steps = g.steps;
   d.drafted = g.drafted;
   d.accepted = g.accepted;
@@ -127,14 +139,18 @@ void spec_bench(BenchArgs& a, const Model& model, const std::vector<int64_t>& de
           x.push_back((static_cast<double>(d.tokens.size()) - 1) / d.seconds);
         return x;
       };
-      int64_t drafted = 0, accepted = 0, steps = 0, tokens = 0;
-      size_t streamed = 0;
+      int64_t drafted = 0, accepted = 0, steps = 0, tokens = 0, cpu_pages = 0, cpu_draft_pages = 0;
+      size_t streamed = 0, cpu_bytes = 0;
+      double cpu_s = 0, ready_wait_s = 0, copy_busy_s = 0, seconds = 0;
       bool same = true;
       for (size_t r = 0; r < spec[i].size(); ++r) {
         const Decoded& d = spec[i][r];
         drafted += d.drafted, accepted += d.accepted, steps += d.steps;
         tokens += static_cast<int64_t>(d.tokens.size()) - 1;
         streamed += d.streamed;
+        cpu_pages += d.cpu_pages, cpu_draft_pages += d.cpu_draft_pages;
+        cpu_bytes += d.cpu_bytes, cpu_s += d.cpu_s;
+        ready_wait_s += d.ready_wait_s, copy_busy_s += d.copy_busy_s, seconds += d.seconds;
         same &= d.tokens == plain[i][r].tokens;
       }
       const Stat p = stat(rate(plain[i])), q = stat(rate(spec[i]));
@@ -158,7 +174,19 @@ void spec_bench(BenchArgs& a, const Model& model, const std::vector<int64_t>& de
           {"acceptance", drafted ? static_cast<double>(accepted) / drafted : 0.0},
           {"tokens_per_step", steps ? static_cast<double>(tokens) / steps : 0.0},
           {"streamed_bytes_per_token", tokens ? static_cast<double>(streamed) / tokens : 0.0},
-          {"same_tokens", same}};
+          {"same_tokens", same},
+          {"step_s", steps ? seconds / static_cast<double>(steps) : 0.0},
+          {"ready_wait_s_per_step", steps ? ready_wait_s / static_cast<double>(steps) : 0.0},
+          {"copy_busy_fraction", seconds > 0 ? copy_busy_s / seconds : 0.0},
+          {"plan_n_slots", eng.plan().n_slots},
+          {"plan_slot_pages", eng.plan().slot_pages}};
+      if (cpu_pages > 0) {
+        const auto per_step = [&](double x) { return steps ? x / static_cast<double>(steps) : 0.0; };
+        j["spec"]["cpu_pages_per_step"] = per_step(static_cast<double>(cpu_pages));
+        j["spec"]["cpu_draft_pages_per_step"] = per_step(static_cast<double>(cpu_draft_pages));
+        j["spec"]["cpu_s_per_step"] = per_step(cpu_s);
+        j["spec"]["cpu_bytes_per_s"] = cpu_s > 0 ? static_cast<double>(cpu_bytes) / cpu_s : 0.0;
+      }
       // The oracle's acceptance is chosen, not reached: the rows say so.
       std::string label = a.spec.kind();
       if (oracle) {

@@ -184,8 +184,8 @@ Figures figures(const PlanArgs& pa) {
                        2 * static_cast<double>(shape.recurrent_bytes) +
                        static_cast<double>(f.kv_token) * static_cast<double>(ctx) * parallel) /
                           hbm;
-  // rows: the tokens of a sequence's step; split attention takes a share of one-token steps only
-  // (Engine::cpu_pages), so a verify step streams what stream-only streams.
+  // rows: the tokens of a sequence's step; split attention's CPU attends to its pages once for
+  // each of them.
   const auto plan_of = [&](size_t arena_bytes, int32_t rows = 1) {
     Plan p;  // without full layers: everything resident
     p.resident.assign(static_cast<size_t>(parallel), kUnlimited);
@@ -203,8 +203,9 @@ Figures figures(const PlanArgs& pa) {
     in.min_chunk_bytes = o.ring_chunk_bytes;
     in.min_slots = a.ring_slots;
     in.force_ring = o.kv_mode == KvMode::Stream;
-    in.split = o.kv_mode == KvMode::Split && rows == 1;
+    in.split = o.kv_mode == KvMode::Split;
     in.cpu_bytes_per_s = a.cpu_gbps * 1e9;
+    in.cpu_rows = rows;
     in.split_share = a.split_share;
     return plan(in);
   };

@@ -135,6 +135,39 @@ TEST(CudaSplit, LogitsAgainstResident) {
   }
 }
 
+// Verify steps of 4 rows (the resident run's greedy tokens, every draft kept) with the CPU
+// taking its share for every row: each row's logits against resident one-token steps', within
+// the tolerance of one-token split steps (the CPU's pages of a row may group differently).
+TEST(CudaSplit, VerifyStepsAgainstResident) {
+  NEED_GPU(gpu);
+  for (const char* model : {"tiny-h128:q4_0", "tiny-qwen3"}) {
+    auto m = Model::load(std::string("synthetic:") + model);
+    const auto prompt = tokens(7, 1500, m->config.n_vocab);
+    EngineOptions o = options(DType::Q8_0, DType::Q4_0, KvMode::Resident);
+    constexpr int kRows = 4, kSteps = 6;
+    o.n_verify = kRows;
+    const Trace want = run(*m, *gpu, o, prompt, kRows * kSteps);
+    o.kv_mode = KvMode::Split;
+    o.kv_arena = small_arena(*m, o);
+    Engine e(*m, *gpu, o);
+    Sequence s = e.open_sequence();
+    const int V = m->config.n_vocab;
+    std::vector<std::vector<float>> got;
+    const float* l = e.eval(s, prompt.data(), static_cast<int32_t>(prompt.size()));
+    got.emplace_back(l, l + V);
+    for (int i = 0; i < kSteps; ++i) {
+      e.step({{&s, want.greedy.data() + i * kRows, kRows, true}});
+      for (int32_t k = 0; k < kRows; ++k) got.emplace_back(e.logits(0, k), e.logits(0, k) + V);
+    }
+    const double d = test::rel_diff(want.logits, got);
+    std::printf("%s: split verify steps against resident %.3g of the logits' scale (the CPU "
+                "took %lld pages for draft rows)\n",
+                model, d, static_cast<long long>(e.totals().cpu_draft_pages));
+    EXPECT_GT(e.totals().cpu_draft_pages, 0) << model;
+    EXPECT_LT(d, kTol) << model;
+  }
+}
+
 TEST(CudaSplit, TheSamePlanGivesTheSameBits) {
   NEED_GPU(gpu);
   auto m = Model::load("synthetic:tiny-h128:q4_0");

@@ -72,6 +72,13 @@ k rtx4080 "" bench -m synthetic:tiny --backend cuda --depths 300 --n-gen 8 -p 0 
   python3 -c "import json, sys; r = json.load(open(sys.argv[1]))['runs']
 sys.exit(r[1]['streamed_bytes_per_token'] >= r[0]['streamed_bytes_per_token'])" "$tmp/j" ||
   { echo "FAILED: split mode streamed what stream mode does"; failed=1; }
+# Split with verify steps: the CPU's partials of every row of a step, a fold of each row.
+k rtx4080 "" bench -m synthetic:tiny-qwen35:q4_0 -ctk q8_0 -ctv q4_0 --backend cuda --depths 1000 \
+  --n-gen 16 --modes split --kv-arena 100k --page-size 16 -b 64 --no-phase-arena \
+  --split-share 0.5 --spec oracle --accept 0.75 --draft-min 3 --draft-max 3 \
+  -f "$(dirname "$0")/../../bench/prompts/summarise.txt" &&
+  [ "$(field "['runs'][0]['spec'].get('cpu_draft_pages_per_step', 0) > 0" "$tmp/j")" = True ] ||
+  { echo "FAILED: split took no page of a verify step's drafts"; failed=1; }
 
 # The switches' host paths (their bits are tests/cuda's).
 for env in "KVS_CUDA_GRAPHS=0" "KVS_PDL=0" "KVS_PROFILE=1" "KVS_DECODE_WARP=0" \

@@ -19,6 +19,7 @@
 #include "kvs/util/error.h"
 #include "kvs/util/parse.h"
 #include "kvs/util/threadpool.h"
+#include "speculative_cases.h"
 #include "stream_cases.h"
 
 namespace kvs {
@@ -70,6 +71,45 @@ TEST(Split, PromptsBesideSplitStepsAreBitIdenticalToResident) {
     EXPECT_GT(got.totals.bytes_in, 0u);  // and the ring streamed the rest
     expect_same(want, got, c.str() + " threads " + std::to_string(threads));
   }
+}
+
+// Verify steps (a token and its drafts) beside the CPU's share: the CPU attends to its pages for
+// every row of the step and the device folds each row's partials in their place, so every
+// row's logits are resident one-token decoding's, on full and hybrid models, shares fixed and
+// from the rates.
+TEST(Split, VerifyStepsAreBitIdenticalToOneTokenResidentSteps) {
+  int64_t draft_pages = 0;
+  for (const char* preset : {"tiny-qwen3:q8_0", "tiny-qwen35:q4_k"}) {
+    for (double share : {0.0, 0.6}) {
+      Case c;
+      c.preset = preset;
+      c.page = 8;
+      c.batch = 64;
+      c.n_ctx = 1024;
+      c.kt = DType::Q8_0;
+      c.vt = DType::Q4_0;
+      c.prompt_len = {300, 170};
+      c.gen_len = {60, 70};
+      c.chunk = 4096;
+      c.phase_arena = false;  // the prefill's workspace would hold these histories
+      c.split_share = share;
+      c.split_threads = 2;
+      c.h2d_limit = 50e6;  // the rates' share: a slow link, the CPU takes pages
+      const int32_t draft_max = 4;
+      c.n_verify = draft_max + 1;
+      auto m = Model::load(std::string("synthetic:") + preset);
+      SCOPED_TRACE(cat(c.str(), " share ", share));
+      const Decoded want = decode(*m, *make_cpu_device(0), c, KvMode::Resident, 0, 0, nullptr);
+      const Decoded got = decode(*m, *make_cpu_device(0), c, KvMode::Split,
+                                 min_arena(*m, c) + (64 << 10), draft_max, &want);
+      expect_same(want, got);
+      EXPECT_GT(got.accepted, 20);
+      EXPECT_GT(got.drafted - got.accepted, 10);
+      EXPECT_GT(got.totals.cpu_draft_pages, 0) << "the CPU took no page of a draft's row";
+      draft_pages += got.totals.cpu_draft_pages;
+    }
+  }
+  EXPECT_GT(draft_pages, 1000);
 }
 
 Case streaming_case() {

@@ -90,6 +90,7 @@ void Engine::attend(int32_t il, const BatchEntry& e, int32_t entry, int32_t off,
       if (!spans_.empty()) flush(false);
       split_->fold(kv_index_[static_cast<size_t>(il)], entry, cpu_to - cpu_from, a);
       last_.cpu_pages += cpu_to - cpu_from;
+      last_.cpu_draft_pages += int64_t{cpu_to - cpu_from} * (e.n - 1);
       continue;
     }
     if (f >= 0) {
@@ -149,9 +150,11 @@ const std::vector<int>& Engine::split_cpus() const {
   return split_ ? split_->placed().cpus : none;
 }
 
-// The CPU's pages (split_->pages) of one-token entries of full layers.
+// The CPU's pages (split_->pages) of full layers, for entries of a decode or verify step's
+// size: every row sees all of them (they end before the first row's page), so the CPU attends
+// to them once for each row; a prompt's rows stay on the device.
 std::pair<int32_t, int32_t> Engine::cpu_pages(int32_t il, const BatchEntry& e, bool next) const {
-  if (!split_ || e.n != 1 || !full(il)) return {0, 0};
+  if (!split_ || e.n > opt_.n_verify || !full(il)) return {0, 0};
   return split_->pages(plan_, e.seq->id, kv_index_[static_cast<size_t>(il)],
                        (e.seq->n_past + (next ? e.n : 0)) / opt_.page_size);
 }
@@ -164,7 +167,7 @@ void Engine::post_split(int32_t il, const Pass& p) {
   for (size_t i = 0; i < p.batch.size(); ++i) {
     const BatchEntry& e = p.batch[i];
     const auto [from, to] = cpu_pages(il, e, false);
-    queries.push_back({e.seq->id, e.seq->n_past, p.offs[i], from, to});
+    queries.push_back({e.seq->id, e.seq->n_past, p.offs[i], e.n, from, to});
   }
   split_->post(kv_index_[static_cast<size_t>(il)], queries, act_.q, *pages_->host());
 }

@@ -132,7 +132,7 @@ Engine::Engine(const Model& model, Device& dev, const EngineOptions& opt, const 
   const size_t all_bytes = static_cast<size_t>(all_frames) * page;
   if (opt.kv_mode == KvMode::Split) {
     split_ = std::make_unique<SplitAttention>(
-        dev, cfg_, kv_, opt.n_seq, shape_.n_full, max_pages_,
+        dev, cfg_, kv_, opt.n_seq, opt.n_verify, shape_.n_full, max_pages_,
         place_split_threads(opt.split_cpus, opt.split_threads, opt.split_pinned));
     // The first plan's share from the pool's rate on pages of the cache's types (more of them
     // than the caches hold, where the store is that large), unless given or fixed.
@@ -536,6 +536,9 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
     for (const BatchEntry& e : batch) cache_->record(e.seq->id, e.tokens, e.n);
   last_.n_tokens = n_tok;
   last_.n_seqs = static_cast<int32_t>(batch.size());
+  last_.decode = std::all_of(batch.begin(), batch.end(), [&](const BatchEntry& e) {
+    return e.n == 1 || (e.all_logits && e.n <= opt_.n_verify);
+  });
 
   const int64_t P = opt_.page_size;
   Pass pass{batch, std::vector<int32_t>(batch.size()), n_tok, 0};
@@ -627,6 +630,7 @@ void Engine::step(const std::vector<BatchEntry>& batch) {
   totals_.cpu_s += last_.cpu_s;
   totals_.cpu_bytes += last_.cpu_bytes;
   totals_.cpu_pages += last_.cpu_pages;
+  totals_.cpu_draft_pages += last_.cpu_draft_pages;
   totals_.gpu_pages += last_.gpu_pages;
   totals_.cpu_wait_s += last_.cpu_wait_s;
   if (observer_) observer_->stepped(*this, batch);
@@ -641,9 +645,10 @@ void Engine::measure(const StepStats& st) {
   if (st.copy_busy_s > 0 && st.bytes_in > 0)
     h2d_ = ema(h2d_, static_cast<double>(st.bytes_in) / st.copy_busy_s);
   if (split_) split_->measured(st.cpu_s, st.cpu_bytes);
-  // Decode steps: the figures the plan is for; but not one that repartitioned, whose time
-  // includes waiting for the copies in flight.
-  if (st.n_tokens == st.n_seqs && !st.repartitioned) {
+  // Decode and verify steps: the figures the plan is for (a verify step's rows make its compute
+  // between layers longer, which the ring must cover too); but not one that repartitioned, whose
+  // time includes waiting for the copies in flight.
+  if (st.decode && !st.repartitioned) {
     // Per full layer, the window layers' time between them included: what the ring must cover.
     layer_s_ = ema(layer_s_, std::max(0.0, st.seconds - st.ready_wait_s - st.cpu_wait_s) /
                                  std::max(1, shape_.n_full));

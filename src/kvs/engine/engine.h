@@ -122,9 +122,11 @@ struct StepStats {
   double issue_s = 0;       // host time to issue the step (before waiting for its logits)
   double occupancy = 0;     // mean fraction of ring slots in flight when a chunk was needed
   bool repartitioned = false;
-  // Split: the pages the CPU attended (all layers), their bytes, the CPU's time on them and
-  // the time the device waited for its partials; the pages the device attended (all layers).
-  int64_t cpu_pages = 0;
+  bool decode = false;  // every entry a decode or verify step's: the steps the plan is for
+  // Split: the pages the CPU attended (all layers), again for each draft row of a verify step
+  // (cpu_draft_pages), the bytes it read for every row, the CPU's time on them and the time the
+  // device waited for its partials; the pages the device attended (all layers).
+  int64_t cpu_pages = 0, cpu_draft_pages = 0;
   size_t cpu_bytes = 0;
   double cpu_s = 0, cpu_wait_s = 0;
   int64_t gpu_pages = 0;
@@ -141,7 +143,7 @@ struct EngineStats {
   int64_t workspace_taken = 0;  // prefills that took the workspace back from the KV
   double seconds = 0, ready_wait_s = 0, copy_busy_s = 0, issue_s = 0, cpu_s = 0, cpu_wait_s = 0;
   size_t bytes_in = 0, bytes_out = 0, cpu_bytes = 0;
-  int64_t cpu_pages = 0, gpu_pages = 0;
+  int64_t cpu_pages = 0, cpu_draft_pages = 0, gpu_pages = 0;
 };
 
 // The KV cache's shape by layer kind, for planning without building an engine.

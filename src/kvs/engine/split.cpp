@@ -128,27 +128,34 @@ void SplitWorker::run(const SplitJob& job) {
     dev_.wait_host(job.stored);
     dev_.wait_host(job.q_ready);
     const size_t row = static_cast<size_t>(n_head_) * cpu::part_stride(kv_.head_dim);
+    const float* q = job.q;
     for (; k < job.entries.size(); ++k) {
       const auto t0 = std::chrono::steady_clock::now();
       const SplitEntry& e = job.entries[k];
+      const auto n = static_cast<int32_t>(e.pos.size());
       AttentionArgs a;
-      a.q = job.q + k * static_cast<size_t>(n_head_) * static_cast<size_t>(kv_.head_dim);
-      a.pos = &e.pos;
-      a.n_tok = 1;
+      a.q = q;
+      a.pos = e.pos.data();
+      a.n_tok = n;
       a.spans = e.spans.data();
       a.n_spans = static_cast<int32_t>(e.spans.size());
       a.kv = kv_;
       a.n_head = n_head_;
       a.scale = scale_;
+      q += static_cast<size_t>(n) * static_cast<size_t>(n_head_) * static_cast<size_t>(kv_.head_dim);
       if (job.per_span) {
         cpu::decode_partials(a, pool_, e.out);
       } else {
-        rows_.resize(std::max(rows_.size(), e.spans.size() * row));
+        const size_t per_row = e.spans.size() * row;
+        rows_.resize(std::max(rows_.size(), static_cast<size_t>(n) * per_row));
         cpu::decode_partials(a, pool_, rows_.data());
-        cpu::merge_partials(a, rows_.data(), pool_, e.out);
+        for (int32_t t = 0; t < n; ++t)
+          cpu::merge_partials(a, rows_.data() + t * per_row, pool_, e.out + t * row);
       }
+      // Bytes a row attended to: a verify step's rows count once each, as the planner's rate.
       size_t bytes = 0;
       for (const Span& s : e.spans) bytes += static_cast<size_t>(s.n) * (kv_.k_row + kv_.v_row);
+      bytes *= static_cast<size_t>(n);
       {  // counted before the flag: the step that waits for it then sees them
         std::lock_guard<std::mutex> lock(mu_);
         busy_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -190,21 +197,22 @@ SplitThreads place_split_threads(const std::vector<int>& cpus, int32_t threads, 
 // ---- the engine's controller ----
 
 SplitAttention::SplitAttention(Device& dev, const ModelConfig& c, const KvLayout& kv, int32_t n_seq,
-                               int32_t n_full, int32_t max_pages, SplitThreads placed)
+                               int32_t rows, int32_t n_full, int32_t max_pages,
+                               SplitThreads placed)
     : dev_(dev),
       kv_(kv),
-      n_seq_(n_seq),
+      n_rows_(n_seq * std::max(1, rows)),
       q_dim_(c.q_dim()),
       row_(static_cast<size_t>(c.n_head) * cpu::part_stride(c.head_dim)),
       per_span_(dev.caps().cpu_partials),
       placed_(std::move(placed)) {
-  const size_t rows =
-      static_cast<size_t>(n_seq) * static_cast<size_t>(per_span_ ? std::max(1, max_pages) : 1);
+  const size_t parts =
+      static_cast<size_t>(n_rows_) * static_cast<size_t>(per_span_ ? std::max(1, max_pages) : 1);
   const size_t f = sizeof(float);
   q_ = dev.alloc_host(
-      static_cast<size_t>(n_full) * static_cast<size_t>(n_seq) * static_cast<size_t>(q_dim_) * f,
+      static_cast<size_t>(n_full) * static_cast<size_t>(n_rows_) * static_cast<size_t>(q_dim_) * f,
       "split attention: queries");
-  for (DeviceBuffer& b : part_) b = dev.alloc_host(rows * row_ * f, "split attention: partials");
+  for (DeviceBuffer& b : part_) b = dev.alloc_host(parts * row_ * f, "split attention: partials");
   for (int32_t l = 0; l < n_full; ++l) q_ready_.push_back(dev.make_fence());
   stored_ = dev.make_fence();
   flag_ = dev.make_flag();
@@ -255,23 +263,29 @@ void SplitAttention::post(int32_t layer, const std::vector<SplitQuery>& queries,
     tickets_[i] = 0;
     if (e.from >= e.to) continue;
     SplitEntry se;
-    se.pos = e.pos;
+    for (int32_t t = 0; t < e.n; ++t) se.pos.push_back(e.pos + t);
     for (int32_t p = e.from; p < e.to; ++p)
       se.spans.push_back({host.page(e.seq, layer, p), p * P, P});
     se.out = out + place;
     place_[i] = place;
-    place += row_ * (per_span_ ? se.spans.size() : 1);
+    place += row_ * static_cast<size_t>(e.n) * (per_span_ ? se.spans.size() : 1);
     tickets_[i] = ticket_ + 1 + job.entries.size();
     job.entries.push_back(std::move(se));
   }
   if (job.entries.empty()) return;
-  // Each entry's query row, in job order (a pass with prompts has more rows than the buffer).
+  // Each entry's query rows, in job order (a pass with prompts has more rows than the buffer).
   const auto qd = static_cast<size_t>(q_dim_);
-  float* rows = q_.as<float>() + static_cast<size_t>(layer) * static_cast<size_t>(n_seq_) * qd;
-  for (size_t i = 0, k = 0; i < queries.size(); ++i)
-    if (tickets_[i] != 0)
-      dev_.copy(Stream::Compute, rows + qd * k++, q + static_cast<size_t>(queries[i].row) * qd,
-                qd * sizeof(float));
+  float* rows = q_.as<float>() + static_cast<size_t>(layer) * static_cast<size_t>(n_rows_) * qd;
+  size_t k = 0;
+  for (size_t i = 0; i < queries.size(); ++i)
+    if (tickets_[i] != 0) {
+      const auto n = static_cast<size_t>(queries[i].n);
+      KVS_CHECK(k + n <= static_cast<size_t>(n_rows_), "split attention: ", k + n,
+                " query rows in a layer, more than its ", n_rows_, "; this is a bug");
+      dev_.copy(Stream::Compute, rows + qd * k, q + static_cast<size_t>(queries[i].row) * qd,
+                n * qd * sizeof(float));
+      k += n;
+    }
   dev_.record(Stream::Compute, q_ready_[static_cast<size_t>(layer)]);
   job.stored = stored_;
   job.q_ready = q_ready_[static_cast<size_t>(layer)];
@@ -284,11 +298,20 @@ void SplitAttention::post(int32_t layer, const std::vector<SplitQuery>& queries,
 
 void SplitAttention::fold(int32_t layer, int32_t i, int32_t pages, AttentionArgs& a) {
   dev_.wait_flag(Stream::Compute, flag_, tickets_[static_cast<size_t>(i)]);
-  AttentionArgs g = a;
-  g.spans = nullptr;
-  g.n_spans = per_span_ ? pages : 1;
-  g.last = false;
-  dev_.fold(g, part_[layer % 2].as<float>() + place_[static_cast<size_t>(i)]);
+  const float* part = part_[layer % 2].as<float>() + place_[static_cast<size_t>(i)];
+  const auto qd = static_cast<size_t>(q_dim_);
+  for (int32_t t = 0; t < a.n_tok; ++t) {
+    AttentionArgs g = a;
+    g.q = a.q + t * qd;
+    g.out = a.out + t * qd;
+    g.acc = a.acc + 2 * static_cast<size_t>(t) * static_cast<size_t>(a.n_head);
+    g.pos = a.pos + t;
+    g.n_tok = 1;
+    g.spans = nullptr;
+    g.n_spans = per_span_ ? pages : 1;
+    g.last = false;
+    dev_.fold(g, part + static_cast<size_t>(t) * static_cast<size_t>(g.n_spans) * row_);
+  }
   a.first = false;
 }
 

@@ -26,18 +26,19 @@
 
 namespace kvs {
 
-// One sequence's part of a layer's job: its query, the host pages the CPU attends and where
-// their partial goes: n_head rows of part_stride(head size) floats (host_attention.h's), or
-// with SplitJob::per_span those of each span in turn.
+// One sequence's part of a layer's job: its query rows (one, or a verify step's token and
+// drafts), the host pages the CPU attends and where their partials go: per row, n_head rows of
+// part_stride(head size) floats (host_attention.h's), or with SplitJob::per_span those of each
+// span in turn.
 struct SplitEntry {
-  int32_t pos = 0;          // the query's position
-  std::vector<Span> spans;  // pages of the host store, in logical order
+  std::vector<int32_t> pos;  // the query rows' positions
+  std::vector<Span> spans;   // pages of the host store, in logical order
   float* out = nullptr;
 };
 
 // A layer's work for the CPU. The worker waits for `stored` (the write-backs of the pages it
-// reads have landed) and `q_ready` (the queries are in q, entry k's at row k), then writes
-// entry k's partials and raises `flag` to ticket + k.
+// reads have landed) and `q_ready` (the queries are in q, the entries' rows in turn), then
+// writes entry k's partials and raises `flag` to ticket + k.
 struct SplitJob {
   FenceId stored = -1, q_ready = -1;
   const float* q = nullptr;  // [rows][n_head * head_dim]
@@ -104,24 +105,25 @@ struct SplitThreads {
 };
 SplitThreads place_split_threads(const std::vector<int>& cpus, int32_t threads, bool pinned);
 
-// One entry of a pass as the CPU's side sees it: its sequence, its query's position and row in
-// the pass, and the host store's pages [from, to) that the CPU attends (from == to: none).
+// One entry of a pass as the CPU's side sees it: its sequence, its first query's position and
+// row in the pass, its rows (n, at consecutive positions), and the host store's pages
+// [from, to) that the CPU attends for each row (from == to: none).
 struct SplitQuery {
-  int32_t seq = 0, pos = 0, row = 0, from = 0, to = 0;
+  int32_t seq = 0, pos = 0, row = 0, n = 1, from = 0, to = 0;
 };
 
 // The engine's split controller: the worker; each full layer's queries in pinned memory and the
 // fence of their copy; the CPU's partials in pinned memory (a layer's and the one before's: the
-// worker writes one while the device may still read the other), a row per head and sequence, or
-// per head, page and sequence where the device folds the CPU's rows of each span (per_span);
+// worker writes one while the device may still read the other), a row per head and query row,
+// or per head, page and query row where the device folds the CPU's rows of each span (per_span);
 // the write-backs' fence, the flag, the current layer's entries' tickets and places among its
 // partials; and the CPU's rate for the planner, measured or assumed.
 class SplitAttention {
  public:
-  // For n_seq sequences of at most max_pages pages in each of n_full full layers, the worker on
-  // `placed`'s threads.
+  // For n_seq sequences of at most `rows` query rows a step (EngineOptions::n_verify) and
+  // max_pages pages in each of n_full full layers, the worker on `placed`'s threads.
   SplitAttention(Device& dev, const ModelConfig& c, const KvLayout& kv, int32_t n_seq,
-                 int32_t n_full, int32_t max_pages, SplitThreads placed);
+                 int32_t rows, int32_t n_full, int32_t max_pages, SplitThreads placed);
   SplitAttention(const SplitAttention&) = delete;
   SplitAttention& operator=(const SplitAttention&) = delete;
   // The worker finishes its posted jobs and goes, before the device's last sync: they read the
@@ -147,14 +149,15 @@ class SplitAttention {
   // The layer's queries (rows of q, on the device) go to the host after the rope, and the
   // worker gets the layer's pages of the host store.
   void post(int32_t layer, const std::vector<SplitQuery>& queries, const float* q, HostStore& host);
-  // Query i's partial of its CPU pages into a's state: once the worker has raised the flag,
-  // folded on the device (after the device's own pages before them).
+  // Entry i's partials of its CPU pages into the state of a's rows, one fold a row (a device
+  // folds one token's): once the worker has raised the flag, on the device (after the device's
+  // own pages before them).
   void fold(int32_t layer, int32_t i, int32_t pages, AttentionArgs& a);
 
  private:
   Device& dev_;
   KvLayout kv_;
-  int32_t n_seq_, q_dim_;
+  int32_t n_rows_, q_dim_;  // query rows of a layer: sequences x rows
   size_t row_;  // floats of one partial: a row per head
   DeviceBuffer q_, part_[2];
   std::vector<FenceId> q_ready_;

@@ -58,6 +58,11 @@ int64_t cpu_taken(const PlanInput& in, const Plan& p, const std::vector<int32_t>
   return taken;
 }
 
+// The CPU's rate for a step's rows: bytes of its pages a second.
+double cpu_rate(const PlanInput& in) {
+  return in.cpu_bytes_per_s / std::max(1, in.cpu_rows);
+}
+
 // The step's bound when the CPU takes `taken` of the `streamed` pages (both rates known): the
 // device's time, the ring's, or the CPU's side, which is its pages' time plus the device's.
 // Each layer's CPU partial waits for the layer's queries, which wait for the device's work on
@@ -69,7 +74,7 @@ double step_s(const PlanInput& in, int64_t streamed, int64_t taken) {
   };
   const double gpu_s = in.layer_s * in.n_layer;
   return std::max({gpu_s, bytes(streamed - taken) / in.h2d_bytes_per_s,
-                   taken > 0 ? bytes(taken) / in.cpu_bytes_per_s + gpu_s : 0.0});
+                   taken > 0 ? bytes(taken) / cpu_rate(in) + gpu_s : 0.0});
 }
 
 // The CPU's share of the streamed bytes S that balances its side with the ring's:
@@ -78,7 +83,7 @@ double balanced_share(const PlanInput& in, int64_t streamed) {
   const double s = static_cast<double>(streamed) * static_cast<double>(in.page_bytes);
   if (s <= 0) return 0;
   const double x = (s / in.h2d_bytes_per_s - in.layer_s * in.n_layer) /
-                   (1 / in.cpu_bytes_per_s + 1 / in.h2d_bytes_per_s);
+                   (1 / cpu_rate(in) + 1 / in.h2d_bytes_per_s);
   return std::clamp(x / s, 0.0, 1.0);
 }
 
@@ -128,7 +133,7 @@ void finish(const PlanInput& in, const Plan* prev, Plan& p) {
   p.gpu_s = in.layer_s * in.n_layer;
   p.copy_s =
       in.h2d_bytes_per_s > 0 ? static_cast<double>(p.streamed_bytes) / in.h2d_bytes_per_s : 0.0;
-  p.cpu_s = in.cpu_bytes_per_s > 0 ? static_cast<double>(p.cpu_bytes) / in.cpu_bytes_per_s : 0.0;
+  p.cpu_s = in.cpu_bytes_per_s > 0 ? static_cast<double>(p.cpu_bytes) / cpu_rate(in) : 0.0;
   p.predicted_step_s = std::max({p.gpu_s, p.copy_s, p.cpu_side_s()});
 }
 

@@ -30,8 +30,11 @@ struct PlanInput {
   int32_t min_slots = 0;                      // --ring-slots: at least this many slots (0: 2)
   // --kv-mode split: the CPU attends to some of the pages that would stream, from the host
   // store, at its measured rate (bytes of K and V a second; 0: not measured yet).
+  // A step's query rows a sequence's CPU pages serve (a verify step's token and drafts): the
+  // CPU attends to each page once for each, the rate being of one row.
   bool split = false;
   double cpu_bytes_per_s = 0;
+  int32_t cpu_rows = 1;
   double split_share = 0;  // > 0: the CPU's share, whatever the rates
 };
 
@@ -50,7 +53,7 @@ struct Plan {
   size_t cpu_bytes = 0;
   double gpu_s = 0;             // T_gpu: a step's compute with all data present
   double copy_s = 0;            // S / B
-  double cpu_s = 0;             // the CPU's bytes at its rate
+  double cpu_s = 0;             // the CPU's bytes at its rate, for each of its rows
   double predicted_step_s = 0;  // max(T_gpu, S / B, the CPU's side)
   // Split: the CPU's side of a step, its pages' time and the device's, with which each layer's
   // CPU partial is serial (it waits for the queries that the layer before's work makes).

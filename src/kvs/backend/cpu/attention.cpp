@@ -132,12 +132,11 @@ void decode_partials(const AttentionArgs& a, const Queries& qs, ThreadPool& pool
   const KvLayout& l = a.kv;
   const int32_t d = l.head_dim, group = a.n_head / l.n_head_kv, nkv = l.n_head_kv;
   const SpanKernels ks = span_kernels(l.k_type, l.v_type, group, d, a.scale, best_isa());
-  const Query q = qs.query(0);
-  const int32_t pos = a.pos[0];
   const size_t stride = part_stride(d);
   // A task per span, its kv heads together (the page read in order), for all but the last span
   // a thread; those a task per (span, kv head), so that the threads finish together (the tasks
-  // go out in order). Either way the same partials.
+  // go out in order). Either way the same partials. A task takes every query row in turn, the
+  // page's rows still in the core's caches for the rows after the first.
   const int32_t whole = std::max(0, a.n_spans - pool.size());
   const int64_t tasks = whole + static_cast<int64_t>(a.n_spans - whole) * nkv;
   pool.parallel_for(tasks, 1, [&](int64_t b, int64_t e) {
@@ -149,15 +148,19 @@ void decode_partials(const AttentionArgs& a, const Queries& qs, ThreadPool& pool
       const bool by_span = task < whole;
       const auto s = static_cast<int32_t>(by_span ? task : whole + (task - whole) / nkv);
       const Span& sp = a.spans[s];
-      const int32_t n = std::min(sp.n, pos - sp.start + 1);
-      const int32_t j0 = std::clamp(first_key(a, pos) - sp.start, 0, std::max(n, 0));
-      float* out = part + static_cast<size_t>(s) * a.n_head * stride;
-      if (by_span) {
-        span_all_heads(ks, l, q, sp, j0, n - j0, buf, out);
-      } else {
-        const auto hk = static_cast<int32_t>((task - whole) % nkv);
-        span_partials(ks, q, hk * group, head_rows(l, sp, hk, j0, n - j0), nullptr, buf,
-                      out + static_cast<size_t>(hk * group) * stride);
+      for (int32_t t = 0; t < a.n_tok; ++t) {
+        const Query q = qs.query(t);
+        const int32_t pos = a.pos[t];
+        const int32_t n = std::min(sp.n, pos - sp.start + 1);
+        const int32_t j0 = std::clamp(first_key(a, pos) - sp.start, 0, std::max(n, 0));
+        float* out = part + (static_cast<size_t>(t) * a.n_spans + s) * a.n_head * stride;
+        if (by_span) {
+          span_all_heads(ks, l, q, sp, j0, n - j0, buf, out);
+        } else {
+          const auto hk = static_cast<int32_t>((task - whole) % nkv);
+          span_partials(ks, q, hk * group, head_rows(l, sp, hk, j0, n - j0), nullptr, buf,
+                        out + static_cast<size_t>(hk * group) * stride);
+        }
       }
     }
   });

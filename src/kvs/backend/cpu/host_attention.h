@@ -30,9 +30,10 @@ void kv_write(const KvLayout& l, const float* k, const float* v, int32_t n_tok,
 // (attention.cpp): host mode's whole layer, the CPU backend's attention.
 void attention(const AttentionArgs& a);
 
-// One token's partials over each span of a (a.n_tok == 1, a.pos its position), every query
-// head: part + (s * a.n_head + h) * part_stride(head size), the rows span_partials writes; on
-// the threads of `pool`.
+// The partials of each of a's n_tok query rows (a.pos their positions) over each span of a,
+// every query head: part + ((t * a.n_spans + s) * a.n_head + h) * part_stride(head size), the
+// rows span_partials writes (each row's bits those of a call for it alone); on the threads of
+// `pool`.
 void decode_partials(const AttentionArgs& a, ThreadPool& pool, float* part);
 
 // The partial of a.n_spans spans' partials together: folded head by head in span order, as

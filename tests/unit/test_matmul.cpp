@@ -68,9 +68,9 @@ Problem make(DType t, int64_t n_tok, uint32_t seed, int64_t n = 0) {
     p.packed.resize(p.w.row_bytes * kOut);
     std::vector<uint8_t> back(p.file.row_bytes);
     for (int64_t r = 0; r < kOut; ++r) {
-      uint8_t* row = p.packed.data() + r * p.w.row_bytes;
-      cpu::pack_row(t, p.file.row(r), row, n);
-      cpu::unpack_row(t, row, back.data(), n);
+      uint8_t* packed = p.packed.data() + r * p.w.row_bytes;
+      cpu::pack_row(t, p.file.row(r), packed, n);
+      cpu::unpack_row(t, packed, back.data(), n);
       EXPECT_EQ(std::memcmp(back.data(), p.file.row(r), back.size()), 0) << "row " << r;
     }
     p.w.data = p.packed.data();

@@ -149,7 +149,8 @@ TEST(H2dLimit, TheRingMovesNoFasterThanTheLimitAndTheBitsStay) {
       c.h2d_limit, bytes, slow_s, bytes / slow_s, free_s, slow.totals.copy_busy_s);
   EXPECT_LE(bytes / slow_s, c.h2d_limit * 1.02);
   EXPECT_LE(bytes / slow.totals.copy_busy_s, c.h2d_limit * 1.01);
-  EXPECT_GT(slow_s, free_s);
+  // The copy engine's time, not the wall clock's: a sanitizer's compute swamps both runs' walls.
+  EXPECT_GT(slow.totals.copy_busy_s, 10 * free.totals.copy_busy_s);
   expect_same(free, slow, c.str());
 }
 

@@ -154,7 +154,7 @@ const std::vector<int>& Engine::split_cpus() const {
 // size: every row sees all of them (they end before the first row's page), so the CPU attends
 // to them once for each row; a prompt's rows stay on the device.
 std::pair<int32_t, int32_t> Engine::cpu_pages(int32_t il, const BatchEntry& e, bool next) const {
-  if (!split_ || e.n > opt_.n_verify || !full(il)) return {0, 0};
+  if (!split_ || !cpu_serves(e) || !full(il)) return {0, 0};
   return split_->pages(plan_, e.seq->id, kv_index_[static_cast<size_t>(il)],
                        (e.seq->n_past + (next ? e.n : 0)) / opt_.page_size);
 }

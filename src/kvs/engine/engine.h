@@ -347,6 +347,8 @@ class Engine {
   // Split (engine/attend.cpp): pages [first, second) of entry e at full layer il go to the CPU
   // this step (with `next`, the step after it); the layer's queries and pages to the worker.
   std::pair<int32_t, int32_t> cpu_pages(int32_t il, const BatchEntry& e, bool next) const;
+  // Whether the CPU takes a share of e's pages: an entry of a decode or verify step's size.
+  bool cpu_serves(const BatchEntry& e) const { return e.n <= opt_.n_verify; }
   void post_split(int32_t il, const Pass& p);
 
   const ModelConfig& cfg_;

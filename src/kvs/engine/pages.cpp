@@ -43,7 +43,7 @@ void Engine::replan(const std::vector<BatchEntry>& batch) {
   in.split = split_ != nullptr;
   in.cpu_bytes_per_s = split_ ? split_->rate() : 0;
   for (const BatchEntry& e : batch)  // the rows of the step's entries the CPU serves
-    if (e.n <= opt_.n_verify) in.cpu_rows = std::max(in.cpu_rows, e.n);
+    if (cpu_serves(e)) in.cpu_rows = std::max(in.cpu_rows, e.n);
   in.split_share = opt_.split_share;
   // Repartition at page boundaries and phase changes; between them only to grow the ring, once
   // decode steps have measured what it must cover (the first plan of a decode knows nothing).

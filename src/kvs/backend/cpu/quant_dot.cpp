@@ -161,7 +161,8 @@ template <class F, class D, int R, int T>
 }
 
 // The rows eight tiles of `rows` rows on (past the task's too: the next task's), asked of the
-// caches now: one token's tiles wait on memory, not on arithmetic. Always inlined: GCC finds a
+// caches now: the tiles of one token (and of a few) would otherwise wait on memory, not on
+// arithmetic. Always inlined: GCC finds a
 // function of prefetches alone free of effects and drops its calls before the entries' flatten
 // would inline it.
 [[gnu::always_inline]] inline void prefetch_ahead(const uint8_t* w, size_t ld, int64_t rows) {
@@ -180,8 +181,10 @@ template <class F, class D>
   const uint8_t* w0 = w.row(r0);
   // A template, not a function pointer: the tile must inline into its instruction set's entry.
   const auto each_row = [&]<int T>(int64_t t) {
-    for (int64_t r = 0; r < nr; ++r)
+    for (int64_t r = 0; r < nr; ++r) {
+      prefetch_ahead(w0 + r * ld, ld, 1);
       tile16<F, D, 1, T>(w0 + r * ld, ld, x + t * ng, ng, n_sub, y + t * ldy + r, ldy);
+    }
   };
   int64_t t = 0;
   for (; t + 8 <= n_tok; t += 8) each_row.template operator()<8>(t);
@@ -311,7 +314,7 @@ template <class F, int T>
                                                         float* y, int64_t ldy) {
   int64_t r = 0;
   for (; r + 2 <= nr; r += 2) {
-    if constexpr (T == 1) prefetch_ahead(w0 + r * ld, ld, 2);
+    prefetch_ahead(w0 + r * ld, ld, 2);
     tile512<F, T>(w0 + r * ld, ld, x, ng, n_sub, y + r, ldy);
   }
   if (r < nr) {

@@ -256,15 +256,26 @@ inline __m256 load8(const float* p) {
 // and 2q + 1 are the low and high nibbles of qs[32 q ..].
 [[gnu::always_inline]] inline void k4_scales(const uint8_t* b, Scales& s) {
   const float d = load_f16(b), dmin = load_f16(b + 2);
-  float ds[8], ms[8];
-  for (int j = 0; j < 8; ++j) {
-    int sc, m;
-    scale_min_k4(j, b + 4, sc, m);
-    ds[j] = d * static_cast<float>(sc);
-    ms[j] = -(dmin * static_cast<float>(m));
-  }
-  s.d = load8(ds);
-  s.m = load8(ms);
+  // scale_min_k4() four sub-blocks at a time: the 6-bit scales of 0 .. 3 and of 4 .. 7, the
+  // mins likewise, a byte each.
+  uint32_t q[3];
+  std::memcpy(q, b + 4, sizeof q);
+  const uint32_t sc_lo = q[0] & 0x3F3F3F3F, m_lo = q[1] & 0x3F3F3F3F;
+  const uint32_t sc_hi = (q[2] & 0x0F0F0F0F) | ((q[0] >> 6) & 0x03030303) << 4;
+  const uint32_t m_hi = ((q[2] >> 4) & 0x0F0F0F0F) | ((q[1] >> 6) & 0x03030303) << 4;
+  const __m128i v = _mm_setr_epi32(static_cast<int>(sc_lo), static_cast<int>(sc_hi),
+                                   static_cast<int>(m_lo), static_cast<int>(m_hi));
+  // d sc and -(dmin m): the same products as one lane at a time.
+  s.d = _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)));
+  s.m = _mm256_xor_ps(
+      _mm256_mul_ps(_mm256_set1_ps(dmin),
+                    _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8)))),
+      _mm256_set1_ps(-0.0f));
+}
+// The 16 bytes at p, the even ones in bytes 0 .. 7 and the odd ones in 8 .. 15.
+[[gnu::always_inline]] inline __m128i even_odd16(const uint8_t* p) {
+  return _mm_shuffle_epi8(load16(p),
+                          _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15));
 }
 [[gnu::always_inline]] inline void k4_levels(const uint8_t* qs, __m256i u[8]) {
   const __m256i shift = _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4);
@@ -324,14 +335,10 @@ struct Q6_K {
   [[gnu::always_inline]] static void group(const uint8_t* row, int64_t g, int64_t, Scales& s,
                                            __m256i u[8]) {
     const auto* q = reinterpret_cast<const BlockQ6_K*>(row + g * sizeof(BlockQ6_K));
-    const float d = load_f16(q->d);
-    float lo[8], hi[8];
-    for (int j = 0; j < 8; ++j) {
-      lo[j] = d * static_cast<float>(q->scales[2 * j]);
-      hi[j] = d * static_cast<float>(q->scales[2 * j + 1]);
-    }
-    s.d = load8(lo);
-    s.dh = load8(hi);
+    const __m256 d = _mm256_set1_ps(load_f16(q->d));
+    const __m128i sc = even_odd16(reinterpret_cast<const uint8_t*>(q->scales));  // int8
+    s.d = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
+    s.dh = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8))));
     const __m256i nib = _mm256_setr_epi32(0, 0, 4, 4, 0, 0, 4, 4);
     const __m256i qsh = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
     for (int n = 0; n < 2; ++n) {
@@ -359,16 +366,16 @@ struct Q2_K {
   [[gnu::always_inline]] static void group(const uint8_t* row, int64_t g, int64_t, Scales& s,
                                            __m256i u[8]) {
     const auto* q = reinterpret_cast<const BlockQ2_K*>(row + g * sizeof(BlockQ2_K));
-    const float d = load_f16(q->d), dmin = load_f16(q->dmin);
-    float sc[2][8], m[2][8];
-    for (int i = 0; i < 16; ++i) {
-      sc[i % 2][i / 2] = d * static_cast<float>(q->scales[i] & 0xF);
-      m[i % 2][i / 2] = -(dmin * static_cast<float>(q->scales[i] >> 4));
-    }
-    s.d = load8(sc[0]);
-    s.dh = load8(sc[1]);
-    s.m = load8(m[0]);
-    s.mh = load8(m[1]);
+    const __m256 d = _mm256_set1_ps(load_f16(q->d)), dmin = _mm256_set1_ps(load_f16(q->dmin));
+    const __m128i b = even_odd16(q->scales), nib = _mm_set1_epi8(0x0F);
+    const __m128i sc = _mm_and_si128(b, nib), m = _mm_and_si128(_mm_srli_epi16(b, 4), nib);
+    // d sc and -(dmin m) per lane, the even sub-blocks of 16 then the odd.
+    const auto lanes8 = [](__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)); };
+    const __m256 neg = _mm256_set1_ps(-0.0f);
+    s.d = _mm256_mul_ps(d, lanes8(sc));
+    s.dh = _mm256_mul_ps(d, lanes8(_mm_srli_si128(sc, 8)));
+    s.m = _mm256_xor_ps(_mm256_mul_ps(dmin, lanes8(m)), neg);
+    s.mh = _mm256_xor_ps(_mm256_mul_ps(dmin, lanes8(_mm_srli_si128(m, 8))), neg);
     for (int k = 0; k < 8; ++k) u[k] = two_bits(q->qs, k);
   }
 };

@@ -490,4 +490,102 @@ void Api::native_routes(httplib::Server& svr) {
   svr.Post(R"(/slots/([^/]+))", guarded([this](const auto& req, auto& res) { slot_action(req, res); }));
 }
 
+// kvstream's own figures: the Prometheus text of /metrics (beside llama.cpp's llamacpp:*)
+// and /slots.
+std::string Api::metrics() const {
+  const SchedulerStats s = sched.stats();
+  std::ostringstream o;
+  o.precision(15);  // byte counts in full, not rounded to 6 digits
+  auto metric = [&](const char* name, const char* type, const char* help, double v) {
+    o << "# HELP kvstream_" << name << " " << help << "\n# TYPE kvstream_" << name << " " << type
+      << "\nkvstream_" << name << " " << v << "\n";
+  };
+  metric("http_requests_total", "counter", "HTTP requests received",
+         static_cast<double>(http_requests.load()));
+  metric("http_errors_total", "counter", "HTTP requests answered with a 4xx or 5xx status",
+         static_cast<double>(http_errors.load()));
+  metric("requests_total", "counter", "Generation requests admitted into a slot",
+         static_cast<double>(s.admitted));
+  metric("requests_rejected_total", "counter", "Generation requests refused with 503",
+         static_cast<double>(s.rejected));
+  metric("requests_finished_total", "counter", "Generations that ended (stop or length)",
+         static_cast<double>(s.finished));
+  metric("requests_cancelled_total", "counter",
+         "Requests whose client went away before their end (queued or running)",
+         static_cast<double>(s.cancelled));
+  metric("requests_failed_total", "counter", "Generations ended by an engine error",
+         static_cast<double>(s.failed));
+  metric("prompt_tokens_total", "counter", "Prompt tokens of admitted requests",
+         static_cast<double>(s.prompt_tokens));
+  metric("completion_tokens_total", "counter", "Tokens generated",
+         static_cast<double>(s.completion_tokens));
+  metric("steps_total", "counter", "Engine steps", static_cast<double>(s.steps));
+  metric("busy_seconds_total", "counter", "Time spent in engine steps", s.busy_s);
+  metric("decode_tokens_per_second", "gauge",
+         "Tokens generated per second of step time over the last 10 s", s.decode_tokens_per_s);
+  metric("slots_busy", "gauge", "Slots with a request", s.slots_busy);
+  metric("slots_total", "gauge", "Slots (-np)", static_cast<double>(s.slots.size()));
+  metric("queue_length", "gauge", "Requests waiting for a slot", s.queued);
+  if (a.spec.on()) {
+    metric("spec_drafted_total", "counter", "Draft tokens verified (speculative decoding)",
+           static_cast<double>(s.drafted));
+    metric("spec_accepted_total", "counter", "Draft tokens accepted",
+           static_cast<double>(s.accepted));
+  }
+  metric("bytes_streamed_total", "counter", "KV bytes copied host to device by the ring",
+         static_cast<double>(s.bytes_streamed));
+  metric("bytes_written_back_total", "counter", "KV bytes written back device to host",
+         static_cast<double>(s.bytes_written_back));
+  metric("copy_busy_seconds_total", "counter", "Time the host-to-device copy stream was busy",
+         s.copy_busy_s);
+  if (const auto& c = s.prompt_cache) {
+    metric("prompt_cache_lookups_total", "counter", "Requests that looked in the prompt cache",
+           static_cast<double>(c->lookups));
+    metric("prompt_cache_hits_total", "counter", "Requests that reused cached prompt pages",
+           static_cast<double>(c->hits));
+    metric("prompt_cache_tokens_total", "counter", "Prompt tokens reused from the cache",
+           static_cast<double>(c->tokens_reused));
+    metric("prompt_cache_bytes", "gauge", "Host memory the prompt cache holds",
+           static_cast<double>(c->bytes));
+    metric("prompt_cache_budget_bytes", "gauge", "Host memory the prompt cache may hold",
+           static_cast<double>(c->budget));
+    metric("prompt_cache_evictions_total", "counter",
+           "Cached pages evicted (least recently used)", static_cast<double>(c->evicted));
+    metric("prompt_cache_checkpoints", "gauge", "Recurrent checkpoints the prompt cache holds",
+           static_cast<double>(c->checkpoints));
+    metric("prompt_cache_checkpoint_bytes", "gauge",
+           "Host memory the prompt cache's recurrent checkpoints hold (part of its bytes)",
+           static_cast<double>(c->checkpoint_bytes));
+    if (!eo.cache_disk.empty()) {
+      metric("prompt_cache_disk_bytes", "gauge", "Bytes of the prompt cache's disk entries",
+             static_cast<double>(c->disk_bytes));
+      metric("prompt_cache_disk_writes_total", "counter", "Prompt-cache entries written to disk",
+             static_cast<double>(c->disk_writes));
+      metric("prompt_cache_disk_reads_total", "counter",
+             "Prompt-cache entries read back from disk", static_cast<double>(c->disk_reads));
+    }
+  }
+  return o.str();
+}
+
+json Api::slots() const {
+  const SchedulerStats s = sched.stats();
+  json out = json::array();
+  for (size_t i = 0; i < s.slots.size(); ++i) {
+    const SlotInfo& x = s.slots[i];
+    out.push_back({{"id", i},
+                   {"id_task", x.id_task},
+                   {"is_processing", std::string(x.state) != "idle"},
+                   {"speculative", a.spec.on()},
+                   {"state", x.state},
+                   {"n_ctx", eo.n_ctx},
+                   {"n_past", x.n_past},
+                   {"prompt_tokens", x.prompt_tokens},
+                   {"generated_tokens", x.generated},
+                   {"pages_resident", x.pages_resident},
+                   {"pages_streamed", x.pages_streamed}});
+  }
+  return out;
+}
+
 }  // namespace kvs::cli

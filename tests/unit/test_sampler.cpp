@@ -1,7 +1,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -312,25 +311,6 @@ TEST(Sampler, LargeVocabMatchesReference) {
         ASSERT_GE(logits[static_cast<size_t>(t)], cutoff);
       }
     }
-  }
-}
-
-TEST(Sampler, Speed150k) {
-  constexpr int32_t n = 150000;
-  auto logits = random_logits(n, 3.0f, 1);
-  for (bool top_k_on : {true, false}) {
-    SamplerParams p;  // defaults
-    p.seed = 1;
-    p.repeat_penalty = 1.1f;
-    if (!top_k_on) p.top_k = 0;
-    Sampler s(p);
-    constexpr int iters = 200;
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < iters; ++i) s.sample(logits.data(), n);
-    const double us =
-        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
-        iters;
-    std::printf("sample() over %d logits, top_k %d: %.1f us/token\n", n, p.top_k, us);
   }
 }
 

@@ -274,20 +274,21 @@ void prefill(const AttentionArgs& a, const Queries& qs) {
       });
 }
 
-// Folds the rows of a.n_spans spans' partials (decode_partials') into the state of a's one
-// token, head by head in span order.
+// Folds each of a's n_tok rows of a.n_spans spans' partials (decode_partials') into that
+// query's state, head by head in span order.
 void fold_rows(const AttentionArgs& a, const float* parts) {
   const int32_t d = a.kv.head_dim;
   const size_t stride = part_stride(d);
-  thread_pool().parallel_for(a.n_head, 1, [&](int64_t b, int64_t e) {
-    for (auto h = static_cast<int32_t>(b); h < e; ++h) {
-      Acc acc{a.acc[2 * h], a.acc[2 * h + 1], a.out + h * d};
+  thread_pool().parallel_for(int64_t{a.n_tok} * a.n_head, 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {  // query t's head h: i = t n_head + h
+      const int64_t t = i / a.n_head, h = i % a.n_head;
+      Acc acc{a.acc[2 * i], a.acc[2 * i + 1], a.out + i * d};
       for (int32_t s = 0; s < a.n_spans; ++s) {
-        const float* p = parts + (static_cast<size_t>(s) * a.n_head + h) * stride;
+        const float* p = parts + (static_cast<size_t>(t * a.n_spans + s) * a.n_head + h) * stride;
         if (p[2] != 0.0f) merge(acc, p[0], p[1], p + kPartHead, d);
       }
-      a.acc[2 * h] = acc.m;
-      a.acc[2 * h + 1] = acc.l;
+      a.acc[2 * i] = acc.m;
+      a.acc[2 * i + 1] = acc.l;
     }
   });
 }
@@ -335,15 +336,20 @@ void fold_partials(const AttentionArgs& a, const float* part) {
   finish(a);
 }
 
+// Steps of at most this many queries take the decode path (a verify step's token and drafts).
+constexpr int32_t kDecodeRows = 8;
+
 void attention(const AttentionArgs& a) {
   start(a);
   if (a.n_spans > 0) {
     const Queries qs(a);
-    if (a.n_tok == 1) {
-      // Decode: every span's partials, then a fold per head in logical order. Same arithmetic
-      // per query as the prefill path.
+    if (a.n_tok <= kDecodeRows) {
+      // Decode and verify steps: every span's partials of every row (a task a span, its page
+      // read once for the rows), then a fold per row and head in logical order. Same arithmetic
+      // per query as the prefill path, whose tasks (a kv head each) and tiles a few rows
+      // would leave mostly idle.
       thread_local std::vector<float> part;  // not scratch(): the tasks take that one
-      part.resize(std::max(part.size(), static_cast<size_t>(a.n_spans) * a.n_head *
+      part.resize(std::max(part.size(), static_cast<size_t>(a.n_tok) * a.n_spans * a.n_head *
                                             part_stride(a.kv.head_dim)));
       decode_partials(a, qs, thread_pool(), part.data());
       fold_rows(a, part.data());

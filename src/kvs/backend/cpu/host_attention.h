@@ -40,9 +40,9 @@ void decode_partials(const AttentionArgs& a, ThreadPool& pool, float* part);
 // fold_partials does, into one row per head (out + h * part_stride(head size)); on `pool`.
 void merge_partials(const AttentionArgs& a, const float* part, ThreadPool& pool, float* out);
 
-// Folds a.n_spans spans' partials (rows as decode_partials writes them) into the running state
-// of a's one token in span order, as attention() folds those it computes (a.first starts the
-// state, a.last normalises a.out).
+// Folds a.n_spans spans' partials of each of a's n_tok queries (rows as decode_partials writes
+// them) into that query's running state in span order, as attention() folds those it computes
+// (a.first starts the state, a.last normalises a.out).
 void fold_partials(const AttentionArgs& a, const float* part);
 
 }  // namespace kvs::cpu

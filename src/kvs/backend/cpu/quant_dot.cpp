@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <utility>
 
 #include "kvs/backend/cpu/quant_lanes.h"
 #include "kvs/quant/blocks.h"
@@ -511,6 +512,19 @@ void each_piece(const Shape& s, int64_t n_in, F f) {
   }
 }
 
+// Each piece of a row from one layout into the other: the file's into the CPU's (pack), or back.
+void move_pieces(const char* what, bool pack, DType t, const uint8_t* src, uint8_t* dst,
+                 int64_t n_in) {
+  Shape s;
+  KVS_CHECK(shape(t, s), what, ": ", dtype_name(t), " keeps the file's layout");
+  std::memset(dst, 0, pack ? cpu_row_bytes(t, n_in) : row_bytes(t, n_in));
+  each_piece(s, n_in, [&](size_t a, int as, size_t b, int bs, int mask, int n) {
+    if (!pack) std::swap(a, b), std::swap(as, bs);  // a: where src holds the piece
+    if (n > 1) return void(std::memcpy(dst + b, src + a, static_cast<size_t>(n)));
+    dst[b] = static_cast<uint8_t>(dst[b] | ((src[a] >> as) & mask) << bs);
+  });
+}
+
 }  // namespace
 
 bool cpu_repacked(DType t) {
@@ -526,23 +540,11 @@ size_t cpu_row_bytes(DType t, int64_t n_in) {
 }
 
 void pack_row(DType t, const uint8_t* src, uint8_t* dst, int64_t n_in) {
-  Shape s;
-  KVS_CHECK(shape(t, s), "pack_row: ", dtype_name(t), " keeps the file's layout");
-  std::memset(dst, 0, cpu_row_bytes(t, n_in));
-  each_piece(s, n_in, [&](size_t a, int as, size_t b, int bs, int mask, int n) {
-    if (n > 1) return void(std::memcpy(dst + b, src + a, static_cast<size_t>(n)));
-    dst[b] = static_cast<uint8_t>(dst[b] | ((src[a] >> as) & mask) << bs);
-  });
+  move_pieces("pack_row", true, t, src, dst, n_in);
 }
 
 void unpack_row(DType t, const uint8_t* src, uint8_t* dst, int64_t n_in) {
-  Shape s;
-  KVS_CHECK(shape(t, s), "unpack_row: ", dtype_name(t), " keeps the file's layout");
-  std::memset(dst, 0, row_bytes(t, n_in));
-  each_piece(s, n_in, [&](size_t a, int as, size_t b, int bs, int mask, int n) {
-    if (n > 1) return void(std::memcpy(dst + a, src + b, static_cast<size_t>(n)));
-    dst[a] = static_cast<uint8_t>(dst[a] | ((src[b] >> bs) & mask) << as);
-  });
+  move_pieces("unpack_row", false, t, src, dst, n_in);
 }
 
 void quantize_x(const float* x, int64_t n_tok, int64_t n, XGroup* xq) {
